@@ -1,0 +1,125 @@
+//! Criterion benches for the hot paths: mask PRG expansion, a client's
+//! masking of its input, the server's unmasking, and a whole round.
+//!
+//! Run with `cargo bench -p cohort-crypto --bench primitives`; compare the PRG
+//! throughput with `openssl speed -evp aes-128-ctr` (docs/BENCHMARKS.md).
+
+#![allow(clippy::unwrap_used)]
+
+use std::hint::black_box;
+
+use cohort_crypto::Secret32;
+use cohort_crypto::agreement::AgreementKey;
+use cohort_crypto::graph::GraphSpec;
+use cohort_crypto::prg::{MaskPrg, MaskSign};
+use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
+use cohort_crypto::{ClientId, QuantizationSpec, QuantizedInput, RoundConfig, Variant};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
+
+fn prg_expansion(c: &mut Criterion) {
+    let mut group = c.benchmark_group("prg");
+    for words in [1usize << 12, 1 << 18] {
+        group.throughput(Throughput::Bytes((words * 4) as u64));
+        let prg = MaskPrg::from_key(&[7; 16]);
+        let mut target = vec![0u32; words];
+        group.bench_with_input(BenchmarkId::new("aes128ctr_add", words * 4), &words, |b, _| {
+            b.iter(|| prg.apply(black_box(&mut target), MaskSign::Add))
+        });
+    }
+    group.finish();
+}
+
+/// A client's masking work for D = 100 000 and k = 32 neighbours: one
+/// self mask and k pairwise masks, each an X25519 agreement, an HKDF
+/// derivation and an AES-CTR expansion added to the vector.
+fn masking(c: &mut Criterion) {
+    let mut rng = ChaCha20Rng::seed_from_u64(1);
+    let own = AgreementKey::generate(&mut rng);
+    let peers: Vec<[u8; 32]> = (0..32).map(|_| AgreementKey::generate(&mut rng).public_key()).collect();
+    let seed = Secret32::random(&mut rng);
+    let mut vector = vec![0u32; 100_000];
+    let mut group = c.benchmark_group("masking");
+    group.throughput(Throughput::Bytes(33 * 400_000));
+    group.bench_function("d100000_k32", |b| {
+        b.iter(|| {
+            MaskPrg::derive(&seed, b"context", &[b"self"]).apply(&mut vector, MaskSign::Add);
+            for peer in &peers {
+                let shared = own.agree(peer).unwrap();
+                MaskPrg::derive(&shared, b"context", &[b"pair"]).apply(&mut vector, MaskSign::Add);
+            }
+            black_box(&vector);
+        })
+    });
+    group.finish();
+}
+
+fn config(clients: u32, degree: u32, threshold: u32, dim: u32) -> RoundConfig {
+    RoundConfig {
+        session: [3; 16],
+        round: 1,
+        variant: Variant::SemiHonest,
+        clients,
+        identities: Vec::new(),
+        graph: GraphSpec::Harary { degree, seed: [5; 32] },
+        threshold,
+        vector_len: dim,
+        modulus_bits: 32,
+        quantization: QuantizationSpec { clip: 1.0, max_weight: 1 },
+    }
+}
+
+fn plan(dropped: u32) -> DropoutPlan {
+    DropoutPlan { after_shares: (1..=dropped).filter_map(ClientId::new).collect(), ..DropoutPlan::default() }
+}
+
+/// The server's unmasking stage alone (reconstruction of 90 seeds and 10
+/// keys, removal of all masks) for 100 clients, k = 32, t = 6, D = 100 000.
+fn unmasking(c: &mut Criterion) {
+    let cfg = config(100, 32, 6, 100_000);
+    let inputs = |_: ClientId| QuantizedInput::from_values(vec![1; 100_000]);
+    let mut group = c.benchmark_group("unmasking_n100_k32_d100000");
+    group.sample_size(10);
+    for dropped in [0u32, 10] {
+        let simulation = Simulation {
+            config: cfg.clone(),
+            identities: Vec::new(),
+            plan: plan(dropped),
+            inputs: &inputs,
+            seed: 1,
+        };
+        group.bench_function(BenchmarkId::new("dropped", dropped), |b| {
+            b.iter_batched(
+                || simulation.run_to_unmasking().unwrap(),
+                |server| black_box(server.advance().unwrap()),
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    group.finish();
+}
+
+/// A whole round of 100 clients (k = 32, t = 6) over 10 000 coordinates.
+fn round(c: &mut Criterion) {
+    let mut group = c.benchmark_group("round_n100_k32_d10000");
+    group.sample_size(10);
+    let cfg = config(100, 32, 6, 10_000);
+    let inputs = |_: ClientId| QuantizedInput::from_values(vec![1; 10_000]);
+    for dropped in [0u32, 10] {
+        let simulation = Simulation {
+            config: cfg.clone(),
+            identities: Vec::new(),
+            plan: plan(dropped),
+            inputs: &inputs,
+            seed: 1,
+        };
+        group.bench_function(BenchmarkId::new("dropped", dropped), |b| {
+            b.iter(|| black_box(simulation.run(&NoStopwatch).unwrap()))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, prg_expansion, masking, unmasking, round);
+criterion_main!(benches);

@@ -1,0 +1,445 @@
+//! The client side of secure aggregation, as a state machine over messages.
+//!
+//! [`Client::start`] opens a round from the server's [`ServerMessage::Setup`]
+//! and returns the first message to send; [`Client::handle`] consumes the
+//! current state and one server message and returns the next state together
+//! with the reply. A message that does not fit the current stage or round
+//! leaves the state as it was; a message that breaks a protocol rule aborts
+//! the round ([`Client::Aborted`]) before anything is revealed.
+//!
+//! An honest client reveals, for every neighbour, either the share of its
+//! self-mask seed (the neighbour survived) or the share of its mask key (it
+//! dropped), never both: the two lists are built from one partition of the
+//! neighbours, and the state that holds the shares is consumed when it
+//! answers, so it cannot be asked a second time.
+
+use std::sync::Arc;
+
+use rand_core::CryptoRng;
+use zeroize::Zeroizing;
+
+use crate::agreement::AgreementKey;
+use crate::config::{RoundConfig, RoundContext, Variant};
+use crate::derive;
+use crate::error::{ProtocolError, Stage};
+use crate::ids::ClientId;
+use crate::messages::{
+    AdvertisedKeys, ClientMessage, ENVELOPE_LEN, ENVELOPE_PLAINTEXT_LEN, Envelope, MaskedVector,
+    ServerMessage, UnmaskingShares,
+};
+use crate::prg::MaskSign;
+use crate::quantize::QuantizedInput;
+use crate::secret::Secret32;
+use crate::shamir::{SHARE_LEN, Share, split};
+use crate::signature::{IdentityKey, SIGNATURE_LEN, verify};
+
+/// Facts about the round that every stage needs.
+struct RoundView {
+    config: RoundConfig,
+    context: RoundContext,
+    me: ClientId,
+    /// This client's neighbours, ascending.
+    neighbours: Vec<ClientId>,
+    identity: Option<Arc<IdentityKey>>,
+}
+
+impl RoundView {
+    fn threshold(&self) -> u32 {
+        self.config.threshold
+    }
+
+    fn check_context(&self, context: &RoundContext) -> Result<(), ProtocolError> {
+        if *context == self.context { Ok(()) } else { Err(ProtocolError::WrongRound) }
+    }
+
+    fn is_neighbour(&self, id: ClientId) -> bool {
+        self.neighbours.binary_search(&id).is_ok()
+    }
+
+    fn require(&self, stage: Stage, have: usize) -> Result<(), ProtocolError> {
+        if have < self.threshold() as usize {
+            return Err(ProtocolError::BelowThreshold { stage, have: have as u32, need: self.threshold() });
+        }
+        Ok(())
+    }
+}
+
+fn server_error(reason: &'static str) -> ProtocolError {
+    ProtocolError::InvalidMessage { client: ClientId::SERVER, reason }
+}
+
+fn strictly_ascending(ids: impl Iterator<Item = ClientId>) -> bool {
+    let mut last = None;
+    for id in ids {
+        if last.is_some_and(|previous| previous >= id) {
+            return false;
+        }
+        last = Some(id);
+    }
+    true
+}
+
+/// Waiting for the neighbours' public keys.
+pub struct AwaitingPeerKeys {
+    round: RoundView,
+    cipher: AgreementKey,
+    mask: AgreementKey,
+    input: QuantizedInput,
+}
+
+/// Waiting for the envelopes the neighbours sealed for this client.
+pub struct AwaitingShares {
+    round: RoundView,
+    cipher: AgreementKey,
+    mask: AgreementKey,
+    self_mask_seed: Secret32,
+    input: QuantizedInput,
+    /// Neighbours that advertised keys (U1 ∩ N(u)), ascending.
+    peers: Vec<AdvertisedKeys>,
+}
+
+/// Shares this client holds for one neighbour.
+struct HeldShares {
+    owner: ClientId,
+    self_mask: Share,
+    mask_key: Share,
+}
+
+/// Waiting for the survivor list.
+pub struct AwaitingSurvivors {
+    round: RoundView,
+    /// One entry per neighbour in U2, ascending by owner.
+    held: Vec<HeldShares>,
+}
+
+/// Waiting for the other survivors' signatures (active variant).
+pub struct AwaitingSignatures {
+    round: RoundView,
+    held: Vec<HeldShares>,
+    survivors: Vec<ClientId>,
+}
+
+/// The client's state in one round.
+pub enum Client {
+    /// Sent its keys.
+    AwaitingPeerKeys(AwaitingPeerKeys),
+    /// Sent its shares.
+    AwaitingShares(AwaitingShares),
+    /// Sent its masked input.
+    AwaitingSurvivors(AwaitingSurvivors),
+    /// Signed the survivor list.
+    AwaitingSignatures(AwaitingSignatures),
+    /// Sent its unmasking shares; nothing more to do.
+    Finished,
+    /// Gave up after a protocol violation; nothing more will be revealed.
+    Aborted,
+}
+
+impl core::fmt::Debug for Client {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Client").field("stage", &self.stage()).finish_non_exhaustive()
+    }
+}
+
+/// The outcome of [`Client::handle`]: the next state, and the reply or the
+/// reason the message was refused.
+pub type ClientStep = (Client, Result<ClientMessage, ProtocolError>);
+
+impl Client {
+    /// Opens a round: validates the server's parameters and the input,
+    /// draws fresh round keys and returns the AdvertiseKeys message.
+    ///
+    /// `identity` is required in the active variant and must match the
+    /// roster entry for `me`.
+    pub fn start<R: CryptoRng + ?Sized>(
+        setup: ServerMessage,
+        me: ClientId,
+        identity: Option<Arc<IdentityKey>>,
+        input: QuantizedInput,
+        rng: &mut R,
+    ) -> Result<(Client, ClientMessage), ProtocolError> {
+        let ServerMessage::Setup(config) = setup else {
+            return Err(ProtocolError::OutOfPhase { expected: Stage::Setup, got: setup.stage() });
+        };
+        config.validate()?;
+        if me.get() > config.clients {
+            return Err(ProtocolError::UnknownClient(me));
+        }
+        if input.len() != config.vector_len as usize {
+            return Err(ProtocolError::InputLength { expected: config.vector_len, got: input.len() as u32 });
+        }
+        // Headroom: no value may exceed ⌊(2^b − 1) / n⌋, or the sum could wrap.
+        let limit = ((1u64 << config.modulus_bits) - 1) / u64::from(config.clients);
+        if input.values().iter().any(|&v| u64::from(v) > limit) {
+            return Err(ProtocolError::InvalidMessage {
+                client: me,
+                reason: "input value exceeds the round's headroom",
+            });
+        }
+        let identity = match config.variant {
+            Variant::SemiHonest => None,
+            Variant::Active => {
+                let key = identity.ok_or(ProtocolError::Inconsistent(
+                    "the active variant needs this client's identity key",
+                ))?;
+                if key.public_key() != config.identities[me.index()] {
+                    return Err(ProtocolError::Inconsistent(
+                        "the roster lists another identity key for this client",
+                    ));
+                }
+                Some(key)
+            }
+        };
+        let context = config.context();
+        let neighbours = config.communication_graph().neighbours(me);
+        let cipher = AgreementKey::generate(rng);
+        let mask = AgreementKey::generate(rng);
+        let (cipher_key, mask_key) = (cipher.public_key(), mask.public_key());
+        let signature = identity
+            .as_ref()
+            .map(|key| key.sign(&derive::advertise_statement(&context, me, &cipher_key, &mask_key)));
+        let round = RoundView { config, context, me, neighbours, identity };
+        let message = ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, signature };
+        Ok((Client::AwaitingPeerKeys(AwaitingPeerKeys { round, cipher, mask, input }), message))
+    }
+
+    /// The stage whose server message this state waits for.
+    pub fn stage(&self) -> Stage {
+        match self {
+            Client::AwaitingPeerKeys(_) => Stage::ShareKeys,
+            Client::AwaitingShares(_) => Stage::MaskedInputCollection,
+            Client::AwaitingSurvivors(_) => Stage::ConsistencyCheck,
+            Client::AwaitingSignatures(_) => Stage::Unmasking,
+            Client::Finished | Client::Aborted => Stage::Finished,
+        }
+    }
+
+    fn round(&self) -> Option<&RoundView> {
+        match self {
+            Client::AwaitingPeerKeys(state) => Some(&state.round),
+            Client::AwaitingShares(state) => Some(&state.round),
+            Client::AwaitingSurvivors(state) => Some(&state.round),
+            Client::AwaitingSignatures(state) => Some(&state.round),
+            Client::Finished | Client::Aborted => None,
+        }
+    }
+
+    /// Handles one server message. A message for another stage or round is
+    /// refused and the state kept; any other violation aborts the round.
+    pub fn handle<R: CryptoRng + ?Sized>(self, message: ServerMessage, rng: &mut R) -> ClientStep {
+        if matches!(self, Client::Finished | Client::Aborted) {
+            return (self, Err(ProtocolError::Finished));
+        }
+        if message.stage() != self.stage() {
+            let error = ProtocolError::OutOfPhase { expected: self.stage(), got: message.stage() };
+            return (self, Err(error));
+        }
+        // A message from another round is refused without touching the state.
+        if let (Some(round), Some(context)) = (self.round(), message.context())
+            && round.check_context(context).is_err()
+        {
+            return (self, Err(ProtocolError::WrongRound));
+        }
+        let outcome = match (self, message) {
+            (Client::AwaitingPeerKeys(state), ServerMessage::PeerKeys { context, peers }) => {
+                state.handle(context, peers, rng)
+            }
+            (Client::AwaitingShares(state), ServerMessage::Shares { context, envelopes }) => {
+                state.handle(context, envelopes)
+            }
+            (Client::AwaitingSurvivors(state), ServerMessage::Survivors { context, survivors }) => {
+                state.handle(context, survivors)
+            }
+            (Client::AwaitingSignatures(state), ServerMessage::Signatures { context, signatures }) => {
+                state.handle(context, signatures)
+            }
+            // Stages were compared above; no other pairing is possible.
+            (state, _) => return (state, Err(ProtocolError::Finished)),
+        };
+        outcome.unwrap_or_else(|error| (Client::Aborted, Err(error)))
+    }
+}
+
+impl AwaitingPeerKeys {
+    fn handle<R: CryptoRng + ?Sized>(
+        self,
+        context: RoundContext,
+        peers: Vec<AdvertisedKeys>,
+        rng: &mut R,
+    ) -> Result<ClientStep, ProtocolError> {
+        let round = &self.round;
+        if !strictly_ascending(peers.iter().map(|peer| peer.id)) {
+            return Err(server_error("peer keys are not in ascending order"));
+        }
+        if peers.iter().any(|peer| !round.is_neighbour(peer.id)) {
+            return Err(server_error("peer keys include a client that is not a neighbour"));
+        }
+        round.require(Stage::ShareKeys, peers.len())?;
+        if round.config.variant == Variant::Active {
+            for peer in &peers {
+                let signature = peer.signature.ok_or(server_error("peer keys are unsigned"))?;
+                let statement =
+                    derive::advertise_statement(&context, peer.id, &peer.cipher_key, &peer.mask_key);
+                verify(&round.config.identities[peer.id.index()], &statement, &signature)?;
+            }
+        }
+        let self_mask_seed = Secret32::random(rng);
+        let points: Vec<u32> = peers.iter().map(|peer| peer.id.get()).collect();
+        let threshold = round.threshold() as usize;
+        let seed_shares = split(&self_mask_seed, threshold, &points, rng);
+        let key_shares = split(&self.mask.export_secret(), threshold, &points, rng);
+        let mut envelopes = Vec::with_capacity(peers.len());
+        let mut plaintext = Zeroizing::new(Vec::with_capacity(ENVELOPE_PLAINTEXT_LEN));
+        for ((peer, seed_share), key_share) in peers.iter().zip(&seed_shares).zip(&key_shares) {
+            plaintext.clear();
+            seed_share.encode_into(&mut plaintext);
+            key_share.encode_into(&mut plaintext);
+            let key = derive::envelope_key(&self.cipher, &peer.cipher_key, &context, round.me, peer.id)?;
+            let aad = derive::envelope_aad(&context, round.me, peer.id);
+            envelopes.push(Envelope { peer: peer.id, ciphertext: key.seal(&aad, &plaintext) });
+        }
+        let next = AwaitingShares {
+            round: self.round,
+            cipher: self.cipher,
+            mask: self.mask,
+            self_mask_seed,
+            input: self.input,
+            peers,
+        };
+        Ok((Client::AwaitingShares(next), Ok(ClientMessage::ShareKeys { context, envelopes })))
+    }
+}
+
+impl AwaitingShares {
+    fn handle(self, context: RoundContext, envelopes: Vec<Envelope>) -> Result<ClientStep, ProtocolError> {
+        let round = &self.round;
+        if !strictly_ascending(envelopes.iter().map(|envelope| envelope.peer)) {
+            return Err(server_error("envelopes are not in ascending order"));
+        }
+        round.require(Stage::MaskedInputCollection, envelopes.len())?;
+        let mut held = Vec::with_capacity(envelopes.len());
+        let mut partners = Vec::with_capacity(envelopes.len());
+        for envelope in &envelopes {
+            let peer = self
+                .peers
+                .binary_search_by_key(&envelope.peer, |peer| peer.id)
+                .map(|index| &self.peers[index])
+                .map_err(|_| server_error("an envelope comes from a client that advertised no keys"))?;
+            if envelope.ciphertext.len() != ENVELOPE_LEN {
+                return Err(server_error("an envelope has the wrong length"));
+            }
+            let key = derive::envelope_key(&self.cipher, &peer.cipher_key, &context, peer.id, round.me)?;
+            let aad = derive::envelope_aad(&context, peer.id, round.me);
+            let plaintext = key.open(&aad, &envelope.ciphertext)?;
+            let (first, second) = plaintext.split_at(SHARE_LEN);
+            let decode = |bytes: &[u8]| {
+                bytes
+                    .try_into()
+                    .ok()
+                    .and_then(Share::decode)
+                    .filter(|share| share.point() == round.me.get())
+                    .ok_or(ProtocolError::InvalidMessage {
+                        client: peer.id,
+                        reason: "a share envelope holds a malformed share",
+                    })
+            };
+            held.push(HeldShares { owner: peer.id, self_mask: decode(first)?, mask_key: decode(second)? });
+            partners.push(peer);
+        }
+        // y_u = x_u + PRG(b_u) + Σ_{v ∈ U2, u < v} PRG(s_uv) − Σ_{v ∈ U2, u > v} PRG(s_uv)
+        let mut values = Zeroizing::new(self.input.values().to_vec());
+        derive::self_mask(&self.self_mask_seed, &context, round.me).apply(&mut values, MaskSign::Add);
+        for peer in partners {
+            let prg = derive::pairwise_mask(&self.mask, &peer.mask_key, &context, round.me, peer.id)?;
+            prg.apply(&mut values, derive::pairwise_sign(round.me, peer.id));
+        }
+        let modulus = round.config.modulus_mask();
+        let vector = MaskedVector {
+            bits: round.config.modulus_bits,
+            values: values.iter().map(|v| v & modulus).collect(),
+        };
+        // The input, the seed b_u and the mask key s_sk_u are dropped (and
+        // zeroized) here: from now on the client only holds peers' shares.
+        let next = AwaitingSurvivors { round: self.round, held };
+        Ok((Client::AwaitingSurvivors(next), Ok(ClientMessage::MaskedInput { context, vector })))
+    }
+}
+
+impl AwaitingSurvivors {
+    fn handle(self, context: RoundContext, survivors: Vec<ClientId>) -> Result<ClientStep, ProtocolError> {
+        let round = &self.round;
+        if !strictly_ascending(survivors.iter().copied())
+            || survivors.last().is_some_and(|id| id.get() > round.config.clients)
+        {
+            return Err(server_error("the survivor list is not a set of roster ids"));
+        }
+        if survivors.binary_search(&round.me).is_err() {
+            return Err(ProtocolError::Inconsistent("this client is missing from the survivor list"));
+        }
+        // The server learns the sum of the survivors: never allow fewer than t.
+        round.require(Stage::Unmasking, survivors.len())?;
+        let shared_with = |id: &ClientId| self.held.binary_search_by_key(id, |h| h.owner).is_ok();
+        if survivors.iter().any(|id| round.is_neighbour(*id) && !shared_with(id)) {
+            return Err(ProtocolError::Inconsistent(
+                "a surviving neighbour never shared keys with this client",
+            ));
+        }
+        match round.config.variant {
+            Variant::SemiHonest => {
+                let shares = reveal(self.held, &survivors);
+                Ok((Client::Finished, Ok(ClientMessage::Unmasking { context, shares })))
+            }
+            Variant::Active => {
+                let Some(identity) = round.identity.as_ref() else {
+                    return Err(ProtocolError::Inconsistent("missing identity key"));
+                };
+                let signature = identity.sign(&derive::consistency_statement(&context, &survivors));
+                let next = AwaitingSignatures { round: self.round, held: self.held, survivors };
+                Ok((Client::AwaitingSignatures(next), Ok(ClientMessage::Consistency { context, signature })))
+            }
+        }
+    }
+}
+
+impl AwaitingSignatures {
+    fn handle(
+        self,
+        context: RoundContext,
+        signatures: Vec<(ClientId, [u8; SIGNATURE_LEN])>,
+    ) -> Result<ClientStep, ProtocolError> {
+        let round = &self.round;
+        if !strictly_ascending(signatures.iter().map(|(id, _)| *id)) {
+            return Err(server_error("signatures are not in ascending order"));
+        }
+        round.require(Stage::Unmasking, signatures.len())?;
+        let statement = derive::consistency_statement(&context, &self.survivors);
+        for (signer, signature) in &signatures {
+            if self.survivors.binary_search(signer).is_err() {
+                return Err(ProtocolError::Inconsistent("a signer is not in the survivor list"));
+            }
+            // A valid signature over a different list fails here: somebody
+            // was shown another survivor set.
+            verify(&round.config.identities[signer.index()], &statement, signature)
+                .map_err(|_| ProtocolError::Inconsistent("a survivor signed a different survivor list"))?;
+        }
+        let shares = reveal(self.held, &self.survivors);
+        Ok((Client::Finished, Ok(ClientMessage::Unmasking { context, shares })))
+    }
+}
+
+/// Splits the held shares by the survivor list: the self-mask share of
+/// each surviving neighbour, the mask-key share of each dropped one. Each
+/// neighbour's pair is consumed once, so no neighbour gets both revealed.
+fn reveal(held: Vec<HeldShares>, survivors: &[ClientId]) -> UnmaskingShares {
+    let mut shares = UnmaskingShares { self_mask: Vec::new(), mask_key: Vec::new() };
+    for HeldShares { owner, self_mask, mask_key } in held {
+        if survivors.binary_search(&owner).is_ok() {
+            shares.self_mask.push((owner, self_mask));
+            drop(mask_key);
+        } else {
+            shares.mask_key.push((owner, mask_key));
+            drop(self_mask);
+        }
+    }
+    shares
+}

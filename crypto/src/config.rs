@@ -1,0 +1,180 @@
+//! The public parameters of one aggregation round, and the round context
+//! that binds every key, signature and message to them.
+
+use crate::error::ConfigError;
+use crate::graph::{CommunicationGraph, GraphSpec};
+use crate::quantize::QuantizationSpec;
+use crate::wire::{DecodeError, Reader, Writer};
+
+/// Most clients one round may have.
+pub const MAX_CLIENTS: u32 = 1 << 20;
+/// Longest vector one round may aggregate (coordinates, including the
+/// example-count coordinate).
+pub const MAX_VECTOR_LEN: u32 = 1 << 27;
+
+/// Which adversary the protocol defends against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// Honest-but-curious server: no signatures, no consistency check.
+    SemiHonest,
+    /// Actively malicious server: advertised keys are signed and clients
+    /// check that they all saw the same survivor list before unmasking.
+    Active,
+}
+
+/// Everything the clients and the server must agree on before a round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundConfig {
+    /// Random identifier chosen by the server for the task or session.
+    pub session: [u8; 16],
+    /// Round number within the session.
+    pub round: u64,
+    /// Adversary model.
+    pub variant: Variant,
+    /// Number of selected clients n; their ids are `1..=n`.
+    pub clients: u32,
+    /// Ed25519 identity keys of clients `1..=n` (active variant only).
+    pub identities: Vec<[u8; 32]>,
+    /// Communication graph.
+    pub graph: GraphSpec,
+    /// Shares needed to reconstruct a secret (t).
+    pub threshold: u32,
+    /// Coordinates per masked vector.
+    pub vector_len: u32,
+    /// The vector lives in Z_{2^modulus_bits}.
+    pub modulus_bits: u8,
+    /// How clients quantize their updates.
+    pub quantization: QuantizationSpec,
+}
+
+/// SHA-256 of the encoded [`RoundConfig`]: salts every key derivation and
+/// opens every message, so nothing carries over between rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RoundContext(pub [u8; 32]);
+
+impl RoundConfig {
+    /// Checks every parameter against the protocol's limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.clients < 2 {
+            return Err(ConfigError::TooFewClients(self.clients));
+        }
+        if self.clients > MAX_CLIENTS {
+            return Err(ConfigError::TooManyClients { max: MAX_CLIENTS, got: self.clients });
+        }
+        if let GraphSpec::Harary { degree, .. } = self.graph {
+            let even = degree % 2 == 0;
+            if degree < 2 || degree > self.clients - 1 || (!even && degree != self.clients - 1) {
+                return Err(ConfigError::BadDegree { degree, clients: self.clients });
+            }
+        }
+        let degree = self.degree();
+        if self.threshold == 0 || self.threshold > degree {
+            return Err(ConfigError::BadThreshold { threshold: self.threshold, degree });
+        }
+        if !(2..=32).contains(&self.modulus_bits) {
+            return Err(ConfigError::BadModulusBits(self.modulus_bits));
+        }
+        if self.vector_len == 0 || self.vector_len > MAX_VECTOR_LEN {
+            return Err(ConfigError::BadVectorLength { max: MAX_VECTOR_LEN, got: self.vector_len });
+        }
+        let identities = self.identities.len() as u32;
+        match self.variant {
+            Variant::Active if identities != self.clients => {
+                return Err(ConfigError::MissingIdentities { expected: self.clients, got: identities });
+            }
+            Variant::SemiHonest if identities != 0 => {
+                return Err(ConfigError::MissingIdentities { expected: 0, got: identities });
+            }
+            _ => {}
+        }
+        self.quantization.validate(self.modulus_bits, self.clients)
+    }
+
+    /// Neighbours per client.
+    pub fn degree(&self) -> u32 {
+        match self.graph {
+            GraphSpec::Complete => self.clients - 1,
+            GraphSpec::Harary { degree, .. } => degree.min(self.clients - 1),
+        }
+    }
+
+    /// Builds the communication graph.
+    pub fn communication_graph(&self) -> CommunicationGraph {
+        CommunicationGraph::new(self.clients, &self.graph)
+    }
+
+    /// The round context: SHA-256 over a label and the canonical encoding.
+    pub fn context(&self) -> RoundContext {
+        let mut writer = Writer::raw();
+        writer.bytes(b"cohort/secagg/v1/round-context");
+        self.encode_into(&mut writer);
+        let digest = ring::digest::digest(&ring::digest::SHA256, &writer.finish());
+        let mut out = [0u8; 32];
+        out.copy_from_slice(digest.as_ref());
+        RoundContext(out)
+    }
+
+    /// Mask for reducing values into Z_{2^modulus_bits}.
+    pub fn modulus_mask(&self) -> u32 {
+        if self.modulus_bits >= 32 { u32::MAX } else { (1u32 << self.modulus_bits) - 1 }
+    }
+
+    pub(crate) fn encode_into(&self, w: &mut Writer) {
+        w.bytes(&self.session).u64(self.round);
+        w.u8(match self.variant {
+            Variant::SemiHonest => 0,
+            Variant::Active => 1,
+        });
+        w.u32(self.clients).count(self.identities.len());
+        for key in &self.identities {
+            w.bytes(key);
+        }
+        match &self.graph {
+            GraphSpec::Complete => {
+                w.u8(0);
+            }
+            GraphSpec::Harary { degree, seed } => {
+                w.u8(1).u32(*degree).bytes(seed);
+            }
+        }
+        w.u32(self.threshold).u32(self.vector_len).u8(self.modulus_bits);
+        w.u32(self.quantization.clip.to_bits()).u32(self.quantization.max_weight);
+    }
+
+    pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let session = r.array::<16>()?;
+        let round = r.u64()?;
+        let variant = match r.u8()? {
+            0 => Variant::SemiHonest,
+            1 => Variant::Active,
+            _ => return Err(DecodeError::Invalid("variant")),
+        };
+        let clients = r.u32()?;
+        let count = r.count(MAX_CLIENTS as usize, 32, "identity list")?;
+        let identities = (0..count).map(|_| r.array::<32>()).collect::<Result<_, _>>()?;
+        let graph = match r.u8()? {
+            0 => GraphSpec::Complete,
+            1 => GraphSpec::Harary { degree: r.u32()?, seed: r.array()? },
+            _ => return Err(DecodeError::Invalid("graph kind")),
+        };
+        let threshold = r.u32()?;
+        let vector_len = r.u32()?;
+        let modulus_bits = r.u8()?;
+        let clip = f32::from_bits(r.u32()?);
+        let max_weight = r.u32()?;
+        let config = RoundConfig {
+            session,
+            round,
+            variant,
+            clients,
+            identities,
+            graph,
+            threshold,
+            vector_len,
+            modulus_bits,
+            quantization: QuantizationSpec { clip, max_weight },
+        };
+        config.validate().map_err(|_| DecodeError::Invalid("round configuration"))?;
+        Ok(config)
+    }
+}

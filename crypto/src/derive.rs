@@ -1,0 +1,93 @@
+//! The protocol's key derivations and signed statements, shared by the
+//! client and server state machines so that both sides compute them with
+//! the same code.
+
+use crate::agreement::AgreementKey;
+use crate::config::RoundContext;
+use crate::envelope::EnvelopeKey;
+use crate::error::CryptoError;
+use crate::ids::ClientId;
+use crate::kdf::{LABEL_PAIRWISE_MASK, LABEL_SELF_MASK, LABEL_SHARE_ENVELOPE, hkdf_sha256};
+use crate::prg::{MaskPrg, MaskSign};
+use crate::secret::Secret32;
+use crate::signature::signed_message;
+
+const LABEL_ADVERTISE: &[u8] = b"cohort/secagg/v1/advertise-keys";
+const LABEL_CONSISTENCY: &[u8] = b"cohort/secagg/v1/consistency";
+
+/// The single-use key sealing shares from `sender` to `receiver`.
+/// Directional: the reverse envelope gets a different key.
+pub(crate) fn envelope_key(
+    own: &AgreementKey,
+    their_public: &[u8; 32],
+    context: &RoundContext,
+    sender: ClientId,
+    receiver: ClientId,
+) -> Result<EnvelopeKey, CryptoError> {
+    let shared = own.agree(their_public)?;
+    let mut key = [0u8; 32];
+    hkdf_sha256(
+        &context.0,
+        shared.expose(),
+        &[LABEL_SHARE_ENVELOPE, &sender.get().to_be_bytes(), &receiver.get().to_be_bytes()],
+        &mut key,
+    );
+    Ok(EnvelopeKey::new(Secret32::from_bytes(&mut key)))
+}
+
+/// Associated data of an envelope: the round context and both identities.
+pub(crate) fn envelope_aad(context: &RoundContext, sender: ClientId, receiver: ClientId) -> [u8; 40] {
+    let mut aad = [0u8; 40];
+    aad[..32].copy_from_slice(&context.0);
+    aad[32..36].copy_from_slice(&sender.get().to_be_bytes());
+    aad[36..].copy_from_slice(&receiver.get().to_be_bytes());
+    aad
+}
+
+/// The generator of `owner`'s self mask PRG(b_owner).
+pub(crate) fn self_mask(seed: &Secret32, context: &RoundContext, owner: ClientId) -> MaskPrg {
+    MaskPrg::derive(seed, &context.0, &[LABEL_SELF_MASK, &owner.get().to_be_bytes()])
+}
+
+/// The generator of the pairwise mask PRG(s_uv) between `own_id` and `peer`.
+pub(crate) fn pairwise_mask(
+    own: &AgreementKey,
+    peer_public: &[u8; 32],
+    context: &RoundContext,
+    own_id: ClientId,
+    peer: ClientId,
+) -> Result<MaskPrg, CryptoError> {
+    let shared = own.agree(peer_public)?;
+    let (low, high) = if own_id < peer { (own_id, peer) } else { (peer, own_id) };
+    Ok(MaskPrg::derive(
+        &shared,
+        &context.0,
+        &[LABEL_PAIRWISE_MASK, &low.get().to_be_bytes(), &high.get().to_be_bytes()],
+    ))
+}
+
+/// How `owner` applies the pairwise mask shared with `peer`: the lower id
+/// adds it and the higher id subtracts it, so the pair cancels in the sum.
+pub(crate) fn pairwise_sign(owner: ClientId, peer: ClientId) -> MaskSign {
+    if owner < peer { MaskSign::Add } else { MaskSign::Subtract }
+}
+
+/// The statement a client signs when it advertises its keys.
+pub(crate) fn advertise_statement(
+    context: &RoundContext,
+    client: ClientId,
+    cipher_key: &[u8; 32],
+    mask_key: &[u8; 32],
+) -> Vec<u8> {
+    signed_message(LABEL_ADVERTISE, &[&context.0, &client.get().to_be_bytes(), cipher_key, mask_key])
+}
+
+/// The statement a client signs in the consistency check: the survivor list.
+pub(crate) fn consistency_statement(context: &RoundContext, survivors: &[ClientId]) -> Vec<u8> {
+    let mut ids = Vec::with_capacity(4 + 4 * survivors.len());
+    ids.extend_from_slice(&(survivors.len() as u32).to_be_bytes());
+    for id in survivors {
+        ids.extend_from_slice(&id.get().to_be_bytes());
+    }
+    signed_message(LABEL_CONSISTENCY, &[&context.0, &ids])
+}

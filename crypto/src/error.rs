@@ -1,0 +1,191 @@
+//! Errors of the protocol core.
+//!
+//! Cryptographic failures are deliberately opaque ([`CryptoError`] has no
+//! reason): telling a peer *why* a decryption or signature check failed only
+//! helps an attacker. Protocol errors, in contrast, are precise, because a
+//! coordinator must tell a misbehaving or confused client exactly what it did
+//! wrong without disturbing the round for everybody else.
+
+use crate::ids::ClientId;
+use crate::wire::DecodeError;
+
+/// A cryptographic operation failed (authentication tag, signature, key
+/// agreement with a low-order point, inconsistent secret shares).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("cryptographic failure")]
+pub struct CryptoError;
+
+/// Which stage of the protocol a message or a state belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Stage {
+    /// The server announces the round's public parameters.
+    Setup,
+    /// Clients publish their two X25519 public keys.
+    AdvertiseKeys,
+    /// Clients send encrypted Shamir shares of their secrets to their neighbours.
+    ShareKeys,
+    /// Clients send their masked input vector.
+    MaskedInputCollection,
+    /// Clients sign the survivor list (active variant only).
+    ConsistencyCheck,
+    /// Clients reveal the shares that let the server remove the masks.
+    Unmasking,
+    /// The round is over.
+    Finished,
+}
+
+impl core::fmt::Display for Stage {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let name = match self {
+            Stage::Setup => "setup",
+            Stage::AdvertiseKeys => "advertise-keys",
+            Stage::ShareKeys => "share-keys",
+            Stage::MaskedInputCollection => "masked-input-collection",
+            Stage::ConsistencyCheck => "consistency-check",
+            Stage::Unmasking => "unmasking",
+            Stage::Finished => "finished",
+        };
+        f.write_str(name)
+    }
+}
+
+/// Invalid public round parameters.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// Fewer than two clients cannot aggregate anything privately.
+    #[error("a round needs at least 2 clients, got {0}")]
+    TooFewClients(u32),
+    /// More clients than the protocol supports.
+    #[error("a round supports at most {max} clients, got {got}")]
+    TooManyClients {
+        /// The limit.
+        max: u32,
+        /// The requested number.
+        got: u32,
+    },
+    /// The threshold must lie in `1..=degree`.
+    #[error("threshold {threshold} must be between 1 and the neighbourhood size {degree}")]
+    BadThreshold {
+        /// The requested threshold.
+        threshold: u32,
+        /// The neighbourhood size.
+        degree: u32,
+    },
+    /// The sparse graph needs an even degree in `2..n-1`.
+    #[error("graph degree {degree} is invalid for {clients} clients (need an even number in 2..{clients})")]
+    BadDegree {
+        /// The requested degree.
+        degree: u32,
+        /// The number of clients.
+        clients: u32,
+    },
+    /// The ring Z_{2^bits} must have between 2 and 32 bits.
+    #[error("modulus bits must be in 2..=32, got {0}")]
+    BadModulusBits(u8),
+    /// Vector length outside the supported range.
+    #[error("vector length must be in 1..={max}, got {got}")]
+    BadVectorLength {
+        /// The limit.
+        max: u32,
+        /// The requested length.
+        got: u32,
+    },
+    /// The active variant needs one identity key per client.
+    #[error("the active variant needs an identity key for each of the {expected} clients, got {got}")]
+    MissingIdentities {
+        /// Clients in the roster.
+        expected: u32,
+        /// Identity keys supplied.
+        got: u32,
+    },
+    /// A quantization parameter is out of range.
+    #[error("invalid quantization: {0}")]
+    BadQuantization(&'static str),
+    /// A dropout or corruption rate outside `[0, 1)`.
+    #[error("rate {0} must be in [0, 1)")]
+    BadRate(f64),
+    /// No (degree, threshold) pair meets the security and correctness targets.
+    #[error("no graph degree and threshold meet the targets for {clients} clients")]
+    Infeasible {
+        /// The number of clients.
+        clients: u32,
+    },
+}
+
+/// A protocol rule was broken, by a peer or by the local caller.
+///
+/// Every variant names what went wrong precisely enough for a coordinator to
+/// return it to the offending client; none carries secret material.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// The message could not be decoded.
+    #[error("malformed message: {0}")]
+    Decode(#[from] DecodeError),
+    /// The round parameters are invalid.
+    #[error("invalid round configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// A cryptographic check failed.
+    #[error(transparent)]
+    Crypto(#[from] CryptoError),
+    /// The message belongs to another round (for example, a replay).
+    #[error("message belongs to a different round")]
+    WrongRound,
+    /// The message does not belong to the current stage.
+    #[error("message for stage {got} arrived during stage {expected}")]
+    OutOfPhase {
+        /// The stage the receiver is in.
+        expected: Stage,
+        /// The stage the message belongs to.
+        got: Stage,
+    },
+    /// The sender is not part of this round.
+    #[error("client {0} is not in this round's roster")]
+    UnknownClient(ClientId),
+    /// The sender already sent its message for this stage.
+    #[error("client {0} already sent its message for this stage")]
+    Duplicate(ClientId),
+    /// The sender dropped out of an earlier stage and may not take part now.
+    #[error("client {client} is not eligible for stage {stage}")]
+    NotEligible {
+        /// The sender.
+        client: ClientId,
+        /// The current stage.
+        stage: Stage,
+    },
+    /// Too few clients remain for the threshold; the round must abort.
+    #[error("only {have} clients remain at stage {stage}, the threshold is {need}")]
+    BelowThreshold {
+        /// The stage that fell short.
+        stage: Stage,
+        /// Clients remaining.
+        have: u32,
+        /// Clients required.
+        need: u32,
+    },
+    /// The message is well-formed but its content breaks a protocol rule.
+    #[error("invalid message from client {client}: {reason}")]
+    InvalidMessage {
+        /// The sender (the server is reported as client 0).
+        client: ClientId,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The server's survivor list or signatures are inconsistent with what
+    /// this client saw; an honest client aborts rather than reveal anything.
+    #[error("the server's view of the round is inconsistent: {0}")]
+    Inconsistent(&'static str),
+    /// The local input does not match the round parameters.
+    #[error("input has length {got}, the round expects {expected}")]
+    InputLength {
+        /// The round's vector length.
+        expected: u32,
+        /// The input's length.
+        got: u32,
+    },
+    /// The round already finished or was abandoned.
+    #[error("the round is over")]
+    Finished,
+}

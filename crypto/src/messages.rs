@@ -1,0 +1,447 @@
+//! Typed protocol messages and their versioned binary encoding.
+//!
+//! Server → client: [`ServerMessage`]; client → server: [`ClientMessage`].
+//! The sender of a client message is not part of the encoding: the transport
+//! authenticates it. Lists keyed by client id are strictly ascending, which
+//! makes the encoding canonical and rules out duplicates at decode time.
+
+use crate::config::{MAX_CLIENTS, MAX_VECTOR_LEN, RoundConfig, RoundContext};
+use crate::envelope::TAG_LEN;
+use crate::error::Stage;
+use crate::ids::ClientId;
+use crate::shamir::{SHARE_LEN, Share};
+use crate::signature::SIGNATURE_LEN;
+use crate::wire::{DecodeError, Reader, Writer, pack, packed_len, unpack};
+
+/// Plaintext of a share envelope: the self-mask share and the key share.
+pub(crate) const ENVELOPE_PLAINTEXT_LEN: usize = 2 * SHARE_LEN;
+/// Size of one sealed share envelope.
+pub const ENVELOPE_LEN: usize = ENVELOPE_PLAINTEXT_LEN + TAG_LEN;
+
+const KIND_SETUP: u8 = 0x01;
+const KIND_PEER_KEYS: u8 = 0x02;
+const KIND_SHARES: u8 = 0x03;
+const KIND_SURVIVORS: u8 = 0x04;
+const KIND_SIGNATURES: u8 = 0x05;
+const KIND_ADVERTISE_KEYS: u8 = 0x11;
+const KIND_SHARE_KEYS: u8 = 0x12;
+const KIND_MASKED_INPUT: u8 = 0x13;
+const KIND_CONSISTENCY: u8 = 0x14;
+const KIND_UNMASKING: u8 = 0x15;
+
+/// One peer's advertised keys, as relayed by the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdvertisedKeys {
+    /// The peer.
+    pub id: ClientId,
+    /// X25519 key for share envelopes (c_pk).
+    pub cipher_key: [u8; 32],
+    /// X25519 key for pairwise masks (s_pk).
+    pub mask_key: [u8; 32],
+    /// Ed25519 signature over both keys (active variant).
+    pub signature: Option<[u8; SIGNATURE_LEN]>,
+}
+
+/// A sealed share envelope and the other end of it (the sender when the
+/// server delivers it, the receiver when a client sends it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// The peer at the other end.
+    pub peer: ClientId,
+    /// AES-GCM ciphertext of [`ENVELOPE_LEN`] bytes.
+    pub ciphertext: Vec<u8>,
+}
+
+/// Messages from the server to one client.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ServerMessage {
+    /// The round's public parameters; opens the round.
+    Setup(RoundConfig),
+    /// The keys of the client's neighbours that advertised (U1).
+    PeerKeys {
+        /// Round binding.
+        context: RoundContext,
+        /// Neighbours' keys, ascending by id.
+        peers: Vec<AdvertisedKeys>,
+    },
+    /// The envelopes the client's neighbours sealed for it (U2).
+    Shares {
+        /// Round binding.
+        context: RoundContext,
+        /// Envelopes, ascending by sender.
+        envelopes: Vec<Envelope>,
+    },
+    /// The clients whose masked input the server received (U3).
+    Survivors {
+        /// Round binding.
+        context: RoundContext,
+        /// Survivors, ascending.
+        survivors: Vec<ClientId>,
+    },
+    /// Signatures over the survivor list (U4, active variant).
+    Signatures {
+        /// Round binding.
+        context: RoundContext,
+        /// Signers and signatures, ascending by signer.
+        signatures: Vec<(ClientId, [u8; SIGNATURE_LEN])>,
+    },
+}
+
+/// A client's masked input vector in Z_{2^bits}.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MaskedVector {
+    /// Bits per coordinate.
+    pub bits: u8,
+    /// Coordinates, each below 2^bits.
+    pub values: Vec<u32>,
+}
+
+impl core::fmt::Debug for MaskedVector {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MaskedVector")
+            .field("bits", &self.bits)
+            .field("len", &self.values.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Shares revealed in the unmasking stage, keyed by the client they belong to.
+pub struct UnmaskingShares {
+    /// Shares of surviving neighbours' self-mask seeds b_v.
+    pub self_mask: Vec<(ClientId, Share)>,
+    /// Shares of dropped neighbours' mask keys s_sk_v.
+    pub mask_key: Vec<(ClientId, Share)>,
+}
+
+/// Messages from a client to the server.
+#[non_exhaustive]
+pub enum ClientMessage {
+    /// The client's two public keys.
+    AdvertiseKeys {
+        /// Round binding.
+        context: RoundContext,
+        /// c_pk.
+        cipher_key: [u8; 32],
+        /// s_pk.
+        mask_key: [u8; 32],
+        /// Signature over both (active variant).
+        signature: Option<[u8; SIGNATURE_LEN]>,
+    },
+    /// One sealed envelope per neighbour in U1.
+    ShareKeys {
+        /// Round binding.
+        context: RoundContext,
+        /// Envelopes, ascending by receiver.
+        envelopes: Vec<Envelope>,
+    },
+    /// The masked input y_u.
+    MaskedInput {
+        /// Round binding.
+        context: RoundContext,
+        /// The vector.
+        vector: MaskedVector,
+    },
+    /// Signature over the survivor list (active variant).
+    Consistency {
+        /// Round binding.
+        context: RoundContext,
+        /// The signature.
+        signature: [u8; SIGNATURE_LEN],
+    },
+    /// Shares that let the server remove the masks.
+    Unmasking {
+        /// Round binding.
+        context: RoundContext,
+        /// The shares.
+        shares: UnmaskingShares,
+    },
+}
+
+impl core::fmt::Debug for ClientMessage {
+    /// Prints the kind only: an unmasking message holds secret shares.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ClientMessage").field("stage", &self.stage()).finish_non_exhaustive()
+    }
+}
+
+impl ServerMessage {
+    /// The stage this message drives the client into.
+    pub fn stage(&self) -> Stage {
+        match self {
+            ServerMessage::Setup(_) => Stage::Setup,
+            ServerMessage::PeerKeys { .. } => Stage::ShareKeys,
+            ServerMessage::Shares { .. } => Stage::MaskedInputCollection,
+            ServerMessage::Survivors { .. } => Stage::ConsistencyCheck,
+            ServerMessage::Signatures { .. } => Stage::Unmasking,
+        }
+    }
+
+    /// The round context the message is bound to (none for the setup,
+    /// which defines it).
+    pub fn context(&self) -> Option<&RoundContext> {
+        match self {
+            ServerMessage::Setup(_) => None,
+            ServerMessage::PeerKeys { context, .. }
+            | ServerMessage::Shares { context, .. }
+            | ServerMessage::Survivors { context, .. }
+            | ServerMessage::Signatures { context, .. } => Some(context),
+        }
+    }
+
+    /// Encodes the message.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            ServerMessage::Setup(config) => {
+                let mut w = Writer::with_header(KIND_SETUP, 128 + 32 * config.identities.len());
+                config.encode_into(&mut w);
+                w.finish()
+            }
+            ServerMessage::PeerKeys { context, peers } => {
+                let mut w = Writer::with_header(KIND_PEER_KEYS, 36 + peers.len() * 133);
+                w.bytes(&context.0).count(peers.len());
+                for peer in peers {
+                    w.u32(peer.id.get()).bytes(&peer.cipher_key).bytes(&peer.mask_key);
+                    match &peer.signature {
+                        None => w.u8(0),
+                        Some(sig) => w.u8(1).bytes(sig),
+                    };
+                }
+                w.finish()
+            }
+            ServerMessage::Shares { context, envelopes } => encode_envelopes(KIND_SHARES, context, envelopes),
+            ServerMessage::Survivors { context, survivors } => {
+                let mut w = Writer::with_header(KIND_SURVIVORS, 36 + 4 * survivors.len());
+                w.bytes(&context.0).count(survivors.len());
+                for id in survivors {
+                    w.u32(id.get());
+                }
+                w.finish()
+            }
+            ServerMessage::Signatures { context, signatures } => {
+                let mut w = Writer::with_header(KIND_SIGNATURES, 36 + 68 * signatures.len());
+                w.bytes(&context.0).count(signatures.len());
+                for (id, sig) in signatures {
+                    w.u32(id.get()).bytes(sig);
+                }
+                w.finish()
+            }
+        }
+    }
+
+    /// Decodes a message, validating every field.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let (mut r, kind) = Reader::with_header(bytes)?;
+        let message = match kind {
+            KIND_SETUP => ServerMessage::Setup(RoundConfig::decode_from(&mut r)?),
+            KIND_PEER_KEYS => {
+                let context = RoundContext(r.array()?);
+                let count = r.count(MAX_CLIENTS as usize, 69, "peer list")?;
+                let mut ids = AscendingIds::default();
+                let mut peers = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let id = ids.next(&mut r)?;
+                    let cipher_key = r.array()?;
+                    let mask_key = r.array()?;
+                    let signature = match r.u8()? {
+                        0 => None,
+                        1 => Some(r.array()?),
+                        _ => return Err(DecodeError::Invalid("signature flag")),
+                    };
+                    peers.push(AdvertisedKeys { id, cipher_key, mask_key, signature });
+                }
+                ServerMessage::PeerKeys { context, peers }
+            }
+            KIND_SHARES => {
+                let (context, envelopes) = decode_envelopes(&mut r)?;
+                ServerMessage::Shares { context, envelopes }
+            }
+            KIND_SURVIVORS => {
+                let context = RoundContext(r.array()?);
+                let count = r.count(MAX_CLIENTS as usize, 4, "survivor list")?;
+                let mut ids = AscendingIds::default();
+                let survivors = (0..count).map(|_| ids.next(&mut r)).collect::<Result<_, _>>()?;
+                ServerMessage::Survivors { context, survivors }
+            }
+            KIND_SIGNATURES => {
+                let context = RoundContext(r.array()?);
+                let count = r.count(MAX_CLIENTS as usize, 4 + SIGNATURE_LEN, "signature list")?;
+                let mut ids = AscendingIds::default();
+                let signatures =
+                    (0..count)
+                        .map(|_| Ok((ids.next(&mut r)?, r.array()?)))
+                        .collect::<Result<_, DecodeError>>()?;
+                ServerMessage::Signatures { context, signatures }
+            }
+            other => return Err(DecodeError::UnknownKind(other)),
+        };
+        r.finish()?;
+        Ok(message)
+    }
+}
+
+impl ClientMessage {
+    /// The stage this message belongs to.
+    pub fn stage(&self) -> Stage {
+        match self {
+            ClientMessage::AdvertiseKeys { .. } => Stage::AdvertiseKeys,
+            ClientMessage::ShareKeys { .. } => Stage::ShareKeys,
+            ClientMessage::MaskedInput { .. } => Stage::MaskedInputCollection,
+            ClientMessage::Consistency { .. } => Stage::ConsistencyCheck,
+            ClientMessage::Unmasking { .. } => Stage::Unmasking,
+        }
+    }
+
+    /// The round context the message is bound to.
+    pub fn context(&self) -> &RoundContext {
+        match self {
+            ClientMessage::AdvertiseKeys { context, .. }
+            | ClientMessage::ShareKeys { context, .. }
+            | ClientMessage::MaskedInput { context, .. }
+            | ClientMessage::Consistency { context, .. }
+            | ClientMessage::Unmasking { context, .. } => context,
+        }
+    }
+
+    /// Encodes the message.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, signature } => {
+                let mut w = Writer::with_header(KIND_ADVERTISE_KEYS, 164);
+                w.bytes(&context.0).bytes(cipher_key).bytes(mask_key);
+                match signature {
+                    None => w.u8(0),
+                    Some(sig) => w.u8(1).bytes(sig),
+                };
+                w.finish()
+            }
+            ClientMessage::ShareKeys { context, envelopes } => {
+                encode_envelopes(KIND_SHARE_KEYS, context, envelopes)
+            }
+            ClientMessage::MaskedInput { context, vector } => {
+                let len = packed_len(vector.values.len(), vector.bits);
+                let mut w = Writer::with_header(KIND_MASKED_INPUT, 37 + 4 + len);
+                w.bytes(&context.0).u8(vector.bits).count(vector.values.len());
+                pack(&vector.values, vector.bits, w.buffer());
+                w.finish()
+            }
+            ClientMessage::Consistency { context, signature } => {
+                let mut w = Writer::with_header(KIND_CONSISTENCY, 96);
+                w.bytes(&context.0).bytes(signature);
+                w.finish()
+            }
+            ClientMessage::Unmasking { context, shares } => {
+                let entries = shares.self_mask.len() + shares.mask_key.len();
+                let mut w = Writer::with_header(KIND_UNMASKING, 40 + entries * (4 + SHARE_LEN));
+                w.bytes(&context.0);
+                for list in [&shares.self_mask, &shares.mask_key] {
+                    w.count(list.len());
+                    for (owner, share) in list {
+                        w.u32(owner.get());
+                        share.encode_into(w.buffer());
+                    }
+                }
+                w.finish()
+            }
+        }
+    }
+
+    /// Decodes a message, validating every field.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let (mut r, kind) = Reader::with_header(bytes)?;
+        if !(KIND_ADVERTISE_KEYS..=KIND_UNMASKING).contains(&kind) {
+            return Err(DecodeError::UnknownKind(kind));
+        }
+        let context = RoundContext(r.array()?);
+        let message = match kind {
+            KIND_ADVERTISE_KEYS => {
+                let cipher_key = r.array()?;
+                let mask_key = r.array()?;
+                let signature = match r.u8()? {
+                    0 => None,
+                    1 => Some(r.array()?),
+                    _ => return Err(DecodeError::Invalid("signature flag")),
+                };
+                ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, signature }
+            }
+            KIND_SHARE_KEYS => {
+                let envelopes = decode_envelope_list(&mut r)?;
+                ClientMessage::ShareKeys { context, envelopes }
+            }
+            KIND_MASKED_INPUT => {
+                let bits = r.u8()?;
+                if !(2..=32).contains(&bits) {
+                    return Err(DecodeError::Invalid("bits per coordinate"));
+                }
+                let len = r.count(MAX_VECTOR_LEN as usize, 0, "vector length")?;
+                let packed = r.take(packed_len(len, bits))?;
+                let values = unpack(packed, len, bits)?;
+                ClientMessage::MaskedInput { context, vector: MaskedVector { bits, values } }
+            }
+            KIND_CONSISTENCY => ClientMessage::Consistency { context, signature: r.array()? },
+            KIND_UNMASKING => {
+                let self_mask = decode_share_list(&mut r)?;
+                let mask_key = decode_share_list(&mut r)?;
+                ClientMessage::Unmasking { context, shares: UnmaskingShares { self_mask, mask_key } }
+            }
+            other => return Err(DecodeError::UnknownKind(other)),
+        };
+        r.finish()?;
+        Ok(message)
+    }
+}
+
+/// Reads client ids that must be non-zero and strictly ascending.
+#[derive(Default)]
+struct AscendingIds {
+    last: u32,
+}
+
+impl AscendingIds {
+    fn next(&mut self, r: &mut Reader<'_>) -> Result<ClientId, DecodeError> {
+        let raw = r.u32()?;
+        if raw <= self.last || raw > MAX_CLIENTS {
+            return Err(DecodeError::Invalid("client id order"));
+        }
+        self.last = raw;
+        ClientId::new(raw).ok_or(DecodeError::Invalid("client id"))
+    }
+}
+
+fn encode_envelopes(kind: u8, context: &RoundContext, envelopes: &[Envelope]) -> Vec<u8> {
+    let mut w = Writer::with_header(kind, 36 + envelopes.len() * (4 + ENVELOPE_LEN));
+    w.bytes(&context.0).count(envelopes.len());
+    for envelope in envelopes {
+        w.u32(envelope.peer.get()).bytes(&envelope.ciphertext);
+    }
+    w.finish()
+}
+
+fn decode_envelopes(r: &mut Reader<'_>) -> Result<(RoundContext, Vec<Envelope>), DecodeError> {
+    let context = RoundContext(r.array()?);
+    Ok((context, decode_envelope_list(r)?))
+}
+
+fn decode_envelope_list(r: &mut Reader<'_>) -> Result<Vec<Envelope>, DecodeError> {
+    let count = r.count(MAX_CLIENTS as usize, 4 + ENVELOPE_LEN, "envelope list")?;
+    let mut ids = AscendingIds::default();
+    (0..count)
+        .map(|_| {
+            let peer = ids.next(r)?;
+            let ciphertext = r.take(ENVELOPE_LEN)?.to_vec();
+            Ok(Envelope { peer, ciphertext })
+        })
+        .collect()
+}
+
+fn decode_share_list(r: &mut Reader<'_>) -> Result<Vec<(ClientId, Share)>, DecodeError> {
+    let count = r.count(MAX_CLIENTS as usize, 4 + SHARE_LEN, "share list")?;
+    let mut ids = AscendingIds::default();
+    (0..count)
+        .map(|_| {
+            let owner = ids.next(r)?;
+            let share = Share::decode(&r.array()?).ok_or(DecodeError::Invalid("share"))?;
+            Ok((owner, share))
+        })
+        .collect()
+}

@@ -1,0 +1,597 @@
+//! The server side of secure aggregation, as a state machine over messages.
+//!
+//! [`ServerRound::new`] opens a round; [`ServerRound::receive`] takes one
+//! client message (validate first, then apply: a refused message changes
+//! nothing); [`ServerRound::message_for`] is what each client must be sent
+//! to move on; [`ServerRound::advance`] closes the current stage, the driver
+//! calling it once every eligible client answered or the stage's deadline
+//! passed. The last `advance` unmasks and returns the [`Aggregate`].
+//!
+//! The server keeps only the running sum of masked inputs, never an
+//! individual vector, and refuses to finish with fewer than t survivors.
+
+use std::sync::Arc;
+
+use zeroize::Zeroizing;
+
+use crate::agreement::AgreementKey;
+use crate::config::{RoundConfig, RoundContext, Variant};
+use crate::derive;
+use crate::error::{ProtocolError, Stage};
+use crate::graph::CommunicationGraph;
+use crate::ids::ClientId;
+use crate::messages::{
+    AdvertisedKeys, ClientMessage, ENVELOPE_LEN, Envelope, MaskedVector, ServerMessage, UnmaskingShares,
+};
+use crate::secret::Secret32;
+use crate::shamir::Share;
+use crate::signature::{SIGNATURE_LEN, verify};
+use crate::unmask::{UnmaskJob, unmask};
+
+/// The result of a round: Σ x_u over the survivors, in Z_{2^b}.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Aggregate {
+    /// The sum of the survivors' inputs.
+    pub sum: Vec<u32>,
+    /// The clients whose inputs are in the sum (U3), ascending.
+    pub contributors: Vec<ClientId>,
+}
+
+impl core::fmt::Debug for Aggregate {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Aggregate")
+            .field("len", &self.sum.len())
+            .field("contributors", &self.contributors.len())
+            .finish()
+    }
+}
+
+/// Public facts shared by every stage.
+struct RoundInfo {
+    config: RoundConfig,
+    context: RoundContext,
+    graph: CommunicationGraph,
+}
+
+impl RoundInfo {
+    fn threshold(&self) -> u32 {
+        self.config.threshold
+    }
+
+    fn require(&self, stage: Stage, have: usize) -> Result<(), ProtocolError> {
+        if have < self.threshold() as usize {
+            return Err(ProtocolError::BelowThreshold { stage, have: have as u32, need: self.threshold() });
+        }
+        Ok(())
+    }
+
+    fn check_sender(&self, from: ClientId, context: &RoundContext) -> Result<(), ProtocolError> {
+        if from.get() > self.config.clients {
+            return Err(ProtocolError::UnknownClient(from));
+        }
+        if *context != self.context {
+            return Err(ProtocolError::WrongRound);
+        }
+        Ok(())
+    }
+
+    fn members(&self, set: &[bool]) -> Vec<ClientId> {
+        set.iter()
+            .enumerate()
+            .filter(|(_, member)| **member)
+            .map(|(index, _)| ClientId::from_index(index))
+            .collect()
+    }
+
+    /// Neighbours of `client` that belong to `set`, ascending.
+    fn neighbours_in(&self, client: ClientId, set: &[bool]) -> Vec<ClientId> {
+        self.graph.neighbours(client).into_iter().filter(|v| set[v.index()]).collect()
+    }
+}
+
+/// Tracks which eligible clients answered in the current stage.
+struct Inbox {
+    eligible: Vec<bool>,
+    received: Vec<bool>,
+    count: usize,
+}
+
+impl Inbox {
+    fn new(eligible: Vec<bool>) -> Self {
+        let received = vec![false; eligible.len()];
+        Self { eligible, received, count: 0 }
+    }
+
+    fn check(&self, from: ClientId, stage: Stage) -> Result<(), ProtocolError> {
+        if !self.eligible[from.index()] {
+            return Err(ProtocolError::NotEligible { client: from, stage });
+        }
+        if self.received[from.index()] {
+            return Err(ProtocolError::Duplicate(from));
+        }
+        Ok(())
+    }
+
+    fn mark(&mut self, from: ClientId) {
+        self.received[from.index()] = true;
+        self.count += 1;
+    }
+
+    fn complete(&self) -> bool {
+        self.count == self.eligible.iter().filter(|&&e| e).count()
+    }
+}
+
+fn invalid(client: ClientId, reason: &'static str) -> ProtocolError {
+    ProtocolError::InvalidMessage { client, reason }
+}
+
+/// Collecting AdvertiseKeys.
+pub struct CollectingKeys {
+    info: Arc<RoundInfo>,
+    /// A fixed key pair used only to test that advertised keys are not of
+    /// low order (X25519 with them must be contributory).
+    probe: AgreementKey,
+    inbox: Inbox,
+    keys: Vec<Option<AdvertisedKeys>>,
+}
+
+/// Collecting ShareKeys; U1 is known.
+pub struct CollectingShares {
+    info: Arc<RoundInfo>,
+    keys: Arc<Vec<Option<AdvertisedKeys>>>,
+    advertised: Vec<bool>,
+    inbox: Inbox,
+    /// `envelopes[v]`: envelopes addressed to v, in arrival order.
+    envelopes: Vec<Vec<Envelope>>,
+}
+
+/// Collecting masked inputs; U2 is known.
+pub struct CollectingMaskedInputs {
+    info: Arc<RoundInfo>,
+    keys: Arc<Vec<Option<AdvertisedKeys>>>,
+    shared: Vec<bool>,
+    envelopes: Vec<Vec<Envelope>>,
+    inbox: Inbox,
+    sum: Vec<u32>,
+}
+
+/// Collecting consistency signatures (active variant); U3 is known.
+pub struct CollectingSignatures {
+    info: Arc<RoundInfo>,
+    after: AfterMasking,
+    inbox: Inbox,
+    signatures: Vec<(ClientId, [u8; SIGNATURE_LEN])>,
+}
+
+/// Collecting unmasking shares.
+pub struct CollectingUnmaskingShares {
+    info: Arc<RoundInfo>,
+    after: AfterMasking,
+    inbox: Inbox,
+    signatures: Vec<(ClientId, [u8; SIGNATURE_LEN])>,
+    self_mask_shares: Vec<Vec<Share>>,
+    mask_key_shares: Vec<Vec<Share>>,
+}
+
+/// What the server keeps once masked inputs are in.
+struct AfterMasking {
+    keys: Arc<Vec<Option<AdvertisedKeys>>>,
+    shared: Vec<bool>,
+    survived: Vec<bool>,
+    survivors: Vec<ClientId>,
+    sum: Vec<u32>,
+}
+
+/// The server's state in one round.
+pub enum ServerRound {
+    /// Stage AdvertiseKeys.
+    CollectingKeys(CollectingKeys),
+    /// Stage ShareKeys.
+    CollectingShares(CollectingShares),
+    /// Stage MaskedInputCollection.
+    CollectingMaskedInputs(CollectingMaskedInputs),
+    /// Stage ConsistencyCheck (active variant).
+    CollectingSignatures(CollectingSignatures),
+    /// Stage Unmasking.
+    CollectingUnmaskingShares(CollectingUnmaskingShares),
+}
+
+impl core::fmt::Debug for ServerRound {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ServerRound")
+            .field("stage", &self.stage())
+            .field("received", &self.inbox().count)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`ServerRound::advance`] produced.
+#[derive(Debug)]
+pub enum Advanced {
+    /// The next stage.
+    Next(ServerRound),
+    /// The round is complete.
+    Done(Aggregate),
+}
+
+impl ServerRound {
+    /// Opens a round with validated parameters.
+    pub fn new(config: RoundConfig) -> Result<Self, ProtocolError> {
+        config.validate()?;
+        let n = config.clients as usize;
+        let info =
+            Arc::new(RoundInfo { context: config.context(), graph: config.communication_graph(), config });
+        let probe = AgreementKey::from_secret(&Secret32::from_bytes(&mut [0x5a; 32]));
+        Ok(ServerRound::CollectingKeys(CollectingKeys {
+            info,
+            probe,
+            inbox: Inbox::new(vec![true; n]),
+            keys: vec![None; n],
+        }))
+    }
+
+    fn info(&self) -> &RoundInfo {
+        match self {
+            ServerRound::CollectingKeys(s) => &s.info,
+            ServerRound::CollectingShares(s) => &s.info,
+            ServerRound::CollectingMaskedInputs(s) => &s.info,
+            ServerRound::CollectingSignatures(s) => &s.info,
+            ServerRound::CollectingUnmaskingShares(s) => &s.info,
+        }
+    }
+
+    fn inbox(&self) -> &Inbox {
+        match self {
+            ServerRound::CollectingKeys(s) => &s.inbox,
+            ServerRound::CollectingShares(s) => &s.inbox,
+            ServerRound::CollectingMaskedInputs(s) => &s.inbox,
+            ServerRound::CollectingSignatures(s) => &s.inbox,
+            ServerRound::CollectingUnmaskingShares(s) => &s.inbox,
+        }
+    }
+
+    /// The round's parameters.
+    pub fn config(&self) -> &RoundConfig {
+        &self.info().config
+    }
+
+    /// The round context.
+    pub fn context(&self) -> RoundContext {
+        self.info().context
+    }
+
+    /// The stage whose client messages are being collected.
+    pub fn stage(&self) -> Stage {
+        match self {
+            ServerRound::CollectingKeys(_) => Stage::AdvertiseKeys,
+            ServerRound::CollectingShares(_) => Stage::ShareKeys,
+            ServerRound::CollectingMaskedInputs(_) => Stage::MaskedInputCollection,
+            ServerRound::CollectingSignatures(_) => Stage::ConsistencyCheck,
+            ServerRound::CollectingUnmaskingShares(_) => Stage::Unmasking,
+        }
+    }
+
+    /// Messages accepted in the current stage.
+    pub fn received(&self) -> usize {
+        self.inbox().count
+    }
+
+    /// Clients allowed to send in the current stage.
+    pub fn eligible(&self) -> Vec<ClientId> {
+        self.info().members(&self.inbox().eligible)
+    }
+
+    /// Whether every eligible client has sent its message.
+    pub fn is_complete(&self) -> bool {
+        self.inbox().complete()
+    }
+
+    /// Whether enough messages arrived for [`advance`](Self::advance) to succeed.
+    pub fn has_quorum(&self) -> bool {
+        self.received() >= self.info().threshold() as usize
+    }
+
+    /// The message that opens the round for every client.
+    pub fn setup_message(&self) -> ServerMessage {
+        ServerMessage::Setup(self.info().config.clone())
+    }
+
+    /// What `client` must be sent to take part in the current stage, or
+    /// `None` if it is not eligible.
+    pub fn message_for(&self, client: ClientId) -> Option<ServerMessage> {
+        let info = self.info();
+        if client.get() == 0 || client.get() > info.config.clients || !self.inbox().eligible[client.index()] {
+            return None;
+        }
+        let context = info.context;
+        Some(match self {
+            ServerRound::CollectingKeys(_) => self.setup_message(),
+            ServerRound::CollectingShares(s) => ServerMessage::PeerKeys {
+                context,
+                peers: info
+                    .neighbours_in(client, &s.advertised)
+                    .into_iter()
+                    .filter_map(|v| s.keys[v.index()].clone())
+                    .collect(),
+            },
+            ServerRound::CollectingMaskedInputs(s) => {
+                let mut envelopes = s.envelopes[client.index()].clone();
+                envelopes.sort_by_key(|envelope| envelope.peer);
+                ServerMessage::Shares { context, envelopes }
+            }
+            ServerRound::CollectingSignatures(s) => {
+                ServerMessage::Survivors { context, survivors: s.after.survivors.clone() }
+            }
+            ServerRound::CollectingUnmaskingShares(s) => match info.config.variant {
+                Variant::SemiHonest => {
+                    ServerMessage::Survivors { context, survivors: s.after.survivors.clone() }
+                }
+                Variant::Active => ServerMessage::Signatures { context, signatures: s.signatures.clone() },
+            },
+        })
+    }
+
+    /// Accepts one message from `from`. A refused message leaves the state
+    /// unchanged, so the round goes on for everybody else.
+    pub fn receive(&mut self, from: ClientId, message: ClientMessage) -> Result<(), ProtocolError> {
+        let stage = self.stage();
+        if message.stage() != stage {
+            return Err(ProtocolError::OutOfPhase { expected: stage, got: message.stage() });
+        }
+        self.info().check_sender(from, message.context())?;
+        self.inbox().check(from, stage)?;
+        match (self, message) {
+            (ServerRound::CollectingKeys(s), message) => s.receive(from, message),
+            (ServerRound::CollectingShares(s), ClientMessage::ShareKeys { envelopes, .. }) => {
+                s.receive(from, envelopes)
+            }
+            (ServerRound::CollectingMaskedInputs(s), ClientMessage::MaskedInput { vector, .. }) => {
+                s.receive(from, vector)
+            }
+            (ServerRound::CollectingSignatures(s), ClientMessage::Consistency { signature, .. }) => {
+                s.receive(from, signature)
+            }
+            (ServerRound::CollectingUnmaskingShares(s), ClientMessage::Unmasking { shares, .. }) => {
+                s.receive(from, shares)
+            }
+            // The stage comparison above rules out every other pairing.
+            (_, message) => Err(ProtocolError::OutOfPhase { expected: stage, got: message.stage() }),
+        }
+    }
+
+    /// Closes the current stage. Fails, ending the round, when fewer than t
+    /// clients answered; the last stage reconstructs the dropped clients'
+    /// keys and the survivors' seeds, removes the masks and returns the sum.
+    pub fn advance(self) -> Result<Advanced, ProtocolError> {
+        match self {
+            ServerRound::CollectingKeys(s) => s.advance().map(Advanced::Next),
+            ServerRound::CollectingShares(s) => s.advance().map(Advanced::Next),
+            ServerRound::CollectingMaskedInputs(s) => s.advance().map(Advanced::Next),
+            ServerRound::CollectingSignatures(s) => s.advance().map(Advanced::Next),
+            ServerRound::CollectingUnmaskingShares(s) => s.finish().map(Advanced::Done),
+        }
+    }
+}
+
+impl CollectingKeys {
+    fn receive(&mut self, from: ClientId, message: ClientMessage) -> Result<(), ProtocolError> {
+        let ClientMessage::AdvertiseKeys { cipher_key, mask_key, signature, .. } = message else {
+            return Err(ProtocolError::OutOfPhase { expected: Stage::AdvertiseKeys, got: message.stage() });
+        };
+        let info = &self.info;
+        if cipher_key == mask_key {
+            return Err(invalid(from, "the two advertised keys must differ"));
+        }
+        if self.probe.agree(&cipher_key).is_err() || self.probe.agree(&mask_key).is_err() {
+            return Err(invalid(from, "an advertised key is of low order"));
+        }
+        match (info.config.variant, signature) {
+            (Variant::SemiHonest, None) => {}
+            (Variant::SemiHonest, Some(_)) => return Err(invalid(from, "unexpected signature")),
+            (Variant::Active, None) => return Err(invalid(from, "missing signature")),
+            (Variant::Active, Some(sig)) => {
+                let statement = derive::advertise_statement(&info.context, from, &cipher_key, &mask_key);
+                verify(&info.config.identities[from.index()], &statement, &sig)?;
+            }
+        }
+        self.keys[from.index()] = Some(AdvertisedKeys { id: from, cipher_key, mask_key, signature });
+        self.inbox.mark(from);
+        Ok(())
+    }
+
+    fn advance(self) -> Result<ServerRound, ProtocolError> {
+        let info = self.info;
+        info.require(Stage::AdvertiseKeys, self.inbox.count)?;
+        let advertised = self.inbox.received;
+        // A client with fewer than t advertising neighbours cannot share its
+        // secrets safely and will abort; nobody expects its shares.
+        let eligible: Vec<bool> = (0..advertised.len())
+            .map(|i| {
+                advertised[i]
+                    && info.neighbours_in(ClientId::from_index(i), &advertised).len()
+                        >= info.threshold() as usize
+            })
+            .collect();
+        let n = advertised.len();
+        Ok(ServerRound::CollectingShares(CollectingShares {
+            info,
+            keys: Arc::new(self.keys),
+            advertised,
+            inbox: Inbox::new(eligible),
+            envelopes: vec![Vec::new(); n],
+        }))
+    }
+}
+
+impl CollectingShares {
+    fn receive(&mut self, from: ClientId, envelopes: Vec<Envelope>) -> Result<(), ProtocolError> {
+        let expected = self.info.neighbours_in(from, &self.advertised);
+        if envelopes.len() != expected.len()
+            || envelopes.iter().zip(&expected).any(|(envelope, id)| envelope.peer != *id)
+        {
+            return Err(invalid(from, "envelopes must address exactly the neighbours that advertised keys"));
+        }
+        if envelopes.iter().any(|envelope| envelope.ciphertext.len() != ENVELOPE_LEN) {
+            return Err(invalid(from, "an envelope has the wrong length"));
+        }
+        for Envelope { peer, ciphertext } in envelopes {
+            self.envelopes[peer.index()].push(Envelope { peer: from, ciphertext });
+        }
+        self.inbox.mark(from);
+        Ok(())
+    }
+
+    fn advance(self) -> Result<ServerRound, ProtocolError> {
+        let info = self.info;
+        info.require(Stage::ShareKeys, self.inbox.count)?;
+        let shared = self.inbox.received;
+        // Envelopes from clients that never completed the stage cannot
+        // exist: a message is applied whole or not at all.
+        let eligible: Vec<bool> = (0..shared.len())
+            .map(|i| shared[i] && self.envelopes[i].len() >= info.threshold() as usize)
+            .collect();
+        let sum = vec![0u32; info.config.vector_len as usize];
+        Ok(ServerRound::CollectingMaskedInputs(CollectingMaskedInputs {
+            info,
+            keys: self.keys,
+            shared,
+            envelopes: self.envelopes,
+            inbox: Inbox::new(eligible),
+            sum,
+        }))
+    }
+}
+
+impl CollectingMaskedInputs {
+    fn receive(&mut self, from: ClientId, vector: MaskedVector) -> Result<(), ProtocolError> {
+        let config = &self.info.config;
+        if vector.bits != config.modulus_bits {
+            return Err(invalid(from, "masked input uses the wrong modulus"));
+        }
+        if vector.values.len() != config.vector_len as usize {
+            return Err(invalid(from, "masked input has the wrong length"));
+        }
+        // Only the running sum is kept; the individual vector is dropped here.
+        for (total, value) in self.sum.iter_mut().zip(&vector.values) {
+            *total = total.wrapping_add(*value);
+        }
+        self.inbox.mark(from);
+        Ok(())
+    }
+
+    fn advance(self) -> Result<ServerRound, ProtocolError> {
+        let info = self.info;
+        // The invariant that protects individual inputs: fewer than t
+        // survivors and the round ends without unmasking anything.
+        info.require(Stage::MaskedInputCollection, self.inbox.count)?;
+        let survived = self.inbox.received;
+        let survivors = info.members(&survived);
+        let after = AfterMasking {
+            keys: self.keys,
+            shared: self.shared,
+            survived: survived.clone(),
+            survivors,
+            sum: self.sum,
+        };
+        drop(self.envelopes);
+        Ok(match info.config.variant {
+            Variant::Active => ServerRound::CollectingSignatures(CollectingSignatures {
+                info,
+                after,
+                inbox: Inbox::new(survived),
+                signatures: Vec::new(),
+            }),
+            Variant::SemiHonest => {
+                let n = survived.len();
+                ServerRound::CollectingUnmaskingShares(CollectingUnmaskingShares {
+                    info,
+                    after,
+                    inbox: Inbox::new(survived),
+                    signatures: Vec::new(),
+                    self_mask_shares: (0..n).map(|_| Vec::new()).collect(),
+                    mask_key_shares: (0..n).map(|_| Vec::new()).collect(),
+                })
+            }
+        })
+    }
+}
+
+impl CollectingSignatures {
+    fn receive(&mut self, from: ClientId, signature: [u8; SIGNATURE_LEN]) -> Result<(), ProtocolError> {
+        let statement = derive::consistency_statement(&self.info.context, &self.after.survivors);
+        verify(&self.info.config.identities[from.index()], &statement, &signature)?;
+        self.signatures.push((from, signature));
+        self.inbox.mark(from);
+        Ok(())
+    }
+
+    fn advance(mut self) -> Result<ServerRound, ProtocolError> {
+        self.info.require(Stage::ConsistencyCheck, self.inbox.count)?;
+        self.signatures.sort_by_key(|(id, _)| *id);
+        let n = self.inbox.received.len();
+        Ok(ServerRound::CollectingUnmaskingShares(CollectingUnmaskingShares {
+            info: self.info,
+            after: self.after,
+            inbox: Inbox::new(self.inbox.received),
+            signatures: self.signatures,
+            self_mask_shares: (0..n).map(|_| Vec::new()).collect(),
+            mask_key_shares: (0..n).map(|_| Vec::new()).collect(),
+        }))
+    }
+}
+
+impl CollectingUnmaskingShares {
+    fn receive(&mut self, from: ClientId, shares: UnmaskingShares) -> Result<(), ProtocolError> {
+        let after = &self.after;
+        // `from` holds shares of exactly its neighbours that sent envelopes.
+        let held = self.info.neighbours_in(from, &after.shared);
+        let (survived, dropped): (Vec<ClientId>, Vec<ClientId>) =
+            held.into_iter().partition(|v| after.survived[v.index()]);
+        let owners = |list: &[(ClientId, Share)]| list.iter().map(|(id, _)| *id).collect::<Vec<_>>();
+        if owners(&shares.self_mask) != survived || owners(&shares.mask_key) != dropped {
+            return Err(invalid(from, "shares must cover exactly the surviving and dropped neighbours"));
+        }
+        let all = shares.self_mask.iter().chain(&shares.mask_key);
+        if all.clone().any(|(_, share)| share.point() != from.get()) {
+            return Err(invalid(from, "a share carries another client's evaluation point"));
+        }
+        for (owner, share) in shares.self_mask {
+            self.self_mask_shares[owner.index()].push(share);
+        }
+        for (owner, share) in shares.mask_key {
+            self.mask_key_shares[owner.index()].push(share);
+        }
+        self.inbox.mark(from);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<Aggregate, ProtocolError> {
+        let info = self.info;
+        info.require(Stage::Unmasking, self.inbox.count)?;
+        let after = self.after;
+        let dropped: Vec<ClientId> = (0..after.shared.len())
+            .filter(|&i| after.shared[i] && !after.survived[i])
+            .map(ClientId::from_index)
+            .collect();
+        let jobs = UnmaskJob {
+            context: &info.context,
+            threshold: info.threshold() as usize,
+            keys: &after.keys,
+            survivors: &after.survivors,
+            dropped: &dropped,
+            self_mask_shares: &self.self_mask_shares,
+            mask_key_shares: &self.mask_key_shares,
+            partners_of_dropped: &|v| {
+                info.graph.neighbours(v).into_iter().filter(|u| after.survived[u.index()]).collect()
+            },
+        };
+        let mut sum = Zeroizing::new(after.sum.clone());
+        unmask(&jobs, &mut sum)?;
+        let modulus = info.config.modulus_mask();
+        Ok(Aggregate {
+            sum: sum.iter().map(|v| v & modulus).collect(),
+            contributors: after.survivors.clone(),
+        })
+    }
+}

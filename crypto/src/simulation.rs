@@ -1,0 +1,291 @@
+//! Runs a whole round in memory: one server and n clients exchanging
+//! encoded messages, with clients vanishing at chosen stages.
+//!
+//! Used by the tests and by `cohort bench secagg`. Every message goes through
+//! the binary encoding, so byte counts are those a transport would carry.
+//! The core has no clock: callers that want timings pass a [`Stopwatch`].
+
+use std::sync::Arc;
+
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
+
+use crate::client::Client;
+use crate::config::RoundConfig;
+use crate::error::ProtocolError;
+use crate::ids::ClientId;
+use crate::messages::{ClientMessage, ServerMessage};
+use crate::quantize::QuantizedInput;
+use crate::server::{Advanced, Aggregate, ServerRound};
+use crate::signature::IdentityKey;
+
+/// Measures how long a closure takes, in milliseconds.
+pub trait Stopwatch: Sync {
+    /// Runs `f` and returns its result and the elapsed milliseconds.
+    fn time<T>(&self, f: impl FnOnce() -> T) -> (T, f64);
+}
+
+/// A stopwatch that measures nothing (always 0 ms).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoStopwatch;
+
+impl Stopwatch for NoStopwatch {
+    fn time<T>(&self, f: impl FnOnce() -> T) -> (T, f64) {
+        (f(), 0.0)
+    }
+}
+
+/// Which clients vanish, and when.
+#[derive(Debug, Clone, Default)]
+pub struct DropoutPlan {
+    /// Never advertise keys.
+    pub before_keys: Vec<ClientId>,
+    /// Advertise keys, then vanish.
+    pub after_keys: Vec<ClientId>,
+    /// Send their shares, then vanish (the server must recover their masks).
+    pub after_shares: Vec<ClientId>,
+    /// Send their masked input, then vanish before unmasking.
+    pub after_masked_input: Vec<ClientId>,
+    /// Sign the survivor list, then vanish (active variant).
+    pub after_consistency: Vec<ClientId>,
+}
+
+/// What one client sent, received and spent.
+#[derive(Debug, Clone, Default)]
+pub struct ClientReport {
+    /// The client.
+    pub id: Option<ClientId>,
+    /// Encoded bytes sent.
+    pub bytes_up: u64,
+    /// Encoded bytes received.
+    pub bytes_down: u64,
+    /// Time spent decoding, computing and encoding.
+    pub busy_ms: f64,
+    /// Whether the client completed the round.
+    pub finished: bool,
+}
+
+/// The result of a simulated round.
+#[derive(Debug)]
+pub struct SimulationOutcome {
+    /// The unmasked sum and its contributors.
+    pub aggregate: Aggregate,
+    /// Per-client reports, in id order.
+    pub clients: Vec<ClientReport>,
+    /// Server time: decoding, state transitions, unmasking and encoding.
+    pub server_ms: f64,
+}
+
+/// A round to simulate.
+pub struct Simulation<'a> {
+    /// The round parameters.
+    pub config: RoundConfig,
+    /// Identity keys of clients `1..=n` (active variant), else empty.
+    pub identities: Vec<Arc<IdentityKey>>,
+    /// Who drops out when.
+    pub plan: DropoutPlan,
+    /// Each client's quantized input; called once per starting client.
+    pub inputs: &'a (dyn Fn(ClientId) -> QuantizedInput + Sync),
+    /// Seed of the clients' random generators.
+    pub seed: u64,
+}
+
+struct Slot {
+    id: ClientId,
+    state: Option<Client>,
+    rng: ChaCha20Rng,
+    outgoing: Option<Vec<u8>>,
+    report: ClientReport,
+}
+
+#[cfg(feature = "parallel")]
+fn for_each_slot(slots: &mut [Slot], f: impl Fn(&mut Slot) + Sync + Send) {
+    use rayon::prelude::*;
+    slots.par_iter_mut().for_each(f);
+}
+
+#[cfg(not(feature = "parallel"))]
+fn for_each_slot(slots: &mut [Slot], f: impl Fn(&mut Slot) + Sync + Send) {
+    slots.iter_mut().for_each(f);
+}
+
+/// Where [`Simulation::drive`] stopped.
+enum Stopped {
+    Finished(SimulationOutcome),
+    ReadyToUnmask(ServerRound),
+}
+
+impl Simulation<'_> {
+    /// Runs the round to completion.
+    pub fn run(&self, stopwatch: &impl Stopwatch) -> Result<SimulationOutcome, ProtocolError> {
+        match self.drive(stopwatch, false)? {
+            Stopped::Finished(outcome) => Ok(outcome),
+            Stopped::ReadyToUnmask(_) => unreachable!("drive stops early only when asked to"),
+        }
+    }
+
+    /// Runs the round until the server holds every unmasking share and
+    /// returns it; its [`ServerRound::advance`] then performs the unmasking.
+    pub fn run_to_unmasking(&self) -> Result<ServerRound, ProtocolError> {
+        match self.drive(&NoStopwatch, true)? {
+            Stopped::ReadyToUnmask(server) => Ok(server),
+            Stopped::Finished(_) => unreachable!("the unmasking stage always precedes the end"),
+        }
+    }
+
+    fn drive(
+        &self,
+        stopwatch: &impl Stopwatch,
+        stop_before_unmasking: bool,
+    ) -> Result<Stopped, ProtocolError> {
+        let n = self.config.clients as usize;
+        let (server, mut server_ms) = stopwatch.time(|| ServerRound::new(self.config.clone()));
+        let mut server = server?;
+        let mut slots: Vec<Slot> = (0..n)
+            .map(|index| {
+                let id = ClientId::from_index(index);
+                Slot {
+                    id,
+                    state: None,
+                    rng: ChaCha20Rng::seed_from_u64(self.seed ^ (u64::from(id.get()) << 32)),
+                    outgoing: None,
+                    report: ClientReport { id: Some(id), ..ClientReport::default() },
+                }
+            })
+            .collect();
+        let setup = server.setup_message().encode();
+        let failures = std::sync::Mutex::new(Vec::new());
+        for_each_slot(&mut slots, |slot| {
+            if self.plan.before_keys.contains(&slot.id) {
+                return;
+            }
+            let identity = self.identities.get(slot.id.index()).cloned();
+            let (started, ms) = stopwatch.time(|| {
+                let message = ServerMessage::decode(&setup)?;
+                let (state, reply) =
+                    Client::start(message, slot.id, identity, (self.inputs)(slot.id), &mut slot.rng)?;
+                Ok::<_, ProtocolError>((state, reply.encode()))
+            });
+            slot.report.busy_ms += ms;
+            slot.report.bytes_down += setup.len() as u64;
+            match started {
+                Ok((state, reply)) => {
+                    slot.report.bytes_up += reply.len() as u64;
+                    slot.state = Some(state);
+                    slot.outgoing = Some(reply);
+                }
+                Err(error) => push(&failures, error),
+            }
+        });
+        take_failure(&failures)?;
+        let drops = [
+            &self.plan.after_keys,
+            &self.plan.after_shares,
+            &self.plan.after_masked_input,
+            &self.plan.after_consistency,
+        ];
+        let mut stage = 0;
+        let aggregate = loop {
+            // The server reads everything that was sent.
+            let (received, ms) = stopwatch.time(|| {
+                for slot in slots.iter_mut() {
+                    if let Some(bytes) = slot.outgoing.take() {
+                        server.receive(slot.id, ClientMessage::decode(&bytes)?)?;
+                    }
+                }
+                Ok::<_, ProtocolError>(())
+            });
+            server_ms += ms;
+            received?;
+            if stop_before_unmasking && server.stage() == crate::error::Stage::Unmasking {
+                return Ok(Stopped::ReadyToUnmask(server));
+            }
+            if let Some(vanishing) = drops.get(stage) {
+                for slot in slots.iter_mut().filter(|slot| vanishing.contains(&slot.id)) {
+                    slot.state = None;
+                }
+            }
+            stage += 1;
+            let (advanced, ms) = stopwatch.time(|| server.advance());
+            server_ms += ms;
+            let next = match advanced? {
+                Advanced::Done(aggregate) => break aggregate,
+                Advanced::Next(next) => next,
+            };
+            server = next;
+            let (deliveries, ms) = stopwatch.time(|| {
+                slots
+                    .iter()
+                    .map(|slot| {
+                        slot.state.as_ref().and_then(|_| server.message_for(slot.id)).map(|m| m.encode())
+                    })
+                    .collect::<Vec<_>>()
+            });
+            server_ms += ms;
+            for (slot, delivery) in slots.iter_mut().zip(&deliveries) {
+                if delivery.is_none() {
+                    slot.state = None;
+                }
+            }
+            let deliveries = &deliveries;
+            for_each_slot(&mut slots, |slot| {
+                let (Some(state), Some(bytes)) = (slot.state.take(), &deliveries[slot.id.index()]) else {
+                    return;
+                };
+                let ((next, reply), ms) = stopwatch.time(|| match ServerMessage::decode(bytes) {
+                    Ok(message) => {
+                        let (next, reply) = state.handle(message, &mut slot.rng);
+                        (next, reply.map(|reply| reply.encode()))
+                    }
+                    Err(error) => (state, Err(ProtocolError::from(error))),
+                });
+                slot.report.busy_ms += ms;
+                slot.report.bytes_down += bytes.len() as u64;
+                match reply {
+                    Ok(reply) => {
+                        slot.report.bytes_up += reply.len() as u64;
+                        slot.report.finished = matches!(next, Client::Finished);
+                        slot.state = Some(next);
+                        slot.outgoing = Some(reply);
+                    }
+                    Err(error) => push(&failures, error),
+                }
+            });
+            take_failure(&failures)?;
+        };
+        Ok(Stopped::Finished(SimulationOutcome {
+            aggregate,
+            clients: slots.into_iter().map(|slot| slot.report).collect(),
+            server_ms,
+        }))
+    }
+}
+
+fn push(failures: &std::sync::Mutex<Vec<ProtocolError>>, error: ProtocolError) {
+    if let Ok(mut list) = failures.lock() {
+        list.push(error);
+    }
+}
+
+fn take_failure(failures: &std::sync::Mutex<Vec<ProtocolError>>) -> Result<(), ProtocolError> {
+    match failures.lock() {
+        Ok(mut list) if !list.is_empty() => Err(list.remove(0)),
+        _ => Ok(()),
+    }
+}
+
+/// Σ inputs(u) over `contributors`, modulo 2^bits: what the aggregate must equal.
+pub fn plain_sum(
+    config: &RoundConfig,
+    contributors: &[ClientId],
+    inputs: &(dyn Fn(ClientId) -> QuantizedInput + Sync),
+) -> Vec<u32> {
+    let mut sum = vec![0u32; config.vector_len as usize];
+    for &id in contributors {
+        for (total, value) in sum.iter_mut().zip(inputs(id).values()) {
+            *total = total.wrapping_add(*value);
+        }
+    }
+    let modulus = config.modulus_mask();
+    sum.iter().map(|v| v & modulus).collect()
+}

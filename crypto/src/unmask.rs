@@ -1,0 +1,138 @@
+//! Removing the masks from the sum of masked inputs.
+//!
+//! For each survivor u the server reconstructs b_u and subtracts PRG(b_u);
+//! for each client v that shared keys but sent no masked input it
+//! reconstructs s_sk_v, checks it against v's advertised s_pk, and removes
+//! every pairwise mask between v and a surviving neighbour. The mask
+//! expansions are independent, so they run in parallel (feature `parallel`)
+//! into per-thread accumulators that are summed at the end.
+
+use zeroize::Zeroizing;
+
+use crate::agreement::AgreementKey;
+use crate::config::RoundContext;
+use crate::derive;
+use crate::error::{CryptoError, ProtocolError, Stage};
+use crate::ids::ClientId;
+use crate::messages::AdvertisedKeys;
+use crate::prg::MaskSign;
+use crate::secret::Secret32;
+use crate::shamir::{Reconstructor, Share};
+
+/// Everything the unmasking step reads.
+pub(crate) struct UnmaskJob<'a> {
+    pub context: &'a RoundContext,
+    pub threshold: usize,
+    pub keys: &'a [Option<AdvertisedKeys>],
+    pub survivors: &'a [ClientId],
+    pub dropped: &'a [ClientId],
+    pub self_mask_shares: &'a [Vec<Share>],
+    pub mask_key_shares: &'a [Vec<Share>],
+    pub partners_of_dropped: &'a (dyn Fn(ClientId) -> Vec<ClientId> + Sync),
+}
+
+enum Task<'a> {
+    SelfMask { owner: ClientId, seed: &'a Secret32 },
+    Pairwise { dropped: ClientId, key: &'a AgreementKey, survivor: ClientId, survivor_key: &'a [u8; 32] },
+}
+
+/// Subtracts every remaining mask from `sum` (modulo 2^32).
+pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<(), ProtocolError> {
+    let mut reconstructor = Reconstructor::new();
+    let mut reconstruct = |owner: ClientId, shares: &[Share]| {
+        if shares.len() < job.threshold {
+            return Err(ProtocolError::BelowThreshold {
+                stage: Stage::Unmasking,
+                have: shares.len() as u32,
+                need: job.threshold as u32,
+            });
+        }
+        let refs: Vec<&Share> = shares.iter().collect();
+        reconstructor.reconstruct(&refs, job.threshold).map_err(|_| ProtocolError::InvalidMessage {
+            client: owner,
+            reason: "the shares of this client's secret are inconsistent",
+        })
+    };
+    let seeds = job
+        .survivors
+        .iter()
+        .map(|&u| Ok((u, reconstruct(u, &job.self_mask_shares[u.index()])?)))
+        .collect::<Result<Vec<_>, ProtocolError>>()?;
+    let mut dropped_keys = Vec::with_capacity(job.dropped.len());
+    for &v in job.dropped {
+        let key = AgreementKey::from_secret(&reconstruct(v, &job.mask_key_shares[v.index()])?);
+        let advertised = job.keys[v.index()].as_ref().map(|keys| keys.mask_key);
+        if advertised != Some(key.public_key()) {
+            return Err(ProtocolError::InvalidMessage {
+                client: v,
+                reason: "the reconstructed mask key does not match the advertised one",
+            });
+        }
+        dropped_keys.push((v, key));
+    }
+    let mut tasks: Vec<Task<'_>> =
+        seeds.iter().map(|(owner, seed)| Task::SelfMask { owner: *owner, seed }).collect();
+    for (v, key) in &dropped_keys {
+        for u in (job.partners_of_dropped)(*v) {
+            let survivor_key = job.keys[u.index()].as_ref().map(|keys| &keys.mask_key).ok_or(CryptoError)?;
+            tasks.push(Task::Pairwise { dropped: *v, key, survivor: u, survivor_key });
+        }
+    }
+    let masks = total_mask(job.context, &tasks, sum.len())?;
+    for (value, mask) in sum.iter_mut().zip(masks.iter()) {
+        *value = value.wrapping_sub(*mask);
+    }
+    Ok(())
+}
+
+/// Applies one task's mask to `acc` exactly as its client applied it.
+fn apply(context: &RoundContext, task: &Task<'_>, acc: &mut [u32]) -> Result<(), CryptoError> {
+    match task {
+        Task::SelfMask { owner, seed } => derive::self_mask(seed, context, *owner).apply(acc, MaskSign::Add),
+        Task::Pairwise { dropped, key, survivor, survivor_key } => {
+            derive::pairwise_mask(key, survivor_key, context, *dropped, *survivor)?
+                .apply(acc, derive::pairwise_sign(*survivor, *dropped));
+        }
+    }
+    Ok(())
+}
+
+/// The sum of all the tasks' masks.
+#[cfg(feature = "parallel")]
+fn total_mask(
+    context: &RoundContext,
+    tasks: &[Task<'_>],
+    len: usize,
+) -> Result<Zeroizing<Vec<u32>>, CryptoError> {
+    use rayon::prelude::*;
+    tasks
+        .par_iter()
+        .with_min_len(4)
+        .try_fold(
+            || Zeroizing::new(vec![0u32; len]),
+            |mut acc, task| apply(context, task, &mut acc).map(|()| acc),
+        )
+        .try_reduce(
+            || Zeroizing::new(vec![0u32; len]),
+            |mut a, b| {
+                for (x, y) in a.iter_mut().zip(b.iter()) {
+                    *x = x.wrapping_add(*y);
+                }
+                Ok(a)
+            },
+        )
+}
+
+/// The sum of all the tasks' masks.
+#[cfg(not(feature = "parallel"))]
+fn total_mask(
+    context: &RoundContext,
+    tasks: &[Task<'_>],
+    len: usize,
+) -> Result<Zeroizing<Vec<u32>>, CryptoError> {
+    let mut acc = Zeroizing::new(vec![0u32; len]);
+    for task in tasks {
+        apply(context, task, &mut acc)?;
+    }
+    Ok(acc)
+}

@@ -1,0 +1,84 @@
+//! Helpers shared by the integration tests: round configurations, inputs
+//! and a way to run a simulated round.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+pub mod driver;
+
+use std::sync::Arc;
+
+use cohort_crypto::graph::GraphSpec;
+use cohort_crypto::signature::IdentityKey;
+use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation, SimulationOutcome, plain_sum};
+use cohort_crypto::{ClientId, ProtocolError, QuantizationSpec, QuantizedInput, RoundConfig, Variant};
+use rand_chacha::ChaCha20Rng;
+use rand_core::{Rng, SeedableRng};
+
+pub fn id(i: u32) -> ClientId {
+    ClientId::new(i).unwrap()
+}
+
+pub fn ids(list: &[u32]) -> Vec<ClientId> {
+    list.iter().map(|&i| id(i)).collect()
+}
+
+pub fn config(clients: u32, threshold: u32, graph: GraphSpec, vector_len: u32, bits: u8) -> RoundConfig {
+    RoundConfig {
+        session: [7; 16],
+        round: 1,
+        variant: Variant::SemiHonest,
+        clients,
+        identities: Vec::new(),
+        graph,
+        threshold,
+        vector_len,
+        modulus_bits: bits,
+        quantization: QuantizationSpec { clip: 1.0, max_weight: 1 },
+    }
+}
+
+/// Identity keys for an active-variant round, written into `config`.
+pub fn make_active(config: &mut RoundConfig, seed: u64) -> Vec<Arc<IdentityKey>> {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let keys: Vec<Arc<IdentityKey>> =
+        (0..config.clients).map(|_| Arc::new(IdentityKey::generate(&mut rng))).collect();
+    config.variant = Variant::Active;
+    config.identities = keys.iter().map(|key| key.public_key()).collect();
+    keys
+}
+
+/// Deterministic pseudo-random input of client `id`, within the headroom.
+pub fn input_for(config: &RoundConfig, seed: u64, id: ClientId) -> QuantizedInput {
+    let limit = ((1u64 << config.modulus_bits) - 1) / u64::from(config.clients);
+    let mut rng = ChaCha20Rng::seed_from_u64(seed.wrapping_mul(1_000_003) + u64::from(id.get()));
+    QuantizedInput::from_values(
+        (0..config.vector_len).map(|_| (rng.next_u64() % (limit + 1)) as u32).collect(),
+    )
+}
+
+pub fn run(
+    config: &RoundConfig,
+    identities: Vec<Arc<IdentityKey>>,
+    plan: DropoutPlan,
+    seed: u64,
+) -> Result<SimulationOutcome, ProtocolError> {
+    let cfg = config.clone();
+    let inputs = move |id: ClientId| input_for(&cfg, seed, id);
+    Simulation { config: config.clone(), identities, plan, inputs: &inputs, seed }.run(&NoStopwatch)
+}
+
+/// Runs a round and checks the aggregate against the plain sum of the
+/// contributors' inputs; returns the outcome.
+pub fn run_and_check(
+    config: &RoundConfig,
+    identities: Vec<Arc<IdentityKey>>,
+    plan: DropoutPlan,
+    seed: u64,
+) -> Result<SimulationOutcome, ProtocolError> {
+    let outcome = run(config, identities, plan, seed)?;
+    let cfg = config.clone();
+    let inputs = move |id: ClientId| input_for(&cfg, seed, id);
+    let expected = plain_sum(config, &outcome.aggregate.contributors, &inputs);
+    assert_eq!(outcome.aggregate.sum, expected, "aggregate differs from the plain sum");
+    Ok(outcome)
+}

@@ -1,0 +1,241 @@
+//! The protocol's invariants under misbehaving peers: duplicates, replays,
+//! out-of-phase and foreign messages, a lying server, and the rule that an
+//! honest client never reveals both shares of a neighbour.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use cohort_crypto::graph::GraphSpec;
+use cohort_crypto::simulation::plain_sum;
+use cohort_crypto::{Client, ClientId, ClientMessage, ProtocolError, ServerMessage, Stage};
+use common::driver::Driver;
+use common::*;
+
+fn check_sum(driver: &Driver, aggregate: &cohort_crypto::Aggregate) {
+    let cfg = driver.config.clone();
+    let seed = driver.seed;
+    let inputs = move |id: ClientId| input_for(&cfg, seed, id);
+    assert_eq!(aggregate.sum, plain_sum(&driver.config, &aggregate.contributors, &inputs));
+}
+
+#[test]
+fn duplicates_are_refused_and_the_round_goes_on() {
+    let config = config(6, 4, GraphSpec::Complete, 16, 32);
+    let mut driver = Driver::start(&config, &[], 1);
+    let keys = driver.outbox[0].clone().unwrap();
+    driver.flush();
+    assert_eq!(driver.send(1, &keys), Err(ProtocolError::Duplicate(id(1))));
+    driver.advance().unwrap();
+    driver.deliver_all();
+    let shares = driver.outbox[2].clone().unwrap();
+    driver.flush();
+    assert_eq!(driver.send(3, &shares), Err(ProtocolError::Duplicate(id(3))));
+    driver.advance().unwrap();
+    driver.deliver_all();
+    let masked = driver.outbox[5].clone().unwrap();
+    driver.flush();
+    assert_eq!(driver.send(6, &masked), Err(ProtocolError::Duplicate(id(6))));
+    driver.advance().unwrap();
+    driver.deliver_all();
+    let aggregate = driver.finish();
+    check_sum(&driver, &aggregate);
+    assert_eq!(aggregate.contributors.len(), 6, "a duplicate must not be counted twice");
+}
+
+#[test]
+fn messages_replayed_from_another_round_are_refused() {
+    let config = config(5, 3, GraphSpec::Complete, 8, 32);
+    let mut first = Driver::start(&config, &[], 2);
+    let old_keys = first.outbox[0].clone().unwrap();
+    first.stage();
+    let old_shares = first.outbox[0].clone().unwrap();
+
+    let mut next_config = config.clone();
+    next_config.round = 2;
+    let mut second = Driver::start(&next_config, &[], 3);
+    assert_eq!(second.send(1, &old_keys), Err(ProtocolError::WrongRound));
+    second.flush();
+    second.advance().unwrap();
+    // A server message from the old round is refused by a client, which keeps its state.
+    let old_peer_keys = first.server().message_for(id(2)).unwrap();
+    assert_eq!(second.deliver(2, old_peer_keys), Err(ProtocolError::WrongRound));
+    assert_eq!(second.clients[1].as_ref().unwrap().stage(), Stage::ShareKeys);
+    second.deliver_all();
+    assert_eq!(second.send(1, &old_shares), Err(ProtocolError::WrongRound));
+    let aggregate = second.finish();
+    check_sum(&second, &aggregate);
+}
+
+#[test]
+fn out_of_phase_unknown_and_ineligible_senders_are_refused() {
+    let config = config(6, 3, GraphSpec::Complete, 8, 32);
+    let mut driver = Driver::start(&config, &[], 4);
+    let keys_of_2 = driver.outbox[1].clone().unwrap();
+    driver.vanish(6);
+    driver.flush();
+    assert_eq!(driver.send(7, &keys_of_2), Err(ProtocolError::UnknownClient(id(7))));
+    driver.advance().unwrap();
+    driver.deliver_all();
+    assert_eq!(
+        driver.send(2, &keys_of_2),
+        Err(ProtocolError::OutOfPhase { expected: Stage::ShareKeys, got: Stage::AdvertiseKeys })
+    );
+    // Client 6 never advertised keys, so it may not send shares.
+    let shares_of_1 = driver.outbox[0].clone().unwrap();
+    assert_eq!(
+        driver.send(6, &shares_of_1),
+        Err(ProtocolError::NotEligible { client: id(6), stage: Stage::ShareKeys })
+    );
+    // A client handed a message for a later stage keeps its state.
+    let survivors = ServerMessage::Survivors { context: config.context(), survivors: ids(&[1, 2, 3]) };
+    assert_eq!(
+        driver.deliver(1, survivors),
+        Err(ProtocolError::OutOfPhase {
+            expected: Stage::MaskedInputCollection,
+            got: Stage::ConsistencyCheck
+        })
+    );
+    driver.outbox[0] = Some(shares_of_1);
+    let aggregate = driver.finish();
+    check_sum(&driver, &aggregate);
+    assert_eq!(aggregate.contributors, ids(&[1, 2, 3, 4, 5]));
+}
+
+#[test]
+fn a_masked_input_of_the_wrong_length_is_refused() {
+    let config = config(4, 3, GraphSpec::Complete, 8, 32);
+    let mut driver = Driver::start(&config, &[], 5);
+    driver.stage();
+    driver.stage();
+    let forged = ClientMessage::MaskedInput {
+        context: config.context(),
+        vector: cohort_crypto::messages::MaskedVector { bits: 32, values: vec![0; 7] },
+    };
+    assert!(matches!(
+        driver.send(1, &forged.encode()),
+        Err(ProtocolError::InvalidMessage { reason: "masked input has the wrong length", .. })
+    ));
+    let aggregate = driver.finish();
+    check_sum(&driver, &aggregate);
+}
+
+fn unmasking_shares(bytes: &[u8]) -> (Vec<ClientId>, Vec<ClientId>) {
+    match ClientMessage::decode(bytes).unwrap() {
+        ClientMessage::Unmasking { shares, .. } => (
+            shares.self_mask.iter().map(|(id, _)| *id).collect(),
+            shares.mask_key.iter().map(|(id, _)| *id).collect(),
+        ),
+        other => panic!("expected unmasking shares, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_honest_client_never_reveals_both_shares_of_a_neighbour() {
+    let config = config(8, 4, GraphSpec::Complete, 8, 32);
+    let mut driver = Driver::start(&config, &[], 6);
+    driver.stage(); // keys
+    driver.stage(); // shares
+    driver.vanish(3);
+    driver.vanish(5);
+    driver.stage(); // masked inputs
+    let (self_mask, mask_key) = unmasking_shares(driver.outbox[0].as_ref().unwrap());
+    assert_eq!(self_mask, ids(&[2, 4, 6, 7, 8]));
+    assert_eq!(mask_key, ids(&[3, 5]));
+    // Asking again, with a different survivor list, gets nothing: the state is spent.
+    let other_list = ServerMessage::Survivors { context: config.context(), survivors: ids(&[1, 2, 4, 6]) };
+    assert_eq!(driver.deliver(1, other_list), Err(ProtocolError::Finished));
+    let aggregate = driver.finish();
+    check_sum(&driver, &aggregate);
+}
+
+#[test]
+fn clients_refuse_survivor_lists_below_the_threshold_or_without_them() {
+    let config = config(8, 5, GraphSpec::Complete, 8, 32);
+    let mut driver = Driver::start(&config, &[], 7);
+    driver.stage();
+    driver.stage();
+    driver.flush();
+    let context = config.context();
+    let short = ServerMessage::Survivors { context, survivors: ids(&[1, 2, 3, 4]) };
+    assert_eq!(
+        driver.deliver(1, short),
+        Err(ProtocolError::BelowThreshold { stage: Stage::Unmasking, have: 4, need: 5 })
+    );
+    assert!(matches!(driver.clients[0], Some(Client::Aborted)));
+    let without_me = ServerMessage::Survivors { context, survivors: ids(&[1, 3, 4, 5, 6]) };
+    assert!(matches!(driver.deliver(2, without_me), Err(ProtocolError::Inconsistent(_))));
+    let foreign = ServerMessage::Survivors { context, survivors: ids(&[1, 2, 3, 4, 5, 9]) };
+    assert!(matches!(driver.deliver(3, foreign), Err(ProtocolError::InvalidMessage { .. })));
+}
+
+#[test]
+fn the_server_refuses_shares_for_the_wrong_neighbours() {
+    let config = config(6, 3, GraphSpec::Complete, 8, 32);
+    let mut driver = Driver::start(&config, &[], 8);
+    driver.stage();
+    driver.stage();
+    driver.vanish(6);
+    driver.stage();
+    // Client 2's honest shares, presented as client 1's.
+    let shares_of_2 = driver.outbox[1].clone().unwrap();
+    assert!(matches!(driver.send(1, &shares_of_2), Err(ProtocolError::InvalidMessage { .. })));
+    let aggregate = driver.finish();
+    check_sum(&driver, &aggregate);
+}
+
+/// A server that tells client 1 that client 4 dropped (to get the share of
+/// 4's mask key) while telling the others that 4 survived (to get the
+/// shares of 4's self-mask seed). In the active variant the consistency
+/// check exposes the lie and client 1 reveals nothing.
+#[test]
+fn the_consistency_check_stops_a_server_that_lies_about_dropouts() {
+    let mut config = config(6, 4, GraphSpec::Complete, 8, 32);
+    let identities = make_active(&mut config, 9);
+    let mut driver = Driver::start(&config, &identities, 9);
+    driver.stage(); // keys
+    driver.stage(); // shares
+    driver.flush(); // everybody's masked input
+    driver.advance().unwrap();
+    let context = config.context();
+    let honest = ids(&[1, 2, 3, 4, 5, 6]);
+    let lie = ids(&[1, 2, 3, 5, 6]);
+    driver.deliver(1, ServerMessage::Survivors { context, survivors: lie }).unwrap();
+    for i in 2..=6 {
+        driver.deliver(i, ServerMessage::Survivors { context, survivors: honest.clone() }).unwrap();
+    }
+    let signature = |bytes: &Vec<u8>| match ClientMessage::decode(bytes).unwrap() {
+        ClientMessage::Consistency { signature, .. } => signature,
+        other => panic!("expected a signature, got {other:?}"),
+    };
+    let signatures: Vec<_> =
+        (0..6).map(|i| (id(i + 1), signature(driver.outbox[i as usize].as_ref().unwrap()))).collect();
+    // Client 1 receives the others' signatures over the honest list.
+    let result =
+        driver.deliver(1, ServerMessage::Signatures { context, signatures: signatures[1..].to_vec() });
+    assert_eq!(result, Err(ProtocolError::Inconsistent("a survivor signed a different survivor list")));
+    assert!(matches!(driver.clients[0], Some(Client::Aborted)));
+    // The honest server cannot even accept client 1's signature over the lie.
+    let mut honest_driver = Driver::start(&config, &identities, 9);
+    honest_driver.stage();
+    honest_driver.stage();
+    honest_driver.stage();
+    let lying_signature = ClientMessage::Consistency { context, signature: signatures[0].1 };
+    assert!(matches!(honest_driver.send(1, &lying_signature.encode()), Err(ProtocolError::Crypto(_))));
+}
+
+#[test]
+fn active_clients_refuse_unsigned_or_forged_keys() {
+    let mut config = config(4, 3, GraphSpec::Complete, 8, 32);
+    let identities = make_active(&mut config, 10);
+    let mut driver = Driver::start(&config, &identities, 10);
+    driver.flush();
+    driver.advance().unwrap();
+    let Some(ServerMessage::PeerKeys { context, mut peers }) = driver.server().message_for(id(1)) else {
+        panic!("expected peer keys");
+    };
+    peers[0].mask_key[0] ^= 1;
+    let result = driver.deliver(1, ServerMessage::PeerKeys { context, peers });
+    assert!(matches!(result, Err(ProtocolError::Crypto(_))), "{result:?}");
+    assert!(matches!(driver.clients[0], Some(Client::Aborted)));
+}

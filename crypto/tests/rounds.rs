@@ -1,0 +1,114 @@
+//! Whole rounds: correctness with and without dropouts, for both graphs and
+//! both variants.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use cohort_crypto::graph::GraphSpec;
+use cohort_crypto::simulation::DropoutPlan;
+use cohort_crypto::{ProtocolError, Stage};
+use common::*;
+
+#[test]
+fn complete_graph_without_dropouts() {
+    let config = config(8, 5, GraphSpec::Complete, 100, 32);
+    let outcome = run_and_check(&config, Vec::new(), DropoutPlan::default(), 1).unwrap();
+    assert_eq!(outcome.aggregate.contributors.len(), 8);
+    assert!(outcome.clients.iter().all(|c| c.finished));
+}
+
+#[test]
+fn sparse_graph_without_dropouts() {
+    let config = config(40, 5, GraphSpec::Harary { degree: 10, seed: [9; 32] }, 64, 24);
+    let outcome = run_and_check(&config, Vec::new(), DropoutPlan::default(), 2).unwrap();
+    assert_eq!(outcome.aggregate.contributors.len(), 40);
+}
+
+#[test]
+fn dropouts_at_every_stage_are_recovered() {
+    for graph in [GraphSpec::Complete, GraphSpec::Harary { degree: 16, seed: [4; 32] }] {
+        let config = config(30, 8, graph.clone(), 33, 32);
+        let plan = DropoutPlan {
+            before_keys: ids(&[1]),
+            after_keys: ids(&[2, 3]),
+            after_shares: ids(&[4, 5, 6]),
+            after_masked_input: ids(&[7, 8]),
+            after_consistency: Vec::new(),
+        };
+        let outcome = run_and_check(&config, Vec::new(), plan, 3).unwrap();
+        // Clients that sent a masked input are in the sum, including those
+        // that vanished before unmasking.
+        let expected: Vec<u32> = (4..=30).filter(|i| !(4..=6).contains(i)).collect();
+        assert_eq!(outcome.aggregate.contributors, ids(&expected), "{graph:?}");
+    }
+}
+
+#[test]
+fn active_variant_round_with_dropouts() {
+    let mut config = config(12, 7, GraphSpec::Complete, 20, 32);
+    let identities = make_active(&mut config, 5);
+    let plan = DropoutPlan {
+        after_shares: ids(&[3]),
+        after_masked_input: ids(&[4]),
+        after_consistency: ids(&[5]),
+        ..DropoutPlan::default()
+    };
+    let outcome = run_and_check(&config, identities, plan, 4).unwrap();
+    assert_eq!(outcome.aggregate.contributors.len(), 11);
+}
+
+#[test]
+fn small_rings_aggregate_without_wrapping() {
+    // 10 clients in Z_{2^8}: each value at most ⌊255 / 10⌋ = 25.
+    let config = config(10, 6, GraphSpec::Complete, 500, 8);
+    run_and_check(&config, Vec::new(), DropoutPlan::default(), 6).unwrap();
+}
+
+#[test]
+fn too_many_dropouts_end_the_round_without_unmasking() {
+    let config = config(10, 6, GraphSpec::Complete, 10, 32);
+    let plan = DropoutPlan { after_shares: ids(&[1, 2, 3, 4, 5]), ..DropoutPlan::default() };
+    let error = run(&config, Vec::new(), plan, 7).unwrap_err();
+    assert_eq!(
+        error,
+        ProtocolError::BelowThreshold { stage: Stage::MaskedInputCollection, have: 5, need: 6 }
+    );
+}
+
+#[test]
+fn too_few_shareholders_at_unmasking_is_refused() {
+    let config = config(10, 6, GraphSpec::Complete, 10, 32);
+    let plan = DropoutPlan { after_masked_input: ids(&[1, 2, 3, 4, 5]), ..DropoutPlan::default() };
+    let error = run(&config, Vec::new(), plan, 8).unwrap_err();
+    assert!(matches!(error, ProtocolError::BelowThreshold { stage: Stage::Unmasking, .. }), "{error:?}");
+}
+
+#[test]
+fn messages_are_bound_to_their_round() {
+    let a = config(5, 3, GraphSpec::Complete, 4, 32);
+    let mut b = a.clone();
+    b.round = 2;
+    assert_ne!(a.context(), b.context());
+    let mut c = a.clone();
+    c.threshold = 4;
+    assert_ne!(a.context(), c.context());
+}
+
+#[test]
+fn stopping_before_unmasking_then_advancing_gives_the_same_sum() {
+    use cohort_crypto::simulation::Simulation;
+    use cohort_crypto::{Advanced, Stage};
+    let config = config(20, 6, GraphSpec::Harary { degree: 10, seed: [2; 32] }, 50, 32);
+    let plan = DropoutPlan { after_shares: ids(&[3, 9]), ..DropoutPlan::default() };
+    let full = run(&config, Vec::new(), plan.clone(), 11).unwrap();
+    let cfg = config.clone();
+    let inputs = move |id: cohort_crypto::ClientId| input_for(&cfg, 11, id);
+    let simulation =
+        Simulation { config: config.clone(), identities: Vec::new(), plan, inputs: &inputs, seed: 11 };
+    let server = simulation.run_to_unmasking().unwrap();
+    assert_eq!(server.stage(), Stage::Unmasking);
+    assert!(server.is_complete());
+    let Advanced::Done(aggregate) = server.advance().unwrap() else { panic!("expected the aggregate") };
+    assert_eq!(aggregate, full.aggregate);
+}

@@ -1,0 +1,90 @@
+//! Runs the real `cohort bench secagg` binary and checks its report.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bench(args: &[&str]) -> (bool, Value, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(["bench", "secagg", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let report = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
+    (output.status.success(), report, stderr)
+}
+
+#[test]
+fn sparse_round_with_dropouts_reports_a_correct_aggregate() {
+    let (ok, report, stderr) = bench(&["--clients", "60", "--dim", "2000", "--dropout", "0.2"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(report["correct"], true);
+    assert_eq!(report["clients"], 60);
+    assert_eq!(report["dim"], 2000);
+    assert_eq!(report["survivors"], 48);
+    assert_eq!(report["graph"], "sparse");
+    let k = report["k"].as_u64().unwrap();
+    let t = report["t"].as_u64().unwrap();
+    assert!(k < 59 && k % 2 == 0 && t >= 1 && t <= k, "k = {k}, t = {t}");
+    // A survivor with no dropped neighbours before ShareKeys uploads exactly:
+    // AdvertiseKeys 101 bytes, ShareKeys 40 + 156k, MaskedInput
+    // 41 + 4(dim + 1), Unmasking 44 + 72k (see crypto/src/messages.rs).
+    let up = report["bytes_up_per_client"].as_f64().unwrap();
+    assert_eq!(up, (226 + 4 * 2001 + 228 * k) as f64);
+    let expansion = report["expansion"].as_f64().unwrap();
+    assert!((expansion - up / 8000.0).abs() < 1e-9);
+    for key in ["client_ms_mean", "client_ms_max", "server_ms", "total_ms", "bytes_down_per_client"] {
+        assert!(report[key].as_f64().unwrap() > 0.0, "{key}");
+    }
+}
+
+#[test]
+fn overridden_parameters_and_the_active_variant_are_honoured() {
+    let args = [
+        "--clients",
+        "30",
+        "--dim",
+        "500",
+        "--dropout",
+        "0.1",
+        "--k",
+        "12",
+        "--t",
+        "7",
+        "--variant",
+        "active",
+    ];
+    let (ok, report, stderr) = bench(&args);
+    assert!(ok, "{stderr}");
+    assert_eq!(report["correct"], true);
+    assert_eq!((report["k"].as_u64(), report["t"].as_u64()), (Some(12), Some(7)));
+    assert_eq!(report["variant"], "active");
+    assert_eq!(report["survivors"], 27);
+}
+
+#[test]
+fn complete_graph_round() {
+    let (ok, report, stderr) =
+        bench(&["--clients", "25", "--dim", "300", "--graph", "complete", "--dropout", "0.2"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(report["graph"], "complete");
+    assert_eq!(report["k"], 24);
+    assert_eq!(report["correct"], true);
+}
+
+#[test]
+fn invalid_arguments_fail_with_a_clear_message() {
+    let (ok, _, stderr) = bench(&["--dropout", "1.5"]);
+    assert!(!ok);
+    assert!(stderr.contains("--dropout must be in [0, 1)"), "{stderr}");
+    let (ok, _, stderr) = bench(&["--clients", "30", "--k", "7", "--t", "3"]);
+    assert!(!ok);
+    assert!(stderr.contains("graph degree 7 is invalid"), "{stderr}");
+    let (ok, _, stderr) = bench(&["--clients", "30", "--k", "10"]);
+    assert!(!ok);
+    assert!(stderr.contains("--k needs --t"), "{stderr}");
+}

@@ -1,0 +1,2 @@
+//! End-to-end tests for Cohort live in `tests/tests/`; they run the real
+//! `cohort` binary as a separate process.
