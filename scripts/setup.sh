@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what building and testing Cohort needs, skipping whatever is
+# already present. Safe to run any number of times.
+#   - Debian's Rust for the browser (rustc-web, cargo-web, rust-web-src),
+#     lld (wasm-ld) and clang: the wasm32 build of crypto/ (ring needs clang);
+#   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain).
+set -euo pipefail
+
+log() { printf '==> %s\n' "$*"; }
+
+apt_packages=(rustc-web cargo-web rust-web-src lld clang)
+missing=()
+for package in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    sudo_cmd=()
+    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    log "installing cargo-fuzz"
+    cargo install --locked cargo-fuzz
+fi
+
+if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    echo "error: the fuzz smoke test needs a nightly toolchain (rustup toolchain list shows none)" >&2
+    exit 1
+fi

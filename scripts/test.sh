@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs every test of the project: the workspace's unit, integration and
+# end-to-end tests, the wasm32 build of the protocol core, and a bounded
+# smoke run of every fuzz target. Installs what it needs first.
+#
+#   FUZZ_SECONDS   seconds per fuzz target (default 20)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/cohort-target}"
+fuzz_seconds="${FUZZ_SECONDS:-20}"
+log() { printf '\n==> %s\n' "$*"; }
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+
+scripts/setup.sh
+
+log "workspace tests"
+cargo test --workspace --locked 2>&1 | tee "$scratch/cargo-test.log"
+
+log "crypto/ for wasm32-unknown-unknown (Debian rustc-web, -Zbuild-std)"
+# Debian's toolchain must come first on PATH; it gets its own target
+# directory so that it never invalidates the native build.
+PATH="/usr/bin:$PATH" RUSTC_BOOTSTRAP=1 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER=wasm-ld \
+    CARGO_TARGET_DIR="${CARGO_TARGET_DIR}-wasm32" \
+    cargo build --locked -Zbuild-std=std,panic_abort --target wasm32-unknown-unknown \
+    -p cohort-crypto --no-default-features --release
+
+log "fuzz smoke runs (${fuzz_seconds}s per target)"
+fuzzed=0
+for target in $(cd crypto/fuzz && cargo +nightly fuzz list); do
+    if ! (cd crypto/fuzz && CARGO_TARGET_DIR="${CARGO_TARGET_DIR}-fuzz" \
+        cargo +nightly fuzz run "$target" -- -max_total_time="$fuzz_seconds" -rss_limit_mb=4096) \
+        >"$scratch/fuzz.log" 2>&1; then
+        tail -n 60 "$scratch/fuzz.log"
+        echo "fuzz target $target failed" >&2
+        exit 1
+    fi
+    echo "$target: $(grep -E '^Done' "$scratch/fuzz.log" | tail -n 1)"
+    fuzzed=$((fuzzed + 1))
+done
+
+passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' "$scratch/cargo-test.log" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -Eo '[0-9]+ failed' "$scratch/cargo-test.log" | awk '{s += $1} END {print s + 0}')
+log "summary: cargo tests, wasm32 build, ${fuzzed} fuzz targets"
+echo "tests: ${passed} passed, ${failed} failed"
