@@ -70,8 +70,17 @@ fn config(clients: u32, degree: u32, threshold: u32, dim: u32) -> RoundConfig {
     }
 }
 
-fn plan(dropped: u32) -> DropoutPlan {
-    DropoutPlan { after_shares: (1..=dropped).filter_map(ClientId::new).collect(), ..DropoutPlan::default() }
+/// A semi-honest round in which clients `1..=dropped` vanish after ShareKeys.
+fn simulation<'a>(
+    config: &RoundConfig,
+    dropped: u32,
+    inputs: &'a (dyn Fn(ClientId) -> QuantizedInput + Sync),
+) -> Simulation<'a> {
+    let plan = DropoutPlan {
+        after_shares: (1..=dropped).filter_map(ClientId::new).collect(),
+        ..DropoutPlan::default()
+    };
+    Simulation { config: config.clone(), identities: Vec::new(), plan, inputs, seed: 1 }
 }
 
 /// The server's unmasking stage alone (reconstruction of 90 seeds and 10
@@ -82,13 +91,7 @@ fn unmasking(c: &mut Criterion) {
     let mut group = c.benchmark_group("unmasking_n100_k32_d100000");
     group.sample_size(10);
     for dropped in [0u32, 10] {
-        let simulation = Simulation {
-            config: cfg.clone(),
-            identities: Vec::new(),
-            plan: plan(dropped),
-            inputs: &inputs,
-            seed: 1,
-        };
+        let simulation = simulation(&cfg, dropped, &inputs);
         group.bench_function(BenchmarkId::new("dropped", dropped), |b| {
             b.iter_batched(
                 || simulation.run_to_unmasking().unwrap(),
@@ -107,13 +110,7 @@ fn round(c: &mut Criterion) {
     let cfg = config(100, 32, 6, 10_000);
     let inputs = |_: ClientId| QuantizedInput::from_values(vec![1; 10_000]);
     for dropped in [0u32, 10] {
-        let simulation = Simulation {
-            config: cfg.clone(),
-            identities: Vec::new(),
-            plan: plan(dropped),
-            inputs: &inputs,
-            seed: 1,
-        };
+        let simulation = simulation(&cfg, dropped, &inputs);
         group.bench_function(BenchmarkId::new("dropped", dropped), |b| {
             b.iter(|| black_box(simulation.run(&NoStopwatch).unwrap()))
         });

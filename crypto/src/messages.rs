@@ -202,10 +202,7 @@ impl ServerMessage {
                 w.bytes(&context.0).count(peers.len());
                 for peer in peers {
                     w.u32(peer.id.get()).bytes(&peer.cipher_key).bytes(&peer.mask_key);
-                    match &peer.signature {
-                        None => w.u8(0),
-                        Some(sig) => w.u8(1).bytes(sig),
-                    };
+                    write_signature(&mut w, peer.signature.as_ref());
                 }
                 w.finish()
             }
@@ -243,11 +240,7 @@ impl ServerMessage {
                     let id = ids.next(&mut r)?;
                     let cipher_key = r.array()?;
                     let mask_key = r.array()?;
-                    let signature = match r.u8()? {
-                        0 => None,
-                        1 => Some(r.array()?),
-                        _ => return Err(DecodeError::Invalid("signature flag")),
-                    };
+                    let signature = read_signature(&mut r)?;
                     peers.push(AdvertisedKeys { id, cipher_key, mask_key, signature });
                 }
                 ServerMessage::PeerKeys { context, peers }
@@ -309,10 +302,7 @@ impl ClientMessage {
             ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, signature } => {
                 let mut w = Writer::with_header(KIND_ADVERTISE_KEYS, 164);
                 w.bytes(&context.0).bytes(cipher_key).bytes(mask_key);
-                match signature {
-                    None => w.u8(0),
-                    Some(sig) => w.u8(1).bytes(sig),
-                };
+                write_signature(&mut w, signature.as_ref());
                 w.finish()
             }
             ClientMessage::ShareKeys { context, envelopes } => {
@@ -357,11 +347,7 @@ impl ClientMessage {
             KIND_ADVERTISE_KEYS => {
                 let cipher_key = r.array()?;
                 let mask_key = r.array()?;
-                let signature = match r.u8()? {
-                    0 => None,
-                    1 => Some(r.array()?),
-                    _ => return Err(DecodeError::Invalid("signature flag")),
-                };
+                let signature = read_signature(&mut r)?;
                 ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, signature }
             }
             KIND_SHARE_KEYS => {
@@ -405,6 +391,22 @@ impl AscendingIds {
         }
         self.last = raw;
         ClientId::new(raw).ok_or(DecodeError::Invalid("client id"))
+    }
+}
+
+/// An optional signature: a flag byte, then the signature if the flag is 1.
+fn write_signature(w: &mut Writer, signature: Option<&[u8; SIGNATURE_LEN]>) {
+    match signature {
+        None => w.u8(0),
+        Some(sig) => w.u8(1).bytes(sig),
+    };
+}
+
+fn read_signature(r: &mut Reader<'_>) -> Result<Option<[u8; SIGNATURE_LEN]>, DecodeError> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(r.array()?)),
+        _ => Err(DecodeError::Invalid("signature flag")),
     }
 }
 
