@@ -3,7 +3,9 @@
 # already present. Safe to run any number of times.
 #   - Debian's Rust for the browser (rustc-web, cargo-web, rust-web-src),
 #     lld (wasm-ld) and clang: the wasm32 build of crypto/ (ring needs clang);
-#   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain).
+#   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain);
+#   - a Python venv with safetensors and NumPy (COHORT_VENV, default
+#     /var/tmp/cohort-venv): the test that Python loads our checkpoints.
 set -euo pipefail
 
 log() { printf '==> %s\n' "$*"; }
@@ -24,6 +26,13 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     log "installing cargo-fuzz"
     cargo install --locked cargo-fuzz
+fi
+
+venv="${COHORT_VENV:-/var/tmp/cohort-venv}"
+if ! "$venv/bin/python" -c "import safetensors.numpy, numpy" >/dev/null 2>&1; then
+    log "creating the Python venv $venv (safetensors, numpy)"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "safetensors==0.7.*" "numpy<3"
 fi
 
 if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then

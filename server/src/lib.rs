@@ -1,0 +1,5 @@
+//! The Cohort coordinator: server optimizers, model checkpoints, storage,
+//! and (in the binary) the `cohort` command-line tool.
+
+pub mod checkpoint;
+pub mod optimizer;
