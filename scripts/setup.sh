@@ -4,6 +4,7 @@
 #   - Debian's Rust for the browser (rustc-web, cargo-web, rust-web-src),
 #     lld (wasm-ld) and clang: the wasm32 build of crypto/ (ring needs clang);
 #   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain);
+#   - a running PostgreSQL server on 127.0.0.1:5432 (the store tests);
 #   - a Python venv with safetensors and NumPy (COHORT_VENV, default
 #     /var/tmp/cohort-venv): the test that Python loads our checkpoints.
 set -euo pipefail
@@ -11,14 +12,14 @@ set -euo pipefail
 log() { printf '==> %s\n' "$*"; }
 
 apt_packages=(rustc-web cargo-web rust-web-src lld clang)
+sudo_cmd=()
+[[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
 missing=()
 for package in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
 if ((${#missing[@]})); then
     log "installing Debian packages: ${missing[*]}"
-    sudo_cmd=()
-    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
     "${sudo_cmd[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
@@ -26,6 +27,19 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     log "installing cargo-fuzz"
     cargo install --locked cargo-fuzz
+fi
+
+if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+    if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+        log "installing PostgreSQL"
+        DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq postgresql >/dev/null
+    fi
+    log "starting PostgreSQL"
+    for version in $(ls /etc/postgresql); do
+        pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    done
+    for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+    pg_isready -h 127.0.0.1 -p 5432
 fi
 
 venv="${COHORT_VENV:-/var/tmp/cohort-venv}"

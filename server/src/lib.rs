@@ -3,3 +3,4 @@
 
 pub mod checkpoint;
 pub mod optimizer;
+pub mod store;

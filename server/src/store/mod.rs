@@ -1,0 +1,240 @@
+//! Persistence: tasks, participants and their credentials, completed
+//! rounds, checkpoints and client metrics.
+//!
+//! [`Store`] is the one interface the coordinator uses. [`SqlStore`]
+//! implements it for SQLite (the default: a file created and migrated on
+//! start) and PostgreSQL (`postgres://` URLs) through sqlx's `Any` driver,
+//! with one migration set per backend. Times are Unix milliseconds supplied
+//! by the caller, so the store has no clock of its own. Credentials are kept
+//! only as SHA-256 hashes.
+//!
+//! Completing a round writes the round record, its checkpoint and optimizer
+//! state, and prunes old checkpoints in one transaction: after a crash a
+//! round is either fully recorded or not at all.
+
+mod sql;
+
+pub use sql::SqlStore;
+
+use std::future::Future;
+
+/// Lifecycle of a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskStatus {
+    /// Rounds are being run.
+    Active,
+    /// No new rounds start until resumed.
+    Paused,
+    /// Stopped by an administrator; final.
+    Stopped,
+    /// All rounds done; final.
+    Completed,
+}
+
+impl TaskStatus {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Active => "active",
+            TaskStatus::Paused => "paused",
+            TaskStatus::Stopped => "stopped",
+            TaskStatus::Completed => "completed",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "active" => TaskStatus::Active,
+            "paused" => TaskStatus::Paused,
+            "stopped" => TaskStatus::Stopped,
+            "completed" => TaskStatus::Completed,
+            _ => return None,
+        })
+    }
+
+    /// Whether no further change of status is possible.
+    pub fn is_final(self) -> bool {
+        matches!(self, TaskStatus::Stopped | TaskStatus::Completed)
+    }
+}
+
+/// A stored task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    /// Identifier.
+    pub id: String,
+    /// Human-readable name.
+    pub name: String,
+    /// The task specification, as JSON.
+    pub spec: String,
+    /// Status.
+    pub status: TaskStatus,
+    /// SHA-256 of the enrollment token.
+    pub enrollment_token_hash: [u8; 32],
+    /// Creation time.
+    pub created_at: i64,
+    /// Last status change.
+    pub updated_at: i64,
+}
+
+/// A client enrolled in a task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParticipantRecord {
+    /// Identifier.
+    pub id: String,
+    /// The task.
+    pub task_id: String,
+    /// SHA-256 of the client credential.
+    pub credential_hash: [u8; 32],
+    /// Enrollment time.
+    pub enrolled_at: i64,
+    /// Last check-in.
+    pub last_seen_at: i64,
+    /// The credential is refused after this time.
+    pub expires_at: i64,
+}
+
+/// A completed round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundRecord {
+    /// The task.
+    pub task_id: String,
+    /// Round number, from 1.
+    pub round: i64,
+    /// Start time.
+    pub started_at: i64,
+    /// End time.
+    pub finished_at: i64,
+    /// Clients selected.
+    pub selected: i64,
+    /// Clients whose input is in the aggregate.
+    pub survivors: i64,
+    /// Round metrics (stage durations, dropouts, bytes...), as JSON.
+    pub metrics: String,
+}
+
+/// A model checkpoint with the optimizer state that goes with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointRecord {
+    /// The task.
+    pub task_id: String,
+    /// The round that produced it (0: the initial model).
+    pub round: i64,
+    /// The model, in the safetensors format.
+    pub model: Vec<u8>,
+    /// The server optimizer's state, as JSON.
+    pub optimizer_state: Vec<u8>,
+    /// When it was written.
+    pub created_at: i64,
+}
+
+/// Metrics a client reported for a round.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClientMetricsRecord {
+    /// The task.
+    pub task_id: String,
+    /// The round.
+    pub round: i64,
+    /// The reporting participant.
+    pub participant_id: String,
+    /// `train` or `eval`.
+    pub kind: String,
+    /// The metrics, as JSON.
+    pub metrics: String,
+    /// When they were reported.
+    pub reported_at: i64,
+}
+
+/// Why a storage operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The record does not exist.
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// The write conflicts with existing data (duplicate key, final state).
+    #[error("conflict: {0}")]
+    Conflict(&'static str),
+    /// A stored value could not be read back.
+    #[error("corrupt stored value: {0}")]
+    Corrupt(&'static str),
+    /// The database failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Migrations failed.
+    #[error("migration error: {0}")]
+    Migration(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Result of a storage operation.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The coordinator's storage.
+pub trait Store: Send + Sync {
+    /// Creates a task with its initial checkpoint (round 0).
+    fn create_task(
+        &self,
+        task: &TaskRecord,
+        initial: &CheckpointRecord,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// One task.
+    fn task(&self, id: &str) -> impl Future<Output = StoreResult<TaskRecord>> + Send;
+    /// All tasks, oldest first.
+    fn tasks(&self) -> impl Future<Output = StoreResult<Vec<TaskRecord>>> + Send;
+    /// Changes a task's status; refused once the task is stopped or completed.
+    fn set_task_status(
+        &self,
+        id: &str,
+        status: TaskStatus,
+        now: i64,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Enrolls a participant.
+    fn add_participant(
+        &self,
+        participant: &ParticipantRecord,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// The participant holding a credential with this hash.
+    fn participant_by_credential(
+        &self,
+        credential_hash: &[u8; 32],
+    ) -> impl Future<Output = StoreResult<ParticipantRecord>> + Send;
+    /// Records a check-in.
+    fn touch_participant(&self, id: &str, now: i64) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Participants of a task.
+    fn participants(&self, task_id: &str)
+    -> impl Future<Output = StoreResult<Vec<ParticipantRecord>>> + Send;
+    /// Atomically records a completed round and its checkpoint, then keeps
+    /// only the newest `retain` checkpoints (and always the initial one).
+    /// Refused if the round is already recorded or does not follow the last.
+    fn complete_round(
+        &self,
+        round: &RoundRecord,
+        checkpoint: &CheckpointRecord,
+        retain: u32,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Completed rounds of a task, in order.
+    fn rounds(&self, task_id: &str) -> impl Future<Output = StoreResult<Vec<RoundRecord>>> + Send;
+    /// The newest checkpoint of a task.
+    fn latest_checkpoint(&self, task_id: &str) -> impl Future<Output = StoreResult<CheckpointRecord>> + Send;
+    /// The checkpoint of one round.
+    fn checkpoint(
+        &self,
+        task_id: &str,
+        round: i64,
+    ) -> impl Future<Output = StoreResult<CheckpointRecord>> + Send;
+    /// Rounds that still have a checkpoint, ascending.
+    fn checkpoint_rounds(&self, task_id: &str) -> impl Future<Output = StoreResult<Vec<i64>>> + Send;
+    /// Records a client's metrics; refused if already reported.
+    fn add_client_metrics(
+        &self,
+        metrics: &ClientMetricsRecord,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Client metrics of one round.
+    fn client_metrics(
+        &self,
+        task_id: &str,
+        round: i64,
+    ) -> impl Future<Output = StoreResult<Vec<ClientMetricsRecord>>> + Send;
+}

@@ -1,0 +1,429 @@
+//! [`Store`] over SQLite and PostgreSQL through sqlx's `Any` driver.
+//!
+//! Queries use `$N` placeholders in ascending order, which both backends
+//! accept; only the migrations differ (BLOB/INTEGER against BYTEA/BIGINT).
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+
+use super::{
+    CheckpointRecord, ClientMetricsRecord, ParticipantRecord, RoundRecord, Store, StoreError, StoreResult,
+    TaskRecord, TaskStatus,
+};
+
+/// Which database a URL selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `sqlite:` URLs.
+    Sqlite,
+    /// `postgres://` and `postgresql://` URLs.
+    Postgres,
+}
+
+impl Backend {
+    /// The backend of `url`, if it is one of ours.
+    pub fn of(url: &str) -> Option<Self> {
+        if url.starts_with("sqlite:") {
+            Some(Backend::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Backend::Postgres)
+        } else {
+            None
+        }
+    }
+}
+
+/// The SQL implementation of [`Store`].
+#[derive(Debug, Clone)]
+pub struct SqlStore {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+/// Maps unique-key violations to [`StoreError::Conflict`] and foreign-key
+/// violations to [`StoreError::NotFound`].
+fn classify(error: sqlx::Error, conflict: &'static str, missing: &'static str) -> StoreError {
+    if let sqlx::Error::Database(db) = &error {
+        if db.is_unique_violation() {
+            return StoreError::Conflict(conflict);
+        }
+        if db.is_foreign_key_violation() {
+            return StoreError::NotFound(missing);
+        }
+    }
+    StoreError::Database(error)
+}
+
+fn hash(row: &AnyRow, column: &str) -> StoreResult<[u8; 32]> {
+    let bytes: Vec<u8> = row.try_get(column)?;
+    bytes.try_into().map_err(|_| StoreError::Corrupt("hash length"))
+}
+
+fn task_from(row: &AnyRow) -> StoreResult<TaskRecord> {
+    let status: String = row.try_get("status")?;
+    Ok(TaskRecord {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        spec: row.try_get("spec")?,
+        status: TaskStatus::parse(&status).ok_or(StoreError::Corrupt("task status"))?,
+        enrollment_token_hash: hash(row, "enrollment_token_hash")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+fn participant_from(row: &AnyRow) -> StoreResult<ParticipantRecord> {
+    Ok(ParticipantRecord {
+        id: row.try_get("id")?,
+        task_id: row.try_get("task_id")?,
+        credential_hash: hash(row, "credential_hash")?,
+        enrolled_at: row.try_get("enrolled_at")?,
+        last_seen_at: row.try_get("last_seen_at")?,
+        expires_at: row.try_get("expires_at")?,
+    })
+}
+
+fn round_from(row: &AnyRow) -> StoreResult<RoundRecord> {
+    Ok(RoundRecord {
+        task_id: row.try_get("task_id")?,
+        round: row.try_get("round")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+        selected: row.try_get("selected")?,
+        survivors: row.try_get("survivors")?,
+        metrics: row.try_get("metrics")?,
+    })
+}
+
+fn checkpoint_from(row: &AnyRow) -> StoreResult<CheckpointRecord> {
+    Ok(CheckpointRecord {
+        task_id: row.try_get("task_id")?,
+        round: row.try_get("round")?,
+        model: row.try_get("model")?,
+        optimizer_state: row.try_get("optimizer_state")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+// Column lists as macros, so that every query stays a static string.
+macro_rules! task_columns {
+    () => {
+        "id, name, spec, status, enrollment_token_hash, created_at, updated_at"
+    };
+}
+macro_rules! participant_columns {
+    () => {
+        "id, task_id, credential_hash, enrolled_at, last_seen_at, expires_at"
+    };
+}
+macro_rules! round_columns {
+    () => {
+        "task_id, round, started_at, finished_at, selected, survivors, metrics"
+    };
+}
+macro_rules! checkpoint_columns {
+    () => {
+        "task_id, round, model, optimizer_state, created_at"
+    };
+}
+
+impl SqlStore {
+    /// Connects to `url` and applies pending migrations. A SQLite file is
+    /// created if missing.
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        sqlx::any::install_default_drivers();
+        let backend = Backend::of(url)
+            .ok_or(StoreError::Conflict("the database URL must start with sqlite: or postgres://"))?;
+        let url = match backend {
+            Backend::Sqlite if !url.contains('?') && !url.contains(":memory:") => format!("{url}?mode=rwc"),
+            _ => url.to_string(),
+        };
+        let connections = match backend {
+            // SQLite serialises writers anyway; one connection avoids "database is locked".
+            Backend::Sqlite => 1,
+            Backend::Postgres => 8,
+        };
+        let pool = AnyPoolOptions::new().max_connections(connections).connect(&url).await?;
+        match backend {
+            Backend::Sqlite => sqlx::migrate!("migrations/sqlite").run(&pool).await?,
+            Backend::Postgres => sqlx::migrate!("migrations/postgres").run(&pool).await?,
+        }
+        Ok(Self { pool, backend })
+    }
+
+    /// The database in use.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+impl Store for SqlStore {
+    async fn create_task(&self, task: &TaskRecord, initial: &CheckpointRecord) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(concat!("INSERT INTO tasks (", task_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7)"))
+            .bind(&task.id)
+            .bind(&task.name)
+            .bind(&task.spec)
+            .bind(task.status.as_str())
+            .bind(task.enrollment_token_hash.to_vec())
+            .bind(task.created_at)
+            .bind(task.updated_at)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| classify(e, "a task with this id exists", "task"))?;
+        sqlx::query(concat!(
+            "INSERT INTO checkpoints (",
+            checkpoint_columns!(),
+            ") VALUES ($1, $2, $3, $4, $5)"
+        ))
+        .bind(&task.id)
+        .bind(0i64)
+        .bind(initial.model.clone())
+        .bind(initial.optimizer_state.clone())
+        .bind(initial.created_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn task(&self, id: &str) -> StoreResult<TaskRecord> {
+        let row = sqlx::query(concat!("SELECT ", task_columns!(), " FROM tasks WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound("task"))?;
+        task_from(&row)
+    }
+
+    async fn tasks(&self) -> StoreResult<Vec<TaskRecord>> {
+        sqlx::query(concat!("SELECT ", task_columns!(), " FROM tasks ORDER BY created_at, id"))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(task_from)
+            .collect()
+    }
+
+    async fn set_task_status(&self, id: &str, status: TaskStatus, now: i64) -> StoreResult<()> {
+        let current = self.task(id).await?;
+        if current.status.is_final() && current.status != status {
+            return Err(StoreError::Conflict("the task has ended"));
+        }
+        // The status guard makes a concurrent final transition win.
+        let updated =
+            sqlx::query("UPDATE tasks SET status = $1, updated_at = $2 WHERE id = $3 AND status = $4")
+                .bind(status.as_str())
+                .bind(now)
+                .bind(id)
+                .bind(current.status.as_str())
+                .execute(&self.pool)
+                .await?;
+        if updated.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict("the task changed concurrently"))
+        }
+    }
+
+    async fn add_participant(&self, p: &ParticipantRecord) -> StoreResult<()> {
+        sqlx::query(concat!(
+            "INSERT INTO participants (",
+            participant_columns!(),
+            ") VALUES ($1, $2, $3, $4, $5, $6)"
+        ))
+        .bind(&p.id)
+        .bind(&p.task_id)
+        .bind(p.credential_hash.to_vec())
+        .bind(p.enrolled_at)
+        .bind(p.last_seen_at)
+        .bind(p.expires_at)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| classify(e, "participant or credential exists", "task"))?;
+        Ok(())
+    }
+
+    async fn participant_by_credential(&self, credential_hash: &[u8; 32]) -> StoreResult<ParticipantRecord> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            participant_columns!(),
+            " FROM participants WHERE credential_hash = $1"
+        ))
+        .bind(credential_hash.to_vec())
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound("participant"))?;
+        participant_from(&row)
+    }
+
+    async fn touch_participant(&self, id: &str, now: i64) -> StoreResult<()> {
+        let updated = sqlx::query("UPDATE participants SET last_seen_at = $1 WHERE id = $2")
+            .bind(now)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        if updated.rows_affected() == 1 { Ok(()) } else { Err(StoreError::NotFound("participant")) }
+    }
+
+    async fn participants(&self, task_id: &str) -> StoreResult<Vec<ParticipantRecord>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            participant_columns!(),
+            " FROM participants WHERE task_id = $1 ORDER BY enrolled_at, id"
+        ))
+        .bind(task_id)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(participant_from)
+        .collect()
+    }
+
+    async fn complete_round(
+        &self,
+        round: &RoundRecord,
+        checkpoint: &CheckpointRecord,
+        retain: u32,
+    ) -> StoreResult<()> {
+        if checkpoint.task_id != round.task_id || checkpoint.round != round.round {
+            return Err(StoreError::Conflict("the checkpoint belongs to another round"));
+        }
+        let mut tx = self.pool.begin().await?;
+        let last: Option<i64> = sqlx::query("SELECT MAX(round) AS last FROM rounds WHERE task_id = $1")
+            .bind(&round.task_id)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("last")?;
+        if round.round != last.unwrap_or(0) + 1 {
+            return Err(StoreError::Conflict("rounds must be recorded once, in order"));
+        }
+        sqlx::query(concat!(
+            "INSERT INTO rounds (",
+            round_columns!(),
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7)"
+        ))
+        .bind(&round.task_id)
+        .bind(round.round)
+        .bind(round.started_at)
+        .bind(round.finished_at)
+        .bind(round.selected)
+        .bind(round.survivors)
+        .bind(&round.metrics)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| classify(e, "round already recorded", "task"))?;
+        sqlx::query(concat!(
+            "INSERT INTO checkpoints (",
+            checkpoint_columns!(),
+            ") VALUES ($1, $2, $3, $4, $5)"
+        ))
+        .bind(&checkpoint.task_id)
+        .bind(checkpoint.round)
+        .bind(checkpoint.model.clone())
+        .bind(checkpoint.optimizer_state.clone())
+        .bind(checkpoint.created_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| classify(e, "checkpoint already recorded", "task"))?;
+        sqlx::query("DELETE FROM checkpoints WHERE task_id = $1 AND round > 0 AND round <= $2")
+            .bind(&round.task_id)
+            .bind(round.round - i64::from(retain.max(1)))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn rounds(&self, task_id: &str) -> StoreResult<Vec<RoundRecord>> {
+        sqlx::query(concat!("SELECT ", round_columns!(), " FROM rounds WHERE task_id = $1 ORDER BY round"))
+            .bind(task_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(round_from)
+            .collect()
+    }
+
+    async fn latest_checkpoint(&self, task_id: &str) -> StoreResult<CheckpointRecord> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            checkpoint_columns!(),
+            " FROM checkpoints WHERE task_id = $1 ORDER BY round DESC LIMIT 1"
+        ))
+        .bind(task_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound("checkpoint"))?;
+        checkpoint_from(&row)
+    }
+
+    async fn checkpoint(&self, task_id: &str, round: i64) -> StoreResult<CheckpointRecord> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            checkpoint_columns!(),
+            " FROM checkpoints WHERE task_id = $1 AND round = $2"
+        ))
+        .bind(task_id)
+        .bind(round)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound("checkpoint"))?;
+        checkpoint_from(&row)
+    }
+
+    async fn checkpoint_rounds(&self, task_id: &str) -> StoreResult<Vec<i64>> {
+        sqlx::query("SELECT round FROM checkpoints WHERE task_id = $1 ORDER BY round")
+            .bind(task_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| row.try_get("round").map_err(StoreError::from))
+            .collect()
+    }
+
+    async fn add_client_metrics(&self, m: &ClientMetricsRecord) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO client_metrics (task_id, round, participant_id, kind, metrics, reported_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&m.task_id)
+        .bind(m.round)
+        .bind(&m.participant_id)
+        .bind(&m.kind)
+        .bind(&m.metrics)
+        .bind(m.reported_at)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| classify(e, "metrics already reported for this round", "task or participant"))?;
+        Ok(())
+    }
+
+    async fn client_metrics(&self, task_id: &str, round: i64) -> StoreResult<Vec<ClientMetricsRecord>> {
+        let rows = sqlx::query(
+            "SELECT task_id, round, participant_id, kind, metrics, reported_at FROM client_metrics \
+             WHERE task_id = $1 AND round = $2 ORDER BY participant_id, kind",
+        )
+        .bind(task_id)
+        .bind(round)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(ClientMetricsRecord {
+                    task_id: row.try_get("task_id")?,
+                    round: row.try_get("round")?,
+                    participant_id: row.try_get("participant_id")?,
+                    kind: row.try_get("kind")?,
+                    metrics: row.try_get("metrics")?,
+                    reported_at: row.try_get("reported_at")?,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,274 @@
+//! The `Store` contract, run against SQLite (a temporary file) and against
+//! the real PostgreSQL server (a fresh database per test, dropped after).
+//!
+//! PostgreSQL is reached at `COHORT_TEST_POSTGRES_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/postgres` (`.ci/run` starts the
+//! server when none is running).
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use cohort_server::store::{
+    CheckpointRecord, ClientMetricsRecord, ParticipantRecord, RoundRecord, SqlStore, Store, StoreError,
+    TaskRecord, TaskStatus,
+};
+use sqlx::Connection;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A store on a fresh database, and what to do to remove it afterwards.
+struct Fixture {
+    store: SqlStore,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    File(std::path::PathBuf),
+    Database { admin_url: String, name: String },
+}
+
+impl Fixture {
+    async fn sqlite() -> Self {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let path = std::env::temp_dir().join(format!("cohort-store-{}-{n}.db", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let store = SqlStore::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+        Fixture { store, cleanup: Cleanup::File(path) }
+    }
+
+    async fn postgres() -> Self {
+        let admin_url = std::env::var("COHORT_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
+        let name = format!("cohort_test_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::SeqCst));
+        let mut admin = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL is not reachable at {admin_url}: {e}"));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        admin.close().await.unwrap();
+        let (base, _) = admin_url.rsplit_once('/').unwrap();
+        let store = SqlStore::connect(&format!("{base}/{name}")).await.unwrap();
+        Fixture { store, cleanup: Cleanup::Database { admin_url, name } }
+    }
+
+    async fn finish(self) {
+        self.store.close().await;
+        match self.cleanup {
+            Cleanup::File(path) => {
+                let _ = std::fs::remove_file(path);
+            }
+            Cleanup::Database { admin_url, name } => {
+                let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
+                    .execute(&mut admin)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+fn task(id: &str, created_at: i64) -> TaskRecord {
+    TaskRecord {
+        id: id.to_string(),
+        name: format!("task {id}"),
+        spec: r#"{"rounds":3}"#.to_string(),
+        status: TaskStatus::Active,
+        enrollment_token_hash: [7; 32],
+        created_at,
+        updated_at: created_at,
+    }
+}
+
+fn checkpoint(task_id: &str, round: i64) -> CheckpointRecord {
+    CheckpointRecord {
+        task_id: task_id.to_string(),
+        round,
+        model: vec![round as u8; 64],
+        optimizer_state: format!(r#"{{"step":{round}}}"#).into_bytes(),
+        created_at: 1_000 + round,
+    }
+}
+
+fn round(task_id: &str, round: i64) -> RoundRecord {
+    RoundRecord {
+        task_id: task_id.to_string(),
+        round,
+        started_at: 10 * round,
+        finished_at: 10 * round + 5,
+        selected: 12,
+        survivors: 10,
+        metrics: r#"{"dropouts":2}"#.to_string(),
+    }
+}
+
+fn participant(id: &str, task_id: &str, credential: u8) -> ParticipantRecord {
+    ParticipantRecord {
+        id: id.to_string(),
+        task_id: task_id.to_string(),
+        credential_hash: [credential; 32],
+        enrolled_at: 100,
+        last_seen_at: 100,
+        expires_at: 10_000,
+    }
+}
+
+async fn tasks_and_status(store: &SqlStore) {
+    store.create_task(&task("b", 2), &checkpoint("b", 0)).await.unwrap();
+    store.create_task(&task("a", 1), &checkpoint("a", 0)).await.unwrap();
+    assert!(matches!(
+        store.create_task(&task("a", 3), &checkpoint("a", 0)).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let ids: Vec<String> = store.tasks().await.unwrap().into_iter().map(|t| t.id).collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert_eq!(store.task("a").await.unwrap(), task("a", 1));
+    assert!(matches!(store.task("missing").await, Err(StoreError::NotFound("task"))));
+    store.set_task_status("a", TaskStatus::Paused, 50).await.unwrap();
+    let paused = store.task("a").await.unwrap();
+    assert_eq!((paused.status, paused.updated_at), (TaskStatus::Paused, 50));
+    store.set_task_status("a", TaskStatus::Stopped, 60).await.unwrap();
+    assert!(matches!(store.set_task_status("a", TaskStatus::Active, 70).await, Err(StoreError::Conflict(_))));
+    assert_eq!(store.task("a").await.unwrap().status, TaskStatus::Stopped);
+    assert!(matches!(store.set_task_status("zz", TaskStatus::Paused, 1).await, Err(StoreError::NotFound(_))));
+}
+
+async fn participants_and_credentials(store: &SqlStore) {
+    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.add_participant(&participant("p1", "t", 1)).await.unwrap();
+    store.add_participant(&participant("p2", "t", 2)).await.unwrap();
+    assert!(matches!(store.add_participant(&participant("p3", "t", 1)).await, Err(StoreError::Conflict(_))));
+    assert!(matches!(
+        store.add_participant(&participant("p4", "nope", 4)).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(store.participant_by_credential(&[2; 32]).await.unwrap(), participant("p2", "t", 2));
+    assert!(matches!(store.participant_by_credential(&[9; 32]).await, Err(StoreError::NotFound(_))));
+    store.touch_participant("p1", 500).await.unwrap();
+    assert_eq!(store.participant_by_credential(&[1; 32]).await.unwrap().last_seen_at, 500);
+    assert!(matches!(store.touch_participant("ghost", 1).await, Err(StoreError::NotFound(_))));
+    assert_eq!(store.participants("t").await.unwrap().len(), 2);
+}
+
+async fn rounds_are_atomic_ordered_and_pruned(store: &SqlStore) {
+    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    assert_eq!(store.latest_checkpoint("t").await.unwrap(), checkpoint("t", 0));
+    // Out of order: refused, nothing written.
+    assert!(matches!(
+        store.complete_round(&round("t", 2), &checkpoint("t", 2), 2).await,
+        Err(StoreError::Conflict(_))
+    ));
+    // A mismatched checkpoint: refused before anything is written.
+    assert!(store.complete_round(&round("t", 1), &checkpoint("t", 2), 2).await.is_err());
+    assert!(store.rounds("t").await.unwrap().is_empty());
+    for r in 1..=4 {
+        store.complete_round(&round("t", r), &checkpoint("t", r), 2).await.unwrap();
+    }
+    // Replaying a completed round is refused and changes nothing.
+    assert!(matches!(
+        store.complete_round(&round("t", 4), &checkpoint("t", 4), 2).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let rounds: Vec<i64> = store.rounds("t").await.unwrap().into_iter().map(|r| r.round).collect();
+    assert_eq!(rounds, [1, 2, 3, 4]);
+    assert_eq!(store.rounds("t").await.unwrap()[2], round("t", 3));
+    // Retention 2 keeps the two newest and the initial model.
+    assert_eq!(store.checkpoint_rounds("t").await.unwrap(), [0, 3, 4]);
+    assert_eq!(store.latest_checkpoint("t").await.unwrap(), checkpoint("t", 4));
+    assert_eq!(store.checkpoint("t", 3).await.unwrap(), checkpoint("t", 3));
+    assert!(matches!(store.checkpoint("t", 1).await, Err(StoreError::NotFound(_))));
+}
+
+async fn client_metrics_once_per_round(store: &SqlStore) {
+    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.add_participant(&participant("p", "t", 3)).await.unwrap();
+    let metrics = ClientMetricsRecord {
+        task_id: "t".into(),
+        round: 1,
+        participant_id: "p".into(),
+        kind: "train".into(),
+        metrics: r#"{"loss":0.5}"#.into(),
+        reported_at: 9,
+    };
+    store.add_client_metrics(&metrics).await.unwrap();
+    assert!(matches!(store.add_client_metrics(&metrics).await, Err(StoreError::Conflict(_))));
+    let eval = ClientMetricsRecord { kind: "eval".into(), ..metrics.clone() };
+    store.add_client_metrics(&eval).await.unwrap();
+    assert_eq!(store.client_metrics("t", 1).await.unwrap(), vec![eval, metrics]);
+    let stranger =
+        ClientMetricsRecord { participant_id: "nobody".into(), kind: "x".into(), ..Default::default() };
+    assert!(
+        store.add_client_metrics(&ClientMetricsRecord { task_id: "t".into(), ..stranger }).await.is_err()
+    );
+}
+
+async fn data_survives_reconnection(url: &str) {
+    let store = SqlStore::connect(url).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.complete_round(&round("t", 1), &checkpoint("t", 1), 5).await.unwrap();
+    store.close().await;
+    // Reconnecting re-runs migrations (a no-op) and finds everything.
+    let again = SqlStore::connect(url).await.unwrap();
+    assert_eq!(again.rounds("t").await.unwrap(), vec![round("t", 1)]);
+    assert_eq!(again.latest_checkpoint("t").await.unwrap(), checkpoint("t", 1));
+    again.close().await;
+}
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test]
+            async fn $name() {
+                let fixture = super::Fixture::sqlite().await;
+                super::$name(&fixture.store).await;
+                fixture.finish().await;
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test]
+            async fn $name() {
+                let fixture = super::Fixture::postgres().await;
+                super::$name(&fixture.store).await;
+                fixture.finish().await;
+            })*
+        }
+    };
+}
+
+on_both_backends!(
+    tasks_and_status,
+    participants_and_credentials,
+    rounds_are_atomic_ordered_and_pruned,
+    client_metrics_once_per_round,
+);
+
+#[tokio::test]
+async fn sqlite_file_is_created_and_persists() {
+    let path = std::env::temp_dir().join(format!("cohort-persist-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    data_survives_reconnection(&format!("sqlite://{}", path.display())).await;
+    assert!(path.exists());
+    std::fs::remove_file(path).unwrap();
+}
+
+#[tokio::test]
+async fn postgres_data_persists_across_connections() {
+    let fixture = Fixture::postgres().await;
+    fixture.store.close().await;
+    let Cleanup::Database { admin_url, name } = &fixture.cleanup else { unreachable!() };
+    let (base, _) = admin_url.rsplit_once('/').unwrap();
+    data_survives_reconnection(&format!("{base}/{name}")).await;
+    fixture.finish().await;
+}
+
+#[tokio::test]
+async fn unknown_database_urls_are_refused() {
+    assert!(matches!(SqlStore::connect("mysql://localhost/x").await, Err(StoreError::Conflict(_))));
+}
