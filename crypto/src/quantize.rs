@@ -33,6 +33,9 @@ impl QuantizationSpec {
         if !(self.clip.is_finite() && self.clip > 0.0) {
             return Err(ConfigError::BadQuantization("clip must be finite and positive"));
         }
+        if !(2..=32).contains(&modulus_bits) {
+            return Err(ConfigError::BadModulusBits(modulus_bits));
+        }
         let levels = levels(modulus_bits, clients);
         if levels < 2 {
             return Err(ConfigError::BadQuantization("the ring is too small for this many clients"));
@@ -281,5 +284,6 @@ mod tests {
         assert_eq!(q.decode(&[0, 0], 5).err(), Some(QuantizeError::Summands { summands: 5, max: 4 }));
         assert_eq!(q.decode(&[0, 0], 1).err(), Some(QuantizeError::NoExamples));
         assert!(Quantizer::new(QuantizationSpec { clip: 1.0, max_weight: 10 }, 8, 100).is_err());
+        assert_eq!(Quantizer::new(spec(), 40, 4).err(), Some(ConfigError::BadModulusBits(40)));
     }
 }

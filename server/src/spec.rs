@@ -1,0 +1,320 @@
+//! What an administrator submits to create a task, with defaults and
+//! validation. Everything needed to run its rounds is derived from it.
+
+use cohort_crypto::params::{Adversary, ParameterTarget, derive_complete, derive_sparse};
+use cohort_crypto::{QuantizationSpec, Quantizer};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::ModelLayout;
+use crate::optimizer::ServerOptimizer;
+
+/// A federated training task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Human-readable name.
+    pub name: String,
+    /// The model: tensor layout and initial weights.
+    pub model: ModelSpec,
+    /// Rounds to run.
+    pub rounds: u32,
+    /// Clients selected per round (n). Over-selection is built in: the
+    /// threshold tolerates `secure_aggregation.target_dropout` of them vanishing.
+    pub clients_per_round: u32,
+    /// Secure-aggregation parameters.
+    #[serde(default)]
+    pub secure_aggregation: SecAggSpec,
+    /// Quantization of updates.
+    #[serde(default)]
+    pub quantization: QuantizationConfig,
+    /// Per-stage deadlines.
+    #[serde(default)]
+    pub deadlines: StageDeadlines,
+    /// Server optimizer.
+    #[serde(default)]
+    pub optimizer: ServerOptimizer,
+    /// Completed-round checkpoints to keep (the initial model is always kept).
+    #[serde(default = "default_retention")]
+    pub checkpoint_retention: u32,
+}
+
+fn default_retention() -> u32 {
+    10
+}
+
+/// The model of a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Architecture name, for clients that build the model themselves.
+    pub architecture: String,
+    /// Tensor layout of the flat parameter vector.
+    pub layout: ModelLayout,
+    /// How the initial weights are drawn.
+    #[serde(default)]
+    pub init: ModelInit,
+}
+
+/// Initial weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelInit {
+    /// All zeros.
+    #[default]
+    Zeros,
+    /// Uniform in [−scale, scale], deterministic for the seed.
+    Uniform {
+        /// Half-width of the interval.
+        scale: f32,
+        /// Seed.
+        seed: u64,
+    },
+}
+
+/// Communication graph choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum GraphChoice {
+    /// Everybody shares with everybody (SecAgg).
+    Complete,
+    /// Random k-regular graph (SecAgg+).
+    #[default]
+    Sparse,
+}
+
+/// Secure-aggregation parameters of a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecAggSpec {
+    /// Communication graph.
+    pub graph: GraphChoice,
+    /// Dropout rate the threshold must tolerate.
+    pub target_dropout: f64,
+    /// Fraction of colluding clients to tolerate.
+    pub corruption: f64,
+    /// Overrides the derived degree (sparse graph).
+    pub degree: Option<u32>,
+    /// Overrides the derived threshold.
+    pub threshold: Option<u32>,
+}
+
+impl Default for SecAggSpec {
+    fn default() -> Self {
+        Self {
+            graph: GraphChoice::Sparse,
+            target_dropout: 0.33,
+            corruption: 0.05,
+            degree: None,
+            threshold: None,
+        }
+    }
+}
+
+/// Quantization of a task's updates.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuantizationConfig {
+    /// Update coordinates are clipped to [−clip, clip].
+    pub clip: f32,
+    /// Bits of the ring the masked vectors live in.
+    pub modulus_bits: u8,
+    /// Largest example count a client may report.
+    pub max_weight: u32,
+}
+
+impl Default for QuantizationConfig {
+    fn default() -> Self {
+        Self { clip: 1.0, modulus_bits: 32, max_weight: 1 << 14 }
+    }
+}
+
+/// How long each stage waits for clients, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StageDeadlines {
+    /// Waiting for selected clients to advertise keys (includes their
+    /// download of the model and local training start).
+    pub advertise_keys_ms: u64,
+    /// Waiting for encrypted shares.
+    pub share_keys_ms: u64,
+    /// Waiting for masked inputs (includes local training).
+    pub masked_input_ms: u64,
+    /// Waiting for unmasking shares.
+    pub unmasking_ms: u64,
+}
+
+impl Default for StageDeadlines {
+    fn default() -> Self {
+        Self {
+            advertise_keys_ms: 30_000,
+            share_keys_ms: 30_000,
+            masked_input_ms: 300_000,
+            unmasking_ms: 30_000,
+        }
+    }
+}
+
+/// Why a task specification was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid task: {0}")]
+pub struct SpecError(pub String);
+
+/// Parameters derived from a valid spec.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DerivedRoundParameters {
+    /// Neighbours per client.
+    pub degree: u32,
+    /// Threshold.
+    pub threshold: u32,
+    /// Whether the graph is complete.
+    pub complete: bool,
+}
+
+impl TaskSpec {
+    /// Validates the spec and derives the round parameters.
+    pub fn validate(&self) -> Result<DerivedRoundParameters, SpecError> {
+        let err = |m: &str| SpecError(m.to_string());
+        if self.name.trim().is_empty() || self.name.len() > 200 {
+            return Err(err("name must be 1 to 200 characters"));
+        }
+        self.model.layout.validate().map_err(|e| SpecError(e.to_string()))?;
+        if self.model.layout.len() > cohort_crypto::config::MAX_VECTOR_LEN as usize - 1 {
+            return Err(err("the model is too large for secure aggregation"));
+        }
+        if let ModelInit::Uniform { scale, .. } = self.model.init
+            && !(scale.is_finite() && scale > 0.0)
+        {
+            return Err(err("model.init.scale must be finite and positive"));
+        }
+        if self.rounds == 0 {
+            return Err(err("rounds must be at least 1"));
+        }
+        if self.clients_per_round < 2 {
+            return Err(err("clients_per_round must be at least 2"));
+        }
+        if self.checkpoint_retention == 0 {
+            return Err(err("checkpoint_retention must be at least 1"));
+        }
+        let d = self.deadlines;
+        if [d.advertise_keys_ms, d.share_keys_ms, d.masked_input_ms, d.unmasking_ms].contains(&0) {
+            return Err(err("deadlines must be positive"));
+        }
+        self.optimizer.validate().map_err(|e| SpecError(e.to_string()))?;
+        let q = self.quantization;
+        Quantizer::new(
+            QuantizationSpec { clip: q.clip, max_weight: q.max_weight },
+            q.modulus_bits,
+            self.clients_per_round,
+        )
+        .map_err(|e| SpecError(e.to_string()))?;
+        let sa = &self.secure_aggregation;
+        let target = ParameterTarget {
+            dropout: sa.target_dropout,
+            corruption: sa.corruption,
+            adversary: Adversary::SemiHonest,
+            ..ParameterTarget::default()
+        };
+        let n = self.clients_per_round;
+        let derived = match sa.graph {
+            GraphChoice::Complete => derive_complete(n, &target),
+            GraphChoice::Sparse => derive_sparse(n, &target),
+        };
+        let degree = match (sa.graph, sa.degree) {
+            (GraphChoice::Complete, Some(_)) => return Err(err("degree applies to the sparse graph only")),
+            (GraphChoice::Complete, None) => n - 1,
+            (GraphChoice::Sparse, Some(k)) => k.min(n - 1),
+            (GraphChoice::Sparse, None) => derived.as_ref().map_err(|e| SpecError(e.to_string()))?.degree,
+        };
+        let threshold = match sa.threshold {
+            Some(t) => t,
+            None if sa.degree.is_none() => derived.map_err(|e| SpecError(e.to_string()))?.threshold,
+            None => return Err(err("a degree override needs a threshold override")),
+        };
+        if threshold == 0 || threshold > degree || (degree < n - 1 && degree % 2 == 1) {
+            return Err(err("threshold must be in 1..=degree, and a sparse degree must be even"));
+        }
+        Ok(DerivedRoundParameters { degree, threshold, complete: degree >= n - 1 })
+    }
+
+    /// The initial weights.
+    pub fn initial_weights(&self) -> Vec<f32> {
+        let len = self.model.layout.len();
+        match self.model.init {
+            ModelInit::Zeros => vec![0.0; len],
+            ModelInit::Uniform { scale, seed } => {
+                use rand_core::{Rng, SeedableRng};
+                let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(seed);
+                (0..len)
+                    .map(|_| ((rng.next_u32() as f64 / u32::MAX as f64) * 2.0 - 1.0) as f32 * scale)
+                    .collect()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::checkpoint::TensorSpec;
+
+    pub(crate) fn small_spec() -> TaskSpec {
+        TaskSpec {
+            name: "test".into(),
+            model: ModelSpec {
+                architecture: "linear".into(),
+                layout: ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![4] }] },
+                init: ModelInit::Zeros,
+            },
+            rounds: 3,
+            clients_per_round: 6,
+            secure_aggregation: SecAggSpec { graph: GraphChoice::Complete, ..SecAggSpec::default() },
+            quantization: QuantizationConfig::default(),
+            deadlines: StageDeadlines::default(),
+            optimizer: ServerOptimizer::default(),
+            checkpoint_retention: 2,
+        }
+    }
+
+    #[test]
+    fn defaults_fill_in_and_parameters_are_derived() {
+        let json = r#"{"name":"mnist","rounds":5,"clients_per_round":100,
+            "model":{"architecture":"logreg","layout":{"tensors":[{"name":"w","shape":[784,10]}]}}}"#;
+        let spec: TaskSpec = serde_json::from_str(json).unwrap();
+        assert_eq!(spec.secure_aggregation, SecAggSpec::default());
+        assert_eq!(spec.optimizer, ServerOptimizer::FedAvg { learning_rate: 1.0 });
+        let derived = spec.validate().unwrap();
+        assert_eq!((derived.degree, derived.threshold, derived.complete), (32, 6, false));
+        assert_eq!(spec.initial_weights().len(), 7840);
+    }
+
+    #[test]
+    fn invalid_specs_are_refused_with_a_reason() {
+        type Mutation = fn(&mut TaskSpec);
+        let cases: Vec<(Mutation, &str)> = vec![
+            (|s| s.rounds = 0, "rounds"),
+            (|s| s.clients_per_round = 1, "clients_per_round"),
+            (|s| s.name = " ".into(), "name"),
+            (|s| s.deadlines.unmasking_ms = 0, "deadlines"),
+            (|s| s.quantization.modulus_bits = 40, "modulus bits"),
+            (|s| s.optimizer = ServerOptimizer::FedAvg { learning_rate: -1.0 }, "learning_rate"),
+            (|s| s.secure_aggregation.threshold = Some(9), "threshold"),
+            (|s| s.model.layout.tensors.clear(), "tensor"),
+        ];
+        for (mutate, needle) in cases {
+            let mut spec = small_spec();
+            mutate(&mut spec);
+            let error = spec.validate().unwrap_err().to_string();
+            assert!(error.contains(needle), "{error} should mention {needle}");
+        }
+        assert!(serde_json::from_str::<TaskSpec>(r#"{"name":"x","bogus":1}"#).is_err());
+    }
+
+    #[test]
+    fn uniform_init_is_deterministic_and_bounded() {
+        let mut spec = small_spec();
+        spec.model.init = ModelInit::Uniform { scale: 0.1, seed: 3 };
+        let a = spec.initial_weights();
+        assert_eq!(a, spec.initial_weights());
+        assert!(a.iter().all(|w| w.abs() <= 0.1) && a.iter().any(|w| *w != 0.0));
+    }
+}
