@@ -282,6 +282,13 @@ impl ServerRound {
         self.info().members(&self.inbox().eligible)
     }
 
+    /// Whether `client` already sent its message for the current stage.
+    pub fn has_received(&self, client: ClientId) -> bool {
+        client.get() >= 1
+            && client.get() <= self.info().config.clients
+            && self.inbox().received[client.index()]
+    }
+
     /// Whether every eligible client has sent its message.
     pub fn is_complete(&self) -> bool {
         self.inbox().complete()

@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod checkpoint;
+pub mod engine;
 pub mod optimizer;
 pub mod spec;
 pub mod store;

@@ -267,7 +267,12 @@ pub(crate) mod tests {
             },
             rounds: 3,
             clients_per_round: 6,
-            secure_aggregation: SecAggSpec { graph: GraphChoice::Complete, ..SecAggSpec::default() },
+            // Six clients cannot meet the 2^-20 bound at 33 % dropout: set t.
+            secure_aggregation: SecAggSpec {
+                graph: GraphChoice::Complete,
+                threshold: Some(3),
+                ..SecAggSpec::default()
+            },
             quantization: QuantizationConfig::default(),
             deadlines: StageDeadlines::default(),
             optimizer: ServerOptimizer::default(),
@@ -298,6 +303,7 @@ pub(crate) mod tests {
             (|s| s.quantization.modulus_bits = 40, "modulus bits"),
             (|s| s.optimizer = ServerOptimizer::FedAvg { learning_rate: -1.0 }, "learning_rate"),
             (|s| s.secure_aggregation.threshold = Some(9), "threshold"),
+            (|s| s.secure_aggregation.threshold = None, "no graph degree and threshold meet"),
             (|s| s.model.layout.tensors.clear(), "tensor"),
         ];
         for (mutate, needle) in cases {
