@@ -151,6 +151,14 @@ pub struct Completion {
     pub checkpoint: CheckpointRecord,
     weights: Vec<f32>,
     optimizer_state: OptimizerState,
+    stages: Vec<StageMetrics>,
+}
+
+impl Completion {
+    /// (stage, duration in ms) for each stage of the round.
+    pub fn stage_durations(&self) -> Vec<(String, i64)> {
+        self.stages.iter().map(|s| (s.stage.clone(), s.duration_ms)).collect()
+    }
 }
 
 /// What [`TaskEngine::tick`] did.
@@ -249,6 +257,11 @@ impl TaskEngine {
     /// The task's status.
     pub fn status(&self) -> TaskStatus {
         self.status
+    }
+
+    /// Completed-round checkpoints to keep.
+    pub fn retention(&self) -> u32 {
+        self.spec.checkpoint_retention
     }
 
     /// Rounds completed so far.
@@ -510,6 +523,7 @@ impl TaskEngine {
             },
             weights,
             optimizer_state: state,
+            stages: metrics.stages.clone(),
         })
     }
 

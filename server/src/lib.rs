@@ -3,7 +3,11 @@
 
 pub mod auth;
 pub mod checkpoint;
+pub mod coordinator;
 pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod openapi;
 pub mod optimizer;
 pub mod spec;
 pub mod store;

@@ -1,6 +1,7 @@
 //! `cohort`: the Cohort command-line tool.
 
 mod bench;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -15,6 +16,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Runs the coordinator service.
+    Serve(serve::ServeArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -29,5 +32,16 @@ enum BenchCommand {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Bench(BenchCommand::Secagg(args)) => bench::secagg(&args),
+        Command::Serve(args) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(serve::serve(args))
+        }
     }
 }

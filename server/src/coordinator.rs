@@ -1,0 +1,354 @@
+//! The coordinator actor: the single owner of every task's round state.
+//!
+//! HTTP handlers send requests over a bounded channel and await the reply
+//! on a oneshot; a timer ticks every engine so stages close at their
+//! deadlines; unmasking runs on the blocking thread pool and reports back
+//! through the same channel. Completed rounds are written to the store
+//! before the engine adopts them.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cohort_crypto::{Aggregate, ProtocolError};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::{CheckIn, EngineError, Poll, TaskEngine};
+use crate::metrics::Metrics;
+use crate::spec::TaskSpec;
+use crate::store::{SqlStore, Store, StoreError, TaskStatus};
+
+/// Requests waiting for the actor at most.
+const QUEUE: usize = 1024;
+/// How often stage deadlines are checked.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// Why the coordinator refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// No such task, or it is not loaded.
+    #[error("task not found")]
+    UnknownTask,
+    /// The engine refused.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The task cannot be created as specified.
+    #[error("{0}")]
+    Invalid(String),
+    /// The actor is gone (shutting down).
+    #[error("the coordinator is shutting down")]
+    Unavailable,
+}
+
+/// A task's live state, as the admin API shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LiveState {
+    /// Status.
+    pub status: TaskStatus,
+    /// Rounds completed.
+    pub completed_rounds: u64,
+    /// Round in progress.
+    pub current_round: Option<u64>,
+    /// Its stage.
+    pub stage: Option<String>,
+}
+
+enum Request {
+    Load {
+        id: String,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    },
+    SetStatus {
+        id: String,
+        status: TaskStatus,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    },
+    Live {
+        id: String,
+        reply: oneshot::Sender<Result<LiveState, CoordinatorError>>,
+    },
+    CheckIn {
+        task: String,
+        participant: String,
+        reply: oneshot::Sender<Result<CheckIn, CoordinatorError>>,
+    },
+    Poll {
+        task: String,
+        participant: String,
+        reply: oneshot::Sender<Result<Poll, CoordinatorError>>,
+    },
+    Receive {
+        task: String,
+        participant: String,
+        body: Vec<u8>,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    },
+    Model {
+        task: String,
+        reply: oneshot::Sender<Result<(u64, Vec<u8>), CoordinatorError>>,
+    },
+    Unmasked {
+        task: String,
+        round: u64,
+        result: Result<Aggregate, ProtocolError>,
+    },
+}
+
+/// A handle to the coordinator actor; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Coordinator {
+    tx: mpsc::Sender<Request>,
+}
+
+impl Coordinator {
+    /// Loads every unfinished task from the store and starts the actor.
+    /// Rounds that were in flight when the process stopped are not
+    /// resumed: their tasks restart from the last completed round.
+    pub async fn start(store: SqlStore, metrics: Metrics) -> Result<Self, CoordinatorError> {
+        let mut engines = HashMap::new();
+        for task in store.tasks().await? {
+            if task.status.is_final() {
+                continue;
+            }
+            engines.insert(task.id.clone(), load(&store, &task.id).await?);
+        }
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let actor = Actor { store, engines, metrics, tx: tx.clone() };
+        tokio::spawn(actor.run(rx));
+        Ok(Self { tx })
+    }
+
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, CoordinatorError>>) -> Request,
+    ) -> Result<T, CoordinatorError> {
+        let (reply, response) = oneshot::channel();
+        self.tx.send(make(reply)).await.map_err(|_| CoordinatorError::Unavailable)?;
+        response.await.map_err(|_| CoordinatorError::Unavailable)?
+    }
+
+    /// Starts running a task that was just stored.
+    pub async fn load(&self, id: &str) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::Load { id: id.to_string(), reply }).await
+    }
+
+    /// Pauses, resumes or stops a task (persisted first).
+    pub async fn set_status(&self, id: &str, status: TaskStatus) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::SetStatus { id: id.to_string(), status, reply }).await
+    }
+
+    /// The live state of a loaded task.
+    pub async fn live(&self, id: &str) -> Result<LiveState, CoordinatorError> {
+        self.ask(|reply| Request::Live { id: id.to_string(), reply }).await
+    }
+
+    /// A client checks in.
+    pub async fn check_in(&self, task: &str, participant: &str) -> Result<CheckIn, CoordinatorError> {
+        self.ask(|reply| Request::CheckIn { task: task.into(), participant: participant.into(), reply }).await
+    }
+
+    /// The server message a selected client should act on.
+    pub async fn poll(&self, task: &str, participant: &str) -> Result<Poll, CoordinatorError> {
+        self.ask(|reply| Request::Poll { task: task.into(), participant: participant.into(), reply }).await
+    }
+
+    /// A client's stage message.
+    pub async fn receive(
+        &self,
+        task: &str,
+        participant: &str,
+        body: Vec<u8>,
+    ) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::Receive { task: task.into(), participant: participant.into(), body, reply })
+            .await
+    }
+
+    /// The current global model (round, safetensors bytes).
+    pub async fn model(&self, task: &str) -> Result<(u64, Vec<u8>), CoordinatorError> {
+        self.ask(|reply| Request::Model { task: task.into(), reply }).await
+    }
+}
+
+async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError> {
+    let task = store.task(id).await?;
+    let spec: TaskSpec =
+        serde_json::from_str(&task.spec).map_err(|e| CoordinatorError::Invalid(e.to_string()))?;
+    let latest = store.latest_checkpoint(id).await?;
+    TaskEngine::new(task.id, spec, task.status, &latest).map_err(CoordinatorError::Invalid)
+}
+
+struct Actor {
+    store: SqlStore,
+    engines: HashMap<String, TaskEngine>,
+    metrics: Metrics,
+    tx: mpsc::Sender<Request>,
+}
+
+impl Actor {
+    async fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        let mut ticker = tokio::time::interval(TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                request = rx.recv() => match request {
+                    Some(request) => self.handle(request).await,
+                    None => return,
+                },
+                _ = ticker.tick() => {
+                    let ids: Vec<String> = self.engines.keys().cloned().collect();
+                    for id in ids {
+                        self.tick(&id).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn engine(&mut self, id: &str) -> Result<&mut TaskEngine, CoordinatorError> {
+        self.engines.get_mut(id).ok_or(CoordinatorError::UnknownTask)
+    }
+
+    async fn handle(&mut self, request: Request) {
+        match request {
+            Request::Load { id, reply } => {
+                let result = match load(&self.store, &id).await {
+                    Ok(engine) => {
+                        self.engines.insert(id, engine);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(result);
+            }
+            Request::SetStatus { id, status, reply } => {
+                let result = self.set_status(&id, status).await;
+                let _ = reply.send(result);
+            }
+            Request::Live { id, reply } => {
+                let result = self.engine(&id).map(|engine| LiveState {
+                    status: engine.status(),
+                    completed_rounds: engine.completed_rounds(),
+                    current_round: engine.current_round().map(|r| r.0),
+                    stage: engine.current_round().map(|r| r.1.to_string()),
+                });
+                let _ = reply.send(result);
+            }
+            Request::CheckIn { task, participant, reply } => {
+                let now = now_ms();
+                let result = self.engine(&task).map(|engine| engine.check_in(&participant, now));
+                let _ = reply.send(result);
+                // A check-in may complete the cohort: start the round now.
+                self.tick(&task).await;
+            }
+            Request::Poll { task, participant, reply } => {
+                let result = self.engine(&task).and_then(|e| e.poll(&participant).map_err(Into::into));
+                if let Ok(Poll::Message(bytes)) = &result {
+                    self.metrics.bytes_out(bytes.len());
+                }
+                let _ = reply.send(result);
+            }
+            Request::Receive { task, participant, body, reply } => {
+                let size = body.len();
+                let result =
+                    self.engine(&task).and_then(|e| e.receive(&participant, &body).map_err(Into::into));
+                self.metrics.client_message(size, result.is_ok());
+                let _ = reply.send(result);
+                self.tick(&task).await;
+            }
+            Request::Model { task, reply } => {
+                let result = self.engine(&task).map(|e| (e.completed_rounds(), e.model().to_vec()));
+                let _ = reply.send(result);
+            }
+            Request::Unmasked { task, round, result } => self.finish_round(&task, round, result).await,
+        }
+    }
+
+    async fn set_status(&mut self, id: &str, status: TaskStatus) -> Result<(), CoordinatorError> {
+        self.store.set_task_status(id, status, now_ms()).await?;
+        if let Ok(engine) = self.engine(id) {
+            engine.set_status(status);
+        }
+        if status.is_final() {
+            self.engines.remove(id);
+        }
+        Ok(())
+    }
+
+    async fn tick(&mut self, id: &str) {
+        let now = now_ms();
+        let Ok(engine) = self.engine(id) else { return };
+        let before = engine.status();
+        let outcome = engine.tick(now);
+        let after = engine.status();
+        if let Some(round) = outcome.started {
+            self.metrics.round_started();
+            tracing::info!(task = id, round, "round started");
+        }
+        if let Some((round, stage)) = outcome.aborted {
+            self.metrics.round_aborted();
+            tracing::warn!(task = id, round, stage, "round aborted: too few clients");
+        }
+        if let Some(job) = outcome.unmask {
+            let tx = self.tx.clone();
+            let (task, round) = (job.task_id.clone(), job.round);
+            tokio::task::spawn_blocking(move || {
+                let result = job.run();
+                let _ = tx.blocking_send(Request::Unmasked { task, round, result });
+            });
+        }
+        if before != after && after == TaskStatus::Completed {
+            self.complete_task(id).await;
+        }
+    }
+
+    async fn finish_round(&mut self, id: &str, round: u64, result: Result<Aggregate, ProtocolError>) {
+        let now = now_ms();
+        let Ok(engine) = self.engine(id) else { return };
+        let completion = match engine.complete(round, result, now) {
+            Ok(completion) => completion,
+            Err(error) => {
+                self.metrics.round_aborted();
+                tracing::warn!(task = id, round, %error, "round abandoned");
+                return;
+            }
+        };
+        let retention = engine.retention();
+        match self.store.complete_round(&completion.round, &completion.checkpoint, retention).await {
+            Ok(()) => {
+                let survivors = completion.round.survivors;
+                let selected = completion.round.selected;
+                let stages = completion.stage_durations();
+                if let Ok(engine) = self.engine(id) {
+                    engine.commit(completion);
+                    let completed = engine.status() == TaskStatus::Completed;
+                    self.metrics.round_completed(selected, survivors, &stages);
+                    tracing::info!(task = id, round, survivors, "round completed");
+                    if completed {
+                        self.complete_task(id).await;
+                    }
+                }
+            }
+            Err(error) => {
+                self.metrics.round_aborted();
+                tracing::error!(task = id, round, %error, "could not store the round; it will be run again");
+                if let Ok(engine) = self.engine(id) {
+                    engine.abandon(round);
+                }
+            }
+        }
+    }
+
+    async fn complete_task(&mut self, id: &str) {
+        if let Err(error) = self.store.set_task_status(id, TaskStatus::Completed, now_ms()).await {
+            tracing::error!(task = id, %error, "could not mark the task completed");
+        }
+        tracing::info!(task = id, "task completed");
+    }
+}

@@ -1,0 +1,90 @@
+//! The OpenAPI 3.1 description of the HTTP API, served at `/openapi.json`.
+
+use serde_json::{Value, json};
+
+fn error_responses(codes: &[&str]) -> Value {
+    let mut map = serde_json::Map::new();
+    for code in codes {
+        map.insert((*code).to_string(), json!({ "$ref": "#/components/responses/Error" }));
+    }
+    Value::Object(map)
+}
+
+fn op(summary: &str, security: &str, ok: Value, errors: &[&str]) -> Value {
+    let mut responses = error_responses(errors);
+    if let (Value::Object(map), Value::Object(ok)) = (&mut responses, ok) {
+        map.extend(ok);
+    }
+    let mut operation = json!({ "summary": summary, "responses": responses });
+    if !security.is_empty() {
+        operation["security"] = json!([{ security: [] }]);
+    }
+    operation
+}
+
+fn json_ok(status: &str, description: &str) -> Value {
+    json!({ status: { "description": description, "content": { "application/json": {} } } })
+}
+
+fn binary_ok(status: &str, content_type: &str, description: &str) -> Value {
+    json!({ status: { "description": description, "content": { content_type: { "schema": { "type": "string", "format": "binary" } } } } })
+}
+
+/// The document.
+pub fn document() -> Value {
+    let id = json!({ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } });
+    let task_action = |summary: &str| {
+        let mut o = op(summary, "admin", json_ok("200", "New status"), &["401", "404", "409"]);
+        o["parameters"] = json!([id.clone()]);
+        json!({ "post": o })
+    };
+    let pause = task_action("Pause a task");
+    let resume = task_action("Resume a task");
+    let stop = task_action("Stop a task (final)");
+    json!({
+        "openapi": "3.1.0",
+        "info": { "title": "Cohort coordinator", "version": env!("CARGO_PKG_VERSION"),
+                  "description": "Federated learning rounds with secure aggregation." },
+        "paths": {
+            "/healthz": { "get": op("Liveness", "", json!({ "200": { "description": "ok" } }), &[]) },
+            "/metrics": { "get": op("Prometheus metrics", "", json!({ "200": { "description": "text exposition" } }), &[]) },
+            "/admin/tasks": {
+                "post": op("Create a task from a TaskSpec; returns its id and enrollment token", "admin", json_ok("201", "Created"), &["400", "401", "413"]),
+                "get": op("List tasks", "admin", json_ok("200", "Tasks"), &["401"]),
+            },
+            "/admin/tasks/{id}": { "get": { "parameters": [id.clone()], "summary": "One task with its live state", "security": [{ "admin": [] }],
+                                            "responses": { "200": { "description": "Task" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" } } } },
+            "/admin/tasks/{id}/pause": pause,
+            "/admin/tasks/{id}/resume": resume,
+            "/admin/tasks/{id}/stop": stop,
+            "/admin/tasks/{id}/rounds": { "get": { "parameters": [id.clone()], "summary": "Completed rounds with metrics", "security": [{ "admin": [] }],
+                                                   "responses": { "200": { "description": "Rounds" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" } } } },
+            "/admin/tasks/{id}/checkpoints/{round}": { "get": {
+                "parameters": [id.clone(), { "name": "round", "in": "path", "required": true, "schema": { "type": "string" }, "description": "round number or \"latest\"" }],
+                "summary": "Download a checkpoint (safetensors)", "security": [{ "admin": [] }],
+                "responses": binary_ok("200", "application/vnd.safetensors", "Checkpoint") } },
+            "/v1/tasks/{id}/enroll": { "post": { "parameters": [id], "summary": "Enroll with the task's enrollment token; returns a client credential",
+                                                 "responses": { "201": { "description": "Enrolled" }, "400": { "$ref": "#/components/responses/Error" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" }, "409": { "$ref": "#/components/responses/Error" } } } },
+            "/v1/checkin": { "post": op("Check in; says whether the client is selected for the round in progress", "client", json_ok("200", "Wait, Selected or Finished"), &["401", "404"]) },
+            "/v1/model": { "get": op("The current global model (safetensors)", "client", binary_ok("200", "application/vnd.safetensors", "Model"), &["401", "404"]) },
+            "/v1/round/message": {
+                "get": op("The server message for the client's current stage (204: wait, 410: dropped)", "client",
+                          binary_ok("200", "application/x-cohort-secagg", "Stage message"), &["401", "409", "410"]),
+                "post": op("Send the client's stage message", "client", json!({ "202": { "description": "Accepted" } }),
+                           &["400", "401", "409", "413", "415", "422"]),
+            },
+            "/v1/metrics": { "post": op("Report local training or evaluation metrics for a round", "client", json!({ "201": { "description": "Recorded" } }), &["400", "401", "409"]) },
+        },
+        "components": {
+            "securitySchemes": {
+                "admin": { "type": "http", "scheme": "bearer", "description": "The coordinator's admin token" },
+                "client": { "type": "http", "scheme": "bearer", "description": "A credential from /v1/tasks/{id}/enroll" },
+            },
+            "responses": {
+                "Error": { "description": "Refused", "content": { "application/json": { "schema": {
+                    "type": "object", "required": ["error", "message"],
+                    "properties": { "error": { "type": "string" }, "message": { "type": "string" } } } } } }
+            }
+        }
+    })
+}

@@ -1,0 +1,108 @@
+//! `cohort serve`: the coordinator as a long-running service.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use cohort_server::auth::{new_token, token_hash};
+use cohort_server::coordinator::Coordinator;
+use cohort_server::http::{ApiConfig, AppState, app};
+use cohort_server::metrics::Metrics;
+use cohort_server::store::SqlStore;
+use serde::Deserialize;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long)]
+    bind: Option<SocketAddr>,
+    /// Database: a `sqlite://FILE` (created and migrated on start) or a
+    /// `postgres://` URL.
+    #[arg(long)]
+    database_url: Option<String>,
+    /// JSON settings file (keys: bind, database_url, admin_token,
+    /// max_message_bytes, credential_ttl_days). Flags take precedence.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    bind: Option<SocketAddr>,
+    database_url: Option<String>,
+    admin_token: Option<String>,
+    max_message_bytes: Option<usize>,
+    credential_ttl_days: Option<u32>,
+}
+
+pub async fn serve(args: ServeArgs) -> Result<()> {
+    let file: FileConfig = match &args.config {
+        Some(path) => serde_json::from_slice(
+            &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+        )
+        .with_context(|| format!("parsing {}", path.display()))?,
+        None => FileConfig::default(),
+    };
+    let bind = args.bind.or(file.bind).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let database_url =
+        args.database_url.or(file.database_url).unwrap_or_else(|| "sqlite://cohort.db".to_string());
+    let admin_token = match std::env::var("COHORT_ADMIN_TOKEN").ok().or(file.admin_token) {
+        Some(token) if token.len() >= 16 => token,
+        Some(_) => anyhow::bail!("the admin token must be at least 16 characters"),
+        None => {
+            let token = new_token();
+            eprintln!(
+                "No admin token configured (COHORT_ADMIN_TOKEN or admin_token in --config); generated one:"
+            );
+            eprintln!("  admin token: {token}");
+            token
+        }
+    };
+    let store = SqlStore::connect(&database_url).await.with_context(|| "opening the database".to_string())?;
+    let metrics = Metrics::default();
+    let coordinator = Coordinator::start(store.clone(), metrics.clone()).await?;
+    let state = AppState {
+        store,
+        coordinator,
+        metrics,
+        config: ApiConfig {
+            admin_token_hash: token_hash(&admin_token),
+            max_message_bytes: file.max_message_bytes.unwrap_or(256 << 20),
+            credential_ttl_ms: i64::from(file.credential_ttl_days.unwrap_or(30)) * 86_400_000,
+        },
+    };
+    let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("binding {bind}"))?;
+    tracing::info!(address = %listener.local_addr()?, database = %redact(&database_url), "coordinator listening");
+    println!("cohort serve: listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown()).await?;
+    Ok(())
+}
+
+/// The database URL without a password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}://***@{}", &url[..scheme], &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        if let Ok(mut signal) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            signal.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,415 @@
+//! The HTTP API without sockets: every endpoint and its error paths, and
+//! a full secure-aggregation round driven by real protocol clients through
+//! the router.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use cohort_crypto::{Client, ClientId, Quantizer, ServerMessage};
+use cohort_server::auth::token_hash;
+use cohort_server::checkpoint;
+use cohort_server::coordinator::Coordinator;
+use cohort_server::http::{ApiConfig, AppState, SECAGG_CONTENT_TYPE, app};
+use cohort_server::metrics::Metrics;
+use cohort_server::store::{ParticipantRecord, SqlStore, Store};
+use http_body_util::BodyExt;
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const ADMIN: &str = "admin-token-for-tests-0123456789";
+
+struct Api {
+    router: Router,
+    store: SqlStore,
+    path: std::path::PathBuf,
+}
+
+impl Api {
+    async fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("cohort-api-{name}-{}.db", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let store = SqlStore::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+        let metrics = Metrics::default();
+        let coordinator = Coordinator::start(store.clone(), metrics.clone()).await.unwrap();
+        let config = ApiConfig {
+            admin_token_hash: token_hash(ADMIN),
+            max_message_bytes: 1 << 16,
+            credential_ttl_ms: 3_600_000,
+        };
+        let router = app(AppState { store: store.clone(), coordinator, metrics, config });
+        Self { router, store, path }
+    }
+
+    async fn send(&self, request: Request<Body>) -> (StatusCode, Vec<u8>, axum::http::HeaderMap) {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes().to_vec();
+        (status, body, headers)
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        uri: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut builder = Request::builder().method(method).uri(uri);
+        if let Some(token) = token {
+            builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = match body {
+            Some(json) => {
+                builder.header(header::CONTENT_TYPE, "application/json").body(Body::from(json.to_string()))
+            }
+            None => builder.body(Body::empty()),
+        }
+        .unwrap();
+        let (status, bytes, _) = self.send(request).await;
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    async fn create_task(&self, spec: Value) -> (String, String) {
+        let (status, body) = self.call("POST", "/admin/tasks", Some(ADMIN), Some(spec)).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        (body["id"].as_str().unwrap().to_string(), body["enrollment_token"].as_str().unwrap().to_string())
+    }
+
+    async fn enroll(&self, task: &str, token: &str) -> String {
+        let (status, body) = self
+            .call(
+                "POST",
+                &format!("/v1/tasks/{task}/enroll"),
+                None,
+                Some(json!({ "enrollment_token": token })),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["credential"].as_str().unwrap().to_string()
+    }
+
+    async fn post_message(
+        &self,
+        credential: &str,
+        bytes: Vec<u8>,
+        content_type: &str,
+    ) -> (StatusCode, Value) {
+        let request = Request::post("/v1/round/message")
+            .header(header::AUTHORIZATION, format!("Bearer {credential}"))
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Body::from(bytes))
+            .unwrap();
+        let (status, body, _) = self.send(request).await;
+        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    async fn fetch_message(&self, credential: &str) -> (StatusCode, Vec<u8>) {
+        let request = Request::get("/v1/round/message")
+            .header(header::AUTHORIZATION, format!("Bearer {credential}"))
+            .body(Body::empty())
+            .unwrap();
+        let (status, body, _) = self.send(request).await;
+        (status, body)
+    }
+
+    async fn finish(self) {
+        self.store.close().await;
+        let _ = std::fs::remove_file(self.path);
+    }
+}
+
+fn spec(rounds: u32) -> Value {
+    json!({
+        "name": "api test",
+        "rounds": rounds,
+        "clients_per_round": 6,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [2, 2] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 3 },
+        "deadlines": { "advertise_keys_ms": 20000, "share_keys_ms": 20000, "masked_input_ms": 20000, "unmasking_ms": 20000 }
+    })
+}
+
+#[tokio::test]
+async fn service_endpoints() {
+    let api = Api::new("service").await;
+    let (status, bytes, _) = api.send(Request::get("/healthz").body(Body::empty()).unwrap()).await;
+    assert_eq!((status, bytes.as_slice()), (StatusCode::OK, b"ok".as_slice()));
+    let (status, bytes, headers) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/plain"));
+    assert!(String::from_utf8(bytes).unwrap().contains("cohort_rounds_completed_total 0"));
+    let (status, doc) = api.call("GET", "/openapi.json", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    for path in [
+        "/admin/tasks",
+        "/admin/tasks/{id}",
+        "/admin/tasks/{id}/pause",
+        "/admin/tasks/{id}/resume",
+        "/admin/tasks/{id}/stop",
+        "/admin/tasks/{id}/rounds",
+        "/admin/tasks/{id}/checkpoints/{round}",
+        "/v1/tasks/{id}/enroll",
+        "/v1/checkin",
+        "/v1/model",
+        "/v1/round/message",
+        "/v1/metrics",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} missing from the OpenAPI document");
+    }
+    let (status, body) = api.call("GET", "/nowhere", None, None).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn admin_api_and_its_errors() {
+    let api = Api::new("admin").await;
+    for token in [None, Some("wrong-token")] {
+        let (status, body) = api.call("GET", "/admin/tasks", token, None).await;
+        assert_eq!((status, body["error"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    }
+    let request = Request::post("/admin/tasks")
+        .header(header::AUTHORIZATION, format!("Bearer {ADMIN}"))
+        .body(Body::from("{not json"))
+        .unwrap();
+    let (status, body, _) = api.send(request).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&body));
+    let mut bad = spec(2);
+    bad["rounds"] = json!(0);
+    let (status, body) = api.call("POST", "/admin/tasks", Some(ADMIN), Some(bad)).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_task")));
+    assert!(body["message"].as_str().unwrap().contains("rounds"));
+    let huge = Request::post("/admin/tasks")
+        .header(header::AUTHORIZATION, format!("Bearer {ADMIN}"))
+        .body(Body::from(vec![b' '; 2 << 20]))
+        .unwrap();
+    assert_eq!(api.send(huge).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+
+    let (id, _) = api.create_task(spec(2)).await;
+    let (status, tasks) = api.call("GET", "/admin/tasks", Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(tasks.as_array().unwrap().len(), 1);
+    assert_eq!(tasks[0]["status"], "active");
+    let (status, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    assert_eq!(
+        (status, task["rounds"].as_u64(), task["completed_rounds"].as_u64()),
+        (StatusCode::OK, Some(2), Some(0))
+    );
+    assert_eq!(api.call("GET", "/admin/tasks/nope", Some(ADMIN), None).await.0, StatusCode::NOT_FOUND);
+
+    for (action, status) in [("pause", "paused"), ("resume", "active"), ("stop", "stopped")] {
+        let (code, body) = api.call("POST", &format!("/admin/tasks/{id}/{action}"), Some(ADMIN), None).await;
+        assert_eq!((code, body["status"].as_str()), (StatusCode::OK, Some(status)));
+    }
+    let (status, body) = api.call("POST", &format!("/admin/tasks/{id}/resume"), Some(ADMIN), None).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
+    assert_eq!(api.call("POST", "/admin/tasks/nope/pause", Some(ADMIN), None).await.0, StatusCode::NOT_FOUND);
+    let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    assert_eq!(task["status"], "stopped");
+
+    let (status, rounds) = api.call("GET", &format!("/admin/tasks/{id}/rounds"), Some(ADMIN), None).await;
+    assert_eq!((status, rounds), (StatusCode::OK, json!([])));
+    assert_eq!(api.call("GET", "/admin/tasks/nope/rounds", Some(ADMIN), None).await.0, StatusCode::NOT_FOUND);
+    let request = Request::get(format!("/admin/tasks/{id}/checkpoints/0"))
+        .header(header::AUTHORIZATION, format!("Bearer {ADMIN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (status, bytes, headers) = api.send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers[header::CONTENT_TYPE], "application/vnd.safetensors");
+    assert_eq!(checkpoint::decode(&bytes).unwrap().weights, vec![0.0; 4]);
+    for (round, expected) in
+        [("latest", StatusCode::OK), ("7", StatusCode::NOT_FOUND), ("x", StatusCode::BAD_REQUEST)]
+    {
+        let request = Request::get(format!("/admin/tasks/{id}/checkpoints/{round}"))
+            .header(header::AUTHORIZATION, format!("Bearer {ADMIN}"))
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(api.send(request).await.0, expected, "checkpoint {round}");
+    }
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn client_api_errors() {
+    let api = Api::new("client").await;
+    let (id, token) = api.create_task(spec(2)).await;
+    let path = format!("/v1/tasks/{id}/enroll");
+    let (status, _) = api.call("POST", &path, None, Some(json!({ "enrollment_token": "wrong" }))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) =
+        api.call("POST", "/v1/tasks/nope/enroll", None, Some(json!({ "enrollment_token": token }))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = api.call("POST", &path, None, Some(json!({ "token": token }))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let credential = api.enroll(&id, &token).await;
+
+    for credential in [None, Some("not-a-credential")] {
+        let (status, body) = api.call("POST", "/v1/checkin", credential, None).await;
+        assert_eq!((status, body["error"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    }
+    api.store
+        .add_participant(&ParticipantRecord {
+            id: "old".into(),
+            task_id: id.clone(),
+            credential_hash: token_hash("expired-credential"),
+            enrolled_at: 0,
+            last_seen_at: 0,
+            expires_at: 1,
+        })
+        .await
+        .unwrap();
+    let (status, body) = api.call("POST", "/v1/checkin", Some("expired-credential"), None).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::UNAUTHORIZED, Some("credential_expired")));
+
+    let (status, body) = api.call("POST", "/v1/checkin", Some(&credential), None).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("wait")));
+    let request = Request::get("/v1/model")
+        .header(header::AUTHORIZATION, format!("Bearer {credential}"))
+        .body(Body::empty())
+        .unwrap();
+    let (status, bytes, headers) = api.send(request).await;
+    assert_eq!((status, headers["x-cohort-round"].to_str().unwrap()), (StatusCode::OK, "0"));
+    assert_eq!(checkpoint::decode(&bytes).unwrap().weights.len(), 4);
+
+    let (status, body) = api.fetch_message(&credential).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{}", String::from_utf8_lossy(&body));
+    let (status, body) = api.post_message(&credential, vec![1, 2, 3], "application/json").await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_media_type"))
+    );
+    let (status, body) = api.post_message(&credential, vec![0; 1 << 17], SECAGG_CONTENT_TYPE).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    let (status, body) = api.post_message(&credential, vec![1, 2, 3], SECAGG_CONTENT_TYPE).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("not_selected")));
+
+    let report = |kind: &str, round: i64| json!({ "round": round, "kind": kind, "metrics": { "loss": 0.5 } });
+    assert_eq!(
+        api.call("POST", "/v1/metrics", Some(&credential), Some(report("train", 1))).await.0,
+        StatusCode::CREATED
+    );
+    let (status, body) = api.call("POST", "/v1/metrics", Some(&credential), Some(report("train", 1))).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
+    assert_eq!(
+        api.call("POST", "/v1/metrics", Some(&credential), Some(report("other", 1))).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        api.call("POST", "/v1/metrics", Some(&credential), Some(report("eval", 0))).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        api.call("POST", "/v1/metrics", Some(&credential), Some(json!([1]))).await.0,
+        StatusCode::BAD_REQUEST
+    );
+
+    api.call("POST", &format!("/admin/tasks/{id}/stop"), Some(ADMIN), None).await;
+    let (status, body) = api.call("POST", &path, None, Some(json!({ "enrollment_token": token }))).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("task_inactive")));
+    api.finish().await;
+}
+
+/// A client that runs the protocol over the router.
+struct HttpClient {
+    credential: String,
+    update: Vec<f32>,
+    weight: u32,
+    state: Option<Client>,
+    rng: ChaCha20Rng,
+}
+
+impl HttpClient {
+    /// One poll-and-answer; returns the status of the fetch.
+    async fn step(&mut self, api: &Api) -> StatusCode {
+        let (_, body) = api.call("POST", "/v1/checkin", Some(&self.credential), None).await;
+        if body["status"] != "selected" {
+            return StatusCode::NO_CONTENT;
+        }
+        let client_id = body["client_id"].as_u64().unwrap() as u32;
+        let (status, bytes) = api.fetch_message(&self.credential).await;
+        if status != StatusCode::OK {
+            return status;
+        }
+        let message = ServerMessage::decode(&bytes).unwrap();
+        let reply = match self.state.take() {
+            None => {
+                let ServerMessage::Setup(config) = &message else { panic!("expected the setup") };
+                let q = Quantizer::new(config.quantization, config.modulus_bits, config.clients).unwrap();
+                let input = q.encode(&self.update, self.weight, &mut self.rng).unwrap();
+                let me = ClientId::new(client_id).unwrap();
+                let (state, reply) = Client::start(message, me, None, input, &mut self.rng).unwrap();
+                self.state = Some(state);
+                reply
+            }
+            Some(state) => {
+                let (next, reply) = state.handle(message, &mut self.rng);
+                self.state = Some(next);
+                reply.unwrap()
+            }
+        };
+        let bytes = reply.encode();
+        let (status, body) = api.post_message(&self.credential, bytes.clone(), SECAGG_CONTENT_TYPE).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        // The same message again is a duplicate, refused without harm.
+        let (status, body) = api.post_message(&self.credential, bytes, SECAGG_CONTENT_TYPE).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        StatusCode::OK
+    }
+}
+
+#[tokio::test]
+async fn a_secure_round_through_the_api_updates_the_model() {
+    let api = Api::new("round").await;
+    let (id, token) = api.create_task(spec(1)).await;
+    let mut clients = Vec::new();
+    for i in 0..6u32 {
+        clients.push(HttpClient {
+            credential: api.enroll(&id, &token).await,
+            update: vec![0.1 * i as f32, -0.25, 0.5, 0.0],
+            weight: 5 * (i + 1),
+            state: None,
+            rng: ChaCha20Rng::seed_from_u64(u64::from(i)),
+        });
+    }
+    let mut rounds = Value::Null;
+    for _ in 0..200 {
+        for client in clients.iter_mut() {
+            client.step(&api).await;
+        }
+        let (_, body) = api.call("GET", &format!("/admin/tasks/{id}/rounds"), Some(ADMIN), None).await;
+        if body.as_array().is_some_and(|r| !r.is_empty()) {
+            rounds = body;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(rounds[0]["round"], 1, "the round did not complete: {rounds}");
+    assert_eq!(rounds[0]["survivors"], 6);
+    assert_eq!(rounds[0]["metrics"]["stages"].as_array().unwrap().len(), 4);
+    let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    assert_eq!((task["status"].as_str(), task["completed_rounds"].as_u64()), (Some("completed"), Some(1)));
+    let request = Request::get(format!("/admin/tasks/{id}/checkpoints/latest"))
+        .header(header::AUTHORIZATION, format!("Bearer {ADMIN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (_, bytes, _) = api.send(request).await;
+    let model = checkpoint::decode(&bytes).unwrap();
+    let total: f32 = clients.iter().map(|c| c.weight as f32).sum();
+    for (j, w) in model.weights.iter().enumerate() {
+        let expected: f32 = clients.iter().map(|c| c.update[j] * c.weight as f32).sum::<f32>() / total;
+        assert!((w - expected).abs() < 1e-4, "{:?}", model.weights);
+    }
+    let (_, bytes, _) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.contains("cohort_rounds_completed_total 1"), "{text}");
+    assert!(text.contains("cohort_client_messages_total{result=\"rejected\"} 24"), "{text}");
+    api.finish().await;
+}
