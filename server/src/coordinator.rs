@@ -324,7 +324,7 @@ impl Actor {
             Ok(()) => {
                 let survivors = completion.round.survivors;
                 let selected = completion.round.selected;
-                let stages = completion.stage_durations();
+                let stages = completion.stages().to_vec();
                 if let Ok(engine) = self.engine(id) {
                     engine.commit(completion);
                     let completed = engine.status() == TaskStatus::Completed;

@@ -155,9 +155,9 @@ pub struct Completion {
 }
 
 impl Completion {
-    /// (stage, duration in ms) for each stage of the round.
-    pub fn stage_durations(&self) -> Vec<(String, i64)> {
-        self.stages.iter().map(|s| (s.stage.clone(), s.duration_ms)).collect()
+    /// The round's per-stage records.
+    pub fn stages(&self) -> &[StageMetrics] {
+        &self.stages
     }
 }
 

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
+use crate::engine::StageMetrics as StageRecord;
+
 #[derive(Default)]
 struct Counters {
     rounds_started: u64,
@@ -18,6 +20,8 @@ struct Counters {
     last_survivors: i64,
     /// stage → (sum of durations in seconds, count)
     stage_seconds: BTreeMap<String, (f64, u64)>,
+    /// stage → eligible clients that did not answer
+    stage_dropouts: BTreeMap<String, u64>,
 }
 
 /// Shared, cheaply cloned metrics registry.
@@ -50,15 +54,16 @@ impl Metrics {
     }
 
     /// A round completed.
-    pub fn round_completed(&self, selected: i64, survivors: i64, stages: &[(String, i64)]) {
+    pub fn round_completed(&self, selected: i64, survivors: i64, stages: &[StageRecord]) {
         self.with(|c| {
             c.rounds_completed += 1;
             c.last_selected = selected;
             c.last_survivors = survivors;
-            for (stage, ms) in stages {
-                let entry = c.stage_seconds.entry(stage.clone()).or_default();
-                entry.0 += *ms as f64 / 1e3;
+            for stage in stages {
+                let entry = c.stage_seconds.entry(stage.stage.clone()).or_default();
+                entry.0 += stage.duration_ms as f64 / 1e3;
                 entry.1 += 1;
+                *c.stage_dropouts.entry(stage.stage.clone()).or_default() += stage.dropouts as u64;
             }
         });
     }
@@ -138,6 +143,13 @@ impl Metrics {
             let _ = writeln!(out, "cohort_stage_duration_seconds_sum{{stage=\"{stage}\"}} {sum}");
             let _ = writeln!(out, "cohort_stage_duration_seconds_count{{stage=\"{stage}\"}} {count}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP cohort_stage_dropouts_total Eligible clients that did not answer a stage.\n# TYPE cohort_stage_dropouts_total counter"
+        );
+        for (stage, dropouts) in &c.stage_dropouts {
+            let _ = writeln!(out, "cohort_stage_dropouts_total{{stage=\"{stage}\"}} {dropouts}");
+        }
         out
     }
 }
@@ -152,12 +164,20 @@ mod tests {
         metrics.round_started();
         metrics.client_message(100, true);
         metrics.client_message(7, false);
-        metrics.round_completed(10, 9, &[("share-keys".into(), 1500)]);
+        let stage = StageRecord {
+            stage: "share-keys".into(),
+            eligible: 10,
+            received: 9,
+            dropouts: 1,
+            duration_ms: 1500,
+        };
+        metrics.round_completed(10, 9, &[stage]);
         let text = metrics.render();
         assert!(text.contains("cohort_rounds_completed_total 1\n"));
         assert!(text.contains("cohort_bytes_in_total 107\n"));
         assert!(text.contains("cohort_client_messages_total{result=\"rejected\"} 1\n"));
         assert!(text.contains("cohort_round_surviving_clients 9\n"));
         assert!(text.contains("cohort_stage_duration_seconds_sum{stage=\"share-keys\"} 1.5\n"));
+        assert!(text.contains("cohort_stage_dropouts_total{stage=\"share-keys\"} 1\n"));
     }
 }

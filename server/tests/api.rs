@@ -4,21 +4,21 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use cohort_crypto::{Client, ClientId, Quantizer, ServerMessage};
 use cohort_server::auth::token_hash;
 use cohort_server::checkpoint;
 use cohort_server::coordinator::Coordinator;
 use cohort_server::http::{ApiConfig, AppState, SECAGG_CONTENT_TYPE, app};
 use cohort_server::metrics::Metrics;
 use cohort_server::store::{ParticipantRecord, SqlStore, Store};
+use common::{Participant, weighted_mean};
 use http_body_util::BodyExt;
-use rand_chacha::ChaCha20Rng;
-use rand_core::SeedableRng;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -320,48 +320,38 @@ async fn client_api_errors() {
 /// A client that runs the protocol over the router.
 struct HttpClient {
     credential: String,
-    update: Vec<f32>,
-    weight: u32,
-    state: Option<Client>,
-    rng: ChaCha20Rng,
+    participant: Participant,
 }
 
 impl HttpClient {
-    /// One poll-and-answer; returns the status of the fetch.
-    async fn step(&mut self, api: &Api) -> StatusCode {
+    /// One check-in, fetch and answer.
+    async fn step(&mut self, api: &Api) {
         let (_, body) = api.call("POST", "/v1/checkin", Some(&self.credential), None).await;
         if body["status"] != "selected" {
-            return StatusCode::NO_CONTENT;
+            return;
         }
         let client_id = body["client_id"].as_u64().unwrap() as u32;
         let (status, bytes) = api.fetch_message(&self.credential).await;
         if status != StatusCode::OK {
-            return status;
+            return;
         }
-        let message = ServerMessage::decode(&bytes).unwrap();
-        let reply = match self.state.take() {
-            None => {
-                let ServerMessage::Setup(config) = &message else { panic!("expected the setup") };
-                let q = Quantizer::new(config.quantization, config.modulus_bits, config.clients).unwrap();
-                let input = q.encode(&self.update, self.weight, &mut self.rng).unwrap();
-                let me = ClientId::new(client_id).unwrap();
-                let (state, reply) = Client::start(message, me, None, input, &mut self.rng).unwrap();
-                self.state = Some(state);
-                reply
-            }
-            Some(state) => {
-                let (next, reply) = state.handle(message, &mut self.rng);
-                self.state = Some(next);
-                reply.unwrap()
-            }
-        };
-        let bytes = reply.encode();
-        let (status, body) = api.post_message(&self.credential, bytes.clone(), SECAGG_CONTENT_TYPE).await;
+        // Malformed bytes first: refused, and the round goes on.
+        let (status, body) = api
+            .post_message(&self.credential, b"\xc0\x5a\x01\x13garbage".to_vec(), SECAGG_CONTENT_TYPE)
+            .await;
+        assert_eq!((status, body["error"].as_str()), (StatusCode::BAD_REQUEST, Some("malformed_message")));
+        let reply = self.participant.respond(client_id, &bytes);
+        let (status, body) = api.post_message(&self.credential, reply.clone(), SECAGG_CONTENT_TYPE).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        // The same message again is a duplicate, refused without harm.
-        let (status, body) = api.post_message(&self.credential, bytes, SECAGG_CONTENT_TYPE).await;
-        assert_eq!(status, StatusCode::CONFLICT, "{body}");
-        StatusCode::OK
+        // The same message again is refused without harm: a duplicate, out
+        // of phase if it completed the stage and the stage moved on, or for
+        // an inactive task if it completed the last round.
+        let (status, body) = api.post_message(&self.credential, reply, SECAGG_CONTENT_TYPE).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(
+            matches!(body["error"].as_str(), Some("duplicate" | "out_of_phase" | "task_inactive")),
+            "{body}"
+        );
     }
 }
 
@@ -373,10 +363,7 @@ async fn a_secure_round_through_the_api_updates_the_model() {
     for i in 0..6u32 {
         clients.push(HttpClient {
             credential: api.enroll(&id, &token).await,
-            update: vec![0.1 * i as f32, -0.25, 0.5, 0.0],
-            weight: 5 * (i + 1),
-            state: None,
-            rng: ChaCha20Rng::seed_from_u64(u64::from(i)),
+            participant: Participant::new(u64::from(i), vec![0.1 * i as f32, -0.25, 0.5, 0.0], 5 * (i + 1)),
         });
     }
     let mut rounds = Value::Null;
@@ -402,14 +389,15 @@ async fn a_secure_round_through_the_api_updates_the_model() {
         .unwrap();
     let (_, bytes, _) = api.send(request).await;
     let model = checkpoint::decode(&bytes).unwrap();
-    let total: f32 = clients.iter().map(|c| c.weight as f32).sum();
-    for (j, w) in model.weights.iter().enumerate() {
-        let expected: f32 = clients.iter().map(|c| c.update[j] * c.weight as f32).sum::<f32>() / total;
-        assert!((w - expected).abs() < 1e-4, "{:?}", model.weights);
+    let expected = weighted_mean(&clients.iter().map(|c| &c.participant).collect::<Vec<_>>());
+    for (w, e) in model.weights.iter().zip(&expected) {
+        assert!((w - e).abs() < 1e-4, "{:?} vs {expected:?}", model.weights);
     }
     let (_, bytes, _) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
     let text = String::from_utf8(bytes).unwrap();
     assert!(text.contains("cohort_rounds_completed_total 1"), "{text}");
-    assert!(text.contains("cohort_client_messages_total{result=\"rejected\"} 24"), "{text}");
+    // Per client and stage: one malformed message and one repeat.
+    assert!(text.contains("cohort_client_messages_total{result=\"rejected\"} 48"), "{text}");
+    assert!(text.contains("cohort_stage_dropouts_total{stage=\"unmasking\"} 0"), "{text}");
     api.finish().await;
 }

@@ -1,0 +1,241 @@
+//! Kills a real `cohort serve` process (SIGKILL) in the middle of a round,
+//! restarts it on the same SQLite file, and checks that nothing completed
+//! was lost (rounds, checkpoint, credentials) and that training goes on to
+//! the end.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Participant, weighted_mean};
+use serde_json::{Value, json};
+
+const ADMIN: &str = "restart-test-admin-token-0123456789";
+const SECAGG: &str = "application/x-cohort-secagg";
+
+/// One HTTP/1.1 exchange over a fresh connection.
+fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> (u16, Vec<u8>) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&response[..split]).to_string();
+    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut body = response[split + 4..].to_vec();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    (status, body)
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).unwrap().trim(), 16).unwrap();
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+fn json_call(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
+    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+    let (status, body) = http(port, method, path, token, "application/json", &bytes);
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+struct Server {
+    child: Child,
+}
+
+impl Server {
+    fn start(port: u16, database: &std::path::Path) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_cohort"))
+            .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .arg("--database-url")
+            .arg(format!("sqlite://{}", database.display()))
+            .env("COHORT_ADMIN_TOKEN", ADMIN)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "cohort serve did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server { child }
+    }
+
+    fn kill(mut self) {
+        // SIGKILL: no graceful shutdown, exactly like a crash.
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Device {
+    credential: String,
+    participant: Participant,
+}
+
+impl Device {
+    /// One check-in, fetch and answer; returns whether it answered.
+    fn step(&mut self, port: u16) -> bool {
+        let (_, body) = json_call(port, "POST", "/v1/checkin", Some(&self.credential), None);
+        if body["status"] != "selected" {
+            return false;
+        }
+        let client_id = body["client_id"].as_u64().unwrap() as u32;
+        let (status, message) = http(port, "GET", "/v1/round/message", Some(&self.credential), SECAGG, &[]);
+        if status != 200 {
+            return false;
+        }
+        let reply = self.participant.respond(client_id, &message);
+        let (status, body) = http(port, "POST", "/v1/round/message", Some(&self.credential), SECAGG, &reply);
+        assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+        true
+    }
+}
+
+fn rounds(port: u16, task: &str) -> Vec<Value> {
+    let (status, body) = json_call(port, "GET", &format!("/admin/tasks/{task}/rounds"), Some(ADMIN), None);
+    assert_eq!(status, 200);
+    body.as_array().unwrap().clone()
+}
+
+/// Steps every device until `done` holds (bounded in steps and time).
+fn run_until(port: u16, devices: &mut [Device], mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for _ in 0..2_000 {
+        if done() {
+            return;
+        }
+        for device in devices.iter_mut() {
+            device.step(port);
+        }
+        assert!(Instant::now() < deadline, "training did not progress");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("training did not progress");
+}
+
+fn latest_checkpoint(port: u16, task: &str) -> Vec<u8> {
+    let (status, bytes) =
+        http(port, "GET", &format!("/admin/tasks/{task}/checkpoints/latest"), Some(ADMIN), "", &[]);
+    assert_eq!(status, 200);
+    bytes
+}
+
+#[test]
+fn training_survives_a_crash_mid_round() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let database = std::env::temp_dir().join(format!("cohort-restart-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&database);
+    let server = Server::start(port, &database);
+
+    let spec = json!({
+        "name": "restart",
+        "rounds": 3,
+        "clients_per_round": 6,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [3] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 3 },
+        "optimizer": { "kind": "fedavgm", "learning_rate": 1.0, "momentum": 0.5 }
+    });
+    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
+    assert_eq!(status, 201, "{created}");
+    let task = created["id"].as_str().unwrap().to_string();
+    let token = created["enrollment_token"].as_str().unwrap().to_string();
+    let mut devices: Vec<Device> = (0..6u32)
+        .map(|i| {
+            let (status, body) = json_call(
+                port,
+                "POST",
+                &format!("/v1/tasks/{task}/enroll"),
+                None,
+                Some(json!({ "enrollment_token": token })),
+            );
+            assert_eq!(status, 201);
+            Device {
+                credential: body["credential"].as_str().unwrap().to_string(),
+                participant: Participant::new(u64::from(i), vec![0.1 * i as f32, -0.2, 0.05], i + 1),
+            }
+        })
+        .collect();
+
+    // Round 1 completes.
+    run_until(port, &mut devices, || rounds(port, &task).len() == 1);
+    let checkpoint_1 = latest_checkpoint(port, &task);
+
+    // Round 2 starts; crash after two of its stages.
+    let mut answered = 0;
+    run_until(port, &mut devices, || {
+        answered += 1;
+        answered > 2
+    });
+    let (_, live) = json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
+    assert_eq!(live["current_round"], 2, "{live}");
+    server.kill();
+
+    // Restart: the completed round, its checkpoint and the credentials are there.
+    let server = Server::start(port, &database);
+    assert_eq!(rounds(port, &task).len(), 1);
+    assert_eq!(latest_checkpoint(port, &task), checkpoint_1);
+    let (_, live) = json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
+    assert_eq!((live["completed_rounds"].as_u64(), live["status"].as_str()), (Some(1), Some("active")));
+    for device in &devices {
+        let (status, _) = json_call(port, "POST", "/v1/checkin", Some(&device.credential), None);
+        assert_eq!(status, 200);
+    }
+
+    // Training continues from round 2 to the end.
+    for device in devices.iter_mut() {
+        device.participant.reset();
+    }
+    run_until(port, &mut devices, || rounds(port, &task).len() == 3);
+    let numbers: Vec<i64> = rounds(port, &task).iter().map(|r| r["round"].as_i64().unwrap()).collect();
+    assert_eq!(numbers, [1, 2, 3]);
+    let (_, live) = json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
+    assert_eq!(live["status"], "completed");
+    // Three FedAvgM steps with momentum 0.5 on the same mean update Δ:
+    // w = Δ (1 + 1.5 + 1.75).
+    let mean = weighted_mean(&devices.iter().map(|d| &d.participant).collect::<Vec<_>>());
+    let model = cohort_server::checkpoint::decode(&latest_checkpoint(port, &task)).unwrap();
+    for (w, d) in model.weights.iter().zip(&mean) {
+        assert!((w - 4.25 * d).abs() < 1e-4, "{:?} vs {mean:?}", model.weights);
+    }
+    drop(server);
+    let _ = std::fs::remove_file(&database);
+}
