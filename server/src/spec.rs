@@ -315,6 +315,21 @@ pub(crate) mod tests {
         assert!(serde_json::from_str::<TaskSpec>(r#"{"name":"x","bogus":1}"#).is_err());
     }
 
+    /// The example in the README is a valid spec and shows the defaults.
+    #[test]
+    fn the_readme_example_is_valid() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("```json\n").unwrap() + "```json\n".len();
+        let end = start + readme[start..].find("```").unwrap();
+        let spec: TaskSpec = serde_json::from_str(&readme[start..end]).unwrap();
+        spec.validate().unwrap();
+        assert_eq!(spec.secure_aggregation, SecAggSpec::default());
+        assert_eq!(spec.quantization, QuantizationConfig::default());
+        assert_eq!(spec.deadlines, StageDeadlines::default());
+        assert_eq!(spec.optimizer, ServerOptimizer::default());
+        assert_eq!(spec.checkpoint_retention, default_retention());
+    }
+
     #[test]
     fn uniform_init_is_deterministic_and_bounded() {
         let mut spec = small_spec();
