@@ -212,7 +212,7 @@ impl TaskEngine {
         let quantizer = Quantizer::new(
             QuantizationSpec { clip: q.clip, max_weight: q.max_weight },
             q.modulus_bits,
-            spec.clients_per_round,
+            spec.selected_per_round(),
         )
         .map_err(|e| e.to_string())?;
         let decoded = checkpoint::decode(&latest.model).map_err(|e| e.to_string())?;
@@ -365,8 +365,16 @@ impl TaskEngine {
             }
             return outcome;
         }
+        let wanted = self.spec.clients_per_round as usize;
         let Some(round) = self.round.as_mut() else { return outcome };
-        let ready = round.server.as_ref().is_some_and(|s| s.is_complete() || now >= round.deadline);
+        // A stage closes when every eligible client answered or its deadline
+        // passed; the masked-input stage also closes once enough inputs
+        // arrived, so that over-selected stragglers do not hold it up.
+        let ready = round.server.as_ref().is_some_and(|s| {
+            s.is_complete()
+                || now >= round.deadline
+                || (s.stage() == Stage::MaskedInputCollection && s.received() >= wanted)
+        });
         if !ready {
             return outcome;
         }
@@ -410,7 +418,7 @@ impl TaskEngine {
     fn start_round(&mut self, now: i64) -> Option<u64> {
         use rand_core::Rng;
         self.checked_in.retain(|_, seen| now - *seen <= CHECK_IN_TTL_MS);
-        let n = self.spec.clients_per_round as usize;
+        let n = self.spec.selected_per_round() as usize;
         if self.checked_in.len() < n {
             return None;
         }
@@ -797,6 +805,50 @@ mod tests {
         }
         assert_eq!(engine.status(), TaskStatus::Completed);
         assert_eq!(engine.check_in("p0", now), CheckIn::Finished);
+    }
+
+    #[test]
+    fn over_selection_closes_the_masked_input_stage_without_waiting_for_stragglers() {
+        let mut spec = small_spec();
+        spec.clients_per_round = 5;
+        spec.over_selection = 0.2;
+        assert_eq!(spec.selected_per_round(), 6);
+        let mut engine = engine(spec);
+        let mut clients = participants(6);
+        let mut now = 0;
+        for c in &clients {
+            engine.check_in(&c.name, now);
+        }
+        assert_eq!(engine.tick(now).started, Some(1));
+        // Keys and shares from everybody.
+        for _ in 0..2 {
+            for c in clients.iter_mut() {
+                c.step(&mut engine);
+            }
+            now += 10;
+            engine.tick(now);
+        }
+        assert_eq!(engine.current_round(), Some((1, Stage::MaskedInputCollection)));
+        // Five of six masked inputs: enough, long before the deadline.
+        for c in clients.iter_mut().skip(1) {
+            c.step(&mut engine);
+        }
+        now += 10;
+        engine.tick(now);
+        assert_eq!(engine.current_round(), Some((1, Stage::Unmasking)));
+        for c in clients.iter_mut().skip(1) {
+            c.step(&mut engine);
+        }
+        now += 10;
+        let job = engine.tick(now).unmask.unwrap();
+        let completion = engine.complete(1, job.run(), now).unwrap();
+        assert_eq!(completion.round.survivors, 5);
+        assert_eq!(completion.round.selected, 6);
+        engine.commit(completion);
+        let expected = weighted_mean(&clients, &[1, 2, 3, 4, 5]);
+        for (w, e) in engine.weights().iter().zip(&expected) {
+            assert!((w - e).abs() < 1e-4);
+        }
     }
 
     #[test]

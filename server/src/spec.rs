@@ -18,9 +18,13 @@ pub struct TaskSpec {
     pub model: ModelSpec,
     /// Rounds to run.
     pub rounds: u32,
-    /// Clients selected per round (n). Over-selection is built in: the
-    /// threshold tolerates `secure_aggregation.target_dropout` of them vanishing.
+    /// Masked inputs wanted per round. The masked-input stage closes as
+    /// soon as this many arrived (or at its deadline).
     pub clients_per_round: u32,
+    /// Extra clients selected to absorb dropouts, as a fraction: a round
+    /// selects ⌈clients_per_round × (1 + over_selection)⌉ clients.
+    #[serde(default)]
+    pub over_selection: f64,
     /// Secure-aggregation parameters.
     #[serde(default)]
     pub secure_aggregation: SecAggSpec,
@@ -192,6 +196,12 @@ impl TaskSpec {
         if self.clients_per_round < 2 {
             return Err(err("clients_per_round must be at least 2"));
         }
+        if !(0.0..=10.0).contains(&self.over_selection) {
+            return Err(err("over_selection must be between 0 and 10"));
+        }
+        if u64::from(self.selected_per_round()) > u64::from(cohort_crypto::config::MAX_CLIENTS) {
+            return Err(err("too many clients per round"));
+        }
         if self.checkpoint_retention == 0 {
             return Err(err("checkpoint_retention must be at least 1"));
         }
@@ -204,7 +214,7 @@ impl TaskSpec {
         Quantizer::new(
             QuantizationSpec { clip: q.clip, max_weight: q.max_weight },
             q.modulus_bits,
-            self.clients_per_round,
+            self.selected_per_round(),
         )
         .map_err(|e| SpecError(e.to_string()))?;
         let sa = &self.secure_aggregation;
@@ -214,7 +224,7 @@ impl TaskSpec {
             adversary: Adversary::SemiHonest,
             ..ParameterTarget::default()
         };
-        let n = self.clients_per_round;
+        let n = self.selected_per_round();
         let derived = match sa.graph {
             GraphChoice::Complete => derive_complete(n, &target),
             GraphChoice::Sparse => derive_sparse(n, &target),
@@ -234,6 +244,12 @@ impl TaskSpec {
             return Err(err("threshold must be in 1..=degree, and a sparse degree must be even"));
         }
         Ok(DerivedRoundParameters { degree, threshold, complete: degree >= n - 1 })
+    }
+
+    /// Clients selected per round: the target plus over-selection.
+    pub fn selected_per_round(&self) -> u32 {
+        let selected = (f64::from(self.clients_per_round) * (1.0 + self.over_selection)).ceil();
+        if selected >= f64::from(u32::MAX) { u32::MAX } else { selected as u32 }
     }
 
     /// The initial weights.
@@ -267,6 +283,7 @@ pub(crate) mod tests {
             },
             rounds: 3,
             clients_per_round: 6,
+            over_selection: 0.0,
             // Six clients cannot meet the 2^-20 bound at 33 % dropout: set t.
             secure_aggregation: SecAggSpec {
                 graph: GraphChoice::Complete,
@@ -298,6 +315,7 @@ pub(crate) mod tests {
         let cases: Vec<(Mutation, &str)> = vec![
             (|s| s.rounds = 0, "rounds"),
             (|s| s.clients_per_round = 1, "clients_per_round"),
+            (|s| s.over_selection = -0.5, "over_selection"),
             (|s| s.name = " ".into(), "name"),
             (|s| s.deadlines.unmasking_ms = 0, "deadlines"),
             (|s| s.quantization.modulus_bits = 40, "modulus bits"),
@@ -328,6 +346,7 @@ pub(crate) mod tests {
         assert_eq!(spec.deadlines, StageDeadlines::default());
         assert_eq!(spec.optimizer, ServerOptimizer::default());
         assert_eq!(spec.checkpoint_retention, default_retention());
+        assert_eq!(spec.over_selection, 0.0);
     }
 
     #[test]
