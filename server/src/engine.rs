@@ -576,56 +576,39 @@ fn encode_model(task_id: &str, layout: &ModelLayout, weights: &[f32], round: u64
     checkpoint::encode(layout, weights, &metadata).map_err(|e| e.to_string())
 }
 
+/// The protocol participant of the integration tests, shared with the
+/// unit tests below.
+#[cfg(test)]
+#[path = "../tests/common/mod.rs"]
+mod test_participants;
+
 #[cfg(test)]
 mod tests {
+    use super::test_participants as common;
     use super::*;
     use crate::spec::tests::small_spec;
-    use cohort_crypto::{Client, ServerMessage};
-    use rand_chacha::ChaCha20Rng;
-    use rand_core::SeedableRng;
 
-    /// A participant that runs the client protocol with a fixed update.
+    /// A named participant that answers the engine with the protocol
+    /// client shared with the integration tests.
     struct Participant {
         name: String,
         update: Vec<f32>,
         weight: u32,
-        state: Option<Client>,
-        rng: ChaCha20Rng,
+        protocol: common::Participant,
     }
 
     impl Participant {
         fn new(i: usize, update: Vec<f32>, weight: u32) -> Self {
-            Self {
-                name: format!("p{i}"),
-                update,
-                weight,
-                state: None,
-                rng: ChaCha20Rng::seed_from_u64(i as u64),
-            }
+            let protocol = common::Participant::new(i as u64, update.clone(), weight);
+            Self { name: format!("p{i}"), update, weight, protocol }
         }
 
         /// Polls once and answers; returns whether it sent something.
         fn step(&mut self, engine: &mut TaskEngine) -> bool {
             let CheckIn::Selected { client_id, .. } = engine.check_in(&self.name, 0) else { return false };
             let Ok(Poll::Message(bytes)) = engine.poll(&self.name) else { return false };
-            let message = ServerMessage::decode(&bytes).unwrap();
-            let reply = match self.state.take() {
-                None => {
-                    let ServerMessage::Setup(config) = &message else { panic!("expected the setup") };
-                    let q = Quantizer::new(config.quantization, config.modulus_bits, config.clients).unwrap();
-                    let input = q.encode(&self.update, self.weight, &mut self.rng).unwrap();
-                    let me = ClientId::new(client_id).unwrap();
-                    let (state, reply) = Client::start(message, me, None, input, &mut self.rng).unwrap();
-                    self.state = Some(state);
-                    reply
-                }
-                Some(state) => {
-                    let (next, reply) = state.handle(message, &mut self.rng);
-                    self.state = Some(next);
-                    reply.unwrap()
-                }
-            };
-            engine.receive(&self.name, &reply.encode()).unwrap();
+            let reply = self.protocol.respond(client_id, &bytes);
+            engine.receive(&self.name, &reply).unwrap();
             true
         }
     }
@@ -755,7 +738,7 @@ mod tests {
         // Fresh clients check in; the round is attempted again.
         let mut fresh = participants(6);
         for c in fresh.iter_mut() {
-            c.state = None;
+            c.protocol.reset();
             engine.check_in(&c.name, now);
         }
         assert_eq!(engine.tick(now).started, Some(1));
