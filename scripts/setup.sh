@@ -3,6 +3,7 @@
 # already present. Safe to run any number of times.
 #   - Debian's Rust for the browser (rustc-web, cargo-web, rust-web-src),
 #     lld (wasm-ld) and clang: the wasm32 build of crypto/ (ring needs clang);
+#   - Fashion-MNIST (Debian package dataset-fashion-mnist);
 #   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain);
 #   - a running PostgreSQL server on 127.0.0.1:5432 (the store tests);
 #   - a Python venv with safetensors and NumPy (COHORT_VENV, default
@@ -11,7 +12,7 @@ set -euo pipefail
 
 log() { printf '==> %s\n' "$*"; }
 
-apt_packages=(rustc-web cargo-web rust-web-src lld clang)
+apt_packages=(rustc-web cargo-web rust-web-src lld clang dataset-fashion-mnist)
 sudo_cmd=()
 [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
 missing=()

@@ -1,6 +1,9 @@
-//! `cohort-client`: workspace member reserved for the client layer of Cohort.
-//!
-//! It currently re-exports the protocol core; see `docs/` and the issue
-//! tracker for the planned scope.
+//! `cohort-client`: the library applications embed to take part in Cohort
+//! training. This part provides the datasets (IDX: MNIST, Fashion-MNIST)
+//! and the non-IID partitioners used by the demo and simulations; local
+//! training and the participant runtime build on them.
+
+pub mod data;
+pub mod partition;
 
 pub use cohort_crypto as protocol;

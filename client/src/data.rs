@@ -1,0 +1,243 @@
+//! Datasets in the IDX format (MNIST, Fashion-MNIST), gzip-compressed or
+//! not.
+//!
+//! The IDX format: two zero bytes, a type code (0x08: unsigned bytes), the
+//! number of dimensions, each dimension as a big-endian u32, then the data.
+//! Images are scaled to [0, 1] and flattened row-major.
+
+use std::path::{Path, PathBuf};
+
+use ndarray::Array2;
+
+/// Where Debian's `dataset-fashion-mnist` package installs the data.
+pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// Largest IDX payload accepted (1 GiB): guards against corrupt headers.
+const MAX_IDX_BYTES: usize = 1 << 30;
+
+/// Why a dataset could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataError {
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The data set is not installed.
+    #[error("{what} not found in {}: {hint}", dir.display())]
+    Missing {
+        /// The data set.
+        what: &'static str,
+        /// Where it was looked for.
+        dir: PathBuf,
+        /// How to get it.
+        hint: &'static str,
+    },
+    /// The bytes are not a valid IDX file of the expected kind.
+    #[error("invalid IDX data: {0}")]
+    Format(String),
+}
+
+/// A labelled image dataset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dataset {
+    /// One row per example, pixels scaled to [0, 1].
+    pub features: Array2<f32>,
+    /// Class of each example.
+    pub labels: Vec<u8>,
+    /// Image rows and columns.
+    pub shape: [usize; 2],
+    /// Number of classes.
+    pub classes: usize,
+}
+
+impl Dataset {
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether there are no examples.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// The examples at `indices`, in that order.
+    pub fn subset(&self, indices: &[usize]) -> Dataset {
+        Dataset {
+            features: self.features.select(ndarray::Axis(0), indices),
+            labels: indices.iter().map(|&i| self.labels[i]).collect(),
+            shape: self.shape,
+            classes: self.classes,
+        }
+    }
+}
+
+/// A parsed IDX array of unsigned bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdxArray {
+    /// Dimensions.
+    pub dims: Vec<usize>,
+    /// Row-major data.
+    pub data: Vec<u8>,
+}
+
+/// Parses IDX bytes, decompressing gzip first when the gzip magic is present.
+pub fn parse_idx(bytes: &[u8]) -> Result<IdxArray, DataError> {
+    let format = |m: &str| DataError::Format(m.to_string());
+    let decompressed;
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        use std::io::Read;
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(bytes)
+            .take(MAX_IDX_BYTES as u64 + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| DataError::Format(format!("gzip: {e}")))?;
+        decompressed = out;
+        &decompressed[..]
+    } else {
+        bytes
+    };
+    if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 {
+        return Err(format("missing IDX magic"));
+    }
+    if bytes[2] != 0x08 {
+        return Err(DataError::Format(format!(
+            "unsupported element type 0x{:02x} (only unsigned bytes)",
+            bytes[2]
+        )));
+    }
+    let ndims = usize::from(bytes[3]);
+    let header = 4 + 4 * ndims;
+    if ndims == 0 || bytes.len() < header {
+        return Err(format("truncated header"));
+    }
+    let dims: Vec<usize> = bytes[4..header]
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
+        .collect();
+    let total = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|&t| t <= MAX_IDX_BYTES)
+        .ok_or_else(|| format("dimensions too large"))?;
+    if bytes.len() - header != total {
+        return Err(DataError::Format(format!(
+            "header announces {total} bytes of data, file has {}",
+            bytes.len() - header
+        )));
+    }
+    Ok(IdxArray { dims, data: bytes[header..].to_vec() })
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, DataError> {
+    std::fs::read(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })
+}
+
+/// Builds a dataset from an images array `[n, rows, cols]` and a labels
+/// array `[n]` with classes below `classes`.
+pub fn dataset_from_idx(images: IdxArray, labels: IdxArray, classes: usize) -> Result<Dataset, DataError> {
+    let [n, rows, cols] = images.dims[..] else {
+        return Err(DataError::Format("images must have 3 dimensions".into()));
+    };
+    if labels.dims != [n] {
+        return Err(DataError::Format(format!("{n} images but labels of shape {:?}", labels.dims)));
+    }
+    if let Some(bad) = labels.data.iter().find(|&&l| usize::from(l) >= classes) {
+        return Err(DataError::Format(format!("label {bad} is not below {classes}")));
+    }
+    let pixels: Vec<f32> = images.data.iter().map(|&p| f32::from(p) / 255.0).collect();
+    let features =
+        Array2::from_shape_vec((n, rows * cols), pixels).map_err(|e| DataError::Format(e.to_string()))?;
+    Ok(Dataset { features, labels: labels.data, shape: [rows, cols], classes })
+}
+
+/// Loads a pair of IDX files (gzip or not).
+pub fn load_idx(images: &Path, labels: &Path, classes: usize) -> Result<Dataset, DataError> {
+    dataset_from_idx(parse_idx(&read(images)?)?, parse_idx(&read(labels)?)?, classes)
+}
+
+/// The training and test sets of MNIST or Fashion-MNIST in `dir`, named
+/// as distributed (`train-images-idx3-ubyte[.gz]`, `t10k-...`).
+pub fn load_mnist_like(
+    dir: &Path,
+    what: &'static str,
+    hint: &'static str,
+) -> Result<(Dataset, Dataset), DataError> {
+    let find = |stem: &str| {
+        [format!("{stem}.gz"), stem.to_string()].into_iter().map(|name| dir.join(name)).find(|p| p.exists())
+    };
+    let missing = || DataError::Missing { what, dir: dir.to_path_buf(), hint };
+    let file = |stem: &str| find(stem).ok_or_else(missing);
+    let train = load_idx(&file("train-images-idx3-ubyte")?, &file("train-labels-idx1-ubyte")?, 10)?;
+    let test = load_idx(&file("t10k-images-idx3-ubyte")?, &file("t10k-labels-idx1-ubyte")?, 10)?;
+    Ok((train, test))
+}
+
+/// Fashion-MNIST from `dir` (default: the Debian package's location).
+pub fn load_fashion_mnist(dir: Option<&Path>) -> Result<(Dataset, Dataset), DataError> {
+    load_mnist_like(
+        dir.unwrap_or(Path::new(FASHION_MNIST_DIR)),
+        "Fashion-MNIST",
+        "install it with `sudo apt-get install dataset-fashion-mnist` (Debian) or pass its directory",
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Encodes a byte array as IDX.
+    pub(crate) fn idx(dims: &[u32], data: &[u8]) -> Vec<u8> {
+        let mut out = vec![0, 0, 0x08, dims.len() as u8];
+        for d in dims {
+            out.extend_from_slice(&d.to_be_bytes());
+        }
+        out.extend_from_slice(data);
+        out
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn raw_and_gzip_idx_parse_to_the_same_array() {
+        let bytes = idx(&[2, 2, 3], &[0, 51, 102, 153, 204, 255, 1, 2, 3, 4, 5, 6]);
+        let raw = parse_idx(&bytes).unwrap();
+        assert_eq!(raw.dims, vec![2, 2, 3]);
+        assert_eq!(parse_idx(&gzip(&bytes)).unwrap(), raw);
+        let labels = parse_idx(&idx(&[2], &[7, 3])).unwrap();
+        let set = dataset_from_idx(raw, labels, 10).unwrap();
+        assert_eq!((set.len(), set.shape, set.features.ncols()), (2, [2, 3], 6));
+        assert_eq!(set.features[[0, 1]], 0.2);
+        assert_eq!(set.features[[0, 5]], 1.0);
+        assert_eq!(set.subset(&[1]).labels, vec![3]);
+    }
+
+    #[test]
+    fn corrupt_idx_is_refused() {
+        let good = idx(&[2, 2], &[1, 2, 3, 4]);
+        assert!(parse_idx(&good[..good.len() - 1]).is_err());
+        assert!(parse_idx(&[1, 0, 8, 1, 0, 0, 0, 0]).is_err());
+        assert!(parse_idx(&[0, 0, 0x0d, 1, 0, 0, 0, 1, 0, 0, 0, 0]).is_err());
+        assert!(parse_idx(&idx(&[u32::MAX, u32::MAX, 4], &[])).is_err());
+        assert!(parse_idx(&[0x1f, 0x8b, 1, 2, 3]).is_err());
+        let images = parse_idx(&idx(&[2, 1, 1], &[0, 0])).unwrap();
+        assert!(dataset_from_idx(images.clone(), parse_idx(&idx(&[3], &[0, 0, 0])).unwrap(), 10).is_err());
+        assert!(dataset_from_idx(images, parse_idx(&idx(&[2], &[0, 10])).unwrap(), 10).is_err());
+    }
+
+    #[test]
+    fn a_missing_dataset_says_how_to_get_it() {
+        let error = load_fashion_mnist(Some(Path::new("/nonexistent"))).unwrap_err().to_string();
+        assert!(error.contains("apt-get install dataset-fashion-mnist"), "{error}");
+    }
+}

@@ -1,0 +1,32 @@
+//! The real Fashion-MNIST, as Debian's `dataset-fashion-mnist` installs it
+//! (`scripts/setup.sh` installs the package): sizes, shapes and the class
+//! balance the data set is known for, and McMahan et al.'s shard split.
+
+#![allow(clippy::unwrap_used)]
+
+use cohort_client::data::load_fashion_mnist;
+use cohort_client::partition::{Scheme, histogram, partition};
+
+#[test]
+fn fashion_mnist_loads_with_its_known_shape_and_balance() {
+    let (train, test) = load_fashion_mnist(None).unwrap();
+    assert_eq!((train.len(), test.len()), (60_000, 10_000));
+    assert_eq!(train.shape, [28, 28]);
+    assert_eq!(train.features.dim(), (60_000, 784));
+    let all: Vec<usize> = (0..train.len()).collect();
+    assert_eq!(histogram(&train.labels, &all, 10), vec![6_000; 10]);
+    let all: Vec<usize> = (0..test.len()).collect();
+    assert_eq!(histogram(&test.labels, &all, 10), vec![1_000; 10]);
+    assert!(train.features.iter().all(|p| (0.0..=1.0).contains(p)));
+    let mean = train.features.mean().unwrap();
+    assert!((0.2..0.4).contains(&mean), "mean pixel {mean}");
+
+    // McMahan et al.: 100 clients, 2 shards of 300 each.
+    let parts = partition(&train.labels, 10, 100, Scheme::Shards { per_client: 2 }, 1).unwrap();
+    assert!(parts.iter().all(|p| p.len() == 600));
+    let two_or_fewer = parts
+        .iter()
+        .filter(|p| histogram(&train.labels, p, 10).iter().filter(|&&c| c > 0).count() <= 2)
+        .count();
+    assert_eq!(two_or_fewer, 100, "6000 examples per class make every shard single-label");
+}
