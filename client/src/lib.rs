@@ -4,6 +4,8 @@
 //! training and the participant runtime build on them.
 
 pub mod data;
+pub mod model;
 pub mod partition;
+pub mod train;
 
 pub use cohort_crypto as protocol;
