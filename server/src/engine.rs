@@ -411,10 +411,6 @@ impl TaskEngine {
         outcome
     }
 
-    fn deadline_for(&self, stage: Stage) -> i64 {
-        deadline_for(&self.spec, stage)
-    }
-
     fn start_round(&mut self, now: i64) -> Option<u64> {
         use rand_core::Rng;
         self.checked_in.retain(|_, seen| now - *seen <= CHECK_IN_TTL_MS);
@@ -460,7 +456,7 @@ impl TaskEngine {
             number,
             started_at: now,
             stage_started_at: now,
-            deadline: now + self.deadline_for(Stage::AdvertiseKeys),
+            deadline: now + deadline_for(&self.spec, Stage::AdvertiseKeys),
             ids: ids.collect(),
             roster: candidates,
             server: Some(server),
@@ -592,15 +588,12 @@ mod tests {
     /// client shared with the integration tests.
     struct Participant {
         name: String,
-        update: Vec<f32>,
-        weight: u32,
         protocol: common::Participant,
     }
 
     impl Participant {
         fn new(i: usize, update: Vec<f32>, weight: u32) -> Self {
-            let protocol = common::Participant::new(i as u64, update.clone(), weight);
-            Self { name: format!("p{i}"), update, weight, protocol }
+            Self { name: format!("p{i}"), protocol: common::Participant::new(i as u64, update, weight) }
         }
 
         /// Polls once and answers; returns whether it sent something.
@@ -662,13 +655,9 @@ mod tests {
         }
     }
 
+    /// The weighted mean update of the `included` clients.
     fn weighted_mean(clients: &[Participant], included: &[usize]) -> Vec<f32> {
-        let total: f32 = included.iter().map(|&i| clients[i].weight as f32).sum();
-        (0..4)
-            .map(|c| {
-                included.iter().map(|&i| clients[i].update[c] * clients[i].weight as f32).sum::<f32>() / total
-            })
-            .collect()
+        common::weighted_mean(&included.iter().map(|&i| &clients[i].protocol).collect::<Vec<_>>())
     }
 
     #[test]

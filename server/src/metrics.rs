@@ -89,46 +89,43 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let Ok(c) = self.inner.lock() else { return out };
-        let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+        let plain: [(&str, &str, &str, String); 7] = [
+            ("cohort_rounds_started_total", "counter", "Rounds started.", c.rounds_started.to_string()),
+            ("cohort_rounds_completed_total", "counter", "Rounds completed.", c.rounds_completed.to_string()),
+            (
+                "cohort_rounds_aborted_total",
+                "counter",
+                "Rounds aborted or abandoned.",
+                c.rounds_aborted.to_string(),
+            ),
+            (
+                "cohort_round_selected_clients",
+                "gauge",
+                "Clients selected in the last completed round.",
+                c.last_selected.to_string(),
+            ),
+            (
+                "cohort_round_surviving_clients",
+                "gauge",
+                "Clients in the last completed round's aggregate.",
+                c.last_survivors.to_string(),
+            ),
+            (
+                "cohort_bytes_in_total",
+                "counter",
+                "Bytes of client stage messages received.",
+                c.bytes_in.to_string(),
+            ),
+            (
+                "cohort_bytes_out_total",
+                "counter",
+                "Bytes of server stage messages sent.",
+                c.bytes_out.to_string(),
+            ),
+        ];
+        for (name, kind, help, value) in plain {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
-        };
-        metric("cohort_rounds_started_total", "counter", "Rounds started.", c.rounds_started.to_string());
-        metric(
-            "cohort_rounds_completed_total",
-            "counter",
-            "Rounds completed.",
-            c.rounds_completed.to_string(),
-        );
-        metric(
-            "cohort_rounds_aborted_total",
-            "counter",
-            "Rounds aborted or abandoned.",
-            c.rounds_aborted.to_string(),
-        );
-        metric(
-            "cohort_round_selected_clients",
-            "gauge",
-            "Clients selected in the last completed round.",
-            c.last_selected.to_string(),
-        );
-        metric(
-            "cohort_round_surviving_clients",
-            "gauge",
-            "Clients in the last completed round's aggregate.",
-            c.last_survivors.to_string(),
-        );
-        metric(
-            "cohort_bytes_in_total",
-            "counter",
-            "Bytes of client stage messages received.",
-            c.bytes_in.to_string(),
-        );
-        metric(
-            "cohort_bytes_out_total",
-            "counter",
-            "Bytes of server stage messages sent.",
-            c.bytes_out.to_string(),
-        );
+        }
         let _ = writeln!(
             out,
             "# HELP cohort_client_messages_total Client stage messages.\n# TYPE cohort_client_messages_total counter\n\
