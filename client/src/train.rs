@@ -9,7 +9,7 @@ use ndarray::{ArrayView2, Axis};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 
-use crate::model::Mlp;
+use crate::model::Model;
 
 /// Local training hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -73,7 +73,7 @@ pub struct TrainReport {
 /// Trains `params` in place on `(x, labels)`; `global` is the round's
 /// global model (for the proximal term).
 pub fn train(
-    model: &Mlp,
+    model: &Model,
     params: &mut [f32],
     global: &[f32],
     x: ArrayView2<'_, f32>,
@@ -93,7 +93,7 @@ pub fn train(
     if params.len() != model.len() || global.len() != model.len() {
         return Err(TrainError::Shape("parameters do not match the model"));
     }
-    if x.nrows() != labels.len() || x.ncols() != model.widths[0] || labels.is_empty() {
+    if x.nrows() != labels.len() || x.ncols() != model.inputs() || labels.is_empty() {
         return Err(TrainError::Shape("data do not match the model's input or labels"));
     }
     let mut rng = ChaCha20Rng::seed_from_u64(config.seed);
@@ -137,6 +137,8 @@ mod tests {
     use super::*;
     use ndarray::Array2;
 
+    use crate::model::Mlp;
+
     /// Three Gaussian blobs in 4 dimensions, linearly separable.
     fn blobs(n: usize, seed: u64) -> (Array2<f32>, Vec<u8>) {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
@@ -151,7 +153,7 @@ mod tests {
 
     #[test]
     fn sgd_learns_separable_data() {
-        let model = Mlp { widths: vec![4, 3] };
+        let model = Model::Mlp(Mlp { widths: vec![4, 3] });
         let (x, y) = blobs(300, 1);
         let mut params = model.init(1);
         let global = params.clone();
@@ -171,7 +173,7 @@ mod tests {
 
     #[test]
     fn the_two_layer_network_learns_too() {
-        let model = Mlp { widths: vec![4, 16, 16, 3] };
+        let model = Model::Mlp(Mlp { widths: vec![4, 16, 16, 3] });
         let (x, y) = blobs(300, 2);
         let mut params = model.init(2);
         let global = params.clone();
@@ -182,7 +184,7 @@ mod tests {
 
     #[test]
     fn training_is_deterministic_for_a_seed() {
-        let model = Mlp { widths: vec![4, 3] };
+        let model = Model::Mlp(Mlp { widths: vec![4, 3] });
         let (x, y) = blobs(60, 3);
         let run = |seed| {
             let mut params = model.init(0);
@@ -204,7 +206,7 @@ mod tests {
 
     #[test]
     fn the_proximal_term_keeps_weights_near_the_global_model() {
-        let model = Mlp { widths: vec![4, 3] };
+        let model = Model::Mlp(Mlp { widths: vec![4, 3] });
         let (x, y) = blobs(120, 4);
         let global = model.init(9);
         let drift = |prox_mu| {
@@ -218,7 +220,7 @@ mod tests {
 
     #[test]
     fn bad_configurations_and_shapes_are_refused() {
-        let model = Mlp { widths: vec![4, 3] };
+        let model = Model::Mlp(Mlp { widths: vec![4, 3] });
         let (x, y) = blobs(10, 5);
         let mut params = model.init(0);
         let global = params.clone();

@@ -35,10 +35,10 @@ fn fashion_mnist_loads_with_its_known_shape_and_balance() {
 /// linear baseline is about 84 % test accuracy.
 #[test]
 fn logistic_regression_learns_fashion_mnist() {
-    use cohort_client::model::Mlp;
+    use cohort_client::model::Model;
     use cohort_client::train::{TrainConfig, train};
     let (train_set, test_set) = load_fashion_mnist(None).unwrap();
-    let model = Mlp::logreg(784, 10);
+    let model = Model::by_name("logreg", 784, 10).unwrap();
     let mut params = model.init(1);
     let global = params.clone();
     let (_, before) = model.evaluate(&params, test_set.features.view(), &test_set.labels);
@@ -46,5 +46,27 @@ fn logistic_regression_learns_fashion_mnist() {
     train(&model, &mut params, &global, train_set.features.view(), &train_set.labels, &config).unwrap();
     let (loss, accuracy) = model.evaluate(&params, test_set.features.view(), &test_set.labels);
     assert!(before < 0.3, "untrained accuracy {before}");
+    assert!(accuracy > 0.80 && loss < 0.6, "test accuracy {accuracy}, loss {loss}");
+}
+
+/// The CNN learns from half the training set in one epoch.
+#[test]
+fn the_cnn_learns_fashion_mnist() {
+    use cohort_client::model::Model;
+    use cohort_client::train::{TrainConfig, train};
+    let (train_set, test_set) = load_fashion_mnist(None).unwrap();
+    let subset = train_set.subset(&(0..30_000).collect::<Vec<_>>());
+    let model = Model::by_name("cnn", 784, 10).unwrap();
+    let mut params = model.init(3);
+    let global = params.clone();
+    let config = TrainConfig {
+        epochs: 1,
+        batch_size: 10,
+        learning_rate: 0.02,
+        momentum: 0.9,
+        ..TrainConfig::default()
+    };
+    train(&model, &mut params, &global, subset.features.view(), &subset.labels, &config).unwrap();
+    let (loss, accuracy) = model.evaluate(&params, test_set.features.view(), &test_set.labels);
     assert!(accuracy > 0.80 && loss < 0.6, "test accuracy {accuracy}, loss {loss}");
 }

@@ -2,7 +2,6 @@
 //! and (in the binary) the `cohort` command-line tool.
 
 pub mod auth;
-pub mod checkpoint;
 pub mod coordinator;
 pub mod engine;
 pub mod http;
@@ -11,3 +10,6 @@ pub mod openapi;
 pub mod optimizer;
 pub mod spec;
 pub mod store;
+
+/// Model checkpoints (shared with clients, which read the global model).
+pub use cohort_client::checkpoint;
