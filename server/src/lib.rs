@@ -8,6 +8,7 @@ pub mod http;
 pub mod metrics;
 pub mod openapi;
 pub mod optimizer;
+pub mod service;
 pub mod spec;
 pub mod store;
 

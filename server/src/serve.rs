@@ -5,11 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use cohort_server::auth::{new_token, token_hash};
-use cohort_server::coordinator::Coordinator;
-use cohort_server::http::{ApiConfig, AppState, app};
-use cohort_server::metrics::Metrics;
-use cohort_server::store::SqlStore;
+use cohort_server::auth::new_token;
+use cohort_server::service::{Service, ServiceConfig};
 use serde::Deserialize;
 
 #[derive(Debug, Args)]
@@ -60,23 +57,17 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             token
         }
     };
-    let store = SqlStore::connect(&database_url).await.with_context(|| "opening the database".to_string())?;
-    let metrics = Metrics::default();
-    let coordinator = Coordinator::start(store.clone(), metrics.clone()).await?;
-    let state = AppState {
-        store,
-        coordinator,
-        metrics,
-        config: ApiConfig {
-            admin_token_hash: token_hash(&admin_token),
-            max_message_bytes: file.max_message_bytes.unwrap_or(256 << 20),
-            credential_ttl_ms: i64::from(file.credential_ttl_days.unwrap_or(30)) * 86_400_000,
-        },
-    };
-    let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("binding {bind}"))?;
-    tracing::info!(address = %listener.local_addr()?, database = %redact(&database_url), "coordinator listening");
-    println!("cohort serve: listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown()).await?;
+    let service = Service::start(ServiceConfig {
+        bind,
+        database_url: database_url.clone(),
+        admin_token,
+        max_message_bytes: file.max_message_bytes.unwrap_or(256 << 20),
+        credential_ttl_ms: i64::from(file.credential_ttl_days.unwrap_or(30)) * 86_400_000,
+    })
+    .await?;
+    tracing::info!(address = %service.address, database = %redact(&database_url), "coordinator listening");
+    println!("cohort serve: listening on {}", service.url());
+    service.run_until(shutdown()).await?;
     Ok(())
 }
 

@@ -1,0 +1,884 @@
+//! The participant: takes part in a task's rounds against the coordinator's
+//! client API, as a sans-IO state machine.
+//!
+//! [`Participant`] never touches a socket or a clock. The code that drives
+//! it (the blocking [`crate::runtime`] here, a fetch loop in the browser,
+//! a background thread on Android) repeats:
+//!
+//! 1. `participant.next(now_ms)` returns an [`Action`]: send a
+//!    [`Request`], wait, train on the global model, or take note of a
+//!    round's outcome;
+//! 2. the driver performs it and reports back with [`Participant::handle`]
+//!    (a [`Response`]), [`Participant::transport_failed`] (no response) or
+//!    [`Participant::submit`] (the local update).
+//!
+//! The participant enrolls once (the credential is part of its
+//! [`SavedState`]), checks in until selected, downloads the global model,
+//! hands it to the application to train, then runs the secure-aggregation
+//! client of [`cohort_crypto`] over the stage messages. Failed requests
+//! and 5xx or 429 replies are retried with exponential backoff; a stage
+//! that does not advance within [`ParticipantConfig::stage_timeout_ms`]
+//! abandons the round (the server counts the client as a dropout).
+//!
+//! Round secrets (the X25519 keys, the self-mask seed, the quantized
+//! update) live only in memory and are never part of the saved state: a
+//! participant that restarts mid-round drops out of that round, which the
+//! protocol tolerates, and joins the next one.
+
+use std::collections::VecDeque;
+
+use cohort_crypto::{Client, ClientId, ClientMessage, ProtocolError, Quantizer, ServerMessage};
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
+use serde::{Deserialize, Serialize};
+use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
+
+use crate::checkpoint::{self, Checkpoint};
+
+pub use cohort_crypto::Stage;
+
+/// Content type of binary stage messages.
+pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
+
+/// HTTP method of a [`Request`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// GET.
+    Get,
+    /// POST.
+    Post,
+}
+
+/// A request to the coordinator's client API.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Request {
+    /// Method.
+    pub method: Method,
+    /// Path and query, starting with `/`.
+    pub path: String,
+    /// Body (empty for GET).
+    pub body: Vec<u8>,
+    /// Content type of the body.
+    pub content_type: Option<&'static str>,
+    /// Bearer credential to present.
+    pub bearer: Option<String>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("body_len", &self.body.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The coordinator's reply to a [`Request`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Response {
+    /// HTTP status.
+    pub status: u16,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+/// What the driver should do next.
+#[derive(Debug)]
+pub enum Action {
+    /// Send this request and report the outcome with
+    /// [`Participant::handle`] or [`Participant::transport_failed`].
+    Send(Request),
+    /// Nothing to do for this many milliseconds.
+    Wait(u64),
+    /// Train on the round's global model and call [`Participant::submit`]
+    /// with the update (a model-agnostic application may compute it any
+    /// way it likes).
+    Train {
+        /// Round number.
+        round: u64,
+        /// The global model.
+        model: Box<Checkpoint>,
+    },
+    /// A round this participant was selected for is over for it.
+    RoundEnded(RoundOutcome),
+    /// The task is over; nothing more to do.
+    Finished,
+}
+
+/// How a round ended for this participant.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RoundOutcome {
+    /// Every stage went through; the update is in the aggregate unless the
+    /// round failed on the server.
+    Completed(RoundReport),
+    /// The server dropped this client from the round (it was too slow, or
+    /// the round ended without it).
+    Dropped(RoundReport),
+    /// This client gave up on the round.
+    Abandoned {
+        /// What the round's numbers were so far.
+        report: RoundReport,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl RoundOutcome {
+    /// The round's numbers.
+    pub fn report(&self) -> &RoundReport {
+        match self {
+            RoundOutcome::Completed(r) | RoundOutcome::Dropped(r) => r,
+            RoundOutcome::Abandoned { report, .. } => report,
+        }
+    }
+}
+
+/// Traffic of one round, as measured by the participant (HTTP bodies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RoundReport {
+    /// Round number.
+    pub round: u64,
+    /// Bytes sent.
+    pub bytes_up: u64,
+    /// Bytes received, the global model included.
+    pub bytes_down: u64,
+}
+
+/// Retry, polling and deadline settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParticipantConfig {
+    /// Attempts per request before giving up with
+    /// [`ParticipantError::Unreachable`].
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt.
+    pub backoff_base_ms: u64,
+    /// Longest retry delay.
+    pub backoff_max_ms: u64,
+    /// Delay between polls while a stage is collecting.
+    pub poll_interval_ms: u64,
+    /// Longest wait for the next stage message before the round is
+    /// abandoned.
+    pub stage_timeout_ms: u64,
+}
+
+impl Default for ParticipantConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 8,
+            backoff_base_ms: 200,
+            backoff_max_ms: 10_000,
+            poll_interval_ms: 200,
+            stage_timeout_ms: 180_000,
+        }
+    }
+}
+
+/// Why the participant cannot go on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ParticipantError {
+    /// The coordinator did not answer (or answered 5xx/429) on every try.
+    #[error("the coordinator is unreachable after {attempts} attempts: {last}")]
+    Unreachable {
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        last: String,
+    },
+    /// The enrollment token or the credential was refused.
+    #[error("the coordinator refused the credentials: {0}")]
+    Unauthorized(String),
+    /// The task does not exist.
+    #[error("task {0} not found")]
+    TaskNotFound(String),
+    /// The coordinator refused a request this client should not have made.
+    #[error("the coordinator refused the request ({status} {code}): {message}")]
+    Rejected {
+        /// HTTP status.
+        status: u16,
+        /// Error code from the body.
+        code: String,
+        /// Error message from the body.
+        message: String,
+    },
+    /// The coordinator sent something that is not its API.
+    #[error("unexpected reply from the coordinator: {0}")]
+    UnexpectedReply(String),
+    /// The update handed to [`Participant::submit`] does not fit the round.
+    #[error("invalid update: {0}")]
+    InvalidUpdate(String),
+    /// A call came at the wrong time (e.g. `submit` without a `Train`).
+    #[error("out of order: {0}")]
+    OutOfOrder(&'static str),
+}
+
+/// What survives a restart: the enrollment, never round secrets.
+#[derive(Clone, Serialize, Deserialize, Zeroize, ZeroizeOnDrop)]
+pub struct SavedState {
+    /// Task id.
+    pub task_id: String,
+    /// Participant id the coordinator assigned.
+    pub participant_id: String,
+    /// Bearer credential of the client API.
+    credential: String,
+    /// Credential expiry (Unix ms).
+    pub expires_at: i64,
+    /// The last round this participant completed.
+    pub last_completed_round: u64,
+}
+
+impl std::fmt::Debug for SavedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SavedState")
+            .field("task_id", &self.task_id)
+            .field("participant_id", &self.participant_id)
+            .field("expires_at", &self.expires_at)
+            .field("last_completed_round", &self.last_completed_round)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The update of a round before the protocol starts, or the protocol.
+enum Protocol {
+    Pending { update: Zeroizing<Vec<f32>>, examples: u32 },
+    Running(Box<Client>),
+}
+
+enum Phase {
+    Enroll,
+    CheckIn,
+    Model { round: u64, client_id: u32 },
+    Training { round: u64, client_id: u32, model: Option<Box<Checkpoint>>, parameters: usize },
+    Fetch { round: u64, client_id: u32, protocol: Protocol, since: Option<u64> },
+    Post { round: u64, client_id: u32, protocol: Protocol, body: Vec<u8> },
+    Report { body: Vec<u8> },
+    Finished,
+}
+
+/// Takes part in one task's rounds. See the [module docs](self).
+pub struct Participant {
+    config: ParticipantConfig,
+    task_id: String,
+    enrollment_token: Option<Zeroizing<String>>,
+    saved: Option<SavedState>,
+    phase: Phase,
+    rng: ChaCha20Rng,
+    /// The current request's failed attempts.
+    attempts: u32,
+    wait_until: u64,
+    in_flight: bool,
+    report: RoundReport,
+    /// The last round this participant joined; it never joins one twice.
+    last_round: u64,
+    metrics: Option<serde_json::Map<String, serde_json::Value>>,
+    events: VecDeque<Action>,
+}
+
+impl std::fmt::Debug for Participant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Participant").field("task_id", &self.task_id).finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct Enrolled {
+    participant_id: String,
+    credential: String,
+    expires_at: i64,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+enum CheckIn {
+    Wait { retry_after_ms: u64 },
+    Selected { round: u64, client_id: u32 },
+    Finished,
+}
+
+#[derive(Deserialize, Default)]
+struct ApiError {
+    #[serde(default)]
+    error: String,
+    #[serde(default)]
+    message: String,
+}
+
+impl Participant {
+    /// A participant that enrolls in `task_id` with `enrollment_token`.
+    /// Its randomness comes from the operating system.
+    pub fn enroll(task_id: &str, enrollment_token: &str, config: ParticipantConfig) -> Self {
+        Self::build(task_id, Some(enrollment_token), None, config, os_seed())
+    }
+
+    /// A participant that goes on from a saved state; `enrollment_token`,
+    /// when given, lets it enroll again if the credential has expired.
+    pub fn resume(saved: SavedState, enrollment_token: Option<&str>, config: ParticipantConfig) -> Self {
+        let task_id = saved.task_id.clone();
+        Self::build(&task_id, enrollment_token, Some(saved), config, os_seed())
+    }
+
+    /// Replaces the randomness with a seeded generator (tests and
+    /// reproducible simulations only: masks must be unpredictable).
+    pub fn with_seed(mut self, seed: [u8; 32]) -> Self {
+        self.rng = ChaCha20Rng::from_seed(seed);
+        self
+    }
+
+    fn build(
+        task_id: &str,
+        enrollment_token: Option<&str>,
+        saved: Option<SavedState>,
+        config: ParticipantConfig,
+        seed: [u8; 32],
+    ) -> Self {
+        let phase = if saved.is_some() { Phase::CheckIn } else { Phase::Enroll };
+        let last_round = saved.as_ref().map_or(0, |s| s.last_completed_round);
+        Self {
+            config,
+            task_id: task_id.to_string(),
+            enrollment_token: enrollment_token.map(|t| Zeroizing::new(t.to_string())),
+            saved,
+            phase,
+            rng: ChaCha20Rng::from_seed(seed),
+            attempts: 0,
+            wait_until: 0,
+            in_flight: false,
+            report: RoundReport::default(),
+            last_round,
+            metrics: None,
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The state to persist (after enrollment and after each round).
+    pub fn saved_state(&self) -> Option<&SavedState> {
+        self.saved.as_ref()
+    }
+
+    /// The task.
+    pub fn task_id(&self) -> &str {
+        &self.task_id
+    }
+
+    /// The protocol stage of the message about to be posted, if any: lets
+    /// a driver (or a test) act at a precise point of the round.
+    pub fn posting(&self) -> Option<Stage> {
+        match &self.phase {
+            Phase::Post { protocol: Protocol::Running(client), .. } => Some(match client.stage() {
+                Stage::ShareKeys => Stage::AdvertiseKeys,
+                Stage::MaskedInputCollection => Stage::ShareKeys,
+                Stage::ConsistencyCheck => Stage::MaskedInputCollection,
+                Stage::Unmasking => Stage::ConsistencyCheck,
+                _ => Stage::Unmasking,
+            }),
+            _ => None,
+        }
+    }
+
+    /// What to do next, at time `now` (ms on any monotonic clock).
+    pub fn next(&mut self, now: u64) -> Action {
+        if let Some(event) = self.events.pop_front() {
+            return event;
+        }
+        if matches!(self.phase, Phase::Finished) {
+            return Action::Finished;
+        }
+        if self.in_flight {
+            // The driver asked again without reporting: resend.
+            self.in_flight = false;
+        }
+        if now < self.wait_until {
+            return Action::Wait(self.wait_until - now);
+        }
+        let bearer = self.saved.as_ref().map(|s| s.credential.clone());
+        let request = match &mut self.phase {
+            Phase::Enroll => {
+                let Some(token) = &self.enrollment_token else {
+                    self.phase = Phase::Finished;
+                    return Action::Finished;
+                };
+                let body = serde_json::json!({ "enrollment_token": token.as_str() }).to_string();
+                post_json(format!("/v1/tasks/{}/enroll", self.task_id), body.into_bytes(), None)
+            }
+            Phase::CheckIn => post_json("/v1/checkin".into(), Vec::new(), bearer),
+            Phase::Model { .. } => get("/v1/model", bearer),
+            Phase::Training { round, model, .. } => {
+                return match model.take() {
+                    Some(model) => Action::Train { round: *round, model },
+                    // Waiting for `submit`.
+                    None => Action::Wait(self.config.poll_interval_ms),
+                };
+            }
+            Phase::Fetch { since, .. } => {
+                let started = *since.get_or_insert(now);
+                if now.saturating_sub(started) > self.config.stage_timeout_ms {
+                    let reason = format!("no stage message within {} ms", self.config.stage_timeout_ms);
+                    self.abandon(reason);
+                    return self.next(now);
+                }
+                get("/v1/round/message", bearer)
+            }
+            Phase::Post { body, .. } => Request {
+                method: Method::Post,
+                path: "/v1/round/message".into(),
+                body: body.clone(),
+                content_type: Some(SECAGG_CONTENT_TYPE),
+                bearer,
+            },
+            Phase::Report { body, .. } => post_json("/v1/metrics".into(), body.clone(), bearer),
+            Phase::Finished => return Action::Finished,
+        };
+        self.in_flight = true;
+        self.count_up(request.body.len());
+        Action::Send(request)
+    }
+
+    fn count_up(&mut self, bytes: usize) {
+        if matches!(self.phase, Phase::Model { .. } | Phase::Fetch { .. } | Phase::Post { .. }) {
+            self.report.bytes_up += bytes as u64;
+        }
+    }
+
+    /// The request of the last [`Action::Send`] got no response (connection
+    /// refused, reset, timed out). Schedules a retry, or fails once the
+    /// attempts are spent.
+    pub fn transport_failed(&mut self, now: u64, error: &str) -> Result<(), ParticipantError> {
+        self.in_flight = false;
+        self.retry(now, error)
+    }
+
+    fn retry(&mut self, now: u64, error: &str) -> Result<(), ParticipantError> {
+        self.attempts += 1;
+        if self.attempts >= self.config.max_attempts {
+            return Err(ParticipantError::Unreachable { attempts: self.attempts, last: error.to_string() });
+        }
+        let delay = self
+            .config
+            .backoff_base_ms
+            .saturating_mul(1 << (self.attempts - 1).min(20))
+            .min(self.config.backoff_max_ms);
+        self.wait_until = now + delay;
+        Ok(())
+    }
+
+    /// Handles the response to the last [`Action::Send`].
+    pub fn handle(&mut self, now: u64, response: Response) -> Result<(), ParticipantError> {
+        if !std::mem::take(&mut self.in_flight) {
+            return Err(ParticipantError::OutOfOrder("a response without a request"));
+        }
+        let status = response.status;
+        if status == 429 || status >= 500 {
+            return self.retry(now, &format!("HTTP {status}"));
+        }
+        let retried = std::mem::take(&mut self.attempts) > 0;
+        if matches!(self.phase, Phase::Model { .. } | Phase::Fetch { .. } | Phase::Post { .. }) {
+            self.report.bytes_down += response.body.len() as u64;
+        }
+        let error = || serde_json::from_slice::<ApiError>(&response.body).unwrap_or_default();
+        if status == 401 {
+            return self.unauthorized(error().message);
+        }
+        match std::mem::replace(&mut self.phase, Phase::Finished) {
+            Phase::Enroll => match status {
+                201 => {
+                    let enrolled: Enrolled = parse_json(&response.body)?;
+                    self.saved = Some(SavedState {
+                        task_id: self.task_id.clone(),
+                        participant_id: enrolled.participant_id,
+                        credential: enrolled.credential,
+                        expires_at: enrolled.expires_at,
+                        last_completed_round: 0,
+                    });
+                    self.phase = Phase::CheckIn;
+                }
+                404 => return Err(ParticipantError::TaskNotFound(self.task_id.clone())),
+                409 => {} // The task is over: stay finished.
+                _ => return Err(rejected(status, error())),
+            },
+            Phase::CheckIn => match status {
+                200 => match parse_json::<CheckIn>(&response.body)? {
+                    CheckIn::Wait { retry_after_ms } => {
+                        self.wait_until = now + retry_after_ms;
+                        self.phase = Phase::CheckIn;
+                    }
+                    CheckIn::Selected { round, client_id } => {
+                        if round <= self.last_round {
+                            // This round is over for us; wait for the next.
+                            self.wait_until = now + self.config.poll_interval_ms * 5;
+                            self.phase = Phase::CheckIn;
+                        } else {
+                            self.report = RoundReport { round, ..RoundReport::default() };
+                            self.last_round = round;
+                            self.phase = Phase::Model { round, client_id };
+                        }
+                    }
+                    CheckIn::Finished => {}
+                },
+                404 => return Err(ParticipantError::TaskNotFound(self.task_id.clone())),
+                _ => return Err(rejected(status, error())),
+            },
+            Phase::Model { round, client_id } => match status {
+                200 => {
+                    let model = checkpoint::decode(&response.body)
+                        .map_err(|e| ParticipantError::UnexpectedReply(format!("global model: {e}")))?;
+                    let parameters = model.weights.len();
+                    let model = Some(Box::new(model));
+                    self.phase = Phase::Training { round, client_id, model, parameters };
+                }
+                _ => self.abandon(error().message),
+            },
+            Phase::Fetch { round, client_id, protocol, since } => match status {
+                200 => self.on_server_message(round, client_id, protocol, &response.body),
+                204 => {
+                    self.wait_until = now + self.config.poll_interval_ms;
+                    self.phase = Phase::Fetch { round, client_id, protocol, since };
+                }
+                410 => self.end_round(RoundOutcome::Dropped(self.report)),
+                _ => self.abandon(error().message),
+            },
+            Phase::Post { round, client_id, protocol, body } => match status {
+                202 => self.after_post(round, client_id, protocol),
+                // A retried post whose first try arrived.
+                409 if retried && error().error == "duplicate" => self.after_post(round, client_id, protocol),
+                410 => self.end_round(RoundOutcome::Dropped(self.report)),
+                // The message belongs to a stage that closed meanwhile.
+                409 if error().error == "out_of_phase" || error().error == "not_selected" => {
+                    self.end_round(RoundOutcome::Dropped(self.report))
+                }
+                _ => {
+                    drop(body);
+                    self.abandon(error().message)
+                }
+            },
+            Phase::Report { .. } => {
+                // Metrics are best effort: a refusal does not fail the round.
+                self.phase = Phase::CheckIn;
+            }
+            Phase::Training { .. } => return Err(ParticipantError::OutOfOrder("no request while training")),
+            Phase::Finished => {}
+        }
+        Ok(())
+    }
+
+    fn unauthorized(&mut self, message: String) -> Result<(), ParticipantError> {
+        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        if matches!(phase, Phase::Enroll) || self.enrollment_token.is_none() {
+            return Err(ParticipantError::Unauthorized(message));
+        }
+        // The credential expired: enroll again, losing the current round.
+        self.saved = None;
+        self.phase = Phase::Enroll;
+        Ok(())
+    }
+
+    /// Hands over the local update after an [`Action::Train`]: `update` is
+    /// the model delta (local − global), `examples` its weight in the
+    /// average, `metrics` optional numbers (loss, accuracy) to report for
+    /// the round. They are sent as they are, so put nothing in them you
+    /// would not show the coordinator.
+    pub fn submit(
+        &mut self,
+        update: Vec<f32>,
+        examples: u32,
+        metrics: Option<serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<(), ParticipantError> {
+        let update = Zeroizing::new(update);
+        let Phase::Training { round, client_id, model: None, parameters } = self.phase else {
+            return Err(ParticipantError::OutOfOrder("submit comes after a Train action"));
+        };
+        if update.len() != parameters {
+            return Err(ParticipantError::InvalidUpdate(format!(
+                "{} values for a model of {parameters} parameters",
+                update.len()
+            )));
+        }
+        if examples == 0 || update.iter().any(|v| !v.is_finite()) {
+            return Err(ParticipantError::InvalidUpdate("non-finite values or no examples".into()));
+        }
+        self.metrics = metrics;
+        let protocol = Protocol::Pending { update, examples };
+        self.phase = Phase::Fetch { round, client_id, protocol, since: None };
+        Ok(())
+    }
+
+    /// Gives up on the current round without telling the server, as a
+    /// client that loses its connection would (the round ends with
+    /// [`RoundOutcome::Abandoned`]); then checks in for the next round.
+    pub fn vanish(&mut self, reason: &str) {
+        if !matches!(self.phase, Phase::Enroll | Phase::CheckIn | Phase::Report { .. } | Phase::Finished) {
+            self.in_flight = false;
+            self.metrics = None;
+            self.abandon(reason.to_string());
+        }
+    }
+
+    fn on_server_message(&mut self, round: u64, client_id: u32, protocol: Protocol, bytes: &[u8]) {
+        let message = match ServerMessage::decode(bytes) {
+            Ok(message) => message,
+            Err(e) => return self.abandon(format!("undecodable server message: {e}")),
+        };
+        let step = match protocol {
+            Protocol::Pending { update, examples } => {
+                start(message, client_id, &update, examples, &mut self.rng)
+            }
+            Protocol::Running(client) => {
+                let (client, reply) = client.handle(message, &mut self.rng);
+                let client = Box::new(client);
+                reply.map(|reply| (client, reply)).map_err(|e| e.to_string())
+            }
+        };
+        match step {
+            Ok((client, reply)) => {
+                let body = reply.encode();
+                self.phase = Phase::Post { round, client_id, protocol: Protocol::Running(client), body };
+            }
+            Err(e) => self.abandon(format!("protocol: {e}")),
+        }
+    }
+
+    fn after_post(&mut self, round: u64, client_id: u32, protocol: Protocol) {
+        if matches!(&protocol, Protocol::Running(client) if matches!(**client, Client::Finished)) {
+            if let Some(saved) = &mut self.saved {
+                saved.last_completed_round = round;
+            }
+            self.end_round(RoundOutcome::Completed(self.report));
+        } else {
+            self.phase = Phase::Fetch { round, client_id, protocol, since: None };
+        }
+    }
+
+    fn abandon(&mut self, reason: String) {
+        self.end_round(RoundOutcome::Abandoned { report: self.report, reason });
+    }
+
+    /// Queues the outcome, then the metrics report if the application
+    /// supplied metrics and the update went through.
+    fn end_round(&mut self, outcome: RoundOutcome) {
+        let report = *outcome.report();
+        let metrics = self.metrics.take();
+        self.phase = match (&outcome, metrics) {
+            (RoundOutcome::Completed(_), Some(mut metrics)) => {
+                metrics.insert("bytes_up".into(), report.bytes_up.into());
+                metrics.insert("bytes_down".into(), report.bytes_down.into());
+                let body = serde_json::json!({ "round": report.round, "kind": "train", "metrics": metrics });
+                Phase::Report { body: body.to_string().into_bytes() }
+            }
+            _ => Phase::CheckIn,
+        };
+        self.events.push_back(Action::RoundEnded(outcome));
+    }
+}
+
+/// Quantizes the update for the round's parameters and opens the protocol.
+fn start(
+    setup: ServerMessage,
+    client_id: u32,
+    update: &[f32],
+    examples: u32,
+    rng: &mut ChaCha20Rng,
+) -> Result<(Box<Client>, ClientMessage), String> {
+    let ServerMessage::Setup(config) = &setup else {
+        return Err(format!("expected the setup, got the {} message", setup.stage()));
+    };
+    let quantizer = Quantizer::new(config.quantization, config.modulus_bits, config.clients)
+        .map_err(|e| e.to_string())?;
+    let input = quantizer.encode(update, examples, rng).map_err(|e| e.to_string())?;
+    let me = ClientId::new(client_id).ok_or("the coordinator assigned client id 0")?;
+    Client::start(setup, me, None, input, rng)
+        .map(|(client, reply)| (Box::new(client), reply))
+        .map_err(|e: ProtocolError| e.to_string())
+}
+
+fn os_seed() -> [u8; 32] {
+    let mut seed = [0u8; 32];
+    // Without the operating system's randomness no mask can be secret.
+    getrandom::fill(&mut seed).unwrap_or_else(|e| panic!("no operating-system randomness: {e}"));
+    seed
+}
+
+fn get(path: &str, bearer: Option<String>) -> Request {
+    Request { method: Method::Get, path: path.into(), body: Vec::new(), content_type: None, bearer }
+}
+
+fn post_json(path: String, body: Vec<u8>, bearer: Option<String>) -> Request {
+    Request { method: Method::Post, path, body, content_type: Some("application/json"), bearer }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ParticipantError> {
+    serde_json::from_slice(body).map_err(|e| ParticipantError::UnexpectedReply(e.to_string()))
+}
+
+fn rejected(status: u16, error: ApiError) -> ParticipantError {
+    ParticipantError::Rejected { status, code: error.error, message: error.message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{ModelLayout, TensorSpec};
+
+    fn config() -> ParticipantConfig {
+        ParticipantConfig {
+            max_attempts: 4,
+            backoff_base_ms: 100,
+            backoff_max_ms: 250,
+            poll_interval_ms: 10,
+            stage_timeout_ms: 1_000,
+        }
+    }
+
+    fn send(participant: &mut Participant, now: u64) -> Request {
+        match participant.next(now) {
+            Action::Send(request) => request,
+            other => panic!("expected a request, got {other:?}"),
+        }
+    }
+
+    fn json(status: u16, body: serde_json::Value) -> Response {
+        Response { status, body: body.to_string().into_bytes() }
+    }
+
+    fn enrolled() -> Participant {
+        let mut p = Participant::enroll("task", "token", config()).with_seed([1; 32]);
+        let request = send(&mut p, 0);
+        assert_eq!((request.method, request.path.as_str()), (Method::Post, "/v1/tasks/task/enroll"));
+        let reply =
+            serde_json::json!({ "participant_id": "p1", "credential": "secret-credential", "expires_at": 9 });
+        p.handle(0, json(201, reply)).unwrap();
+        p
+    }
+
+    /// Enrolled, selected for round 3 and handed the model.
+    fn training() -> Participant {
+        let mut p = enrolled();
+        assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+        p.handle(0, json(200, serde_json::json!({ "status": "selected", "round": 3, "client_id": 2 })))
+            .unwrap();
+        assert_eq!(send(&mut p, 0).path, "/v1/model");
+        let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+        let model = checkpoint::encode(&layout, &[0.5, -0.5], &Default::default()).unwrap();
+        p.handle(0, Response { status: 200, body: model }).unwrap();
+        match p.next(0) {
+            Action::Train { round: 3, model } => assert_eq!(model.weights, vec![0.5, -0.5]),
+            other => panic!("expected training, got {other:?}"),
+        }
+        p
+    }
+
+    #[test]
+    fn failures_are_retried_with_capped_exponential_backoff() {
+        let mut p = Participant::enroll("task", "token", config());
+        let first = send(&mut p, 0);
+        p.transport_failed(0, "connection refused").unwrap();
+        assert!(matches!(p.next(50), Action::Wait(50)));
+        assert_eq!(send(&mut p, 100), first, "the same request is retried");
+        p.handle(100, Response { status: 503, body: vec![] }).unwrap();
+        assert!(matches!(p.next(100), Action::Wait(200)));
+        send(&mut p, 300);
+        p.transport_failed(300, "reset").unwrap();
+        assert!(matches!(p.next(300), Action::Wait(250)), "capped at backoff_max_ms");
+        send(&mut p, 550);
+        let error = p.transport_failed(550, "timed out").unwrap_err();
+        assert_eq!(error, ParticipantError::Unreachable { attempts: 4, last: "timed out".into() });
+    }
+
+    #[test]
+    fn a_success_resets_the_attempts() {
+        // More failures in all than max_attempts, but never two in a row.
+        let mut p = enrolled();
+        for cycle in 0..6 {
+            let now = cycle * 1_000;
+            send(&mut p, now);
+            p.transport_failed(now, "refused").unwrap();
+            send(&mut p, now + 500);
+            p.handle(now + 500, json(200, serde_json::json!({ "status": "wait", "retry_after_ms": 100 })))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn the_credential_is_presented_but_never_printed() {
+        let mut p = enrolled();
+        let request = send(&mut p, 0);
+        assert_eq!(request.bearer.as_deref(), Some("secret-credential"));
+        assert!(!format!("{request:?}").contains("secret-credential"));
+        assert!(!format!("{:?}", p.saved_state().unwrap()).contains("secret-credential"));
+    }
+
+    #[test]
+    fn updates_are_checked_and_must_come_after_training() {
+        let mut p = enrolled();
+        assert_eq!(
+            p.submit(vec![0.0; 2], 1, None),
+            Err(ParticipantError::OutOfOrder("submit comes after a Train action"))
+        );
+        let mut p = training();
+        assert!(matches!(p.submit(vec![0.0; 3], 1, None), Err(ParticipantError::InvalidUpdate(_))));
+        assert!(matches!(p.submit(vec![f32::NAN, 0.0], 1, None), Err(ParticipantError::InvalidUpdate(_))));
+        assert!(matches!(p.submit(vec![0.1, 0.0], 0, None), Err(ParticipantError::InvalidUpdate(_))));
+        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        assert_eq!(send(&mut p, 0).path, "/v1/round/message");
+    }
+
+    #[test]
+    fn a_stalled_stage_abandons_the_round_and_the_round_is_not_rejoined() {
+        let mut p = training();
+        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        let mut now = 0;
+        loop {
+            match p.next(now) {
+                Action::Send(_) => p.handle(now, Response { status: 204, body: vec![] }).unwrap(),
+                Action::Wait(ms) => now += ms,
+                Action::RoundEnded(RoundOutcome::Abandoned { report, reason }) => {
+                    assert_eq!(report.round, 3);
+                    assert!(reason.contains("1000 ms"), "{reason}");
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(now > 1_000 && now < 1_100, "{now}");
+        // Still listed for round 3 at check-in: wait for round 4 instead.
+        assert_eq!(send(&mut p, now).path, "/v1/checkin");
+        p.handle(now, json(200, serde_json::json!({ "status": "selected", "round": 3, "client_id": 2 })))
+            .unwrap();
+        assert!(matches!(p.next(now), Action::Wait(_)));
+    }
+
+    #[test]
+    fn garbage_from_the_server_ends_the_round_not_the_participant() {
+        let mut p = training();
+        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        send(&mut p, 0);
+        p.handle(0, Response { status: 200, body: b"not a server message".to_vec() }).unwrap();
+        assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Abandoned { .. })));
+        assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+        p.handle(0, Response { status: 200, body: b"{\"status\": \"dancing\"}".to_vec() }).unwrap_err();
+    }
+
+    #[test]
+    fn an_expired_credential_enrolls_again_and_a_refused_token_is_fatal() {
+        let mut p = enrolled();
+        send(&mut p, 0);
+        p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "expired" }))).unwrap();
+        assert_eq!(send(&mut p, 0).path, "/v1/tasks/task/enroll");
+        let error =
+            p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "bad token" })));
+        assert_eq!(error, Err(ParticipantError::Unauthorized("bad token".into())));
+        // Without the enrollment token a resumed participant cannot recover.
+        let saved = enrolled().saved_state().unwrap().clone();
+        let mut p = Participant::resume(saved, None, config());
+        send(&mut p, 0);
+        assert!(matches!(
+            p.handle(0, json(401, serde_json::json!({}))),
+            Err(ParticipantError::Unauthorized(_))
+        ));
+    }
+
+    #[test]
+    fn a_response_without_a_request_is_refused() {
+        let mut p = Participant::enroll("task", "token", config());
+        assert!(matches!(p.handle(0, Response::default()), Err(ParticipantError::OutOfOrder(_))));
+    }
+}

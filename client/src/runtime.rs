@@ -1,0 +1,295 @@
+//! A blocking driver for [`Participant`]: a [`Transport`] sends the
+//! requests, a [`Trainer`] computes the updates, and the enrollment is
+//! kept in a state file so that a restarted client goes on where it was.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ndarray::Array1;
+
+use crate::checkpoint::Checkpoint;
+use crate::data::Dataset;
+use crate::model::Model;
+use crate::participant::{
+    Action, Participant, ParticipantError, Request, Response, RoundOutcome, SavedState,
+};
+use crate::train::{TrainConfig, train};
+
+/// Sends one request and returns the coordinator's response, whatever
+/// its status; `Err` means no response arrived.
+pub trait Transport {
+    /// Performs the request.
+    fn send(&mut self, request: &Request) -> Result<Response, String>;
+}
+
+/// The update an application computed for a round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalUpdate {
+    /// Local model minus global model, in the global model's layout.
+    pub delta: Vec<f32>,
+    /// Weight in the average: the number of local examples.
+    pub examples: u32,
+    /// Numbers to report for the round (loss, accuracy), if any.
+    pub metrics: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Computes a round's update from the global model.
+pub trait Trainer {
+    /// Trains on local data, starting from `model`.
+    fn train(&mut self, round: u64, model: &Checkpoint) -> Result<LocalUpdate, String>;
+}
+
+/// The built-in trainer: one of the [`Model`]s on a local [`Dataset`].
+#[derive(Debug, Clone)]
+pub struct LocalTrainer {
+    /// Architecture; must match the task's layout.
+    pub model: Model,
+    /// Local examples.
+    pub data: Dataset,
+    /// Hyper-parameters; the seed is mixed with the round number.
+    pub config: TrainConfig,
+}
+
+impl Trainer for LocalTrainer {
+    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, String> {
+        if global.layout != self.model.layout() {
+            return Err("the task's model layout is not this client's architecture".into());
+        }
+        let mut params = global.weights.clone();
+        let config =
+            TrainConfig { seed: self.config.seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15), ..self.config };
+        let report = train(
+            &self.model,
+            &mut params,
+            &global.weights,
+            self.data.features.view(),
+            &self.data.labels,
+            &config,
+        )
+        .map_err(|e| e.to_string())?;
+        let delta = (Array1::from(params) - Array1::from(global.weights.clone())).to_vec();
+        let mut metrics = serde_json::Map::new();
+        metrics.insert("train_loss".into(), f64::from(report.loss).into());
+        metrics.insert("examples".into(), report.examples.into());
+        let examples = u32::try_from(report.examples).map_err(|_| "too many local examples")?;
+        Ok(LocalUpdate { delta, examples, metrics: Some(metrics) })
+    }
+}
+
+/// Drives a [`Participant`] with blocking I/O.
+pub struct Runner<T: Transport> {
+    participant: Participant,
+    transport: T,
+    state_file: Option<PathBuf>,
+    clock: Instant,
+}
+
+impl<T: Transport> std::fmt::Debug for Runner<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner").field("participant", &self.participant).finish_non_exhaustive()
+    }
+}
+
+/// Why a runner stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The participant cannot go on.
+    #[error(transparent)]
+    Participant(#[from] ParticipantError),
+    /// The state file could not be written or read.
+    #[error("state file {}: {message}", path.display())]
+    State {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl<T: Transport> Runner<T> {
+    /// A runner; with `state_file`, the enrollment is saved there after it
+    /// happens and after every completed round.
+    pub fn new(participant: Participant, transport: T, state_file: Option<PathBuf>) -> Self {
+        Self { participant, transport, state_file, clock: Instant::now() }
+    }
+
+    /// The participant.
+    pub fn participant(&self) -> &Participant {
+        &self.participant
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    /// Takes part until one round this client was selected for ends;
+    /// `None` when the task is over.
+    pub fn run_round(&mut self, trainer: &mut dyn Trainer) -> Result<Option<RoundOutcome>, RunError> {
+        self.run_round_with(trainer, |_| false)
+    }
+
+    /// As [`run_round`](Self::run_round); `vanish` is asked before every
+    /// request and, when it says so, the client silently leaves the round
+    /// (dropout experiments).
+    pub fn run_round_with(
+        &mut self,
+        trainer: &mut dyn Trainer,
+        mut vanish: impl FnMut(&Participant) -> bool,
+    ) -> Result<Option<RoundOutcome>, RunError> {
+        loop {
+            let had_state = self.participant.saved_state().map(|s| s.last_completed_round);
+            match self.participant.next(self.now()) {
+                Action::Send(request) => {
+                    if vanish(&self.participant) {
+                        self.participant.vanish("left the round on purpose");
+                        continue;
+                    }
+                    match self.transport.send(&request) {
+                        Ok(response) => self.participant.handle(self.now(), response)?,
+                        Err(error) => self.participant.transport_failed(self.now(), &error)?,
+                    }
+                    let has_state = self.participant.saved_state().map(|s| s.last_completed_round);
+                    if had_state.is_none() && has_state.is_some() {
+                        self.save()?;
+                    }
+                }
+                Action::Wait(ms) => std::thread::sleep(Duration::from_millis(ms.min(1_000))),
+                Action::Train { round, model } => match trainer.train(round, &model) {
+                    Ok(update) => self.participant.submit(update.delta, update.examples, update.metrics)?,
+                    Err(reason) => self.participant.vanish(&format!("local training failed: {reason}")),
+                },
+                Action::RoundEnded(outcome) => {
+                    self.save()?;
+                    return Ok(Some(outcome));
+                }
+                Action::Finished => return Ok(None),
+            }
+        }
+    }
+
+    fn save(&self) -> Result<(), RunError> {
+        match (&self.state_file, self.participant.saved_state()) {
+            (Some(path), Some(state)) => save_state(path, state),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Writes the state file atomically, readable by its owner only.
+pub fn save_state(path: &Path, state: &SavedState) -> Result<(), RunError> {
+    let error =
+        |e: &dyn std::fmt::Display| RunError::State { path: path.to_path_buf(), message: e.to_string() };
+    let json = zeroize::Zeroizing::new(serde_json::to_vec(state).map_err(|e| error(&e))?);
+    let temporary = path.with_extension("tmp");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(&temporary).map_err(|e| error(&e))?;
+    std::io::Write::write_all(&mut file, &json).map_err(|e| error(&e))?;
+    file.sync_all().map_err(|e| error(&e))?;
+    std::fs::rename(&temporary, path).map_err(|e| error(&e))
+}
+
+/// Reads a state file written by [`save_state`]; `None` if there is none.
+pub fn load_state(path: &Path) -> Result<Option<SavedState>, RunError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => zeroize::Zeroizing::new(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(RunError::State { path: path.to_path_buf(), message: e.to_string() }),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| RunError::State { path: path.to_path_buf(), message: format!("corrupt: {e}") })
+}
+
+/// The blocking HTTP(S) transport: ureq over rustls, with the web PKI's
+/// root certificates or a given one.
+#[cfg(feature = "http")]
+pub mod http {
+    use std::time::Duration;
+
+    use super::Transport;
+    use crate::participant::{Method, Request, Response};
+
+    /// Largest response body accepted (a model checkpoint).
+    const MAX_BODY_BYTES: u64 = 1 << 30;
+
+    /// Talks to a coordinator at a base URL (`http://host:port`).
+    #[derive(Debug, Clone)]
+    pub struct HttpTransport {
+        agent: ureq::Agent,
+        base: String,
+    }
+
+    impl HttpTransport {
+        /// A transport for `base_url`, trusting the web PKI's roots for
+        /// `https`.
+        pub fn new(base_url: &str) -> Self {
+            Self::with_tls(base_url, ureq::tls::TlsConfig::default())
+        }
+
+        /// A transport that trusts only the CA certificate(s) in `pem`.
+        pub fn with_root_certificates(base_url: &str, pem: &[u8]) -> Result<Self, String> {
+            let certificates = ureq::tls::parse_pem(pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(e.to_string())),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if certificates.is_empty() {
+                return Err("no certificate in the PEM data".into());
+            }
+            let roots = ureq::tls::RootCerts::Specific(std::sync::Arc::new(certificates));
+            Ok(Self::with_tls(base_url, ureq::tls::TlsConfig::builder().root_certs(roots).build()))
+        }
+
+        fn with_tls(base_url: &str, tls: ureq::tls::TlsConfig) -> Self {
+            let agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_connect(Some(Duration::from_secs(10)))
+                .timeout_global(Some(Duration::from_secs(120)))
+                .tls_config(tls)
+                .build()
+                .into();
+            Self { agent, base: base_url.trim_end_matches('/').to_string() }
+        }
+    }
+
+    impl Transport for HttpTransport {
+        fn send(&mut self, request: &Request) -> Result<Response, String> {
+            let url = format!("{}{}", self.base, request.path);
+            let bearer = request.bearer.as_ref().map(|b| format!("Bearer {b}"));
+            let result = match request.method {
+                Method::Get => {
+                    let mut builder = self.agent.get(&url);
+                    if let Some(bearer) = &bearer {
+                        builder = builder.header("authorization", bearer);
+                    }
+                    builder.call()
+                }
+                Method::Post => {
+                    let mut builder = self.agent.post(&url);
+                    if let Some(bearer) = &bearer {
+                        builder = builder.header("authorization", bearer);
+                    }
+                    if let Some(content_type) = request.content_type {
+                        builder = builder.header("content-type", content_type);
+                    }
+                    builder.send(&request.body[..])
+                }
+            };
+            let mut response = result.map_err(|e| e.to_string())?;
+            let status = response.status().as_u16();
+            let body = response
+                .body_mut()
+                .with_config()
+                .limit(MAX_BODY_BYTES)
+                .read_to_vec()
+                .map_err(|e| e.to_string())?;
+            Ok(Response { status, body })
+        }
+    }
+}

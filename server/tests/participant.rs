@@ -1,0 +1,214 @@
+//! The client library's participant against a real coordinator over
+//! HTTP on loopback: enrollment, selection, training hand-off, secure
+//! aggregation, a client that vanishes mid-round, a client restarted from
+//! its state file, and the typed errors.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use cohort_client::checkpoint::{self, Checkpoint};
+use cohort_client::participant::{
+    Method, Participant, ParticipantConfig, ParticipantError, Request, RoundOutcome, Stage,
+};
+use cohort_client::runtime::http::HttpTransport;
+use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, Transport, load_state};
+use cohort_server::service::{Service, ServiceConfig};
+use serde_json::{Value, json};
+
+const ADMIN: &str = "admin-token-for-participant-tests";
+
+/// A coordinator on its own runtime, listening on a free port.
+struct Coordinator {
+    runtime: tokio::runtime::Runtime,
+    service: Option<Service>,
+    url: String,
+    database: PathBuf,
+}
+
+impl Coordinator {
+    fn start(name: &str) -> Self {
+        let database =
+            std::env::temp_dir().join(format!("cohort-participant-{name}-{}.db", std::process::id()));
+        let _ = std::fs::remove_file(&database);
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let service = runtime
+            .block_on(Service::start(ServiceConfig {
+                bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+                database_url: format!("sqlite://{}", database.display()),
+                admin_token: ADMIN.into(),
+                max_message_bytes: 1 << 20,
+                credential_ttl_ms: 3_600_000,
+            }))
+            .unwrap();
+        let url = service.url();
+        Self { runtime, service: Some(service), url, database }
+    }
+
+    fn admin(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Vec<u8>) {
+        let request = Request {
+            method,
+            path: path.into(),
+            body: body.map(|b| b.to_string().into_bytes()).unwrap_or_default(),
+            content_type: Some("application/json"),
+            bearer: Some(ADMIN.into()),
+        };
+        let response = HttpTransport::new(&self.url).send(&request).unwrap();
+        (response.status, response.body)
+    }
+
+    fn create_task(&self, spec: Value) -> (String, String) {
+        let (status, body) = self.admin(Method::Post, "/admin/tasks", Some(spec));
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        let created: Value = serde_json::from_slice(&body).unwrap();
+        (created["id"].as_str().unwrap().into(), created["enrollment_token"].as_str().unwrap().into())
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        if let Some(service) = self.service.take() {
+            let _ = self.runtime.block_on(service.stop());
+        }
+        let _ = std::fs::remove_file(&self.database);
+    }
+}
+
+/// Hands in a fixed update every round.
+struct Fixed {
+    delta: Vec<f32>,
+    examples: u32,
+    rounds_trained: Vec<u64>,
+}
+
+impl Trainer for Fixed {
+    fn train(&mut self, round: u64, model: &Checkpoint) -> Result<LocalUpdate, String> {
+        assert_eq!(model.weights.len(), self.delta.len());
+        self.rounds_trained.push(round);
+        Ok(LocalUpdate { delta: self.delta.clone(), examples: self.examples, metrics: None })
+    }
+}
+
+fn spec(clients: u32, rounds: u32) -> Value {
+    json!({
+        "name": "participant test",
+        "rounds": rounds,
+        "clients_per_round": clients,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [3] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 3 },
+        "deadlines": { "advertise_keys_ms": 20000, "share_keys_ms": 20000, "masked_input_ms": 3000, "unmasking_ms": 20000 }
+    })
+}
+
+fn fast() -> ParticipantConfig {
+    ParticipantConfig { poll_interval_ms: 50, ..ParticipantConfig::default() }
+}
+
+fn update(k: usize) -> Vec<f32> {
+    vec![k as f32 * 0.1, -(k as f32) * 0.05, 0.25]
+}
+
+#[test]
+fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
+    let coordinator = Coordinator::start("rounds");
+    let (task, token) = coordinator.create_task(spec(5, 2));
+    let state_dir = std::env::temp_dir().join(format!("cohort-participant-state-{}", std::process::id()));
+    std::fs::create_dir_all(&state_dir).unwrap();
+    let handles: Vec<_> = (0..5)
+        .map(|k| {
+            let (url, task, token) = (coordinator.url.clone(), task.clone(), token.clone());
+            let state_file = state_dir.join(format!("client-{k}.json"));
+            std::thread::spawn(move || {
+                let mut trainer = Fixed { delta: update(k), examples: 10 + k as u32, rounds_trained: vec![] };
+                let participant = Participant::enroll(&task, &token, fast()).with_seed([k as u8; 32]);
+                let mut runner = Runner::new(participant, HttpTransport::new(&url), Some(state_file.clone()));
+                let mut outcomes = Vec::new();
+                // Client 4 leaves round 1 after its shares, before its
+                // masked input: its pairwise masks must be recovered.
+                let vanish = |p: &Participant| k == 4 && p.posting() == Some(Stage::MaskedInputCollection);
+                outcomes.push(runner.run_round_with(&mut trainer, vanish).unwrap().unwrap());
+                let enrolled_as = runner.participant().saved_state().unwrap().participant_id.clone();
+                if k == 0 {
+                    // Client 0 restarts from its state file between rounds.
+                    drop(runner);
+                    let saved = load_state(&state_file).unwrap().unwrap();
+                    assert_eq!(saved.participant_id, enrolled_as);
+                    assert_eq!(saved.last_completed_round, 1);
+                    let credential =
+                        serde_json::to_value(&saved).unwrap()["credential"].as_str().unwrap().to_string();
+                    assert!(credential.len() >= 32 && !format!("{saved:?}").contains(&credential));
+                    let participant = Participant::resume(saved, None, fast());
+                    runner = Runner::new(participant, HttpTransport::new(&url), Some(state_file));
+                }
+                while let Some(outcome) = runner.run_round(&mut trainer).unwrap() {
+                    outcomes.push(outcome);
+                }
+                assert_eq!(runner.participant().saved_state().unwrap().participant_id, enrolled_as);
+                (outcomes, trainer.rounds_trained)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for (k, (outcomes, rounds)) in results.iter().enumerate() {
+        assert_eq!(rounds, &vec![1, 2], "client {k} trained in rounds {rounds:?}");
+        assert_eq!(outcomes.len(), 2, "client {k}: {outcomes:?}");
+        let first_completed = matches!(outcomes[0], RoundOutcome::Completed(_));
+        assert_eq!(first_completed, k != 4, "client {k}: {outcomes:?}");
+        assert!(matches!(outcomes[1], RoundOutcome::Completed(_)), "client {k}: {outcomes:?}");
+        let report = outcomes[1].report();
+        assert_eq!(report.round, 2);
+        assert!(report.bytes_up > 0 && report.bytes_down > report.bytes_up, "{report:?}");
+    }
+
+    // FedAvg from zeros: the model is the sum of the two rounds' weighted
+    // means, round 1 without client 4.
+    let mean = |clients: &[usize]| -> Vec<f32> {
+        let total: f32 = clients.iter().map(|&k| 10.0 + k as f32).sum();
+        (0..3)
+            .map(|j| clients.iter().map(|&k| update(k)[j] * (10.0 + k as f32)).sum::<f32>() / total)
+            .collect()
+    };
+    let expected: Vec<f32> =
+        mean(&[0, 1, 2, 3]).iter().zip(mean(&[0, 1, 2, 3, 4])).map(|(a, b)| a + b).collect();
+    let (status, bytes) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/2"), None);
+    assert_eq!(status, 200);
+    let model = checkpoint::decode(&bytes).unwrap();
+    for (got, want) in model.weights.iter().zip(&expected) {
+        assert!((got - want).abs() < 1e-3, "{:?} vs {expected:?}", model.weights);
+    }
+    let (_, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
+    let rounds: Vec<Value> = serde_json::from_slice(&rounds).unwrap();
+    assert_eq!(rounds.iter().map(|r| r["survivors"].as_i64().unwrap()).collect::<Vec<_>>(), vec![4, 5]);
+    std::fs::remove_dir_all(&state_dir).unwrap();
+}
+
+#[test]
+fn refusals_and_outages_are_typed_errors() {
+    let coordinator = Coordinator::start("errors");
+    let (task, _) = coordinator.create_task(spec(4, 1));
+    let mut trainer = Fixed { delta: vec![0.0; 3], examples: 1, rounds_trained: vec![] };
+    let run = |participant: Participant, url: &str, trainer: &mut Fixed| {
+        Runner::new(participant, HttpTransport::new(url), None).run_round(trainer)
+    };
+
+    let wrong_token = Participant::enroll(&task, "not-the-token", fast());
+    let error = run(wrong_token, &coordinator.url, &mut trainer).unwrap_err();
+    assert!(matches!(error, RunError::Participant(ParticipantError::Unauthorized(_))), "{error}");
+
+    let unknown_task = Participant::enroll("no-such-task", "token", fast());
+    let error = run(unknown_task, &coordinator.url, &mut trainer).unwrap_err();
+    assert!(matches!(error, RunError::Participant(ParticipantError::TaskNotFound(_))), "{error}");
+
+    // Nothing listens on this port: a bounded number of tries, then an error.
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let config = ParticipantConfig { max_attempts: 3, backoff_base_ms: 10, ..fast() };
+    let offline = Participant::enroll(&task, "token", config);
+    let error = run(offline, &format!("http://{unused}"), &mut trainer).unwrap_err();
+    assert!(
+        matches!(error, RunError::Participant(ParticipantError::Unreachable { attempts: 3, .. })),
+        "{error}"
+    );
+    assert!(trainer.rounds_trained.is_empty());
+}
