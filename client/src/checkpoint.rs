@@ -52,6 +52,28 @@ impl ModelLayout {
         self.len() == 0
     }
 
+    /// PyTorch's default initialisation of linear and convolution layers:
+    /// every weight tensor (rank ≥ 2) and the bias after it uniform in
+    /// ±1/√fan_in, fan_in being the product of the weight's dimensions
+    /// after the first. Deterministic for the seed.
+    pub fn fan_in_init(&self, seed: u64) -> Vec<f32> {
+        use rand_core::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(seed);
+        let mut params = Vec::with_capacity(self.len());
+        let mut fan_in = 1;
+        for tensor in &self.tensors {
+            if tensor.shape.len() > 1 {
+                fan_in = tensor.shape[1..].iter().product::<usize>();
+            }
+            let bound = 1.0 / (fan_in as f64).sqrt();
+            for _ in 0..tensor.len() {
+                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                params.push(((2.0 * u - 1.0) * bound) as f32);
+            }
+        }
+        params
+    }
+
     /// Checks that names are unique and non-empty and no tensor is empty.
     pub fn validate(&self) -> Result<(), CheckpointError> {
         let mut seen = std::collections::HashSet::new();

@@ -269,8 +269,9 @@ pub struct Participant {
     wait_until: u64,
     in_flight: bool,
     report: RoundReport,
-    /// The last round this participant joined; it never joins one twice.
-    last_round: u64,
+    /// The last (round, attempt) this participant joined; it never joins
+    /// one twice.
+    last_round: (u64, u32),
     metrics: Option<serde_json::Map<String, serde_json::Value>>,
     events: VecDeque<Action>,
 }
@@ -291,8 +292,15 @@ struct Enrolled {
 #[derive(Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 enum CheckIn {
-    Wait { retry_after_ms: u64 },
-    Selected { round: u64, client_id: u32 },
+    Wait {
+        retry_after_ms: u64,
+    },
+    Selected {
+        round: u64,
+        client_id: u32,
+        #[serde(default)]
+        attempt: u32,
+    },
     Finished,
 }
 
@@ -333,7 +341,7 @@ impl Participant {
         seed: [u8; 32],
     ) -> Self {
         let phase = if saved.is_some() { Phase::CheckIn } else { Phase::Enroll };
-        let last_round = saved.as_ref().map_or(0, |s| s.last_completed_round);
+        let last_round = (saved.as_ref().map_or(0, |s| s.last_completed_round), u32::MAX);
         Self {
             config,
             task_id: task_id.to_string(),
@@ -502,14 +510,14 @@ impl Participant {
                         self.wait_until = now + retry_after_ms;
                         self.phase = Phase::CheckIn;
                     }
-                    CheckIn::Selected { round, client_id } => {
-                        if round <= self.last_round {
+                    CheckIn::Selected { round, client_id, attempt } => {
+                        if (round, attempt) <= self.last_round {
                             // This round is over for us; wait for the next.
                             self.wait_until = now + self.config.poll_interval_ms * 5;
                             self.phase = Phase::CheckIn;
                         } else {
                             self.report = RoundReport { round, ..RoundReport::default() };
-                            self.last_round = round;
+                            self.last_round = (round, attempt);
                             self.phase = Phase::Model { round, client_id };
                         }
                     }

@@ -40,6 +40,9 @@ pub enum CheckIn {
         round: u64,
         /// The client's id in this round's roster.
         client_id: u32,
+        /// Attempt at this round: an aborted round runs again with the
+        /// same number and a new attempt, which earlier members may join.
+        attempt: u32,
     },
     /// The task is over; stop checking in.
     Finished,
@@ -301,7 +304,11 @@ impl TaskEngine {
         self.checked_in.insert(participant.to_string(), now);
         match &self.round {
             Some(round) => match round.ids.get(participant) {
-                Some(id) => CheckIn::Selected { round: round.number, client_id: id.get() },
+                Some(id) => CheckIn::Selected {
+                    round: round.number,
+                    client_id: id.get(),
+                    attempt: round.metrics.attempt,
+                },
                 None => CheckIn::Wait { retry_after_ms: 2_000 },
             },
             None => CheckIn::Wait { retry_after_ms: 1_000 },

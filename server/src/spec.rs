@@ -66,6 +66,14 @@ pub enum ModelInit {
     /// All zeros.
     #[default]
     Zeros,
+    /// PyTorch's default for linear and convolution layers: each weight
+    /// tensor (and the bias after it) uniform in ±1/√fan_in, where fan_in
+    /// is the product of the weight's dimensions after the first;
+    /// deterministic for the seed.
+    FanIn {
+        /// Seed.
+        seed: u64,
+    },
     /// Uniform in [−scale, scale], deterministic for the seed.
     Uniform {
         /// Half-width of the interval.
@@ -257,6 +265,7 @@ impl TaskSpec {
         let len = self.model.layout.len();
         match self.model.init {
             ModelInit::Zeros => vec![0.0; len],
+            ModelInit::FanIn { seed } => self.model.layout.fan_in_init(seed),
             ModelInit::Uniform { scale, seed } => {
                 use rand_core::{Rng, SeedableRng};
                 let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(seed);
@@ -356,5 +365,16 @@ pub(crate) mod tests {
         let a = spec.initial_weights();
         assert_eq!(a, spec.initial_weights());
         assert!(a.iter().all(|w| w.abs() <= 0.1) && a.iter().any(|w| *w != 0.0));
+    }
+
+    #[test]
+    fn fan_in_init_is_the_client_models_initialisation() {
+        let model = cohort_client::model::Model::by_name("cnn", 784, 10).unwrap();
+        let mut spec = small_spec();
+        spec.model.layout = model.layout();
+        spec.model.init = ModelInit::FanIn { seed: 5 };
+        assert_eq!(spec.initial_weights(), model.init(5));
+        let parsed: ModelInit = serde_json::from_str(r#"{"kind": "fan_in", "seed": 5}"#).unwrap();
+        assert_eq!(parsed, ModelInit::FanIn { seed: 5 });
     }
 }

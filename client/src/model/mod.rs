@@ -20,8 +20,6 @@ mod cnn;
 mod mlp;
 
 use ndarray::{Array2, ArrayView1, ArrayView2, Axis, Slice};
-use rand_chacha::ChaCha20Rng;
-use rand_core::{Rng, SeedableRng};
 
 pub use cnn::Cnn;
 pub use mlp::Mlp;
@@ -93,25 +91,9 @@ impl Model {
         self.len() == 0
     }
 
-    /// PyTorch's default initialisation for linear and convolution layers:
-    /// weights and biases uniform in ±1/√fan_in; deterministic for the seed.
+    /// PyTorch's default initialisation ([`ModelLayout::fan_in_init`]).
     pub fn init(&self, seed: u64) -> Vec<f32> {
-        let mut rng = ChaCha20Rng::seed_from_u64(seed);
-        let mut params = Vec::with_capacity(self.len());
-        let layout = self.layout();
-        // Weight tensors are followed by their bias, which shares fan_in.
-        let mut fan_in = 1;
-        for tensor in &layout.tensors {
-            if tensor.shape.len() > 1 {
-                fan_in = tensor.shape[1..].iter().product::<usize>();
-            }
-            let bound = 1.0 / (fan_in as f64).sqrt();
-            for _ in 0..tensor.len() {
-                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-                params.push(((2.0 * u - 1.0) * bound) as f32);
-            }
-        }
-        params
+        self.layout().fan_in_init(seed)
     }
 
     /// Logits for a batch (rows of `x`).
@@ -202,6 +184,9 @@ fn loss_and_output_delta(logits: &Array2<f32>, labels: &[u8]) -> (f32, Array2<f3
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::{Rng, SeedableRng};
+
     use super::*;
 
     pub(crate) fn batch(rows: usize, cols: usize, seed: u64) -> Array2<f32> {

@@ -1,0 +1,117 @@
+//! Federated experiments: a dataset split among simulated clients, each
+//! with the built-in trainer. `cohort demo` (client processes over HTTP)
+//! and `cohort simulate` (in process) share this, so that both train the
+//! same clients the same way: client `k` trains with the seed
+//! `seed ⊕ k·φ` mixed with the round number.
+
+use std::path::PathBuf;
+
+use crate::data::{DataError, Dataset, load_dataset};
+use crate::model::Model;
+use crate::partition::{PartitionError, Scheme, partition, summary};
+use crate::runtime::{LocalTrainer, LocalUpdate, Trainer};
+use crate::train::TrainConfig;
+
+/// What an experiment trains on and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExperimentSetup {
+    /// `fashion-mnist` or `mnist`.
+    pub dataset: String,
+    /// Where the dataset lives (default: its usual place).
+    pub data_dir: Option<PathBuf>,
+    /// How the training set is split.
+    pub partition: Scheme,
+    /// Clients.
+    pub clients: usize,
+    /// `logreg`, `2nn` or `cnn`.
+    pub model: String,
+    /// Local training.
+    pub train: TrainConfig,
+    /// Seed of the partition and of local training.
+    pub seed: u64,
+}
+
+/// Why an experiment cannot start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExperimentError {
+    /// The dataset could not be loaded.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The dataset could not be split.
+    #[error(transparent)]
+    Partition(#[from] PartitionError),
+    /// The model does not exist or does not fit the data.
+    #[error("unknown model {0:?} for this dataset (expected logreg, 2nn or cnn)")]
+    Model(String),
+}
+
+/// An experiment ready to run.
+#[derive(Debug, Clone)]
+pub struct Experiment {
+    /// The model.
+    pub model: Model,
+    /// Each client's local data.
+    pub shards: Vec<Dataset>,
+    /// The held-out test set.
+    pub test: Dataset,
+    /// The label histogram of every client, printable.
+    pub summary: String,
+    setup: ExperimentSetup,
+}
+
+impl Experiment {
+    /// Loads and splits the data.
+    pub fn prepare(setup: &ExperimentSetup) -> Result<Self, ExperimentError> {
+        let (train, test) = load_dataset(&setup.dataset, setup.data_dir.as_deref())?;
+        let model = Model::by_name(&setup.model, train.features.ncols(), train.classes)
+            .ok_or_else(|| ExperimentError::Model(setup.model.clone()))?;
+        let parts = partition(&train.labels, train.classes, setup.clients, setup.partition, setup.seed)?;
+        let summary = summary(&train.labels, &parts, train.classes);
+        let shards = parts.iter().map(|indices| train.subset(indices)).collect();
+        Ok(Self { model, shards, test, summary, setup: setup.clone() })
+    }
+
+    /// Client `k`'s trainer.
+    pub fn trainer(&self, k: usize) -> LocalTrainer {
+        client_trainer(&self.model, self.shards[k].clone(), &self.setup.train, self.setup.seed, k)
+    }
+
+    /// Trains the `selected` clients from `global` for `round`, on up to
+    /// `threads` threads; returns their updates in the order given.
+    pub fn local_updates(
+        &self,
+        round: u64,
+        global: &crate::checkpoint::Checkpoint,
+        selected: &[usize],
+        threads: usize,
+    ) -> Vec<Result<LocalUpdate, String>> {
+        let threads = threads.clamp(1, selected.len().max(1));
+        let mut results: Vec<Option<Result<LocalUpdate, String>>> = vec![None; selected.len()];
+        std::thread::scope(|scope| {
+            for (chunk, out) in selected
+                .chunks(selected.len().div_ceil(threads).max(1))
+                .zip(results.chunks_mut(selected.len().div_ceil(threads).max(1)))
+            {
+                scope.spawn(move || {
+                    for (&k, slot) in chunk.iter().zip(out) {
+                        *slot = Some(self.trainer(k).train(round, global));
+                    }
+                });
+            }
+        });
+        results.into_iter().map(|r| r.unwrap_or_else(|| Err("not trained".into()))).collect()
+    }
+}
+
+/// The trainer of client `k` of an experiment seeded with `seed`.
+pub fn client_trainer(
+    model: &Model,
+    data: Dataset,
+    train: &TrainConfig,
+    seed: u64,
+    k: usize,
+) -> LocalTrainer {
+    let seed = seed ^ (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    LocalTrainer { model: model.clone(), data, config: TrainConfig { seed, ..*train } }
+}
