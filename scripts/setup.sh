@@ -8,7 +8,10 @@
 #   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain);
 #   - a running PostgreSQL server on 127.0.0.1:5432 (the store tests);
 #   - a Python venv with safetensors and NumPy (COHORT_VENV, default
-#     /var/tmp/cohort-venv): the test that Python loads our checkpoints.
+#     /var/tmp/cohort-venv): the test that Python loads our checkpoints;
+#   - a Python venv with PyTorch 2.13.0 (COHORT_TORCH_VENV, default
+#     /var/tmp/cohort-torch-venv, about 4.7 GB): libtorch for the `tch`
+#     feature of cohort-client.
 set -euo pipefail
 
 log() { printf '==> %s\n' "$*"; }
@@ -56,6 +59,13 @@ if ! "$venv/bin/python" -c "import safetensors.numpy, numpy" >/dev/null 2>&1; th
     log "creating the Python venv $venv (safetensors, numpy)"
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check "safetensors==0.7.*" "numpy<3"
+fi
+
+torch_venv="${COHORT_TORCH_VENV:-/var/tmp/cohort-torch-venv}"
+if ! "$torch_venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" >/dev/null 2>&1; then
+    log "creating the Python venv $torch_venv (torch 2.13.0, about 4.7 GB)"
+    python3 -m venv "$torch_venv"
+    "$torch_venv/bin/pip" install --quiet --disable-pip-version-check "torch==2.13.0"
 fi
 
 if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then

@@ -18,6 +18,13 @@ scripts/setup.sh
 log "workspace tests"
 cargo test --workspace --locked 2>&1 | tee "$scratch/cargo-test.log"
 
+log "cohort-client on libtorch (feature tch)"
+# tch builds against the venv's PyTorch and loads its libraries at run time.
+torch_venv="${COHORT_TORCH_VENV:-/var/tmp/cohort-torch-venv}"
+LIBTORCH_USE_PYTORCH=1 PATH="$torch_venv/bin:$PATH" \
+    LD_LIBRARY_PATH="$(echo "$torch_venv"/lib/python3*/site-packages/torch/lib)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test --locked -p cohort-client --features tch 2>&1 | tee -a "$scratch/cargo-test.log"
+
 log "crypto/ for wasm32-unknown-unknown (Debian rustc-web, -Zbuild-std)"
 # Debian's toolchain must come first on PATH; it gets its own target
 # directory so that it never invalidates the native build.
@@ -42,5 +49,5 @@ done
 
 passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' "$scratch/cargo-test.log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed' "$scratch/cargo-test.log" | awk '{s += $1} END {print s + 0}')
-log "summary: cargo tests, wasm32 build, ${fuzzed} fuzz targets"
+log "summary: cargo tests (default and tch features), wasm32 build, ${fuzzed} fuzz targets"
 echo "tests: ${passed} passed, ${failed} failed"

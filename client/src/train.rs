@@ -9,7 +9,7 @@ use ndarray::{ArrayView2, Axis};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 
-use crate::model::Model;
+use crate::model::Differentiable;
 
 /// Local training hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,8 +72,8 @@ pub struct TrainReport {
 
 /// Trains `params` in place on `(x, labels)`; `global` is the round's
 /// global model (for the proximal term).
-pub fn train(
-    model: &Model,
+pub fn train<M: Differentiable + ?Sized>(
+    model: &M,
     params: &mut [f32],
     global: &[f32],
     x: ArrayView2<'_, f32>,
@@ -90,7 +90,7 @@ pub fn train(
     if !rates_valid {
         return Err(TrainError::Parameter("learning_rate must be > 0, momentum in [0, 1), decay and mu ≥ 0"));
     }
-    if params.len() != model.len() || global.len() != model.len() {
+    if params.len() != model.parameters() || global.len() != model.parameters() {
         return Err(TrainError::Shape("parameters do not match the model"));
     }
     if x.nrows() != labels.len() || x.ncols() != model.inputs() || labels.is_empty() {
@@ -137,7 +137,7 @@ mod tests {
     use super::*;
     use ndarray::Array2;
 
-    use crate::model::Mlp;
+    use crate::model::{Mlp, Model};
 
     /// Three Gaussian blobs in 4 dimensions, linearly separable.
     fn blobs(n: usize, seed: u64) -> (Array2<f32>, Vec<u8>) {

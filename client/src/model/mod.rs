@@ -18,11 +18,15 @@
 
 mod cnn;
 mod mlp;
+#[cfg(feature = "tch")]
+mod torch;
 
 use ndarray::{Array2, ArrayView1, ArrayView2, Axis, Slice};
 
 pub use cnn::Cnn;
 pub use mlp::Mlp;
+#[cfg(feature = "tch")]
+pub use torch::TorchModel;
 
 use crate::checkpoint::{ModelLayout, TensorSpec};
 
@@ -44,6 +48,44 @@ impl From<Mlp> for Model {
 impl From<Cnn> for Model {
     fn from(cnn: Cnn) -> Self {
         Self::Cnn(cnn)
+    }
+}
+
+/// What local training needs of a model: the loss and its gradient.
+/// Implemented by [`Model`] (ndarray) and, with the `tch` feature, by
+/// `TorchModel` (libtorch).
+pub trait Differentiable {
+    /// Parameters (the flat vector's length).
+    fn parameters(&self) -> usize;
+    /// Input features per example.
+    fn inputs(&self) -> usize;
+    /// Mean cross-entropy of a batch; its gradient is written to `grad`.
+    fn loss_and_gradient(
+        &self,
+        params: &[f32],
+        x: ArrayView2<'_, f32>,
+        labels: &[u8],
+        grad: &mut [f32],
+    ) -> f32;
+}
+
+impl Differentiable for Model {
+    fn parameters(&self) -> usize {
+        self.len()
+    }
+
+    fn inputs(&self) -> usize {
+        Model::inputs(self)
+    }
+
+    fn loss_and_gradient(
+        &self,
+        params: &[f32],
+        x: ArrayView2<'_, f32>,
+        labels: &[u8],
+        grad: &mut [f32],
+    ) -> f32 {
+        Model::loss_and_gradient(self, params, x, labels, grad)
     }
 }
 
