@@ -293,3 +293,34 @@ pub mod http {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::participant::{Action, ParticipantConfig, Response};
+
+    #[test]
+    fn the_state_file_holds_the_enrollment_only_and_is_private() {
+        let mut participant = Participant::enroll("task", "token", ParticipantConfig::default());
+        let Action::Send(_) = participant.next(0) else { panic!("expected the enrollment request") };
+        let reply = br#"{"participant_id": "p7", "credential": "c-secret", "expires_at": 42}"#.to_vec();
+        participant.handle(0, Response { status: 201, body: reply }).unwrap();
+        let path = std::env::temp_dir().join(format!("cohort-state-{}.json", std::process::id()));
+        save_state(&path, participant.saved_state().unwrap()).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let mut keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["credential", "expires_at", "last_completed_round", "participant_id", "task_id"]);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        }
+        let loaded = load_state(&path).unwrap().unwrap();
+        assert_eq!((loaded.participant_id.as_str(), loaded.expires_at), ("p7", 42));
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(matches!(load_state(&path), Err(RunError::State { .. })));
+        std::fs::remove_file(&path).unwrap();
+        assert!(load_state(&path).unwrap().is_none());
+    }
+}
