@@ -58,7 +58,7 @@ pub struct TrainingArgs {
     #[arg(long, default_value_t = 10)]
     clients: usize,
     /// Rounds.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 30)]
     rounds: u64,
     /// Local epochs (E).
     #[arg(long, default_value_t = 2)]
