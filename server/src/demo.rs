@@ -721,14 +721,14 @@ fn run_coordinator_and_clients(
             &format!("/admin/tasks/{task}/rounds"),
             None,
         )?)?;
+        let view: Value = serde_json::from_slice(&admin(
+            &mut transport,
+            &admin_token,
+            Method::Get,
+            &format!("/admin/tasks/{task}"),
+            None,
+        )?)?;
         if last_finished.is_none() {
-            let view: Value = serde_json::from_slice(&admin(
-                &mut transport,
-                &admin_token,
-                Method::Get,
-                &format!("/admin/tasks/{task}"),
-                None,
-            )?)?;
             last_finished = view["created_at"].as_i64();
         }
         for record in rounds.iter().skip(rows.len()) {
@@ -760,7 +760,11 @@ fn run_coordinator_and_clients(
             previous_model = model_bytes;
             last_progress = Instant::now();
         }
-        progress.bar(rows.len() as u64, "");
+        let stage = match (view["current_round"].as_u64(), view["stage"].as_str()) {
+            (Some(round), Some(stage)) => format!("round {round}: {stage}"),
+            _ => String::new(),
+        };
+        progress.bar(rows.len() as u64, &stage);
         for (k, child) in clients.0.iter_mut().enumerate() {
             if let Some(status) = child.try_wait()? {
                 if !status.success() {
