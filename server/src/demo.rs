@@ -60,6 +60,17 @@ pub struct TrainingArgs {
     /// Rounds.
     #[arg(long, default_value_t = 30)]
     rounds: u64,
+    #[command(flatten)]
+    local: LocalArgs,
+    /// Fraction of the selected clients that vanish mid-round (after
+    /// sending their key shares, before their masked input).
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
+}
+
+/// Local training, shared by the demo, the simulator and a participant.
+#[derive(Debug, Clone, Args)]
+pub struct LocalArgs {
     /// Local epochs (E).
     #[arg(long, default_value_t = 2)]
     epochs: usize,
@@ -75,13 +86,38 @@ pub struct TrainingArgs {
     /// FedProx proximal coefficient μ.
     #[arg(long, default_value_t = 0.0)]
     prox_mu: f32,
-    /// Fraction of the selected clients that vanish mid-round (after
-    /// sending their key shares, before their masked input).
-    #[arg(long, default_value_t = 0.0)]
-    dropout: f64,
     /// Seed of the partition, the initial model and local training.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+impl LocalArgs {
+    fn config(&self) -> TrainConfig {
+        TrainConfig {
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+            learning_rate: self.lr,
+            momentum: self.momentum,
+            prox_mu: self.prox_mu,
+            weight_decay: 0.0,
+            seed: self.seed,
+        }
+    }
+
+    /// The same settings as command-line arguments, for a child process.
+    fn to_args(&self) -> Vec<String> {
+        [
+            ("--epochs", self.epochs.to_string()),
+            ("--batch-size", self.batch_size.to_string()),
+            ("--lr", self.lr.to_string()),
+            ("--momentum", self.momentum.to_string()),
+            ("--prox-mu", self.prox_mu.to_string()),
+            ("--seed", self.seed.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_string(), value])
+        .collect()
+    }
 }
 
 impl TrainingArgs {
@@ -99,20 +135,16 @@ impl TrainingArgs {
             clients: self.clients,
             model: self.model.clone(),
             train: self.train_config(),
-            seed: self.seed,
+            seed: self.local.seed,
         })
     }
 
     fn train_config(&self) -> TrainConfig {
-        TrainConfig {
-            epochs: self.epochs,
-            batch_size: self.batch_size,
-            learning_rate: self.lr,
-            momentum: self.momentum,
-            prox_mu: self.prox_mu,
-            weight_decay: 0.0,
-            seed: self.seed,
-        }
+        self.local.config()
+    }
+
+    fn seed(&self) -> u64 {
+        self.local.seed
     }
 }
 
@@ -174,18 +206,8 @@ pub struct ParticipateArgs {
     /// Model: logreg, 2nn or cnn.
     #[arg(long)]
     model: String,
-    #[arg(long, default_value_t = 1)]
-    epochs: usize,
-    #[arg(long, default_value_t = 32)]
-    batch_size: usize,
-    #[arg(long, default_value_t = 0.05)]
-    lr: f32,
-    #[arg(long, default_value_t = 0.0)]
-    momentum: f32,
-    #[arg(long, default_value_t = 0.0)]
-    prox_mu: f32,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    #[command(flatten)]
+    local: LocalArgs,
     /// Probability of vanishing mid-round, per round.
     #[arg(long, default_value_t = 0.0)]
     dropout: f64,
@@ -307,7 +329,7 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
         model: cohort_server::spec::ModelSpec {
             architecture: training.model.clone(),
             layout: model.layout(),
-            init: cohort_server::spec::ModelInit::FanIn { seed: training.seed },
+            init: cohort_server::spec::ModelInit::FanIn { seed: training.seed() },
         },
         rounds: training.rounds as u32,
         clients_per_round: n,
@@ -426,13 +448,13 @@ fn write_results(out: &Path, mode: &str, training: &TrainingArgs, rows: &[RoundR
             "model": training.model,
             "clients": training.clients,
             "rounds": training.rounds,
-            "epochs": training.epochs,
-            "batch_size": training.batch_size,
-            "lr": training.lr,
-            "momentum": training.momentum,
-            "prox_mu": training.prox_mu,
+            "epochs": training.local.epochs,
+            "batch_size": training.local.batch_size,
+            "lr": training.local.lr,
+            "momentum": training.local.momentum,
+            "prox_mu": training.local.prox_mu,
             "dropout": training.dropout,
-            "seed": training.seed,
+            "seed": training.seed(),
         },
         "rounds": rows,
     });
@@ -461,10 +483,10 @@ fn in_process(
     threads: usize,
 ) -> Result<Vec<RoundRow>> {
     let layout = experiment.model.layout();
-    let mut weights = layout.fan_in_init(training.seed);
+    let mut weights = layout.fan_in_init(training.seed());
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);
     let q = quantization(largest);
-    let mut rng = ChaCha20Rng::seed_from_u64(training.seed ^ 0x5e1e_c7ed);
+    let mut rng = ChaCha20Rng::seed_from_u64(training.seed() ^ 0x5e1e_c7ed);
     let progress = Progress::new(training.rounds);
     let mut rows = Vec::new();
     for round in 1..=training.rounds {
@@ -493,7 +515,7 @@ fn in_process(
         progress.bar(round - 1, if secure { "secure aggregation" } else { "aggregation" });
         let survivors: Vec<usize> = (0..per_round).filter(|i| !dropped.contains(i)).collect();
         let (mean, bytes_up) = if secure {
-            secure_mean(&updates, &dropped, q, training.seed ^ round, layout.len())?
+            secure_mean(&updates, &dropped, q, training.seed() ^ round, layout.len())?
         } else {
             let total: f64 = survivors.iter().map(|&i| f64::from(updates[i].examples)).sum();
             let mean = (0..layout.len())
@@ -678,14 +700,7 @@ fn run_coordinator_and_clients(
             .arg("--shard")
             .arg(work.join(format!("shard-{k}")))
             .args(["--index", &k.to_string(), "--model", &training.model])
-            .args([
-                "--epochs",
-                &training.epochs.to_string(),
-                "--batch-size",
-                &training.batch_size.to_string(),
-            ])
-            .args(["--lr", &training.lr.to_string(), "--momentum", &training.momentum.to_string()])
-            .args(["--prox-mu", &training.prox_mu.to_string(), "--seed", &training.seed.to_string()])
+            .args(training.local.to_args())
             .args(["--dropout", &training.dropout.to_string()])
             .env("COHORT_ENROLLMENT_TOKEN", &token)
             .env("RUST_LOG", "warn")
@@ -803,16 +818,8 @@ pub fn participate(args: &ParticipateArgs) -> Result<()> {
     let data = dataset_from_idx(parse_idx(&read("images.idx")?)?, parse_idx(&read("labels.idx")?)?, 10)?;
     let model = Model::by_name(&args.model, data.features.ncols(), data.classes)
         .ok_or_else(|| anyhow!("unknown model {}", args.model))?;
-    let train = TrainConfig {
-        epochs: args.epochs,
-        batch_size: args.batch_size,
-        learning_rate: args.lr,
-        momentum: args.momentum,
-        weight_decay: 0.0,
-        prox_mu: args.prox_mu,
-        seed: args.seed,
-    };
-    let mut trainer = client_trainer(&model, data, &train, args.seed, args.index);
+    let train = args.local.config();
+    let mut trainer = client_trainer(&model, data, &train, train.seed, args.index);
     let transport = match &args.ca_cert {
         Some(path) => HttpTransport::with_root_certificates(&args.server, &std::fs::read(path)?)
             .map_err(|e| anyhow!(e))?,
@@ -831,7 +838,7 @@ pub fn participate(args: &ParticipateArgs) -> Result<()> {
     };
     let mut runner = Runner::new(participant, transport, args.state.clone());
     let mut rng =
-        ChaCha20Rng::seed_from_u64(args.seed ^ (args.index as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+        ChaCha20Rng::seed_from_u64(args.local.seed ^ (args.index as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
     loop {
         // Decided once per round: vanish after the key shares, before the
         // masked input, so that the coordinator must recover the masks.
