@@ -74,6 +74,7 @@
 
 pub mod agreement;
 pub mod client;
+pub mod compress;
 pub mod config;
 mod derive;
 pub mod envelope;
