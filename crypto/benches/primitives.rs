@@ -66,7 +66,11 @@ fn config(clients: u32, degree: u32, threshold: u32, dim: u32) -> RoundConfig {
         threshold,
         vector_len: dim,
         modulus_bits: 32,
-        quantization: QuantizationSpec { clip: 1.0, max_weight: 1 },
+        quantization: QuantizationSpec {
+            clip: 1.0,
+            max_weight: 1,
+            transform: cohort_crypto::Transform::None,
+        },
     }
 }
 

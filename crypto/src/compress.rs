@@ -18,8 +18,10 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 
 /// A randomized Hadamard rotation `x ↦ H D x / √B` per block of `B`
-/// coordinates (`D`: random signs, `H`: the Walsh–Hadamard matrix); the last
-/// block is zero-padded.
+/// coordinates (`D`: random signs, `H`: the Walsh–Hadamard matrix). The
+/// tail after the last whole block is split into power-of-two blocks
+/// (binary decomposition of its length), so nothing is padded and the
+/// rotated vector is as long as the input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rotation {
     block: usize,
@@ -32,9 +34,24 @@ impl Rotation {
         (block >= 2 && block.is_power_of_two()).then_some(Self { block, seed })
     }
 
-    /// Length of the rotated form of a `len`-coordinate vector.
+    /// Length of the rotated form of a `len`-coordinate vector: `len`.
     pub fn rotated_len(&self, len: usize) -> usize {
-        len.div_ceil(self.block) * self.block
+        len
+    }
+
+    /// (start, size) of every block of a `len`-coordinate vector: whole
+    /// blocks, then the tail's powers of two, largest first.
+    fn blocks(&self, len: usize) -> impl Iterator<Item = (usize, usize)> {
+        let whole = len / self.block * self.block;
+        let full = (0..whole).step_by(self.block).map(move |start| (start, self.block));
+        let tail = len - whole;
+        let mut start = whole;
+        let parts = (0..usize::BITS).rev().filter(move |bit| tail & (1 << bit) != 0).map(move |bit| {
+            let block = (start, 1usize << bit);
+            start += 1 << bit;
+            block
+        });
+        full.chain(parts)
     }
 
     fn signs(&self, len: usize) -> impl Iterator<Item = f32> {
@@ -74,9 +91,10 @@ impl Rotation {
     /// H/√B on every block; H is symmetric and H·H = B·I, so this map is
     /// its own inverse.
     fn transform_blocks(&self, buffer: &mut [f32]) {
-        let norm = 1.0 / (self.block as f32).sqrt();
-        for block in buffer.chunks_exact_mut(self.block) {
+        for (start, size) in self.blocks(buffer.len()) {
+            let block = &mut buffer[start..start + size];
             walsh_hadamard(block);
+            let norm = 1.0 / (size as f32).sqrt();
             block.iter_mut().for_each(|v| *v *= norm);
         }
     }
@@ -203,7 +221,10 @@ mod tests {
         let rotation = Rotation::new([7; 32], 256).unwrap();
         let x = vector(1000, 1);
         let y = rotation.forward(&x);
-        assert_eq!(y.len(), 1024);
+        // 1000 = 3 × 256 + 128 + 64 + 32 + 8: no padding.
+        assert_eq!(y.len(), 1000);
+        let blocks: Vec<usize> = rotation.blocks(1000).map(|(_, size)| size).collect();
+        assert_eq!(blocks, [256, 256, 256, 128, 64, 32, 8]);
         let norm = |v: &[f32]| v.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
         assert!((norm(&x) - norm(&y)).abs() < 1e-3 * norm(&x));
         let back = rotation.inverse(&y, x.len());

@@ -3,7 +3,7 @@
 
 use crate::error::ConfigError;
 use crate::graph::{CommunicationGraph, GraphSpec};
-use crate::quantize::QuantizationSpec;
+use crate::quantize::{QuantizationSpec, Transform};
 use crate::wire::{DecodeError, Reader, Writer};
 
 /// Most clients one round may have.
@@ -139,6 +139,17 @@ impl RoundConfig {
         }
         w.u32(self.threshold).u32(self.vector_len).u8(self.modulus_bits);
         w.u32(self.quantization.clip.to_bits()).u32(self.quantization.max_weight);
+        match &self.quantization.transform {
+            Transform::None => {
+                w.u8(0);
+            }
+            Transform::Rotate { block, seed } => {
+                w.u8(1).u32(*block).bytes(seed);
+            }
+            Transform::Sketch { rows, columns, top_k, seed } => {
+                w.u8(2).u32(*rows).u32(*columns).u32(*top_k).bytes(seed);
+            }
+        }
     }
 
     pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -162,6 +173,12 @@ impl RoundConfig {
         let modulus_bits = r.u8()?;
         let clip = f32::from_bits(r.u32()?);
         let max_weight = r.u32()?;
+        let transform = match r.u8()? {
+            0 => Transform::None,
+            1 => Transform::Rotate { block: r.u32()?, seed: r.array()? },
+            2 => Transform::Sketch { rows: r.u32()?, columns: r.u32()?, top_k: r.u32()?, seed: r.array()? },
+            _ => return Err(DecodeError::Invalid("transform")),
+        };
         let config = RoundConfig {
             session,
             round,
@@ -172,7 +189,7 @@ impl RoundConfig {
             threshold,
             vector_len,
             modulus_bits,
-            quantization: QuantizationSpec { clip, max_weight },
+            quantization: QuantizationSpec { clip, max_weight, transform },
         };
         config.validate().map_err(|_| DecodeError::Invalid("round configuration"))?;
         Ok(config)

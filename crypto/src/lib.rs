@@ -102,7 +102,7 @@ pub use error::{ConfigError, CryptoError, ProtocolError, Stage};
 pub use graph::GraphSpec;
 pub use ids::ClientId;
 pub use messages::{ClientMessage, ServerMessage};
-pub use quantize::{QuantizationSpec, QuantizedInput, Quantizer};
+pub use quantize::{QuantizationSpec, QuantizedInput, Quantizer, Transform};
 pub use secret::Secret32;
 pub use server::{Advanced, Aggregate, ServerRound};
 pub use wire::DecodeError;

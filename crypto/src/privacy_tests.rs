@@ -43,6 +43,12 @@ struct Transcript {
 
 /// Runs a 3-client round by hand and keeps what the server saw of client 1.
 fn run_round(seed: u64) -> Transcript {
+    run_round_in_ring(seed, 32)
+}
+
+/// The same in Z_{2^bits}, as compressed (few-bit) rounds use.
+fn run_round_in_ring(seed: u64, bits: u8) -> Transcript {
+    let limit = (((1u64 << bits) - 1) / 3).min(1000) as u32;
     let config = RoundConfig {
         session: [1; 16],
         round: 9,
@@ -52,11 +58,11 @@ fn run_round(seed: u64) -> Transcript {
         graph: GraphSpec::Complete,
         threshold: 2,
         vector_len: DIM as u32,
-        modulus_bits: 32,
-        quantization: QuantizationSpec { clip: 1.0, max_weight: 1 },
+        modulus_bits: bits,
+        quantization: QuantizationSpec { clip: 1.0, max_weight: 1, transform: crate::Transform::None },
     };
     // A highly structured input: a ramp, far from uniform.
-    let input: Vec<u32> = (0..DIM as u32).map(|i| i % 1000).collect();
+    let input: Vec<u32> = (0..DIM as u32).map(|i| i % limit).collect();
     let mut server = ServerRound::new(config.clone()).unwrap();
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let ids: Vec<ClientId> = (1..=3).filter_map(ClientId::new).collect();
@@ -130,4 +136,18 @@ fn removing_the_reconstructed_self_mask_still_leaves_a_uniform_vector() {
     // ...but the pairwise masks with the other survivors remain.
     assert!(looks_uniform(&view));
     assert_ne!(view, transcript.input_of_1);
+}
+
+/// Compressed rounds use small rings (b bits plus headroom): a masked
+/// input is uniform there too. Checked on the low and the high byte of
+/// each 10-bit value.
+#[test]
+fn a_masked_input_in_a_small_ring_is_uniform_too() {
+    let bits = 10;
+    let transcript = run_round_in_ring(7, bits);
+    assert!(transcript.masked_input_of_1.iter().all(|&v| v < 1 << bits));
+    for shift in [0, u32::from(bits) - 8] {
+        assert!(chi_square(&transcript.input_of_1, shift) > CRITICAL, "the raw input is rejected");
+        assert!(chi_square(&transcript.masked_input_of_1, shift) < CRITICAL, "shift {shift}");
+    }
 }

@@ -7,16 +7,64 @@
 //! 3. map [−c, c] affinely onto [0, L] with L = ⌊(2^b − 1) / n⌋ and round
 //!    stochastically (up with probability equal to the fractional part, so the
 //!    rounding is unbiased);
-//! 4. append w itself (exact, at most W ≤ L) as the last coordinate.
+//! 4. append w itself, exactly, as base-(L + 1) digits (one coordinate when
+//!    W ≤ L, more in small rings).
 //!
 //! Every coordinate lies in [0, L], so the sum of up to n inputs stays below
 //! 2^b: it never wraps, and the server decodes the weighted mean
 //! Σ w_k Δ_k / Σ w_k without ever seeing a single w_k.
+//!
+//! A [`Transform`] may come first: a randomized Hadamard rotation or a count
+//! sketch ([`crate::compress`]). Both are linear, so the decoded sum is the
+//! transformed sum, which [`Quantizer::decode`] maps back.
+//!
+//! With `b` bits per client value and n clients the ring needs
+//! b + ⌈log₂ n⌉ bits ([`modulus_bits_for`]); the masked input travels
+//! bit-packed, so the upload shrinks with b.
 
 use rand_core::CryptoRng;
 use zeroize::Zeroizing;
 
+use crate::compress::{CountSketch, Rotation};
 use crate::error::ConfigError;
+
+/// Largest rotation block and sketch dimensions accepted.
+const MAX_BLOCK: u32 = 1 << 16;
+const MAX_SKETCH_ROWS: u32 = 15;
+
+/// A linear map applied to every update before quantization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transform {
+    /// None: the update is quantized as it is.
+    #[default]
+    None,
+    /// Randomized Hadamard rotation in blocks of `block` (a power of two).
+    Rotate {
+        /// Block size.
+        block: u32,
+        /// Public seed of the random signs, fresh per round.
+        seed: [u8; 32],
+    },
+    /// Count sketch of `rows` × `columns` buckets.
+    Sketch {
+        /// Rows (an odd number up to 15: the estimate is their median).
+        rows: u32,
+        /// Buckets per row.
+        columns: u32,
+        /// Coordinates the server keeps, the largest estimates (0: all).
+        top_k: u32,
+        /// Public seed of the hashes, fresh per round.
+        seed: [u8; 32],
+    },
+}
+
+/// Ring bits for `bits`-bit client values summed over `clients`:
+/// b + ⌈log₂ n⌉, at most 32.
+pub fn modulus_bits_for(bits: u8, clients: u32) -> Option<u8> {
+    let headroom = 32 - clients.max(1).saturating_sub(1).leading_zeros();
+    let total = u32::from(bits) + headroom;
+    (total <= 32).then_some(total as u8)
+}
 
 /// Quantization parameters (part of the round configuration).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,6 +73,8 @@ pub struct QuantizationSpec {
     pub clip: f32,
     /// Largest example count a client may report (W).
     pub max_weight: u32,
+    /// Applied before quantization.
+    pub transform: Transform,
 }
 
 impl QuantizationSpec {
@@ -40,10 +90,28 @@ impl QuantizationSpec {
         if levels < 2 {
             return Err(ConfigError::BadQuantization("the ring is too small for this many clients"));
         }
-        if self.max_weight == 0 || u64::from(self.max_weight) > levels {
-            return Err(ConfigError::BadQuantization(
-                "max_weight must be between 1 and (2^bits - 1) / clients",
-            ));
+        if self.max_weight == 0 {
+            return Err(ConfigError::BadQuantization("max_weight must be at least 1"));
+        }
+        match self.transform {
+            Transform::None => {}
+            Transform::Rotate { block, .. } => {
+                if !(2..=MAX_BLOCK).contains(&block) || !block.is_power_of_two() {
+                    return Err(ConfigError::BadQuantization(
+                        "the rotation block must be a power of two up to 2^16",
+                    ));
+                }
+            }
+            Transform::Sketch { rows, columns, .. } => {
+                if rows % 2 == 0 || rows > MAX_SKETCH_ROWS || columns == 0 {
+                    return Err(ConfigError::BadQuantization(
+                        "a sketch needs an odd number of rows up to 15 and columns",
+                    ));
+                }
+                if u64::from(rows) * u64::from(columns) > u64::from(crate::config::MAX_VECTOR_LEN) {
+                    return Err(ConfigError::BadQuantization("the sketch is larger than a vector may be"));
+                }
+            }
         }
         Ok(())
     }
@@ -144,9 +212,46 @@ impl Quantizer {
         Ok(Self { spec, clients, levels: levels(modulus_bits, clients) })
     }
 
-    /// Length of an encoded vector for an update of `dimension` coordinates.
-    pub fn encoded_len(dimension: usize) -> usize {
-        dimension + 1
+    /// Length of an encoded vector for an update of `dimension`
+    /// coordinates: the transformed length and the weight's digits.
+    pub fn encoded_len(&self, dimension: usize) -> usize {
+        self.transformed_len(dimension) + self.weight_digits()
+    }
+
+    fn transformed_len(&self, dimension: usize) -> usize {
+        match self.spec.transform {
+            Transform::None => dimension,
+            Transform::Rotate { .. } => dimension,
+            Transform::Sketch { rows, columns, .. } => rows as usize * columns as usize,
+        }
+    }
+
+    /// Base-(L + 1) digits needed for example counts up to W.
+    fn weight_digits(&self) -> usize {
+        let base = self.levels + 1;
+        let mut digits = 1;
+        let mut reach = base;
+        while reach <= u64::from(self.spec.max_weight) {
+            reach = reach.saturating_mul(base);
+            digits += 1;
+        }
+        digits
+    }
+
+    fn rotation(&self) -> Option<Rotation> {
+        match self.spec.transform {
+            Transform::Rotate { block, seed } => Rotation::new(seed, block as usize),
+            _ => None,
+        }
+    }
+
+    fn sketch(&self) -> Option<(CountSketch, u32)> {
+        match self.spec.transform {
+            Transform::Sketch { rows, columns, top_k, seed } => {
+                CountSketch::new(seed, rows as usize, columns as usize).map(|s| (s, top_k))
+            }
+            _ => None,
+        }
     }
 
     /// Largest value of any encoded coordinate (L).
@@ -167,12 +272,18 @@ impl Quantizer {
         if let Some(bad) = update.iter().position(|v| !v.is_finite()) {
             return Err(QuantizeError::NonFinite(bad));
         }
+        let transformed = match (self.rotation(), self.sketch()) {
+            (Some(rotation), _) => Some(Zeroizing::new(rotation.forward(update))),
+            (_, Some((sketch, _))) => Some(Zeroizing::new(sketch.sketch(update))),
+            _ => None,
+        };
+        let values = transformed.as_deref().map_or(update, Vec::as_slice);
         let clip = f64::from(self.spec.clip);
         let scale = f64::from(weight) / f64::from(self.spec.max_weight);
         let levels = self.levels as f64;
         let to_unit = levels / (2.0 * clip);
-        let mut out = Zeroizing::new(Vec::with_capacity(update.len() + 1));
-        for &value in update {
+        let mut out = Zeroizing::new(Vec::with_capacity(self.encoded_len(update.len())));
+        for &value in values {
             let scaled = f64::from(value).clamp(-clip, clip) * scale;
             let position = ((scaled + clip) * to_unit).clamp(0.0, levels);
             let floor = position.floor();
@@ -181,18 +292,35 @@ impl Quantizer {
             let rounded = if uniform < position - floor { floor + 1.0 } else { floor };
             out.push(rounded.min(levels) as u32);
         }
-        out.push(weight);
+        let mut rest = u64::from(weight);
+        for _ in 0..self.weight_digits() {
+            out.push((rest % (self.levels + 1)) as u32);
+            rest /= self.levels + 1;
+        }
         Ok(QuantizedInput(out))
     }
 
-    /// Decodes the sum of `summands` encoded inputs into the weighted mean.
-    pub fn decode(&self, sum: &[u32], summands: u32) -> Result<WeightedMean, QuantizeError> {
+    /// Decodes the sum of `summands` encoded inputs of `dimension`-coordinate
+    /// updates into the weighted mean.
+    pub fn decode(
+        &self,
+        sum: &[u32],
+        summands: u32,
+        dimension: usize,
+    ) -> Result<WeightedMean, QuantizeError> {
         if summands == 0 || summands > self.clients {
             return Err(QuantizeError::Summands { summands, max: self.clients });
         }
-        let Some((&total_weight, coordinates)) = sum.split_last() else {
-            return Err(QuantizeError::Length { expected: 1, got: 0 });
-        };
+        if sum.len() != self.encoded_len(dimension) {
+            return Err(QuantizeError::Length { expected: self.encoded_len(dimension), got: sum.len() });
+        }
+        let (coordinates, digits) = sum.split_at(self.transformed_len(dimension));
+        // Digit sums are below 2^b, so the total is exact.
+        let total_weight = digits
+            .iter()
+            .rev()
+            .fold(0u128, |total, &digit| total * u128::from(self.levels + 1) + u128::from(digit));
+        let total_weight = u64::try_from(total_weight).map_err(|_| QuantizeError::NoExamples)?;
         if total_weight == 0 {
             return Err(QuantizeError::NoExamples);
         }
@@ -200,10 +328,16 @@ impl Quantizer {
         let from_unit = 2.0 * clip / self.levels as f64;
         let offset = f64::from(summands) * clip;
         // Σ v_k = Σ q_k · 2c / L − n·c, and v_k = (w_k / W) Δ_k.
-        let factor = f64::from(self.spec.max_weight) / f64::from(total_weight);
-        let mean =
+        let factor = f64::from(self.spec.max_weight) / total_weight as f64;
+        let mean: Vec<f32> =
             coordinates.iter().map(|&q| ((f64::from(q) * from_unit - offset) * factor) as f32).collect();
-        Ok(WeightedMean { mean, total_weight: u64::from(total_weight) })
+        let mean = match (self.rotation(), self.sketch()) {
+            (Some(rotation), _) => rotation.inverse(&mean, dimension),
+            (_, Some((sketch, 0))) => sketch.estimate(&mean, dimension),
+            (_, Some((sketch, top_k))) => sketch.top_k(&mean, dimension, top_k as usize),
+            _ => mean,
+        };
+        Ok(WeightedMean { mean, total_weight })
     }
 }
 
@@ -214,7 +348,7 @@ mod tests {
     use rand_core::SeedableRng;
 
     fn spec() -> QuantizationSpec {
-        QuantizationSpec { clip: 1.0, max_weight: 1_000 }
+        QuantizationSpec { clip: 1.0, max_weight: 1_000, transform: Transform::None }
     }
 
     #[test]
@@ -233,7 +367,7 @@ mod tests {
                 *s = s.checked_add(*v).unwrap();
             }
         }
-        let decoded = q.decode(&sum, clients).unwrap();
+        let decoded = q.decode(&sum, clients, 50).unwrap();
         let total: u32 = weights.iter().sum();
         assert_eq!(decoded.total_weight, u64::from(total));
         for i in 0..50 {
@@ -248,7 +382,7 @@ mod tests {
     fn headroom_prevents_wrapping_at_the_extremes() {
         let clients = 1_000u32;
         for bits in [16u8, 24, 32] {
-            let spec = QuantizationSpec { clip: 2.0, max_weight: 1 };
+            let spec = QuantizationSpec { clip: 2.0, max_weight: 1, transform: Transform::None };
             let q = Quantizer::new(spec, bits, clients).unwrap();
             let mut rng = ChaCha20Rng::seed_from_u64(u64::from(bits));
             let encoded = q.encode(&[2.0, 5.0, -9.0], 1, &mut rng).unwrap();
@@ -259,14 +393,16 @@ mod tests {
 
     #[test]
     fn stochastic_rounding_is_unbiased() {
-        let q = Quantizer::new(QuantizationSpec { clip: 1.0, max_weight: 1 }, 8, 2).unwrap();
+        let q =
+            Quantizer::new(QuantizationSpec { clip: 1.0, max_weight: 1, transform: Transform::None }, 8, 2)
+                .unwrap();
         let mut rng = ChaCha20Rng::seed_from_u64(33);
         // With 127 levels over [−1, 1], 0.003 falls between two levels.
         let trials = 20_000;
         let mut total = 0.0;
         for _ in 0..trials {
             let encoded = q.encode(&[0.003], 1, &mut rng).unwrap();
-            let decoded = q.decode(encoded.values(), 1).unwrap();
+            let decoded = q.decode(encoded.values(), 1, 1).unwrap();
             total += f64::from(decoded.mean[0]);
         }
         assert!((total / f64::from(trials) - 0.003).abs() < 0.0005);
@@ -281,9 +417,124 @@ mod tests {
             q.encode(&[0.0], 1_001, &mut rng).err(),
             Some(QuantizeError::WeightTooLarge { max: 1_000, got: 1_001 })
         );
-        assert_eq!(q.decode(&[0, 0], 5).err(), Some(QuantizeError::Summands { summands: 5, max: 4 }));
-        assert_eq!(q.decode(&[0, 0], 1).err(), Some(QuantizeError::NoExamples));
-        assert!(Quantizer::new(QuantizationSpec { clip: 1.0, max_weight: 10 }, 8, 100).is_err());
+        assert_eq!(q.decode(&[0, 0], 5, 1).err(), Some(QuantizeError::Summands { summands: 5, max: 4 }));
+        assert_eq!(q.decode(&[0, 0], 1, 1).err(), Some(QuantizeError::NoExamples));
+        assert!(matches!(q.decode(&[0, 0, 0], 1, 1), Err(QuantizeError::Length { .. })));
+        assert!(
+            Quantizer::new(
+                QuantizationSpec { clip: 1.0, max_weight: 10, transform: Transform::None },
+                8,
+                200
+            )
+            .is_err()
+        );
+        let bad_block = Transform::Rotate { block: 100, seed: [0; 32] };
+        assert!(
+            Quantizer::new(QuantizationSpec { clip: 1.0, max_weight: 1, transform: bad_block }, 16, 4)
+                .is_err()
+        );
         assert_eq!(Quantizer::new(spec(), 40, 4).err(), Some(ConfigError::BadModulusBits(40)));
+    }
+
+    /// Sums `clients` encodings of `updates` with weights, as the server
+    /// would after unmasking, and decodes them.
+    fn aggregate(q: &Quantizer, updates: &[Vec<f32>], weights: &[u32], seed: u64) -> WeightedMean {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let mut sum = vec![0u64; q.encoded_len(updates[0].len())];
+        for (update, &weight) in updates.iter().zip(weights) {
+            let encoded = q.encode(update, weight, &mut rng).unwrap();
+            assert_eq!(encoded.len(), sum.len());
+            for (s, v) in sum.iter_mut().zip(encoded.values()) {
+                *s += u64::from(*v);
+            }
+        }
+        let sum: Vec<u32> = sum.into_iter().map(|s| u32::try_from(s).unwrap()).collect();
+        q.decode(&sum, updates.len() as u32, updates[0].len()).unwrap()
+    }
+
+    fn mse(decoded: &[f32], updates: &[Vec<f32>], weights: &[u32]) -> f64 {
+        let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+        (0..decoded.len())
+            .map(|i| {
+                let exact: f64 =
+                    updates.iter().zip(weights).map(|(u, &w)| f64::from(u[i]) * f64::from(w)).sum();
+                (f64::from(decoded[i]) - exact / total).powi(2)
+            })
+            .sum::<f64>()
+            / decoded.len() as f64
+    }
+
+    #[test]
+    fn ring_bits_leave_headroom_for_the_clients() {
+        assert_eq!(modulus_bits_for(8, 10), Some(12));
+        assert_eq!(modulus_bits_for(8, 16), Some(12));
+        assert_eq!(modulus_bits_for(8, 17), Some(13));
+        assert_eq!(modulus_bits_for(16, 1), Some(16));
+        assert_eq!(modulus_bits_for(30, 10), None);
+    }
+
+    #[test]
+    fn small_rings_carry_large_example_counts_exactly() {
+        // 4-bit values for 10 clients: a 8-bit ring, L = 25, so counts up
+        // to 10 000 need three base-26 digits.
+        let (clients, bits) = (10u32, modulus_bits_for(4, 10).unwrap());
+        let spec = QuantizationSpec { clip: 1.0, max_weight: 10_000, transform: Transform::None };
+        let q = Quantizer::new(spec, bits, clients).unwrap();
+        assert_eq!(q.encoded_len(5), 5 + 3);
+        let updates: Vec<Vec<f32>> = (0..clients).map(|k| vec![0.5 - k as f32 * 0.1; 5]).collect();
+        let weights: Vec<u32> = (0..clients).map(|k| 9_000 + 111 * k).collect();
+        let decoded = aggregate(&q, &updates, &weights, 1);
+        assert_eq!(decoded.total_weight, weights.iter().map(|&w| u64::from(w)).sum::<u64>());
+    }
+
+    #[test]
+    fn rotation_decodes_to_the_mean_and_cuts_the_error_of_spiky_updates() {
+        let clients = 10u32;
+        let bits = modulus_bits_for(8, clients).unwrap();
+        // Updates with a few large coordinates: the clip must cover them,
+        // which wastes levels on the many small ones unless rotated.
+        let updates: Vec<Vec<f32>> = (0..clients)
+            .map(|k| {
+                (0..2_048)
+                    .map(|i| if i % 512 == 7 { 0.8 } else { ((k as f32 + i as f32) * 0.37).sin() * 0.01 })
+                    .collect()
+            })
+            .collect();
+        let weights = vec![100u32; clients as usize];
+        let plain = QuantizationSpec { clip: 1.0, max_weight: 100, transform: Transform::None };
+        let rotated = QuantizationSpec {
+            clip: 0.2,
+            max_weight: 100,
+            transform: Transform::Rotate { block: 1_024, seed: [9; 32] },
+        };
+        let a = aggregate(&Quantizer::new(plain, bits, clients).unwrap(), &updates, &weights, 2);
+        let b = aggregate(&Quantizer::new(rotated, bits, clients).unwrap(), &updates, &weights, 2);
+        assert_eq!(b.mean.len(), 2_048);
+        let (error_plain, error_rotated) =
+            (mse(&a.mean, &updates, &weights), mse(&b.mean, &updates, &weights));
+        assert!(error_rotated < error_plain / 4.0, "rotated {error_rotated:e} vs plain {error_plain:e}");
+    }
+
+    #[test]
+    fn a_sketched_update_decodes_to_estimates_of_the_mean() {
+        let clients = 5u32;
+        let mut updates = vec![vec![0.0f32; 10_000]; clients as usize];
+        for (k, update) in updates.iter_mut().enumerate() {
+            update[42] = 0.5 + k as f32 * 0.01;
+            update[4_242] = -0.4;
+        }
+        let weights = vec![10u32; clients as usize];
+        let transform = Transform::Sketch { rows: 5, columns: 500, top_k: 2, seed: [4; 32] };
+        let spec = QuantizationSpec { clip: 1.0, max_weight: 10, transform };
+        let q = Quantizer::new(spec, 32, clients).unwrap();
+        assert_eq!(q.encoded_len(10_000), 2_500 + 1);
+        let decoded = aggregate(&q, &updates, &weights, 3);
+        assert!((decoded.mean[42] - 0.52).abs() < 1e-3, "{}", decoded.mean[42]);
+        assert!((decoded.mean[4_242] + 0.4).abs() < 1e-3, "{}", decoded.mean[4_242]);
+        assert_eq!(decoded.mean.iter().filter(|v| **v != 0.0).count(), 2);
+        let even = Transform::Sketch { rows: 4, columns: 10, top_k: 0, seed: [0; 32] };
+        assert!(
+            Quantizer::new(QuantizationSpec { clip: 1.0, max_weight: 1, transform: even }, 32, 2).is_err()
+        );
     }
 }

@@ -69,6 +69,13 @@ pub struct SecaggArgs {
     /// Bits of the ring Z_{2^b} the masked vectors live in.
     #[arg(long, default_value_t = 32)]
     modulus_bits: u8,
+    /// Bits per client value (4 to 16): the ring gets bits + ⌈log₂ N⌉
+    /// bits (overrides --modulus-bits) and the upload is packed to that.
+    #[arg(long)]
+    bits: Option<u8>,
+    /// Randomized Hadamard rotation of every update before quantization.
+    #[arg(long)]
+    rotate: bool,
     /// Seed for inputs, keys and the choice of dropouts.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -154,6 +161,23 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
     } else {
         GraphSpec::Harary { degree: params.degree, seed: graph_seed }
     };
+    let modulus_bits = match args.bits {
+        None => args.modulus_bits,
+        Some(bits) if (4..=16).contains(&bits) => {
+            cohort_crypto::quantize::modulus_bits_for(bits, args.clients)
+                .context("--bits plus the clients' headroom exceed 32")?
+        }
+        Some(_) => bail!("--bits must be between 4 and 16"),
+    };
+    let mut transform_seed = [0u8; 32];
+    seed_rng.fill_bytes(&mut transform_seed);
+    let transform = if args.rotate {
+        cohort_crypto::Transform::Rotate { block: 4096, seed: transform_seed }
+    } else {
+        cohort_crypto::Transform::None
+    };
+    let quantization = QuantizationSpec { clip: 1.0, max_weight: 1 << 12, transform };
+    let quantizer = Quantizer::new(quantization, modulus_bits, args.clients)?;
     let mut config = RoundConfig {
         session,
         round: 1,
@@ -162,9 +186,9 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         identities: Vec::new(),
         graph,
         threshold: params.threshold,
-        vector_len: args.dim + 1,
-        modulus_bits: args.modulus_bits,
-        quantization: QuantizationSpec { clip: 1.0, max_weight: 1 << 12 },
+        vector_len: quantizer.encoded_len(args.dim as usize) as u32,
+        modulus_bits,
+        quantization,
     };
     let identities = match args.variant {
         VariantArg::SemiHonest => Vec::new(),
@@ -178,7 +202,6 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         }
     };
     config.validate().context("invalid round parameters")?;
-    let quantizer = Quantizer::new(config.quantization, config.modulus_bits, config.clients)?;
 
     // ⌊dropout · n⌋ clients, chosen at random, vanish after ShareKeys.
     let mut order: Vec<u32> = (1..=args.clients).collect();
@@ -231,7 +254,7 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         },
         k: params.degree,
         t: params.threshold,
-        modulus_bits: args.modulus_bits,
+        modulus_bits,
         threads,
         survivors: outcome.aggregate.contributors.len(),
         client_ms_mean: finished.iter().map(|c| c.busy_ms).sum::<f64>() / count,

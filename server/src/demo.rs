@@ -26,7 +26,7 @@ use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, Runner, Transport, load_state};
 use cohort_client::train::TrainConfig;
 use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
-use cohort_crypto::{ClientId, QuantizationSpec, QuantizedInput, Quantizer, RoundConfig, Variant};
+use cohort_crypto::{ClientId, QuantizedInput, RoundConfig, Variant};
 use cohort_server::auth::new_token;
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::service::{Service, ServiceConfig};
@@ -62,6 +62,16 @@ pub struct TrainingArgs {
     rounds: u64,
     #[command(flatten)]
     local: LocalArgs,
+    /// Bits per client value (4 to 16; default: a 32-bit ring). The masked
+    /// upload has bits + ⌈log₂ clients⌉ bits per coordinate.
+    #[arg(long)]
+    bits: Option<u8>,
+    /// Randomized Hadamard rotation before quantization.
+    #[arg(long)]
+    rotate: bool,
+    /// Updates are clipped to [−clip, clip] (after the rotation).
+    #[arg(long, default_value_t = 1.0)]
+    clip: f32,
     /// Fraction of the selected clients that vanish mid-round (after
     /// sending their key shares, before their masked input).
     #[arg(long, default_value_t = 0.0)]
@@ -339,7 +349,7 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
             threshold: Some(threshold),
             ..SecAggSpec::default()
         },
-        quantization: quantization(largest_shard),
+        quantization: quantization(training, largest_shard),
         deadlines: cohort_server::spec::StageDeadlines {
             // Local training happens before the keys are advertised.
             advertise_keys_ms: 600_000,
@@ -362,10 +372,13 @@ fn threshold(n: u32, vanishing: u32) -> u32 {
     (n / 2 + 1).min(n.saturating_sub(vanishing + 1)).max(2)
 }
 
-/// Quantization: the default clip and ring, weights up to the largest shard.
-fn quantization(largest_shard: usize) -> QuantizationConfig {
+/// Quantization as the flags ask, weights up to the largest shard.
+fn quantization(training: &TrainingArgs, largest_shard: usize) -> QuantizationConfig {
     QuantizationConfig {
         max_weight: largest_shard.next_power_of_two() as u32,
+        bits: training.bits,
+        rotate: training.rotate,
+        clip: training.clip,
         ..QuantizationConfig::default()
     }
 }
@@ -454,6 +467,9 @@ fn write_results(out: &Path, mode: &str, training: &TrainingArgs, rows: &[RoundR
             "momentum": training.local.momentum,
             "prox_mu": training.local.prox_mu,
             "dropout": training.dropout,
+            "bits": training.bits,
+            "rotate": training.rotate,
+            "clip": training.clip,
             "seed": training.seed(),
         },
         "rounds": rows,
@@ -485,7 +501,7 @@ fn in_process(
     let layout = experiment.model.layout();
     let mut weights = layout.fan_in_init(training.seed());
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);
-    let q = quantization(largest);
+    let q = quantization(training, largest);
     let mut rng = ChaCha20Rng::seed_from_u64(training.seed() ^ 0x5e1e_c7ed);
     let progress = Progress::new(training.rounds);
     let mut rows = Vec::new();
@@ -585,9 +601,10 @@ fn secure_mean(
         checkpoint_retention: 1,
     };
     let derived = spec.validate().map_err(|e| anyhow!("secure-aggregation parameters: {e}"))?;
-    let quantizer =
-        Quantizer::new(QuantizationSpec { clip: q.clip, max_weight: q.max_weight }, q.modulus_bits, n)?;
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let mut transform_seed = [0u8; 32];
+    rng.fill_bytes(&mut transform_seed);
+    let quantizer = q.quantizer(n, transform_seed)?;
     // Stochastic rounding draws from a per-client generator, so that the
     // simulation may ask for an input any number of times.
     let encode = |i: usize| {
@@ -613,9 +630,9 @@ fn secure_mean(
             cohort_crypto::GraphSpec::Harary { degree: derived.degree, seed: graph_seed }
         },
         threshold: derived.threshold,
-        vector_len: dimension as u32 + 1,
-        modulus_bits: q.modulus_bits,
-        quantization: QuantizationSpec { clip: q.clip, max_weight: q.max_weight },
+        vector_len: quantizer.encoded_len(dimension) as u32,
+        modulus_bits: q.ring_bits(n)?,
+        quantization: q.round_spec(transform_seed)?,
     };
     let plan = DropoutPlan {
         after_shares: dropped.iter().filter_map(|&i| ClientId::new(i as u32 + 1)).collect(),
@@ -627,7 +644,7 @@ fn secure_mean(
     let simulation = Simulation { config, identities: Vec::new(), plan, inputs: &input, seed };
     let outcome = simulation.run(&NoStopwatch)?;
     let survivors = outcome.aggregate.contributors.len() as u32;
-    let mean = quantizer.decode(&outcome.aggregate.sum, survivors)?;
+    let mean = quantizer.decode(&outcome.aggregate.sum, survivors, dimension)?;
     let finished: Vec<_> = outcome.clients.iter().filter(|c| c.finished).collect();
     let bytes_up = finished.iter().map(|c| c.bytes_up as f64).sum::<f64>() / finished.len().max(1) as f64;
     Ok((mean.mean, bytes_up))

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::{
-    Advanced, Aggregate, ClientId, ClientMessage, ProtocolError, QuantizationSpec, Quantizer, RoundConfig,
-    ServerRound, Stage, Variant,
+    Advanced, Aggregate, ClientId, ClientMessage, ProtocolError, Quantizer, RoundConfig, ServerRound, Stage,
+    Variant,
 };
 use serde::Serialize;
 
@@ -109,6 +109,10 @@ pub struct RoundMetrics {
     pub total_examples: u64,
     /// L2 norm of the mean update.
     pub update_norm: f64,
+    /// Bits of the ring the masked inputs lived in.
+    pub modulus_bits: u8,
+    /// Upload per selected client over the float32 update's size.
+    pub compression_ratio: f64,
 }
 
 /// The round in progress.
@@ -122,6 +126,8 @@ struct ActiveRound {
     /// `None` while the final stage is being unmasked off the runtime.
     server: Option<ServerRound>,
     metrics: RoundMetrics,
+    /// This round's quantizer (its transform seed is the round's).
+    quantizer: Quantizer,
     bytes_up: u64,
     bytes_down: u64,
 }
@@ -186,7 +192,6 @@ pub struct TaskEngine {
     task_id: String,
     spec: TaskSpec,
     derived: DerivedRoundParameters,
-    quantizer: Quantizer,
     status: TaskStatus,
     weights: Vec<f32>,
     optimizer_state: OptimizerState,
@@ -211,13 +216,6 @@ impl TaskEngine {
         latest: &CheckpointRecord,
     ) -> Result<Self, String> {
         let derived = spec.validate().map_err(|e| e.to_string())?;
-        let q = spec.quantization;
-        let quantizer = Quantizer::new(
-            QuantizationSpec { clip: q.clip, max_weight: q.max_weight },
-            q.modulus_bits,
-            spec.selected_per_round(),
-        )
-        .map_err(|e| e.to_string())?;
         let decoded = checkpoint::decode(&latest.model).map_err(|e| e.to_string())?;
         if decoded.layout != spec.model.layout {
             return Err("the checkpoint does not match the task's model layout".into());
@@ -229,7 +227,6 @@ impl TaskEngine {
         Ok(Self {
             task_id,
             derived,
-            quantizer,
             status,
             weights: decoded.weights,
             optimizer_state,
@@ -435,7 +432,12 @@ impl TaskEngine {
         self.rng.fill_bytes(&mut session);
         let mut graph_seed = [0u8; 32];
         self.rng.fill_bytes(&mut graph_seed);
+        let mut transform_seed = [0u8; 32];
+        self.rng.fill_bytes(&mut transform_seed);
         let q = self.spec.quantization;
+        let quantizer = q.quantizer(n as u32, transform_seed).ok()?;
+        let modulus_bits = q.ring_bits(n as u32).ok()?;
+        let quantization = q.round_spec(transform_seed).ok()?;
         let config = RoundConfig {
             session,
             round: self.completed + 1,
@@ -448,9 +450,9 @@ impl TaskEngine {
                 GraphSpec::Harary { degree: self.derived.degree, seed: graph_seed }
             },
             threshold: self.derived.threshold,
-            vector_len: self.spec.model.layout.len() as u32 + 1,
-            modulus_bits: q.modulus_bits,
-            quantization: QuantizationSpec { clip: q.clip, max_weight: q.max_weight },
+            vector_len: quantizer.encoded_len(self.spec.model.layout.len()) as u32,
+            modulus_bits,
+            quantization,
         };
         let server = ServerRound::new(config).ok()?;
         self.attempts += 1;
@@ -467,7 +469,9 @@ impl TaskEngine {
             ids: ids.collect(),
             roster: candidates,
             server: Some(server),
+            quantizer,
             metrics: RoundMetrics {
+                modulus_bits,
                 attempt: self.attempts,
                 degree: self.derived.degree,
                 threshold: self.derived.threshold,
@@ -504,7 +508,8 @@ impl TaskEngine {
             self.round.as_ref().filter(|r| r.number == round_number).ok_or("no such round in progress")?;
         let aggregate = result.map_err(|e| e.to_string())?;
         let survivors = aggregate.contributors.len() as u32;
-        let mean = self.quantizer.decode(&aggregate.sum, survivors).map_err(|e| e.to_string())?;
+        let dimension = self.spec.model.layout.len();
+        let mean = round.quantizer.decode(&aggregate.sum, survivors, dimension).map_err(|e| e.to_string())?;
         let mut weights = self.weights.clone();
         let mut state = self.optimizer_state.clone();
         self.spec.optimizer.step(&mut weights, &mean.mean, &mut state).map_err(|e| e.to_string())?;
@@ -512,6 +517,7 @@ impl TaskEngine {
         let mut metrics = round.metrics.clone();
         metrics.bytes_up_per_client = round.bytes_up as f64 / selected;
         metrics.bytes_down_per_client = round.bytes_down as f64 / selected;
+        metrics.compression_ratio = metrics.bytes_up_per_client / (4.0 * dimension as f64);
         metrics.total_examples = mean.total_weight;
         metrics.update_norm = mean.mean.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
         let model = encode_model(&self.task_id, &self.spec.model.layout, &weights, round_number)?;

@@ -2,7 +2,7 @@
 //! validation. Everything needed to run its rounds is derived from it.
 
 use cohort_crypto::params::{Adversary, ParameterTarget, derive_complete, derive_sparse};
-use cohort_crypto::{QuantizationSpec, Quantizer};
+use cohort_crypto::{QuantizationSpec, Quantizer, Transform};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::ModelLayout;
@@ -122,21 +122,83 @@ impl Default for SecAggSpec {
     }
 }
 
-/// Quantization of a task's updates.
+/// Quantization and compression of a task's updates.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QuantizationConfig {
-    /// Update coordinates are clipped to [−clip, clip].
+    /// Update coordinates (after the rotation or sketch) are clipped to
+    /// [−clip, clip].
     pub clip: f32,
-    /// Bits of the ring the masked vectors live in.
+    /// Bits of the ring the masked vectors live in (ignored when `bits`
+    /// is set).
     pub modulus_bits: u8,
+    /// Bits per client value (4 to 16): the ring then has
+    /// bits + ⌈log₂ n⌉ bits for n selected clients, and the upload shrinks
+    /// accordingly.
+    pub bits: Option<u8>,
+    /// Randomized Hadamard rotation (blocks of 4096, fresh signs each
+    /// round) before quantization; the coordinator inverts it.
+    pub rotate: bool,
+    /// Count sketch of the update instead of the update itself.
+    pub sketch: Option<SketchConfig>,
     /// Largest example count a client may report.
     pub max_weight: u32,
 }
 
+/// A count sketch's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SketchConfig {
+    /// Rows (odd, at most 15).
+    pub rows: u32,
+    /// Buckets per row.
+    pub columns: u32,
+    /// Coordinates kept when unsketching (the largest estimates; 0: all).
+    #[serde(default)]
+    pub top_k: u32,
+}
+
+/// Rotation block: large enough to spread energy, small enough that the
+/// padding of the last block costs little.
+pub const ROTATION_BLOCK: u32 = 4096;
+
 impl Default for QuantizationConfig {
     fn default() -> Self {
-        Self { clip: 1.0, modulus_bits: 32, max_weight: 1 << 14 }
+        Self { clip: 1.0, modulus_bits: 32, bits: None, rotate: false, sketch: None, max_weight: 1 << 14 }
+    }
+}
+
+impl QuantizationConfig {
+    /// Ring bits for rounds of `clients` selected clients.
+    pub fn ring_bits(&self, clients: u32) -> Result<u8, SpecError> {
+        match self.bits {
+            None => Ok(self.modulus_bits),
+            Some(bits) if (4..=16).contains(&bits) => {
+                cohort_crypto::quantize::modulus_bits_for(bits, clients)
+                    .ok_or_else(|| SpecError("bits plus the clients' headroom exceed 32".into()))
+            }
+            Some(_) => Err(SpecError("bits must be between 4 and 16".into())),
+        }
+    }
+
+    /// The protocol's quantization for one round; `seed` (public, fresh
+    /// per round) picks the rotation's signs or the sketch's hashes.
+    pub fn round_spec(&self, seed: [u8; 32]) -> Result<QuantizationSpec, SpecError> {
+        let transform = match (self.rotate, self.sketch) {
+            (false, None) => Transform::None,
+            (true, None) => Transform::Rotate { block: ROTATION_BLOCK, seed },
+            (false, Some(SketchConfig { rows, columns, top_k })) => {
+                Transform::Sketch { rows, columns, top_k, seed }
+            }
+            (true, Some(_)) => return Err(SpecError("choose either rotate or sketch".into())),
+        };
+        Ok(QuantizationSpec { clip: self.clip, max_weight: self.max_weight, transform })
+    }
+
+    /// The quantizer of a round of `clients` with transform seed `seed`.
+    pub fn quantizer(&self, clients: u32, seed: [u8; 32]) -> Result<Quantizer, SpecError> {
+        Quantizer::new(self.round_spec(seed)?, self.ring_bits(clients)?, clients)
+            .map_err(|e| SpecError(e.to_string()))
     }
 }
 
@@ -218,13 +280,10 @@ impl TaskSpec {
             return Err(err("deadlines must be positive"));
         }
         self.optimizer.validate().map_err(|e| SpecError(e.to_string()))?;
-        let q = self.quantization;
-        Quantizer::new(
-            QuantizationSpec { clip: q.clip, max_weight: q.max_weight },
-            q.modulus_bits,
-            self.selected_per_round(),
-        )
-        .map_err(|e| SpecError(e.to_string()))?;
+        let quantizer = self.quantization.quantizer(self.selected_per_round(), [0; 32])?;
+        if quantizer.encoded_len(self.model.layout.len()) > cohort_crypto::config::MAX_VECTOR_LEN as usize {
+            return Err(err("the model is too large for secure aggregation"));
+        }
         let sa = &self.secure_aggregation;
         let target = ParameterTarget {
             dropout: sa.target_dropout,
@@ -328,6 +387,20 @@ pub(crate) mod tests {
             (|s| s.name = " ".into(), "name"),
             (|s| s.deadlines.unmasking_ms = 0, "deadlines"),
             (|s| s.quantization.modulus_bits = 40, "modulus bits"),
+            (|s| s.quantization.bits = Some(3), "between 4 and 16"),
+            (|s| s.quantization.bits = Some(17), "between 4 and 16"),
+            (|s| s.quantization.clip = 0.0, "clip"),
+            (
+                |s| {
+                    s.quantization.rotate = true;
+                    s.quantization.sketch = Some(SketchConfig { rows: 3, columns: 10, top_k: 0 });
+                },
+                "either rotate or sketch",
+            ),
+            (
+                |s| s.quantization.sketch = Some(SketchConfig { rows: 2, columns: 10, top_k: 0 }),
+                "odd number of rows",
+            ),
             (|s| s.optimizer = ServerOptimizer::FedAvg { learning_rate: -1.0 }, "learning_rate"),
             (|s| s.secure_aggregation.threshold = Some(9), "threshold"),
             (|s| s.secure_aggregation.threshold = None, "no graph degree and threshold meet"),
@@ -376,5 +449,20 @@ pub(crate) mod tests {
         assert_eq!(spec.initial_weights(), model.init(5));
         let parsed: ModelInit = serde_json::from_str(r#"{"kind": "fan_in", "seed": 5}"#).unwrap();
         assert_eq!(parsed, ModelInit::FanIn { seed: 5 });
+    }
+
+    #[test]
+    fn bits_set_the_ring_with_headroom_for_the_selected_clients() {
+        let mut spec = small_spec();
+        spec.quantization.bits = Some(8);
+        spec.validate().unwrap();
+        let n = spec.selected_per_round();
+        let expected = 8 + (32 - (n - 1).leading_zeros()) as u8;
+        assert_eq!(spec.quantization.ring_bits(n).unwrap(), expected);
+        let parsed: QuantizationConfig =
+            serde_json::from_str(r#"{"bits": 8, "rotate": true, "clip": 0.1}"#).unwrap();
+        assert_eq!((parsed.bits, parsed.rotate, parsed.modulus_bits), (Some(8), true, 32));
+        let spec = parsed.round_spec([5; 32]).unwrap();
+        assert_eq!(spec.transform, Transform::Rotate { block: ROTATION_BLOCK, seed: [5; 32] });
     }
 }

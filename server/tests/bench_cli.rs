@@ -88,3 +88,29 @@ fn invalid_arguments_fail_with_a_clear_message() {
     assert!(!ok);
     assert!(stderr.contains("--k needs --t"), "{stderr}");
 }
+
+/// `--bits` packs the masked input to bits + ⌈log₂ n⌉ bits per coordinate
+/// (plus the weight's digits); `--rotate` keeps the length and the result.
+#[test]
+fn bits_shrink_the_upload_exactly_and_rotation_keeps_the_sum() {
+    let base = ["--clients", "20", "--dim", "4000", "--graph", "complete", "--t", "11"];
+    let (ok, full, stderr) = bench(&base);
+    assert!(ok, "{stderr}");
+    for (extra, ring) in
+        [(&["--bits", "8"][..], 13u64), (&["--bits", "8", "--rotate"][..], 13), (&["--bits", "4"][..], 9)]
+    {
+        let (ok, report, stderr) = bench(&[&base[..], extra].concat());
+        assert!(ok, "{extra:?}: {stderr}");
+        assert_eq!(report["correct"], true, "{extra:?}");
+        assert_eq!(report["modulus_bits"], ring, "{extra:?}");
+        // Only the masked input shrinks: 4 bytes per coordinate become
+        // ring / 8, and a small ring carries the weight in more digits.
+        let saved =
+            full["bytes_up_per_client"].as_f64().unwrap() - report["bytes_up_per_client"].as_f64().unwrap();
+        // The bench's weights go up to 4096; a digit holds 0..=L, L = ⌊(2^ring − 1) / 20⌋.
+        let base = ((1u64 << ring) - 1) / 20 + 1;
+        let digits = (1..).find(|d| base.pow(*d) > 4096).unwrap() as f64;
+        let packed = ((4000.0 + digits) * ring as f64 / 8.0).ceil();
+        assert_eq!(saved, 4.0 * 4001.0 - packed, "{extra:?}");
+    }
+}

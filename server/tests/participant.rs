@@ -212,3 +212,51 @@ fn refusals_and_outages_are_typed_errors() {
     );
     assert!(trainer.rounds_trained.is_empty());
 }
+
+/// 8-bit values, rotated, bit-packed: the round still yields the weighted
+/// mean (within the quantization step), the upload shrinks, and the round
+/// metrics say by how much.
+#[test]
+fn compressed_updates_aggregate_over_http() {
+    let coordinator = Coordinator::start("compressed");
+    let mut spec = spec(4, 1);
+    spec["model"]["layout"]["tensors"][0]["shape"] = json!([5000]);
+    spec["quantization"] = json!({ "bits": 8, "rotate": true, "clip": 0.5, "max_weight": 64 });
+    let (task, token) = coordinator.create_task(spec);
+    let delta =
+        |k: usize| -> Vec<f32> { (0..5000).map(|i| ((i * (k + 1)) as f32 * 0.01).sin() * 0.1).collect() };
+    let handles: Vec<_> = (0..4)
+        .map(|k| {
+            let (url, task, token) = (coordinator.url.clone(), task.clone(), token.clone());
+            std::thread::spawn(move || {
+                let mut trainer =
+                    Fixed { delta: delta(k), examples: 20 + 10 * k as u32, rounds_trained: vec![] };
+                let participant = Participant::enroll(&task, &token, fast()).with_seed([40 + k as u8; 32]);
+                let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
+                let outcome = runner.run_round(&mut trainer).unwrap().unwrap();
+                assert!(matches!(outcome, RoundOutcome::Completed(_)), "{outcome:?}");
+                assert!(runner.run_round(&mut trainer).unwrap().is_none());
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    let total: f32 = (0..4).map(|k| 20.0 + 10.0 * k as f32).sum();
+    let (_, bytes) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/1"), None);
+    let model = checkpoint::decode(&bytes).unwrap();
+    let mut worst = 0.0f32;
+    for i in 0..5000 {
+        let expected: f32 = (0..4).map(|k| delta(k)[i] * (20.0 + 10.0 * k as f32)).sum::<f32>() / total;
+        worst = worst.max((model.weights[i] - expected).abs());
+    }
+    // Four clients, 8 bits over [−0.5, 0.5] scaled by w/W: a step of about
+    // 0.004 per client value, averaged; the rotation spreads the error.
+    assert!(worst < 0.01, "largest error {worst}");
+    let (_, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
+    let rounds: Vec<Value> = serde_json::from_slice(&rounds).unwrap();
+    let metrics = &rounds[0]["metrics"];
+    assert_eq!(metrics["modulus_bits"], 10, "8 bits plus 2 bits of headroom for 4 clients");
+    let ratio = metrics["compression_ratio"].as_f64().unwrap();
+    assert!(ratio > 0.3 && ratio < 0.36, "upload over float32: {ratio}");
+}

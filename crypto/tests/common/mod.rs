@@ -33,7 +33,11 @@ pub fn config(clients: u32, threshold: u32, graph: GraphSpec, vector_len: u32, b
         threshold,
         vector_len,
         modulus_bits: bits,
-        quantization: QuantizationSpec { clip: 1.0, max_weight: 1 },
+        quantization: QuantizationSpec {
+            clip: 1.0,
+            max_weight: 1,
+            transform: cohort_crypto::Transform::None,
+        },
     }
 }
 
