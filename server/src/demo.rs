@@ -233,6 +233,8 @@ struct RoundRow {
     bytes_up_per_client: f64,
     bytes_down_per_client: f64,
     survivors: u64,
+    /// Upload per client over the float32 update's size.
+    compression_ratio: f64,
 }
 
 /// Prints the header, the progress bar and the rows.
@@ -556,6 +558,7 @@ fn in_process(
             bytes_up_per_client: bytes_up,
             bytes_down_per_client: model_bytes.len() as f64,
             survivors: survivors.len() as u64,
+            compression_ratio: bytes_up / (4.0 * layout.len() as f64),
         };
         progress.row(&row);
         rows.push(row);
@@ -785,6 +788,7 @@ fn run_coordinator_and_clients(
                 bytes_down_per_client: metrics["bytes_down_per_client"].as_f64().unwrap_or_default()
                     + previous_model.len() as f64,
                 survivors: record["survivors"].as_u64().unwrap_or_default(),
+                compression_ratio: metrics["compression_ratio"].as_f64().unwrap_or_default(),
             };
             progress.row(&row);
             rows.push(row);

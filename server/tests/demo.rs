@@ -64,6 +64,8 @@ fn the_demo_matches_plaintext_fedavg() {
         let up = round["bytes_up_per_client"].as_f64().unwrap();
         let down = round["bytes_down_per_client"].as_f64().unwrap();
         assert!(up > 31_000.0 && up < 40_000.0 && down > 31_000.0, "{up} {down}");
+        let ratio = round["compression_ratio"].as_f64().unwrap();
+        assert!((ratio - up / (4.0 * 7_850.0)).abs() < 1e-9, "{ratio}");
         assert!(round["loss"].as_f64().unwrap().is_finite());
     }
     let (a, b) = (accuracies(&secure), accuracies(&plain));
@@ -73,6 +75,21 @@ fn the_demo_matches_plaintext_fedavg() {
     }
     std::fs::remove_dir_all(&secure_dir).unwrap();
     std::fs::remove_dir_all(&plain_dir).unwrap();
+}
+
+/// 8-bit values with rotation over HTTP: the upload drops to about
+/// (8 + ⌈log₂ 4⌉) / 32 of float32 and the model still learns.
+#[test]
+fn compressed_demo_learns_with_a_third_of_the_upload() {
+    let dir = scratch("bits");
+    let results = cohort(&[&["demo", "--bits", "8", "--rotate", "--clip", "0.1"][..], &SMALL].concat(), &dir);
+    assert_eq!(results["config"]["bits"], 8);
+    for round in results["rounds"].as_array().unwrap() {
+        let ratio = round["compression_ratio"].as_f64().unwrap();
+        assert!(ratio > 10.0 / 32.0 && ratio < 0.36, "{ratio}");
+    }
+    assert!(accuracies(&results)[2] > 0.8, "{:?}", accuracies(&results));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Clients that vanish mid-round are recovered from; the in-process
