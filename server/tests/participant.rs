@@ -218,13 +218,46 @@ fn refusals_and_outages_are_typed_errors() {
 /// metrics say by how much.
 #[test]
 fn compressed_updates_aggregate_over_http() {
-    let coordinator = Coordinator::start("compressed");
+    let quantization = json!({ "bits": 8, "rotate": true, "clip": 0.5, "max_weight": 64 });
+    let delta = |k: usize, i: usize| ((i * (k + 1)) as f32 * 0.01).sin() * 0.1;
+    // Four clients, 8 bits over [−0.5, 0.5] scaled by w/W: a step of about
+    // 0.004 per client value, averaged; the rotation spreads the error.
+    let metrics = compressed_round("rotated", quantization, delta, 0.01);
+    assert_eq!(metrics["modulus_bits"], 10, "8 bits plus 2 bits of headroom for 4 clients");
+    let ratio = metrics["compression_ratio"].as_f64().unwrap();
+    assert!(ratio > 0.3 && ratio < 0.36, "upload over float32: {ratio}");
+}
+
+/// A count sketch of 5 × 400 buckets stands in for a 5000-coordinate
+/// update that has a few large coordinates: the heavy ones come back.
+#[test]
+fn sketched_updates_aggregate_over_http() {
+    let quantization = json!({ "sketch": { "rows": 5, "columns": 400, "top_k": 3 }, "max_weight": 64 });
+    let delta = |k: usize, i: usize| match i {
+        17 => 0.5,
+        2_000 => -0.3 - k as f32 * 0.01,
+        4_999 => 0.2,
+        _ => 0.0,
+    };
+    let metrics = compressed_round("sketched", quantization, delta, 1e-3);
+    let ratio = metrics["compression_ratio"].as_f64().unwrap();
+    assert!(ratio < 0.45, "2000 buckets for 5000 coordinates: {ratio}");
+}
+
+/// One round of four clients with `quantization`; checks the model against
+/// the exact weighted mean and returns the round's metrics.
+fn compressed_round(
+    name: &str,
+    quantization: Value,
+    delta: fn(usize, usize) -> f32,
+    tolerance: f32,
+) -> Value {
+    let coordinator = Coordinator::start(name);
     let mut spec = spec(4, 1);
     spec["model"]["layout"]["tensors"][0]["shape"] = json!([5000]);
-    spec["quantization"] = json!({ "bits": 8, "rotate": true, "clip": 0.5, "max_weight": 64 });
+    spec["quantization"] = quantization;
     let (task, token) = coordinator.create_task(spec);
-    let delta =
-        |k: usize| -> Vec<f32> { (0..5000).map(|i| ((i * (k + 1)) as f32 * 0.01).sin() * 0.1).collect() };
+    let delta = move |k: usize| -> Vec<f32> { (0..5000).map(|i| delta(k, i)).collect() };
     let handles: Vec<_> = (0..4)
         .map(|k| {
             let (url, task, token) = (coordinator.url.clone(), task.clone(), token.clone());
@@ -250,13 +283,8 @@ fn compressed_updates_aggregate_over_http() {
         let expected: f32 = (0..4).map(|k| delta(k)[i] * (20.0 + 10.0 * k as f32)).sum::<f32>() / total;
         worst = worst.max((model.weights[i] - expected).abs());
     }
-    // Four clients, 8 bits over [−0.5, 0.5] scaled by w/W: a step of about
-    // 0.004 per client value, averaged; the rotation spreads the error.
-    assert!(worst < 0.01, "largest error {worst}");
+    assert!(worst < tolerance, "{name}: largest error {worst}");
     let (_, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
     let rounds: Vec<Value> = serde_json::from_slice(&rounds).unwrap();
-    let metrics = &rounds[0]["metrics"];
-    assert_eq!(metrics["modulus_bits"], 10, "8 bits plus 2 bits of headroom for 4 clients");
-    let ratio = metrics["compression_ratio"].as_f64().unwrap();
-    assert!(ratio > 0.3 && ratio < 0.36, "upload over float32: {ratio}");
+    rounds[0]["metrics"].clone()
 }
