@@ -688,6 +688,7 @@ fn run_coordinator_and_clients(
         admin_token: admin_token.clone(),
         max_message_bytes: 256 << 20,
         credential_ttl_ms: 86_400_000,
+        tls: None,
     }))?;
     let url = service.url();
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);

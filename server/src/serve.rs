@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use cohort_server::auth::new_token;
-use cohort_server::service::{Service, ServiceConfig};
+use cohort_server::service::{Service, ServiceConfig, TlsFiles};
 use serde::Deserialize;
 
 #[derive(Debug, Args)]
@@ -19,9 +19,16 @@ pub struct ServeArgs {
     #[arg(long)]
     database_url: Option<String>,
     /// JSON settings file (keys: bind, database_url, admin_token,
-    /// max_message_bytes, credential_ttl_days). Flags take precedence.
+    /// max_message_bytes, credential_ttl_days, tls_cert, tls_key). Flags
+    /// take precedence.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (leaf first)...
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// ...and this PEM private key.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -32,6 +39,8 @@ struct FileConfig {
     admin_token: Option<String>,
     max_message_bytes: Option<usize>,
     credential_ttl_days: Option<u32>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
 }
 
 pub async fn serve(args: ServeArgs) -> Result<()> {
@@ -57,12 +66,23 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             token
         }
     };
+    let tls = match (args.tls_cert.or(file.tls_cert), args.tls_key.or(file.tls_key)) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            certificate_chain: std::fs::read(&cert).with_context(|| format!("reading {}", cert.display()))?,
+            private_key: zeroize::Zeroizing::new(
+                std::fs::read(&key).with_context(|| format!("reading {}", key.display()))?,
+            ),
+        }),
+        (None, None) => None,
+        _ => anyhow::bail!("TLS needs both a certificate chain and a private key"),
+    };
     let service = Service::start(ServiceConfig {
         bind,
         database_url: database_url.clone(),
         admin_token,
         max_message_bytes: file.max_message_bytes.unwrap_or(256 << 20),
         credential_ttl_ms: i64::from(file.credential_ttl_days.unwrap_or(30)) * 86_400_000,
+        tls,
     })
     .await?;
     tracing::info!(address = %service.address, database = %redact(&database_url), "coordinator listening");

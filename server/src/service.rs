@@ -26,6 +26,44 @@ pub struct ServiceConfig {
     pub max_message_bytes: usize,
     /// Lifetime of client credentials.
     pub credential_ttl_ms: i64,
+    /// Terminate TLS with this certificate chain and key (PEM).
+    pub tls: Option<TlsFiles>,
+}
+
+/// A PEM certificate chain (leaf first) and its private key.
+#[derive(Clone)]
+pub struct TlsFiles {
+    /// The certificate chain.
+    pub certificate_chain: Vec<u8>,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub private_key: zeroize::Zeroizing<Vec<u8>>,
+}
+
+impl TlsFiles {
+    /// The rustls server configuration (TLS 1.2 and 1.3, ring, HTTP/1.1
+    /// and HTTP/2 by ALPN).
+    fn server_config(&self) -> Result<rustls::ServerConfig, ServiceError> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let tls = |message: String| ServiceError::Tls(message);
+        let chain = CertificateDer::pem_slice_iter(&self.certificate_chain)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| tls(format!("certificate chain: {e}")))?;
+        if chain.is_empty() {
+            return Err(tls("no certificate in the chain file".into()));
+        }
+        let key =
+            PrivateKeyDer::from_pem_slice(&self.private_key).map_err(|e| tls(format!("private key: {e}")))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|e| tls(format!("certificate and key: {e}")))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(config)
+    }
 }
 
 impl std::fmt::Debug for ServiceConfig {
@@ -44,6 +82,9 @@ pub enum ServiceError {
     /// The coordinator could not load its tasks.
     #[error("starting the coordinator: {0}")]
     Coordinator(#[from] CoordinatorError),
+    /// The TLS certificate or key is unusable.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The address could not be bound.
     #[error("binding {address}: {source}")]
     Bind {
@@ -59,6 +100,7 @@ pub enum ServiceError {
 pub struct Service {
     /// Where it listens.
     pub address: SocketAddr,
+    scheme: &'static str,
     /// Its store.
     pub store: SqlStore,
     /// Its coordinator.
@@ -92,19 +134,25 @@ impl Service {
         let address =
             listener.local_addr().map_err(|source| ServiceError::Bind { address: config.bind, source })?;
         let (shutdown, signal) = oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app(state))
-                .with_graceful_shutdown(async move {
-                    let _ = signal.await;
-                })
-                .await
-        });
-        Ok(Self { address, store, coordinator, metrics, shutdown, server })
+        let tls = config.tls.as_ref().map(TlsFiles::server_config).transpose()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let router = app(state);
+        let server = match tls {
+            None => tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = signal.await;
+                    })
+                    .await
+            }),
+            Some(tls) => tokio::spawn(serve_tls(listener, router, tls, signal)),
+        };
+        Ok(Self { address, scheme, store, coordinator, metrics, shutdown, server })
     }
 
     /// The base URL clients use.
     pub fn url(&self) -> String {
-        format!("http://{}", self.address)
+        format!("{}://{}", self.scheme, self.address)
     }
 
     /// Stops accepting requests and waits for those in flight.
@@ -117,5 +165,45 @@ impl Service {
     pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
         signal.await;
         self.stop().await
+    }
+}
+
+/// Accepts TLS connections until `signal`, serving each with hyper. A
+/// failed handshake closes that connection only.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    tls: rustls::ServerConfig,
+    mut signal: oneshot::Receiver<()>,
+) -> std::io::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(tls));
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(connection) => connection,
+                // Out of descriptors and the like: keep serving.
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    continue;
+                }
+            },
+            _ = &mut signal => return Ok(()),
+        };
+        let (acceptor, router) = (acceptor.clone(), router.clone());
+        tokio::spawn(async move {
+            let stream = match acceptor.accept(stream).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::debug!(%peer, %error, "TLS handshake failed");
+                    return;
+                }
+            };
+            let service = hyper_util::service::TowerToHyperService::new(router);
+            let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            if let Err(error) = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await
+            {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
     }
 }

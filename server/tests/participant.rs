@@ -41,6 +41,7 @@ impl Coordinator {
                 admin_token: ADMIN.into(),
                 max_message_bytes: 1 << 20,
                 credential_ttl_ms: 3_600_000,
+                tls: None,
             }))
             .unwrap();
         let url = service.url();

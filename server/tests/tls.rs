@@ -1,0 +1,126 @@
+//! `cohort serve`'s TLS: a coordinator with a certificate from a private
+//! CA; clients that trust the CA train through it, clients that do not
+//! (or that speak plain HTTP) get no further than the handshake.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+
+use cohort_client::participant::{
+    Method, Participant, ParticipantConfig, ParticipantError, Request, RoundOutcome,
+};
+use cohort_client::runtime::http::HttpTransport;
+use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, Transport};
+use cohort_server::service::{Service, ServiceConfig, TlsFiles};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use serde_json::{Value, json};
+
+const ADMIN: &str = "admin-token-for-the-tls-tests";
+
+/// A CA and a server certificate for `localhost` and 127.0.0.1 it signed.
+fn certificates() -> (String, TlsFiles) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let leaf = params.signed_by(&key, &issuer).unwrap();
+    let files = TlsFiles {
+        certificate_chain: leaf.pem().into_bytes(),
+        private_key: zeroize::Zeroizing::new(key.serialize_pem().into_bytes()),
+    };
+    (ca.pem(), files)
+}
+
+struct Zero;
+
+impl Trainer for Zero {
+    fn train(
+        &mut self,
+        _: u64,
+        model: &cohort_client::checkpoint::Checkpoint,
+    ) -> Result<LocalUpdate, String> {
+        Ok(LocalUpdate { delta: vec![0.25; model.weights.len()], examples: 3, metrics: None })
+    }
+}
+
+#[test]
+fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
+    let (ca_pem, files) = certificates();
+    let database = std::env::temp_dir().join(format!("cohort-tls-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&database);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let service = runtime
+        .block_on(Service::start(ServiceConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            database_url: format!("sqlite://{}", database.display()),
+            admin_token: ADMIN.into(),
+            max_message_bytes: 1 << 20,
+            credential_ttl_ms: 3_600_000,
+            tls: Some(files),
+        }))
+        .unwrap();
+    let url = service.url();
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let trusted = || HttpTransport::with_root_certificates(&url, ca_pem.as_bytes()).unwrap();
+
+    let spec = json!({
+        "name": "tls", "rounds": 1, "clients_per_round": 3,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [4] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 2 }
+    });
+    let request = Request {
+        method: Method::Post,
+        path: "/admin/tasks".into(),
+        body: spec.to_string().into_bytes(),
+        content_type: Some("application/json"),
+        bearer: Some(ADMIN.into()),
+    };
+    let created = trusted().send(&request).unwrap();
+    assert_eq!(created.status, 201);
+    let created: Value = serde_json::from_slice(&created.body).unwrap();
+    let (task, token) = (
+        created["id"].as_str().unwrap().to_string(),
+        created["enrollment_token"].as_str().unwrap().to_string(),
+    );
+
+    let config = ParticipantConfig {
+        poll_interval_ms: 50,
+        max_attempts: 2,
+        backoff_base_ms: 10,
+        ..Default::default()
+    };
+    // The web PKI does not know our CA; plain HTTP is not TLS.
+    for transport in [HttpTransport::new(&url), HttpTransport::new(&url.replace("https://", "http://"))] {
+        let mut runner = Runner::new(Participant::enroll(&task, &token, config), transport, None);
+        let error = runner.run_round(&mut Zero).unwrap_err();
+        assert!(matches!(error, RunError::Participant(ParticipantError::Unreachable { .. })), "{error}");
+    }
+
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            let (transport, task, token) = (trusted(), task.clone(), token.clone());
+            std::thread::spawn(move || {
+                let mut runner = Runner::new(Participant::enroll(&task, &token, config), transport, None);
+                runner.run_round(&mut Zero).unwrap().unwrap()
+            })
+        })
+        .collect();
+    for handle in handles {
+        let outcome = handle.join().unwrap();
+        assert!(matches!(outcome, RoundOutcome::Completed(_)), "{outcome:?}");
+    }
+    let request = Request {
+        method: Method::Get,
+        path: format!("/admin/tasks/{task}/checkpoints/1"),
+        body: vec![],
+        content_type: None,
+        bearer: Some(ADMIN.into()),
+    };
+    let model = cohort_client::checkpoint::decode(&trusted().send(&request).unwrap().body).unwrap();
+    assert!(model.weights.iter().all(|w| (w - 0.25).abs() < 1e-4), "{:?}", model.weights);
+    runtime.block_on(service.stop()).unwrap();
+    let _ = std::fs::remove_file(&database);
+}
