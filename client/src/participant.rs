@@ -226,6 +226,10 @@ pub struct SavedState {
     pub expires_at: i64,
     /// The last round this participant completed.
     pub last_completed_round: u64,
+    /// That round's session, so that a restarted client does not join it
+    /// again (it may join a re-run of the same round number).
+    #[serde(default)]
+    pub last_session: Option<String>,
 }
 
 impl std::fmt::Debug for SavedState {
@@ -269,9 +273,9 @@ pub struct Participant {
     wait_until: u64,
     in_flight: bool,
     report: RoundReport,
-    /// The last (round, attempt) this participant joined; it never joins
-    /// one twice.
-    last_round: (u64, u32),
+    /// The round instance (its session) this participant joined last; it
+    /// never joins one twice, but joins a re-run of the same round number.
+    last_joined: Option<String>,
     metrics: Option<serde_json::Map<String, serde_json::Value>>,
     events: VecDeque<Action>,
 }
@@ -300,6 +304,8 @@ enum CheckIn {
         client_id: u32,
         #[serde(default)]
         attempt: u32,
+        #[serde(default)]
+        session: Option<String>,
     },
     Finished,
 }
@@ -341,7 +347,7 @@ impl Participant {
         seed: [u8; 32],
     ) -> Self {
         let phase = if saved.is_some() { Phase::CheckIn } else { Phase::Enroll };
-        let last_round = (saved.as_ref().map_or(0, |s| s.last_completed_round), u32::MAX);
+        let last_joined = saved.as_ref().and_then(|s| s.last_session.clone());
         Self {
             config,
             task_id: task_id.to_string(),
@@ -353,7 +359,7 @@ impl Participant {
             wait_until: 0,
             in_flight: false,
             report: RoundReport::default(),
-            last_round,
+            last_joined,
             metrics: None,
             events: VecDeque::new(),
         }
@@ -497,6 +503,7 @@ impl Participant {
                         credential: enrolled.credential,
                         expires_at: enrolled.expires_at,
                         last_completed_round: 0,
+                        last_session: None,
                     });
                     self.phase = Phase::CheckIn;
                 }
@@ -510,14 +517,15 @@ impl Participant {
                         self.wait_until = now + retry_after_ms;
                         self.phase = Phase::CheckIn;
                     }
-                    CheckIn::Selected { round, client_id, attempt } => {
-                        if (round, attempt) <= self.last_round {
+                    CheckIn::Selected { round, client_id, attempt, session } => {
+                        let instance = session.unwrap_or_else(|| format!("{round}/{attempt}"));
+                        if self.last_joined.as_deref() == Some(instance.as_str()) {
                             // This round is over for us; wait for the next.
                             self.wait_until = now + self.config.poll_interval_ms * 5;
                             self.phase = Phase::CheckIn;
                         } else {
                             self.report = RoundReport { round, ..RoundReport::default() };
-                            self.last_round = (round, attempt);
+                            self.last_joined = Some(instance);
                             self.phase = Phase::Model { round, client_id };
                         }
                     }
@@ -649,6 +657,7 @@ impl Participant {
         if matches!(&protocol, Protocol::Running(client) if matches!(**client, Client::Finished)) {
             if let Some(saved) = &mut self.saved {
                 saved.last_completed_round = round;
+                saved.last_session.clone_from(&self.last_joined);
             }
             self.end_round(RoundOutcome::Completed(self.report));
         } else {

@@ -310,7 +310,10 @@ mod tests {
         let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let mut keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
         keys.sort_unstable();
-        assert_eq!(keys, ["credential", "expires_at", "last_completed_round", "participant_id", "task_id"]);
+        assert_eq!(
+            keys,
+            ["credential", "expires_at", "last_completed_round", "last_session", "participant_id", "task_id"]
+        );
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;

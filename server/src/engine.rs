@@ -43,6 +43,9 @@ pub enum CheckIn {
         /// Attempt at this round: an aborted round runs again with the
         /// same number and a new attempt, which earlier members may join.
         attempt: u32,
+        /// The round's session id (hex): unique to this attempt, also
+        /// across restarts of the coordinator.
+        session: String,
     },
     /// The task is over; stop checking in.
     Finished,
@@ -118,6 +121,7 @@ pub struct RoundMetrics {
 /// The round in progress.
 struct ActiveRound {
     number: u64,
+    session: [u8; 16],
     started_at: i64,
     stage_started_at: i64,
     deadline: i64,
@@ -305,6 +309,7 @@ impl TaskEngine {
                     round: round.number,
                     client_id: id.get(),
                     attempt: round.metrics.attempt,
+                    session: hex::encode(round.session),
                 },
                 None => CheckIn::Wait { retry_after_ms: 2_000 },
             },
@@ -463,6 +468,7 @@ impl TaskEngine {
         let number = self.completed + 1;
         self.round = Some(ActiveRound {
             number,
+            session,
             started_at: now,
             stage_started_at: now,
             deadline: now + deadline_for(&self.spec, Stage::AdvertiseKeys),

@@ -1,7 +1,7 @@
-//! Kills a real `cohort serve` process (SIGKILL) in the middle of a round,
-//! restarts it on the same SQLite file, and checks that nothing completed
-//! was lost (rounds, checkpoint, credentials) and that training goes on to
-//! the end.
+//! Kills a real `cohort serve` process (SIGKILL) in the middle of a round
+//! (and, in the second test, at random moments, repeatedly), restarts it on
+//! the same SQLite file, and checks that nothing completed was lost
+//! (rounds, checkpoints, credentials) and that training goes on to the end.
 
 #![allow(clippy::unwrap_used)]
 
@@ -235,6 +235,126 @@ fn training_survives_a_crash_mid_round() {
     let model = cohort_server::checkpoint::decode(&latest_checkpoint(port, &task)).unwrap();
     for (w, d) in model.weights.iter().zip(&mean) {
         assert!((w - 4.25 * d).abs() < 1e-4, "{:?} vs {mean:?}", model.weights);
+    }
+    drop(server);
+    let _ = std::fs::remove_file(&database);
+}
+
+/// Hands in the same update every round, whatever the model.
+struct Steady {
+    examples: u32,
+}
+
+impl cohort_client::runtime::Trainer for Steady {
+    fn train(
+        &mut self,
+        _: u64,
+        model: &cohort_client::checkpoint::Checkpoint,
+    ) -> Result<cohort_client::runtime::LocalUpdate, String> {
+        let delta = (0..model.weights.len()).map(|i| 0.01 * (i as f32 + 1.0)).collect();
+        Ok(cohort_client::runtime::LocalUpdate { delta, examples: self.examples, metrics: None })
+    }
+}
+
+/// Every completed round with its checkpoint bytes.
+fn completed(port: u16, task: &str) -> Vec<(i64, Vec<u8>)> {
+    rounds(port, task)
+        .iter()
+        .map(|r| {
+            let round = r["round"].as_i64().unwrap();
+            let path = format!("/admin/tasks/{task}/checkpoints/{round}");
+            let (status, bytes) = http(port, "GET", &path, Some(ADMIN), "", &[]);
+            assert_eq!(status, 200, "checkpoint of round {round}");
+            (round, bytes)
+        })
+        .collect()
+}
+
+/// The client library's participants train while the coordinator is
+/// SIGKILLed at seeded random moments, four times: every completed round
+/// and checkpoint survives each crash, and training reaches the end.
+#[test]
+fn training_survives_repeated_crashes_at_random_points() {
+    use cohort_client::participant::{Participant as Client, ParticipantConfig};
+    use cohort_client::runtime::Runner;
+    use cohort_client::runtime::http::HttpTransport;
+    use rand_core::{Rng, SeedableRng};
+
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let database = std::env::temp_dir().join(format!("cohort-crashes-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&database);
+    let mut server = Server::start(port, &database);
+    let rounds_wanted = 6;
+    let spec = json!({
+        "name": "crashes",
+        "rounds": rounds_wanted,
+        "clients_per_round": 4,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [8] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 2 },
+        "deadlines": { "advertise_keys_ms": 4000, "share_keys_ms": 4000, "masked_input_ms": 4000, "unmasking_ms": 4000 },
+        "checkpoint_retention": 20
+    });
+    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
+    assert_eq!(status, 201, "{created}");
+    let task = created["id"].as_str().unwrap().to_string();
+    let token = created["enrollment_token"].as_str().unwrap().to_string();
+
+    // Patient clients: they ride out a restart with retries.
+    let config = ParticipantConfig {
+        max_attempts: 200,
+        backoff_base_ms: 20,
+        backoff_max_ms: 200,
+        poll_interval_ms: 50,
+        stage_timeout_ms: 8_000,
+    };
+    let clients: Vec<_> = (0..4u32)
+        .map(|k| {
+            let (task, token) = (task.clone(), token.clone());
+            std::thread::spawn(move || {
+                let url = format!("http://127.0.0.1:{port}");
+                let participant = Client::enroll(&task, &token, config).with_seed([k as u8 + 1; 32]);
+                let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
+                let mut trainer = Steady { examples: 5 + k };
+                while runner.run_round(&mut trainer).unwrap().is_some() {}
+            })
+        })
+        .collect();
+
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(2026);
+    let mut crashes = 0;
+    while crashes < 4 {
+        std::thread::sleep(Duration::from_millis(200 + rng.next_u64() % 1_800));
+        let before = completed(port, &task);
+        server.kill();
+        crashes += 1;
+        server = Server::start(port, &database);
+        let after = completed(port, &task);
+        assert!(after.len() >= before.len(), "crash {crashes}: rounds lost");
+        assert_eq!(
+            &after[..before.len()],
+            &before[..],
+            "crash {crashes}: a stored round or checkpoint changed"
+        );
+        if after.len() == rounds_wanted {
+            break;
+        }
+    }
+    assert!(crashes >= 2, "training ended before the coordinator crashed twice");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while completed(port, &task).len() < rounds_wanted {
+        assert!(Instant::now() < deadline, "training did not finish after the crashes");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for client in clients {
+        client.join().unwrap();
+    }
+    let numbers: Vec<i64> = completed(port, &task).iter().map(|(r, _)| *r).collect();
+    assert_eq!(numbers, (1..=rounds_wanted as i64).collect::<Vec<_>>());
+    // Every client sends the same update: each round adds it once (FedAvg).
+    let model = cohort_server::checkpoint::decode(&latest_checkpoint(port, &task)).unwrap();
+    for (i, w) in model.weights.iter().enumerate() {
+        let expected = rounds_wanted as f32 * 0.01 * (i as f32 + 1.0);
+        assert!((w - expected).abs() < 1e-4, "{:?}", model.weights);
     }
     drop(server);
     let _ = std::fs::remove_file(&database);
