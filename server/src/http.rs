@@ -15,7 +15,7 @@
 //! storage failures are a 500 that says nothing about the internals.
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -184,6 +184,23 @@ impl FromRequestParts<AppState> for Participant {
     }
 }
 
+/// A request body, with its rejections (too large, unreadable) turned
+/// into the API's JSON errors.
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
+        Bytes::from_request(request, state).await.map(RawBody).map_err(|rejection| {
+            let status = rejection.status();
+            let code =
+                if status == StatusCode::PAYLOAD_TOO_LARGE { "payload_too_large" } else { "invalid_body" };
+            ApiError::new(status, code, rejection.body_text())
+        })
+    }
+}
+
 /// Builds the router.
 pub fn app(state: AppState) -> Router {
     let admin = Router::new()
@@ -235,7 +252,7 @@ pub struct CreatedTask {
 async fn create_task(
     _: Admin,
     State(state): State<AppState>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
     let spec: TaskSpec = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
@@ -453,7 +470,7 @@ pub struct Enrolled {
 async fn enroll(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<Enrolled>)> {
     let request: EnrollRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
@@ -521,7 +538,7 @@ async fn post_message(
     Participant(p): Participant,
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> ApiResult<StatusCode> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if content_type != SECAGG_CONTENT_TYPE {
@@ -546,7 +563,7 @@ struct MetricsReport {
 async fn report_metrics(
     Participant(p): Participant,
     State(state): State<AppState>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> ApiResult<StatusCode> {
     let report: MetricsReport = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;

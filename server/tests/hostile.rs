@@ -1,0 +1,293 @@
+//! Hostile input over real HTTP: a selected client sends garbage,
+//! truncated, oversized, wrong-version, wrongly typed, wrong-length,
+//! out-of-order, duplicate and replayed stage messages (and bad JSON to the
+//! JSON endpoints). Each gets a 4xx with a JSON error that says what was
+//! wrong, and the rounds complete with everybody's correct update.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+
+use cohort_client::participant::{
+    Method, Participant, ParticipantConfig, Request, Response, SECAGG_CONTENT_TYPE,
+};
+use cohort_client::runtime::http::HttpTransport;
+use cohort_client::runtime::{LocalUpdate, Runner, Trainer, Transport};
+use cohort_crypto::messages::MaskedVector;
+use cohort_crypto::{Client, ClientId, ClientMessage, Quantizer, ServerMessage};
+use cohort_server::service::{Service, ServiceConfig};
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
+use serde_json::{Value, json};
+
+const ADMIN: &str = "admin-token-for-the-hostile-tests";
+const MAX_BODY: usize = 1 << 16;
+const DIMENSION: usize = 16;
+
+fn delta() -> Vec<f32> {
+    (0..DIMENSION).map(|i| 0.01 * i as f32 - 0.05).collect()
+}
+
+struct Honest;
+
+impl Trainer for Honest {
+    fn train(&mut self, _: u64, _: &cohort_client::checkpoint::Checkpoint) -> Result<LocalUpdate, String> {
+        Ok(LocalUpdate { delta: delta(), examples: 7, metrics: None })
+    }
+}
+
+/// The attacker's side of the API, with raw bodies.
+struct Raw {
+    transport: HttpTransport,
+    credential: Option<String>,
+}
+
+impl Raw {
+    fn send(&mut self, method: Method, path: &str, body: Vec<u8>, content_type: &'static str) -> Response {
+        let request = Request {
+            method,
+            path: path.into(),
+            body,
+            content_type: Some(content_type),
+            bearer: self.credential.clone(),
+        };
+        self.transport.send(&request).unwrap()
+    }
+
+    fn post(&mut self, body: Vec<u8>) -> Response {
+        self.send(Method::Post, "/v1/round/message", body, SECAGG_CONTENT_TYPE)
+    }
+
+    /// Polls until the next stage message arrives.
+    fn fetch(&mut self) -> ServerMessage {
+        for _ in 0..600 {
+            let response = self.send(Method::Get, "/v1/round/message", Vec::new(), SECAGG_CONTENT_TYPE);
+            match response.status {
+                200 => return ServerMessage::decode(&response.body).unwrap(),
+                204 => std::thread::sleep(std::time::Duration::from_millis(50)),
+                other => panic!("fetch: HTTP {other} {}", String::from_utf8_lossy(&response.body)),
+            }
+        }
+        panic!("no stage message within 30 s");
+    }
+
+    /// Checks in until selected; returns the client id.
+    fn selected(&mut self, round: u64) -> u32 {
+        for _ in 0..600 {
+            let response = self.send(Method::Post, "/v1/checkin", Vec::new(), "application/json");
+            let body: Value = serde_json::from_slice(&response.body).unwrap();
+            if body["status"] == "selected" && body["round"] == round {
+                return body["client_id"].as_u64().unwrap() as u32;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("never selected for round {round}");
+    }
+}
+
+/// A 4xx whose JSON body names the error and explains it.
+#[track_caller]
+fn refused(response: &Response, status: u16, code: &str) {
+    let body: Value = serde_json::from_slice(&response.body).unwrap_or_else(|_| {
+        panic!("HTTP {}: not JSON: {:?}", response.status, String::from_utf8_lossy(&response.body))
+    });
+    assert_eq!((response.status, body["error"].as_str()), (status, Some(code)), "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+}
+
+#[test]
+fn hostile_input_is_refused_and_rounds_complete() {
+    let database = std::env::temp_dir().join(format!("cohort-hostile-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&database);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let service = runtime
+        .block_on(Service::start(ServiceConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            database_url: format!("sqlite://{}", database.display()),
+            admin_token: ADMIN.into(),
+            max_message_bytes: MAX_BODY,
+            credential_ttl_ms: 3_600_000,
+            tls: None,
+        }))
+        .unwrap();
+    let url = service.url();
+    let mut admin = Raw { transport: HttpTransport::new(&url), credential: Some(ADMIN.into()) };
+
+    // Bad task specs: malformed, unknown keys, invalid values, oversized.
+    refused(
+        &admin.send(Method::Post, "/admin/tasks", b"{\"name\": ".to_vec(), "application/json"),
+        400,
+        "invalid_json",
+    );
+    let unknown = json!({ "name": "x", "rounds": 1, "clients_per_round": 4, "colour": "red",
+        "model": { "architecture": "a", "layout": { "tensors": [ { "name": "w", "shape": [1] } ] } } });
+    refused(
+        &admin.send(Method::Post, "/admin/tasks", unknown.to_string().into_bytes(), "application/json"),
+        400,
+        "invalid_json",
+    );
+    let empty_model = json!({ "name": "x", "rounds": 1, "clients_per_round": 4,
+        "model": { "architecture": "a", "layout": { "tensors": [] } } });
+    refused(
+        &admin.send(Method::Post, "/admin/tasks", empty_model.to_string().into_bytes(), "application/json"),
+        400,
+        "invalid_task",
+    );
+    let huge = admin.send(Method::Post, "/admin/tasks", vec![b' '; (1 << 20) + 1], "application/json");
+    refused(&huge, 413, "payload_too_large");
+
+    let spec = json!({
+        "name": "hostile", "rounds": 2, "clients_per_round": 4,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [DIMENSION] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 2 },
+        "deadlines": { "advertise_keys_ms": 30000, "share_keys_ms": 30000, "masked_input_ms": 30000, "unmasking_ms": 30000 }
+    });
+    let created = admin.send(Method::Post, "/admin/tasks", spec.to_string().into_bytes(), "application/json");
+    assert_eq!(created.status, 201);
+    let created: Value = serde_json::from_slice(&created.body).unwrap();
+    let (task, token) = (
+        created["id"].as_str().unwrap().to_string(),
+        created["enrollment_token"].as_str().unwrap().to_string(),
+    );
+
+    // Bad enrollments.
+    let mut attacker = Raw { transport: HttpTransport::new(&url), credential: None };
+    let enroll = format!("/v1/tasks/{task}/enroll");
+    refused(
+        &attacker.send(Method::Post, &enroll, b"{\"enrollment_token\"".to_vec(), "application/json"),
+        400,
+        "invalid_json",
+    );
+    refused(
+        &attacker.send(Method::Post, &enroll, br#"{"enrollment_token": 7}"#.to_vec(), "application/json"),
+        400,
+        "invalid_json",
+    );
+    refused(
+        &attacker.send(
+            Method::Post,
+            &enroll,
+            br#"{"enrollment_token": "guess"}"#.to_vec(),
+            "application/json",
+        ),
+        401,
+        "unauthorized",
+    );
+    refused(
+        &attacker.send(Method::Post, &enroll, vec![b'x'; (1 << 20) + 1], "application/json"),
+        413,
+        "payload_too_large",
+    );
+    let body = json!({ "enrollment_token": token }).to_string().into_bytes();
+    let enrolled = attacker.send(Method::Post, &enroll, body, "application/json");
+    assert_eq!(enrolled.status, 201);
+    let enrolled: Value = serde_json::from_slice(&enrolled.body).unwrap();
+    attacker.credential = Some(enrolled["credential"].as_str().unwrap().into());
+    refused(
+        &attacker.send(Method::Post, "/v1/metrics", br#"{"round": "one"}"#.to_vec(), "application/json"),
+        400,
+        "invalid_json",
+    );
+
+    // Three honest clients of the library.
+    let config = ParticipantConfig { poll_interval_ms: 50, ..ParticipantConfig::default() };
+    let honest: Vec<_> = (0..3u8)
+        .map(|k| {
+            let (url, task, token) = (url.clone(), task.clone(), token.clone());
+            std::thread::spawn(move || {
+                let participant = Participant::enroll(&task, &token, config).with_seed([k + 1; 32]);
+                let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
+                let mut rounds = 0;
+                while runner.run_round(&mut Honest).unwrap().is_some() {
+                    rounds += 1;
+                }
+                rounds
+            })
+        })
+        .collect();
+
+    let mut rng = ChaCha20Rng::seed_from_u64(99);
+    let mut round_one_keys = Vec::new();
+    for round in 1..=2u64 {
+        let me = ClientId::new(attacker.selected(round)).unwrap();
+        let setup = attacker.fetch();
+        let ServerMessage::Setup(round_config) = &setup else { panic!("expected the setup") };
+        let context = round_config.context();
+        let quantizer =
+            Quantizer::new(round_config.quantization, round_config.modulus_bits, round_config.clients)
+                .unwrap();
+        let input = quantizer.encode(&delta(), 7, &mut rng).unwrap();
+        let (mut client, keys) = Client::start(setup.clone(), me, None, input, &mut rng).unwrap();
+        let keys = keys.encode();
+
+        if round == 2 {
+            // Last round's keys, replayed: bound to another round.
+            refused(&attacker.post(round_one_keys.clone()), 409, "wrong_round");
+        } else {
+            round_one_keys = keys.clone();
+        }
+        refused(&attacker.post(b"not a message".to_vec()), 400, "malformed_message");
+        refused(&attacker.post(keys[..keys.len() / 2].to_vec()), 400, "malformed_message");
+        let mut wrong_version = keys.clone();
+        wrong_version[2] ^= 0x7f;
+        refused(&attacker.post(wrong_version), 400, "malformed_message");
+        refused(&attacker.post(vec![0; MAX_BODY + 1]), 413, "payload_too_large");
+        refused(
+            &attacker.send(Method::Post, "/v1/round/message", keys.clone(), "application/json"),
+            415,
+            "unsupported_media_type",
+        );
+        // A masked input while keys are being collected: out of order.
+        let early = ClientMessage::MaskedInput {
+            context,
+            vector: MaskedVector {
+                bits: round_config.modulus_bits,
+                values: vec![0; round_config.vector_len as usize],
+            },
+        };
+        refused(&attacker.post(early.encode()), 409, "out_of_phase");
+        assert_eq!(attacker.post(keys.clone()).status, 202);
+        refused(&attacker.post(keys), 409, "duplicate");
+
+        // The other stages: honest, but a wrong-length vector first.
+        loop {
+            let message = attacker.fetch();
+            let (next, reply) = client.handle(message, &mut rng);
+            client = next;
+            let reply = reply.unwrap();
+            if let ClientMessage::MaskedInput { vector, .. } = &reply {
+                let short = ClientMessage::MaskedInput {
+                    context,
+                    vector: MaskedVector { bits: vector.bits, values: vector.values[1..].to_vec() },
+                };
+                let response = attacker.post(short.encode());
+                refused(&response, 422, "invalid_message");
+                assert!(String::from_utf8_lossy(&response.body).contains("wrong length"));
+            }
+            assert_eq!(attacker.post(reply.encode()).status, 202);
+            if matches!(client, Client::Finished) {
+                break;
+            }
+        }
+    }
+
+    for handle in honest {
+        assert_eq!(handle.join().unwrap(), 2, "every honest client took part in both rounds");
+    }
+    let rounds =
+        admin.send(Method::Get, &format!("/admin/tasks/{task}/rounds"), Vec::new(), "application/json");
+    let rounds: Vec<Value> = serde_json::from_slice(&rounds.body).unwrap();
+    assert_eq!(rounds.iter().map(|r| r["survivors"].as_u64().unwrap()).collect::<Vec<_>>(), vec![4, 4]);
+    let model = admin.send(
+        Method::Get,
+        &format!("/admin/tasks/{task}/checkpoints/2"),
+        Vec::new(),
+        "application/json",
+    );
+    let model = cohort_client::checkpoint::decode(&model.body).unwrap();
+    for (w, d) in model.weights.iter().zip(delta()) {
+        assert!((w - 2.0 * d).abs() < 1e-4, "{:?}", model.weights);
+    }
+    runtime.block_on(service.stop()).unwrap();
+    let _ = std::fs::remove_file(&database);
+}
