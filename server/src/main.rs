@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod load;
 mod plot;
 mod serve;
 
@@ -36,11 +37,15 @@ enum Command {
 enum BenchCommand {
     /// Runs one full secure-aggregation round in process and reports costs.
     Secagg(bench::SecaggArgs),
+    /// Drives N concurrent HTTP clients through secure rounds against a
+    /// `cohort serve` process and reports latencies and server memory.
+    Load(load::LoadArgs),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Bench(BenchCommand::Secagg(args)) => bench::secagg(&args),
+        Command::Bench(BenchCommand::Load(args)) => load::load(&args),
         Command::Demo(args) => {
             // The demo's coordinator reports trouble only.
             init_logging("warn");

@@ -114,3 +114,28 @@ fn bits_shrink_the_upload_exactly_and_rotation_keeps_the_sum() {
         assert_eq!(saved, 4.0 * 4001.0 - packed, "{extra:?}");
     }
 }
+
+/// `cohort bench load` drives real HTTP clients against a real `cohort
+/// serve` process and reports what the issue asks for.
+#[test]
+fn the_load_bench_reports_rounds_latencies_and_server_memory() {
+    let output = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(["bench", "load", "--clients", "12", "--dim", "2000", "--rounds", "2", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!((report["clients"].as_u64(), report["dim"].as_u64()), (Some(12), Some(2000)));
+    assert_eq!(report["survivors"], serde_json::json!([12, 12]));
+    let round_seconds = report["round_seconds"].as_f64().unwrap();
+    assert!(round_seconds > 0.0 && round_seconds < 60.0, "{round_seconds}");
+    let (p50, p99) = (report["p50_ms"].as_f64().unwrap(), report["p99_ms"].as_f64().unwrap());
+    assert!(p50 > 0.0 && p50 <= p99, "{p50} {p99}");
+    for stage in ["advertise_keys", "share_keys", "masked_input", "unmasking"] {
+        // Every client uploads once per stage and round.
+        assert_eq!(report["stages"][stage]["requests"], 24, "{stage}");
+    }
+    let rss = report["server_peak_rss_bytes"].as_u64().unwrap();
+    assert!(rss > 1 << 20 && rss < 1 << 31, "{rss}");
+}

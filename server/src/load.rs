@@ -1,0 +1,305 @@
+//! `cohort bench load`: N concurrent HTTP clients of the client library
+//! drive full secure rounds against a real `cohort serve` process on
+//! loopback; reports round times, per-stage upload latencies and the
+//! server's peak resident memory.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use cohort_client::participant::{Method, Participant, ParticipantConfig, Request, Response};
+use cohort_client::runtime::http::HttpTransport;
+use cohort_client::runtime::{LocalUpdate, Runner, Trainer, Transport};
+use cohort_server::auth::new_token;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    /// Concurrent clients (all selected every round).
+    #[arg(long, default_value_t = 100)]
+    clients: usize,
+    /// Coordinates per update.
+    #[arg(long, default_value_t = 10_000)]
+    dim: usize,
+    /// Rounds to run.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct StageLatency {
+    requests: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct LoadReport {
+    clients: usize,
+    dim: usize,
+    rounds: u32,
+    /// Mean wall time of a round, selection to stored checkpoint.
+    round_seconds: f64,
+    rounds_per_second: f64,
+    /// Over every stage upload (request to accepted reply).
+    p50_ms: f64,
+    p99_ms: f64,
+    stages: BTreeMap<&'static str, StageLatency>,
+    server_peak_rss_bytes: u64,
+    survivors: Vec<u64>,
+}
+
+/// Upload latencies by stage, shared by the client threads.
+type Latencies = Arc<Mutex<BTreeMap<&'static str, Vec<f64>>>>;
+
+/// A transport that times every stage upload.
+struct Timed {
+    inner: HttpTransport,
+    latencies: Latencies,
+}
+
+fn stage_of(body: &[u8]) -> &'static str {
+    // Messages start with a 2-byte magic, the version and the kind.
+    match body.get(3) {
+        Some(0x11) => "advertise_keys",
+        Some(0x12) => "share_keys",
+        Some(0x13) => "masked_input",
+        Some(0x14) => "consistency",
+        Some(0x15) => "unmasking",
+        _ => "other",
+    }
+}
+
+impl Transport for Timed {
+    fn send(&mut self, request: &Request) -> Result<Response, String> {
+        let timed = request.method == Method::Post && request.path == "/v1/round/message";
+        let start = Instant::now();
+        let response = self.inner.send(request)?;
+        if timed && response.status == 202 {
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            if let Ok(mut latencies) = self.latencies.lock() {
+                latencies.entry(stage_of(&request.body)).or_default().push(ms);
+            }
+        }
+        Ok(response)
+    }
+}
+
+/// A fixed pseudo-random update.
+struct Synthetic {
+    delta: Vec<f32>,
+}
+
+impl Trainer for Synthetic {
+    fn train(&mut self, _: u64, _: &cohort_client::checkpoint::Checkpoint) -> Result<LocalUpdate, String> {
+        Ok(LocalUpdate { delta: self.delta.clone(), examples: 10, metrics: None })
+    }
+}
+
+struct ServerProcess(Child);
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Peak resident set of a process (Linux: VmHWM), in bytes.
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn load(args: &LoadArgs) -> Result<()> {
+    if args.clients < 3 || args.dim == 0 || args.rounds == 0 {
+        bail!("needs at least 3 clients, 1 coordinate and 1 round");
+    }
+    let work = std::env::temp_dir().join(format!("cohort-load-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let admin_token = new_token();
+    let exe = std::env::current_exe().context("locating the cohort binary")?;
+    let server = ServerProcess(
+        Command::new(exe)
+            .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .arg("--database-url")
+            .arg(format!("sqlite://{}", work.join("load.db").display()))
+            .env("COHORT_ADMIN_TOKEN", &admin_token)
+            // Under this load every request waits for a pooled SQLite
+            // connection (the credential lookup); sqlx warns about each one.
+            .env("RUST_LOG", "warn,sqlx::pool=error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting cohort serve")?,
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let mut admin = HttpTransport::new(&url);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin.send(&admin_request(Method::Get, "/healthz", None, &admin_token)).is_err() {
+        if Instant::now() > deadline {
+            bail!("cohort serve did not start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SecAgg+ with derived k and t where they exist (large cohorts); the
+    // complete graph with a majority threshold for small ones.
+    let secure_aggregation = if args.clients > 200 {
+        json!({ "graph": "sparse" })
+    } else {
+        json!({ "graph": "complete", "threshold": args.clients / 2 + 1 })
+    };
+    let spec = json!({
+        "name": "load",
+        "secure_aggregation": secure_aggregation,
+        "rounds": args.rounds,
+        "clients_per_round": args.clients,
+        "model": { "architecture": "synthetic", "layout": { "tensors": [ { "name": "w", "shape": [args.dim] } ] } },
+        "deadlines": { "advertise_keys_ms": 300000, "share_keys_ms": 300000, "masked_input_ms": 300000, "unmasking_ms": 300000 },
+        "checkpoint_retention": 1
+    });
+    let created = admin
+        .send(&admin_request(Method::Post, "/admin/tasks", Some(spec), &admin_token))
+        .map_err(|e| anyhow!(e))?;
+    if created.status != 201 {
+        bail!("creating the task: HTTP {} {}", created.status, String::from_utf8_lossy(&created.body));
+    }
+    let created: Value = serde_json::from_slice(&created.body)?;
+    let task = created["id"].as_str().context("task id")?.to_string();
+    let token = created["enrollment_token"].as_str().context("token")?.to_string();
+
+    let latencies: Latencies = Arc::default();
+    let started = Instant::now();
+    let config = ParticipantConfig {
+        poll_interval_ms: 100,
+        max_attempts: 20,
+        stage_timeout_ms: args.timeout * 1000,
+        ..ParticipantConfig::default()
+    };
+    let clients: Vec<_> = (0..args.clients)
+        .map(|k| {
+            let (url, task, token, latencies) = (url.clone(), task.clone(), token.clone(), latencies.clone());
+            let delta =
+                (0..args.dim).map(|i| (((i * 31 + k * 17) % 1000) as f32 / 1000.0 - 0.5) * 0.2).collect();
+            std::thread::Builder::new().stack_size(1 << 20).spawn(move || -> Result<(), String> {
+                let transport = Timed { inner: HttpTransport::new(&url), latencies };
+                let mut runner = Runner::new(Participant::enroll(&task, &token, config), transport, None);
+                let mut trainer = Synthetic { delta };
+                while runner.run_round(&mut trainer).map_err(|e| e.to_string())?.is_some() {}
+                Ok(())
+            })
+        })
+        .collect::<std::io::Result<_>>()?;
+    let mut failures = Vec::new();
+    for client in clients {
+        match client.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => failures.push(error),
+            Err(_) => failures.push("a client thread panicked".into()),
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    if let Some(first) = failures.first() {
+        bail!("{} clients failed; the first: {first}", failures.len());
+    }
+    let rounds = admin
+        .send(&admin_request(Method::Get, &format!("/admin/tasks/{task}/rounds"), None, &admin_token))
+        .map_err(|e| anyhow!(e))?;
+    let rounds: Vec<Value> = serde_json::from_slice(&rounds.body)?;
+    if rounds.len() != args.rounds as usize {
+        bail!("{} of {} rounds completed", rounds.len(), args.rounds);
+    }
+    let server_peak_rss_bytes = peak_rss(server.0.id()).unwrap_or(0);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&work);
+
+    let durations: Vec<f64> = rounds
+        .iter()
+        .map(|r| {
+            (r["finished_at"].as_i64().unwrap_or(0) - r["started_at"].as_i64().unwrap_or(0)) as f64 / 1e3
+        })
+        .collect();
+    let round_seconds = durations.iter().sum::<f64>() / durations.len() as f64;
+    let latencies = latencies.lock().map_err(|_| anyhow!("latencies poisoned"))?;
+    let mut all: Vec<f64> = latencies.values().flatten().copied().collect();
+    all.sort_by(f64::total_cmp);
+    let stages = latencies
+        .iter()
+        .map(|(stage, values)| {
+            let mut values = values.clone();
+            values.sort_by(f64::total_cmp);
+            let summary = StageLatency {
+                requests: values.len(),
+                p50_ms: percentile(&values, 50.0),
+                p99_ms: percentile(&values, 99.0),
+            };
+            (*stage, summary)
+        })
+        .collect();
+    let report = LoadReport {
+        clients: args.clients,
+        dim: args.dim,
+        rounds: args.rounds,
+        round_seconds,
+        rounds_per_second: f64::from(args.rounds) / elapsed,
+        p50_ms: percentile(&all, 50.0),
+        p99_ms: percentile(&all, 99.0),
+        stages,
+        server_peak_rss_bytes,
+        survivors: rounds.iter().map(|r| r["survivors"].as_u64().unwrap_or(0)).collect(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "cohort bench load: {} clients, {} coordinates, {} rounds",
+            report.clients, report.dim, report.rounds
+        );
+        println!(
+            "  round time        {:.2} s (mean), {:.3} rounds/s overall",
+            report.round_seconds, report.rounds_per_second
+        );
+        println!("  stage uploads     p50 {:.1} ms, p99 {:.1} ms", report.p50_ms, report.p99_ms);
+        for (stage, s) in &report.stages {
+            println!(
+                "    {stage:<16} p50 {:>8.1} ms  p99 {:>8.1} ms  ({} requests)",
+                s.p50_ms, s.p99_ms, s.requests
+            );
+        }
+        println!("  server peak RSS   {:.1} MiB", report.server_peak_rss_bytes as f64 / (1 << 20) as f64);
+        println!("  survivors         {:?}", report.survivors);
+    }
+    Ok(())
+}
+
+fn admin_request(method: Method, path: &str, body: Option<Value>, token: &str) -> Request {
+    Request {
+        method,
+        path: path.into(),
+        body: body.map(|b| b.to_string().into_bytes()).unwrap_or_default(),
+        content_type: Some("application/json"),
+        bearer: Some(token.into()),
+    }
+}
