@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
+mod support;
 
 use cohort_client::participant::{
     Method, Participant, ParticipantConfig, Request, Response, SECAGG_CONTENT_TYPE,
@@ -15,10 +15,10 @@ use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, Runner, Trainer, Transport};
 use cohort_crypto::messages::MaskedVector;
 use cohort_crypto::{Client, ClientId, ClientMessage, Quantizer, ServerMessage};
-use cohort_server::service::{Service, ServiceConfig};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use serde_json::{Value, json};
+use support::Coordinator;
 
 const ADMIN: &str = "admin-token-for-the-hostile-tests";
 const MAX_BODY: usize = 1 << 16;
@@ -97,20 +97,8 @@ fn refused(response: &Response, status: u16, code: &str) {
 
 #[test]
 fn hostile_input_is_refused_and_rounds_complete() {
-    let database = std::env::temp_dir().join(format!("cohort-hostile-{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&database);
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let service = runtime
-        .block_on(Service::start(ServiceConfig {
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            database_url: format!("sqlite://{}", database.display()),
-            admin_token: ADMIN.into(),
-            max_message_bytes: MAX_BODY,
-            credential_ttl_ms: 3_600_000,
-            tls: None,
-        }))
-        .unwrap();
-    let url = service.url();
+    let coordinator = Coordinator::start_with("hostile", ADMIN, MAX_BODY, None);
+    let url = coordinator.url.clone();
     let mut admin = Raw { transport: HttpTransport::new(&url), credential: Some(ADMIN.into()) };
 
     // Bad task specs: malformed, unknown keys, invalid values, oversized.
@@ -288,6 +276,4 @@ fn hostile_input_is_refused_and_rounds_complete() {
     for (w, d) in model.weights.iter().zip(delta()) {
         assert!((w - 2.0 * d).abs() < 1e-4, "{:?}", model.weights);
     }
-    runtime.block_on(service.stop()).unwrap();
-    let _ = std::fs::remove_file(&database);
 }

@@ -5,77 +5,18 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
+mod support;
 
 use cohort_client::checkpoint::{self, Checkpoint};
 use cohort_client::participant::{
-    Method, Participant, ParticipantConfig, ParticipantError, Request, RoundOutcome, Stage,
+    Method, Participant, ParticipantConfig, ParticipantError, RoundOutcome, Stage,
 };
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, Transport, load_state};
-use cohort_server::service::{Service, ServiceConfig};
+use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, load_state};
 use serde_json::{Value, json};
+use support::Coordinator;
 
 const ADMIN: &str = "admin-token-for-participant-tests";
-
-/// A coordinator on its own runtime, listening on a free port.
-struct Coordinator {
-    runtime: tokio::runtime::Runtime,
-    service: Option<Service>,
-    url: String,
-    database: PathBuf,
-}
-
-impl Coordinator {
-    fn start(name: &str) -> Self {
-        let database =
-            std::env::temp_dir().join(format!("cohort-participant-{name}-{}.db", std::process::id()));
-        let _ = std::fs::remove_file(&database);
-        let runtime =
-            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let service = runtime
-            .block_on(Service::start(ServiceConfig {
-                bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-                database_url: format!("sqlite://{}", database.display()),
-                admin_token: ADMIN.into(),
-                max_message_bytes: 1 << 20,
-                credential_ttl_ms: 3_600_000,
-                tls: None,
-            }))
-            .unwrap();
-        let url = service.url();
-        Self { runtime, service: Some(service), url, database }
-    }
-
-    fn admin(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Vec<u8>) {
-        let request = Request {
-            method,
-            path: path.into(),
-            body: body.map(|b| b.to_string().into_bytes()).unwrap_or_default(),
-            content_type: Some("application/json"),
-            bearer: Some(ADMIN.into()),
-        };
-        let response = HttpTransport::new(&self.url).send(&request).unwrap();
-        (response.status, response.body)
-    }
-
-    fn create_task(&self, spec: Value) -> (String, String) {
-        let (status, body) = self.admin(Method::Post, "/admin/tasks", Some(spec));
-        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-        let created: Value = serde_json::from_slice(&body).unwrap();
-        (created["id"].as_str().unwrap().into(), created["enrollment_token"].as_str().unwrap().into())
-    }
-}
-
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        if let Some(service) = self.service.take() {
-            let _ = self.runtime.block_on(service.stop());
-        }
-        let _ = std::fs::remove_file(&self.database);
-    }
-}
 
 /// Hands in a fixed update every round.
 struct Fixed {
@@ -113,7 +54,7 @@ fn update(k: usize) -> Vec<f32> {
 
 #[test]
 fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
-    let coordinator = Coordinator::start("rounds");
+    let coordinator = Coordinator::start("rounds", ADMIN);
     let (task, token) = coordinator.create_task(spec(5, 2));
     let state_dir = std::env::temp_dir().join(format!("cohort-participant-state-{}", std::process::id()));
     std::fs::create_dir_all(&state_dir).unwrap();
@@ -187,7 +128,7 @@ fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
 
 #[test]
 fn refusals_and_outages_are_typed_errors() {
-    let coordinator = Coordinator::start("errors");
+    let coordinator = Coordinator::start("errors", ADMIN);
     let (task, _) = coordinator.create_task(spec(4, 1));
     let mut trainer = Fixed { delta: vec![0.0; 3], examples: 1, rounds_trained: vec![] };
     let run = |participant: Participant, url: &str, trainer: &mut Fixed| {
@@ -253,7 +194,7 @@ fn compressed_round(
     delta: fn(usize, usize) -> f32,
     tolerance: f32,
 ) -> Value {
-    let coordinator = Coordinator::start(name);
+    let coordinator = Coordinator::start(name, ADMIN);
     let mut spec = spec(4, 1);
     spec["model"]["layout"]["tensors"][0]["shape"] = json!([5000]);
     spec["quantization"] = quantization;

@@ -4,16 +4,15 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
+mod support;
 
-use cohort_client::participant::{
-    Method, Participant, ParticipantConfig, ParticipantError, Request, RoundOutcome,
-};
+use cohort_client::participant::{Method, Participant, ParticipantConfig, ParticipantError, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, Transport};
-use cohort_server::service::{Service, ServiceConfig, TlsFiles};
+use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer};
+use cohort_server::service::TlsFiles;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-use serde_json::{Value, json};
+use serde_json::json;
+use support::Coordinator;
 
 const ADMIN: &str = "admin-token-for-the-tls-tests";
 
@@ -49,20 +48,8 @@ impl Trainer for Zero {
 #[test]
 fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
     let (ca_pem, files) = certificates();
-    let database = std::env::temp_dir().join(format!("cohort-tls-{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&database);
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let service = runtime
-        .block_on(Service::start(ServiceConfig {
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            database_url: format!("sqlite://{}", database.display()),
-            admin_token: ADMIN.into(),
-            max_message_bytes: 1 << 20,
-            credential_ttl_ms: 3_600_000,
-            tls: Some(files),
-        }))
-        .unwrap();
-    let url = service.url();
+    let coordinator = Coordinator::start_with("tls", ADMIN, 1 << 20, Some((files, ca_pem.clone())));
+    let url = coordinator.url.clone();
     assert!(url.starts_with("https://127.0.0.1:"), "{url}");
     let trusted = || HttpTransport::with_root_certificates(&url, ca_pem.as_bytes()).unwrap();
 
@@ -71,20 +58,8 @@ fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [4] } ] } },
         "secure_aggregation": { "graph": "complete", "threshold": 2 }
     });
-    let request = Request {
-        method: Method::Post,
-        path: "/admin/tasks".into(),
-        body: spec.to_string().into_bytes(),
-        content_type: Some("application/json"),
-        bearer: Some(ADMIN.into()),
-    };
-    let created = trusted().send(&request).unwrap();
-    assert_eq!(created.status, 201);
-    let created: Value = serde_json::from_slice(&created.body).unwrap();
-    let (task, token) = (
-        created["id"].as_str().unwrap().to_string(),
-        created["enrollment_token"].as_str().unwrap().to_string(),
-    );
+    // The admin client trusts the CA too.
+    let (task, token) = coordinator.create_task(spec);
 
     let config = ParticipantConfig {
         poll_interval_ms: 50,
@@ -112,15 +87,8 @@ fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
         let outcome = handle.join().unwrap();
         assert!(matches!(outcome, RoundOutcome::Completed(_)), "{outcome:?}");
     }
-    let request = Request {
-        method: Method::Get,
-        path: format!("/admin/tasks/{task}/checkpoints/1"),
-        body: vec![],
-        content_type: None,
-        bearer: Some(ADMIN.into()),
-    };
-    let model = cohort_client::checkpoint::decode(&trusted().send(&request).unwrap().body).unwrap();
+    let (status, bytes) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/1"), None);
+    assert_eq!(status, 200);
+    let model = cohort_client::checkpoint::decode(&bytes).unwrap();
     assert!(model.weights.iter().all(|w| (w - 0.25).abs() < 1e-4), "{:?}", model.weights);
-    runtime.block_on(service.stop()).unwrap();
-    let _ = std::fs::remove_file(&database);
 }
