@@ -87,8 +87,18 @@ fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
         let outcome = handle.join().unwrap();
         assert!(matches!(outcome, RoundOutcome::Completed(_)), "{outcome:?}");
     }
-    let (status, bytes) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/1"), None);
-    assert_eq!(status, 200);
+    // The clients are done once their unmasking shares are in; the round is
+    // stored a moment later.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let bytes = loop {
+        let (status, bytes) =
+            coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/1"), None);
+        if status == 200 {
+            break bytes;
+        }
+        assert!(std::time::Instant::now() < deadline, "round 1 was not stored (HTTP {status})");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     let model = cohort_client::checkpoint::decode(&bytes).unwrap();
     assert!(model.weights.iter().all(|w| (w - 0.25).abs() < 1e-4), "{:?}", model.weights);
 }
