@@ -12,7 +12,8 @@ use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::params::{Adversary, DerivedParameters, ParameterTarget, derive_complete, derive_sparse};
 use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::simulation::{DropoutPlan, Simulation, Stopwatch, plain_sum};
-use cohort_crypto::{ClientId, QuantizationSpec, QuantizedInput, Quantizer, RoundConfig, Variant};
+use cohort_crypto::{ClientId, QuantizedInput, RoundConfig, Variant};
+use cohort_server::spec::QuantizationConfig;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
@@ -161,23 +162,20 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
     } else {
         GraphSpec::Harary { degree: params.degree, seed: graph_seed }
     };
-    let modulus_bits = match args.bits {
-        None => args.modulus_bits,
-        Some(bits) if (4..=16).contains(&bits) => {
-            cohort_crypto::quantize::modulus_bits_for(bits, args.clients)
-                .context("--bits plus the clients' headroom exceed 32")?
-        }
-        Some(_) => bail!("--bits must be between 4 and 16"),
+    // The same rules as a task's quantization settings.
+    let settings = QuantizationConfig {
+        clip: 1.0,
+        modulus_bits: args.modulus_bits,
+        bits: args.bits,
+        rotate: args.rotate,
+        sketch: None,
+        max_weight: 1 << 12,
     };
     let mut transform_seed = [0u8; 32];
     seed_rng.fill_bytes(&mut transform_seed);
-    let transform = if args.rotate {
-        cohort_crypto::Transform::Rotate { block: 4096, seed: transform_seed }
-    } else {
-        cohort_crypto::Transform::None
-    };
-    let quantization = QuantizationSpec { clip: 1.0, max_weight: 1 << 12, transform };
-    let quantizer = Quantizer::new(quantization, modulus_bits, args.clients)?;
+    let modulus_bits = settings.ring_bits(args.clients)?;
+    let quantization = settings.round_spec(transform_seed)?;
+    let quantizer = settings.quantizer(args.clients, transform_seed)?;
     let mut config = RoundConfig {
         session,
         round: 1,

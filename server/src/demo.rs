@@ -385,7 +385,8 @@ fn quantization(training: &TrainingArgs, largest_shard: usize) -> QuantizationCo
     }
 }
 
-fn admin(
+/// One admin API call; the body of a 2xx reply, an error otherwise.
+pub(crate) fn admin(
     transport: &mut HttpTransport,
     token: &str,
     method: Method,

@@ -18,6 +18,8 @@ use cohort_server::auth::new_token;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::demo::admin;
+
 #[derive(Debug, Args)]
 pub struct LoadArgs {
     /// Concurrent clients (all selected every round).
@@ -156,9 +158,9 @@ pub fn load(args: &LoadArgs) -> Result<()> {
             .context("starting cohort serve")?,
     );
     let url = format!("http://127.0.0.1:{port}");
-    let mut admin = HttpTransport::new(&url);
+    let mut transport = HttpTransport::new(&url);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while admin.send(&admin_request(Method::Get, "/healthz", None, &admin_token)).is_err() {
+    while admin(&mut transport, &admin_token, Method::Get, "/healthz", None).is_err() {
         if Instant::now() > deadline {
             bail!("cohort serve did not start");
         }
@@ -180,13 +182,13 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         "deadlines": { "advertise_keys_ms": 300000, "share_keys_ms": 300000, "masked_input_ms": 300000, "unmasking_ms": 300000 },
         "checkpoint_retention": 1
     });
-    let created = admin
-        .send(&admin_request(Method::Post, "/admin/tasks", Some(spec), &admin_token))
-        .map_err(|e| anyhow!(e))?;
-    if created.status != 201 {
-        bail!("creating the task: HTTP {} {}", created.status, String::from_utf8_lossy(&created.body));
-    }
-    let created: Value = serde_json::from_slice(&created.body)?;
+    let created: Value = serde_json::from_slice(&admin(
+        &mut transport,
+        &admin_token,
+        Method::Post,
+        "/admin/tasks",
+        Some(spec),
+    )?)?;
     let task = created["id"].as_str().context("task id")?.to_string();
     let token = created["enrollment_token"].as_str().context("token")?.to_string();
 
@@ -224,10 +226,9 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     if let Some(first) = failures.first() {
         bail!("{} clients failed; the first: {first}", failures.len());
     }
-    let rounds = admin
-        .send(&admin_request(Method::Get, &format!("/admin/tasks/{task}/rounds"), None, &admin_token))
-        .map_err(|e| anyhow!(e))?;
-    let rounds: Vec<Value> = serde_json::from_slice(&rounds.body)?;
+    let path = format!("/admin/tasks/{task}/rounds");
+    let rounds: Vec<Value> =
+        serde_json::from_slice(&admin(&mut transport, &admin_token, Method::Get, &path, None)?)?;
     if rounds.len() != args.rounds as usize {
         bail!("{} of {} rounds completed", rounds.len(), args.rounds);
     }
@@ -292,14 +293,4 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         println!("  survivors         {:?}", report.survivors);
     }
     Ok(())
-}
-
-fn admin_request(method: Method, path: &str, body: Option<Value>, token: &str) -> Request {
-    Request {
-        method,
-        path: path.into(),
-        body: body.map(|b| b.to_string().into_bytes()).unwrap_or_default(),
-        content_type: Some("application/json"),
-        bearer: Some(token.into()),
-    }
 }
