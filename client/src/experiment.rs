@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use crate::data::{DataError, Dataset, load_dataset};
 use crate::model::Model;
 use crate::partition::{PartitionError, Scheme, partition, summary};
-use crate::runtime::{LocalTrainer, LocalUpdate, Trainer};
+use crate::runtime::{LocalTrainer, LocalUpdate, local_update};
 use crate::train::TrainConfig;
 
 /// What an experiment trains on and how.
@@ -72,9 +72,15 @@ impl Experiment {
         Ok(Self { model, shards, test, summary, setup: setup.clone() })
     }
 
-    /// Client `k`'s trainer.
-    pub fn trainer(&self, k: usize) -> LocalTrainer {
-        client_trainer(&self.model, self.shards[k].clone(), &self.setup.train, self.setup.seed, k)
+    /// Client `k`'s update for `round`, trained on its shard in place.
+    fn update(
+        &self,
+        k: usize,
+        round: u64,
+        global: &crate::checkpoint::Checkpoint,
+    ) -> Result<LocalUpdate, String> {
+        let config = client_config(&self.setup.train, self.setup.seed, k);
+        local_update(&self.model, &self.shards[k], &config, round, global)
     }
 
     /// Trains the `selected` clients from `global` for `round`, on up to
@@ -95,7 +101,7 @@ impl Experiment {
             {
                 scope.spawn(move || {
                     for (&k, slot) in chunk.iter().zip(out) {
-                        *slot = Some(self.trainer(k).train(round, global));
+                        *slot = Some(self.update(k, round, global));
                     }
                 });
             }
@@ -112,6 +118,10 @@ pub fn client_trainer(
     seed: u64,
     k: usize,
 ) -> LocalTrainer {
-    let seed = seed ^ (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    LocalTrainer { model: model.clone(), data, config: TrainConfig { seed, ..*train } }
+    LocalTrainer { model: model.clone(), data, config: client_config(train, seed, k) }
+}
+
+/// Client `k`'s local training settings: its own seed.
+fn client_config(train: &TrainConfig, seed: u64, k: usize) -> TrainConfig {
+    TrainConfig { seed: seed ^ (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15), ..*train }
 }

@@ -5,8 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ndarray::Array1;
-
 use crate::checkpoint::Checkpoint;
 use crate::data::Dataset;
 use crate::model::Model;
@@ -52,28 +50,32 @@ pub struct LocalTrainer {
 
 impl Trainer for LocalTrainer {
     fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, String> {
-        if global.layout != self.model.layout() {
-            return Err("the task's model layout is not this client's architecture".into());
-        }
-        let mut params = global.weights.clone();
-        let config =
-            TrainConfig { seed: self.config.seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15), ..self.config };
-        let report = train(
-            &self.model,
-            &mut params,
-            &global.weights,
-            self.data.features.view(),
-            &self.data.labels,
-            &config,
-        )
-        .map_err(|e| e.to_string())?;
-        let delta = (Array1::from(params) - Array1::from(global.weights.clone())).to_vec();
-        let mut metrics = serde_json::Map::new();
-        metrics.insert("train_loss".into(), f64::from(report.loss).into());
-        metrics.insert("examples".into(), report.examples.into());
-        let examples = u32::try_from(report.examples).map_err(|_| "too many local examples")?;
-        Ok(LocalUpdate { delta, examples, metrics: Some(metrics) })
+        local_update(&self.model, &self.data, &self.config, round, global)
     }
+}
+
+/// What the built-in trainer computes: `model` trained on `data` from the
+/// global model, with the seed of `config` mixed with the round number.
+pub fn local_update(
+    model: &Model,
+    data: &Dataset,
+    config: &TrainConfig,
+    round: u64,
+    global: &Checkpoint,
+) -> Result<LocalUpdate, String> {
+    if global.layout != model.layout() {
+        return Err("the task's model layout is not this client's architecture".into());
+    }
+    let mut params = global.weights.clone();
+    let config = TrainConfig { seed: config.seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15), ..*config };
+    let report = train(model, &mut params, &global.weights, data.features.view(), &data.labels, &config)
+        .map_err(|e| e.to_string())?;
+    let delta = params.iter().zip(&global.weights).map(|(local, global)| local - global).collect();
+    let mut metrics = serde_json::Map::new();
+    metrics.insert("train_loss".into(), f64::from(report.loss).into());
+    metrics.insert("examples".into(), report.examples.into());
+    let examples = u32::try_from(report.examples).map_err(|_| "too many local examples")?;
+    Ok(LocalUpdate { delta, examples, metrics: Some(metrics) })
 }
 
 /// Drives a [`Participant`] with blocking I/O.
