@@ -629,6 +629,19 @@ impl Participant {
         }
     }
 
+    /// Leaves the current round at once, as [`vanish`](Self::vanish) does,
+    /// and returns its outcome here instead of through [`next`](Self::next);
+    /// `None` when no round was under way. For drivers that stop (an
+    /// application pausing) rather than go on to the next round.
+    pub fn leave(&mut self, reason: &str) -> Option<RoundOutcome> {
+        self.vanish(reason);
+        let position = self.events.iter().rposition(|e| matches!(e, Action::RoundEnded(_)))?;
+        match self.events.remove(position) {
+            Some(Action::RoundEnded(outcome)) => Some(outcome),
+            _ => None,
+        }
+    }
+
     fn on_server_message(&mut self, round: u64, client_id: u32, protocol: Protocol, bytes: &[u8]) {
         let message = match ServerMessage::decode(bytes) {
             Ok(message) => message,
@@ -861,6 +874,22 @@ mod tests {
         p.handle(now, json(200, serde_json::json!({ "status": "selected", "round": 3, "client_id": 2 })))
             .unwrap();
         assert!(matches!(p.next(now), Action::Wait(_)));
+    }
+
+    #[test]
+    fn leaving_returns_the_outcome_at_once_and_only_mid_round() {
+        let mut p = enrolled();
+        assert_eq!(p.leave("paused"), None);
+        let mut p = training();
+        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        match p.leave("paused") {
+            Some(RoundOutcome::Abandoned { report, reason }) => {
+                assert_eq!((report.round, reason.as_str()), (3, "paused"))
+            }
+            other => panic!("expected the abandoned round, got {other:?}"),
+        }
+        // Nothing queued: the next action is the next check-in.
+        assert_eq!(send(&mut p, 0).path, "/v1/checkin");
     }
 
     #[test]

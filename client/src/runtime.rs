@@ -3,6 +3,8 @@
 //! kept in a state file so that a restarted client goes on where it was.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::Checkpoint;
@@ -84,6 +86,7 @@ pub struct Runner<T: Transport> {
     transport: T,
     state_file: Option<PathBuf>,
     clock: Instant,
+    interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl<T: Transport> std::fmt::Debug for Runner<T> {
@@ -107,13 +110,29 @@ pub enum RunError {
         /// What went wrong.
         message: String,
     },
+    /// The interrupt flag was raised; a round under way was left (the
+    /// server counts this client as a dropout).
+    #[error("interrupted by the application")]
+    Interrupted,
 }
 
 impl<T: Transport> Runner<T> {
     /// A runner; with `state_file`, the enrollment is saved there after it
     /// happens and after every completed round.
     pub fn new(participant: Participant, transport: T, state_file: Option<PathBuf>) -> Self {
-        Self { participant, transport, state_file, clock: Instant::now() }
+        Self { participant, transport, state_file, clock: Instant::now(), interrupt: None }
+    }
+
+    /// Makes the runner stop with [`RunError::Interrupted`] soon after
+    /// `flag` is raised (from any thread): before its next request, or
+    /// within 50 ms of a wait. The flag is only read, never cleared.
+    pub fn with_interrupt(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.interrupt = Some(flag);
+        self
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupt.as_ref().is_some_and(|flag| flag.load(Ordering::SeqCst))
     }
 
     /// The participant.
@@ -140,6 +159,11 @@ impl<T: Transport> Runner<T> {
         mut vanish: impl FnMut(&Participant) -> bool,
     ) -> Result<Option<RoundOutcome>, RunError> {
         loop {
+            if self.interrupted() {
+                self.participant.leave("interrupted by the application");
+                self.save()?;
+                return Err(RunError::Interrupted);
+            }
             let had_state = self.participant.saved_state().map(|s| s.last_completed_round);
             match self.participant.next(self.now()) {
                 Action::Send(request) => {
@@ -156,7 +180,7 @@ impl<T: Transport> Runner<T> {
                         self.save()?;
                     }
                 }
-                Action::Wait(ms) => std::thread::sleep(Duration::from_millis(ms.min(1_000))),
+                Action::Wait(ms) => self.sleep(Duration::from_millis(ms.min(1_000))),
                 Action::Train { round, model } => match trainer.train(round, &model) {
                     Ok(update) => self.participant.submit(update.delta, update.examples, update.metrics)?,
                     Err(reason) => self.participant.vanish(&format!("local training failed: {reason}")),
@@ -167,6 +191,21 @@ impl<T: Transport> Runner<T> {
                 }
                 Action::Finished => return Ok(None),
             }
+        }
+    }
+
+    /// Sleeps, waking early when interrupted.
+    fn sleep(&self, duration: Duration) {
+        if self.interrupt.is_none() {
+            return std::thread::sleep(duration);
+        }
+        let until = Instant::now() + duration;
+        while !self.interrupted() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
         }
     }
 
@@ -300,6 +339,46 @@ pub mod http {
 mod tests {
     use super::*;
     use crate::participant::{Action, ParticipantConfig, Response};
+
+    /// Enrolls, then is told to wait at every check-in.
+    struct NeverSelected;
+
+    impl Transport for NeverSelected {
+        fn send(&mut self, request: &crate::participant::Request) -> Result<Response, String> {
+            let (status, body) = if request.path.ends_with("/enroll") {
+                (201, serde_json::json!({ "participant_id": "p1", "credential": "c", "expires_at": 0 }))
+            } else {
+                (200, serde_json::json!({ "status": "wait", "retry_after_ms": 60_000 }))
+            };
+            Ok(Response { status, body: body.to_string().into_bytes() })
+        }
+    }
+
+    struct NoTraining;
+
+    impl Trainer for NoTraining {
+        fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, String> {
+            Err("not selected, so never called".into())
+        }
+    }
+
+    #[test]
+    fn raising_the_interrupt_flag_stops_a_waiting_runner() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let participant = Participant::enroll("task", "token", ParticipantConfig::default());
+        let mut runner = Runner::new(participant, NeverSelected, None).with_interrupt(flag.clone());
+        let raiser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            flag.store(true, Ordering::SeqCst);
+        });
+        let started = Instant::now();
+        let result = runner.run_round(&mut NoTraining);
+        assert!(matches!(result, Err(RunError::Interrupted)), "{result:?}");
+        // The check-in asked for a minute's wait; the flag cut it short.
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        raiser.join().unwrap();
+        assert_eq!(runner.participant().saved_state().unwrap().participant_id, "p1");
+    }
 
     #[test]
     fn the_state_file_holds_the_enrollment_only_and_is_private() {

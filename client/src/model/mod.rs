@@ -105,6 +105,23 @@ impl Model {
         }
     }
 
+    /// The built-in architecture whose layout is `layout`, if any: how a
+    /// client that was handed only a task's checkpoint picks its model.
+    pub fn for_layout(layout: &ModelLayout) -> Option<Self> {
+        let classes = *layout.tensors.last()?.shape.first()?;
+        let first = &layout.tensors.first()?.shape;
+        let candidates: Vec<Self> = match first.as_slice() {
+            [_, inputs] => {
+                ["logreg", "2nn"].iter().filter_map(|n| Self::by_name(n, *inputs, classes)).collect()
+            }
+            [_, 1, _, _] => {
+                (1..=512).filter_map(|side| Cnn::for_images(side * side, classes)).map(Into::into).collect()
+            }
+            _ => Vec::new(),
+        };
+        candidates.into_iter().find(|model| &model.layout() == layout)
+    }
+
     /// Input features per example.
     pub fn inputs(&self) -> usize {
         match self {
@@ -296,6 +313,20 @@ pub(crate) mod tests {
         assert_eq!(cnn.len(), 20_522);
         assert!(Model::by_name("cnn", 780, 10).is_none());
         assert!(Model::by_name("resnet", 784, 10).is_none());
+    }
+
+    #[test]
+    fn every_architecture_is_recognised_by_its_layout() {
+        for (name, inputs, classes) in
+            [("logreg", 784, 10), ("2nn", 784, 10), ("cnn", 784, 10), ("cnn", 400, 3)]
+        {
+            let model = Model::by_name(name, inputs, classes).unwrap();
+            assert_eq!(Model::for_layout(&model.layout()), Some(model), "{name}");
+        }
+        let mut odd = Model::by_name("2nn", 784, 10).unwrap().layout();
+        odd.tensors[2].shape = vec![199, 200];
+        assert_eq!(Model::for_layout(&odd), None);
+        assert_eq!(Model::for_layout(&ModelLayout { tensors: vec![] }), None);
     }
 
     #[test]
