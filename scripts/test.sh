@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the project: the workspace's unit, integration and
-# end-to-end tests, the wasm32 build of the protocol core, and a bounded
+# end-to-end tests (the JVM and C bindings included), the wasm32 build of
+# the protocol core, the Android build of the mobile bindings, and a bounded
 # smoke run of every fuzz target. Installs what it needs first.
 #
 #   FUZZ_SECONDS   seconds per fuzz target (default 20)
@@ -33,6 +34,24 @@ PATH="/usr/bin:$PATH" RUSTC_BOOTSTRAP=1 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINK
     cargo build --locked -Zbuild-std=std,panic_abort --target wasm32-unknown-unknown \
     -p cohort-crypto --no-default-features --release
 
+log "cohort-mobile for aarch64-linux-android (staticlib, Debian rustc-web, -Zbuild-std)"
+# No NDK here, so nothing is linked: the check is that the bindings compile
+# for Android and export every JNI and C entry point. clang builds ring's C
+# code freestanding (no Android sysroot).
+android_lib="${CARGO_TARGET_DIR}-android/aarch64-linux-android/debug/libcohort_mobile.a"
+PATH="/usr/bin:$PATH" RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="${CARGO_TARGET_DIR}-android" \
+    CC_aarch64_linux_android=clang AR_aarch64_linux_android=llvm-ar \
+    CFLAGS_aarch64_linux_android="-ffreestanding -nostdlibinc -DRING_CORE_NOSTDLIBINC=1" \
+    cargo rustc --locked -Zbuild-std=std,panic_abort --target aarch64-linux-android \
+    -p cohort-mobile --lib --crate-type staticlib
+exported=$(llvm-nm --defined-only "$android_lib" 2>/dev/null | grep -cE ' T (Java_org_cohort_CohortClient_native|cohort_)')
+declared=$(grep -cE '^pub (unsafe )?extern "(C|system)" fn' mobile/src/ffi.rs mobile/src/jni.rs | awk -F: '{s += $2} END {print s}')
+if [[ "$exported" -ne "$declared" ]] || ! llvm-objdump -a "$android_lib" | grep elf64-littleaarch64 >/dev/null; then
+    echo "the Android staticlib exports $exported of $declared entry points" >&2
+    exit 1
+fi
+echo "aarch64-linux-android staticlib: $exported entry points exported"
+
 log "fuzz smoke runs (${fuzz_seconds}s per target)"
 fuzzed=0
 for target in $(cd crypto/fuzz && cargo +nightly fuzz list); do
@@ -49,5 +68,5 @@ done
 
 passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' "$scratch/cargo-test.log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed' "$scratch/cargo-test.log" | awk '{s += $1} END {print s + 0}')
-log "summary: cargo tests (default and tch features), wasm32 build, ${fuzzed} fuzz targets"
+log "summary: cargo tests (default and tch features), wasm32 and Android builds, ${fuzzed} fuzz targets"
 echo "tests: ${passed} passed, ${failed} failed"
