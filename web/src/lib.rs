@@ -1,6 +1,451 @@
-//! `cohort-web`: workspace member reserved for the web layer of Cohort.
+//! `cohort-web`: the Cohort client in the browser.
 //!
-//! It currently re-exports the protocol core; see `docs/` and the issue
-//! tracker for the planned scope.
+//! A [`WebClient`] wraps `cohort-client`'s sans-IO [`Participant`] for
+//! JavaScript (wasm-bindgen). JavaScript owns the I/O and the clock, as
+//! the participant's design intends: in a Web Worker it loops
+//!
+//! ```text
+//! const action = JSON.parse(client.next(performance.now()));
+//! switch (action.kind) {
+//!   case "send":  fetch(base + action.path, ...) then client.handle(now, status, bytes)
+//!                 (or client.transport_failed(now, String(error)));
+//!   case "wait":  sleep action.ms;
+//!   case "train": client.train()  (or client.submit(delta, examples));
+//!   case "round_ended", "finished": report.
+//! }
+//! ```
+//!
+//! The secure-aggregation client, the masking, retries and stage timeouts
+//! are all `cohort-client`'s; nothing protocol-related happens in
+//! JavaScript, which only ever sees masked bytes. No tokio, no threads.
+//!
+//! The logic lives in [`Core`] (plain Rust, tested natively); [`WebClient`]
+//! only converts its errors to JavaScript exceptions.
 
-pub use cohort_crypto as protocol;
+use cohort_client::checkpoint::Checkpoint;
+use cohort_client::data::Dataset;
+use cohort_client::model::Model;
+use cohort_client::participant::{
+    Action, Method, Participant, ParticipantConfig, Request, Response, RoundOutcome, SavedState,
+};
+use cohort_client::runtime;
+use cohort_client::train::TrainConfig;
+use serde_json::{Value, json};
+use wasm_bindgen::prelude::*;
+
+/// Examples supplied by the page.
+fn dataset(features: Vec<f32>, columns: usize, labels: Vec<u8>) -> Result<Dataset, String> {
+    if labels.is_empty() || columns == 0 || labels.len().checked_mul(columns) != Some(features.len()) {
+        return Err(format!("{} features do not make {} rows of {columns}", features.len(), labels.len()));
+    }
+    if features.iter().any(|v| !v.is_finite()) {
+        return Err("features must be finite".into());
+    }
+    let classes = usize::from(labels.iter().copied().max().unwrap_or(0)) + 1;
+    let rows = labels.len();
+    let features = ndarray::Array2::from_shape_vec((rows, columns), features).map_err(|e| e.to_string())?;
+    // Square inputs are images (the CNN needs their side).
+    let side = (1..=columns).find(|s| s * s >= columns).unwrap_or(1);
+    let shape = if side * side == columns { [side, side] } else { [1, columns] };
+    Ok(Dataset { features, labels, shape, classes })
+}
+
+/// The browser client's logic, independent of wasm-bindgen.
+pub struct Core {
+    participant: Participant,
+    request: Option<Request>,
+    global: Option<Box<Checkpoint>>,
+    round: u64,
+    data: Option<Dataset>,
+    test: Option<Dataset>,
+    train: TrainConfig,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core").field("participant", &self.participant).finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    /// A client of `task_id`; with `saved_state` (from
+    /// [`saved_state`](Self::saved_state)) it goes on as the participant
+    /// it was.
+    pub fn new(task_id: &str, enrollment_token: &str, saved_state: Option<&str>) -> Result<Self, String> {
+        if task_id.is_empty() || enrollment_token.is_empty() {
+            return Err("the task id and the enrollment token are required".into());
+        }
+        let config = ParticipantConfig::default();
+        let participant = match saved_state {
+            Some(json) => {
+                let saved: SavedState =
+                    serde_json::from_str(json).map_err(|e| format!("saved state: {e}"))?;
+                if saved.task_id != task_id {
+                    return Err(format!("the saved state belongs to task {}", saved.task_id));
+                }
+                Participant::resume(saved, Some(enrollment_token), config)
+            }
+            None => Participant::enroll(task_id, enrollment_token, config),
+        };
+        Ok(Self {
+            participant,
+            request: None,
+            global: None,
+            round: 0,
+            data: None,
+            test: None,
+            train: TrainConfig::default(),
+        })
+    }
+
+    /// Local training examples (row-major features).
+    pub fn set_training_data(
+        &mut self,
+        features: Vec<f32>,
+        columns: usize,
+        labels: Vec<u8>,
+    ) -> Result<(), String> {
+        self.data = Some(dataset(features, columns, labels)?);
+        Ok(())
+    }
+
+    /// Local held-out examples, on which each round's global model is
+    /// evaluated.
+    pub fn set_test_data(
+        &mut self,
+        features: Vec<f32>,
+        columns: usize,
+        labels: Vec<u8>,
+    ) -> Result<(), String> {
+        self.test = Some(dataset(features, columns, labels)?);
+        Ok(())
+    }
+
+    /// Local SGD settings.
+    pub fn set_training_config(
+        &mut self,
+        epochs: u32,
+        batch_size: u32,
+        learning_rate: f32,
+    ) -> Result<(), String> {
+        if epochs == 0 || batch_size == 0 || !(learning_rate.is_finite() && learning_rate > 0.0) {
+            return Err("epochs, batch size and learning rate must be positive".into());
+        }
+        self.train = TrainConfig {
+            epochs: epochs as usize,
+            batch_size: batch_size as usize,
+            learning_rate,
+            ..self.train
+        };
+        Ok(())
+    }
+
+    /// The next action as JSON (see the crate docs); a `send` action's
+    /// body is then available from [`request_body`](Self::request_body).
+    pub fn next(&mut self, now: u64) -> Value {
+        match self.participant.next(now) {
+            Action::Send(request) => {
+                let action = json!({
+                    "kind": "send",
+                    "method": match request.method { Method::Get => "GET", Method::Post => "POST" },
+                    "path": request.path,
+                    "content_type": request.content_type,
+                    "bearer": request.bearer,
+                    "stage": self.participant.posting().map(|s| format!("{s:?}")),
+                });
+                self.request = Some(request);
+                action
+            }
+            Action::Wait(ms) => json!({ "kind": "wait", "ms": ms }),
+            Action::Train { round, model } => {
+                let parameters = model.weights.len();
+                self.round = round;
+                self.global = Some(model);
+                json!({ "kind": "train", "round": round, "parameters": parameters })
+            }
+            Action::RoundEnded(outcome) => {
+                let report = *outcome.report();
+                let (name, reason) = match outcome {
+                    RoundOutcome::Completed(_) => ("completed", None),
+                    RoundOutcome::Dropped(_) => ("dropped", None),
+                    RoundOutcome::Abandoned { reason, .. } => ("abandoned", Some(reason)),
+                };
+                json!({
+                    "kind": "round_ended", "outcome": name, "round": report.round,
+                    "bytes_up": report.bytes_up, "bytes_down": report.bytes_down, "reason": reason,
+                })
+            }
+            Action::Finished => json!({ "kind": "finished" }),
+        }
+    }
+
+    /// The body of the last `send` action.
+    pub fn request_body(&self) -> Vec<u8> {
+        self.request.as_ref().map(|r| r.body.clone()).unwrap_or_default()
+    }
+
+    /// Reports the response to the last `send` action.
+    pub fn handle(&mut self, now: u64, status: u16, body: Vec<u8>) -> Result<(), String> {
+        self.request = None;
+        self.participant.handle(now, Response { status, body }).map_err(|e| e.to_string())
+    }
+
+    /// Reports that the last `send` action got no response.
+    pub fn transport_failed(&mut self, now: u64, error: &str) -> Result<(), String> {
+        self.request = None;
+        self.participant.transport_failed(now, error).map_err(|e| e.to_string())
+    }
+
+    /// After a `train` action: evaluates the global model on the test
+    /// data, trains the task's model on the training data and hands the
+    /// update to the participant. Returns a JSON report.
+    pub fn train(&mut self) -> Result<Value, String> {
+        let data = self.data.as_ref().ok_or("no training data")?;
+        let global = self.global.as_ref().ok_or("train comes after a train action")?;
+        let model =
+            Model::for_layout(&global.layout).ok_or("the task's model is not a built-in architecture")?;
+        let global_accuracy = self.test.as_ref().map(|test| {
+            let (_, accuracy) = model.evaluate(&global.weights, test.features.view(), &test.labels);
+            accuracy
+        });
+        let update = runtime::local_update(&model, data, &self.train, self.round, global)?;
+        let local = {
+            let trained: Vec<f32> = global.weights.iter().zip(&update.delta).map(|(g, d)| g + d).collect();
+            self.test.as_ref().map(|test| model.evaluate(&trained, test.features.view(), &test.labels).1)
+        };
+        let loss = update.metrics.as_ref().and_then(|m| m.get("train_loss")).cloned();
+        let report = json!({
+            "round": self.round, "examples": update.examples, "train_loss": loss,
+            "global_accuracy": global_accuracy, "local_accuracy": local,
+        });
+        self.participant.submit(update.delta, update.examples, update.metrics).map_err(|e| e.to_string())?;
+        self.global = None;
+        Ok(report)
+    }
+
+    /// After a `train` action: hands over an update the page computed.
+    pub fn submit(&mut self, delta: Vec<f32>, examples: u32) -> Result<(), String> {
+        self.global = None;
+        self.participant.submit(delta, examples, None).map_err(|e| e.to_string())
+    }
+
+    /// Leaves the current round silently (a closed tab does the same).
+    pub fn vanish(&mut self, reason: &str) {
+        self.participant.vanish(reason);
+    }
+
+    /// The enrollment to keep (JSON; holds the credential: keep it where
+    /// only this origin can read it).
+    pub fn saved_state(&self) -> Option<String> {
+        self.participant.saved_state().and_then(|s| serde_json::to_string(s).ok())
+    }
+
+    /// The participant id, once enrolled.
+    pub fn participant_id(&self) -> Option<String> {
+        self.participant.saved_state().map(|s| s.participant_id.clone())
+    }
+}
+
+fn js(error: String) -> JsError {
+    JsError::new(&error)
+}
+
+fn millis(now: f64) -> u64 {
+    if now.is_finite() && now > 0.0 { now as u64 } else { 0 }
+}
+
+/// The browser client, for JavaScript: [`Core`] with exceptions.
+#[wasm_bindgen]
+#[derive(Debug)]
+pub struct WebClient {
+    core: Core,
+}
+
+#[wasm_bindgen]
+impl WebClient {
+    /// `new WebClient(taskId, enrollmentToken, savedState?)`.
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        task_id: &str,
+        enrollment_token: &str,
+        saved_state: Option<String>,
+    ) -> Result<WebClient, JsError> {
+        Core::new(task_id, enrollment_token, saved_state.as_deref())
+            .map(|core| WebClient { core })
+            .map_err(js)
+    }
+
+    /// Local training examples: `labels.length` rows of `columns` features.
+    pub fn set_training_data(
+        &mut self,
+        features: Vec<f32>,
+        columns: usize,
+        labels: Vec<u8>,
+    ) -> Result<(), JsError> {
+        self.core.set_training_data(features, columns, labels).map_err(js)
+    }
+
+    /// Local held-out examples for evaluating each round's global model.
+    pub fn set_test_data(
+        &mut self,
+        features: Vec<f32>,
+        columns: usize,
+        labels: Vec<u8>,
+    ) -> Result<(), JsError> {
+        self.core.set_test_data(features, columns, labels).map_err(js)
+    }
+
+    /// Local SGD settings (defaults 1 epoch, batch 10, learning rate 0.05).
+    pub fn set_training_config(
+        &mut self,
+        epochs: u32,
+        batch_size: u32,
+        learning_rate: f32,
+    ) -> Result<(), JsError> {
+        self.core.set_training_config(epochs, batch_size, learning_rate).map_err(js)
+    }
+
+    /// The next action, as JSON; `now` in milliseconds (`performance.now()`).
+    pub fn next(&mut self, now: f64) -> String {
+        self.core.next(millis(now)).to_string()
+    }
+
+    /// The body of the last `send` action.
+    pub fn request_body(&self) -> Vec<u8> {
+        self.core.request_body()
+    }
+
+    /// Reports the response to the last `send` action.
+    pub fn handle(&mut self, now: f64, status: u16, body: Vec<u8>) -> Result<(), JsError> {
+        self.core.handle(millis(now), status, body).map_err(js)
+    }
+
+    /// Reports that the last `send` action got no response.
+    pub fn transport_failed(&mut self, now: f64, error: &str) -> Result<(), JsError> {
+        self.core.transport_failed(millis(now), error).map_err(js)
+    }
+
+    /// Trains on the local data after a `train` action; returns a JSON report.
+    pub fn train(&mut self) -> Result<String, JsError> {
+        self.core.train().map(|report| report.to_string()).map_err(js)
+    }
+
+    /// Hands over an update the page computed, after a `train` action.
+    pub fn submit(&mut self, delta: Vec<f32>, examples: u32) -> Result<(), JsError> {
+        self.core.submit(delta, examples).map_err(js)
+    }
+
+    /// Leaves the current round silently.
+    pub fn vanish(&mut self, reason: &str) {
+        self.core.vanish(reason);
+    }
+
+    /// The enrollment to keep across page loads (holds the credential).
+    pub fn saved_state(&self) -> Option<String> {
+        self.core.saved_state()
+    }
+
+    /// The participant id, once enrolled.
+    pub fn participant_id(&self) -> Option<String> {
+        self.core.participant_id()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cohort_client::checkpoint;
+
+    fn send(core: &mut Core, now: u64) -> Value {
+        let action = core.next(now);
+        assert_eq!(action["kind"], "send", "{action}");
+        action
+    }
+
+    #[test]
+    fn a_client_enrolls_trains_and_resumes_from_its_saved_state() {
+        let mut core = Core::new("task", "token", None).unwrap();
+        let enroll = send(&mut core, 0);
+        assert_eq!(
+            (enroll["method"].as_str(), enroll["path"].as_str()),
+            (Some("POST"), Some("/v1/tasks/task/enroll"))
+        );
+        assert!(String::from_utf8(core.request_body()).unwrap().contains("token"));
+        let enrolled = json!({ "participant_id": "p9", "credential": "c-secret", "expires_at": 0 });
+        core.handle(0, 201, enrolled.to_string().into_bytes()).unwrap();
+        let checkin = send(&mut core, 0);
+        assert_eq!(
+            (checkin["path"].as_str(), checkin["bearer"].as_str()),
+            (Some("/v1/checkin"), Some("c-secret"))
+        );
+        core.handle(
+            0,
+            200,
+            json!({ "status": "selected", "round": 1, "client_id": 3 }).to_string().into_bytes(),
+        )
+        .unwrap();
+        assert_eq!(send(&mut core, 0)["path"], "/v1/model");
+        let model = Model::by_name("logreg", 4, 3).unwrap();
+        let bytes =
+            checkpoint::encode(&model.layout(), &vec![0.0; model.len()], &Default::default()).unwrap();
+        core.handle(0, 200, bytes).unwrap();
+        let train = core.next(0);
+        assert_eq!((train["kind"].as_str(), train["parameters"].as_u64()), (Some("train"), Some(15)));
+        assert!(core.train().is_err(), "no training data yet");
+        core.set_training_data((0..24).map(|i| (i % 5) as f32 / 5.0).collect(), 4, vec![0, 1, 2, 0, 1, 2])
+            .unwrap();
+        assert_eq!(core.train().unwrap()["examples"], 6, "the model waited for the data");
+        let saved = core.saved_state().unwrap();
+        assert!(saved.contains("c-secret") && saved.contains("p9"));
+        let resumed = Core::new("task", "token", Some(&saved)).unwrap();
+        assert_eq!(resumed.participant_id().as_deref(), Some("p9"));
+        assert!(Core::new("other", "token", Some(&saved)).is_err());
+        assert!(Core::new("task", "token", Some("{}")).is_err());
+    }
+
+    #[test]
+    fn training_reports_accuracy_and_submits_the_update() {
+        let mut core = Core::new("task", "token", None).unwrap();
+        send(&mut core, 0);
+        let enrolled = json!({ "participant_id": "p1", "credential": "c", "expires_at": 0 });
+        core.handle(0, 201, enrolled.to_string().into_bytes()).unwrap();
+        send(&mut core, 0);
+        core.handle(
+            0,
+            200,
+            json!({ "status": "selected", "round": 2, "client_id": 1 }).to_string().into_bytes(),
+        )
+        .unwrap();
+        send(&mut core, 0);
+        let model = Model::by_name("logreg", 4, 3).unwrap();
+        let bytes =
+            checkpoint::encode(&model.layout(), &vec![0.0; model.len()], &Default::default()).unwrap();
+        core.handle(0, 200, bytes).unwrap();
+        assert_eq!(core.next(0)["kind"], "train");
+        let features: Vec<f32> = (0..60).map(|i| if i % 4 == (i / 4) % 3 { 1.0 } else { 0.0 }).collect();
+        let labels: Vec<u8> = (0..15).map(|i| (i % 3) as u8).collect();
+        core.set_training_data(features.clone(), 4, labels.clone()).unwrap();
+        core.set_test_data(features, 4, labels).unwrap();
+        core.set_training_config(20, 5, 0.5).unwrap();
+        let report = core.train().unwrap();
+        assert_eq!((report["round"].as_u64(), report["examples"].as_u64()), (Some(2), Some(15)));
+        // Zeros predict class 0 for everything: a third right; training
+        // separates the one-hot classes.
+        assert!((report["global_accuracy"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-6, "{report}");
+        assert!(report["local_accuracy"].as_f64().unwrap() > 0.99, "{report}");
+        // The participant now fetches the round's first server message.
+        let fetch = send(&mut core, 0);
+        assert_eq!(fetch["method"], "GET");
+        assert!(core.train().is_err(), "one update per round");
+    }
+
+    #[test]
+    fn bad_data_is_refused() {
+        let mut core = Core::new("task", "token", None).unwrap();
+        assert!(core.set_training_data(vec![0.0; 5], 2, vec![0, 1]).is_err());
+        assert!(core.set_training_data(vec![f32::INFINITY; 2], 2, vec![0]).is_err());
+        assert!(core.set_training_config(1, 0, 0.1).is_err());
+        assert!(Core::new("", "token", None).is_err());
+        assert!(core.submit(vec![0.0], 1).is_err(), "submit needs a train action");
+    }
+}

@@ -1,0 +1,47 @@
+//! The browser client's wasm build, run under Node, against a real
+//! `cohort serve`: two wasm clients and three native clients complete a
+//! secure round, and the aggregate is the exact weighted mean.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+use cohort_client::runtime::LocalUpdate;
+use cohort_tests::{
+    Serve, assert_aggregate, checkpoint, native_clients, native_update, scratch, spec, success,
+    synthetic_update, workspace_root,
+};
+
+#[test]
+fn wasm_clients_join_a_secure_round_with_native_clients() {
+    // The same build the browser loads: wasm32 with Debian's toolchain,
+    // then wasm-bindgen (both installed by scripts/setup.sh).
+    let built = Command::new("bash").arg(workspace_root().join("scripts/build-web.sh")).output().unwrap();
+    success("scripts/build-web.sh", &built);
+
+    let dir = scratch("web");
+    let serve = Serve::start(&dir, "web-e2e-admin-token");
+    let (task, token) = serve.create_task(spec(5, 3));
+    let natives = native_clients(&serve, &task, &token, 3);
+    let run = Command::new("node")
+        .arg(workspace_root().join("web/tests/round.mjs"))
+        .args([&serve.url, &task, &token])
+        .output()
+        .expect("node is installed");
+    let stdout = success("the wasm clients", &run);
+    println!("{stdout}");
+    assert!(stdout.contains("WEB OK"), "{stdout}");
+    for native in natives {
+        native.join().unwrap();
+    }
+    let initial = checkpoint(&serve, &task, 0);
+    let app = LocalUpdate {
+        delta: (0..15).map(|j| 0.02 * ((j % 5) as f32 - 2.0)).collect(),
+        examples: 7,
+        metrics: None,
+    };
+    let mut updates: Vec<LocalUpdate> = (0..3).map(native_update).collect();
+    updates.extend([app, synthetic_update(&initial)]);
+    assert_aggregate(&serve, &task, &updates);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,64 @@
+// Driven by tests/tests/web.rs against a running `cohort serve`: two wasm
+// clients (the browser build, under Node) take part in one secure round
+// with native clients. Client A submits a fixed update, client B trains
+// on supplied data with the built-in trainer; both mirrored by the Rust
+// test, which checks the aggregate.
+//
+// Usage: node web/tests/round.mjs URL TASK TOKEN
+import { readFileSync } from "node:fs";
+import init, { WebClient } from "../pkg/cohort_web.js";
+import { runRound } from "../static/driver.js";
+
+const [url, task, token] = process.argv.slice(2);
+await init({ module_or_path: readFileSync(new URL("../pkg/cohort_web_bg.wasm", import.meta.url)) });
+
+const check = (condition, message) => {
+  if (!condition) throw new Error(`check failed: ${message}`);
+};
+
+const a = new WebClient(task, token);
+const b = new WebClient(task, token);
+const rows = 30;
+const features = new Float32Array(rows * 4);
+const labels = new Uint8Array(rows);
+for (let i = 0; i < rows; i++) {
+  labels[i] = i % 3;
+  for (let j = 0; j < 4; j++) features[i * 4 + j] = (((i % 3) * 5 + j * 3 + i) % 7) / 7;
+}
+b.set_training_data(features, 4, labels);
+b.set_test_data(features, 4, labels);
+b.set_training_config(2, 5, 0.1);
+
+const stages = new Set();
+const reports = [];
+const [endA, endB] = await Promise.all([
+  runRound(a, url, {
+    onTrain: (client, action) => {
+      const delta = new Float32Array(action.parameters);
+      for (let j = 0; j < delta.length; j++) delta[j] = 0.02 * ((j % 5) - 2);
+      client.submit(delta, 7);
+    },
+    onAction: (action) => action.stage && stages.add(action.stage),
+  }),
+  runRound(b, url, { onTrain: (client) => reports.push(JSON.parse(client.train())) }),
+]);
+for (const end of [endA, endB]) {
+  console.log(JSON.stringify(end));
+  check(end.kind === "round_ended" && end.outcome === "completed" && end.round === 1, JSON.stringify(end));
+  check(end.bytes_up > 0 && end.bytes_down > end.bytes_up, "traffic");
+}
+check(reports.length === 1 && reports[0].examples === rows, JSON.stringify(reports));
+check(typeof reports[0].local_accuracy === "number", "local accuracy reported");
+check(stages.has("AdvertiseKeys") && stages.has("MaskedInputCollection") && stages.has("Unmasking"),
+  [...stages].join(","));
+const saved = JSON.parse(a.saved_state());
+check(saved.participant_id === a.participant_id() && saved.last_completed_round === 1, a.saved_state());
+const resumed = new WebClient(task, token, a.saved_state());
+check(resumed.participant_id() === a.participant_id(), "resumed as the same participant");
+try {
+  new WebClient(task, "");
+  check(false, "an empty token is refused");
+} catch (error) {
+  check(String(error).includes("enrollment token"), String(error));
+}
+console.log("WEB OK");
