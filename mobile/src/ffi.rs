@@ -495,19 +495,7 @@ mod tests {
 
     #[test]
     fn status_codes_match_the_error_codes() {
-        let errors = [
-            Error::InvalidArgument(String::new()),
-            Error::Paused,
-            Error::Unreachable(String::new()),
-            Error::Unauthorized(String::new()),
-            Error::TaskNotFound(String::new()),
-            Error::Rejected { status: 400, code: String::new(), message: String::new() },
-            Error::Protocol(String::new()),
-            Error::InvalidUpdate(String::new()),
-            Error::Storage(String::new()),
-            Error::Internal(String::new()),
-        ];
-        for error in errors {
+        for error in Error::every_kind() {
             assert_eq!(CohortStatus::from(&error) as i32, error.code());
         }
     }

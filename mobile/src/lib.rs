@@ -128,6 +128,25 @@ impl Error {
     }
 }
 
+#[cfg(test)]
+impl Error {
+    /// One error of each kind, in code order.
+    pub(crate) fn every_kind() -> [Error; 10] {
+        [
+            Error::InvalidArgument(String::new()),
+            Error::Paused,
+            Error::Unreachable(String::new()),
+            Error::Unauthorized(String::new()),
+            Error::TaskNotFound(String::new()),
+            Error::Rejected { status: 409, code: String::new(), message: String::new() },
+            Error::Protocol(String::new()),
+            Error::InvalidUpdate(String::new()),
+            Error::Storage(String::new()),
+            Error::Internal(String::new()),
+        ]
+    }
+}
+
 impl From<RunError> for Error {
     fn from(error: RunError) -> Self {
         match error {
@@ -546,19 +565,7 @@ mod tests {
 
     #[test]
     fn error_codes_are_distinct_and_stable() {
-        let errors = [
-            Error::InvalidArgument(String::new()),
-            Error::Paused,
-            Error::Unreachable(String::new()),
-            Error::Unauthorized(String::new()),
-            Error::TaskNotFound(String::new()),
-            Error::Rejected { status: 409, code: String::new(), message: String::new() },
-            Error::Protocol(String::new()),
-            Error::InvalidUpdate(String::new()),
-            Error::Storage(String::new()),
-            Error::Internal(String::new()),
-        ];
-        let codes: Vec<i32> = errors.iter().map(Error::code).collect();
+        let codes: Vec<i32> = Error::every_kind().iter().map(Error::code).collect();
         assert_eq!(codes, (1..=10).collect::<Vec<_>>());
         assert_eq!(Error::from(RunError::Interrupted), Error::Paused);
     }

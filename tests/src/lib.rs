@@ -250,6 +250,16 @@ pub fn success(what: &str, output: &Output) -> String {
     stdout
 }
 
+/// The update an app computes itself in the binding tests (mirrored in
+/// `JvmRoundTest.java` and `web/tests/round.mjs`): 7 examples.
+pub fn app_update() -> LocalUpdate {
+    LocalUpdate {
+        delta: (0..15).map(|j| 0.02 * ((j % 5) as f32 - 2.0)).collect(),
+        examples: 7,
+        metrics: None,
+    }
+}
+
 /// The update of a client that trains the task's model with the built-in
 /// trainer on the synthetic data the binding tests supply (30 rows, 4
 /// features, 3 classes; 2 epochs, batch 5, learning rate 0.1, round 1).

@@ -10,8 +10,8 @@ use std::process::Command;
 
 use cohort_client::runtime::LocalUpdate;
 use cohort_tests::{
-    Serve, artifacts, assert_aggregate, checkpoint, native_clients, native_update, scratch, spec, success,
-    synthetic_update, workspace_root,
+    Serve, app_update, artifacts, assert_aggregate, checkpoint, native_clients, native_update, scratch, spec,
+    success, synthetic_update, workspace_root,
 };
 
 const ADMIN: &str = "mobile-e2e-admin-token";
@@ -76,11 +76,7 @@ fn jvm_clients_join_a_secure_round_with_native_clients() {
     // Client A sent its fixed update; client B trained on its data with
     // the built-in trainer, exactly as here.
     let initial = checkpoint(&serve, &task, 0);
-    let app = LocalUpdate {
-        delta: (0..15).map(|j| 0.02 * ((j % 5) as f32 - 2.0)).collect(),
-        examples: 7,
-        metrics: None,
-    };
+    let app = app_update();
     let trained = synthetic_update(&initial);
     let mut updates: Vec<LocalUpdate> = (0..3).map(native_update).collect();
     updates.extend([app, trained]);

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use cohort_client::runtime::LocalUpdate;
 use cohort_tests::{
-    Serve, assert_aggregate, checkpoint, native_clients, native_update, scratch, spec, success,
+    Serve, app_update, assert_aggregate, checkpoint, native_clients, native_update, scratch, spec, success,
     synthetic_update, workspace_root,
 };
 
@@ -35,11 +35,7 @@ fn wasm_clients_join_a_secure_round_with_native_clients() {
         native.join().unwrap();
     }
     let initial = checkpoint(&serve, &task, 0);
-    let app = LocalUpdate {
-        delta: (0..15).map(|j| 0.02 * ((j % 5) as f32 - 2.0)).collect(),
-        examples: 7,
-        metrics: None,
-    };
+    let app = app_update();
     let mut updates: Vec<LocalUpdate> = (0..3).map(native_update).collect();
     updates.extend([app, synthetic_update(&initial)]);
     assert_aggregate(&serve, &task, &updates);
