@@ -69,6 +69,29 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// Examples an application supplies: `labels.len()` rows of `columns`
+    /// features, row major. Refuses empty data, a length that is not
+    /// rows × columns, and non-finite features. Square rows are taken as
+    /// images (side × side, as the CNN needs); the classes are 0 to the
+    /// largest label.
+    pub fn from_rows(features: Vec<f32>, columns: usize, labels: Vec<u8>) -> Result<Self, String> {
+        let rows = labels.len();
+        if rows == 0 || columns == 0 {
+            return Err("training data needs at least one example and feature".into());
+        }
+        if rows.checked_mul(columns) != Some(features.len()) {
+            return Err(format!("{} features for {rows} labels of {columns} columns", features.len()));
+        }
+        if features.iter().any(|v| !v.is_finite()) {
+            return Err("features must be finite".into());
+        }
+        let classes = usize::from(labels.iter().copied().max().unwrap_or(0)) + 1;
+        let side = (1..=columns).find(|s| s * s >= columns).unwrap_or(1);
+        let shape = if side * side == columns { [side, side] } else { [1, columns] };
+        let features = Array2::from_shape_vec((rows, columns), features).map_err(|e| e.to_string())?;
+        Ok(Self { features, labels, shape, classes })
+    }
+
     /// Number of examples.
     pub fn len(&self) -> usize {
         self.labels.len()
@@ -290,6 +313,16 @@ pub fn load_dataset(name: &str, dir: Option<&Path>) -> Result<(Dataset, Dataset)
 pub(crate) mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn supplied_rows_are_checked_and_square_rows_are_images() {
+        let data = Dataset::from_rows(vec![0.5; 2 * 16], 16, vec![0, 4]).unwrap();
+        assert_eq!((data.len(), data.shape, data.classes), (2, [4, 4], 5));
+        assert_eq!(Dataset::from_rows(vec![0.5; 6], 3, vec![1, 1]).unwrap().shape, [1, 3]);
+        assert!(Dataset::from_rows(vec![0.0; 5], 2, vec![0, 1]).is_err());
+        assert!(Dataset::from_rows(vec![f32::NAN; 2], 2, vec![0]).is_err());
+        assert!(Dataset::from_rows(vec![], 2, vec![]).is_err());
+    }
 
     /// Encodes a byte array as IDX.
     pub(crate) fn idx(dims: &[u32], data: &[u8]) -> Vec<u8> {

@@ -151,14 +151,8 @@ thread_local! {
 /// Runs `body`, catching panics, and records the failure for
 /// [`cohort_last_error`].
 fn guard(body: impl FnOnce() -> Result<(), Error>) -> CohortStatus {
-    let result = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
-        Err(Error::Internal(format!("panic: {message}")))
-    });
+    let result = catch_unwind(AssertUnwindSafe(body))
+        .unwrap_or_else(|panic| Err(Error::Internal(format!("panic: {}", crate::panic_message(&*panic)))));
     match result {
         Ok(()) => CohortStatus::Ok,
         Err(error) => {

@@ -101,14 +101,7 @@ fn run<'local, T>(
     let failure = match catch_unwind(AssertUnwindSafe(|| body(env))) {
         Ok(Ok(value)) => return value,
         Ok(Err(failure)) => failure,
-        Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Failure::Client(Error::Internal(format!("panic: {message}")))
-        }
+        Err(panic) => Failure::Client(Error::Internal(format!("panic: {}", crate::panic_message(&*panic)))),
     };
     throw(env, failure);
     fallback

@@ -239,30 +239,13 @@ impl std::fmt::Debug for TrainingData {
 impl TrainingData {
     /// Checks the shapes and the labels (classes 0–255).
     pub fn new(features: Vec<f32>, columns: usize, labels: &[i32]) -> Result<Self, Error> {
-        let rows = labels.len();
-        if rows == 0 || columns == 0 {
-            return Err(Error::InvalidArgument(
-                "training data needs at least one example and feature".into(),
-            ));
-        }
-        if rows.checked_mul(columns) != Some(features.len()) {
-            return Err(Error::InvalidArgument(format!(
-                "{} features for {rows} labels of {columns} columns",
-                features.len()
-            )));
-        }
-        if features.iter().any(|v| !v.is_finite()) {
-            return Err(Error::InvalidArgument("features must be finite".into()));
-        }
         let labels = labels
             .iter()
             .map(|&label| u8::try_from(label))
             .collect::<Result<Vec<u8>, _>>()
             .map_err(|_| Error::InvalidArgument("labels must be classes 0 to 255".into()))?;
-        let classes = usize::from(labels.iter().copied().max().unwrap_or(0)) + 1;
-        let features = ndarray::Array2::from_shape_vec((rows, columns), features)
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        Ok(Self { dataset: Dataset { features, labels, shape: [1, columns], classes } })
+        let dataset = Dataset::from_rows(features, columns, labels).map_err(Error::InvalidArgument)?;
+        Ok(Self { dataset })
     }
 
     /// Number of examples.
@@ -341,6 +324,15 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // state it guards stays consistent (the participant is only replaced
     // whole), so go on.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The message of a caught panic, for the error the entry point reports.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 fn storage_error(path: &Path, error: &std::io::Error) -> Error {

@@ -33,23 +33,6 @@ use cohort_client::train::TrainConfig;
 use serde_json::{Value, json};
 use wasm_bindgen::prelude::*;
 
-/// Examples supplied by the page.
-fn dataset(features: Vec<f32>, columns: usize, labels: Vec<u8>) -> Result<Dataset, String> {
-    if labels.is_empty() || columns == 0 || labels.len().checked_mul(columns) != Some(features.len()) {
-        return Err(format!("{} features do not make {} rows of {columns}", features.len(), labels.len()));
-    }
-    if features.iter().any(|v| !v.is_finite()) {
-        return Err("features must be finite".into());
-    }
-    let classes = usize::from(labels.iter().copied().max().unwrap_or(0)) + 1;
-    let rows = labels.len();
-    let features = ndarray::Array2::from_shape_vec((rows, columns), features).map_err(|e| e.to_string())?;
-    // Square inputs are images (the CNN needs their side).
-    let side = (1..=columns).find(|s| s * s >= columns).unwrap_or(1);
-    let shape = if side * side == columns { [side, side] } else { [1, columns] };
-    Ok(Dataset { features, labels, shape, classes })
-}
-
 /// The browser client's logic, independent of wasm-bindgen.
 pub struct Core {
     participant: Participant,
@@ -105,7 +88,7 @@ impl Core {
         columns: usize,
         labels: Vec<u8>,
     ) -> Result<(), String> {
-        self.data = Some(dataset(features, columns, labels)?);
+        self.data = Some(Dataset::from_rows(features, columns, labels)?);
         Ok(())
     }
 
@@ -117,7 +100,7 @@ impl Core {
         columns: usize,
         labels: Vec<u8>,
     ) -> Result<(), String> {
-        self.test = Some(dataset(features, columns, labels)?);
+        self.test = Some(Dataset::from_rows(features, columns, labels)?);
         Ok(())
     }
 
