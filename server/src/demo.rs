@@ -690,6 +690,7 @@ fn run_coordinator_and_clients(
         max_message_bytes: 256 << 20,
         credential_ttl_ms: 86_400_000,
         tls: None,
+        web_assets: cohort_server::web::default_assets_dir(),
     }))?;
     let url = service.url();
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);

@@ -15,7 +15,7 @@ use cohort_crypto::{
     Advanced, Aggregate, ClientId, ClientMessage, ProtocolError, Quantizer, RoundConfig, ServerRound, Stage,
     Variant,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, ModelLayout};
 use crate::optimizer::OptimizerState;
@@ -79,7 +79,7 @@ pub enum EngineError {
 }
 
 /// One stage's record in the round metrics.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageMetrics {
     /// Stage name.
     pub stage: String,
@@ -116,6 +116,36 @@ pub struct RoundMetrics {
     pub modulus_bits: u8,
     /// Upload per selected client over the float32 update's size.
     pub compression_ratio: f64,
+}
+
+/// What the admin API shows of the round in progress: counts, times and
+/// traffic only; nothing about any one client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundProgress {
+    /// Round number.
+    pub round: u64,
+    /// Attempt of this round.
+    pub attempt: u32,
+    /// Current stage.
+    pub stage: String,
+    /// Clients selected.
+    pub selected: usize,
+    /// Clients allowed to send in the current stage.
+    pub eligible: usize,
+    /// Of those, clients that sent.
+    pub received: usize,
+    /// Round start (Unix ms).
+    pub started_at: i64,
+    /// Current stage's start (Unix ms).
+    pub stage_started_at: i64,
+    /// Current stage's deadline (Unix ms).
+    pub deadline: i64,
+    /// Stages closed so far.
+    pub stages: Vec<StageMetrics>,
+    /// Bytes received from clients so far.
+    pub bytes_up: u64,
+    /// Bytes sent to clients so far.
+    pub bytes_down: u64,
 }
 
 /// The round in progress.
@@ -286,6 +316,34 @@ impl TaskEngine {
     /// The round in progress and its stage, if any.
     pub fn current_round(&self) -> Option<(u64, Stage)> {
         self.round.as_ref().map(|r| (r.number, r.server.as_ref().map_or(Stage::Unmasking, |s| s.stage())))
+    }
+
+    /// The round in progress, for the admin API.
+    pub fn progress(&self) -> Option<RoundProgress> {
+        let round = self.round.as_ref()?;
+        let (stage, eligible, received) = match &round.server {
+            Some(server) => (server.stage(), server.eligible().len(), server.received()),
+            None => (Stage::Unmasking, 0, 0),
+        };
+        Some(RoundProgress {
+            round: round.number,
+            attempt: round.metrics.attempt,
+            stage: stage_name(stage),
+            selected: round.roster.len(),
+            eligible,
+            received,
+            started_at: round.started_at,
+            stage_started_at: round.stage_started_at,
+            deadline: round.deadline,
+            stages: round.metrics.stages.clone(),
+            bytes_up: round.bytes_up,
+            bytes_down: round.bytes_down,
+        })
+    }
+
+    /// Clients that checked in recently enough to be selected.
+    pub fn available(&self, now: i64) -> usize {
+        self.checked_in.values().filter(|seen| now - **seen <= CHECK_IN_TTL_MS).count()
     }
 
     /// Changes the status (pause, resume, stop). A paused or stopped task

@@ -49,6 +49,8 @@ pub struct ApiConfig {
     pub max_message_bytes: usize,
     /// How long a client credential stays valid.
     pub credential_ttl_ms: i64,
+    /// The browser client's build (`web/pkg`), served under `/web/pkg`.
+    pub web_assets: std::path::PathBuf,
 }
 
 /// What every handler can reach.
@@ -228,6 +230,7 @@ pub fn app(state: AppState) -> Router {
         .merge(admin)
         .merge(client_json)
         .merge(messages)
+        .merge(crate::web::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .with_state(state)
 }
@@ -298,6 +301,10 @@ pub struct TaskView {
     pub current_round: Option<u64>,
     /// Its stage.
     pub stage: Option<String>,
+    /// Its progress: counts per stage, deadlines and traffic.
+    pub progress: Option<crate::engine::RoundProgress>,
+    /// Clients that checked in recently enough to be selected.
+    pub available_clients: usize,
     /// Creation time (Unix ms).
     pub created_at: i64,
     /// The specification.
@@ -314,6 +321,8 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
             completed_rounds: state.store.rounds(&task.id).await?.len() as u64,
             current_round: None,
             stage: None,
+            progress: None,
+            available_clients: 0,
         },
         Err(e) => return Err(e.into()),
     };
@@ -325,6 +334,8 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
         rounds,
         current_round: live.current_round,
         stage: live.stage,
+        progress: live.progress,
+        available_clients: live.available_clients,
         created_at: task.created_at,
         spec,
     })

@@ -11,6 +11,7 @@ pub mod optimizer;
 pub mod service;
 pub mod spec;
 pub mod store;
+pub mod web;
 
 /// Model checkpoints (shared with clients, which read the global model).
 pub use cohort_client::checkpoint;

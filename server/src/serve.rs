@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use cohort_server::auth::new_token;
 use cohort_server::service::{Service, ServiceConfig, TlsFiles};
+use cohort_server::web;
 use serde::Deserialize;
 
 #[derive(Debug, Args)]
@@ -19,7 +20,8 @@ pub struct ServeArgs {
     #[arg(long)]
     database_url: Option<String>,
     /// JSON settings file (keys: bind, database_url, admin_token,
-    /// max_message_bytes, credential_ttl_days, tls_cert, tls_key). Flags
+    /// max_message_bytes, credential_ttl_days, tls_cert, tls_key,
+    /// web_assets). Flags
     /// take precedence.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -29,6 +31,10 @@ pub struct ServeArgs {
     /// ...and this PEM private key.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// The browser client's build, served to the /demo page (default
+    /// web/pkg, which scripts/build-web.sh writes).
+    #[arg(long)]
+    web_assets: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -41,6 +47,7 @@ struct FileConfig {
     credential_ttl_days: Option<u32>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
+    web_assets: Option<PathBuf>,
 }
 
 pub async fn serve(args: ServeArgs) -> Result<()> {
@@ -76,6 +83,13 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         (None, None) => None,
         _ => anyhow::bail!("TLS needs both a certificate chain and a private key"),
     };
+    let web_assets = args.web_assets.or(file.web_assets).unwrap_or_else(web::default_assets_dir);
+    if !web::assets_present(&web_assets) {
+        tracing::warn!(
+            dir = %web_assets.display(),
+            "no browser client build here: /demo cannot train until scripts/build-web.sh has run"
+        );
+    }
     let service = Service::start(ServiceConfig {
         bind,
         database_url: database_url.clone(),
@@ -83,10 +97,12 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         max_message_bytes: file.max_message_bytes.unwrap_or(256 << 20),
         credential_ttl_ms: i64::from(file.credential_ttl_days.unwrap_or(30)) * 86_400_000,
         tls,
+        web_assets,
     })
     .await?;
     tracing::info!(address = %service.address, database = %redact(&database_url), "coordinator listening");
     println!("cohort serve: listening on {}", service.url());
+    println!("cohort serve: dashboard at {}/admin", service.url());
     service.run_until(shutdown()).await?;
     Ok(())
 }

@@ -28,6 +28,8 @@ pub struct ServiceConfig {
     pub credential_ttl_ms: i64,
     /// Terminate TLS with this certificate chain and key (PEM).
     pub tls: Option<TlsFiles>,
+    /// The browser client's build directory (see [`crate::web`]).
+    pub web_assets: std::path::PathBuf,
 }
 
 /// A PEM certificate chain (leaf first) and its private key.
@@ -126,6 +128,7 @@ impl Service {
                 admin_token_hash: token_hash(&config.admin_token),
                 max_message_bytes: config.max_message_bytes,
                 credential_ttl_ms: config.credential_ttl_ms,
+                web_assets: config.web_assets.clone(),
             },
         };
         let listener = tokio::net::TcpListener::bind(config.bind)

@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 const ADMIN: &str = "admin-token-for-tests-0123456789";
+const WASM_HEADER: &[u8] = b"\0asm\x01\0\0\0";
 
 struct Api {
     router: Router,
@@ -41,7 +42,11 @@ impl Api {
             admin_token_hash: token_hash(ADMIN),
             max_message_bytes: 1 << 16,
             credential_ttl_ms: 3_600_000,
+            web_assets: path.with_extension("web"),
         };
+        // A browser client "build" of one file: the wasm module's header.
+        std::fs::create_dir_all(path.with_extension("web")).unwrap();
+        std::fs::write(path.with_extension("web").join("cohort_web_bg.wasm"), WASM_HEADER).unwrap();
         let router = app(AppState { store: store.clone(), coordinator, metrics, config });
         Self { router, store, path }
     }
@@ -121,6 +126,7 @@ impl Api {
 
     async fn finish(self) {
         self.store.close().await;
+        let _ = std::fs::remove_dir_all(self.path.with_extension("web"));
         let _ = std::fs::remove_file(self.path);
     }
 }
@@ -165,6 +171,57 @@ async fn service_endpoints() {
     }
     let (status, body) = api.call("GET", "/nowhere", None, None).await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn browser_pages_are_served_under_a_strict_content_security_policy() {
+    let api = Api::new("pages").await;
+    let get = |uri: &str| Request::get(uri).body(Body::empty()).unwrap();
+    for (uri, content_type) in [
+        ("/admin", "text/html; charset=utf-8"),
+        ("/demo", "text/html; charset=utf-8"),
+        ("/web/admin.js", "text/javascript"),
+        ("/web/worker.js", "text/javascript"),
+        ("/web/driver.js", "text/javascript"),
+        ("/web/style.css", "text/css"),
+        ("/web/pkg/cohort_web_bg.wasm", "application/wasm"),
+    ] {
+        let (status, body, headers) = api.send(get(uri)).await;
+        assert_eq!(status, StatusCode::OK, "{uri}");
+        assert_eq!(headers[header::CONTENT_TYPE], content_type, "{uri}");
+        let policy = headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+        for directive in [
+            "default-src 'none'",
+            "script-src 'self' 'wasm-unsafe-eval'",
+            "connect-src 'self'",
+            "frame-ancestors 'none'",
+        ] {
+            assert!(policy.contains(directive), "{uri}: {policy}");
+        }
+        assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "{uri}");
+        assert_eq!(headers[header::REFERRER_POLICY], "no-referrer", "{uri}");
+        assert!(!body.is_empty(), "{uri}");
+    }
+    let (_, wasm, _) = api.send(get("/web/pkg/cohort_web_bg.wasm")).await;
+    assert_eq!(wasm, WASM_HEADER, "served from the build directory");
+    // The pages never put server data into markup.
+    for script in ["/web/admin.js", "/web/demo.js", "/web/chart.js"] {
+        let (_, body, _) = api.send(get(script)).await;
+        let text = String::from_utf8(body).unwrap();
+        assert!(!text.contains("innerHTML") && !text.contains("insertAdjacentHTML"), "{script}");
+    }
+    // Only the build's known files, and a clear word when one is missing.
+    let (status, body, _) = api.send(get("/web/pkg/cohort_web.js")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(String::from_utf8(body).unwrap().contains("scripts/build-web.sh"));
+    for uri in ["/web/pkg/..%2Fapi.db", "/web/pkg/%2e%2e", "/web/nothing.js", "/web/pkg/Cargo.toml"] {
+        let (status, _, _) = api.send(get(uri)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{uri}");
+    }
+    let (status, _, headers) = api.send(get("/")).await;
+    assert!(status.is_redirection());
+    assert_eq!(headers[header::LOCATION], "/admin");
     api.finish().await;
 }
 
@@ -367,9 +424,14 @@ async fn a_secure_round_through_the_api_updates_the_model() {
         });
     }
     let mut rounds = Value::Null;
+    let mut progress = Vec::new();
     for _ in 0..200 {
         for client in clients.iter_mut() {
             client.step(&api).await;
+        }
+        let (_, view) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+        if !view["progress"].is_null() {
+            progress.push(view["progress"].clone());
         }
         let (_, body) = api.call("GET", &format!("/admin/tasks/{id}/rounds"), Some(ADMIN), None).await;
         if body.as_array().is_some_and(|r| !r.is_empty()) {
@@ -379,10 +441,44 @@ async fn a_secure_round_through_the_api_updates_the_model() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(rounds[0]["round"], 1, "the round did not complete: {rounds}");
+    // The live view while the round ran: counts, times and traffic only.
+    assert!(progress.iter().any(|p| !p["stages"].as_array().unwrap().is_empty()), "{progress:?}");
+    let mut closed = 0;
+    for live in &progress {
+        let mut fields: Vec<&str> = live.as_object().unwrap().keys().map(String::as_str).collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            [
+                "attempt",
+                "bytes_down",
+                "bytes_up",
+                "deadline",
+                "eligible",
+                "received",
+                "round",
+                "selected",
+                "stage",
+                "stage_started_at",
+                "stages",
+                "started_at"
+            ]
+        );
+        assert_eq!((live["round"].as_u64(), live["selected"].as_u64()), (Some(1), Some(6)));
+        assert!(live["received"].as_u64() <= live["eligible"].as_u64(), "{live}");
+        assert!(live["deadline"].as_i64() > live["stage_started_at"].as_i64(), "{live}");
+        let stages = live["stages"].as_array().unwrap();
+        assert!(stages.len() >= closed, "stages only close");
+        closed = stages.len();
+        for stage in stages {
+            assert_eq!(stage["received"].as_u64().unwrap() + stage["dropouts"].as_u64().unwrap(), 6);
+        }
+    }
     assert_eq!(rounds[0]["survivors"], 6);
     assert_eq!(rounds[0]["metrics"]["stages"].as_array().unwrap().len(), 4);
     let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
     assert_eq!((task["status"].as_str(), task["completed_rounds"].as_u64()), (Some("completed"), Some(1)));
+    assert!(task["progress"].is_null(), "no round in progress: {task}");
     let request = Request::get(format!("/admin/tasks/{id}/checkpoints/latest"))
         .header(header::AUTHORIZATION, format!("Bearer {ADMIN}"))
         .body(Body::empty())

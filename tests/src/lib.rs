@@ -106,6 +106,8 @@ impl Serve {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new(&artifacts().cohort)
             .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .arg("--web-assets")
+            .arg(workspace_root().join("web/pkg"))
             .arg("--database-url")
             .arg(format!("sqlite://{}", scratch.join("cohort.db").display()))
             .env("COHORT_ADMIN_TOKEN", admin_token)
@@ -187,9 +189,15 @@ impl Trainer for Fixed {
     }
 }
 
-/// Native client k's update.
+/// Native client k's update of [`model`].
 pub fn native_update(k: usize) -> LocalUpdate {
-    let delta = (0..15).map(|j| 0.01 * (k as f32 + 1.0) * if j % 2 == 0 { 1.0 } else { -1.0 }).collect();
+    native_update_of(k, 15)
+}
+
+/// Native client k's update of a model with `parameters` weights.
+pub fn native_update_of(k: usize, parameters: usize) -> LocalUpdate {
+    let delta =
+        (0..parameters).map(|j| 0.01 * (k as f32 + 1.0) * if j % 2 == 0 { 1.0 } else { -1.0 }).collect();
     LocalUpdate { delta, examples: 10 + k as u32, metrics: None }
 }
 
@@ -200,14 +208,26 @@ pub fn native_clients(
     token: &str,
     count: usize,
 ) -> Vec<std::thread::JoinHandle<()>> {
-    (0..count)
-        .map(|k| {
+    native_clients_with(serve, task, token, (0..count).map(native_update).collect())
+}
+
+/// Native clients, client k taking part in one round with `updates[k]`.
+pub fn native_clients_with(
+    serve: &Serve,
+    task: &str,
+    token: &str,
+    updates: Vec<LocalUpdate>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    updates
+        .into_iter()
+        .enumerate()
+        .map(|(k, update)| {
             let (url, task, token) = (serve.url.clone(), task.to_string(), token.to_string());
             std::thread::spawn(move || {
                 let config = ParticipantConfig { poll_interval_ms: 50, ..ParticipantConfig::default() };
                 let participant = Participant::enroll(&task, &token, config);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
-                let outcome = runner.run_round(&mut Fixed(native_update(k))).unwrap();
+                let outcome = runner.run_round(&mut Fixed(update)).unwrap();
                 assert!(
                     matches!(outcome, Some(RoundOutcome::Completed(_))),
                     "native client {k}: {outcome:?}"
@@ -222,6 +242,17 @@ pub fn checkpoint(serve: &Serve, task: &str, round: u64) -> Checkpoint {
     let (status, bytes) = serve.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/{round}"), None);
     assert_eq!(status, 200, "checkpoint {round}");
     checkpoint::decode(&bytes).unwrap()
+}
+
+/// Where the end-to-end tests leave what a person may want to look at
+/// (screenshots): `$CARGO_TARGET_DIR/artifacts/NAME`.
+pub fn artifact_dir(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let dir = target.join("artifacts").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// Round 1's model must be the initial one plus the weighted mean of

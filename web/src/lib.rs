@@ -23,15 +23,47 @@
 //! only converts its errors to JavaScript exceptions.
 
 use cohort_client::checkpoint::Checkpoint;
-use cohort_client::data::Dataset;
+use cohort_client::data::{Dataset, dataset_from_idx, hold_out_per_class, parse_idx};
 use cohort_client::model::Model;
 use cohort_client::participant::{
     Action, Method, Participant, ParticipantConfig, Request, Response, RoundOutcome, SavedState,
 };
+use cohort_client::partition::{Scheme, histogram, partition};
 use cohort_client::runtime;
 use cohort_client::train::TrainConfig;
 use serde_json::{Value, json};
 use wasm_bindgen::prelude::*;
+
+/// Seed of the demo's split of the digits among tabs: every tab, and the
+/// tests that recompute a tab's update, cut the same shards.
+pub const DIGITS_PARTITION_SEED: u64 = 2017;
+
+/// The demo's data for tab `shard` of `shards`: the digits (IDX images and
+/// labels, as `scripts/build-web.sh` packs them) with the last seventh of
+/// each digit held out as the test set, and the rest split non-IID the way
+/// McMahan et al. (2017) do: sorted by label, cut into 2 × `shards`
+/// pieces, two pieces per tab, so most tabs see two digits. Returns (this
+/// tab's training examples, the whole test set).
+pub fn digits_shard(
+    images: &[u8],
+    labels: &[u8],
+    shard: usize,
+    shards: usize,
+) -> Result<(Dataset, Dataset), String> {
+    if shard >= shards {
+        return Err(format!("shard {shard} of {shards} does not exist"));
+    }
+    let all = dataset_from_idx(
+        parse_idx(images).map_err(|e| e.to_string())?,
+        parse_idx(labels).map_err(|e| e.to_string())?,
+        10,
+    )
+    .map_err(|e| e.to_string())?;
+    let (train, test) = hold_out_per_class(&all, 7);
+    let parts = partition(&train.labels, 10, shards, Scheme::Shards { per_client: 2 }, DIGITS_PARTITION_SEED)
+        .map_err(|e| e.to_string())?;
+    Ok((train.subset(&parts[shard]), test))
+}
 
 /// The browser client's logic, independent of wasm-bindgen.
 pub struct Core {
@@ -102,6 +134,28 @@ impl Core {
     ) -> Result<(), String> {
         self.test = Some(Dataset::from_rows(features, columns, labels)?);
         Ok(())
+    }
+
+    /// The demo's digits, tab `shard` of `shards` (see [`digits_shard`]):
+    /// training and test data at once. Returns a summary: examples, and
+    /// examples per digit.
+    pub fn use_digits(
+        &mut self,
+        images: &[u8],
+        labels: &[u8],
+        shard: usize,
+        shards: usize,
+    ) -> Result<Value, String> {
+        let (train, test) = digits_shard(images, labels, shard, shards)?;
+        let all: Vec<usize> = (0..train.len()).collect();
+        let summary = json!({
+            "examples": train.len(),
+            "test_examples": test.len(),
+            "per_digit": histogram(&train.labels, &all, train.classes),
+        });
+        self.data = Some(train);
+        self.test = Some(test);
+        Ok(summary)
     }
 
     /// Local SGD settings.
@@ -196,12 +250,18 @@ impl Core {
             let trained: Vec<f32> = global.weights.iter().zip(&update.delta).map(|(g, d)| g + d).collect();
             self.test.as_ref().map(|test| model.evaluate(&trained, test.features.view(), &test.labels).1)
         };
-        let loss = update.metrics.as_ref().and_then(|m| m.get("train_loss")).cloned();
+        let mut metrics = update.metrics.unwrap_or_default();
+        let loss = metrics.get("train_loss").cloned();
         let report = json!({
             "round": self.round, "examples": update.examples, "train_loss": loss,
             "global_accuracy": global_accuracy, "local_accuracy": local,
         });
-        self.participant.submit(update.delta, update.examples, update.metrics).map_err(|e| e.to_string())?;
+        // Reported with the round (the dashboard charts their means): the
+        // global model's accuracy on this tab's held-out data.
+        if let Some(accuracy) = global_accuracy {
+            metrics.insert("global_accuracy".into(), f64::from(accuracy).into());
+        }
+        self.participant.submit(update.delta, update.examples, Some(metrics)).map_err(|e| e.to_string())?;
         self.global = None;
         Ok(report)
     }
@@ -276,6 +336,18 @@ impl WebClient {
         labels: Vec<u8>,
     ) -> Result<(), JsError> {
         self.core.set_test_data(features, columns, labels).map_err(js)
+    }
+
+    /// The demo's digits (IDX images and labels), tab `shard` of `shards`:
+    /// sets training and test data; returns a JSON summary.
+    pub fn use_digits(
+        &mut self,
+        images: &[u8],
+        labels: &[u8],
+        shard: usize,
+        shards: usize,
+    ) -> Result<String, JsError> {
+        self.core.use_digits(images, labels, shard, shards).map(|v| v.to_string()).map_err(js)
     }
 
     /// Local SGD settings (defaults 1 epoch, batch 10, learning rate 0.05).
@@ -430,5 +502,46 @@ mod tests {
         assert!(core.set_training_config(1, 0, 0.1).is_err());
         assert!(Core::new("", "token", None).is_err());
         assert!(core.submit(vec![0.0], 1).is_err(), "submit needs a train action");
+    }
+
+    /// IDX images (`rows` of 2×2) and labels: digit `i % 10` for row `i`.
+    fn digits(rows: u32) -> (Vec<u8>, Vec<u8>) {
+        let mut images = vec![0, 0, 8, 3];
+        for d in [rows, 2, 2] {
+            images.extend_from_slice(&d.to_be_bytes());
+        }
+        let mut labels = vec![0, 0, 8, 1];
+        labels.extend_from_slice(&rows.to_be_bytes());
+        for i in 0..rows {
+            images.extend([(i % 256) as u8; 4]);
+            labels.push((i % 10) as u8);
+        }
+        (images, labels)
+    }
+
+    #[test]
+    fn tabs_get_disjoint_non_iid_shards_and_the_same_test_set() {
+        let (images, labels) = digits(700);
+        let (a, test_a) = digits_shard(&images, &labels, 0, 5).unwrap();
+        let (b, test_b) = digits_shard(&images, &labels, 1, 5).unwrap();
+        assert_eq!(test_a, test_b);
+        assert_eq!(test_a.len(), 100, "a seventh of each digit is held out");
+        assert_eq!(a.len() + b.len(), 2 * 600 / 5);
+        for shard in [&a, &b] {
+            let mut seen: Vec<u8> = shard.labels.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            assert!(seen.len() <= 2, "two shards of sorted labels: {seen:?}");
+        }
+        assert_eq!(digits_shard(&images, &labels, 0, 5).unwrap().0, a, "deterministic");
+        assert!(digits_shard(&images, &labels, 5, 5).is_err());
+        assert!(digits_shard(&images[..20], &labels, 0, 5).is_err());
+
+        let mut core = Core::new("task", "token", None).unwrap();
+        let summary = core.use_digits(&images, &labels, 1, 5).unwrap();
+        assert_eq!(summary["examples"].as_u64(), Some(b.len() as u64));
+        let per_digit: u64 =
+            summary["per_digit"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+        assert_eq!(per_digit, b.len() as u64);
     }
 }

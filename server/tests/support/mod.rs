@@ -54,6 +54,7 @@ impl Coordinator {
                 max_message_bytes,
                 credential_ttl_ms: 3_600_000,
                 tls,
+                web_assets: std::path::PathBuf::from("web/pkg"),
             }))
             .unwrap();
         let url = service.url();

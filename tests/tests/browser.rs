@@ -1,0 +1,228 @@
+//! The browser pages in Debian's Chromium (playwright-core), against a real
+//! `cohort serve`:
+//!
+//! 1. two demo tabs (the wasm client in a Web Worker, training on MNIST
+//!    digits) and three native clients complete a secure round, on a task
+//!    created with the dashboard's form; the aggregate is the exact
+//!    weighted mean, each tab's update recomputed here; the dashboard then
+//!    shows that round and its accuracy chart;
+//! 2. a tab closed mid-round (after its keys and shares, before its masked
+//!    input) is a dropout, and the round completes without it;
+//! 3. the dashboard's pause, resume and stop buttons change the task.
+//!
+//! Screenshots land in `$CARGO_TARGET_DIR/artifacts/browser/`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+use cohort_client::checkpoint::Checkpoint;
+use cohort_client::model::Model;
+use cohort_client::runtime::{self, LocalUpdate};
+use cohort_client::train::TrainConfig;
+use cohort_tests::{
+    Serve, artifact_dir, assert_aggregate, checkpoint, native_clients_with, native_update_of, scratch,
+    success, workspace_root,
+};
+use serde_json::{Value, json};
+
+const ADMIN_TOKEN: &str = "browser-e2e-admin-token";
+/// Tabs use shards of the digits' training set cut this many ways.
+const SHARDS: usize = 10;
+
+/// One browser scenario at a time (2 cores), and the wasm build once.
+fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    static BUILT: OnceLock<()> = OnceLock::new();
+    let guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    BUILT.get_or_init(|| {
+        let built = Command::new("bash").arg(workspace_root().join("scripts/build-web.sh")).output().unwrap();
+        success("scripts/build-web.sh", &built);
+    });
+    guard
+}
+
+/// Runs one step of `web/tests/browser.mjs`; its JSON answer.
+fn browser(step: &str, mut config: Value) -> Value {
+    config["artifacts"] = json!(artifact_dir("browser"));
+    let output = Command::new("node")
+        .arg(workspace_root().join("web/tests/browser.mjs"))
+        .args([step, &config.to_string()])
+        .output()
+        .expect("node is installed");
+    let stdout = success(&format!("browser step {step}"), &output);
+    let answer: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+    println!("{step}: {answer}");
+    let problems = answer["problems"].as_array();
+    assert!(problems.is_none_or(Vec::is_empty), "{step}: script errors on the page: {problems:?}");
+    for tab in answer["tabs"].as_array().into_iter().flatten() {
+        assert_eq!(tab["problems"], json!([]), "{step}: {tab}");
+    }
+    answer
+}
+
+fn logreg() -> Model {
+    Model::by_name("logreg", 784, 10).unwrap()
+}
+
+fn digits() -> (Vec<u8>, Vec<u8>) {
+    let pkg = workspace_root().join("web/pkg");
+    (
+        std::fs::read(pkg.join("digits-images.idx")).unwrap(),
+        std::fs::read(pkg.join("digits-labels.idx")).unwrap(),
+    )
+}
+
+/// What the demo tab with `shard` sends in round 1: the built-in trainer's
+/// update with the demo's defaults.
+fn tab_update(shard: usize, initial: &Checkpoint) -> LocalUpdate {
+    let (images, labels) = digits();
+    let (train, _) = cohort_web::digits_shard(&images, &labels, shard, SHARDS).unwrap();
+    runtime::local_update(&logreg(), &train, &TrainConfig::default(), 1, initial).unwrap()
+}
+
+fn natives(serve: &Serve, task: &str, token: &str) -> Vec<std::thread::JoinHandle<()>> {
+    let updates = (0..3).map(|k| native_update_of(k, logreg().len())).collect();
+    native_clients_with(serve, task, token, updates)
+}
+
+fn join(handles: Vec<std::thread::JoinHandle<()>>) {
+    for handle in handles {
+        handle.join().unwrap();
+    }
+}
+
+fn task_spec(masked_input_ms: u64) -> Value {
+    json!({
+        "name": "browser dropout",
+        "rounds": 1,
+        "clients_per_round": 5,
+        "model": { "architecture": "logreg", "layout": logreg().layout(), "init": { "kind": "fan_in", "seed": 7 } },
+        "secure_aggregation": { "graph": "complete", "threshold": 3 },
+        "deadlines": { "advertise_keys_ms": 120000, "share_keys_ms": 60000, "masked_input_ms": masked_input_ms, "unmasking_ms": 60000 }
+    })
+}
+
+fn start(name: &str) -> (PathBuf, Serve) {
+    let dir = scratch(name);
+    let serve = Serve::start(&dir, ADMIN_TOKEN);
+    (dir, serve)
+}
+
+#[test]
+fn two_tabs_and_three_native_clients_complete_a_secure_round_shown_on_the_dashboard() {
+    let _one = exclusive();
+    let (dir, serve) = start("browser-round");
+    let created = browser(
+        "create",
+        json!({ "url": serve.url, "adminToken": ADMIN_TOKEN, "form": {
+            "create-name": "two tabs", "create-rounds": 1, "create-clients": 5, "create-threshold": 3,
+            "create-deadline": 120,
+        }}),
+    );
+    let (task, token) = (created["task"].as_str().unwrap(), created["token"].as_str().unwrap());
+    assert_eq!(created["token_after_dismiss"], "", "the token is gone once dismissed");
+    assert!(created["demo"].as_str().unwrap().starts_with(&format!("/demo#task={task}&token=")));
+    let spec = serve.admin_json(&format!("/admin/tasks/{task}"))["spec"].clone();
+    assert_eq!((spec["clients_per_round"].as_u64(), spec["rounds"].as_u64()), (Some(5), Some(1)));
+
+    let native = natives(&serve, task, token);
+    let tabs = browser(
+        "tabs",
+        json!({ "url": serve.url, "task": task, "token": token, "shards": [0, 1], "of": SHARDS, "name": "round" }),
+    );
+    join(native);
+    let tabs = tabs["tabs"].as_array().unwrap();
+    assert_ne!(tabs[0]["participant"], tabs[1]["participant"], "each tab is a device of its own");
+    for tab in tabs {
+        assert!(!tab["address"].as_str().unwrap().contains(token), "the token left the address bar: {tab}");
+        assert!(tab["log"].to_string().contains("round 1 completed"), "{tab}");
+    }
+
+    // The coordinator's model is the exact weighted mean of the five
+    // updates: the tabs' recomputed from the same digits and defaults.
+    let initial = checkpoint(&serve, task, 0);
+    let mut updates: Vec<LocalUpdate> = (0..3).map(|k| native_update_of(k, logreg().len())).collect();
+    updates.extend([tab_update(0, &initial), tab_update(1, &initial)]);
+    assert_aggregate(&serve, task, &updates);
+
+    // The dashboard shows the round, and its accuracy chart plots what the
+    // tabs measured: the initial model on the held-out digits.
+    let seen = browser(
+        "dashboard",
+        json!({ "url": serve.url, "adminToken": ADMIN_TOKEN, "task": task, "rounds": 1, "name": "dashboard-round",
+                "secrets": [token] }),
+    );
+    let row = &seen["rounds"][0];
+    assert_eq!((row["round"].as_u64(), row["survivors"].as_u64()), (Some(1), Some(5)), "{seen}");
+    assert_eq!(row["dropouts"], "0 · 0 · 0 · 0");
+    let (images, labels) = digits();
+    let (_, test) = cohort_web::digits_shard(&images, &labels, 0, SHARDS).unwrap();
+    let (_, accuracy) = logreg().evaluate(&initial.weights, test.features.view(), &test.labels);
+    let points = seen["accuracy_points"].as_array().unwrap();
+    assert_eq!(points.len(), 1, "{seen}");
+    assert_eq!(points[0][0], 1);
+    assert!((points[0][1].as_f64().unwrap() - f64::from(accuracy)).abs() < 1e-4, "{seen} vs {accuracy}");
+    assert_eq!(seen["loss_points"].as_array().unwrap().len(), 1);
+    assert_eq!(seen["leaked"], json!([]), "the enrollment token is not on the dashboard");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_tab_closed_mid_round_is_a_dropout_and_the_round_completes() {
+    let _one = exclusive();
+    let (dir, serve) = start("browser-dropout");
+    // The masked-input stage waits this long for the closed tab.
+    let (task, token) = serve.create_task(task_spec(15_000));
+    let native = natives(&serve, &task, &token);
+    let tabs = browser(
+        "tabs",
+        json!({ "url": serve.url, "task": task, "token": token, "shards": [2, 3], "of": SHARDS,
+                "name": "dropout", "close": 0 }),
+    );
+    join(native);
+    assert_eq!(tabs["tabs"][0]["closed"], true);
+
+    let initial = checkpoint(&serve, &task, 0);
+    let mut updates: Vec<LocalUpdate> = (0..3).map(|k| native_update_of(k, logreg().len())).collect();
+    updates.push(tab_update(3, &initial));
+    assert_aggregate(&serve, &task, &updates);
+    let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
+    let stages = rounds[0]["metrics"]["stages"].as_array().unwrap();
+    let dropouts: Vec<u64> = stages.iter().map(|s| s["dropouts"].as_u64().unwrap()).collect();
+    assert_eq!(dropouts, [0, 0, 1, 0], "the tab dropped out at the masked inputs: {rounds}");
+    assert_eq!(rounds[0]["selected"], 5);
+
+    let seen = browser(
+        "dashboard",
+        json!({ "url": serve.url, "adminToken": ADMIN_TOKEN, "task": task, "rounds": 1, "name": "dashboard-dropout",
+                "secrets": [token] }),
+    );
+    assert_eq!(seen["rounds"][0]["survivors"], 4, "{seen}");
+    assert_eq!(seen["rounds"][0]["dropouts"], "0 · 0 · 1 · 0", "{seen}");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_dashboard_pauses_resumes_and_stops_a_task() {
+    let _one = exclusive();
+    let (dir, serve) = start("browser-controls");
+    let (task, token) = serve.create_task(task_spec(60_000));
+    let seen = browser(
+        "dashboard",
+        json!({ "url": serve.url, "adminToken": ADMIN_TOKEN, "task": task, "controls": true,
+                "name": "dashboard-controls", "secrets": [token] }),
+    );
+    let controls = seen["controls"].as_array().unwrap();
+    let applied: Vec<(&str, &str)> =
+        controls.iter().map(|c| (c["button"].as_str().unwrap(), c["api"].as_str().unwrap())).collect();
+    assert_eq!(applied, [("pause", "paused"), ("resume", "active"), ("stop", "stopped")], "{seen}");
+    assert_eq!(seen["stop_disabled"], true, "a stopped task cannot be stopped again");
+    assert_eq!(serve.admin_json(&format!("/admin/tasks/{task}"))["status"], "stopped");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

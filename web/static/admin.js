@@ -1,0 +1,316 @@
+// The coordinator dashboard: a view over the admin API, polled every
+// second. The admin token stays in this tab's sessionStorage and travels
+// only in the Authorization header. Everything the server returns is
+// written as text (textContent), never parsed as markup.
+
+import { lineChart } from "/web/chart.js";
+
+const $ = (id) => document.getElementById(id);
+const TOKEN_KEY = "cohort.admin-token";
+const STAGES = ["advertise-keys", "share-keys", "masked-input-collection", "unmasking"];
+const STAGE_LABELS = { "advertise-keys": "keys", "share-keys": "shares", "masked-input-collection": "inputs", unmasking: "unmask" };
+
+let token = sessionStorage.getItem(TOKEN_KEY);
+let selected = new URLSearchParams(location.hash.slice(1)).get("task");
+let refreshing = false;
+
+class ApiError extends Error {}
+
+async function api(method, path, body) {
+  const headers = { authorization: `Bearer ${token}` };
+  if (body !== undefined) headers["content-type"] = "application/json";
+  const response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await response.text();
+  let json = null;
+  try { json = text ? JSON.parse(text) : null; } catch { /* not JSON */ }
+  if (!response.ok) {
+    const error = new ApiError(json?.message ?? `${response.status} ${response.statusText}`);
+    error.status = response.status;
+    throw error;
+  }
+  return json;
+}
+
+function cell(row, text, className) {
+  const td = document.createElement("td");
+  td.textContent = text ?? "";
+  if (className) td.className = className;
+  row.append(td);
+  return td;
+}
+
+const number = (value, digits = 0) => (Number.isFinite(value) ? value.toFixed(digits) : "—");
+const seconds = (ms) => (Number.isFinite(ms) ? `${(ms / 1000).toFixed(1)} s` : "—");
+function bytes(value) {
+  if (!Number.isFinite(value)) return "—";
+  const units = ["B", "KiB", "MiB", "GiB"];
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit++; }
+  return `${value.toFixed(unit ? 1 : 0)} ${units[unit]}`;
+}
+const mean = (values) => {
+  const finite = values.filter(Number.isFinite);
+  return finite.length ? finite.reduce((a, b) => a + b, 0) / finite.length : NaN;
+};
+
+// --- login ---------------------------------------------------------------
+
+function showLogin(message) {
+  $("login").classList.remove("hidden");
+  $("dashboard").classList.add("hidden");
+  $("login-error").textContent = message ?? "";
+}
+
+$("login-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  token = $("admin-token").value.trim();
+  $("admin-token").value = "";
+  try {
+    await api("GET", "/admin/tasks");
+    sessionStorage.setItem(TOKEN_KEY, token);
+    start();
+  } catch (error) {
+    token = null;
+    showLogin(error.status === 401 ? "That token was refused." : `Cannot reach the coordinator: ${error.message}`);
+  }
+});
+
+$("logout").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  token = null;
+  showLogin();
+});
+
+// --- task list -------------------------------------------------------------
+
+function renderTasks(tasks) {
+  const body = $("tasks").tBodies[0];
+  const rows = tasks.map((task) => {
+    const row = document.createElement("tr");
+    row.className = "selectable" + (task.id === selected ? " selected" : "");
+    row.dataset.task = task.id;
+    cell(row, task.name);
+    cell(row, task.status, `status-${task.status}`);
+    cell(row, `${task.completed_rounds} / ${task.rounds}`, "num");
+    cell(row, task.current_round ?? "—");
+    cell(row, task.stage ?? "—");
+    cell(row, task.available_clients, "num");
+    cell(row, new Date(task.created_at).toLocaleString());
+    row.addEventListener("click", () => {
+      selected = task.id;
+      history.replaceState(null, "", `#task=${encodeURIComponent(task.id)}`);
+      refresh();
+    });
+    return row;
+  });
+  body.replaceChildren(...rows);
+}
+
+// --- one task ------------------------------------------------------------------
+
+function renderLive(task) {
+  const progress = task.progress;
+  $("live").classList.toggle("hidden", !progress);
+  $("live-none").classList.toggle("hidden", Boolean(progress));
+  if (!progress) return;
+  const now = Date.now();
+  $("live-round").textContent = `${progress.round} (${progress.attempt})`;
+  $("live-stage").textContent = progress.stage;
+  $("live-selected").textContent = progress.selected;
+  $("live-received").textContent = `${progress.received} / ${progress.eligible}`;
+  $("live-deadline").textContent = seconds(Math.max(0, progress.deadline - now));
+  $("live-elapsed").textContent = seconds(now - progress.started_at);
+  const closed = new Set(progress.stages.map((s) => s.stage));
+  $("live-stages").replaceChildren(...STAGES.map((stage) => {
+    const span = document.createElement("span");
+    span.textContent = stage;
+    span.className = stage === progress.stage ? "current" : closed.has(stage) ? "done" : "";
+    return span;
+  }));
+  $("live-stage-table").tBodies[0].replaceChildren(...progress.stages.map((s) => {
+    const row = document.createElement("tr");
+    cell(row, s.stage);
+    cell(row, s.eligible, "num");
+    cell(row, s.received, "num");
+    cell(row, s.dropouts, "num");
+    cell(row, seconds(s.duration_ms), "num");
+    return row;
+  }));
+}
+
+/** Per round: means of what the clients reported (never one client's value). */
+function clientMeans(round) {
+  const reports = round.client_metrics.filter((m) => m.kind === "train").map((m) => m.metrics ?? {});
+  return {
+    reports: reports.length,
+    accuracy: mean(reports.map((m) => m.global_accuracy)),
+    loss: mean(reports.map((m) => m.train_loss)),
+  };
+}
+
+function renderRounds(rounds) {
+  const rows = rounds.slice().reverse().map((round) => {
+    const m = round.metrics ?? {};
+    const means = clientMeans(round);
+    const row = document.createElement("tr");
+    row.dataset.round = round.round;
+    cell(row, round.round, "num");
+    cell(row, round.selected, "num");
+    cell(row, round.survivors, "num").dataset.field = "survivors";
+    const dropouts = STAGES.map((stage) => (m.stages ?? []).find((s) => s.stage === stage)?.dropouts ?? "—");
+    cell(row, dropouts.join(" · ")).dataset.field = "dropouts";
+    cell(row, seconds(round.finished_at - round.started_at), "num");
+    cell(row, bytes(m.bytes_up_per_client), "num");
+    cell(row, bytes(m.bytes_down_per_client), "num");
+    cell(row, m.total_examples ?? "—", "num");
+    cell(row, number(means.accuracy, 3), "num");
+    cell(row, number(means.loss, 3), "num");
+    return row;
+  });
+  $("rounds").tBodies[0].replaceChildren(...rows);
+  const points = (key) => rounds.map((r) => [r.round, clientMeans(r)[key]]).filter(([, y]) => Number.isFinite(y));
+  lineChart($("chart-accuracy").querySelector(".plot"), [{ name: "accuracy", points: points("accuracy") }], { xLabel: "round", yMax: 1 });
+  lineChart($("chart-loss").querySelector(".plot"), [{ name: "training loss", points: points("loss") }], { xLabel: "round" });
+}
+
+function renderDetail(task, rounds) {
+  $("detail").classList.remove("hidden");
+  $("detail").dataset.task = task.id;
+  $("detail-name").textContent = task.name;
+  $("detail-status").textContent = task.status;
+  $("detail-status").className = `value status-${task.status}`;
+  $("detail-completed").textContent = `${task.completed_rounds} / ${task.rounds}`;
+  $("detail-clients").textContent = task.spec?.clients_per_round ?? "—";
+  const secagg = task.spec?.secure_aggregation ?? {};
+  $("detail-secagg").textContent = `${secagg.threshold ?? "derived"} / ${secagg.graph ?? "complete"}`;
+  $("detail-available").textContent = task.available_clients;
+  const final = task.status === "stopped" || task.status === "completed";
+  $("pause").disabled = final || task.status === "paused";
+  $("resume").disabled = final || task.status !== "paused";
+  $("stop").disabled = final;
+  renderLive(task);
+  renderRounds(rounds);
+}
+
+async function refresh() {
+  if (refreshing || !token) return;
+  refreshing = true;
+  try {
+    const tasks = await api("GET", "/admin/tasks");
+    renderTasks(tasks);
+    const task = tasks.find((t) => t.id === selected);
+    if (task) {
+      renderDetail(task, await api("GET", `/admin/tasks/${encodeURIComponent(task.id)}/rounds`));
+    } else {
+      $("detail").classList.add("hidden");
+    }
+    $("connection").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    $("connection").className = "note";
+  } catch (error) {
+    if (error.status === 401) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      token = null;
+      showLogin("The token was refused.");
+    } else {
+      $("connection").textContent = `coordinator unreachable: ${error.message}`;
+      $("connection").className = "note error";
+    }
+  } finally {
+    refreshing = false;
+  }
+}
+
+async function control(action) {
+  if (!selected) return;
+  if (action === "stop" && !confirm("Stop this task for good? Its round in progress is abandoned.")) return;
+  $("action-error").textContent = "";
+  try {
+    await api("POST", `/admin/tasks/${encodeURIComponent(selected)}/${action}`);
+  } catch (error) {
+    $("action-error").textContent = `${action}: ${error.message}`;
+  }
+  refresh();
+}
+for (const action of ["pause", "resume", "stop"]) $(action).addEventListener("click", () => control(action));
+
+// --- task creation ------------------------------------------------------------
+
+const LAYOUTS = {
+  logreg: [["fc.weight", [10, 784]], ["fc.bias", [10]]],
+  "2nn": [["fc1.weight", [200, 784]], ["fc1.bias", [200]], ["fc2.weight", [200, 200]], ["fc2.bias", [200]],
+    ["fc3.weight", [10, 200]], ["fc3.bias", [10]]],
+};
+
+function specFromForm() {
+  const architecture = $("create-model").value;
+  const deadline = Number($("create-deadline").value) * 1000;
+  return {
+    name: $("create-name").value,
+    model: {
+      architecture,
+      layout: { tensors: LAYOUTS[architecture].map(([name, shape]) => ({ name, shape })) },
+      init: { kind: "fan_in", seed: 1 },
+    },
+    rounds: Number($("create-rounds").value),
+    clients_per_round: Number($("create-clients").value),
+    secure_aggregation: { graph: "complete", threshold: Number($("create-threshold").value) },
+    deadlines: { advertise_keys_ms: deadline, share_keys_ms: deadline, masked_input_ms: deadline, unmasking_ms: deadline },
+    optimizer: { kind: "fedavg", learning_rate: Number($("create-lr").value) },
+  };
+}
+
+function syncSpec() {
+  $("create-spec").value = JSON.stringify(specFromForm(), null, 2);
+}
+for (const input of $("create-form").querySelectorAll("input, select")) input.addEventListener("input", syncSpec);
+
+$("show-create").addEventListener("click", () => {
+  syncSpec();
+  $("create").classList.remove("hidden");
+  $("created").classList.add("hidden");
+});
+$("cancel-create").addEventListener("click", () => $("create").classList.add("hidden"));
+$("dismiss-created").addEventListener("click", () => {
+  // The token is not kept anywhere once dismissed.
+  $("created-token").textContent = "";
+  $("created-demo").removeAttribute("href");
+  $("created").classList.add("hidden");
+});
+
+$("create-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  $("create-error").textContent = "";
+  let spec;
+  try {
+    spec = JSON.parse($("create-spec").value);
+  } catch (error) {
+    $("create-error").textContent = `The specification is not JSON: ${error.message}`;
+    return;
+  }
+  try {
+    const created = await api("POST", "/admin/tasks", spec);
+    $("create").classList.add("hidden");
+    $("created").classList.remove("hidden");
+    $("created-id").textContent = created.id;
+    $("created-token").textContent = created.enrollment_token;
+    const fragment = new URLSearchParams({ task: created.id, token: created.enrollment_token });
+    $("created-demo").href = `/demo#${fragment}`;
+    selected = created.id;
+    history.replaceState(null, "", `#task=${encodeURIComponent(created.id)}`);
+    refresh();
+  } catch (error) {
+    $("create-error").textContent = error.message;
+  }
+});
+
+// --- start -----------------------------------------------------------------------
+
+let timer = null;
+function start() {
+  $("login").classList.add("hidden");
+  $("dashboard").classList.remove("hidden");
+  refresh();
+  if (!timer) timer = setInterval(refresh, 1000);
+}
+
+if (token) start(); else showLogin();

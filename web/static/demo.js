@@ -1,0 +1,129 @@
+// The demo page: reads the task and enrollment token from the URL fragment
+// (never sent to the server), drops the token from the address bar, and
+// runs the client in a Web Worker. The enrollment it gets back is kept in
+// this tab's sessionStorage, so every tab is a device of its own and a
+// reload resumes as the same participant.
+
+import { lineChart } from "/web/chart.js";
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.hash.slice(1));
+const accuracy = { global: [], local: [] };
+let worker = null;
+
+function log(text) {
+  const item = document.createElement("li");
+  item.textContent = `${new Date().toLocaleTimeString()}  ${text}`;
+  $("log").append(item);
+  item.scrollIntoView({ block: "nearest" });
+}
+
+function setState(text, className = "") {
+  $("state").textContent = text;
+  $("state").className = `value ${className}`;
+  document.body.dataset.state = text;
+}
+
+function drawChart() {
+  lineChart($("chart").querySelector(".plot"), [
+    { name: "global model", points: accuracy.global },
+    { name: "after local training", points: accuracy.local },
+  ], { xLabel: "round", yMax: 1 });
+}
+
+function start(task, token) {
+  const shards = Number(params.get("shards") ?? 10);
+  const shard = params.has("shard") ? Number(params.get("shard")) : Math.floor(Math.random() * shards);
+  const stateKey = `cohort.demo.${task}`;
+  sessionStorage.setItem(`${stateKey}.token`, token);
+  // Keep the task and shard in the address (a reload rejoins), not the token.
+  history.replaceState(null, "", `#${new URLSearchParams({ task, shard, shards })}`);
+  $("join").classList.add("hidden");
+  $("client").classList.remove("hidden");
+  $("task").textContent = task;
+  drawChart();
+
+  worker = new Worker("/web/worker.js", { type: "module" });
+  worker.addEventListener("message", ({ data }) => {
+    switch (data.type) {
+      case "data":
+        $("data").textContent = `${data.summary.examples} digits (shard ${shard} of ${shards}: ` +
+          `${data.summary.per_digit.map((n, d) => (n ? `${d}×${n}` : "")).filter(Boolean).join(" ")})`;
+        log(`loaded ${data.summary.examples} training and ${data.summary.test_examples} held-out digits`);
+        break;
+      case "enrolled":
+        $("participant").textContent = data.participant;
+        sessionStorage.setItem(stateKey, data.saved);
+        break;
+      case "state":
+        setState(data.text);
+        break;
+      case "stage":
+        setState(`round ${data.round}: ${data.stage}`);
+        break;
+      case "trained": {
+        const r = data.report;
+        if (Number.isFinite(r.global_accuracy)) accuracy.global.push([r.round, r.global_accuracy]);
+        if (Number.isFinite(r.local_accuracy)) accuracy.local.push([r.round, r.local_accuracy]);
+        drawChart();
+        log(`round ${r.round}: trained on ${r.examples} digits, loss ${Number(r.train_loss).toFixed(3)}, ` +
+          `accuracy ${Number(r.global_accuracy).toFixed(3)} → ${Number(r.local_accuracy).toFixed(3)}`);
+        break;
+      }
+      case "round": {
+        const a = data.action;
+        if (a.outcome === "completed") {
+          $("rounds-done").textContent = Number($("rounds-done").textContent) + 1;
+          setState(`round ${a.round} completed`, "ok");
+          log(`round ${a.round} completed`);
+        } else {
+          setState(`round ${a.round} ${a.outcome}`);
+          log(`round ${a.round} ${a.outcome}${a.reason ? `: ${a.reason}` : ""}`);
+        }
+        $("traffic").textContent = `${(a.bytes_up / 1024).toFixed(1)} KiB / ${(a.bytes_down / 1024).toFixed(1)} KiB`;
+        break;
+      }
+      case "finished":
+        setState("task finished", "ok");
+        log("the task has finished");
+        worker.terminate();
+        break;
+      case "error":
+        setState("stopped: error", "error");
+        log(`error: ${data.message}`);
+        worker.terminate();
+        break;
+      default:
+        break;
+    }
+  });
+  worker.postMessage({ task, token, shard, shards, saved: sessionStorage.getItem(stateKey), config: trainingConfig() });
+}
+
+function trainingConfig() {
+  const config = {};
+  for (const key of ["epochs", "batch", "lr"]) if (params.has(key)) config[key] = Number(params.get(key));
+  return config;
+}
+
+$("leave").addEventListener("click", () => {
+  if (!worker) return;
+  worker.terminate();
+  worker = null;
+  setState("left");
+  log("left: this tab takes part in no further rounds");
+  $("leave").disabled = true;
+});
+
+$("join-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  start($("join-task").value.trim(), $("join-token").value.trim());
+});
+
+const task = params.get("task");
+const token = params.get("token") ?? (task && sessionStorage.getItem(`cohort.demo.${task}.token`));
+if (task && token) start(task, token);
+else {
+  if (task) $("join-task").value = task;
+  $("join").classList.remove("hidden");
+}

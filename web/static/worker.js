@@ -1,0 +1,56 @@
+// The demo's Web Worker: loads the wasm client and this tab's digits, then
+// takes part in rounds until the task finishes. The protocol runs in wasm;
+// this file moves bytes (driver.js) and reports progress to the page.
+
+import init, { WebClient } from "/web/pkg/cohort_web.js";
+import { runRound } from "/web/driver.js";
+
+async function bytesOf(path) {
+  const response = await fetch(path);
+  if (!response.ok) throw new Error(`${path}: ${response.status} ${(await response.text()).trim()}`);
+  return new Uint8Array(await response.arrayBuffer());
+}
+
+async function main({ task, token, shard, shards, saved, config }) {
+  postMessage({ type: "state", text: "loading the client" });
+  await init();
+  const client = new WebClient(task, token, saved ?? undefined);
+  const [images, labels] = await Promise.all([bytesOf("/web/pkg/digits-images.idx"), bytesOf("/web/pkg/digits-labels.idx")]);
+  postMessage({ type: "data", summary: JSON.parse(client.use_digits(images, labels, shard, shards)) });
+  if (config.epochs || config.batch || config.lr) {
+    client.set_training_config(config.epochs ?? 1, config.batch ?? 10, config.lr ?? 0.05);
+  }
+  let enrolled = client.participant_id();
+  if (enrolled) postMessage({ type: "enrolled", participant: enrolled, saved: client.saved_state() });
+  postMessage({ type: "state", text: enrolled ? "waiting for a round" : "enrolling" });
+  let round = null;
+  const hooks = {
+    onAction(action) {
+      if (!enrolled && client.participant_id()) {
+        enrolled = client.participant_id();
+        postMessage({ type: "enrolled", participant: enrolled, saved: client.saved_state() });
+        postMessage({ type: "state", text: "waiting for a round" });
+      }
+      if (action.kind === "send" && action.stage) postMessage({ type: "stage", round, stage: action.stage });
+    },
+    onTrain(c, action) {
+      round = action.round;
+      postMessage({ type: "state", text: `training round ${action.round}` });
+      postMessage({ type: "trained", report: JSON.parse(c.train()) });
+    },
+  };
+  for (;;) {
+    const ended = await runRound(client, "", hooks);
+    if (ended.kind === "finished") {
+      postMessage({ type: "finished" });
+      return;
+    }
+    round = null;
+    postMessage({ type: "round", action: ended });
+    postMessage({ type: "state", text: "waiting for a round" });
+  }
+}
+
+addEventListener("message", ({ data }) => {
+  main(data).catch((error) => postMessage({ type: "error", message: String(error?.message ?? error) }));
+}, { once: true });

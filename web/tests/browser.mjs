@@ -1,0 +1,198 @@
+// Drives Debian's Chromium (playwright-core, never a downloaded browser)
+// against a running `cohort serve`, for tests/tests/browser.rs. Each step
+// prints one JSON line the Rust test checks; screenshots go to the
+// artifacts directory.
+//
+//   node web/tests/browser.mjs STEP 'JSON'
+//
+// Steps:
+//   create     {url, adminToken, artifacts, form: {id: value}}
+//              creates a task with the dashboard's form; prints {task, token, demo}
+//   tabs       {url, task, token, shards: [k, ...], of, artifacts, name, close?: i}
+//              opens one demo tab per shard, each in its own browser context
+//              (its own storage: its own device); tab `close` is closed after
+//              the coordinator accepted two of its stage messages and before
+//              its masked input arrives (its third is held back), the other tabs
+//              run until round 1 completes; prints {tabs: [{participant, state, reports}]}
+//   dashboard  {url, adminToken, task, artifacts, name, secrets: [..], controls?: bool}
+//              opens /admin, selects the task, reads its rounds table and
+//              charts; with controls, clicks pause, resume, stop and reads
+//              the status the API reports after each; prints what it saw
+import { mkdirSync } from "node:fs";
+import { createRequire } from "node:module";
+import { join } from "node:path";
+
+const require = createRequire(import.meta.url);
+const npm = process.env.COHORT_NPM_PREFIX ?? "/var/tmp/cohort-npm";
+const { chromium } = require(join(npm, "node_modules/playwright-core"));
+
+const [step, json] = process.argv.slice(2);
+const config = JSON.parse(json);
+mkdirSync(config.artifacts, { recursive: true });
+const TIMEOUT = Number(process.env.COHORT_BROWSER_TIMEOUT_MS ?? 180_000);
+
+const browser = await chromium.launch({
+  executablePath: process.env.COHORT_CHROMIUM ?? "/usr/bin/chromium",
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync"],
+});
+
+/** A page that fails the step on any script error or CSP violation. */
+async function newPage(context, label) {
+  const page = await context.newPage();
+  page.setDefaultTimeout(TIMEOUT);
+  const problems = [];
+  page.on("pageerror", (error) => problems.push(`${label}: ${error.message}`));
+  page.on("console", (message) => {
+    if (message.type() === "error") problems.push(`${label}: console: ${message.text()}`);
+  });
+  page.problems = problems;
+  return page;
+}
+
+function shot(page, name) {
+  return page.screenshot({ path: join(config.artifacts, `${name}.png`), fullPage: true });
+}
+
+async function login(page) {
+  await page.goto(`${config.url}/admin`);
+  await page.fill("#admin-token", config.adminToken);
+  await page.click("#login-form button[type=submit]");
+  await page.waitForSelector("#dashboard:not(.hidden)");
+}
+
+async function create() {
+  const page = await newPage(await browser.newContext(), "admin");
+  await login(page);
+  await page.click("#show-create");
+  for (const [id, value] of Object.entries(config.form)) {
+    if (id === "create-model") await page.selectOption(`#${id}`, value);
+    else await page.fill(`#${id}`, String(value));
+  }
+  await shot(page, "create-form");
+  await page.click("#create-form button[type=submit]");
+  await page.waitForFunction(() => !document.getElementById("created").classList.contains("hidden") ||
+    document.getElementById("create-error").textContent);
+  const refused = await page.textContent("#create-error");
+  if (refused) throw new Error(`the dashboard refused the task: ${refused}`);
+  const result = {
+    task: await page.textContent("#created-id"),
+    token: await page.textContent("#created-token"),
+    demo: await page.getAttribute("#created-demo", "href"),
+  };
+  await page.click("#dismiss-created");
+  result.token_after_dismiss = await page.textContent("#created-token");
+  result.problems = page.problems;
+  return result;
+}
+
+async function tabs() {
+  const opened = [];
+  for (const [index, shard] of config.shards.entries()) {
+    const context = await browser.newContext();
+    const page = await newPage(context, `tab ${index}`);
+    let posts = 0;
+    let held = null;
+    const reachedHold = new Promise((resolve) => { held = resolve; });
+    if (index === config.close) {
+      // The worker's requests go through its page's context: let the first
+      // two stage messages (keys, shares) through, never the third.
+      await context.route("**/v1/round/message", async (route) => {
+        if (route.request().method() !== "POST") return route.continue();
+        posts += 1;
+        if (posts < 3) return route.continue();
+        held();
+        return undefined; // left pending: the tab closes before it is sent
+      });
+    }
+    const fragment = new URLSearchParams({ task: config.task, token: config.token, shard, shards: config.of });
+    await page.goto(`${config.url}/demo#${fragment}`);
+    opened.push({ context, page, index, reachedHold });
+  }
+  const results = [];
+  for (const tab of opened) {
+    const { page, index } = tab;
+    if (index === config.close) {
+      await tab.reachedHold;
+      await shot(page, `${config.name}-tab-${index}-before-close`);
+      results.push({ closed: true, participant: await page.textContent("#participant"), problems: page.problems });
+      await tab.context.close();
+      continue;
+    }
+    try {
+      await page.waitForFunction(() => Number(document.getElementById("rounds-done").textContent) >= 1 ||
+        document.body.dataset.state?.startsWith("stopped"));
+      // The metrics report follows the round's end.
+      await page.waitForFunction(() => document.querySelectorAll("#chart circle").length >= 2);
+    } catch (error) {
+      await shot(page, `${config.name}-tab-${index}-failed`);
+      const state = await page.evaluate(() => document.body.dataset.state);
+      const log = await page.$$eval("#log li", (items) => items.map((i) => i.textContent));
+      throw new Error(`tab ${index}: ${error.message}\nstate: ${state}\nlog: ${log.join("\n")}\n${page.problems.join("\n")}`);
+    }
+    await shot(page, `${config.name}-tab-${index}`);
+    results.push({
+      participant: await page.textContent("#participant"),
+      state: await page.evaluate(() => document.body.dataset.state),
+      data: await page.textContent("#data"),
+      log: await page.$$eval("#log li", (items) => items.map((i) => i.textContent)),
+      address: page.url(),
+      problems: page.problems,
+    });
+    await tab.context.close();
+  }
+  return { tabs: results };
+}
+
+async function statusOf(task) {
+  const response = await fetch(`${config.url}/admin/tasks/${task}`, {
+    headers: { authorization: `Bearer ${config.adminToken}` },
+  });
+  return (await response.json()).status;
+}
+
+async function dashboard() {
+  const page = await newPage(await browser.newContext(), "admin");
+  page.on("dialog", (dialog) => dialog.accept());
+  await login(page);
+  await page.waitForSelector(`#tasks tr[data-task="${config.task}"]`);
+  await page.click(`#tasks tr[data-task="${config.task}"]`);
+  await page.waitForSelector(`#detail[data-task="${config.task}"]`);
+  const seen = { controls: [] };
+  if (config.rounds) {
+    await page.waitForFunction((n) => document.querySelectorAll("#rounds tbody tr").length >= n, config.rounds);
+    await page.waitForFunction(() => document.querySelectorAll("#chart-accuracy circle").length >= 1);
+    seen.rounds = await page.$$eval("#rounds tbody tr", (rows) => rows.map((row) => ({
+      round: Number(row.dataset.round),
+      cells: [...row.cells].map((c) => c.textContent),
+      survivors: Number(row.querySelector("[data-field=survivors]").textContent),
+      dropouts: row.querySelector("[data-field=dropouts]").textContent,
+    })));
+    seen.accuracy_points = await page.$$eval("#chart-accuracy circle", (c) => c.map((p) => [Number(p.dataset.x), Number(p.dataset.y)]));
+    seen.loss_points = await page.$$eval("#chart-loss circle", (c) => c.map((p) => [Number(p.dataset.x), Number(p.dataset.y)]));
+  }
+  seen.status = await page.textContent("#detail-status");
+  await shot(page, config.name);
+  if (config.controls) {
+    for (const [button, expected] of [["pause", "paused"], ["resume", "active"], ["stop", "stopped"]]) {
+      await page.click(`#${button}`);
+      await page.waitForFunction((s) => document.getElementById("detail-status").textContent === s, expected);
+      seen.controls.push({ button, shown: expected, api: await statusOf(config.task) });
+    }
+    seen.stop_disabled = await page.isDisabled("#stop");
+    await shot(page, `${config.name}-stopped`);
+  }
+  // Nothing secret on the page: not the enrollment token, not a credential.
+  const text = await page.evaluate(() => document.documentElement.outerHTML);
+  seen.leaked = (config.secrets ?? []).filter((secret) => secret && text.includes(secret));
+  seen.problems = page.problems;
+  return seen;
+}
+
+const steps = { create, tabs, dashboard };
+try {
+  if (!steps[step]) throw new Error(`unknown step ${step}`);
+  console.log(JSON.stringify(await steps[step]()));
+} finally {
+  await browser.close();
+}
