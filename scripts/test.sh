@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of the project: the workspace's unit, integration and
-# end-to-end tests (the JVM and C bindings included), the wasm32 build of
-# the protocol core, the Android build of the mobile bindings, and a bounded
-# smoke run of every fuzz target. Installs what it needs first.
+# end-to-end tests (the JVM and C bindings and the browser pages in Chromium
+# included), the wasm32 build of the protocol core, the Android build of the
+# mobile bindings, and a bounded smoke run of every fuzz target. Installs
+# what it needs first.
 #
 #   FUZZ_SECONDS   seconds per fuzz target (default 20)
 set -euo pipefail
@@ -69,4 +70,5 @@ done
 passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' "$scratch/cargo-test.log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed' "$scratch/cargo-test.log" | awk '{s += $1} END {print s + 0}')
 log "summary: cargo tests (default and tch features), wasm32 and Android builds, ${fuzzed} fuzz targets"
+echo "browser screenshots: ${CARGO_TARGET_DIR}/artifacts/browser/"
 echo "tests: ${passed} passed, ${failed} failed"
