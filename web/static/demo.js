@@ -44,6 +44,12 @@ function start(task, token) {
   drawChart();
 
   worker = new Worker("/web/worker.js", { type: "module" });
+  // A worker whose scripts do not load (web/pkg not built) never answers.
+  worker.addEventListener("error", (event) => {
+    event.preventDefault();
+    setState("stopped: error", "error");
+    log("the client could not be loaded: is the browser build there (scripts/build-web.sh)?");
+  });
   worker.addEventListener("message", ({ data }) => {
     switch (data.type) {
       case "data":
