@@ -8,7 +8,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -70,26 +70,36 @@ fn json_call(port: u16, method: &str, path: &str, token: Option<&str>, body: Opt
 
 struct Server {
     child: Child,
+    port: u16,
 }
 
 impl Server {
+    /// Starts `cohort serve` on `port` (0: any free port) and waits for it
+    /// to say where it listens: a server that could not bind fails here,
+    /// rather than the test talking to whatever holds the port.
     fn start(port: u16, database: &std::path::Path) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
             .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
             .arg("--database-url")
             .arg(format!("sqlite://{}", database.display()))
             .env("COHORT_ADMIN_TOKEN", ADMIN)
             .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "cohort serve did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Server { child }
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let listening = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|line| {
+                line.split_once("listening on http://127.0.0.1:").map(|(_, p)| p.trim().to_string())
+            })
+            .unwrap_or_else(|| panic!("cohort serve did not start on port {port}: {:?}", child.wait()));
+        // Keep draining, so that the server never writes into a closed pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Server { child, port: listening.parse().unwrap() }
     }
 
     fn kill(mut self) {
@@ -161,10 +171,10 @@ fn latest_checkpoint(port: u16, task: &str) -> Vec<u8> {
 
 #[test]
 fn training_survives_a_crash_mid_round() {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let database = std::env::temp_dir().join(format!("cohort-restart-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&database);
-    let server = Server::start(port, &database);
+    let server = Server::start(0, &database);
+    let port = server.port;
 
     let spec = json!({
         "name": "restart",
@@ -280,10 +290,10 @@ fn training_survives_repeated_crashes_at_random_points() {
     use cohort_client::runtime::http::HttpTransport;
     use rand_core::{Rng, SeedableRng};
 
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let database = std::env::temp_dir().join(format!("cohort-crashes-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&database);
-    let mut server = Server::start(port, &database);
+    let mut server = Server::start(0, &database);
+    let port = server.port;
     let rounds_wanted = 6;
     let spec = json!({
         "name": "crashes",
