@@ -691,6 +691,7 @@ fn run_coordinator_and_clients(
         credential_ttl_ms: 86_400_000,
         tls: None,
         web_assets: cohort_server::web::default_assets_dir(),
+        demo: false,
     }))?;
     let url = service.url();
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);

@@ -51,6 +51,8 @@ pub struct ApiConfig {
     pub credential_ttl_ms: i64,
     /// The browser client's build (`web/pkg`), served under `/web/pkg`.
     pub web_assets: std::path::PathBuf,
+    /// The public demo task `/demo` joins, when there is one.
+    pub demo_task: Option<crate::web::DemoTask>,
 }
 
 /// What every handler can reach.
@@ -79,6 +81,14 @@ impl ApiError {
         Self { status, code, message: message.into() }
     }
 }
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}): {}", self.code, self.status.as_u16(), self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -259,6 +269,13 @@ async fn create_task(
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
     let spec: TaskSpec = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    let created = create(&state.store, &state.coordinator, spec).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Validates `spec`, stores the task with its initial checkpoint and
+/// starts running it.
+pub async fn create(store: &SqlStore, coordinator: &Coordinator, spec: TaskSpec) -> ApiResult<CreatedTask> {
     let derived =
         spec.validate().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
     let now = now_ms();
@@ -277,11 +294,10 @@ async fn create_task(
         created_at: now,
         updated_at: now,
     };
-    state.store.create_task(&record, &initial).await?;
-    state.coordinator.load(&id).await?;
+    store.create_task(&record, &initial).await?;
+    coordinator.load(&id).await?;
     tracing::info!(task = %id, name = %spec.name, "task created");
-    let created = CreatedTask { id, enrollment_token, degree: derived.degree, threshold: derived.threshold };
-    Ok((StatusCode::CREATED, Json(created)))
+    Ok(CreatedTask { id, enrollment_token, degree: derived.degree, threshold: derived.threshold })
 }
 
 /// A task as the admin API shows it.

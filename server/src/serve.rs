@@ -21,7 +21,7 @@ pub struct ServeArgs {
     database_url: Option<String>,
     /// JSON settings file (keys: bind, database_url, admin_token,
     /// max_message_bytes, credential_ttl_days, tls_cert, tls_key,
-    /// web_assets). Flags
+    /// web_assets, demo). Flags
     /// take precedence.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// web/pkg, which scripts/build-web.sh writes).
     #[arg(long)]
     web_assets: Option<PathBuf>,
+    /// Run a public demo task that the /demo page joins without a token
+    /// (its enrollment token is served to anyone who opens the page).
+    #[arg(long)]
+    demo: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -48,6 +52,7 @@ struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     web_assets: Option<PathBuf>,
+    demo: Option<bool>,
 }
 
 pub async fn serve(args: ServeArgs) -> Result<()> {
@@ -90,6 +95,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             "no browser client build here: /demo cannot train until scripts/build-web.sh has run"
         );
     }
+    let demo = args.demo || file.demo.unwrap_or(false);
     let service = Service::start(ServiceConfig {
         bind,
         database_url: database_url.clone(),
@@ -98,11 +104,15 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         credential_ttl_ms: i64::from(file.credential_ttl_days.unwrap_or(30)) * 86_400_000,
         tls,
         web_assets,
+        demo,
     })
     .await?;
     tracing::info!(address = %service.address, database = %redact(&database_url), "coordinator listening");
     println!("cohort serve: listening on {}", service.url());
     println!("cohort serve: dashboard at {}/admin", service.url());
+    if demo {
+        println!("cohort serve: public demo task at {}/demo (open it in three or more tabs)", service.url());
+    }
     service.run_until(shutdown()).await?;
     Ok(())
 }

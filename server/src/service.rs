@@ -30,6 +30,8 @@ pub struct ServiceConfig {
     pub tls: Option<TlsFiles>,
     /// The browser client's build directory (see [`crate::web`]).
     pub web_assets: std::path::PathBuf,
+    /// Run a public demo task for the `/demo` page (see [`crate::web`]).
+    pub demo: bool,
 }
 
 /// A PEM certificate chain (leaf first) and its private key.
@@ -84,6 +86,9 @@ pub enum ServiceError {
     /// The coordinator could not load its tasks.
     #[error("starting the coordinator: {0}")]
     Coordinator(#[from] CoordinatorError),
+    /// The public demo task could not be created.
+    #[error("starting the demo task: {0}")]
+    Demo(#[from] crate::http::ApiError),
     /// The TLS certificate or key is unusable.
     #[error("TLS: {0}")]
     Tls(String),
@@ -120,6 +125,8 @@ impl Service {
         let store = SqlStore::connect(&config.database_url).await?;
         let metrics = Metrics::default();
         let coordinator = Coordinator::start(store.clone(), metrics.clone()).await?;
+        let demo_task =
+            if config.demo { Some(crate::web::start_demo_task(&store, &coordinator).await?) } else { None };
         let state = AppState {
             store: store.clone(),
             coordinator: coordinator.clone(),
@@ -129,6 +136,7 @@ impl Service {
                 max_message_bytes: config.max_message_bytes,
                 credential_ttl_ms: config.credential_ttl_ms,
                 web_assets: config.web_assets.clone(),
+                demo_task,
             },
         };
         let listener = tokio::net::TcpListener::bind(config.bind)

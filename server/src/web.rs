@@ -4,6 +4,12 @@
 //! the demo's digits, read from the directory `scripts/build-web.sh`
 //! writes).
 //!
+//! With `cohort serve --demo` the coordinator also runs a public demo task
+//! (MNIST digits, logistic regression, three clients per round): `/demo`
+//! opened without a task joins it, its enrollment token coming from
+//! `GET /demo/task`. Anyone who can reach the page can enroll in that task
+//! and only that task; each start replaces it with a fresh one.
+//!
 //! Every response carries a strict Content-Security-Policy: scripts only
 //! from this origin (plus WebAssembly compilation), requests only to this
 //! origin, no framing. The pages render server data as text, never as
@@ -11,13 +17,74 @@
 
 use std::path::{Path as FsPath, PathBuf};
 
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::{Router, middleware};
 
-use crate::http::AppState;
+use crate::coordinator::Coordinator;
+use crate::http::{ApiError, AppState, create};
+use crate::spec::TaskSpec;
+use crate::store::{SqlStore, Store, TaskStatus};
+
+/// Name of the public demo task.
+pub const DEMO_TASK_NAME: &str = "browser demo (cohort serve --demo)";
+
+/// The public demo task: its id and its (deliberately public) enrollment
+/// token.
+#[derive(Clone)]
+pub struct DemoTask {
+    /// Task id.
+    pub id: String,
+    /// Enrollment token, handed to every page that asks.
+    pub enrollment_token: String,
+}
+
+impl std::fmt::Debug for DemoTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DemoTask").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+/// The demo task's specification: MNIST digits (784 inputs, 10 classes),
+/// logistic regression, three tabs per round, a long run of rounds.
+pub fn demo_spec() -> TaskSpec {
+    let spec = serde_json::json!({
+        "name": DEMO_TASK_NAME,
+        "rounds": 1000,
+        "clients_per_round": 3,
+        "model": {
+            "architecture": "logreg",
+            "layout": { "tensors": [
+                { "name": "fc.weight", "shape": [10, 784] },
+                { "name": "fc.bias", "shape": [10] },
+            ]},
+            "init": { "kind": "fan_in", "seed": 1 },
+        },
+        "secure_aggregation": { "graph": "complete", "threshold": 2 },
+        "deadlines": {
+            "advertise_keys_ms": 120_000, "share_keys_ms": 30_000,
+            "masked_input_ms": 60_000, "unmasking_ms": 30_000,
+        },
+        "checkpoint_retention": 5,
+    });
+    serde_json::from_value(spec).unwrap_or_else(|e| unreachable!("the demo spec is well-formed: {e}"))
+}
+
+/// Stops the demo tasks of earlier starts (their tokens were never kept)
+/// and creates a fresh one.
+pub async fn start_demo_task(store: &SqlStore, coordinator: &Coordinator) -> Result<DemoTask, ApiError> {
+    for task in store.tasks().await? {
+        if task.name == DEMO_TASK_NAME && !task.status.is_final() {
+            coordinator.set_status(&task.id, TaskStatus::Stopped).await?;
+        }
+    }
+    let created = create(store, coordinator, demo_spec()).await?;
+    tracing::info!(task = %created.id, "public demo task started");
+    Ok(DemoTask { id: created.id, enrollment_token: created.enrollment_token })
+}
 
 /// Files of `web/static`, served at `/web/{name}`.
 const STATIC_FILES: &[(&str, &str, &str)] = &[
@@ -56,6 +123,7 @@ pub fn routes() -> Router<AppState> {
         .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
         .route("/admin", get(|| async { page(ADMIN_PAGE) }))
         .route("/demo", get(|| async { page(DEMO_PAGE) }))
+        .route("/demo/task", get(demo_task))
         .route("/web/{name}", get(static_file))
         .route("/web/pkg/{name}", get(pkg_file))
         .layer(middleware::map_response(security_headers))
@@ -77,6 +145,21 @@ fn page(html: &'static str) -> Response {
 
 fn not_found(what: &str) -> Response {
     (StatusCode::NOT_FOUND, format!("{what} not found\n")).into_response()
+}
+
+async fn demo_task(State(state): State<AppState>) -> Response {
+    match &state.config.demo_task {
+        Some(task) => Json(serde_json::json!({ "task": task.id, "enrollment_token": task.enrollment_token }))
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({
+                "error": "not_found",
+                "message": "this coordinator runs no public demo task (cohort serve --demo)",
+            })),
+        )
+            .into_response(),
+    }
 }
 
 async fn static_file(Path(name): Path<String>) -> Response {
@@ -108,4 +191,19 @@ async fn pkg_file(State(state): State<AppState>, Path(name): Path<String>) -> Re
 /// Whether `dir` holds a complete browser client build.
 pub fn assets_present(dir: &FsPath) -> bool {
     PKG_FILES.iter().all(|(file, _)| dir.join(file).is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_task_is_valid_and_its_token_is_not_printed() {
+        let spec = demo_spec();
+        let derived = spec.validate().unwrap();
+        assert_eq!((spec.clients_per_round, derived.threshold), (3, 2));
+        assert_eq!(spec.model.layout.len(), 7850);
+        let task = DemoTask { id: "t".into(), enrollment_token: "secret-token".into() };
+        assert!(!format!("{task:?}").contains("secret-token"));
+    }
 }

@@ -43,6 +43,7 @@ impl Api {
             max_message_bytes: 1 << 16,
             credential_ttl_ms: 3_600_000,
             web_assets: path.with_extension("web"),
+            demo_task: None,
         };
         // A browser client "build" of one file: the wasm module's header.
         std::fs::create_dir_all(path.with_extension("web")).unwrap();
@@ -219,6 +220,8 @@ async fn browser_pages_are_served_under_a_strict_content_security_policy() {
         let (status, _, _) = api.send(get(uri)).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{uri}");
     }
+    let (status, body) = api.call("GET", "/demo/task", None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no public demo task unless asked for: {body}");
     let (status, _, headers) = api.send(get("/")).await;
     assert!(status.is_redirection());
     assert_eq!(headers[header::LOCATION], "/admin");

@@ -4,11 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use std::process::Output;
 
@@ -101,27 +99,36 @@ pub struct Serve {
 }
 
 impl Serve {
-    /// Starts the server and waits until it accepts connections.
+    /// Starts the server on a free port and waits until it says where it
+    /// listens.
     pub fn start(scratch: &Path, admin_token: &str) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(&artifacts().cohort)
-            .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
-            .arg("--web-assets")
+        Self::start_with(scratch, admin_token, &[])
+    }
+
+    /// [`start`](Self::start) with more `cohort serve` arguments.
+    pub fn start_with(scratch: &Path, admin_token: &str, extra: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(&artifacts().cohort)
+            .args(["serve", "--bind", "127.0.0.1:0", "--web-assets"])
             .arg(workspace_root().join("web/pkg"))
+            .args(extra)
             .arg("--database-url")
             .arg(format!("sqlite://{}", scratch.join("cohort.db").display()))
             .env("COHORT_ADMIN_TOKEN", admin_token)
             .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "cohort serve did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Serve { child, url: format!("http://127.0.0.1:{port}"), admin_token: admin_token.into() }
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let url = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|line| line.split_once("listening on ").map(|(_, url)| url.trim().to_string()))
+            .unwrap_or_else(|| panic!("cohort serve did not start: {:?}", child.wait()));
+        // Keep draining, so that the server never writes into a closed pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Serve { child, url, admin_token: admin_token.into() }
     }
 
     /// An admin request: (status, body).

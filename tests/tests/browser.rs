@@ -8,7 +8,9 @@
 //!    shows that round and its accuracy chart;
 //! 2. a tab closed mid-round (after its keys and shares, before its masked
 //!    input) is a dropout, and the round completes without it;
-//! 3. the dashboard's pause, resume and stop buttons change the task.
+//! 3. the dashboard's pause, resume and stop buttons change the task;
+//! 4. with `cohort serve --demo`, three tabs that open a bare `/demo` join
+//!    the public demo task and complete a round; a restart replaces it.
 //!
 //! Screenshots land in `$CARGO_TARGET_DIR/artifacts/browser/`.
 
@@ -20,7 +22,9 @@ use std::sync::{Mutex, OnceLock};
 
 use cohort_client::checkpoint::Checkpoint;
 use cohort_client::model::Model;
-use cohort_client::runtime::{self, LocalUpdate};
+use cohort_client::participant::{Method, Request};
+use cohort_client::runtime::http::HttpTransport;
+use cohort_client::runtime::{self, LocalUpdate, Transport};
 use cohort_client::train::TrainConfig;
 use cohort_tests::{
     Serve, artifact_dir, assert_aggregate, checkpoint, native_clients_with, native_update_of, scratch,
@@ -225,4 +229,53 @@ fn the_dashboard_pauses_resumes_and_stops_a_task() {
     assert_eq!(serve.admin_json(&format!("/admin/tasks/{task}"))["status"], "stopped");
     drop(serve);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bare_demo_tabs_join_the_public_demo_task_and_complete_a_round() {
+    let _one = exclusive();
+    let dir = scratch("browser-demo-task");
+    let serve = Serve::start_with(&dir, ADMIN_TOKEN, &["--demo"]);
+    let demo = demo_task(&serve);
+    let tabs = browser(
+        "tabs",
+        json!({ "url": serve.url, "plain": true, "shards": [0, 1, 2], "of": SHARDS, "name": "demo-task" }),
+    );
+    for tab in tabs["tabs"].as_array().unwrap() {
+        assert!(
+            tab["address"].as_str().unwrap().contains(&format!("task={}", demo["task"].as_str().unwrap()))
+        );
+        assert!(!tab["address"].as_str().unwrap().contains(demo["enrollment_token"].as_str().unwrap()));
+    }
+    let rounds = serve.admin_json(&format!("/admin/tasks/{}/rounds", demo["task"].as_str().unwrap()));
+    assert_eq!(
+        (rounds[0]["round"].as_u64(), rounds[0]["survivors"].as_u64()),
+        (Some(1), Some(3)),
+        "{rounds}"
+    );
+
+    // A restart stops the old demo task (its token was never stored) and
+    // starts a fresh one.
+    drop(serve);
+    let serve = Serve::start_with(&dir, ADMIN_TOKEN, &["--demo"]);
+    let fresh = demo_task(&serve);
+    assert_ne!(fresh["task"], demo["task"]);
+    let old = serve.admin_json(&format!("/admin/tasks/{}", demo["task"].as_str().unwrap()));
+    assert_eq!(old["status"], "stopped");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `GET /demo/task`, which needs no token.
+fn demo_task(serve: &Serve) -> Value {
+    let request = Request {
+        method: Method::Get,
+        path: "/demo/task".into(),
+        body: Vec::new(),
+        content_type: None,
+        bearer: None,
+    };
+    let response = HttpTransport::new(&serve.url).send(&request).unwrap();
+    assert_eq!(response.status, 200);
+    serde_json::from_slice(&response.body).unwrap()
 }

@@ -126,10 +126,24 @@ $("join-form").addEventListener("submit", (event) => {
   start($("join-task").value.trim(), $("join-token").value.trim());
 });
 
+/** The coordinator's public demo task, if it runs one (`cohort serve --demo`). */
+async function publicDemoTask() {
+  try {
+    const response = await fetch("/demo/task");
+    return response.ok ? await response.json() : null;
+  } catch {
+    return null;
+  }
+}
+
 const task = params.get("task");
 const token = params.get("token") ?? (task && sessionStorage.getItem(`cohort.demo.${task}.token`));
 if (task && token) start(task, token);
 else {
-  if (task) $("join-task").value = task;
-  $("join").classList.remove("hidden");
+  const demo = task ? null : await publicDemoTask();
+  if (demo) start(demo.task, demo.enrollment_token);
+  else {
+    if (task) $("join-task").value = task;
+    $("join").classList.remove("hidden");
+  }
 }

@@ -13,7 +13,8 @@
 //              (its own storage: its own device); tab `close` is closed after
 //              the coordinator accepted two of its stage messages and before
 //              its masked input arrives (its third is held back), the other tabs
-//              run until round 1 completes; prints {tabs: [{participant, state, reports}]}
+//              run until round 1 completes; prints {tabs: [{participant, state, reports}]};
+//              with plain: true the tabs open /demo bare (shards only counts them)
 //   dashboard  {url, adminToken, task, artifacts, name, secrets: [..], controls?: bool}
 //              opens /admin, selects the task, reads its rounds table and
 //              charts; with controls, clicks pause, resume, stop and reads
@@ -105,8 +106,13 @@ async function tabs() {
         return undefined; // left pending: the tab closes before it is sent
       });
     }
-    const fragment = new URLSearchParams({ task: config.task, token: config.token, shard, shards: config.of });
-    await page.goto(`${config.url}/demo#${fragment}`);
+    if (config.plain) {
+      // As a person would: no task, no token; the page finds the public demo task.
+      await page.goto(`${config.url}/demo`);
+    } else {
+      const fragment = new URLSearchParams({ task: config.task, token: config.token, shard, shards: config.of });
+      await page.goto(`${config.url}/demo#${fragment}`);
+    }
     opened.push({ context, page, index, reachedHold });
   }
   const results = [];

@@ -55,6 +55,7 @@ impl Coordinator {
                 credential_ttl_ms: 3_600_000,
                 tls,
                 web_assets: std::path::PathBuf::from("web/pkg"),
+                demo: false,
             }))
             .unwrap();
         let url = service.url();
