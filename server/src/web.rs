@@ -19,7 +19,7 @@ use std::path::{Path as FsPath, PathBuf};
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::{Router, middleware};
@@ -169,14 +169,35 @@ async fn static_file(Path(name): Path<String>) -> Response {
     }
 }
 
-async fn pkg_file(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+async fn pkg_file(State(state): State<AppState>, Path(name): Path<String>, headers: HeaderMap) -> Response {
     // Only the known names: nothing else in (or beyond) the directory.
     let Some((file, content_type)) = PKG_FILES.iter().find(|(file, _)| *file == name) else {
         return not_found(&name);
     };
     let path = state.config.web_assets.join(file);
+    // Revalidation (the pages are `no-cache`): a tab that has the build
+    // already, say the 7.85 MB of digits, gets a 304 instead.
+    let tag = tokio::fs::metadata(&path).await.ok().map(|metadata| {
+        let modified = metadata
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        format!("\"{:x}-{modified:x}\"", metadata.len())
+    });
+    if let Some(tag) = &tag
+        && headers.get(header::IF_NONE_MATCH).is_some_and(|v| v.as_bytes() == tag.as_bytes())
+    {
+        return (StatusCode::NOT_MODIFIED, [(header::ETAG, tag.clone())]).into_response();
+    }
     match tokio::fs::read(&path).await {
-        Ok(bytes) => ([(header::CONTENT_TYPE, *content_type)], bytes).into_response(),
+        Ok(bytes) => {
+            let mut response = ([(header::CONTENT_TYPE, *content_type)], bytes).into_response();
+            if let Some(tag) = tag.and_then(|t| HeaderValue::from_str(&t).ok()) {
+                response.headers_mut().insert(header::ETAG, tag);
+            }
+            response
+        }
         Err(error) => {
             tracing::warn!(path = %path.display(), %error, "browser client build missing");
             (

@@ -204,8 +204,20 @@ async fn browser_pages_are_served_under_a_strict_content_security_policy() {
         assert_eq!(headers[header::REFERRER_POLICY], "no-referrer", "{uri}");
         assert!(!body.is_empty(), "{uri}");
     }
-    let (_, wasm, _) = api.send(get("/web/pkg/cohort_web_bg.wasm")).await;
+    let (_, wasm, headers) = api.send(get("/web/pkg/cohort_web_bg.wasm")).await;
     assert_eq!(wasm, WASM_HEADER, "served from the build directory");
+    // Revalidation: the same build is not sent twice.
+    let tag = headers[header::ETAG].clone();
+    let again = |tag: &str| {
+        Request::get("/web/pkg/cohort_web_bg.wasm")
+            .header(header::IF_NONE_MATCH, tag)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (status, body, _) = api.send(again(tag.to_str().unwrap())).await;
+    assert_eq!((status, body.len()), (StatusCode::NOT_MODIFIED, 0));
+    let (status, body, _) = api.send(again("\"another-build\"")).await;
+    assert_eq!((status, body.as_slice()), (StatusCode::OK, WASM_HEADER));
     // The pages never put server data into markup.
     for script in ["/web/admin.js", "/web/demo.js", "/web/chart.js"] {
         let (_, body, _) = api.send(get(script)).await;

@@ -188,7 +188,7 @@ impl Core {
                     "path": request.path,
                     "content_type": request.content_type,
                     "bearer": request.bearer,
-                    "stage": self.participant.posting().map(|s| format!("{s:?}")),
+                    "stage": self.participant.posting().map(|s| s.to_string()),
                 });
                 self.request = Some(request);
                 action

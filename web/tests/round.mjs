@@ -49,7 +49,7 @@ for (const end of [endA, endB]) {
 }
 check(reports.length === 1 && reports[0].examples === rows, JSON.stringify(reports));
 check(typeof reports[0].local_accuracy === "number", "local accuracy reported");
-check(stages.has("AdvertiseKeys") && stages.has("MaskedInputCollection") && stages.has("Unmasking"),
+check(stages.has("advertise-keys") && stages.has("masked-input-collection") && stages.has("unmasking"),
   [...stages].join(","));
 const saved = JSON.parse(a.saved_state());
 check(saved.participant_id === a.participant_id() && saved.last_completed_round === 1, a.saved_state());
