@@ -87,9 +87,13 @@ fn tab_update(shard: usize, initial: &Checkpoint) -> LocalUpdate {
     runtime::local_update(&logreg(), &train, &TrainConfig::default(), 1, initial).unwrap()
 }
 
+/// The three native clients' updates.
+fn native_updates() -> Vec<LocalUpdate> {
+    (0..3).map(|k| native_update_of(k, logreg().len())).collect()
+}
+
 fn natives(serve: &Serve, task: &str, token: &str) -> Vec<std::thread::JoinHandle<()>> {
-    let updates = (0..3).map(|k| native_update_of(k, logreg().len())).collect();
-    native_clients_with(serve, task, token, updates)
+    native_clients_with(serve, task, token, native_updates())
 }
 
 fn join(handles: Vec<std::thread::JoinHandle<()>>) {
@@ -148,7 +152,7 @@ fn two_tabs_and_three_native_clients_complete_a_secure_round_shown_on_the_dashbo
     // The coordinator's model is the exact weighted mean of the five
     // updates: the tabs' recomputed from the same digits and defaults.
     let initial = checkpoint(&serve, task, 0);
-    let mut updates: Vec<LocalUpdate> = (0..3).map(|k| native_update_of(k, logreg().len())).collect();
+    let mut updates = native_updates();
     updates.extend([tab_update(0, &initial), tab_update(1, &initial)]);
     assert_aggregate(&serve, task, &updates);
 
@@ -191,7 +195,7 @@ fn a_tab_closed_mid_round_is_a_dropout_and_the_round_completes() {
     assert_eq!(tabs["tabs"][0]["closed"], true);
 
     let initial = checkpoint(&serve, &task, 0);
-    let mut updates: Vec<LocalUpdate> = (0..3).map(|k| native_update_of(k, logreg().len())).collect();
+    let mut updates = native_updates();
     updates.push(tab_update(3, &initial));
     assert_aggregate(&serve, &task, &updates);
     let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
