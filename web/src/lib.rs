@@ -177,6 +177,11 @@ impl Core {
         Ok(())
     }
 
+    /// The local SGD settings in force.
+    pub fn training_config(&self) -> TrainConfig {
+        self.train
+    }
+
     /// The next action as JSON (see the crate docs); a `send` action's
     /// body is then available from [`request_body`](Self::request_body).
     pub fn next(&mut self, now: u64) -> Value {
@@ -350,14 +355,23 @@ impl WebClient {
         self.core.use_digits(images, labels, shard, shards).map(|v| v.to_string()).map_err(js)
     }
 
-    /// Local SGD settings (defaults 1 epoch, batch 10, learning rate 0.05).
+    /// Local SGD settings (defaults 1 epoch, batch 10, learning rate 0.05);
+    /// an `undefined` one keeps its current value.
     pub fn set_training_config(
         &mut self,
-        epochs: u32,
-        batch_size: u32,
-        learning_rate: f32,
+        epochs: Option<u32>,
+        batch_size: Option<u32>,
+        learning_rate: Option<f32>,
     ) -> Result<(), JsError> {
-        self.core.set_training_config(epochs, batch_size, learning_rate).map_err(js)
+        let current = self.core.training_config();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        self.core
+            .set_training_config(
+                epochs.unwrap_or(count(current.epochs)),
+                batch_size.unwrap_or(count(current.batch_size)),
+                learning_rate.unwrap_or(current.learning_rate),
+            )
+            .map_err(js)
     }
 
     /// The next action, as JSON; `now` in milliseconds (`performance.now()`).
@@ -482,6 +496,7 @@ mod tests {
         core.set_training_data(features.clone(), 4, labels.clone()).unwrap();
         core.set_test_data(features, 4, labels).unwrap();
         core.set_training_config(20, 5, 0.5).unwrap();
+        assert_eq!((core.training_config().epochs, core.training_config().batch_size), (20, 5));
         let report = core.train().unwrap();
         assert_eq!((report["round"].as_u64(), report["examples"].as_u64()), (Some(2), Some(15)));
         // Zeros predict class 0 for everything: a third right; training

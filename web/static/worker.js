@@ -17,20 +17,23 @@ async function main({ task, token, shard, shards, saved, config }) {
   const client = new WebClient(task, token, saved ?? undefined);
   const [images, labels] = await Promise.all([bytesOf("/web/pkg/digits-images.idx"), bytesOf("/web/pkg/digits-labels.idx")]);
   postMessage({ type: "data", summary: JSON.parse(client.use_digits(images, labels, shard, shards)) });
-  if (config.epochs || config.batch || config.lr) {
-    client.set_training_config(config.epochs ?? 1, config.batch ?? 10, config.lr ?? 0.05);
-  }
-  let enrolled = client.participant_id();
-  if (enrolled) postMessage({ type: "enrolled", participant: enrolled, saved: client.saved_state() });
-  postMessage({ type: "state", text: enrolled ? "waiting for a round" : "enrolling" });
+  // Settings the page did not give keep the client's defaults.
+  client.set_training_config(config.epochs, config.batch, config.lr);
+  let enrolled = null;
+  // Tells the page once the client holds an enrollment (at once when it
+  // resumed one).
+  const announce = () => {
+    if (enrolled || !client.participant_id()) return;
+    enrolled = client.participant_id();
+    postMessage({ type: "enrolled", participant: enrolled, saved: client.saved_state() });
+    postMessage({ type: "state", text: "waiting for a round" });
+  };
+  announce();
+  if (!enrolled) postMessage({ type: "state", text: "enrolling" });
   let round = null;
   const hooks = {
     onAction(action) {
-      if (!enrolled && client.participant_id()) {
-        enrolled = client.participant_id();
-        postMessage({ type: "enrolled", participant: enrolled, saved: client.saved_state() });
-        postMessage({ type: "state", text: "waiting for a round" });
-      }
+      announce();
       if (action.kind === "send" && action.stage) postMessage({ type: "stage", round, stage: action.stage });
     },
     onTrain(c, action) {
