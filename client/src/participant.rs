@@ -316,7 +316,13 @@ struct ApiError {
     error: String,
     #[serde(default)]
     message: String,
+    /// With a 429 or 503: how long to wait before trying again.
+    #[serde(default)]
+    retry_after_ms: Option<u64>,
 }
+
+/// Longest wait a server's `retry_after_ms` can impose at once.
+const MAX_RETRY_AFTER_MS: u64 = 300_000;
 
 impl Participant {
     /// A participant that enrolls in `task_id` with `enrollment_token`.
@@ -483,7 +489,20 @@ impl Participant {
         }
         let status = response.status;
         if status == 429 || status >= 500 {
-            return self.retry(now, &format!("HTTP {status}"));
+            let asked =
+                serde_json::from_slice::<ApiError>(&response.body).ok().and_then(|e| e.retry_after_ms);
+            if status == 429 {
+                // Rate limited: the server is there and says when to come
+                // back; that is no failed attempt.
+                let wait = asked.unwrap_or(self.config.backoff_base_ms).min(MAX_RETRY_AFTER_MS);
+                self.wait_until = now + wait;
+                return Ok(());
+            }
+            self.retry(now, &format!("HTTP {status}"))?;
+            if let Some(asked) = asked {
+                self.wait_until = self.wait_until.max(now + asked.min(MAX_RETRY_AFTER_MS));
+            }
+            return Ok(());
         }
         let retried = std::mem::take(&mut self.attempts) > 0;
         if matches!(self.phase, Phase::Model { .. } | Phase::Fetch { .. } | Phase::Post { .. }) {

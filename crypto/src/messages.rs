@@ -165,6 +165,35 @@ impl core::fmt::Debug for ClientMessage {
     }
 }
 
+impl ClientMessage {
+    /// The largest well-formed message a client may send in `stage` of a
+    /// round with `config`: what a transport may read before it decodes.
+    /// Stages in which clients send nothing get 0.
+    ///
+    /// The bound follows the encoding below: a 4-byte header, the 32-byte
+    /// round context, then per stage the keys and optional signature, one
+    /// envelope per neighbour, the packed vector at the round's ring width,
+    /// a signature, or one share per neighbour (and one for the client
+    /// itself).
+    pub fn max_encoded_len(config: &RoundConfig, stage: Stage) -> usize {
+        const HEADER: usize = 4 + 32;
+        let neighbours = match config.graph {
+            crate::graph::GraphSpec::Complete => config.clients.saturating_sub(1),
+            crate::graph::GraphSpec::Harary { degree, .. } => degree.min(config.clients.saturating_sub(1)),
+        } as usize;
+        match stage {
+            Stage::AdvertiseKeys => HEADER + 32 + 32 + 1 + SIGNATURE_LEN,
+            Stage::ShareKeys => HEADER + 4 + neighbours * (4 + ENVELOPE_LEN),
+            Stage::MaskedInputCollection => {
+                HEADER + 1 + 4 + packed_len(config.vector_len as usize, config.modulus_bits)
+            }
+            Stage::ConsistencyCheck => HEADER + SIGNATURE_LEN,
+            Stage::Unmasking => HEADER + 4 + 4 + (neighbours + 1) * (4 + SHARE_LEN),
+            Stage::Setup | Stage::Finished => 0,
+        }
+    }
+}
+
 impl ServerMessage {
     /// The stage this message drives the client into.
     pub fn stage(&self) -> Stage {

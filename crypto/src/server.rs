@@ -282,6 +282,31 @@ impl ServerRound {
         self.info().members(&self.inbox().eligible)
     }
 
+    /// Whether `client` may send a message in the current stage.
+    pub fn is_eligible(&self, client: ClientId) -> bool {
+        client.get() >= 1
+            && client.get() <= self.info().config.clients
+            && self.inbox().eligible[client.index()]
+    }
+
+    /// The largest message an eligible client may send now: one of the
+    /// current stage, or a late copy of its message of the stage before
+    /// (which is then refused as out of phase, not as oversized). See
+    /// [`ClientMessage::max_encoded_len`].
+    pub fn max_message_len(&self) -> usize {
+        let config = self.config();
+        let previous = match self.stage() {
+            Stage::ShareKeys => Stage::AdvertiseKeys,
+            Stage::MaskedInputCollection => Stage::ShareKeys,
+            Stage::ConsistencyCheck => Stage::MaskedInputCollection,
+            Stage::Unmasking if config.variant == Variant::Active => Stage::ConsistencyCheck,
+            Stage::Unmasking => Stage::MaskedInputCollection,
+            _ => Stage::Setup,
+        };
+        ClientMessage::max_encoded_len(config, self.stage())
+            .max(ClientMessage::max_encoded_len(config, previous))
+    }
+
     /// Whether `client` already sent its message for the current stage.
     pub fn has_received(&self, client: ClientId) -> bool {
         client.get() >= 1

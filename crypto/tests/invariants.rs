@@ -239,3 +239,33 @@ fn active_clients_refuse_unsigned_or_forged_keys() {
     assert!(matches!(result, Err(ProtocolError::Crypto(_))), "{result:?}");
     assert!(matches!(driver.clients[0], Some(Client::Aborted)));
 }
+
+/// What a transport may read before decoding is enough for every honest
+/// message, and no more than that for the largest one (the masked input).
+#[test]
+fn honest_messages_fit_the_stage_size_bound() {
+    let harary = GraphSpec::Harary { degree: 4, seed: [9; 32] };
+    for (graph, bits) in [(GraphSpec::Complete, 32), (harary, 13)] {
+        for active in [false, true] {
+            let mut config = config(7, 4, graph.clone(), 1000, bits);
+            let identities = if active { make_active(&mut config, 3) } else { Vec::new() };
+            let mut driver = Driver::start(&config, &identities, 5);
+            loop {
+                for bytes in driver.outbox.iter().flatten() {
+                    let message = ClientMessage::decode(bytes).unwrap();
+                    let bound = ClientMessage::max_encoded_len(&config, message.stage());
+                    assert!(bytes.len() <= bound, "{:?}: {} > {bound}", message.stage(), bytes.len());
+                    if message.stage() == Stage::MaskedInputCollection {
+                        assert_eq!(bytes.len(), bound, "the masked input's size is exact");
+                    }
+                }
+                if driver.stage().is_some() {
+                    break;
+                }
+            }
+        }
+    }
+    let config = config(7, 4, GraphSpec::Complete, 1000, 32);
+    assert_eq!(ClientMessage::max_encoded_len(&config, Stage::Setup), 0);
+    assert_eq!(ClientMessage::max_encoded_len(&config, Stage::Finished), 0);
+}

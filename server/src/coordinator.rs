@@ -98,6 +98,20 @@ enum Request {
         task: String,
         reply: oneshot::Sender<Result<(u64, Vec<u8>), CoordinatorError>>,
     },
+    Admit {
+        task: String,
+        participant: String,
+        reply: oneshot::Sender<Result<usize, CoordinatorError>>,
+    },
+    MayReport {
+        task: String,
+        participant: String,
+        round: u64,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    },
+    LoadedParameters {
+        reply: oneshot::Sender<Result<usize, CoordinatorError>>,
+    },
     Unmasked {
         task: String,
         round: u64,
@@ -172,6 +186,34 @@ impl Coordinator {
     ) -> Result<(), CoordinatorError> {
         self.ask(|reply| Request::Receive { task: task.into(), participant: participant.into(), body, reply })
             .await
+    }
+
+    /// Whether a client may post a stage message now, and its size limit
+    /// (see [`TaskEngine::admit`]).
+    pub async fn admit(&self, task: &str, participant: &str) -> Result<usize, CoordinatorError> {
+        self.ask(|reply| Request::Admit { task: task.into(), participant: participant.into(), reply }).await
+    }
+
+    /// Whether a client may report metrics for `round` (see
+    /// [`TaskEngine::may_report`]).
+    pub async fn may_report(
+        &self,
+        task: &str,
+        participant: &str,
+        round: u64,
+    ) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::MayReport {
+            task: task.into(),
+            participant: participant.into(),
+            round,
+            reply,
+        })
+        .await
+    }
+
+    /// Model parameters over every loaded (unfinished) task.
+    pub async fn loaded_parameters(&self) -> Result<usize, CoordinatorError> {
+        self.ask(|reply| Request::LoadedParameters { reply }).await
     }
 
     /// The current global model (round, safetensors bytes).
@@ -274,6 +316,22 @@ impl Actor {
             Request::Model { task, reply } => {
                 let result = self.engine(&task).map(|e| (e.completed_rounds(), e.model().to_vec()));
                 let _ = reply.send(result);
+            }
+            Request::Admit { task, participant, reply } => {
+                let result = self.engine(&task).and_then(|e| e.admit(&participant).map_err(Into::into));
+                if result.is_err() {
+                    // Refused before its body was read: a rejected message all the same.
+                    self.metrics.client_message(0, false);
+                }
+                let _ = reply.send(result);
+            }
+            Request::MayReport { task, participant, round, reply } => {
+                let result =
+                    self.engine(&task).and_then(|e| e.may_report(&participant, round).map_err(Into::into));
+                let _ = reply.send(result);
+            }
+            Request::LoadedParameters { reply } => {
+                let _ = reply.send(Ok(self.engines.values().map(TaskEngine::parameters).sum()));
             }
             Request::Unmasked { task, round, result } => self.finish_round(&task, round, result).await,
         }

@@ -684,14 +684,12 @@ fn run_coordinator_and_clients(
     let admin_token = new_token();
     let database = work.join("cohort.db");
     let service = runtime.block_on(Service::start(ServiceConfig {
-        bind: ([127, 0, 0, 1], 0).into(),
-        database_url: format!("sqlite://{}", database.display()),
-        admin_token: admin_token.clone(),
-        max_message_bytes: 256 << 20,
         credential_ttl_ms: 86_400_000,
-        tls: None,
-        web_assets: cohort_server::web::default_assets_dir(),
-        demo: false,
+        ..ServiceConfig::new(
+            ([127, 0, 0, 1], 0).into(),
+            format!("sqlite://{}", database.display()),
+            &admin_token,
+        )
     }))?;
     let url = service.url();
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);

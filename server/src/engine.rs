@@ -25,6 +25,9 @@ use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
 /// A check-in counts towards selection for this long.
 pub const CHECK_IN_TTL_MS: i64 = 60_000;
 
+/// Completed rounds whose members may still report metrics.
+pub const REPORTABLE_ROUNDS: usize = 2;
+
 /// What a client is told when it checks in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -76,6 +79,10 @@ pub enum EngineError {
     /// The message was refused by the protocol.
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
+    /// The client took no part in this round, or the round is too old or
+    /// not known (reports are taken only for recent rounds).
+    #[error("this client is not part of round {0}, or the round is not recent")]
+    NotInRound(u64),
 }
 
 /// One stage's record in the round metrics.
@@ -234,6 +241,8 @@ pub struct TaskEngine {
     attempts: u32,
     checked_in: BTreeMap<String, i64>,
     round: Option<ActiveRound>,
+    /// The rosters of the last completed rounds, newest last.
+    recent: std::collections::VecDeque<(u64, std::collections::HashSet<String>)>,
     rng: rand_chacha::ChaCha20Rng,
 }
 
@@ -269,6 +278,7 @@ impl TaskEngine {
             attempts: 0,
             checked_in: BTreeMap::new(),
             round: None,
+            recent: std::collections::VecDeque::new(),
             rng: rand_core::SeedableRng::from_seed(seed),
             spec,
         })
@@ -306,6 +316,11 @@ impl TaskEngine {
     /// The current global model, as a safetensors checkpoint.
     pub fn model(&self) -> &[u8] {
         &self.checkpoint_bytes
+    }
+
+    /// Parameters of the task's model.
+    pub fn parameters(&self) -> usize {
+        self.weights.len()
     }
 
     /// The current global weights.
@@ -401,6 +416,36 @@ impl TaskEngine {
             round.bytes_down += bytes.len() as u64;
         }
         Ok(Poll::Message(bytes))
+    }
+
+    /// Whether `participant` may post a stage message now, and the largest
+    /// body it may send: checked before the body is read, so a client that
+    /// is not selected, not eligible for the stage or already answered is
+    /// refused without the server reading (or holding) its message.
+    pub fn admit(&self, participant: &str) -> Result<usize, EngineError> {
+        let (round, id) = self.selected(participant)?;
+        let server = round
+            .server
+            .as_ref()
+            .ok_or(ProtocolError::OutOfPhase { expected: Stage::Finished, got: Stage::Unmasking })?;
+        if !server.is_eligible(id) {
+            return Err(ProtocolError::NotEligible { client: id, stage: server.stage() }.into());
+        }
+        if server.has_received(id) {
+            return Err(ProtocolError::Duplicate(id).into());
+        }
+        Ok(server.max_message_len())
+    }
+
+    /// Whether `participant` may report metrics for `round`: it must be in
+    /// the round in progress or in one of the last
+    /// [`REPORTABLE_ROUNDS`] completed rounds.
+    pub fn may_report(&self, participant: &str, round: u64) -> Result<(), EngineError> {
+        let current =
+            self.round.as_ref().is_some_and(|r| r.number == round && r.ids.contains_key(participant));
+        let recent =
+            self.recent.iter().any(|(number, roster)| *number == round && roster.contains(participant));
+        if current || recent { Ok(()) } else { Err(EngineError::NotInRound(round)) }
     }
 
     /// Accepts a client's encoded stage message.
@@ -615,7 +660,12 @@ impl TaskEngine {
         self.checkpoint_bytes = completion.checkpoint.model;
         self.completed = completion.round.round as u64;
         self.attempts = 0;
-        self.round = None;
+        if let Some(round) = self.round.take() {
+            self.recent.push_back((round.number, round.roster.into_iter().collect()));
+            while self.recent.len() > REPORTABLE_ROUNDS {
+                self.recent.pop_front();
+            }
+        }
         if self.completed >= u64::from(self.spec.rounds) {
             self.status = TaskStatus::Completed;
         }
@@ -638,7 +688,8 @@ fn deadline_for(spec: &TaskSpec, stage: Stage) -> i64 {
         Stage::MaskedInputCollection => d.masked_input_ms,
         _ => d.unmasking_ms,
     };
-    i64::try_from(ms).unwrap_or(i64::MAX / 4)
+    // Specs bound deadlines to a day; never let a stored value overflow.
+    i64::try_from(ms).unwrap_or(i64::MAX / 4).min(crate::spec::MAX_DEADLINE_MS as i64)
 }
 
 fn encode_model(task_id: &str, layout: &ModelLayout, weights: &[f32], round: u64) -> Result<Vec<u8>, String> {

@@ -12,10 +12,23 @@
 //!   `/openapi.json`.
 //!
 //! Every refusal is a 4xx JSON body `{"error": code, "message": text}`;
-//! storage failures are a 500 that says nothing about the internals.
+//! storage failures are a 500 that says nothing about the internals, and a
+//! database that cannot be reached a 503. A `429` (rate limited) or `503`
+//! carries `Retry-After` (seconds) and `retry_after_ms` in its body.
+//!
+//! What a client can make the server hold is bounded before it is read: a
+//! stage message only from a client selected and eligible for the stage in
+//! progress, at most the size the round's parameters allow; a metrics
+//! report only from a member of a recent round, 4 KiB of known numeric
+//! fields once per round and kind; enrollment, check-in and reports under
+//! per-address and per-credential rate limits ([`crate::ratelimit`]).
 
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, State};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -28,7 +41,9 @@ use serde_json::json;
 use crate::auth::{new_id, new_token, token_hash, verify_token};
 use crate::coordinator::{Coordinator, CoordinatorError, LiveState, now_ms};
 use crate::engine::{CheckIn, EngineError, Poll, TaskEngine};
+use crate::listener::SlowBody;
 use crate::metrics::Metrics;
+use crate::ratelimit::{Call, Limiters};
 use crate::spec::TaskSpec;
 use crate::store::{
     ClientMetricsRecord, ParticipantRecord, RoundRecord, SqlStore, Store, StoreError, TaskRecord, TaskStatus,
@@ -39,6 +54,12 @@ pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
 /// Content type of checkpoints.
 pub const SAFETENSORS_CONTENT_TYPE: &str = "application/vnd.safetensors";
 const JSON_LIMIT: usize = 1 << 20;
+/// Largest metrics report.
+pub const REPORT_LIMIT: usize = 4 << 10;
+/// How long a readiness probe waits for the database.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+/// What a client is told to wait when the database cannot be reached.
+const DATABASE_RETRY: Duration = Duration::from_secs(5);
 
 /// Server-wide settings.
 #[derive(Debug, Clone)]
@@ -53,7 +74,16 @@ pub struct ApiConfig {
     pub web_assets: std::path::PathBuf,
     /// The public demo task `/demo` joins, when there is one.
     pub demo_task: Option<crate::web::DemoTask>,
+    /// Rate limits of the client API.
+    pub limiters: Limiters,
+    /// Most model parameters over all tasks that are not stopped or
+    /// completed; a task that would exceed it is refused.
+    pub max_total_parameters: usize,
 }
+
+/// Most model parameters over all unfinished tasks, by default: about
+/// 0.4 GB of weights, checkpoint and optimizer state in memory per 25 M.
+pub const DEFAULT_MAX_TOTAL_PARAMETERS: usize = 50_000_000;
 
 /// What every handler can reach.
 #[derive(Clone, Debug)]
@@ -66,6 +96,9 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Settings.
     pub config: ApiConfig,
+    /// Held while a task is created, so that the parameter cap holds
+    /// against concurrent creations.
+    pub creating: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A refused request.
@@ -74,11 +107,35 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    retry_after: Option<Duration>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into() }
+        Self { status, code, message: message.into(), retry_after: None }
+    }
+
+    /// A `429`: the caller should wait `wait`.
+    fn rate_limited(wait: Duration) -> Self {
+        let message = format!("too many requests; retry in {} ms", wait.as_millis().max(1));
+        Self { retry_after: Some(wait), ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message) }
+    }
+
+    /// A `503`: the database cannot be reached.
+    fn database_unavailable() -> Self {
+        Self {
+            retry_after: Some(DATABASE_RETRY),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the database is unavailable; retry later",
+            )
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
     }
 }
 
@@ -92,7 +149,21 @@ impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(json!({ "error": self.code, "message": self.message }))).into_response()
+        let mut body = json!({ "error": self.code, "message": self.message });
+        let mut response = match self.retry_after {
+            Some(wait) => {
+                let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+                body["retry_after_ms"] = ms.into();
+                let seconds = ms.div_ceil(1000).to_string();
+                (self.status, [(header::RETRY_AFTER, seconds)], Json(body)).into_response()
+            }
+            None => (self.status, Json(body)).into_response(),
+        };
+        if self.status == StatusCode::REQUEST_TIMEOUT || self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is not read: the connection cannot be reused.
+            response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 
@@ -103,6 +174,10 @@ impl From<StoreError> for ApiError {
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
             }
             StoreError::Conflict(why) => ApiError::new(StatusCode::CONFLICT, "conflict", why),
+            other if other.is_unavailable() => {
+                tracing::warn!(error = %other, "database unavailable");
+                ApiError::database_unavailable()
+            }
             other => {
                 tracing::error!(error = %other, "storage failure");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
@@ -126,6 +201,11 @@ impl From<CoordinatorError> for ApiError {
             CoordinatorError::Engine(EngineError::NotSelected) => {
                 ApiError::new(S::CONFLICT, "not_selected", "this client is not part of the round in progress")
             }
+            CoordinatorError::Engine(EngineError::NotInRound(round)) => ApiError::new(
+                S::CONFLICT,
+                "not_in_round",
+                format!("this client is not part of round {round}, or the round is not recent"),
+            ),
             CoordinatorError::Engine(EngineError::Inactive(status)) => {
                 ApiError::new(S::CONFLICT, "task_inactive", format!("the task is {}", status.as_str()))
             }
@@ -196,8 +276,8 @@ impl FromRequestParts<AppState> for Participant {
     }
 }
 
-/// A request body, with its rejections (too large, unreadable) turned
-/// into the API's JSON errors.
+/// A request body, with its rejections (too large, too slow, unreadable)
+/// turned into the API's JSON errors.
 pub struct RawBody(pub Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for RawBody {
@@ -206,11 +286,95 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
         Bytes::from_request(request, state).await.map(RawBody).map_err(|rejection| {
             let status = rejection.status();
-            let code =
-                if status == StatusCode::PAYLOAD_TOO_LARGE { "payload_too_large" } else { "invalid_body" };
-            ApiError::new(status, code, rejection.body_text())
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                return ApiError::new(status, "payload_too_large", rejection.body_text());
+            }
+            if let Some(slow) = find_source::<SlowBody>(&rejection) {
+                return ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", slow.to_string());
+            }
+            ApiError::new(status, "invalid_body", rejection.body_text())
         })
     }
+}
+
+/// The first error of type `E` in `error`'s chain of sources.
+fn find_source<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(found) = error.downcast_ref::<E>() {
+            return Some(found);
+        }
+        next = error.source();
+    }
+    None
+}
+
+/// Reads at most `limit` bytes of `body`: a declared length over the limit
+/// is refused before anything is read, a longer body as soon as it passes
+/// the limit.
+async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> ApiResult<Bytes> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("this message may be at most {limit} bytes"),
+        )
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        if let Some(slow) = find_source::<SlowBody>(&error) {
+            ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", slow.to_string())
+        } else if find_source::<http_body_util::LengthLimitError>(&error).is_some() {
+            too_large()
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", "the request body could not be read")
+        }
+    })
+}
+
+/// A task id from the path: 32 lowercase hex digits, as [`new_id`] makes
+/// them. Anything else is an unknown task, answered without a database
+/// query (so bytes no database column takes, such as NUL, never reach one).
+pub struct TaskId(pub String);
+
+/// Whether `id` has the form of the ids [`new_id`] makes.
+pub fn is_valid_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for TaskId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let not_found = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "task not found");
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| not_found())?;
+        match params.get("id") {
+            Some(id) if is_valid_id(id) => Ok(TaskId(id.clone())),
+            _ => Err(not_found()),
+        }
+    }
+}
+
+/// The network address of the caller, where the listener recorded it.
+pub struct PeerAddress(pub Option<IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for PeerAddress {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(PeerAddress(parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|info| info.0.ip())))
+    }
+}
+
+fn limit(state: &AppState, call: Call, address: Option<IpAddr>, participant: Option<&str>) -> ApiResult<()> {
+    state.config.limiters.check(call, address, participant).map_err(ApiError::rate_limited)
 }
 
 /// Builds the router.
@@ -227,22 +391,44 @@ pub fn app(state: AppState) -> Router {
     let client_json = Router::new()
         .route("/v1/tasks/{id}/enroll", post(enroll))
         .route("/v1/checkin", post(check_in))
-        .route("/v1/metrics", post(report_metrics))
         .route("/v1/model", get(model))
         .layer(DefaultBodyLimit::max(JSON_LIMIT));
-    let messages = Router::new()
-        .route("/v1/round/message", get(fetch_message).post(post_message))
-        .layer(DefaultBodyLimit::max(state.config.max_message_bytes));
+    let reports =
+        Router::new().route("/v1/metrics", post(report_metrics)).layer(DefaultBodyLimit::max(REPORT_LIMIT));
+    // Stage messages are read by the handler itself, after the admission
+    // check, within the round's own limit.
+    let messages = Router::new().route("/v1/round/message", get(fetch_message).post(post_message));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
         .route("/metrics", get(prometheus))
         .route("/openapi.json", get(|| async { Json(crate::openapi::document()) }))
         .merge(admin)
         .merge(client_json)
+        .merge(reports)
         .merge(messages)
         .merge(crate::web::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .with_state(state)
+}
+
+/// Readiness: the database answers.
+async fn ready(State(state): State<AppState>) -> Response {
+    match tokio::time::timeout(READY_TIMEOUT, state.store.ping()).await {
+        Ok(Ok(())) => Json(json!({ "status": "ready", "database": "ok" })).into_response(),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "readiness: the database failed");
+            not_ready()
+        }
+        Err(_) => not_ready(),
+    }
+}
+
+fn not_ready() -> Response {
+    let mut response = ApiError::database_unavailable().into_response();
+    *response.body_mut() =
+        Body::from(json!({ "status": "unavailable", "database": "unreachable", "retry_after_ms": DATABASE_RETRY.as_millis() as u64 }).to_string());
+    response
 }
 
 async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
@@ -269,6 +455,20 @@ async fn create_task(
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
     let spec: TaskSpec = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    let _creating = state.creating.lock().await;
+    let requested = spec.model.layout.len();
+    let loaded = state.coordinator.loaded_parameters().await?;
+    if loaded.saturating_add(requested) > state.config.max_total_parameters {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "capacity_exceeded",
+            format!(
+                "the model has {requested} parameters and unfinished tasks already hold {loaded} of the \
+                 server's {}; stop a task or raise max_total_parameters",
+                state.config.max_total_parameters
+            ),
+        ));
+    }
     let created = create(&state.store, &state.coordinator, spec).await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
@@ -365,11 +565,7 @@ async fn list_tasks(_: Admin, State(state): State<AppState>) -> ApiResult<Json<V
     Ok(Json(views))
 }
 
-async fn get_task(
-    _: Admin,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<TaskView>> {
+async fn get_task(_: Admin, State(state): State<AppState>, TaskId(id): TaskId) -> ApiResult<Json<TaskView>> {
     let task = state.store.task(&id).await?;
     Ok(Json(view(&state, task).await?))
 }
@@ -383,7 +579,7 @@ async fn change_status(state: &AppState, id: &str, status: TaskStatus) -> ApiRes
 async fn pause_task(
     _: Admin,
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    TaskId(id): TaskId,
 ) -> ApiResult<Json<serde_json::Value>> {
     change_status(&state, &id, TaskStatus::Paused).await
 }
@@ -391,7 +587,7 @@ async fn pause_task(
 async fn resume_task(
     _: Admin,
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    TaskId(id): TaskId,
 ) -> ApiResult<Json<serde_json::Value>> {
     change_status(&state, &id, TaskStatus::Active).await
 }
@@ -399,7 +595,7 @@ async fn resume_task(
 async fn stop_task(
     _: Admin,
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    TaskId(id): TaskId,
 ) -> ApiResult<Json<serde_json::Value>> {
     change_status(&state, &id, TaskStatus::Stopped).await
 }
@@ -426,7 +622,7 @@ pub struct RoundView {
 async fn list_rounds(
     _: Admin,
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    TaskId(id): TaskId,
 ) -> ApiResult<Json<Vec<RoundView>>> {
     state.store.task(&id).await?;
     let mut views = Vec::new();
@@ -456,8 +652,10 @@ async fn list_rounds(
 async fn get_checkpoint(
     _: Admin,
     State(state): State<AppState>,
-    Path((id, round)): Path<(String, String)>,
+    TaskId(id): TaskId,
+    Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Response> {
+    let round = params.get("round").map(String::as_str).unwrap_or_default();
     let record = if round == "latest" {
         state.store.latest_checkpoint(&id).await?
     } else {
@@ -496,9 +694,11 @@ pub struct Enrolled {
 
 async fn enroll(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    PeerAddress(address): PeerAddress,
+    TaskId(id): TaskId,
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<Enrolled>)> {
+    limit(&state, Call::Enroll, address, None)?;
     let request: EnrollRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
     let task = state.store.task(&id).await?;
@@ -528,9 +728,22 @@ async fn enroll(
     Ok((StatusCode::CREATED, Json(enrolled)))
 }
 
-async fn check_in(Participant(p): Participant, State(state): State<AppState>) -> ApiResult<Json<CheckIn>> {
+async fn check_in(
+    PeerAddress(address): PeerAddress,
+    Participant(p): Participant,
+    State(state): State<AppState>,
+) -> ApiResult<Json<CheckIn>> {
+    limit(&state, Call::CheckIn, address, Some(&p.id))?;
     state.store.touch_participant(&p.id, now_ms()).await?;
-    Ok(Json(state.coordinator.check_in(&p.task_id, &p.id).await?))
+    match state.coordinator.check_in(&p.task_id, &p.id).await {
+        Ok(check_in) => Ok(Json(check_in)),
+        // A stopped or completed task is no longer loaded: its clients are
+        // told it is over, so that they exit cleanly.
+        Err(CoordinatorError::UnknownTask) if state.store.task(&p.task_id).await?.status.is_final() => {
+            Ok(Json(CheckIn::Finished))
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 async fn model(Participant(p): Participant, State(state): State<AppState>) -> ApiResult<Response> {
@@ -561,11 +774,15 @@ async fn fetch_message(Participant(p): Participant, State(state): State<AppState
     })
 }
 
+/// A stage message. Everything that can refuse it without its body is
+/// checked first (credential, media type, the sender's place in the stage
+/// in progress, the declared length against the round's limit); only then
+/// is the body read, and no further than that limit.
 async fn post_message(
     Participant(p): Participant,
     State(state): State<AppState>,
     headers: HeaderMap,
-    RawBody(body): RawBody,
+    body: Body,
 ) -> ApiResult<StatusCode> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if content_type != SECAGG_CONTENT_TYPE {
@@ -575,44 +792,126 @@ async fn post_message(
             format!("stage messages must be sent as {SECAGG_CONTENT_TYPE}"),
         ));
     }
+    let allowed = state.coordinator.admit(&p.task_id, &p.id).await?;
+    let body = read_limited(&headers, body, allowed.min(state.config.max_message_bytes)).await?;
     state.coordinator.receive(&p.task_id, &p.id, body.to_vec()).await?;
     Ok(StatusCode::ACCEPTED)
+}
+
+/// What a client reports for a round: a fixed set of numbers, each
+/// optional and each within its range.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientMetrics {
+    /// Mean training loss over the local epochs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_loss: Option<f64>,
+    /// Training accuracy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_accuracy: Option<f64>,
+    /// Loss of the global model on local data, before training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_loss: Option<f64>,
+    /// Accuracy of the global model on local data, before training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_accuracy: Option<f64>,
+    /// Loss on local held-out data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
+    /// Accuracy on local held-out data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
+    /// Local examples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub examples: Option<u32>,
+    /// Bytes the client sent in the round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_up: Option<u64>,
+    /// Bytes the client received in the round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_down: Option<u64>,
+}
+
+/// Largest loss accepted in a report.
+const MAX_LOSS: f64 = 1e9;
+/// Largest byte count accepted in a report (1 TiB).
+const MAX_REPORTED_BYTES: u64 = 1 << 40;
+
+impl ClientMetrics {
+    /// Checks every value against its range.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, value) in [
+            ("train_loss", self.train_loss),
+            ("global_loss", self.global_loss),
+            ("eval_loss", self.eval_loss),
+        ] {
+            if value.is_some_and(|v| !(0.0..=MAX_LOSS).contains(&v)) {
+                return Err(format!("{name} must be between 0 and {MAX_LOSS}"));
+            }
+        }
+        for (name, value) in [
+            ("train_accuracy", self.train_accuracy),
+            ("global_accuracy", self.global_accuracy),
+            ("eval_accuracy", self.eval_accuracy),
+        ] {
+            if value.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
+                return Err(format!("{name} must be between 0 and 1"));
+            }
+        }
+        for (name, value) in [("bytes_up", self.bytes_up), ("bytes_down", self.bytes_down)] {
+            if value.is_some_and(|v| v > MAX_REPORTED_BYTES) {
+                return Err(format!("{name} must be at most {MAX_REPORTED_BYTES}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kind of a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ReportKind {
+    Train,
+    Eval,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MetricsReport {
-    round: i64,
-    kind: String,
-    metrics: serde_json::Map<String, serde_json::Value>,
+    round: u64,
+    kind: ReportKind,
+    metrics: ClientMetrics,
 }
 
+/// A client's metrics for a round it took part in (the round in progress
+/// or one of the last completed ones), once per round and kind.
 async fn report_metrics(
+    PeerAddress(address): PeerAddress,
     Participant(p): Participant,
     State(state): State<AppState>,
     RawBody(body): RawBody,
 ) -> ApiResult<StatusCode> {
+    limit(&state, Call::Report, address, Some(&p.id))?;
     let report: MetricsReport = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
-    if report.kind != "train" && report.kind != "eval" {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_kind",
-            "kind must be \"train\" or \"eval\"",
-        ));
-    }
-    if report.round < 1 {
+    if report.round < 1 || report.round > i64::MAX as u64 {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_round", "round must be at least 1"));
     }
+    report.metrics.validate().map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_metrics", m))?;
+    state.coordinator.may_report(&p.task_id, &p.id, report.round).await?;
     let metrics = serde_json::to_string(&report.metrics)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    let kind = match report.kind {
+        ReportKind::Train => "train",
+        ReportKind::Eval => "eval",
+    };
     state
         .store
         .add_client_metrics(&ClientMetricsRecord {
             task_id: p.task_id,
-            round: report.round,
+            round: report.round as i64,
             participant_id: p.id,
-            kind: report.kind,
+            kind: kind.into(),
             metrics,
             reported_at: now_ms(),
         })

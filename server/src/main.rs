@@ -56,7 +56,10 @@ fn main() -> Result<()> {
         Command::Serve(args) => {
             init_logging("info");
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(serve::serve(args))
+            let result = runtime.block_on(serve::serve(args));
+            // An unmasking job still running must not hold up the exit.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            result
         }
     }
 }

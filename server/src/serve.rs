@@ -5,7 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use std::time::Duration;
+
 use cohort_server::auth::new_token;
+use cohort_server::listener::ConnectionLimits;
+use cohort_server::ratelimit::RateLimits;
 use cohort_server::service::{Service, ServiceConfig, TlsFiles};
 use cohort_server::web;
 use serde::Deserialize;
@@ -21,8 +25,10 @@ pub struct ServeArgs {
     database_url: Option<String>,
     /// JSON settings file (keys: bind, database_url, admin_token,
     /// max_message_bytes, credential_ttl_days, tls_cert, tls_key,
-    /// web_assets, demo). Flags
-    /// take precedence.
+    /// web_assets, demo, max_connections, header_timeout_ms,
+    /// idle_timeout_ms, body_min_rate, body_grace_ms, shutdown_grace_ms,
+    /// rate_limits, max_total_parameters; see the README). Flags take
+    /// precedence.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Serve HTTPS with this PEM certificate chain (leaf first)...
@@ -53,6 +59,30 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     web_assets: Option<PathBuf>,
     demo: Option<bool>,
+    max_connections: Option<usize>,
+    header_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    body_min_rate: Option<u64>,
+    body_grace_ms: Option<u64>,
+    shutdown_grace_ms: Option<u64>,
+    rate_limits: Option<RateLimits>,
+    max_total_parameters: Option<usize>,
+}
+
+impl FileConfig {
+    /// The connection limits: the defaults, with what the file sets.
+    fn connections(&self) -> ConnectionLimits {
+        let defaults = ConnectionLimits::default();
+        let ms = |value: Option<u64>, default: Duration| value.map_or(default, Duration::from_millis);
+        ConnectionLimits {
+            max_connections: self.max_connections.unwrap_or(defaults.max_connections),
+            header_timeout: ms(self.header_timeout_ms, defaults.header_timeout),
+            idle_timeout: ms(self.idle_timeout_ms, defaults.idle_timeout),
+            body_min_rate: self.body_min_rate.unwrap_or(defaults.body_min_rate),
+            body_grace: ms(self.body_grace_ms, defaults.body_grace),
+            shutdown_grace: ms(self.shutdown_grace_ms, defaults.shutdown_grace),
+        }
+    }
 }
 
 pub async fn serve(args: ServeArgs) -> Result<()> {
@@ -63,6 +93,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("parsing {}", path.display()))?,
         None => FileConfig::default(),
     };
+    let connections = file.connections();
     let bind = args.bind.or(file.bind).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
     let database_url =
         args.database_url.or(file.database_url).unwrap_or_else(|| "sqlite://cohort.db".to_string());
@@ -96,15 +127,17 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         );
     }
     let demo = args.demo || file.demo.unwrap_or(false);
+    let defaults = ServiceConfig::new(bind, database_url.clone(), admin_token);
     let service = Service::start(ServiceConfig {
-        bind,
-        database_url: database_url.clone(),
-        admin_token,
-        max_message_bytes: file.max_message_bytes.unwrap_or(256 << 20),
+        max_message_bytes: file.max_message_bytes.unwrap_or(defaults.max_message_bytes),
         credential_ttl_ms: i64::from(file.credential_ttl_days.unwrap_or(30)) * 86_400_000,
         tls,
         web_assets,
         demo,
+        connections,
+        rate_limits: file.rate_limits.unwrap_or_default(),
+        max_total_parameters: file.max_total_parameters.unwrap_or(defaults.max_total_parameters),
+        ..defaults
     })
     .await?;
     tracing::info!(address = %service.address, database = %redact(&database_url), "coordinator listening");

@@ -10,7 +10,9 @@ use tokio::task::JoinHandle;
 use crate::auth::token_hash;
 use crate::coordinator::{Coordinator, CoordinatorError};
 use crate::http::{ApiConfig, AppState, app};
+use crate::listener::ConnectionLimits;
 use crate::metrics::Metrics;
+use crate::ratelimit::{Limiters, RateLimits};
 use crate::store::{SqlStore, StoreError};
 
 /// What a service needs.
@@ -32,6 +34,32 @@ pub struct ServiceConfig {
     pub web_assets: std::path::PathBuf,
     /// Run a public demo task for the `/demo` page (see [`crate::web`]).
     pub demo: bool,
+    /// Connection limits and timeouts (see [`crate::listener`]).
+    pub connections: ConnectionLimits,
+    /// Rate limits of the client API (see [`crate::ratelimit`]).
+    pub rate_limits: RateLimits,
+    /// Most model parameters over all unfinished tasks.
+    pub max_total_parameters: usize,
+}
+
+impl ServiceConfig {
+    /// A service on `bind` over `database_url` with every other setting at
+    /// its default.
+    pub fn new(bind: SocketAddr, database_url: impl Into<String>, admin_token: impl Into<String>) -> Self {
+        Self {
+            bind,
+            database_url: database_url.into(),
+            admin_token: admin_token.into(),
+            max_message_bytes: 256 << 20,
+            credential_ttl_ms: 30 * 86_400_000,
+            tls: None,
+            web_assets: crate::web::default_assets_dir(),
+            demo: false,
+            connections: ConnectionLimits::default(),
+            rate_limits: RateLimits::default(),
+            max_total_parameters: crate::http::DEFAULT_MAX_TOTAL_PARAMETERS,
+        }
+    }
 }
 
 /// A PEM certificate chain (leaf first) and its private key.
@@ -70,6 +98,9 @@ impl TlsFiles {
     }
 }
 
+/// How often rate limiters forget clients that went quiet.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl std::fmt::Debug for ServiceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServiceConfig").field("bind", &self.bind).finish_non_exhaustive()
@@ -92,6 +123,9 @@ pub enum ServiceError {
     /// The TLS certificate or key is unusable.
     #[error("TLS: {0}")]
     Tls(String),
+    /// A limit is out of range.
+    #[error("{0}")]
+    Limits(String),
     /// The address could not be bound.
     #[error("binding {address}: {source}")]
     Bind {
@@ -116,12 +150,14 @@ pub struct Service {
     pub metrics: Metrics,
     shutdown: oneshot::Sender<()>,
     server: JoinHandle<std::io::Result<()>>,
+    pruner: JoinHandle<()>,
 }
 
 impl Service {
     /// Opens the database, starts the coordinator and listens. Must be
     /// called within a tokio runtime.
     pub async fn start(config: ServiceConfig) -> Result<Self, ServiceError> {
+        config.connections.validate().map_err(ServiceError::Limits)?;
         let store = SqlStore::connect(&config.database_url).await?;
         let metrics = Metrics::default();
         let coordinator = Coordinator::start(store.clone(), metrics.clone()).await?;
@@ -137,8 +173,19 @@ impl Service {
                 credential_ttl_ms: config.credential_ttl_ms,
                 web_assets: config.web_assets.clone(),
                 demo_task,
+                limiters: Limiters::new(&config.rate_limits),
+                max_total_parameters: config.max_total_parameters,
             },
+            creating: Default::default(),
         };
+        let limiters = state.config.limiters.clone();
+        let pruner = tokio::spawn(async move {
+            let mut every = tokio::time::interval(PRUNE_EVERY);
+            loop {
+                every.tick().await;
+                limiters.prune();
+            }
+        });
         let listener = tokio::net::TcpListener::bind(config.bind)
             .await
             .map_err(|source| ServiceError::Bind { address: config.bind, source })?;
@@ -148,17 +195,14 @@ impl Service {
         let tls = config.tls.as_ref().map(TlsFiles::server_config).transpose()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let router = app(state);
-        let server = match tls {
-            None => tokio::spawn(async move {
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(async move {
-                        let _ = signal.await;
-                    })
-                    .await
-            }),
-            Some(tls) => tokio::spawn(serve_tls(listener, router, tls, signal)),
-        };
-        Ok(Self { address, scheme, store, coordinator, metrics, shutdown, server })
+        let server = tokio::spawn(crate::listener::serve(
+            listener,
+            router,
+            tls.map(std::sync::Arc::new),
+            config.connections,
+            signal,
+        ));
+        Ok(Self { address, scheme, store, coordinator, metrics, shutdown, server, pruner })
     }
 
     /// The base URL clients use.
@@ -166,9 +210,11 @@ impl Service {
         format!("{}://{}", self.scheme, self.address)
     }
 
-    /// Stops accepting requests and waits for those in flight.
+    /// Stops accepting connections, lets requests in flight finish within
+    /// the shutdown grace and cuts the rest.
     pub async fn stop(self) -> std::io::Result<()> {
         let _ = self.shutdown.send(());
+        self.pruner.abort();
         self.server.await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
     }
 
@@ -176,45 +222,5 @@ impl Service {
     pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
         signal.await;
         self.stop().await
-    }
-}
-
-/// Accepts TLS connections until `signal`, serving each with hyper. A
-/// failed handshake closes that connection only.
-async fn serve_tls(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-    tls: rustls::ServerConfig,
-    mut signal: oneshot::Receiver<()>,
-) -> std::io::Result<()> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(tls));
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(connection) => connection,
-                // Out of descriptors and the like: keep serving.
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    continue;
-                }
-            },
-            _ = &mut signal => return Ok(()),
-        };
-        let (acceptor, router) = (acceptor.clone(), router.clone());
-        tokio::spawn(async move {
-            let stream = match acceptor.accept(stream).await {
-                Ok(stream) => stream,
-                Err(error) => {
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
-                }
-            };
-            let service = hyper_util::service::TowerToHyperService::new(router);
-            let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            if let Err(error) = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await
-            {
-                tracing::debug!(%peer, %error, "connection ended with an error");
-            }
-        });
     }
 }

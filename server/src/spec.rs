@@ -228,6 +228,15 @@ impl Default for StageDeadlines {
     }
 }
 
+/// Longest name, architecture or tensor name, in bytes.
+pub const MAX_NAME_BYTES: usize = 200;
+/// Most rounds a task may run.
+pub const MAX_ROUNDS: u32 = 1_000_000;
+/// Most completed-round checkpoints a task may keep.
+pub const MAX_RETENTION: u32 = 1_000;
+/// Longest stage deadline: a day.
+pub const MAX_DEADLINE_MS: u64 = 86_400_000;
+
 /// Why a task specification was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("invalid task: {0}")]
@@ -248,8 +257,24 @@ impl TaskSpec {
     /// Validates the spec and derives the round parameters.
     pub fn validate(&self) -> Result<DerivedRoundParameters, SpecError> {
         let err = |m: &str| SpecError(m.to_string());
-        if self.name.trim().is_empty() || self.name.len() > 200 {
-            return Err(err("name must be 1 to 200 characters"));
+        if self.name.trim().is_empty() || self.name.len() > MAX_NAME_BYTES {
+            return Err(err("name must be 1 to 200 bytes of UTF-8"));
+        }
+        if self.name.chars().any(char::is_control) {
+            return Err(err("name must not contain control characters"));
+        }
+        let architecture = &self.model.architecture;
+        if architecture.len() > MAX_NAME_BYTES || architecture.chars().any(char::is_control) {
+            return Err(err("model.architecture must be at most 200 bytes without control characters"));
+        }
+        if self
+            .model
+            .layout
+            .tensors
+            .iter()
+            .any(|t| t.name.len() > MAX_NAME_BYTES || t.name.chars().any(char::is_control))
+        {
+            return Err(err("tensor names must be at most 200 bytes without control characters"));
         }
         self.model.layout.validate().map_err(|e| SpecError(e.to_string()))?;
         if self.model.layout.len() > cohort_crypto::config::MAX_VECTOR_LEN as usize - 1 {
@@ -260,8 +285,8 @@ impl TaskSpec {
         {
             return Err(err("model.init.scale must be finite and positive"));
         }
-        if self.rounds == 0 {
-            return Err(err("rounds must be at least 1"));
+        if self.rounds == 0 || self.rounds > MAX_ROUNDS {
+            return Err(SpecError(format!("rounds must be between 1 and {MAX_ROUNDS}")));
         }
         if self.clients_per_round < 2 {
             return Err(err("clients_per_round must be at least 2"));
@@ -272,13 +297,17 @@ impl TaskSpec {
         if u64::from(self.selected_per_round()) > u64::from(cohort_crypto::config::MAX_CLIENTS) {
             return Err(err("too many clients per round"));
         }
-        if self.checkpoint_retention == 0 {
-            return Err(err("checkpoint_retention must be at least 1"));
+        if self.checkpoint_retention == 0 || self.checkpoint_retention > MAX_RETENTION {
+            return Err(SpecError(format!("checkpoint_retention must be between 1 and {MAX_RETENTION}")));
         }
         let d = self.deadlines;
-        if [d.advertise_keys_ms, d.share_keys_ms, d.masked_input_ms, d.unmasking_ms].contains(&0) {
-            return Err(err("deadlines must be positive"));
+        if [d.advertise_keys_ms, d.share_keys_ms, d.masked_input_ms, d.unmasking_ms]
+            .iter()
+            .any(|ms| !(1..=MAX_DEADLINE_MS).contains(ms))
+        {
+            return Err(SpecError(format!("deadlines must be between 1 and {MAX_DEADLINE_MS} ms (a day)")));
         }
+
         self.optimizer.validate().map_err(|e| SpecError(e.to_string()))?;
         let quantizer = self.quantization.quantizer(self.selected_per_round(), [0; 32])?;
         if quantizer.encoded_len(self.model.layout.len()) > cohort_crypto::config::MAX_VECTOR_LEN as usize {
@@ -386,6 +415,14 @@ pub(crate) mod tests {
             (|s| s.over_selection = -0.5, "over_selection"),
             (|s| s.name = " ".into(), "name"),
             (|s| s.deadlines.unmasking_ms = 0, "deadlines"),
+            (|s| s.deadlines.advertise_keys_ms = i64::MAX as u64, "a day"),
+            (|s| s.deadlines.masked_input_ms = MAX_DEADLINE_MS + 1, "a day"),
+            (|s| s.rounds = MAX_ROUNDS + 1, "rounds must be between"),
+            (|s| s.checkpoint_retention = MAX_RETENTION + 1, "checkpoint_retention"),
+            (|s| s.name = "a\0b".into(), "control characters"),
+            (|s| s.name = "é".repeat(101), "200 bytes"),
+            (|s| s.model.architecture = "lin\0ear".into(), "model.architecture"),
+            (|s| s.model.layout.tensors[0].name = "w\u{7}".into(), "tensor names"),
             (|s| s.quantization.modulus_bits = 40, "modulus bits"),
             (|s| s.quantization.bits = Some(3), "between 4 and 16"),
             (|s| s.quantization.bits = Some(17), "between 4 and 16"),

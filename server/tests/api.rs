@@ -16,6 +16,7 @@ use cohort_server::checkpoint;
 use cohort_server::coordinator::Coordinator;
 use cohort_server::http::{ApiConfig, AppState, SECAGG_CONTENT_TYPE, app};
 use cohort_server::metrics::Metrics;
+use cohort_server::ratelimit::{Limiters, RateLimits};
 use cohort_server::store::{ParticipantRecord, SqlStore, Store};
 use common::{Participant, weighted_mean};
 use http_body_util::BodyExt;
@@ -44,11 +45,19 @@ impl Api {
             credential_ttl_ms: 3_600_000,
             web_assets: path.with_extension("web"),
             demo_task: None,
+            limiters: Limiters::new(&RateLimits::default()),
+            max_total_parameters: cohort_server::http::DEFAULT_MAX_TOTAL_PARAMETERS,
         };
         // A browser client "build" of one file: the wasm module's header.
         std::fs::create_dir_all(path.with_extension("web")).unwrap();
         std::fs::write(path.with_extension("web").join("cohort_web_bg.wasm"), WASM_HEADER).unwrap();
-        let router = app(AppState { store: store.clone(), coordinator, metrics, config });
+        let router = app(AppState {
+            store: store.clone(),
+            coordinator,
+            metrics,
+            config,
+            creating: Default::default(),
+        });
         Self { router, store, path }
     }
 
@@ -358,18 +367,23 @@ async fn client_api_errors() {
         (status, body["error"].as_str()),
         (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_media_type"))
     );
+    // A client that is not selected is refused before its body is read,
+    // however large it says it is.
     let (status, body) = api.post_message(&credential, vec![0; 1 << 17], SECAGG_CONTENT_TYPE).await;
-    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("not_selected")));
     let (status, body) = api.post_message(&credential, vec![1, 2, 3], SECAGG_CONTENT_TYPE).await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("not_selected")));
 
-    let report = |kind: &str, round: i64| json!({ "round": round, "kind": kind, "metrics": { "loss": 0.5 } });
-    assert_eq!(
-        api.call("POST", "/v1/metrics", Some(&credential), Some(report("train", 1))).await.0,
-        StatusCode::CREATED
-    );
+    // Reports: only from members of a recent round, and only known fields.
+    let report =
+        |kind: &str, round: i64| json!({ "round": round, "kind": kind, "metrics": { "train_loss": 0.5 } });
     let (status, body) = api.call("POST", "/v1/metrics", Some(&credential), Some(report("train", 1))).await;
-    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("not_in_round")));
+    let unknown = json!({ "round": 1, "kind": "train", "metrics": { "loss": 0.5 } });
+    assert_eq!(
+        api.call("POST", "/v1/metrics", Some(&credential), Some(unknown)).await.0,
+        StatusCode::BAD_REQUEST
+    );
     assert_eq!(
         api.call("POST", "/v1/metrics", Some(&credential), Some(report("other", 1))).await.0,
         StatusCode::BAD_REQUEST
@@ -419,7 +433,7 @@ impl HttpClient {
         // of phase if it completed the stage and the stage moved on, or for
         // an inactive task if it completed the last round.
         let (status, body) = api.post_message(&self.credential, reply, SECAGG_CONTENT_TYPE).await;
-        assert_eq!(status, StatusCode::CONFLICT);
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
         assert!(
             matches!(body["error"].as_str(), Some("duplicate" | "out_of_phase" | "task_inactive")),
             "{body}"
@@ -504,6 +518,40 @@ async fn a_secure_round_through_the_api_updates_the_model() {
     for (w, e) in model.weights.iter().zip(&expected) {
         assert!((w - e).abs() < 1e-4, "{:?} vs {expected:?}", model.weights);
     }
+    // A member reports once per round and kind, within the schema.
+    let credential = clients[0].credential.clone();
+    let report = |round: u64, metrics: Value| json!({ "round": round, "kind": "train", "metrics": metrics });
+    let good = json!({ "train_loss": 0.25, "global_accuracy": 0.5, "examples": 5, "bytes_up": 100 });
+    let (status, body) =
+        api.call("POST", "/v1/metrics", Some(&credential), Some(report(1, good.clone()))).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) =
+        api.call("POST", "/v1/metrics", Some(&credential), Some(report(1, good.clone()))).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
+    for bad in
+        [json!({ "train_loss": 8.3e29 }), json!({ "global_accuracy": 1.5 }), json!({ "train_loss": -1.0 })]
+    {
+        let (status, body) = api.call("POST", "/v1/metrics", Some(&credential), Some(report(1, bad))).await;
+        assert_eq!((status, body["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_metrics")));
+    }
+    let other = clients[1].credential.clone();
+    for round in [2, 1 << 62] {
+        let (status, body) =
+            api.call("POST", "/v1/metrics", Some(&other), Some(report(round, good.clone()))).await;
+        assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("not_in_round")), "{round}");
+    }
+    // Six reports in a burst is the default per credential; the seventh waits.
+    let (status, body) =
+        api.call("POST", "/v1/metrics", Some(&credential), Some(report(1, good.clone()))).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
+    let (status, body) =
+        api.call("POST", "/v1/metrics", Some(&credential), Some(report(1, good.clone()))).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("rate_limited")));
+    assert!(body["retry_after_ms"].as_u64().is_some_and(|ms| ms > 1000), "{body}");
+    let (_, rounds) = api.call("GET", &format!("/admin/tasks/{id}/rounds"), Some(ADMIN), None).await;
+    assert_eq!(rounds[0]["client_metrics"].as_array().unwrap().len(), 1, "{rounds}");
+    assert_eq!(rounds[0]["client_metrics"][0]["metrics"]["train_loss"], 0.25);
+
     let (_, bytes, _) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
     let text = String::from_utf8(bytes).unwrap();
     assert!(text.contains("cohort_rounds_completed_total 1"), "{text}");

@@ -168,6 +168,24 @@ pub enum StoreError {
     Migration(#[from] sqlx::migrate::MigrateError),
 }
 
+impl StoreError {
+    /// Whether the database could not be reached (as opposed to refusing
+    /// or failing one operation): the caller may retry later.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database(
+                sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::Io(_)
+                    | sqlx::Error::Tls(_)
+                    | sqlx::Error::Protocol(_)
+                    | sqlx::Error::WorkerCrashed
+            )
+        )
+    }
+}
+
 /// Result of a storage operation.
 pub type StoreResult<T> = Result<T, StoreError>;
 

@@ -11,6 +11,9 @@ use super::{
     TaskRecord, TaskStatus,
 };
 
+/// Longest wait for a pooled connection.
+const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Which database a URL selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -143,12 +146,24 @@ impl SqlStore {
             Backend::Sqlite => 1,
             Backend::Postgres => 8,
         };
-        let pool = AnyPoolOptions::new().max_connections(connections).connect(&url).await?;
+        // A database that went away fails requests within seconds (a 503
+        // with Retry-After), rather than after sqlx's default 30 s.
+        let pool = AnyPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect(&url)
+            .await?;
         match backend {
             Backend::Sqlite => sqlx::migrate!("migrations/sqlite").run(&pool).await?,
             Backend::Postgres => sqlx::migrate!("migrations/postgres").run(&pool).await?,
         }
         Ok(Self { pool, backend })
+    }
+
+    /// Runs a trivial query: whether the database answers.
+    pub async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
     }
 
     /// The database in use.

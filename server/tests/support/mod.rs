@@ -48,14 +48,15 @@ impl Coordinator {
         };
         let service = runtime
             .block_on(Service::start(ServiceConfig {
-                bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-                database_url: format!("sqlite://{}", database.display()),
-                admin_token: admin_token.into(),
                 max_message_bytes,
                 credential_ttl_ms: 3_600_000,
                 tls,
                 web_assets: std::path::PathBuf::from("web/pkg"),
-                demo: false,
+                ..ServiceConfig::new(
+                    SocketAddr::from(([127, 0, 0, 1], 0)),
+                    format!("sqlite://{}", database.display()),
+                    admin_token,
+                )
             }))
             .unwrap();
         let url = service.url();

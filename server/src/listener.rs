@@ -1,0 +1,525 @@
+//! Accepting and serving connections, plain or TLS, within limits that a
+//! stranger cannot exhaust.
+//!
+//! * **Connection cap.** At most [`ConnectionLimits::max_connections`]
+//!   connections are served at once, a number kept below the process's
+//!   descriptor limit. A connection beyond it gets a canned `503` with
+//!   `Retry-After` (plain HTTP) or is closed at once (TLS, where answering
+//!   needs a handshake), instead of `accept` failing for everybody.
+//! * **Header timeout.** A client has [`ConnectionLimits::header_timeout`]
+//!   to complete the TLS handshake and each request head, also between
+//!   keep-alive requests (hyper's HTTP/1 header timer).
+//! * **Idle timeout.** A connection with no request in flight for
+//!   [`ConnectionLimits::idle_timeout`] is shut down gracefully (HTTP/1 and
+//!   HTTP/2 alike): a request is in flight from its head until its response
+//!   body has been written.
+//! * **Minimum body rate.** A request body must arrive at
+//!   [`ConnectionLimits::body_min_rate`] bytes per second on average after a
+//!   grace period ([`MinRateBody`]); a slower one fails with `408`.
+//! * **Shutdown.** [`serve`] stops accepting when told to, asks every
+//!   connection to finish its request in flight, and cuts whatever is left
+//!   after [`ConnectionLimits::shutdown_grace`].
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::ConnectInfo;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, Sleep};
+use tower::ServiceExt;
+
+/// Limits applied to every connection of a listener.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConnectionLimits {
+    /// Connections served at once; more are refused with a `503`.
+    pub max_connections: usize,
+    /// Time to complete the TLS handshake and each request head.
+    pub header_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// Bytes per second a request body must average after
+    /// [`body_grace`](Self::body_grace).
+    pub body_min_rate: u64,
+    /// Time a request body may take before the minimum rate applies.
+    pub body_grace: Duration,
+    /// On shutdown, time given to requests in flight before their
+    /// connections are cut.
+    pub shutdown_grace: Duration,
+}
+
+/// Descriptors kept free for the database, files and refusals.
+const RESERVED_DESCRIPTORS: u64 = 256;
+/// Connections being refused at once; beyond this they are dropped unanswered.
+const MAX_REFUSING: usize = 256;
+/// HTTP/2 streams per connection.
+const MAX_STREAMS: u32 = 64;
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: default_max_connections(),
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+            body_min_rate: 1024,
+            body_grace: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Raises the soft descriptor limit to the hard one and returns it.
+pub fn raise_descriptor_limit() -> u64 {
+    rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024)
+}
+
+/// 8 192 connections, or fewer if the descriptor limit (raised to its hard
+/// maximum first) leaves less room.
+pub fn default_max_connections() -> usize {
+    let descriptors = raise_descriptor_limit();
+    usize::try_from(descriptors.saturating_sub(RESERVED_DESCRIPTORS).clamp(64, 8192)).unwrap_or(8192)
+}
+
+impl ConnectionLimits {
+    /// Checks that the limits leave room for descriptors the process needs
+    /// and that every time is positive.
+    pub fn validate(&self) -> Result<(), String> {
+        let descriptors = raise_descriptor_limit();
+        if self.max_connections == 0 {
+            return Err("max_connections must be positive".into());
+        }
+        if self.max_connections as u64 + RESERVED_DESCRIPTORS > descriptors {
+            return Err(format!(
+                "max_connections {} leaves fewer than {RESERVED_DESCRIPTORS} of the process's {descriptors} \
+                 file descriptors free; lower it or raise the limit (ulimit -n)",
+                self.max_connections
+            ));
+        }
+        for (name, value) in [
+            ("header_timeout", self.header_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("shutdown_grace", self.shutdown_grace),
+        ] {
+            if value.is_zero() {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` fires (or its sender is
+/// dropped), then shuts down within [`ConnectionLimits::shutdown_grace`].
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    limits: ConnectionLimits,
+    mut shutdown: oneshot::Receiver<()>,
+) -> std::io::Result<()> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
+    let (closing, close) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(connection) => connection,
+                Err(error) => {
+                    // Out of descriptors despite the cap (something else
+                    // holds them): back off rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            if acceptor.is_none()
+                && let Ok(permit) = refusing.clone().try_acquire_owned()
+            {
+                tokio::spawn(async move {
+                    refuse(stream).await;
+                    drop(permit);
+                });
+            }
+            continue;
+        };
+        let connection =
+            Connection { peer, router: router.clone(), limits, close: close.clone(), _permit: permit };
+        let acceptor = acceptor.clone();
+        connections.spawn(async move {
+            let _ = stream.set_nodelay(true);
+            match acceptor {
+                None => connection.serve(stream).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => connection.serve(stream).await,
+                        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = closing.send(true);
+    let drained = tokio::time::timeout(limits.shutdown_grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            cut = connections.len(),
+            "connections still open after the shutdown grace; cutting them"
+        );
+        connections.shutdown().await;
+    }
+    Ok(())
+}
+
+/// The answer to a connection over the cap.
+const OVERLOADED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+retry-after: 1\r\nconnection: close\r\ncontent-length: 70\r\n\r\n\
+{\"error\":\"overloaded\",\"message\":\"too many connections; retry shortly\"}";
+
+async fn refuse(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(OVERLOADED).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// One accepted connection and what serving it needs.
+struct Connection {
+    peer: SocketAddr,
+    router: Router,
+    limits: ConnectionLimits,
+    close: watch::Receiver<bool>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Connection {
+    async fn serve<I>(mut self, io: I)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let limits = self.limits;
+        let activity = Arc::new(Activity::new());
+        let service = {
+            let (router, activity, peer) = (self.router.clone(), activity.clone(), self.peer);
+            hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                let (router, guard) = (router.clone(), activity.begin());
+                async move {
+                    let mut request = request.map(|body| {
+                        Body::new(MinRateBody::new(body, limits.body_min_rate, limits.body_grace))
+                    });
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    let response = router.oneshot(request).await.unwrap_or_else(|e: Infallible| match e {});
+                    Ok::<_, Infallible>(response.map(|body| Body::new(InFlight { body, _guard: guard })))
+                }
+            })
+        };
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_STREAMS)
+            .keep_alive_interval(Some(limits.idle_timeout))
+            .keep_alive_timeout(limits.header_timeout);
+        let connection = builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(connection);
+        let mut closing = false;
+        let cut = tokio::time::sleep(Duration::MAX / 4);
+        tokio::pin!(cut);
+        loop {
+            let idle_at = activity.idle_deadline(limits.idle_timeout);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(peer = %self.peer, %error, "connection ended with an error");
+                    }
+                    return;
+                }
+                changed = self.close.changed(), if !closing => {
+                    if changed.is_err() || *self.close.borrow() {
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                        cut.as_mut().reset(Instant::now() + limits.shutdown_grace);
+                    }
+                }
+                _ = tokio::time::sleep_until(idle_at), if !closing => {
+                    if activity.idle_for(limits.idle_timeout) {
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                        cut.as_mut().reset(Instant::now() + limits.header_timeout);
+                    }
+                }
+                _ = &mut cut, if closing => return,
+            }
+        }
+    }
+}
+
+/// Requests in flight on one connection and when the last one ended.
+struct Activity {
+    start: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds after `start` when the connection last became idle.
+    idle_since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self { start: Instant::now(), in_flight: AtomicUsize::new(0), idle_since_ms: AtomicU64::new(0) }
+    }
+
+    fn begin(self: &Arc<Self>) -> ActivityGuard {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        ActivityGuard(self.clone())
+    }
+
+    fn idle_since(&self) -> Instant {
+        self.start + Duration::from_millis(self.idle_since_ms.load(Ordering::SeqCst))
+    }
+
+    /// When the connection will have been idle for `timeout`, if nothing
+    /// changes (a request in flight: check again after `timeout`).
+    fn idle_deadline(&self, timeout: Duration) -> Instant {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            Instant::now() + timeout
+        } else {
+            self.idle_since() + timeout
+        }
+    }
+
+    fn idle_for(&self, timeout: Duration) -> bool {
+        self.in_flight.load(Ordering::SeqCst) == 0 && self.idle_since().elapsed() >= timeout
+    }
+}
+
+/// Marks a request in flight until dropped (with its response body).
+struct ActivityGuard(Arc<Activity>);
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        let elapsed = u64::try_from(self.0.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.idle_since_ms.store(elapsed, Ordering::SeqCst);
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that keeps its request in flight until it is written.
+struct InFlight {
+    body: Body,
+    _guard: ActivityGuard,
+}
+
+impl HttpBody for InFlight {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body arrived more slowly than the server's minimum rate.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body arrived more slowly than {min_rate} bytes per second")]
+pub struct SlowBody {
+    /// The minimum rate.
+    pub min_rate: u64,
+}
+
+/// A request body that must keep to a minimum average rate: from its first
+/// read, it has `grace` plus one second per `min_rate` bytes received so
+/// far to deliver its next frame.
+pub struct MinRateBody<B> {
+    inner: B,
+    min_rate: u64,
+    grace: Duration,
+    started: Option<Instant>,
+    received: u64,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl<B> MinRateBody<B> {
+    /// Wraps `inner`; a `min_rate` of 0 disables the check.
+    pub fn new(inner: B, min_rate: u64, grace: Duration) -> Self {
+        Self {
+            inner,
+            min_rate,
+            grace,
+            started: None,
+            received: 0,
+            deadline: Box::pin(tokio::time::sleep(Duration::MAX / 4)),
+        }
+    }
+
+    fn allowed_until(&self, started: Instant) -> Instant {
+        let earned = Duration::from_secs_f64(self.received as f64 / self.min_rate.max(1) as f64);
+        started + self.grace + earned
+    }
+}
+
+impl<B> HttpBody for MinRateBody<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        if this.min_rate > 0 && this.started.is_none() {
+            let now = Instant::now();
+            this.started = Some(now);
+            this.deadline.as_mut().reset(now + this.grace);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(started)) = (frame.data_ref(), this.started) {
+                    this.received += data.len() as u64;
+                    let until = this.allowed_until(started);
+                    this.deadline.as_mut().reset(until);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(error.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                if this.min_rate > 0 && this.deadline.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Some(Err(Box::new(SlowBody { min_rate: this.min_rate }))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    /// A body that yields `left` data frames of `size` bytes, `every` apart.
+    struct Chunks {
+        left: usize,
+        size: usize,
+        every: Duration,
+        next: Pin<Box<Sleep>>,
+    }
+
+    fn trickle(left: usize, size: usize, every: Duration) -> Chunks {
+        Chunks { left, size, every, next: Box::pin(tokio::time::sleep(every)) }
+    }
+
+    impl HttpBody for Chunks {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            if self.left == 0 {
+                return Poll::Ready(None);
+            }
+            if self.next.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.left -= 1;
+            let every = self.every;
+            self.next.as_mut().reset(Instant::now() + every);
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![0u8; self.size])))))
+        }
+    }
+
+    async fn collect(body: MinRateBody<Chunks>) -> Result<usize, axum::BoxError> {
+        Ok(body.collect().await?.to_bytes().len())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_at_the_minimum_rate_arrives_whole() {
+        // 100 bytes a second against a minimum of 50: never late.
+        let body = MinRateBody::new(trickle(60, 100, Duration::from_secs(1)), 50, Duration::from_secs(2));
+        assert_eq!(collect(body).await.unwrap(), 6000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_below_the_minimum_rate_fails_after_its_grace_and_credit() {
+        // 10 bytes a second against a minimum of 100: the grace (5 s) and
+        // the credit earned (0.1 s per chunk) run out after 6 chunks.
+        let started = Instant::now();
+        let body = MinRateBody::new(trickle(1000, 10, Duration::from_secs(1)), 100, Duration::from_secs(5));
+        let error = collect(body).await.unwrap_err();
+        assert!(error.downcast_ref::<SlowBody>().is_some(), "{error}");
+        let elapsed = started.elapsed();
+        assert!((Duration::from_secs(5)..Duration::from_secs(7)).contains(&elapsed), "{elapsed:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_body_fails_after_the_grace() {
+        let started = Instant::now();
+        let body = MinRateBody::new(trickle(1, 10, Duration::from_secs(3600)), 100, Duration::from_secs(10));
+        assert!(collect(body).await.unwrap_err().downcast_ref::<SlowBody>().is_some());
+        assert_eq!(started.elapsed().as_secs(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_rate_disables_the_check() {
+        let body = MinRateBody::new(trickle(2, 10, Duration::from_secs(3600)), 0, Duration::from_secs(1));
+        assert_eq!(collect(body).await.unwrap(), 20);
+    }
+
+    #[test]
+    fn the_default_cap_leaves_descriptors_free() {
+        let limits = ConnectionLimits::default();
+        assert!(limits.validate().is_ok());
+        let too_many = ConnectionLimits { max_connections: usize::MAX / 2, ..limits };
+        assert!(too_many.validate().unwrap_err().contains("file descriptors"));
+        assert!(ConnectionLimits { max_connections: 0, ..limits }.validate().is_err());
+        assert!(ConnectionLimits { idle_timeout: Duration::ZERO, ..limits }.validate().is_err());
+    }
+}

@@ -1,0 +1,247 @@
+//! Rate limits on the client API, per network address and per credential,
+//! with GCRA limiters from the `governor` crate.
+//!
+//! Enrollment is limited per address (it is the unauthenticated call that
+//! creates state); check-in and metric reports per address and per
+//! participant. A refusal carries the wait after which the same call would
+//! pass, which the API sends as `429` with `Retry-After`. Keys of clients
+//! that stay quiet are forgotten by [`Limiters::prune`], so the limiters'
+//! memory is bounded by the clients active in the last minutes.
+
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use serde::{Deserialize, Serialize};
+
+/// A sustained rate and the burst allowed above it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rate {
+    /// Calls per minute, sustained.
+    pub per_minute: u32,
+    /// Calls allowed at once before the sustained rate applies.
+    pub burst: u32,
+}
+
+impl Rate {
+    fn quota(self) -> Option<Quota> {
+        let per_minute = NonZeroU32::new(self.per_minute)?;
+        let burst = NonZeroU32::new(self.burst)?;
+        Some(Quota::per_minute(per_minute).allow_burst(burst))
+    }
+}
+
+/// The client API's rate limits; `null` (or a zero rate) switches one off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimits {
+    /// Enrollments from one address.
+    pub enroll_per_address: Option<Rate>,
+    /// Check-ins from one address.
+    pub check_in_per_address: Option<Rate>,
+    /// Check-ins of one participant.
+    pub check_in_per_credential: Option<Rate>,
+    /// Metric reports from one address.
+    pub reports_per_address: Option<Rate>,
+    /// Metric reports of one participant.
+    pub reports_per_credential: Option<Rate>,
+}
+
+impl Default for RateLimits {
+    /// Generous for clients that follow the protocol (a client checks in
+    /// about once a second while it waits and reports once a round; a load
+    /// test enrolls a thousand clients from one address at once), tight
+    /// enough that one credential or address cannot fill the database.
+    fn default() -> Self {
+        Self {
+            enroll_per_address: Some(Rate { per_minute: 60, burst: 2_000 }),
+            check_in_per_address: Some(Rate { per_minute: 120_000, burst: 20_000 }),
+            check_in_per_credential: Some(Rate { per_minute: 120, burst: 30 }),
+            reports_per_address: Some(Rate { per_minute: 12_000, burst: 4_000 }),
+            reports_per_credential: Some(Rate { per_minute: 12, burst: 6 }),
+        }
+    }
+}
+
+/// A limited call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// `POST /v1/tasks/{id}/enroll`.
+    Enroll,
+    /// `POST /v1/checkin`.
+    CheckIn,
+    /// `POST /v1/metrics`.
+    Report,
+}
+
+type Keyed<K> = Option<DefaultKeyedRateLimiter<K>>;
+
+fn keyed<K: std::hash::Hash + Eq + Clone>(rate: Option<Rate>) -> Keyed<K> {
+    rate.and_then(Rate::quota).map(RateLimiter::keyed)
+}
+
+/// The limiters of one service; cheap to clone.
+#[derive(Clone)]
+pub struct Limiters(Arc<Inner>);
+
+struct Inner {
+    enroll_address: Keyed<IpAddr>,
+    check_in_address: Keyed<IpAddr>,
+    check_in_credential: Keyed<String>,
+    report_address: Keyed<IpAddr>,
+    report_credential: Keyed<String>,
+    clock: DefaultClock,
+}
+
+impl std::fmt::Debug for Limiters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiters").finish_non_exhaustive()
+    }
+}
+
+impl Limiters {
+    /// Limiters for `limits`.
+    pub fn new(limits: &RateLimits) -> Self {
+        Self(Arc::new(Inner {
+            enroll_address: keyed(limits.enroll_per_address),
+            check_in_address: keyed(limits.check_in_per_address),
+            check_in_credential: keyed(limits.check_in_per_credential),
+            report_address: keyed(limits.reports_per_address),
+            report_credential: keyed(limits.reports_per_credential),
+            clock: DefaultClock::default(),
+        }))
+    }
+
+    /// Counts one `call` from `address` (if known) by `participant` (if
+    /// authenticated); `Err(wait)` if a limit is exceeded, where `wait` is
+    /// how long until the same call would pass.
+    pub fn check(
+        &self,
+        call: Call,
+        address: Option<IpAddr>,
+        participant: Option<&str>,
+    ) -> Result<(), Duration> {
+        let inner = &self.0;
+        let (by_address, by_credential) = match call {
+            Call::Enroll => (&inner.enroll_address, &None),
+            Call::CheckIn => (&inner.check_in_address, &inner.check_in_credential),
+            Call::Report => (&inner.report_address, &inner.report_credential),
+        };
+        if let (Some(limiter), Some(address)) = (by_address, address) {
+            limiter.check_key(&address).map_err(|not_until| not_until.wait_time_from(inner.clock.now()))?;
+        }
+        if let (Some(limiter), Some(participant)) = (by_credential, participant) {
+            limiter
+                .check_key(&participant.to_string())
+                .map_err(|not_until| not_until.wait_time_from(inner.clock.now()))?;
+        }
+        Ok(())
+    }
+
+    /// Forgets keys whose limits have fully recovered.
+    pub fn prune(&self) {
+        let inner = &self.0;
+        for limiter in
+            [&inner.enroll_address, &inner.check_in_address, &inner.report_address].into_iter().flatten()
+        {
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+        }
+        for limiter in [&inner.check_in_credential, &inner.report_credential].into_iter().flatten() {
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+        }
+    }
+
+    /// Keys currently remembered, over every limiter.
+    pub fn tracked(&self) -> usize {
+        let inner = &self.0;
+        let addresses: usize = [&inner.enroll_address, &inner.check_in_address, &inner.report_address]
+            .into_iter()
+            .flatten()
+            .map(|l| l.len())
+            .sum();
+        let credentials: usize = [&inner.check_in_credential, &inner.report_credential]
+            .into_iter()
+            .flatten()
+            .map(|l| l.len())
+            .sum();
+        addresses + credentials
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(rate: Rate) -> RateLimits {
+        RateLimits {
+            enroll_per_address: Some(rate),
+            check_in_per_address: None,
+            check_in_per_credential: Some(rate),
+            reports_per_address: Some(rate),
+            reports_per_credential: None,
+        }
+    }
+
+    #[test]
+    fn a_burst_passes_then_calls_wait_for_the_sustained_rate() {
+        let limiters = Limiters::new(&limits(Rate { per_minute: 60, burst: 3 }));
+        let address = Some(IpAddr::from([10, 0, 0, 1]));
+        for _ in 0..3 {
+            assert_eq!(limiters.check(Call::Enroll, address, None), Ok(()));
+        }
+        let wait = limiters.check(Call::Enroll, address, None).unwrap_err();
+        assert!(wait > Duration::from_millis(900) && wait <= Duration::from_secs(1), "{wait:?}");
+        // Another address has its own budget.
+        assert_eq!(limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 0, 2])), None), Ok(()));
+    }
+
+    #[test]
+    fn credentials_are_limited_apart_from_addresses() {
+        let limiters = Limiters::new(&limits(Rate { per_minute: 1, burst: 1 }));
+        let address = Some(IpAddr::from([10, 0, 0, 1]));
+        // No per-address limit on check-in: only the credential counts.
+        assert_eq!(limiters.check(Call::CheckIn, address, Some("a")), Ok(()));
+        assert!(limiters.check(Call::CheckIn, address, Some("a")).is_err());
+        assert_eq!(limiters.check(Call::CheckIn, address, Some("b")), Ok(()));
+        // Reports: per address only.
+        assert_eq!(limiters.check(Call::Report, address, Some("a")), Ok(()));
+        assert!(limiters.check(Call::Report, address, Some("c")).is_err());
+        // Unknown addresses are not limited per address.
+        assert_eq!(limiters.check(Call::Report, None, Some("c")), Ok(()));
+    }
+
+    #[test]
+    fn switched_off_limits_never_refuse() {
+        let off = RateLimits {
+            enroll_per_address: None,
+            check_in_per_address: Some(Rate { per_minute: 0, burst: 5 }),
+            check_in_per_credential: None,
+            reports_per_address: None,
+            reports_per_credential: None,
+        };
+        let limiters = Limiters::new(&off);
+        for _ in 0..1000 {
+            assert_eq!(limiters.check(Call::Enroll, Some(IpAddr::from([1, 2, 3, 4])), Some("x")), Ok(()));
+            assert_eq!(limiters.check(Call::CheckIn, Some(IpAddr::from([1, 2, 3, 4])), Some("x")), Ok(()));
+        }
+        assert_eq!(limiters.tracked(), 0);
+    }
+
+    #[test]
+    fn pruning_forgets_recovered_keys() {
+        let limiters = Limiters::new(&limits(Rate { per_minute: 60_000, burst: 1 }));
+        for i in 0..100u8 {
+            let _ = limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 0, i])), None);
+        }
+        assert_eq!(limiters.tracked(), 100);
+        std::thread::sleep(Duration::from_millis(20));
+        limiters.prune();
+        assert_eq!(limiters.tracked(), 0);
+    }
+}
