@@ -833,6 +833,33 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_limited_request_waits_as_told_without_using_up_attempts() {
+        let mut p = enrolled();
+        let limited =
+            serde_json::json!({ "error": "rate_limited", "message": "slow down", "retry_after_ms": 7_000 });
+        // More refusals than max_attempts: the server is there, so no failure.
+        for k in 0..10 {
+            let now = k * 10_000;
+            let request = send(&mut p, now);
+            assert_eq!(request.path, "/v1/checkin");
+            p.handle(now, json(429, limited.clone())).unwrap();
+            assert!(matches!(p.next(now + 1), Action::Wait(6_999)));
+        }
+        // A 503 that asks for longer than the backoff gets its wait, and
+        // still counts as a failed attempt.
+        let unavailable =
+            serde_json::json!({ "error": "unavailable", "message": "", "retry_after_ms": 5_000 });
+        send(&mut p, 200_000);
+        p.handle(200_000, json(503, unavailable)).unwrap();
+        assert!(matches!(p.next(200_000), Action::Wait(5_000)));
+        // A server that asks for an hour is held to five minutes.
+        send(&mut p, 300_000);
+        let hour = serde_json::json!({ "error": "rate_limited", "message": "", "retry_after_ms": 3_600_000 });
+        p.handle(300_000, json(429, hour)).unwrap();
+        assert!(matches!(p.next(300_000), Action::Wait(300_000)));
+    }
+
+    #[test]
     fn a_success_resets_the_attempts() {
         // More failures in all than max_attempts, but never two in a row.
         let mut p = enrolled();

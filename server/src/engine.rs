@@ -952,6 +952,74 @@ mod tests {
     }
 
     #[test]
+    fn stage_messages_are_admitted_only_from_eligible_senders_within_the_round_size() {
+        let mut engine = engine(small_spec());
+        let mut clients = participants(7);
+        for c in &clients[..6] {
+            engine.check_in(&c.name, 0);
+        }
+        assert_eq!(engine.admit("p0"), Err(EngineError::NotSelected), "no round yet");
+        engine.tick(0);
+        assert_eq!(engine.admit("p6"), Err(EngineError::NotSelected));
+        let (round, _) = engine.round.as_ref().map(|r| (r.number, ())).unwrap();
+        assert_eq!(round, 1);
+        let keys = engine.admit("p0").unwrap();
+        let config = engine.round.as_ref().unwrap().server.as_ref().unwrap().config().clone();
+        assert_eq!(keys, ClientMessage::max_encoded_len(&config, Stage::AdvertiseKeys));
+        assert!(clients[0].step(&mut engine));
+        assert!(matches!(engine.admit("p0"), Err(EngineError::Protocol(ProtocolError::Duplicate(_)))));
+        // p5 never advertises keys: it is not eligible for the next stage.
+        for c in clients[1..5].iter_mut() {
+            c.step(&mut engine);
+        }
+        engine.tick(400_000);
+        assert_eq!(engine.current_round(), Some((1, Stage::ShareKeys)));
+        assert!(matches!(engine.admit("p5"), Err(EngineError::Protocol(ProtocolError::NotEligible { .. }))));
+        // The share stage's limit also takes a late key advertisement.
+        let shares = engine.admit("p0").unwrap();
+        assert_eq!(shares, ClientMessage::max_encoded_len(&config, Stage::ShareKeys).max(keys));
+        engine.set_status(TaskStatus::Paused);
+        assert_eq!(engine.admit("p0"), Err(EngineError::Inactive(TaskStatus::Paused)));
+    }
+
+    #[test]
+    fn only_members_of_a_recent_round_may_report() {
+        let mut spec = small_spec();
+        spec.rounds = 4;
+        let mut engine = engine(spec);
+        let mut now = 0;
+        assert_eq!(engine.may_report("p0", 1), Err(EngineError::NotInRound(1)));
+        for round in 1..=4u64 {
+            // Members p0..p5 in odd rounds, q0..q5 in even ones.
+            let prefix = if round % 2 == 1 { "p" } else { "q" };
+            // The last round's clients are no longer available.
+            now += CHECK_IN_TTL_MS + 1;
+            let mut clients = participants(6);
+            for c in clients.iter_mut() {
+                c.name = format!("{prefix}{}", &c.name[1..]);
+                engine.check_in(&c.name, now);
+            }
+            engine.tick(now);
+            assert_eq!(engine.may_report(&format!("{prefix}0"), round), Ok(()), "the round in progress");
+            let other = if prefix == "p" { "q0" } else { "p0" };
+            assert_eq!(engine.may_report(other, round), Err(EngineError::NotInRound(round)));
+            let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+            let completion = engine.complete(round, job.run(), now).unwrap();
+            engine.commit(completion);
+            assert_eq!(engine.may_report(&format!("{prefix}3"), round), Ok(()), "just finished");
+            assert_eq!(
+                engine.may_report(&format!("{prefix}3"), round + 1),
+                Err(EngineError::NotInRound(round + 1))
+            );
+        }
+        // The last two rounds are remembered; older ones are not.
+        assert_eq!(engine.may_report("q1", 4), Ok(()));
+        assert_eq!(engine.may_report("p1", 3), Ok(()));
+        assert_eq!(engine.may_report("q1", 2), Err(EngineError::NotInRound(2)));
+        assert_eq!(engine.may_report("p1", 1), Err(EngineError::NotInRound(1)));
+    }
+
+    #[test]
     fn stale_check_ins_do_not_count() {
         let mut engine = engine(small_spec());
         for i in 0..6 {

@@ -198,10 +198,17 @@ const OVERLOADED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: ap
 retry-after: 1\r\nconnection: close\r\ncontent-length: 70\r\n\r\n\
 {\"error\":\"overloaded\",\"message\":\"too many connections; retry shortly\"}";
 
+/// Answers `503` and closes. What the client sent is drained (for at most a
+/// second), so that closing does not reset the connection before the client
+/// has read the answer.
 async fn refuse(mut stream: TcpStream) {
+    use tokio::io::AsyncReadExt;
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         stream.write_all(OVERLOADED).await?;
-        stream.shutdown().await
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
     })
     .await;
 }

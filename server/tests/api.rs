@@ -400,6 +400,14 @@ async fn client_api_errors() {
     api.call("POST", &format!("/admin/tasks/{id}/stop"), Some(ADMIN), None).await;
     let (status, body) = api.call("POST", &path, None, Some(json!({ "enrollment_token": token }))).await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("task_inactive")));
+    // Its clients are told the task is over, so that they exit cleanly.
+    let (status, body) = api.call("POST", "/v1/checkin", Some(&credential), None).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("finished")), "{body}");
+    // Task ids that cannot be ours are not looked up.
+    let (status, body) = api.call("GET", "/admin/tasks/%00", Some(ADMIN), None).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    let (status, body) = api.call("GET", "/readyz", None, None).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("ready")));
     api.finish().await;
 }
 

@@ -219,7 +219,14 @@ fn hostile_input_is_refused_and_rounds_complete() {
         let mut wrong_version = keys.clone();
         wrong_version[2] ^= 0x7f;
         refused(&attacker.post(wrong_version), 400, "malformed_message");
-        refused(&attacker.post(vec![0; MAX_BODY + 1]), 413, "payload_too_large");
+        // The round's own limit, far below the server-wide one.
+        let response = attacker.post(vec![0; MAX_BODY + 1]);
+        refused(&response, 413, "payload_too_large");
+        let message: Value = serde_json::from_slice(&response.body).unwrap();
+        let limit: usize =
+            message["message"].as_str().unwrap().split_whitespace().nth(6).unwrap().parse().unwrap();
+        assert!(limit < MAX_BODY / 8, "{message}");
+        refused(&attacker.post(vec![0; limit + 1]), 413, "payload_too_large");
         refused(
             &attacker.send(Method::Post, "/v1/round/message", keys.clone(), "application/json"),
             415,

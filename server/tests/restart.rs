@@ -6,114 +6,20 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Participant, weighted_mean};
 use serde_json::{Value, json};
+use support::process::{ServeProcess, http, json_call};
 
 const ADMIN: &str = "restart-test-admin-token-0123456789";
 const SECAGG: &str = "application/x-cohort-secagg";
 
-/// One HTTP/1.1 exchange over a fresh connection.
-fn http(
-    port: u16,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    content_type: &str,
-    body: &[u8],
-) -> (u16, Vec<u8>) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let split = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&response[..split]).to_string();
-    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut body = response[split + 4..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        body = dechunk(&body);
-    }
-    (status, body)
-}
-
-fn dechunk(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = data.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).unwrap().trim(), 16).unwrap();
-        data = &data[line_end + 2..];
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&data[..size]);
-        data = &data[size + 2..];
-    }
-}
-
-fn json_call(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
-    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-    let (status, body) = http(port, method, path, token, "application/json", &bytes);
-    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
-}
-
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    /// Starts `cohort serve` on `port` (0: any free port) and waits for it
-    /// to say where it listens: a server that could not bind fails here,
-    /// rather than the test talking to whatever holds the port.
-    fn start(port: u16, database: &std::path::Path) -> Self {
-        use std::io::BufRead;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
-            .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", database.display()))
-            .env("COHORT_ADMIN_TOKEN", ADMIN)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let listening = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|line| {
-                line.split_once("listening on http://127.0.0.1:").map(|(_, p)| p.trim().to_string())
-            })
-            .unwrap_or_else(|| panic!("cohort serve did not start on port {port}: {:?}", child.wait()));
-        // Keep draining, so that the server never writes into a closed pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Server { child, port: listening.parse().unwrap() }
-    }
-
-    fn kill(mut self) {
-        // SIGKILL: no graceful shutdown, exactly like a crash.
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `cohort serve` on `port` (0: any free port) over the SQLite file.
+fn start(port: u16, database: &std::path::Path) -> ServeProcess {
+    ServeProcess::start(port, &format!("sqlite://{}", database.display()), ADMIN, None)
 }
 
 struct Device {
@@ -173,7 +79,7 @@ fn latest_checkpoint(port: u16, task: &str) -> Vec<u8> {
 fn training_survives_a_crash_mid_round() {
     let database = std::env::temp_dir().join(format!("cohort-restart-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&database);
-    let server = Server::start(0, &database);
+    let server = start(0, &database);
     let port = server.port;
 
     let spec = json!({
@@ -220,7 +126,7 @@ fn training_survives_a_crash_mid_round() {
     server.kill();
 
     // Restart: the completed round, its checkpoint and the credentials are there.
-    let server = Server::start(port, &database);
+    let server = start(port, &database);
     assert_eq!(rounds(port, &task).len(), 1);
     assert_eq!(latest_checkpoint(port, &task), checkpoint_1);
     let (_, live) = json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
@@ -292,7 +198,7 @@ fn training_survives_repeated_crashes_at_random_points() {
 
     let database = std::env::temp_dir().join(format!("cohort-crashes-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&database);
-    let mut server = Server::start(0, &database);
+    let mut server = start(0, &database);
     let port = server.port;
     let rounds_wanted = 6;
     let spec = json!({
@@ -337,7 +243,7 @@ fn training_survives_repeated_crashes_at_random_points() {
         let before = completed(port, &task);
         server.kill();
         crashes += 1;
-        server = Server::start(port, &database);
+        server = start(port, &database);
         let after = completed(port, &task);
         assert!(after.len() >= before.len(), "crash {crashes}: rounds lost");
         assert_eq!(

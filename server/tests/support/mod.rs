@@ -3,6 +3,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod process;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

@@ -1,0 +1,559 @@
+//! `cohort serve` under abuse, as a real process over loopback: thousands
+//! of idle, half-sent and slow connections; more connections than its cap;
+//! floods of reports and of oversized stage messages; inputs that overflow
+//! or carry NUL on SQLite and PostgreSQL; a database that goes away; and
+//! SIGTERM with a request half sent. Every loop here is bounded in count
+//! and time, and all traffic stays on 127.0.0.1.
+//!
+//! The tests run one at a time (they measure latency and memory).
+//! PostgreSQL is reached at `COHORT_TEST_POSTGRES_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::process::{ServeProcess, exchange, http, json_call, read_response, remove_database};
+
+const ADMIN: &str = "abuse-test-admin-token-0123456789";
+const SECAGG: &str = "application/x-cohort-secagg";
+
+/// One test at a time: they hold thousands of sockets and measure time
+/// and memory.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Short timeouts, so that the test sees them act.
+fn short_timeouts() -> Value {
+    json!({
+        "header_timeout_ms": 2000,
+        "idle_timeout_ms": 3000,
+        "body_min_rate": 1024,
+        "body_grace_ms": 2000,
+        "shutdown_grace_ms": 3000
+    })
+}
+
+fn small_task(clients_per_round: u32) -> Value {
+    json!({
+        "name": "abuse",
+        "rounds": 5,
+        "clients_per_round": clients_per_round,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [8] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 2 }
+    })
+}
+
+fn create_task(port: u16, spec: Value) -> (String, String) {
+    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
+    assert_eq!(status, 201, "{created}");
+    (created["id"].as_str().unwrap().into(), created["enrollment_token"].as_str().unwrap().into())
+}
+
+fn enroll(port: u16, task: &str, token: &str) -> String {
+    let path = format!("/v1/tasks/{task}/enroll");
+    let (status, body) = json_call(port, "POST", &path, None, Some(json!({ "enrollment_token": token })));
+    assert_eq!(status, 201, "{body}");
+    body["credential"].as_str().unwrap().into()
+}
+
+/// Probes `/healthz` on a fresh connection every 20 ms until stopped;
+/// returns the slowest answer and the number of probes.
+struct HealthProbe {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(Duration, usize)>,
+}
+
+impl HealthProbe {
+    fn start(port: u16) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut slowest, mut probes) = (Duration::ZERO, 0);
+            while !flag.load(Ordering::SeqCst) {
+                let started = Instant::now();
+                let (status, body) = http(port, "GET", "/healthz", None, "text/plain", &[]);
+                assert_eq!((status, body.as_slice()), (200, b"ok".as_slice()));
+                slowest = slowest.max(started.elapsed());
+                probes += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (slowest, probes)
+        });
+        Self { stop, thread }
+    }
+
+    fn finish(self) -> (Duration, usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap()
+    }
+}
+
+/// Opens `count` connections and sends each `prefix` (possibly nothing).
+fn open(port: u16, count: usize, prefix: &[u8]) -> Vec<TcpStream> {
+    (0..count)
+        .map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            if !prefix.is_empty() {
+                stream.write_all(prefix).unwrap();
+            }
+            stream
+        })
+        .collect()
+}
+
+/// Whether the server has closed `stream` (after answering, if it did)
+/// by `deadline`; returns what it sent.
+fn closed_by(stream: &mut TcpStream, deadline: Instant) -> Option<Vec<u8>> {
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut buffer) {
+            Ok(0) => return Some(received),
+            Ok(n) => received.extend_from_slice(&buffer[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Some(received),
+            Err(_) => return None,
+        }
+    }
+}
+
+#[test]
+fn idle_half_sent_and_slow_connections_are_closed_while_health_holds() {
+    let _serial = serial();
+    let descriptors = cohort_server::listener::raise_descriptor_limit();
+    assert!(descriptors >= 8192, "this test needs 8192 file descriptors, the limit is {descriptors}");
+    let (server, database) = ServeProcess::sqlite("abuse-connections", ADMIN, Some(&short_timeouts()));
+    let port = server.port;
+    let probe = HealthProbe::start(port);
+    let started = Instant::now();
+
+    const IDLE: usize = 2000;
+    const HALF_HEADER: usize = 1000;
+    const SLOW_BODY: usize = 500;
+    let mut idle = open(port, IDLE, b"");
+    let mut half = open(port, HALF_HEADER, b"POST /v1/checkin HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
+    let slow_head = format!(
+        "POST /v1/tasks/{}/enroll HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{{\"enrollment_token\": \"",
+        "0".repeat(32)
+    );
+    let mut slow = open(port, SLOW_BODY, slow_head.as_bytes());
+    let opened = started.elapsed();
+    let (rss_held, _) = server.memory_kib();
+
+    // Every one of them is closed within its timeout (plus scheduling
+    // slack); the slow bodies get a 408 first.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for stream in idle.iter_mut().chain(half.iter_mut()) {
+        assert!(closed_by(stream, deadline).is_some(), "an idle or half-sent connection stayed open");
+    }
+    for stream in &mut slow {
+        let received = closed_by(stream, deadline).expect("a slow body's connection stayed open");
+        let text = String::from_utf8_lossy(&received);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("request_timeout"), "{text}");
+    }
+    let all_closed = started.elapsed();
+    drop((idle, half, slow));
+
+    let (slowest, probes) = probe.finish();
+    assert!(probes > 50, "only {probes} health probes");
+    assert!(slowest < Duration::from_millis(100), "/healthz took {slowest:?} at worst");
+
+    // SIGTERM with a request half sent and idle connections open: the
+    // process exits within the shutdown grace.
+    let _idle = open(port, 500, b"");
+    let mut pending = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // Enrollment reads its body: this request is in flight when the signal comes.
+    let half_body = format!(
+        "POST /v1/tasks/{}/enroll HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{{\"half",
+        "0".repeat(32)
+    );
+    pending.write_all(half_body.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut server = server;
+    let signalled = Instant::now();
+    server.terminate();
+    let exit = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(5),
+            "cohort serve did not exit within 5 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let shutdown = signalled.elapsed();
+    assert!(exit.success(), "{exit:?}");
+    println!(
+        "connections: {} held (opened in {opened:?}), all closed after {all_closed:?}; server RSS while held {:.1} MiB; \
+         /healthz slowest {slowest:?} over {probes} probes; exit {shutdown:?} after SIGTERM",
+        IDLE + HALF_HEADER + SLOW_BODY,
+        rss_held as f64 / 1024.0
+    );
+    remove_database(&database);
+}
+
+#[test]
+fn connections_over_the_cap_get_a_503_and_service_comes_back() {
+    let _serial = serial();
+    let mut config = short_timeouts();
+    config["max_connections"] = json!(64);
+    let (server, database) = ServeProcess::sqlite("abuse-cap", ADMIN, Some(&config));
+    let port = server.port;
+    let held = open(port, 64, b"");
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        extra.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (status, head, body) = read_response(&mut extra);
+        assert_eq!(status, 503, "{head}");
+        assert!(head.to_ascii_lowercase().contains("retry-after: 1"), "{head}");
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"], "overloaded");
+    }
+    // The idle connections time out; the server answers again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        if read_response(&mut stream).0 == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the server did not come back after its idle connections closed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(held);
+    drop(server);
+    remove_database(&database);
+}
+
+/// Sends a request head declaring `length` bytes of body and at most
+/// `send` of them, then reads the answer: (status, body, bytes sent).
+fn oversized(
+    port: u16,
+    path: &str,
+    credential: &str,
+    content_type: &str,
+    length: u64,
+    send: usize,
+) -> (u16, Value, usize) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {credential}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    // The server answers (and closes) before taking the body: read while
+    // writing, so that the answer is seen before the connection is reset.
+    let mut reader = stream.try_clone().unwrap();
+    let answer = std::thread::spawn(move || read_response(&mut reader));
+    let chunk = vec![0u8; 1 << 16];
+    let mut sent = 0;
+    while sent < send && !answer.is_finished() {
+        if stream.write_all(&chunk).is_err() {
+            break;
+        }
+        sent += chunk.len();
+    }
+    let _ = stream.shutdown(Shutdown::Write);
+    let (status, _, body) = answer.join().unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null), sent)
+}
+
+#[test]
+fn floods_of_reports_and_oversized_messages_are_refused_with_memory_bounded() {
+    let _serial = serial();
+    let (server, database) = ServeProcess::sqlite("abuse-floods", ADMIN, None);
+    let port = server.port;
+    // Twenty enrolled clients; no round starts (fifty are needed).
+    let (task, token) = create_task(port, small_task(50));
+    let credentials: Vec<String> = (0..20).map(|_| enroll(port, &task, &token)).collect();
+    for credential in &credentials {
+        assert_eq!(json_call(port, "POST", "/v1/checkin", Some(credential), None).0, 200);
+    }
+    let database_before = std::fs::metadata(&database).unwrap().len();
+    let (rss_before, _) = server.memory_kib();
+
+    // Four 200 MB stage messages at once from clients that are not
+    // selected: refused before the body is read.
+    let posts: Vec<_> = credentials[..4]
+        .iter()
+        .cloned()
+        .map(|credential| {
+            std::thread::spawn(move || {
+                oversized(port, "/v1/round/message", &credential, SECAGG, 200_000_000, 200_000_000)
+            })
+        })
+        .collect();
+    for post in posts {
+        let (status, body, sent) = post.join().unwrap();
+        assert_eq!((status, body["error"].as_str()), (409, Some("not_selected")), "{body}");
+        assert!(sent < 50_000_000, "{sent} bytes were taken before the refusal");
+    }
+    // A 1 MB metrics report: refused on its declared length.
+    let (status, body, _) =
+        oversized(port, "/v1/metrics", &credentials[4], "application/json", 1 << 20, 1 << 20);
+    assert_eq!((status, body["error"].as_str()), (413, Some("payload_too_large")), "{body}");
+
+    // Every client floods reports for rounds it never took part in, up
+    // to round 2^62: refused (not in the round, or rate limited).
+    let floods: Vec<_> = credentials
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, credential)| {
+            std::thread::spawn(move || {
+                let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+                for k in 0..100u64 {
+                    let round = 1 + (k * 0x9e37_79b9 + i as u64) % (1 << 62);
+                    let report =
+                        json!({ "round": round, "kind": "train", "metrics": { "train_loss": 8.3e29 } });
+                    *statuses
+                        .entry(json_call(port, "POST", "/v1/metrics", Some(&credential), Some(report)).0)
+                        .or_default() += 1;
+                    let report = json!({ "round": round, "kind": "eval", "metrics": { "eval_loss": 0.5 } });
+                    *statuses
+                        .entry(json_call(port, "POST", "/v1/metrics", Some(&credential), Some(report)).0)
+                        .or_default() += 1;
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for flood in floods {
+        for (status, count) in flood.join().unwrap() {
+            *statuses.entry(status).or_default() += count;
+        }
+    }
+    assert_eq!(statuses.values().sum::<usize>(), 4000);
+    assert!(statuses.keys().all(|s| [400, 409, 429].contains(s)), "{statuses:?}");
+    assert!(statuses.get(&429).is_some_and(|n| *n > 3000), "the per-credential limit holds: {statuses:?}");
+
+    let (rss_after, peak) = server.memory_kib();
+    let database_after = std::fs::metadata(&database).unwrap().len();
+    assert!(database_after <= database_before + (64 << 10), "{database_before} -> {database_after} bytes");
+    assert!(peak < rss_before + 64 * 1024, "peak RSS {peak} KiB against {rss_before} KiB before the floods");
+    println!(
+        "floods: 4 × 200 MB stage posts and 4000 reports refused ({statuses:?}); RSS {:.1} -> {:.1} MiB, \
+         peak {:.1} MiB; database {database_before} -> {database_after} bytes",
+        rss_before as f64 / 1024.0,
+        rss_after as f64 / 1024.0,
+        peak as f64 / 1024.0
+    );
+    drop(server);
+    remove_database(&database);
+}
+
+/// A fresh PostgreSQL database: (its URL, the admin URL to drop it with).
+fn postgres_database(name: &str) -> (String, String) {
+    let admin = std::env::var("COHORT_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
+    let name = format!("cohort_abuse_{name}_{}", std::process::id());
+    psql(&admin, &format!("DROP DATABASE IF EXISTS {name}"));
+    psql(&admin, &format!("CREATE DATABASE {name}"));
+    let (base, _) = admin.rsplit_once('/').unwrap();
+    (format!("{base}/{name}"), admin)
+}
+
+fn psql(url: &str, sql: &str) {
+    let status = std::process::Command::new("psql")
+        .args([url, "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("psql: {e}"));
+    assert!(status.success(), "psql failed: {sql}");
+}
+
+fn drop_postgres_database(url: &str, admin: &str) {
+    let (_, name) = url.rsplit_once('/').unwrap();
+    psql(admin, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+}
+
+/// Overflowing and NUL-carrying inputs against one running server.
+fn refuses_overflow_and_nul(port: u16) {
+    let mut spec = small_task(4);
+    spec["deadlines"] = json!({ "advertise_keys_ms": i64::MAX });
+    let (status, body) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
+    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_task")), "{body}");
+    let mut spec = small_task(4);
+    spec["rounds"] = json!(u32::MAX);
+    assert_eq!(json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec)).0, 400);
+    let mut spec = small_task(4);
+    spec["name"] = json!("a\u{0}b");
+    let (status, body) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
+    assert_eq!(status, 400, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("control characters"), "{body}");
+    // The largest layout the protocol takes is over the parameter cap:
+    // refused before anything is allocated.
+    let mut spec = small_task(4);
+    spec["model"]["layout"]["tensors"][0]["shape"] = json!([(1u64 << 27) - 1]);
+    let (status, body) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
+    assert_eq!((status, body["error"].as_str()), (422, Some("capacity_exceeded")), "{body}");
+
+    let (task, token) = create_task(port, small_task(4));
+    for path in [
+        "/admin/tasks/%00".to_string(),
+        format!("/admin/tasks/{}%00", &task[..31]),
+        "/admin/tasks/%00/rounds".to_string(),
+        "/admin/tasks/x%00y/checkpoints/latest".to_string(),
+    ] {
+        let (status, body) = json_call(port, "GET", &path, Some(ADMIN), None);
+        assert_eq!((status, body["error"].as_str()), (404, Some("not_found")), "{path}: {body}");
+    }
+    let (status, body) =
+        json_call(port, "POST", "/v1/tasks/%00/enroll", None, Some(json!({ "enrollment_token": token })));
+    assert_eq!((status, body["error"].as_str()), (404, Some("not_found")), "{body}");
+    let (status, body) = json_call(
+        port,
+        "POST",
+        &format!("/v1/tasks/{task}/enroll"),
+        None,
+        Some(json!({ "enrollment_token": "a\u{0}" })),
+    );
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(json_call(port, "GET", "/readyz", None, None).0, 200);
+}
+
+#[test]
+fn overflow_and_nul_inputs_are_refused_on_sqlite_and_postgresql() {
+    let _serial = serial();
+    let (server, database) = ServeProcess::sqlite("abuse-inputs", ADMIN, None);
+    refuses_overflow_and_nul(server.port);
+    drop(server);
+    remove_database(&database);
+
+    let (url, admin) = postgres_database("inputs");
+    let server = ServeProcess::start(0, &url, ADMIN, None);
+    refuses_overflow_and_nul(server.port);
+    drop(server);
+    drop_postgres_database(&url, &admin);
+}
+
+/// A TCP relay between the server and PostgreSQL that the test can cut:
+/// while cut, live connections are reset and new ones refused.
+struct Relay {
+    port: u16,
+    running: Arc<AtomicBool>,
+    sockets: Arc<Mutex<Vec<TcpStream>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(port: u16, upstream: u16) -> Self {
+        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let running = Arc::new(AtomicBool::new(true));
+        let sockets = Arc::new(Mutex::new(Vec::new()));
+        let (flag, held) = (running.clone(), sockets.clone());
+        let thread = std::thread::spawn(move || {
+            while flag.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        client.set_nonblocking(false).unwrap();
+                        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { continue };
+                        let mut held = held.lock().unwrap();
+                        held.push(client.try_clone().unwrap());
+                        held.push(server.try_clone().unwrap());
+                        for (mut from, mut to) in
+                            [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                        {
+                            std::thread::spawn(move || {
+                                let _ = std::io::copy(&mut from, &mut to);
+                                let _ = to.shutdown(Shutdown::Both);
+                            });
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Self { port, running, sockets, thread: Some(thread) }
+    }
+
+    /// Resets every relayed connection and stops listening.
+    fn cut(&mut self) {
+        self.running.store(false, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+        for socket in self.sockets.lock().unwrap().drain(..) {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+#[test]
+fn a_database_outage_fails_requests_fast_with_503_and_readiness_reports_it() {
+    let _serial = serial();
+    let (url, admin) = postgres_database("outage");
+    let (base, name) = url.rsplit_once('/').unwrap();
+    let authority = base.rsplit_once('@').map_or(base, |(_, host)| host);
+    let upstream: u16 = authority.rsplit_once(':').map_or(5432, |(_, port)| port.parse().unwrap());
+    let user = base.split_once("://").unwrap().1.split_once('@').map(|(user, _)| user);
+    let mut relay = Relay::start(0, upstream);
+    let relayed = match user {
+        Some(user) => format!("postgres://{user}@127.0.0.1:{}/{name}", relay.port),
+        None => format!("postgres://127.0.0.1:{}/{name}", relay.port),
+    };
+    let server = ServeProcess::start(0, &relayed, ADMIN, None);
+    let port = server.port;
+    let (task, token) = create_task(port, small_task(4));
+    let credential = enroll(port, &task, &token);
+    let (status, body) = json_call(port, "GET", "/readyz", None, None);
+    assert_eq!((status, body["status"].as_str()), (200, Some("ready")));
+
+    relay.cut();
+    let mut slowest = Duration::ZERO;
+    for (method, path, token) in
+        [("POST", "/v1/checkin", Some(credential.as_str())), ("GET", "/admin/tasks", Some(ADMIN))]
+    {
+        let started = Instant::now();
+        let (status, head, body) = exchange(port, method, path, token, "application/json", &[]);
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(status, 503, "{method} {path}: {}", String::from_utf8_lossy(&body));
+        assert!(head.to_ascii_lowercase().contains("retry-after: 5"), "{head}");
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"], "unavailable");
+    }
+    assert!(slowest < Duration::from_secs(5), "a request took {slowest:?} during the outage");
+    let (status, body) = json_call(port, "GET", "/readyz", None, None);
+    assert_eq!((status, body["database"].as_str()), (503, Some("unreachable")), "{body}");
+    assert_eq!(http(port, "GET", "/healthz", None, "text/plain", &[]).0, 200, "liveness is not readiness");
+
+    // The database comes back (on the same address): so does the service.
+    let relay = Relay::start(relay.port, upstream);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while json_call(port, "GET", "/readyz", None, None).0 != 200 {
+        assert!(Instant::now() < deadline, "readiness did not recover");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (status, body) = json_call(port, "POST", "/v1/checkin", Some(&credential), None);
+    assert_eq!((status, body["status"].as_str()), (200, Some("wait")), "{body}");
+    println!("database outage: requests answered 503 within {slowest:?}");
+    drop(server);
+    drop(relay);
+    drop_postgres_database(&url, &admin);
+}
