@@ -54,8 +54,8 @@ pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
 /// Content type of checkpoints.
 pub const SAFETENSORS_CONTENT_TYPE: &str = "application/vnd.safetensors";
 const JSON_LIMIT: usize = 1 << 20;
-/// Largest metrics report.
-pub const REPORT_LIMIT: usize = 4 << 10;
+/// Largest JSON body of the client API (an enrollment, a metrics report).
+pub const CLIENT_JSON_LIMIT: usize = 4 << 10;
 /// How long a readiness probe waits for the database.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 /// What a client is told to wait when the database cannot be reached.
@@ -128,7 +128,7 @@ impl ApiError {
             ..Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
-                "the database is unavailable; retry later",
+                "the database is unavailable or overloaded; retry later",
             )
         }
     }
@@ -175,7 +175,9 @@ impl From<StoreError> for ApiError {
             }
             StoreError::Conflict(why) => ApiError::new(StatusCode::CONFLICT, "conflict", why),
             other if other.is_unavailable() => {
-                tracing::warn!(error = %other, "database unavailable");
+                // One line per request would flood the log during an outage;
+                // /readyz reports it at warn level.
+                tracing::debug!(error = %other, "database unavailable");
                 ApiError::database_unavailable()
             }
             other => {
@@ -388,13 +390,14 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/tasks/{id}/rounds", get(list_rounds))
         .route("/admin/tasks/{id}/checkpoints/{round}", get(get_checkpoint))
         .layer(DefaultBodyLimit::max(JSON_LIMIT));
+    // The client API's JSON bodies are small; enrollment's is read before
+    // its token is checked, so it gets the small limit too.
     let client_json = Router::new()
         .route("/v1/tasks/{id}/enroll", post(enroll))
         .route("/v1/checkin", post(check_in))
         .route("/v1/model", get(model))
-        .layer(DefaultBodyLimit::max(JSON_LIMIT));
-    let reports =
-        Router::new().route("/v1/metrics", post(report_metrics)).layer(DefaultBodyLimit::max(REPORT_LIMIT));
+        .route("/v1/metrics", post(report_metrics))
+        .layer(DefaultBodyLimit::max(CLIENT_JSON_LIMIT));
     // Stage messages are read by the handler itself, after the admission
     // check, within the round's own limit.
     let messages = Router::new().route("/v1/round/message", get(fetch_message).post(post_message));
@@ -405,7 +408,6 @@ pub fn app(state: AppState) -> Router {
         .route("/openapi.json", get(|| async { Json(crate::openapi::document()) }))
         .merge(admin)
         .merge(client_json)
-        .merge(reports)
         .merge(messages)
         .merge(crate::web::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })

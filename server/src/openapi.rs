@@ -46,10 +46,11 @@ pub fn document() -> Value {
         "info": { "title": "Cohort coordinator", "version": env!("CARGO_PKG_VERSION"),
                   "description": "Federated learning rounds with secure aggregation." },
         "paths": {
-            "/healthz": { "get": op("Liveness", "", json!({ "200": { "description": "ok" } }), &[]) },
+            "/healthz": { "get": op("Liveness: the process answers", "", json!({ "200": { "description": "ok" } }), &[]) },
+            "/readyz": { "get": op("Readiness: the database answers", "", json_ok("200", "Ready"), &["503"]) },
             "/metrics": { "get": op("Prometheus metrics", "", json!({ "200": { "description": "text exposition" } }), &[]) },
             "/admin/tasks": {
-                "post": op("Create a task from a TaskSpec; returns its id and enrollment token", "admin", json_ok("201", "Created"), &["400", "401", "413"]),
+                "post": op("Create a task from a TaskSpec; returns its id and enrollment token", "admin", json_ok("201", "Created"), &["400", "401", "408", "413", "422", "503"]),
                 "get": op("List tasks", "admin", json_ok("200", "Tasks"), &["401"]),
             },
             "/admin/tasks/{id}": { "get": { "parameters": [id.clone()], "summary": "One task with its live state", "security": [{ "admin": [] }],
@@ -64,16 +65,16 @@ pub fn document() -> Value {
                 "summary": "Download a checkpoint (safetensors)", "security": [{ "admin": [] }],
                 "responses": binary_ok("200", "application/vnd.safetensors", "Checkpoint") } },
             "/v1/tasks/{id}/enroll": { "post": { "parameters": [id], "summary": "Enroll with the task's enrollment token; returns a client credential",
-                                                 "responses": { "201": { "description": "Enrolled" }, "400": { "$ref": "#/components/responses/Error" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" }, "409": { "$ref": "#/components/responses/Error" } } } },
-            "/v1/checkin": { "post": op("Check in; says whether the client is selected for the round in progress", "client", json_ok("200", "Wait, Selected or Finished"), &["401", "404"]) },
+                                                 "responses": { "201": { "description": "Enrolled" }, "400": { "$ref": "#/components/responses/Error" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" }, "408": { "$ref": "#/components/responses/Error" }, "409": { "$ref": "#/components/responses/Error" }, "413": { "$ref": "#/components/responses/Error" }, "429": { "$ref": "#/components/responses/Error" }, "503": { "$ref": "#/components/responses/Error" } } } },
+            "/v1/checkin": { "post": op("Check in; says whether the client is selected for the round in progress", "client", json_ok("200", "Wait, Selected or Finished"), &["401", "404", "429", "503"]) },
             "/v1/model": { "get": op("The current global model (safetensors)", "client", binary_ok("200", "application/vnd.safetensors", "Model"), &["401", "404"]) },
             "/v1/round/message": {
                 "get": op("The server message for the client's current stage (204: wait, 410: dropped)", "client",
                           binary_ok("200", "application/x-cohort-secagg", "Stage message"), &["401", "409", "410"]),
                 "post": op("Send the client's stage message", "client", json!({ "202": { "description": "Accepted" } }),
-                           &["400", "401", "409", "413", "415", "422"]),
+                           &["400", "401", "408", "409", "413", "415", "422", "503"]),
             },
-            "/v1/metrics": { "post": op("Report local training or evaluation metrics for a round", "client", json!({ "201": { "description": "Recorded" } }), &["400", "401", "409"]) },
+            "/v1/metrics": { "post": op("Report local training or evaluation metrics for a round the client took part in (the round in progress or one of the last two): known numeric fields only, at most 4 KiB, once per round and kind", "client", json!({ "201": { "description": "Recorded" } }), &["400", "401", "404", "408", "409", "413", "429", "503"]) },
         },
         "components": {
             "securitySchemes": {
@@ -83,7 +84,8 @@ pub fn document() -> Value {
             "responses": {
                 "Error": { "description": "Refused", "content": { "application/json": { "schema": {
                     "type": "object", "required": ["error", "message"],
-                    "properties": { "error": { "type": "string" }, "message": { "type": "string" } } } } } }
+                    "properties": { "error": { "type": "string" }, "message": { "type": "string" },
+                                    "retry_after_ms": { "type": "integer", "description": "With 429 and 503: wait this long (also in Retry-After, in seconds)" } } } } } }
             }
         }
     })

@@ -164,6 +164,7 @@ async fn service_endpoints() {
     let (status, doc) = api.call("GET", "/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
     for path in [
+        "/readyz",
         "/admin/tasks",
         "/admin/tasks/{id}",
         "/admin/tasks/{id}/pause",

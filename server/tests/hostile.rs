@@ -162,7 +162,12 @@ fn hostile_input_is_refused_and_rounds_complete() {
         "unauthorized",
     );
     refused(
-        &attacker.send(Method::Post, &enroll, vec![b'x'; (1 << 20) + 1], "application/json"),
+        &attacker.send(
+            Method::Post,
+            &enroll,
+            vec![b'x'; cohort_server::http::CLIENT_JSON_LIMIT + 1],
+            "application/json",
+        ),
         413,
         "payload_too_large",
     );

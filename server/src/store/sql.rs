@@ -11,8 +11,10 @@ use super::{
     TaskRecord, TaskStatus,
 };
 
-/// Longest wait for a pooled connection.
-const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// Longest wait for a pooled PostgreSQL connection.
+const POSTGRES_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// Longest wait for SQLite's one connection.
+const SQLITE_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Which database a URL selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,11 +148,17 @@ impl SqlStore {
             Backend::Sqlite => 1,
             Backend::Postgres => 8,
         };
-        // A database that went away fails requests within seconds (a 503
-        // with Retry-After), rather than after sqlx's default 30 s.
+        // A PostgreSQL server that went away fails requests within seconds
+        // (a 503 with Retry-After) rather than after sqlx's default 30 s.
+        // SQLite is a local file: a wait for its one connection is load,
+        // not an outage, and keeps the default.
+        let acquire_timeout = match backend {
+            Backend::Sqlite => SQLITE_ACQUIRE_TIMEOUT,
+            Backend::Postgres => POSTGRES_ACQUIRE_TIMEOUT,
+        };
         let pool = AnyPoolOptions::new()
             .max_connections(connections)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .acquire_timeout(acquire_timeout)
             .connect(&url)
             .await?;
         match backend {
