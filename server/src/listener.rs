@@ -120,6 +120,19 @@ impl ConnectionLimits {
     }
 }
 
+/// Binds `address` with a listen backlog that can hold a burst of
+/// `max_connections` new connections (the kernel caps it at
+/// `net.core.somaxconn`): with tokio's default of 1 024, a burst of
+/// connections overflows the queue and every client behind it, a health
+/// probe included, waits a second for its SYN to be sent again.
+pub fn bind(address: SocketAddr, max_connections: usize) -> std::io::Result<TcpListener> {
+    let socket =
+        if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(u32::try_from(max_connections).unwrap_or(u32::MAX).clamp(1024, 65_535))
+}
+
 /// Serves `router` on `listener` until `shutdown` fires (or its sender is
 /// dropped), then shuts down within [`ConnectionLimits::shutdown_grace`].
 pub async fn serve(

@@ -186,8 +186,7 @@ impl Service {
                 limiters.prune();
             }
         });
-        let listener = tokio::net::TcpListener::bind(config.bind)
-            .await
+        let listener = crate::listener::bind(config.bind, config.connections.max_connections)
             .map_err(|source| ServiceError::Bind { address: config.bind, source })?;
         let address =
             listener.local_addr().map_err(|source| ServiceError::Bind { address: config.bind, source })?;
