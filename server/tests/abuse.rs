@@ -139,10 +139,13 @@ fn idle_half_sent_and_slow_connections_are_closed_while_health_holds() {
     let probe = HealthProbe::start(port);
     let started = Instant::now();
 
-    const IDLE: usize = 2000;
+    // COHORT_ABUSE_IDLE raises the idle count for a larger measurement
+    // (docs/BENCHMARKS.md); the total must stay under the connection cap.
+    let idle_count: usize =
+        std::env::var("COHORT_ABUSE_IDLE").ok().and_then(|n| n.parse().ok()).unwrap_or(2000);
     const HALF_HEADER: usize = 1000;
     const SLOW_BODY: usize = 500;
-    let mut idle = open(port, IDLE, b"");
+    let mut idle = open(port, idle_count, b"");
     let mut half = open(port, HALF_HEADER, b"POST /v1/checkin HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
     let slow_head = format!(
         "POST /v1/tasks/{}/enroll HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{{\"enrollment_token\": \"",
@@ -200,7 +203,7 @@ fn idle_half_sent_and_slow_connections_are_closed_while_health_holds() {
     println!(
         "connections: {} held (opened in {opened:?}), all closed after {all_closed:?}; server RSS while held {:.1} MiB; \
          /healthz slowest {slowest:?} over {probes} probes; exit {shutdown:?} after SIGTERM",
-        IDLE + HALF_HEADER + SLOW_BODY,
+        idle_count + HALF_HEADER + SLOW_BODY,
         rss_held as f64 / 1024.0
     );
     remove_database(&database);

@@ -8,7 +8,7 @@ mod support;
 
 use cohort_client::participant::{Method, Participant, ParticipantConfig, ParticipantError, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer};
+use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, Transport};
 use cohort_server::service::TlsFiles;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use serde_json::json;
@@ -101,4 +101,72 @@ fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
     };
     let model = cohort_client::checkpoint::decode(&bytes).unwrap();
     assert!(model.weights.iter().all(|w| (w - 0.25).abs() < 1e-4), "{:?}", model.weights);
+}
+
+/// Whether the server closes `stream` within `within`.
+fn closed_within(stream: &mut std::net::TcpStream, within: std::time::Duration) -> bool {
+    use std::io::Read;
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut buffer = [0u8; 1024];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn the_tls_listener_keeps_the_handshake_timeout_and_the_connection_cap() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+
+    let (ca_pem, files) = certificates();
+    let coordinator =
+        Coordinator::start_configured("tls-limits", ADMIN, 1 << 20, Some((files, ca_pem)), |config| {
+            config.connections.header_timeout = Duration::from_millis(800);
+            config.connections.idle_timeout = Duration::from_millis(800);
+            config.connections.max_connections = 8;
+        });
+    let address = coordinator.url.trim_start_matches("https://").to_string();
+    // No handshake at all, and half a ClientHello: both closed at the
+    // handshake timeout.
+    let mut silent = TcpStream::connect(&address).unwrap();
+    let mut half = TcpStream::connect(&address).unwrap();
+    half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).unwrap();
+    let started = Instant::now();
+    assert!(closed_within(&mut silent, Duration::from_secs(5)), "a silent connection stayed open");
+    assert!(closed_within(&mut half, Duration::from_secs(5)), "a half handshake stayed open");
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "closed before the timeout: {:?}",
+        started.elapsed()
+    );
+    // Over the cap, a connection is closed at once (no handshake to answer on).
+    let held: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(&address).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut extra = TcpStream::connect(&address).unwrap();
+    let started = Instant::now();
+    assert!(closed_within(&mut extra, Duration::from_millis(400)), "a connection over the cap was kept");
+    assert!(started.elapsed() < Duration::from_millis(400));
+    // Once the held connections time out, a client is served again.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let request = cohort_client::participant::Request {
+            method: Method::Get,
+            path: "/admin/tasks".into(),
+            body: Vec::new(),
+            content_type: None,
+            bearer: Some(ADMIN.into()),
+        };
+        if coordinator.transport().send(&request).is_ok_and(|response| response.status == 200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the TLS listener did not come back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -40,6 +40,18 @@ impl Coordinator {
         max_message_bytes: usize,
         tls: Option<(TlsFiles, String)>,
     ) -> Self {
+        Self::start_configured(name, admin_token, max_message_bytes, tls, |_| {})
+    }
+
+    /// As [`start_with`](Self::start_with), with `configure` applied to the
+    /// service's settings last (limits, timeouts).
+    pub fn start_configured(
+        name: &str,
+        admin_token: &str,
+        max_message_bytes: usize,
+        tls: Option<(TlsFiles, String)>,
+        configure: impl FnOnce(&mut ServiceConfig),
+    ) -> Self {
         let database = std::env::temp_dir().join(format!("cohort-test-{name}-{}.db", std::process::id()));
         let _ = std::fs::remove_file(&database);
         let runtime =
@@ -48,19 +60,19 @@ impl Coordinator {
             Some((files, ca)) => (Some(files), Some(ca)),
             None => (None, None),
         };
-        let service = runtime
-            .block_on(Service::start(ServiceConfig {
-                max_message_bytes,
-                credential_ttl_ms: 3_600_000,
-                tls,
-                web_assets: std::path::PathBuf::from("web/pkg"),
-                ..ServiceConfig::new(
-                    SocketAddr::from(([127, 0, 0, 1], 0)),
-                    format!("sqlite://{}", database.display()),
-                    admin_token,
-                )
-            }))
-            .unwrap();
+        let mut config = ServiceConfig {
+            max_message_bytes,
+            credential_ttl_ms: 3_600_000,
+            tls,
+            web_assets: std::path::PathBuf::from("web/pkg"),
+            ..ServiceConfig::new(
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                format!("sqlite://{}", database.display()),
+                admin_token,
+            )
+        };
+        configure(&mut config);
+        let service = runtime.block_on(Service::start(config)).unwrap();
         let url = service.url();
         let transport = match ca {
             Some(ca) => HttpTransport::with_root_certificates(&url, ca.as_bytes()).unwrap(),
