@@ -25,7 +25,9 @@ pub struct TensorSpec {
 impl TensorSpec {
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.shape.iter().product()
+        // Saturating: a hostile shape must read as too large, never wrap
+        // around to a small count.
+        self.shape.iter().try_fold(1usize, |len, &dimension| len.checked_mul(dimension)).unwrap_or(usize::MAX)
     }
 
     /// Whether the tensor has no elements.
@@ -44,7 +46,7 @@ pub struct ModelLayout {
 impl ModelLayout {
     /// Total number of parameters.
     pub fn len(&self) -> usize {
-        self.tensors.iter().map(TensorSpec::len).sum()
+        self.tensors.iter().map(TensorSpec::len).fold(0, usize::saturating_add)
     }
 
     /// Whether the model has no parameters.

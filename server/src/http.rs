@@ -457,6 +457,7 @@ async fn create_task(
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
     let spec: TaskSpec = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    spec.validate().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
     let _creating = state.creating.lock().await;
     let requested = spec.model.layout.len();
     let loaded = state.coordinator.loaded_parameters().await?;
@@ -700,7 +701,7 @@ async fn enroll(
     TaskId(id): TaskId,
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<Enrolled>)> {
-    limit(&state, Call::Enroll, address, None)?;
+    limit(&state, Call::Enroll, address, Some(&id))?;
     let request: EnrollRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
     let task = state.store.task(&id).await?;

@@ -1,9 +1,9 @@
 //! Rate limits on the client API, per network address and per credential,
 //! with GCRA limiters from the `governor` crate.
 //!
-//! Enrollment is limited per address (it is the unauthenticated call that
-//! creates state); check-in and metric reports per address and per
-//! participant. A refusal carries the wait after which the same call would
+//! Enrollment is limited per address and per enrollment token (it is the
+//! call that creates state, and a token may be public, as the demo's is);
+//! check-in and metric reports per address and per participant. A refusal carries the wait after which the same call would
 //! pass, which the API sends as `429` with `Retry-After`. Keys of clients
 //! that stay quiet are forgotten by [`Limiters::prune`], so the limiters'
 //! memory is bounded by the clients active in the last minutes.
@@ -41,6 +41,8 @@ impl Rate {
 pub struct RateLimits {
     /// Enrollments from one address.
     pub enroll_per_address: Option<Rate>,
+    /// Enrollments with one task's enrollment token, from anywhere.
+    pub enroll_per_token: Option<Rate>,
     /// Check-ins from one address.
     pub check_in_per_address: Option<Rate>,
     /// Check-ins of one participant.
@@ -59,6 +61,7 @@ impl Default for RateLimits {
     fn default() -> Self {
         Self {
             enroll_per_address: Some(Rate { per_minute: 60, burst: 2_000 }),
+            enroll_per_token: Some(Rate { per_minute: 600, burst: 5_000 }),
             check_in_per_address: Some(Rate { per_minute: 120_000, burst: 20_000 }),
             check_in_per_credential: Some(Rate { per_minute: 120, burst: 30 }),
             reports_per_address: Some(Rate { per_minute: 12_000, burst: 4_000 }),
@@ -90,6 +93,7 @@ pub struct Limiters(Arc<Inner>);
 
 struct Inner {
     enroll_address: Keyed<IpAddr>,
+    enroll_token: Keyed<String>,
     check_in_address: Keyed<IpAddr>,
     check_in_credential: Keyed<String>,
     report_address: Keyed<IpAddr>,
@@ -108,6 +112,7 @@ impl Limiters {
     pub fn new(limits: &RateLimits) -> Self {
         Self(Arc::new(Inner {
             enroll_address: keyed(limits.enroll_per_address),
+            enroll_token: keyed(limits.enroll_per_token),
             check_in_address: keyed(limits.check_in_per_address),
             check_in_credential: keyed(limits.check_in_per_credential),
             report_address: keyed(limits.reports_per_address),
@@ -116,27 +121,28 @@ impl Limiters {
         }))
     }
 
-    /// Counts one `call` from `address` (if known) by `participant` (if
-    /// authenticated); `Err(wait)` if a limit is exceeded, where `wait` is
-    /// how long until the same call would pass.
+    /// Counts one `call` from `address` (if known) with `credential` (the
+    /// participant for check-in and reports, the task whose enrollment
+    /// token was presented for enrollment); `Err(wait)` if a limit is
+    /// exceeded, where `wait` is how long until the same call would pass.
     pub fn check(
         &self,
         call: Call,
         address: Option<IpAddr>,
-        participant: Option<&str>,
+        credential: Option<&str>,
     ) -> Result<(), Duration> {
         let inner = &self.0;
         let (by_address, by_credential) = match call {
-            Call::Enroll => (&inner.enroll_address, &None),
+            Call::Enroll => (&inner.enroll_address, &inner.enroll_token),
             Call::CheckIn => (&inner.check_in_address, &inner.check_in_credential),
             Call::Report => (&inner.report_address, &inner.report_credential),
         };
         if let (Some(limiter), Some(address)) = (by_address, address) {
             limiter.check_key(&address).map_err(|not_until| not_until.wait_time_from(inner.clock.now()))?;
         }
-        if let (Some(limiter), Some(participant)) = (by_credential, participant) {
+        if let (Some(limiter), Some(credential)) = (by_credential, credential) {
             limiter
-                .check_key(&participant.to_string())
+                .check_key(&credential.to_string())
                 .map_err(|not_until| not_until.wait_time_from(inner.clock.now()))?;
         }
         Ok(())
@@ -151,7 +157,9 @@ impl Limiters {
             limiter.retain_recent();
             limiter.shrink_to_fit();
         }
-        for limiter in [&inner.check_in_credential, &inner.report_credential].into_iter().flatten() {
+        for limiter in
+            [&inner.enroll_token, &inner.check_in_credential, &inner.report_credential].into_iter().flatten()
+        {
             limiter.retain_recent();
             limiter.shrink_to_fit();
         }
@@ -165,7 +173,7 @@ impl Limiters {
             .flatten()
             .map(|l| l.len())
             .sum();
-        let credentials: usize = [&inner.check_in_credential, &inner.report_credential]
+        let credentials: usize = [&inner.enroll_token, &inner.check_in_credential, &inner.report_credential]
             .into_iter()
             .flatten()
             .map(|l| l.len())
@@ -181,6 +189,7 @@ mod tests {
     fn limits(rate: Rate) -> RateLimits {
         RateLimits {
             enroll_per_address: Some(rate),
+            enroll_per_token: None,
             check_in_per_address: None,
             check_in_per_credential: Some(rate),
             reports_per_address: Some(rate),
@@ -217,9 +226,22 @@ mod tests {
     }
 
     #[test]
+    fn a_public_enrollment_token_is_limited_across_addresses() {
+        let limits =
+            RateLimits { enroll_per_token: Some(Rate { per_minute: 60, burst: 2 }), ..RateLimits::default() };
+        let limiters = Limiters::new(&limits);
+        for i in 0..2u8 {
+            assert_eq!(limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 1, i])), Some("task")), Ok(()));
+        }
+        assert!(limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 1, 9])), Some("task")).is_err());
+        assert_eq!(limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 1, 9])), Some("other")), Ok(()));
+    }
+
+    #[test]
     fn switched_off_limits_never_refuse() {
         let off = RateLimits {
             enroll_per_address: None,
+            enroll_per_token: None,
             check_in_per_address: Some(Rate { per_minute: 0, burst: 5 }),
             check_in_per_credential: None,
             reports_per_address: None,

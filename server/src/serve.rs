@@ -176,3 +176,31 @@ async fn shutdown() {
     }
     tracing::info!("shutting down");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The limits the README shows are the defaults.
+    #[test]
+    fn the_readme_limits_are_the_defaults() {
+        let readme = include_str!("../../README.md");
+        let block = readme
+            .split("```json\n")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+            .find(|block| block.contains("\"rate_limits\""))
+            .expect("the README shows the limits");
+        let file: FileConfig = serde_json::from_str(block).expect("the README's limits parse");
+        assert_eq!(file.rate_limits, Some(RateLimits::default()));
+        assert_eq!(file.max_total_parameters, Some(cohort_server::http::DEFAULT_MAX_TOTAL_PARAMETERS));
+        // The default cap depends on the machine's descriptor limit; the
+        // README shows the most it can be.
+        let shown = ConnectionLimits {
+            max_connections: ConnectionLimits::default().max_connections,
+            ..file.connections()
+        };
+        assert_eq!(shown, ConnectionLimits::default());
+        assert_eq!(file.max_connections, Some(8192));
+    }
+}

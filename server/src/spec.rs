@@ -423,6 +423,10 @@ pub(crate) mod tests {
             (|s| s.name = "é".repeat(101), "200 bytes"),
             (|s| s.model.architecture = "lin\0ear".into(), "model.architecture"),
             (|s| s.model.layout.tensors[0].name = "w\u{7}".into(), "tensor names"),
+            // Shapes whose product wraps around a 64-bit count.
+            (|s| s.model.layout.tensors[0].shape = vec![(1 << 62) + 1, 4], "too large"),
+            (|s| s.model.layout.tensors[0].shape = vec![usize::MAX, usize::MAX], "too large"),
+            (|s| s.model.layout.tensors[0].shape = vec![1 << 63, 2], "too large"),
             (|s| s.quantization.modulus_bits = 40, "modulus bits"),
             (|s| s.quantization.bits = Some(3), "between 4 and 16"),
             (|s| s.quantization.bits = Some(17), "between 4 and 16"),
@@ -456,9 +460,13 @@ pub(crate) mod tests {
     #[test]
     fn the_readme_example_is_valid() {
         let readme = include_str!("../../README.md");
-        let start = readme.find("```json\n").unwrap() + "```json\n".len();
-        let end = start + readme[start..].find("```").unwrap();
-        let spec: TaskSpec = serde_json::from_str(&readme[start..end]).unwrap();
+        let block = readme
+            .split("```json\n")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+            .find(|block| block.contains("\"clients_per_round\""))
+            .unwrap();
+        let spec: TaskSpec = serde_json::from_str(block).unwrap();
         spec.validate().unwrap();
         assert_eq!(spec.secure_aggregation, SecAggSpec::default());
         assert_eq!(spec.quantization, QuantizationConfig::default());

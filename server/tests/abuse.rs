@@ -409,6 +409,12 @@ fn refuses_overflow_and_nul(port: u16) {
     let (status, body) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
     assert_eq!((status, body["error"].as_str()), (422, Some("capacity_exceeded")), "{body}");
 
+    // A shape whose element count wraps around 64 bits is too large, not small.
+    let mut spec = small_task(4);
+    spec["model"]["layout"]["tensors"][0]["shape"] = json!([(1u64 << 62) + 1, 4]);
+    let (status, body) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
+    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_task")), "{body}");
+
     let (task, token) = create_task(port, small_task(4));
     for path in [
         "/admin/tasks/%00".to_string(),
