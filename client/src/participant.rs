@@ -611,7 +611,11 @@ impl Participant {
     /// the model delta (local − global), `examples` its weight in the
     /// average, `metrics` optional numbers (loss, accuracy) to report for
     /// the round. They are sent as they are, so put nothing in them you
-    /// would not show the coordinator.
+    /// would not show the coordinator. The coordinator takes only its known
+    /// fields (`train_loss`, `train_accuracy`, `global_loss`,
+    /// `global_accuracy`, `eval_loss`, `eval_accuracy`, `examples`; the
+    /// participant adds `bytes_up` and `bytes_down`), each in its range; a
+    /// report with any other key is refused, and the round is unaffected.
     pub fn submit(
         &mut self,
         update: Vec<f32>,

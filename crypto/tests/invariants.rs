@@ -240,6 +240,42 @@ fn active_clients_refuse_unsigned_or_forged_keys() {
     assert!(matches!(driver.clients[0], Some(Client::Aborted)));
 }
 
+/// A coordinator that answers for a client's peers could otherwise unmask
+/// it alone: the active variant refuses peer keys without a signature,
+/// keys that another roster member signed for itself, and keys of one
+/// peer under another's signature, before the client shares anything.
+#[test]
+fn active_clients_refuse_unsigned_and_substituted_peer_keys() {
+    type Attack = fn(&mut Vec<cohort_crypto::messages::AdvertisedKeys>);
+    let attacks: [(&str, Attack); 3] = [
+        ("unsigned", |peers| peers[0].signature = None),
+        ("keys and signature of another peer", |peers| {
+            let other = peers[1].clone();
+            peers[0] = cohort_crypto::messages::AdvertisedKeys { id: peers[0].id, ..other };
+        }),
+        ("substituted keys under the peer's own signature", |peers| {
+            let other = peers[1].clone();
+            peers[0].cipher_key = other.cipher_key;
+            peers[0].mask_key = other.mask_key;
+        }),
+    ];
+    for (name, attack) in attacks {
+        let mut config = config(4, 3, GraphSpec::Complete, 8, 32);
+        let identities = make_active(&mut config, 11);
+        let mut driver = Driver::start(&config, &identities, 11);
+        driver.flush();
+        driver.advance().unwrap();
+        let Some(ServerMessage::PeerKeys { context, mut peers }) = driver.server().message_for(id(1)) else {
+            panic!("expected peer keys");
+        };
+        attack(&mut peers);
+        let result = driver.deliver(1, ServerMessage::PeerKeys { context, peers });
+        assert!(result.is_err(), "{name}: accepted");
+        assert!(matches!(driver.clients[0], Some(Client::Aborted)), "{name}");
+        assert!(driver.outbox[0].is_none(), "{name}: the client sent its shares");
+    }
+}
+
 /// What a transport may read before decoding is enough for every honest
 /// message, and no more than that for the largest one (the masked input).
 #[test]

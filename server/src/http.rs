@@ -419,18 +419,30 @@ async fn ready(State(state): State<AppState>) -> Response {
     match tokio::time::timeout(READY_TIMEOUT, state.store.ping()).await {
         Ok(Ok(())) => Json(json!({ "status": "ready", "database": "ok" })).into_response(),
         Ok(Err(error)) => {
-            tracing::warn!(%error, "readiness: the database failed");
+            tracing::warn!(%error, "not ready: the database failed");
             not_ready()
         }
-        Err(_) => not_ready(),
+        Err(_) => {
+            tracing::warn!(
+                timeout_ms = READY_TIMEOUT.as_millis() as u64,
+                "not ready: the database did not answer"
+            );
+            not_ready()
+        }
     }
 }
 
+/// A `503` in the API's error form, with the readiness fields.
 fn not_ready() -> Response {
-    let mut response = ApiError::database_unavailable().into_response();
-    *response.body_mut() =
-        Body::from(json!({ "status": "unavailable", "database": "unreachable", "retry_after_ms": DATABASE_RETRY.as_millis() as u64 }).to_string());
-    response
+    let body = json!({
+        "status": "unavailable",
+        "database": "unreachable",
+        "error": "unavailable",
+        "message": "the database is unavailable; retry later",
+        "retry_after_ms": DATABASE_RETRY.as_millis() as u64,
+    });
+    let retry_after = DATABASE_RETRY.as_secs().to_string();
+    (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, retry_after)], Json(body)).into_response()
 }
 
 async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
