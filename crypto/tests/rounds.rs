@@ -65,6 +65,33 @@ fn small_rings_aggregate_without_wrapping() {
     run_and_check(&config, Vec::new(), DropoutPlan::default(), 6).unwrap();
 }
 
+/// Claim 11: the client's headroom check is what keeps the sum from
+/// wrapping. A value at ⌊(2^b − 1)/n⌋ is taken; one above it is refused
+/// before the client sends anything (ten such values would pass 2^8).
+#[test]
+fn clients_refuse_inputs_above_the_headroom() {
+    use cohort_crypto::{Client, QuantizedInput, ServerRound};
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::SeedableRng;
+
+    // 10 clients in Z_{2^8}: each value at most ⌊255 / 10⌋ = 25.
+    let config = config(10, 6, GraphSpec::Complete, 4, 8);
+    let setup = ServerRound::new(config.clone()).unwrap().setup_message();
+    let mut rng = ChaCha20Rng::seed_from_u64(11);
+    let at_limit = QuantizedInput::from_values(vec![25, 0, 25, 3]);
+    assert!(Client::start(setup.clone(), id(1), None, at_limit, &mut rng).is_ok());
+    for above in [vec![0, 26, 0, 0], vec![0, 0, 0, u32::from(u8::MAX)], vec![0, 0, 0, u32::MAX]] {
+        match Client::start(setup.clone(), id(1), None, QuantizedInput::from_values(above.clone()), &mut rng)
+        {
+            Err(ProtocolError::InvalidMessage { reason, .. }) => {
+                assert!(reason.contains("headroom"), "{reason}")
+            }
+            Err(other) => panic!("{above:?}: {other:?}"),
+            Ok(_) => panic!("{above:?} was accepted: ten such inputs wrap the sum"),
+        }
+    }
+}
+
 #[test]
 fn too_many_dropouts_end_the_round_without_unmasking() {
     let config = config(10, 6, GraphSpec::Complete, 10, 32);
