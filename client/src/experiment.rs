@@ -93,7 +93,7 @@ impl Experiment {
         threads: usize,
     ) -> Vec<Result<LocalUpdate, String>> {
         let threads = threads.clamp(1, selected.len().max(1));
-        let mut results: Vec<Option<Result<LocalUpdate, String>>> = vec![None; selected.len()];
+        let mut results: Vec<Option<Result<LocalUpdate, String>>> = selected.iter().map(|_| None).collect();
         std::thread::scope(|scope| {
             for (chunk, out) in selected
                 .chunks(selected.len().div_ceil(threads).max(1))

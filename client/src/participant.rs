@@ -27,9 +27,9 @@
 
 use std::collections::VecDeque;
 
+use chacha20::ChaCha20Rng;
 use cohort_crypto::{Client, ClientId, ClientMessage, ProtocolError, Quantizer, ServerMessage};
-use rand_chacha::ChaCha20Rng;
-use rand_core::SeedableRng;
+use rand_core::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
@@ -252,11 +252,33 @@ enum Protocol {
 enum Phase {
     Enroll,
     CheckIn,
-    Model { round: u64, client_id: u32 },
-    Training { round: u64, client_id: u32, model: Option<Box<Checkpoint>>, parameters: usize },
-    Fetch { round: u64, client_id: u32, protocol: Protocol, since: Option<u64> },
-    Post { round: u64, client_id: u32, protocol: Protocol, body: Vec<u8> },
-    Report { body: Vec<u8> },
+    Model {
+        round: u64,
+        client_id: u32,
+    },
+    Training {
+        round: u64,
+        client_id: u32,
+        model: Option<Box<Checkpoint>>,
+        parameters: usize,
+    },
+    Fetch {
+        round: u64,
+        client_id: u32,
+        protocol: Protocol,
+        since: Option<u64>,
+    },
+    /// `body` is the encoded message to post: unmasking shares, in the
+    /// last stage, so it is wiped when dropped.
+    Post {
+        round: u64,
+        client_id: u32,
+        protocol: Protocol,
+        body: Zeroizing<Vec<u8>>,
+    },
+    Report {
+        body: Vec<u8>,
+    },
     Finished,
 }
 
@@ -267,7 +289,15 @@ pub struct Participant {
     enrollment_token: Option<Zeroizing<String>>,
     saved: Option<SavedState>,
     phase: Phase,
-    rng: ChaCha20Rng,
+    /// A seeded source of each round's generator (tests and reproducible
+    /// simulations only); `None`: each round is seeded by the operating
+    /// system.
+    seeder: Option<ChaCha20Rng>,
+    /// The generator of the round in progress: seeded afresh when the
+    /// round's protocol starts and dropped, its state zeroized, when the
+    /// round ends, so that no generator can recompute a past round's keys,
+    /// masks or shares.
+    round_rng: Option<ChaCha20Rng>,
     /// The current request's failed attempts.
     attempts: u32,
     wait_until: u64,
@@ -328,20 +358,20 @@ impl Participant {
     /// A participant that enrolls in `task_id` with `enrollment_token`.
     /// Its randomness comes from the operating system.
     pub fn enroll(task_id: &str, enrollment_token: &str, config: ParticipantConfig) -> Self {
-        Self::build(task_id, Some(enrollment_token), None, config, os_seed())
+        Self::build(task_id, Some(enrollment_token), None, config)
     }
 
     /// A participant that goes on from a saved state; `enrollment_token`,
     /// when given, lets it enroll again if the credential has expired.
     pub fn resume(saved: SavedState, enrollment_token: Option<&str>, config: ParticipantConfig) -> Self {
         let task_id = saved.task_id.clone();
-        Self::build(&task_id, enrollment_token, Some(saved), config, os_seed())
+        Self::build(&task_id, enrollment_token, Some(saved), config)
     }
 
     /// Replaces the randomness with a seeded generator (tests and
     /// reproducible simulations only: masks must be unpredictable).
     pub fn with_seed(mut self, seed: [u8; 32]) -> Self {
-        self.rng = ChaCha20Rng::from_seed(seed);
+        self.seeder = Some(ChaCha20Rng::from_seed(seed));
         self
     }
 
@@ -350,7 +380,6 @@ impl Participant {
         enrollment_token: Option<&str>,
         saved: Option<SavedState>,
         config: ParticipantConfig,
-        seed: [u8; 32],
     ) -> Self {
         let phase = if saved.is_some() { Phase::CheckIn } else { Phase::Enroll };
         let last_joined = saved.as_ref().and_then(|s| s.last_session.clone());
@@ -360,7 +389,8 @@ impl Participant {
             enrollment_token: enrollment_token.map(|t| Zeroizing::new(t.to_string())),
             saved,
             phase,
-            rng: ChaCha20Rng::from_seed(seed),
+            seeder: None,
+            round_rng: None,
             attempts: 0,
             wait_until: 0,
             in_flight: false,
@@ -442,7 +472,7 @@ impl Participant {
             Phase::Post { body, .. } => Request {
                 method: Method::Post,
                 path: "/v1/round/message".into(),
-                body: body.clone(),
+                body: body.to_vec(),
                 content_type: Some(SECAGG_CONTENT_TYPE),
                 bearer,
             },
@@ -672,17 +702,23 @@ impl Participant {
         };
         let step = match protocol {
             Protocol::Pending { update, examples } => {
-                start(message, client_id, &update, examples, &mut self.rng)
+                // Every round starts from a fresh generator.
+                self.round_rng = None;
+                let seeder = &mut self.seeder;
+                let rng = self.round_rng.get_or_insert_with(|| round_generator(seeder));
+                start(message, client_id, &update, examples, rng)
             }
             Protocol::Running(client) => {
-                let (client, reply) = client.handle(message, &mut self.rng);
+                let seeder = &mut self.seeder;
+                let rng = self.round_rng.get_or_insert_with(|| round_generator(seeder));
+                let (client, reply) = client.handle(message, rng);
                 let client = Box::new(client);
                 reply.map(|reply| (client, reply)).map_err(|e| e.to_string())
             }
         };
         match step {
             Ok((client, reply)) => {
-                let body = reply.encode();
+                let body = Zeroizing::new(reply.encode());
                 self.phase = Phase::Post { round, client_id, protocol: Protocol::Running(client), body };
             }
             Err(e) => self.abandon(format!("protocol: {e}")),
@@ -708,6 +744,8 @@ impl Participant {
     /// Queues the outcome, then the metrics report if the application
     /// supplied metrics and the update went through.
     fn end_round(&mut self, outcome: RoundOutcome) {
+        // The round's generator goes with it (zeroized on drop).
+        self.round_rng = None;
         let report = *outcome.report();
         let metrics = self.metrics.take();
         self.phase = match (&outcome, metrics) {
@@ -743,11 +781,20 @@ fn start(
         .map_err(|e: ProtocolError| e.to_string())
 }
 
-fn os_seed() -> [u8; 32] {
-    let mut seed = [0u8; 32];
+/// A fresh generator for a round: seeded by the operating system, or by
+/// `seeder` where one was set.
+fn round_generator(seeder: &mut Option<ChaCha20Rng>) -> ChaCha20Rng {
+    let mut seed = Zeroizing::new([0u8; 32]);
+    match seeder {
+        Some(seeder) => seeder.fill_bytes(&mut *seed),
+        None => fill_from_os(&mut seed),
+    }
+    ChaCha20Rng::from_seed(*seed)
+}
+
+fn fill_from_os(seed: &mut [u8; 32]) {
     // Without the operating system's randomness no mask can be secret.
-    getrandom::fill(&mut seed).unwrap_or_else(|e| panic!("no operating-system randomness: {e}"));
-    seed
+    getrandom::fill(seed).unwrap_or_else(|e| panic!("no operating-system randomness: {e}"));
 }
 
 fn get(path: &str, bearer: Option<String>) -> Request {
@@ -940,6 +987,60 @@ mod tests {
         }
         // Nothing queued: the next action is the next check-in.
         assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+    }
+
+    /// The setup of `round` for three clients over the two weights of
+    /// [`training`]'s model.
+    fn setup(round: u64) -> Vec<u8> {
+        use cohort_crypto::{GraphSpec, QuantizationSpec, RoundConfig, ServerRound, Transform, Variant};
+        let quantization = QuantizationSpec { clip: 1.0, max_weight: 100, transform: Transform::None };
+        let vector_len = Quantizer::new(quantization, 32, 3).unwrap().encoded_len(2) as u32;
+        let config = RoundConfig {
+            session: [7; 16],
+            round,
+            variant: Variant::SemiHonest,
+            clients: 3,
+            identities: Vec::new(),
+            graph: GraphSpec::Complete,
+            threshold: 2,
+            vector_len,
+            modulus_bits: 32,
+            quantization,
+        };
+        ServerRound::new(config).unwrap().setup_message().encode()
+    }
+
+    /// Trains for the round in progress and receives its setup; returns the
+    /// seed of the generator the round's secrets come from.
+    fn start_round(p: &mut Participant, round: u64) -> [u8; 32] {
+        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        assert_eq!(send(p, 0).path, "/v1/round/message");
+        assert!(p.round_rng.is_none(), "a generator before the round's protocol started");
+        p.handle(0, Response { status: 200, body: setup(round) }).unwrap();
+        p.round_rng.as_ref().map(ChaCha20Rng::get_seed).expect("the round has its own generator")
+    }
+
+    #[test]
+    fn every_round_has_a_fresh_generator_that_ends_with_it() {
+        static_assertions::assert_impl_all!(ChaCha20Rng: zeroize::ZeroizeOnDrop);
+        let mut p = training();
+        let first = start_round(&mut p, 3);
+        // The coordinator drops this client: the round ends, its generator with it.
+        assert_eq!(send(&mut p, 0).path, "/v1/round/message");
+        p.handle(0, Response { status: 410, body: Vec::new() }).unwrap();
+        assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Dropped(_))));
+        assert!(p.round_rng.is_none(), "the round's generator outlived the round");
+        // The next round starts from a generator of its own.
+        assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+        p.handle(0, json(200, serde_json::json!({ "status": "selected", "round": 4, "client_id": 2 })))
+            .unwrap();
+        assert_eq!(send(&mut p, 0).path, "/v1/model");
+        let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+        let model = checkpoint::encode(&layout, &[0.5, -0.5], &Default::default()).unwrap();
+        p.handle(0, Response { status: 200, body: model }).unwrap();
+        assert!(matches!(p.next(0), Action::Train { round: 4, .. }));
+        let second = start_round(&mut p, 4);
+        assert_ne!(first, second, "two rounds share a generator");
     }
 
     #[test]

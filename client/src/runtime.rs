@@ -22,8 +22,9 @@ pub trait Transport {
     fn send(&mut self, request: &Request) -> Result<Response, String>;
 }
 
-/// The update an application computed for a round.
-#[derive(Debug, Clone, PartialEq)]
+/// The update an application computed for a round. It is what secure
+/// aggregation protects: it cannot be cloned or printed (`Debug` shows its
+/// size only), and its values are wiped when it is dropped.
 pub struct LocalUpdate {
     /// Local model minus global model, in the global model's layout.
     pub delta: Vec<f32>,
@@ -31,6 +32,31 @@ pub struct LocalUpdate {
     pub examples: u32,
     /// Numbers to report for the round (loss, accuracy), if any.
     pub metrics: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl std::fmt::Debug for LocalUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalUpdate")
+            .field("parameters", &self.delta.len())
+            .field("examples", &self.examples)
+            .field("metrics", &self.metrics.as_ref().map(|m| m.keys().collect::<Vec<_>>()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalUpdate {
+    /// The update, its weight and its metrics, for
+    /// [`Participant::submit`](crate::participant::Participant::submit)
+    /// (which keeps the update in zeroizing memory).
+    pub fn into_parts(mut self) -> (Vec<f32>, u32, Option<serde_json::Map<String, serde_json::Value>>) {
+        (std::mem::take(&mut self.delta), self.examples, self.metrics.take())
+    }
+}
+
+impl Drop for LocalUpdate {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.delta);
+    }
 }
 
 /// Computes a round's update from the global model.
@@ -182,7 +208,10 @@ impl<T: Transport> Runner<T> {
                 }
                 Action::Wait(ms) => self.sleep(Duration::from_millis(ms.min(1_000))),
                 Action::Train { round, model } => match trainer.train(round, &model) {
-                    Ok(update) => self.participant.submit(update.delta, update.examples, update.metrics)?,
+                    Ok(update) => {
+                        let (delta, examples, metrics) = update.into_parts();
+                        self.participant.submit(delta, examples, metrics)?
+                    }
                     Err(reason) => self.participant.vanish(&format!("local training failed: {reason}")),
                 },
                 Action::RoundEnded(outcome) => {
@@ -338,6 +367,17 @@ pub mod http {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_local_update_is_neither_printed_nor_cloned() {
+        static_assertions::assert_not_impl_any!(LocalUpdate: Clone);
+        let update = LocalUpdate { delta: vec![0.123_456, -9.875], examples: 7, metrics: None };
+        let printed = format!("{update:?}");
+        assert!(printed.contains("parameters: 2"), "{printed}");
+        assert!(!printed.contains("0.123") && !printed.contains("9.875"), "{printed}");
+        let (delta, examples, metrics) = update.into_parts();
+        assert_eq!((delta, examples, metrics), (vec![0.123_456, -9.875], 7, None));
+    }
     use crate::participant::{Action, ParticipantConfig, Response};
 
     /// Enrolls, then is told to wait at every check-in.

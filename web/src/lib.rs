@@ -255,10 +255,11 @@ impl Core {
             let trained: Vec<f32> = global.weights.iter().zip(&update.delta).map(|(g, d)| g + d).collect();
             self.test.as_ref().map(|test| model.evaluate(&trained, test.features.view(), &test.labels).1)
         };
-        let mut metrics = update.metrics.unwrap_or_default();
+        let (delta, examples, metrics) = update.into_parts();
+        let mut metrics = metrics.unwrap_or_default();
         let loss = metrics.get("train_loss").cloned();
         let report = json!({
-            "round": self.round, "examples": update.examples, "train_loss": loss,
+            "round": self.round, "examples": examples, "train_loss": loss,
             "global_accuracy": global_accuracy, "local_accuracy": local,
         });
         // Reported with the round (the dashboard charts their means): the
@@ -266,7 +267,7 @@ impl Core {
         if let Some(accuracy) = global_accuracy {
             metrics.insert("global_accuracy".into(), f64::from(accuracy).into());
         }
-        self.participant.submit(update.delta, update.examples, Some(metrics)).map_err(|e| e.to_string())?;
+        self.participant.submit(delta, examples, Some(metrics)).map_err(|e| e.to_string())?;
         self.global = None;
         Ok(report)
     }
