@@ -71,6 +71,11 @@ impl RoundConfig {
         if self.threshold == 0 || self.threshold > degree {
             return Err(ConfigError::BadThreshold { threshold: self.threshold, degree });
         }
+        // Checked by every client before it reveals anything (Client::start
+        // validates the announced round): see ThresholdBelowMajority.
+        if self.variant == Variant::Active && 2 * u64::from(self.threshold) <= u64::from(degree) {
+            return Err(ConfigError::ThresholdBelowMajority { threshold: self.threshold, degree });
+        }
         if !(2..=32).contains(&self.modulus_bits) {
             return Err(ConfigError::BadModulusBits(self.modulus_bits));
         }

@@ -73,6 +73,20 @@ pub enum ConfigError {
         /// The neighbourhood size.
         degree: u32,
     },
+    /// The active variant needs the threshold to be a strict majority of
+    /// every neighbourhood (2t > k): otherwise a coordinator can show two
+    /// halves of a client's neighbours different survivor lists, collect t
+    /// signatures on each, and obtain both the shares of the client's
+    /// self-mask seed and those of its mask key.
+    #[error(
+        "the active variant needs a threshold above half the neighbourhood: 2 × {threshold} must exceed {degree}"
+    )]
+    ThresholdBelowMajority {
+        /// The requested threshold.
+        threshold: u32,
+        /// The neighbourhood size.
+        degree: u32,
+    },
     /// The sparse graph needs an even degree in `2..n-1`.
     #[error("graph degree {degree} is invalid for {clients} clients (need an even number in 2..{clients})")]
     BadDegree {

@@ -240,6 +240,77 @@ fn active_clients_refuse_unsigned_or_forged_keys() {
     assert!(matches!(driver.clients[0], Some(Client::Aborted)));
 }
 
+/// The split attack on the consistency check: the coordinator shows two
+/// neighbours of client 1 a survivor list with client 1 in it (so they
+/// reveal shares of its self-mask seed) and the three others a list
+/// without it (so they reveal shares of its mask key), and hands each side
+/// the signatures on its own list. With 2t ≤ k (t = 2 of k = 5) each side
+/// has t signers and client 1 would be unmasked: every client refuses such
+/// a round. At the weakest parameters still accepted (t = 3, 2t = k + 1),
+/// the side that reveals the seed's shares is below t and cannot act.
+#[test]
+fn a_split_of_the_survivor_lists_recovers_no_secret_at_the_weakest_accepted_threshold() {
+    use cohort_crypto::{ConfigError, ServerRound};
+
+    // Refused before anything is revealed, by the server and by a client.
+    let mut weak = config(6, 2, GraphSpec::Complete, 8, 32);
+    let identities = make_active(&mut weak, 12);
+    assert_eq!(weak.validate(), Err(ConfigError::ThresholdBelowMajority { threshold: 2, degree: 5 }));
+    assert!(ServerRound::new(weak.clone()).is_err());
+    let setup = ServerMessage::Setup(weak.clone());
+    let mut rng = <rand_chacha::ChaCha20Rng as rand_core::SeedableRng>::seed_from_u64(12);
+    let refused =
+        Client::start(setup, id(2), identities.get(1).cloned(), input_for(&weak, 12, id(2)), &mut rng);
+    assert!(matches!(refused, Err(ProtocolError::Config(ConfigError::ThresholdBelowMajority { .. }))));
+
+    // t = 3 of k = 5: the split is tried and fails.
+    let mut config = config(6, 3, GraphSpec::Complete, 8, 32);
+    let identities = make_active(&mut config, 13);
+    let mut driver = Driver::start(&config, &identities, 13);
+    driver.stage(); // keys
+    driver.stage(); // shares
+    driver.flush(); // every masked input
+    driver.advance().unwrap();
+    let context = config.context();
+    let with_target: Vec<ClientId> = (1..=6).map(id).collect();
+    let without_target: Vec<ClientId> = (2..=6).map(id).collect();
+    let (seed_side, key_side) = ([2u32, 3], [4u32, 5, 6]);
+    for &i in &seed_side {
+        driver.deliver(i, ServerMessage::Survivors { context, survivors: with_target.clone() }).unwrap();
+    }
+    for &i in &key_side {
+        driver.deliver(i, ServerMessage::Survivors { context, survivors: without_target.clone() }).unwrap();
+    }
+    // Each side's signatures, handed to that side only.
+    let signature = |driver: &Driver, i: u32| match ClientMessage::decode(
+        driver.outbox[i as usize - 1].as_ref().unwrap(),
+    ) {
+        Ok(ClientMessage::Consistency { signature, .. }) => (id(i), signature),
+        _ => panic!("client {i} did not sign"),
+    };
+    let seed_signatures: Vec<_> = seed_side.iter().map(|&i| signature(&driver, i)).collect();
+    let key_signatures: Vec<_> = key_side.iter().map(|&i| signature(&driver, i)).collect();
+    let mut revealed = (0usize, 0usize); // shares of client 1's (seed, key)
+    for (side, signatures) in [(&seed_side[..], &seed_signatures), (&key_side[..], &key_signatures)] {
+        for &i in side {
+            let message = ServerMessage::Signatures { context, signatures: signatures.clone() };
+            if driver.deliver(i, message).is_err() {
+                continue; // too few signatures on its list: it reveals nothing
+            }
+            let Ok(ClientMessage::Unmasking { shares, .. }) =
+                ClientMessage::decode(driver.outbox[i as usize - 1].as_ref().unwrap())
+            else {
+                panic!("client {i} answered with something else");
+            };
+            revealed.0 += shares.self_mask.iter().filter(|(owner, _)| *owner == id(1)).count();
+            revealed.1 += shares.mask_key.iter().filter(|(owner, _)| *owner == id(1)).count();
+        }
+    }
+    let t = config.threshold as usize;
+    assert!(revealed.0 < t || revealed.1 < t, "both of client 1's secrets recoverable: {revealed:?}");
+    assert_eq!(revealed, (0, 3), "the seed side is refused, the key side reveals the dropped client's key");
+}
+
 /// A coordinator that answers for a client's peers could otherwise unmask
 /// it alone: the active variant refuses peer keys without a signature,
 /// keys that another roster member signed for itself, and keys of one
