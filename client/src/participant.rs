@@ -852,18 +852,23 @@ mod tests {
     /// Enrolled, selected for round 3 and handed the model.
     fn training() -> Participant {
         let mut p = enrolled();
-        assert_eq!(send(&mut p, 0).path, "/v1/checkin");
-        p.handle(0, json(200, serde_json::json!({ "status": "selected", "round": 3, "client_id": 2 })))
+        select_and_train(&mut p, 3);
+        p
+    }
+
+    /// Checks in, is selected for `round` and handed the model.
+    fn select_and_train(p: &mut Participant, round: u64) {
+        assert_eq!(send(p, 0).path, "/v1/checkin");
+        p.handle(0, json(200, serde_json::json!({ "status": "selected", "round": round, "client_id": 2 })))
             .unwrap();
-        assert_eq!(send(&mut p, 0).path, "/v1/model");
+        assert_eq!(send(p, 0).path, "/v1/model");
         let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
         let model = checkpoint::encode(&layout, &[0.5, -0.5], &Default::default()).unwrap();
         p.handle(0, Response { status: 200, body: model }).unwrap();
         match p.next(0) {
-            Action::Train { round: 3, model } => assert_eq!(model.weights, vec![0.5, -0.5]),
+            Action::Train { round: r, model } if r == round => assert_eq!(model.weights, vec![0.5, -0.5]),
             other => panic!("expected training, got {other:?}"),
         }
-        p
     }
 
     #[test]
@@ -1031,14 +1036,7 @@ mod tests {
         assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Dropped(_))));
         assert!(p.round_rng.is_none(), "the round's generator outlived the round");
         // The next round starts from a generator of its own.
-        assert_eq!(send(&mut p, 0).path, "/v1/checkin");
-        p.handle(0, json(200, serde_json::json!({ "status": "selected", "round": 4, "client_id": 2 })))
-            .unwrap();
-        assert_eq!(send(&mut p, 0).path, "/v1/model");
-        let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
-        let model = checkpoint::encode(&layout, &[0.5, -0.5], &Default::default()).unwrap();
-        p.handle(0, Response { status: 200, body: model }).unwrap();
-        assert!(matches!(p.next(0), Action::Train { round: 4, .. }));
+        select_and_train(&mut p, 4);
         let second = start_round(&mut p, 4);
         assert_ne!(first, second, "two rounds share a generator");
     }
