@@ -291,12 +291,16 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
             if status == StatusCode::PAYLOAD_TOO_LARGE {
                 return ApiError::new(status, "payload_too_large", rejection.body_text());
             }
-            if let Some(slow) = find_source::<SlowBody>(&rejection) {
-                return ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", slow.to_string());
-            }
-            ApiError::new(status, "invalid_body", rejection.body_text())
+            too_slow(&rejection)
+                .unwrap_or_else(|| ApiError::new(status, "invalid_body", rejection.body_text()))
         })
     }
+}
+
+/// The `408` for a body that failed because it arrived too slowly.
+fn too_slow(error: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
+    find_source::<SlowBody>(error)
+        .map(|slow| ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", slow.to_string()))
 }
 
 /// The first error of type `E` in `error`'s chain of sources.
@@ -329,13 +333,12 @@ async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> ApiResul
         return Err(too_large());
     }
     axum::body::to_bytes(body, limit).await.map_err(|error| {
-        if let Some(slow) = find_source::<SlowBody>(&error) {
-            ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", slow.to_string())
-        } else if find_source::<http_body_util::LengthLimitError>(&error).is_some() {
-            too_large()
-        } else {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", "the request body could not be read")
+        if find_source::<http_body_util::LengthLimitError>(&error).is_some() {
+            return too_large();
         }
+        too_slow(&error).unwrap_or_else(|| {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", "the request body could not be read")
+        })
     })
 }
 
@@ -910,7 +913,11 @@ async fn report_metrics(
     let report: MetricsReport = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
     if report.round < 1 || report.round > i64::MAX as u64 {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_round", "round must be at least 1"));
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_round",
+            "round must be between 1 and 2^63 - 1",
+        ));
     }
     report.metrics.validate().map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_metrics", m))?;
     state.coordinator.may_report(&p.task_id, &p.id, report.round).await?;

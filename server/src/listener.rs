@@ -80,9 +80,11 @@ impl Default for ConnectionLimits {
     }
 }
 
-/// Raises the soft descriptor limit to the hard one and returns it.
+/// Raises the soft descriptor limit to the hard one (once per process)
+/// and returns it.
 pub fn raise_descriptor_limit() -> u64 {
-    rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024)
+    static RAISED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *RAISED.get_or_init(|| rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024))
 }
 
 /// 8 192 connections, or fewer if the descriptor limit (raised to its hard

@@ -13,14 +13,14 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::process::{ServeProcess, exchange, http, json_call, read_response, remove_database};
+use support::process::{ServeProcess, closed_by, exchange, http, json_call, read_response, remove_database};
 
 const ADMIN: &str = "abuse-test-admin-token-0123456789";
 const SECAGG: &str = "application/x-cohort-secagg";
@@ -110,23 +110,6 @@ fn open(port: u16, count: usize, prefix: &[u8]) -> Vec<TcpStream> {
             stream
         })
         .collect()
-}
-
-/// Whether the server has closed `stream` (after answering, if it did)
-/// by `deadline`; returns what it sent.
-fn closed_by(stream: &mut TcpStream, deadline: Instant) -> Option<Vec<u8>> {
-    let mut received = Vec::new();
-    let mut buffer = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        stream.set_read_timeout(Some(left)).unwrap();
-        match stream.read(&mut buffer) {
-            Ok(0) => return Some(received),
-            Ok(n) => received.extend_from_slice(&buffer[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Some(received),
-            Err(_) => return None,
-        }
-    }
 }
 
 #[test]

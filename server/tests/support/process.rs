@@ -76,6 +76,24 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Whether the server has closed `stream` (after answering, if it did)
+/// by `deadline`; returns what it sent before closing.
+pub fn closed_by(stream: &mut TcpStream, deadline: std::time::Instant) -> Option<Vec<u8>> {
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let left =
+            deadline.saturating_duration_since(std::time::Instant::now()).max(Duration::from_millis(1));
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut buffer) {
+            Ok(0) => return Some(received),
+            Ok(n) => received.extend_from_slice(&buffer[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Some(received),
+            Err(_) => return None,
+        }
+    }
+}
+
 /// A JSON exchange: (status, parsed body or null).
 pub fn json_call(
     port: u16,
