@@ -20,6 +20,9 @@ scripts/setup.sh
 log "workspace tests"
 cargo test --workspace --locked 2>&1 | tee "$scratch/cargo-test.log"
 
+log "cohort-crypto without its default features (serial unmasking, as in wasm32)"
+cargo test --locked -p cohort-crypto --no-default-features --tests 2>&1 | tee -a "$scratch/cargo-test.log"
+
 log "cohort-client on libtorch (feature tch)"
 # tch builds against the venv's PyTorch and loads its libraries at run time.
 torch_venv="${COHORT_TORCH_VENV:-/var/tmp/cohort-torch-venv}"

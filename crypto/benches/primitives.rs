@@ -62,7 +62,7 @@ fn config(clients: u32, degree: u32, threshold: u32, dim: u32) -> RoundConfig {
         variant: Variant::SemiHonest,
         clients,
         identities: Vec::new(),
-        graph: GraphSpec::Harary { degree, seed: [5; 32] },
+        graph: GraphSpec::Harary { degree },
         threshold,
         vector_len: dim,
         modulus_bits: 32,

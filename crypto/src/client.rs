@@ -84,6 +84,8 @@ pub struct AwaitingPeerKeys {
     round: RoundView,
     cipher: AgreementKey,
     mask: AgreementKey,
+    /// b_u, drawn with the keys so that its commitment is advertised with them.
+    self_mask_seed: Secret32,
     input: QuantizedInput,
 }
 
@@ -194,13 +196,17 @@ impl Client {
         let neighbours = config.communication_graph().neighbours(me);
         let cipher = AgreementKey::generate(rng);
         let mask = AgreementKey::generate(rng);
+        let self_mask_seed = Secret32::random(rng);
         let (cipher_key, mask_key) = (cipher.public_key(), mask.public_key());
-        let signature = identity
-            .as_ref()
-            .map(|key| key.sign(&derive::advertise_statement(&context, me, &cipher_key, &mask_key)));
+        let seed_commitment = derive::seed_commitment(&context, me, &self_mask_seed);
+        let signature = identity.as_ref().map(|key| {
+            key.sign(&derive::advertise_statement(&context, me, &cipher_key, &mask_key, &seed_commitment))
+        });
         let round = RoundView { config, context, me, neighbours, identity };
-        let message = ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, signature };
-        Ok((Client::AwaitingPeerKeys(AwaitingPeerKeys { round, cipher, mask, input }), message))
+        let message =
+            ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, seed_commitment, signature };
+        let state = AwaitingPeerKeys { round, cipher, mask, self_mask_seed, input };
+        Ok((Client::AwaitingPeerKeys(state), message))
     }
 
     /// The stage whose server message this state waits for.
@@ -278,15 +284,19 @@ impl AwaitingPeerKeys {
         if round.config.variant == Variant::Active {
             for peer in &peers {
                 let signature = peer.signature.ok_or(server_error("peer keys are unsigned"))?;
-                let statement =
-                    derive::advertise_statement(&context, peer.id, &peer.cipher_key, &peer.mask_key);
+                let statement = derive::advertise_statement(
+                    &context,
+                    peer.id,
+                    &peer.cipher_key,
+                    &peer.mask_key,
+                    &peer.seed_commitment,
+                );
                 verify(&round.config.identities[peer.id.index()], &statement, &signature)?;
             }
         }
-        let self_mask_seed = Secret32::random(rng);
         let points: Vec<u32> = peers.iter().map(|peer| peer.id.get()).collect();
         let threshold = round.threshold() as usize;
-        let seed_shares = split(&self_mask_seed, threshold, &points, rng);
+        let seed_shares = split(&self.self_mask_seed, threshold, &points, rng);
         let key_shares = split(&self.mask.export_secret(), threshold, &points, rng);
         let mut envelopes = Vec::with_capacity(peers.len());
         let mut plaintext = Zeroizing::new(Vec::with_capacity(ENVELOPE_PLAINTEXT_LEN));
@@ -302,7 +312,7 @@ impl AwaitingPeerKeys {
             round: self.round,
             cipher: self.cipher,
             mask: self.mask,
-            self_mask_seed,
+            self_mask_seed: self.self_mask_seed,
             input: self.input,
             peers,
         };

@@ -3,6 +3,7 @@
 
 use crate::error::ConfigError;
 use crate::graph::{CommunicationGraph, GraphSpec};
+use crate::kdf::{LABEL_GRAPH_PLACEMENT, hkdf_sha256};
 use crate::quantize::{QuantizationSpec, Transform};
 use crate::wire::{DecodeError, Reader, Writer};
 
@@ -76,9 +77,6 @@ impl RoundConfig {
         if self.variant == Variant::Active && 2 * u64::from(self.threshold) <= u64::from(degree) {
             return Err(ConfigError::ThresholdBelowMajority { threshold: self.threshold, degree });
         }
-        if !(2..=32).contains(&self.modulus_bits) {
-            return Err(ConfigError::BadModulusBits(self.modulus_bits));
-        }
         if self.vector_len == 0 || self.vector_len > MAX_VECTOR_LEN {
             return Err(ConfigError::BadVectorLength { max: MAX_VECTOR_LEN, got: self.vector_len });
         }
@@ -92,6 +90,7 @@ impl RoundConfig {
             }
             _ => {}
         }
+        // Also checks the ring width (2 to 32 bits) against the clients.
         self.quantization.validate(self.modulus_bits, self.clients)
     }
 
@@ -99,13 +98,22 @@ impl RoundConfig {
     pub fn degree(&self) -> u32 {
         match self.graph {
             GraphSpec::Complete => self.clients - 1,
-            GraphSpec::Harary { degree, .. } => degree.min(self.clients - 1),
+            GraphSpec::Harary { degree } => degree,
         }
     }
 
-    /// Builds the communication graph.
+    /// Builds the communication graph, placed by [`placement_seed`](Self::placement_seed).
     pub fn communication_graph(&self) -> CommunicationGraph {
-        CommunicationGraph::new(self.clients, &self.graph)
+        CommunicationGraph::new(self.clients, &self.graph, &self.placement_seed())
+    }
+
+    /// The seed of the permutation that places clients on the Harary ring:
+    /// HKDF-SHA256 of the round context. Nothing in the announced round
+    /// chooses it directly; it changes only when the round does.
+    pub fn placement_seed(&self) -> [u8; 32] {
+        let mut seed = [0u8; 32];
+        hkdf_sha256(&self.context().0, &[], &[LABEL_GRAPH_PLACEMENT], &mut seed);
+        seed
     }
 
     /// The round context: SHA-256 over a label and the canonical encoding.
@@ -138,8 +146,8 @@ impl RoundConfig {
             GraphSpec::Complete => {
                 w.u8(0);
             }
-            GraphSpec::Harary { degree, seed } => {
-                w.u8(1).u32(*degree).bytes(seed);
+            GraphSpec::Harary { degree } => {
+                w.u8(1).u32(*degree);
             }
         }
         w.u32(self.threshold).u32(self.vector_len).u8(self.modulus_bits);
@@ -170,7 +178,7 @@ impl RoundConfig {
         let identities = (0..count).map(|_| r.array::<32>()).collect::<Result<_, _>>()?;
         let graph = match r.u8()? {
             0 => GraphSpec::Complete,
-            1 => GraphSpec::Harary { degree: r.u32()?, seed: r.array()? },
+            1 => GraphSpec::Harary { degree: r.u32()? },
             _ => return Err(DecodeError::Invalid("graph kind")),
         };
         let threshold = r.u32()?;
@@ -198,5 +206,139 @@ impl RoundConfig {
         };
         config.validate().map_err(|_| DecodeError::Invalid("round configuration"))?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ConfigError::*;
+
+    fn with(change: impl FnOnce(&mut RoundConfig)) -> Result<(), ConfigError> {
+        let mut config = RoundConfig {
+            session: [1; 16],
+            round: 1,
+            variant: Variant::SemiHonest,
+            clients: 10,
+            identities: Vec::new(),
+            graph: GraphSpec::Harary { degree: 4 },
+            threshold: 3,
+            vector_len: 8,
+            modulus_bits: 16,
+            quantization: QuantizationSpec { clip: 1.0, max_weight: 1, transform: Transform::None },
+        };
+        change(&mut config);
+        config.validate()
+    }
+
+    fn active(config: &mut RoundConfig) {
+        config.variant = Variant::Active;
+        config.identities = vec![[9; 32]; config.clients as usize];
+    }
+
+    /// Each limit accepts its last valid value and refuses the next one.
+    #[test]
+    fn every_limit_is_enforced_at_its_boundary() {
+        assert_eq!(with(|_| {}), Ok(()));
+        let complete = |clients: u32| {
+            move |c: &mut RoundConfig| {
+                c.clients = clients;
+                c.graph = GraphSpec::Complete;
+                c.threshold = 1;
+            }
+        };
+        assert_eq!(with(complete(1)), Err(TooFewClients(1)));
+        assert_eq!(with(complete(2)), Ok(()));
+        let many = |clients: u32| {
+            move |c: &mut RoundConfig| {
+                c.clients = clients;
+                c.modulus_bits = 32;
+            }
+        };
+        assert_eq!(with(many(MAX_CLIENTS)), Ok(()));
+        assert_eq!(
+            with(many(MAX_CLIENTS + 1)),
+            Err(TooManyClients { max: MAX_CLIENTS, got: MAX_CLIENTS + 1 })
+        );
+
+        let degree = |degree: u32| {
+            move |c: &mut RoundConfig| {
+                c.graph = GraphSpec::Harary { degree };
+                c.threshold = 1;
+            }
+        };
+        for valid in [2, 8, 9] {
+            assert_eq!(with(degree(valid)), Ok(()), "degree {valid}");
+        }
+        for invalid in [0, 1, 3, 7, 10, 11] {
+            assert_eq!(
+                with(degree(invalid)),
+                Err(BadDegree { degree: invalid, clients: 10 }),
+                "degree {invalid}"
+            );
+        }
+
+        assert_eq!(with(|c| c.threshold = 0), Err(BadThreshold { threshold: 0, degree: 4 }));
+        assert_eq!(with(|c| c.threshold = 4), Ok(()));
+        assert_eq!(with(|c| c.threshold = 5), Err(BadThreshold { threshold: 5, degree: 4 }));
+        assert_eq!(with(|c| c.graph = GraphSpec::Complete), Ok(()));
+        assert_eq!(
+            with(|c| {
+                c.graph = GraphSpec::Complete;
+                c.threshold = 10;
+            }),
+            Err(BadThreshold { threshold: 10, degree: 9 })
+        );
+
+        assert_eq!(
+            with(|c| {
+                active(c);
+                c.threshold = 2;
+            }),
+            Err(ThresholdBelowMajority { threshold: 2, degree: 4 })
+        );
+        assert_eq!(with(active), Ok(()));
+
+        assert_eq!(with(|c| c.modulus_bits = 1), Err(BadModulusBits(1)));
+        assert_eq!(with(|c| c.modulus_bits = 5), Ok(()));
+        assert_eq!(with(|c| c.modulus_bits = 32), Ok(()));
+        assert_eq!(with(|c| c.modulus_bits = 33), Err(BadModulusBits(33)));
+        // ⌊15 / 10⌋ = 1 level: too small a ring for ten clients.
+        assert!(matches!(with(|c| c.modulus_bits = 4), Err(BadQuantization(_))));
+        assert_eq!(with(|c| c.vector_len = 0), Err(BadVectorLength { max: MAX_VECTOR_LEN, got: 0 }));
+        assert_eq!(with(|c| c.vector_len = MAX_VECTOR_LEN), Ok(()));
+        assert_eq!(
+            with(|c| c.vector_len = MAX_VECTOR_LEN + 1),
+            Err(BadVectorLength { max: MAX_VECTOR_LEN, got: MAX_VECTOR_LEN + 1 })
+        );
+
+        assert_eq!(
+            with(|c| {
+                active(c);
+                c.identities.pop();
+            }),
+            Err(MissingIdentities { expected: 10, got: 9 })
+        );
+        assert_eq!(with(|c| c.identities.push([9; 32])), Err(MissingIdentities { expected: 0, got: 1 }));
+    }
+
+    #[test]
+    fn degree_and_modulus_mask() {
+        let mut config = RoundConfig {
+            session: [1; 16],
+            round: 1,
+            variant: Variant::SemiHonest,
+            clients: 10,
+            identities: Vec::new(),
+            graph: GraphSpec::Complete,
+            threshold: 3,
+            vector_len: 8,
+            modulus_bits: 32,
+            quantization: QuantizationSpec { clip: 1.0, max_weight: 1, transform: Transform::None },
+        };
+        assert_eq!((config.degree(), config.modulus_mask()), (9, u32::MAX));
+        config.graph = GraphSpec::Harary { degree: 4 };
+        config.modulus_bits = 12;
+        assert_eq!((config.degree(), config.modulus_mask()), (4, 0xfff));
     }
 }

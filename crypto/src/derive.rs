@@ -14,6 +14,7 @@ use crate::signature::signed_message;
 
 const LABEL_ADVERTISE: &[u8] = b"cohort/secagg/v1/advertise-keys";
 const LABEL_CONSISTENCY: &[u8] = b"cohort/secagg/v1/consistency";
+const LABEL_SEED_COMMITMENT: &[u8] = b"cohort/secagg/v2/seed-commitment";
 
 /// The single-use key sealing shares from `sender` to `receiver`.
 /// Directional: the reverse envelope gets a different key.
@@ -72,14 +73,34 @@ pub(crate) fn pairwise_sign(owner: ClientId, peer: ClientId) -> MaskSign {
     if owner < peer { MaskSign::Add } else { MaskSign::Subtract }
 }
 
-/// The statement a client signs when it advertises its keys.
+/// The statement a client signs when it advertises its keys and its
+/// self-mask seed commitment.
 pub(crate) fn advertise_statement(
     context: &RoundContext,
     client: ClientId,
     cipher_key: &[u8; 32],
     mask_key: &[u8; 32],
+    seed_commitment: &[u8; 32],
 ) -> Vec<u8> {
-    signed_message(LABEL_ADVERTISE, &[&context.0, &client.get().to_be_bytes(), cipher_key, mask_key])
+    signed_message(
+        LABEL_ADVERTISE,
+        &[&context.0, &client.get().to_be_bytes(), cipher_key, mask_key, seed_commitment],
+    )
+}
+
+/// `owner`'s commitment to its self-mask seed:
+/// SHA-256(label ‖ context ‖ owner ‖ b_owner). The seed is 32 uniformly
+/// random bytes, so the digest reveals nothing about it; SHA-256's
+/// collision resistance means no other seed matches it.
+pub(crate) fn seed_commitment(context: &RoundContext, owner: ClientId, seed: &Secret32) -> [u8; 32] {
+    let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+    hash.update(LABEL_SEED_COMMITMENT);
+    hash.update(&context.0);
+    hash.update(&owner.get().to_be_bytes());
+    hash.update(seed.expose());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(hash.finish().as_ref());
+    out
 }
 
 /// The statement a client signs in the consistency check: the survivor list.

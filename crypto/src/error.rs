@@ -187,6 +187,17 @@ pub enum ProtocolError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The shares of a client's secret do not reconstruct the value it
+    /// committed to, and too few of them agree to correct the wrong ones
+    /// (or the client dealt shares of another value): the round ends
+    /// without unmasking anything.
+    #[error("the {shares} shares of client {owner}'s secret do not reconstruct the value it committed to")]
+    UnverifiableSecret {
+        /// Whose secret it is.
+        owner: ClientId,
+        /// Shares that were revealed for it.
+        shares: u32,
+    },
     /// The server's survivor list or signatures are inconsistent with what
     /// this client saw; an honest client aborts rather than reveal anything.
     #[error("the server's view of the round is inconsistent: {0}")]

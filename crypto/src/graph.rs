@@ -5,7 +5,16 @@
 //! * [`GraphSpec::Harary`]: a random k-regular graph (SecAgg+, Bell et al.
 //!   2020): the Harary graph H(k, n), which joins each position to the k/2
 //!   positions on either side of it on a ring, with clients placed on the ring
-//!   by a random permutation drawn from the round's public graph seed.
+//!   by a random permutation.
+//!
+//! The permutation is not the coordinator's to choose: its seed is derived
+//! from the round context (see [`crate::RoundConfig::placement_seed`]), so
+//! every client computes the same placement from the parameters it already
+//! checks, and a coordinator that wants another placement must announce
+//! another round (another roster, round number or parameter set), which the
+//! clients see. Trying many placements until a target client lands among
+//! clients the coordinator controls therefore costs one whole round
+//! composition per try, instead of one free 32-byte seed per try.
 
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
@@ -17,12 +26,11 @@ use crate::ids::ClientId;
 pub enum GraphSpec {
     /// Everybody is everybody's neighbour.
     Complete,
-    /// A random k-regular Harary graph; `degree` is even.
+    /// A random k-regular Harary graph; `degree` is even. The placement on
+    /// the ring follows from the round context.
     Harary {
         /// Neighbours per client (k).
         degree: u32,
-        /// Public seed of the permutation that places clients on the ring.
-        seed: [u8; 32],
     },
 }
 
@@ -46,13 +54,15 @@ enum Layout {
 }
 
 impl CommunicationGraph {
-    /// Builds the graph for `clients` clients. The spec must have been
-    /// validated (see [`crate::RoundConfig::validate`]).
-    pub fn new(clients: u32, spec: &GraphSpec) -> Self {
+    /// Builds the graph for `clients` clients, placing them on the ring
+    /// with the permutation drawn from `placement_seed`. The spec must have
+    /// been validated (see [`crate::RoundConfig::validate`]); rounds build
+    /// their graph with [`crate::RoundConfig::communication_graph`].
+    pub fn new(clients: u32, spec: &GraphSpec, placement_seed: &[u8; 32]) -> Self {
         let layout = match spec {
-            GraphSpec::Harary { degree, seed } if *degree < clients - 1 => {
+            GraphSpec::Harary { degree } if *degree < clients - 1 => {
                 let mut occupant: Vec<u32> = (0..clients).collect();
-                let mut rng = ChaCha20Rng::from_seed(*seed);
+                let mut rng = ChaCha20Rng::from_seed(*placement_seed);
                 for i in (1..occupant.len()).rev() {
                     occupant.swap(i, uniform_below(&mut rng, i as u64 + 1) as usize);
                 }
@@ -138,7 +148,7 @@ mod tests {
 
     #[test]
     fn harary_graph_is_regular_and_symmetric() {
-        let graph = CommunicationGraph::new(50, &GraphSpec::Harary { degree: 8, seed: [3; 32] });
+        let graph = CommunicationGraph::new(50, &GraphSpec::Harary { degree: 8 }, &[3; 32]);
         assert_eq!(graph.degree(), 8);
         for a in 1..=50 {
             let neighbours = graph.neighbours(id(a));
@@ -153,14 +163,14 @@ mod tests {
 
     #[test]
     fn seed_changes_the_graph() {
-        let a = CommunicationGraph::new(100, &GraphSpec::Harary { degree: 6, seed: [1; 32] });
-        let b = CommunicationGraph::new(100, &GraphSpec::Harary { degree: 6, seed: [2; 32] });
+        let a = CommunicationGraph::new(100, &GraphSpec::Harary { degree: 6 }, &[1; 32]);
+        let b = CommunicationGraph::new(100, &GraphSpec::Harary { degree: 6 }, &[2; 32]);
         assert!((1..=100).any(|i| a.neighbours(id(i)) != b.neighbours(id(i))));
     }
 
     #[test]
     fn complete_graph_links_everybody() {
-        let graph = CommunicationGraph::new(5, &GraphSpec::Complete);
+        let graph = CommunicationGraph::new(5, &GraphSpec::Complete, &[0; 32]);
         assert_eq!(graph.neighbours(id(3)), vec![id(1), id(2), id(4), id(5)]);
         assert!(!graph.are_neighbours(id(3), id(3)));
         assert!(!graph.are_neighbours(id(3), id(6)));

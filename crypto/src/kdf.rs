@@ -10,6 +10,8 @@ use ring::hkdf;
 pub(crate) const LABEL_PAIRWISE_MASK: &[u8] = b"cohort/secagg/v1/pairwise-mask";
 /// Label for the AES-CTR key of a client's self mask.
 pub(crate) const LABEL_SELF_MASK: &[u8] = b"cohort/secagg/v1/self-mask";
+/// Label for the seed of the permutation that places clients on the ring.
+pub(crate) const LABEL_GRAPH_PLACEMENT: &[u8] = b"cohort/secagg/v2/graph-placement";
 /// Label for the AES-GCM key that seals shares from one client to another.
 pub(crate) const LABEL_SHARE_ENVELOPE: &[u8] = b"cohort/secagg/v1/share-envelope";
 

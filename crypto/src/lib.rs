@@ -12,14 +12,16 @@
 //!
 //! ## The protocol
 //! n clients with ids `1..=n`, each holding a vector x_u in Z_{2^b}; a
-//! communication graph (complete, or random k-regular, see [`graph`]) and a
+//! communication graph (complete, or random k-regular, see [`graph`], placed
+//! by a seed derived from the round context, not chosen by the server) and a
 //! threshold t.
 //!
 //! 1. **AdvertiseKeys.** Each client draws two X25519 key pairs, (c_sk, c_pk)
-//!    for share envelopes and (s_sk, s_pk) for masks, and sends the public
-//!    halves (signed with its identity key in the [`Variant::Active`]
-//!    variant). The server relays to each client its neighbours' keys (U1).
-//! 2. **ShareKeys.** Each client draws a self-mask seed b_u, splits b_u and
+//!    for share envelopes and (s_sk, s_pk) for masks, and a self-mask seed
+//!    b_u, and sends the public halves with a commitment to b_u (signed with
+//!    its identity key in the [`Variant::Active`] variant). The server
+//!    relays to each client its neighbours' keys (U1).
+//! 2. **ShareKeys.** Each client splits b_u and
 //!    s_sk_u t-of-k among its neighbours ([`shamir`]), and seals each
 //!    neighbour's pair of shares with AES-256-GCM under a key derived from
 //!    X25519(c_sk_u, c_pk_v) ([`envelope`]). The server only relays sealed
@@ -34,8 +36,11 @@
 //!    t survivors signed the same list it saw.
 //! 5. **Unmasking.** For each neighbour, a client reveals the share of b_v if
 //!    v is in U3 and the share of s_sk_v otherwise, never both. The server
-//!    reconstructs, removes the self masks of the survivors and the pairwise
-//!    masks of the dropped clients, and obtains Σ_{u∈U3} x_u.
+//!    reconstructs, checks each b_v against its commitment and each s_sk_v
+//!    against s_pk_v (correcting wrong shares and naming their senders when
+//!    enough agree, see [`shamir::Reconstructor::reconstruct_checked`]),
+//!    removes the self masks of the survivors and the pairwise masks of the
+//!    dropped clients, and obtains Σ_{u∈U3} x_u.
 //!
 //! Every key is derived with HKDF-SHA256 under a distinct label, with the
 //! [`RoundContext`] (a hash of all public round parameters) as salt, so
@@ -52,6 +57,8 @@
 //! * Dropouts after AdvertiseKeys, after ShareKeys, after the masked input and
 //!   during unmasking are tolerated as long as every affected secret still
 //!   has t shareholders among the clients that answer.
+//! * No secret the server reconstructs is used unless it matches what its
+//!   owner committed to, so wrong shares cannot silently corrupt the sum.
 //!
 //! ## Choosing k and t
 //! [`params`] derives the graph degree and the threshold from the number of
@@ -104,5 +111,5 @@ pub use ids::ClientId;
 pub use messages::{ClientMessage, ServerMessage};
 pub use quantize::{QuantizationSpec, QuantizedInput, Quantizer, Transform};
 pub use secret::Secret32;
-pub use server::{Advanced, Aggregate, ServerRound};
+pub use server::{Advanced, Aggregate, FaultyShare, ServerRound};
 pub use wire::DecodeError;

@@ -38,7 +38,10 @@ pub struct AdvertisedKeys {
     pub cipher_key: [u8; 32],
     /// X25519 key for pairwise masks (s_pk).
     pub mask_key: [u8; 32],
-    /// Ed25519 signature over both keys (active variant).
+    /// Commitment to the self-mask seed b_u: the server checks the seed it
+    /// reconstructs against it (see [`crate::shamir::Reconstructor::reconstruct_checked`]).
+    pub seed_commitment: [u8; 32],
+    /// Ed25519 signature over both keys and the commitment (active variant).
     pub signature: Option<[u8; SIGNATURE_LEN]>,
 }
 
@@ -125,7 +128,9 @@ pub enum ClientMessage {
         cipher_key: [u8; 32],
         /// s_pk.
         mask_key: [u8; 32],
-        /// Signature over both (active variant).
+        /// Commitment to the self-mask seed b_u.
+        seed_commitment: [u8; 32],
+        /// Signature over the keys and the commitment (active variant).
         signature: Option<[u8; SIGNATURE_LEN]>,
     },
     /// One sealed envelope per neighbour in U1.
@@ -171,7 +176,8 @@ impl ClientMessage {
     /// Stages in which clients send nothing get 0.
     ///
     /// The bound follows the encoding below: a 4-byte header, the 32-byte
-    /// round context, then per stage the keys and optional signature, one
+    /// round context, then per stage the keys, the seed commitment and the
+    /// optional signature, one
     /// envelope per neighbour, the packed vector at the round's ring width,
     /// a signature, or one share per neighbour (and one for the client
     /// itself).
@@ -182,7 +188,7 @@ impl ClientMessage {
             crate::graph::GraphSpec::Harary { degree, .. } => degree.min(config.clients.saturating_sub(1)),
         } as usize;
         match stage {
-            Stage::AdvertiseKeys => HEADER + 32 + 32 + 1 + SIGNATURE_LEN,
+            Stage::AdvertiseKeys => HEADER + 32 + 32 + 32 + 1 + SIGNATURE_LEN,
             Stage::ShareKeys => HEADER + 4 + neighbours * (4 + ENVELOPE_LEN),
             Stage::MaskedInputCollection => {
                 HEADER + 1 + 4 + packed_len(config.vector_len as usize, config.modulus_bits)
@@ -227,10 +233,11 @@ impl ServerMessage {
                 w.finish()
             }
             ServerMessage::PeerKeys { context, peers } => {
-                let mut w = Writer::with_header(KIND_PEER_KEYS, 36 + peers.len() * 133);
+                let mut w = Writer::with_header(KIND_PEER_KEYS, 36 + peers.len() * 165);
                 w.bytes(&context.0).count(peers.len());
                 for peer in peers {
                     w.u32(peer.id.get()).bytes(&peer.cipher_key).bytes(&peer.mask_key);
+                    w.bytes(&peer.seed_commitment);
                     write_signature(&mut w, peer.signature.as_ref());
                 }
                 w.finish()
@@ -262,15 +269,16 @@ impl ServerMessage {
             KIND_SETUP => ServerMessage::Setup(RoundConfig::decode_from(&mut r)?),
             KIND_PEER_KEYS => {
                 let context = RoundContext(r.array()?);
-                let count = r.count(MAX_CLIENTS as usize, 69, "peer list")?;
+                let count = r.count(MAX_CLIENTS as usize, 101, "peer list")?;
                 let mut ids = AscendingIds::default();
                 let mut peers = Vec::with_capacity(count);
                 for _ in 0..count {
                     let id = ids.next(&mut r)?;
                     let cipher_key = r.array()?;
                     let mask_key = r.array()?;
+                    let seed_commitment = r.array()?;
                     let signature = read_signature(&mut r)?;
-                    peers.push(AdvertisedKeys { id, cipher_key, mask_key, signature });
+                    peers.push(AdvertisedKeys { id, cipher_key, mask_key, seed_commitment, signature });
                 }
                 ServerMessage::PeerKeys { context, peers }
             }
@@ -328,9 +336,9 @@ impl ClientMessage {
     /// Encodes the message.
     pub fn encode(&self) -> Vec<u8> {
         match self {
-            ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, signature } => {
-                let mut w = Writer::with_header(KIND_ADVERTISE_KEYS, 164);
-                w.bytes(&context.0).bytes(cipher_key).bytes(mask_key);
+            ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, seed_commitment, signature } => {
+                let mut w = Writer::with_header(KIND_ADVERTISE_KEYS, 196);
+                w.bytes(&context.0).bytes(cipher_key).bytes(mask_key).bytes(seed_commitment);
                 write_signature(&mut w, signature.as_ref());
                 w.finish()
             }
@@ -376,8 +384,9 @@ impl ClientMessage {
             KIND_ADVERTISE_KEYS => {
                 let cipher_key = r.array()?;
                 let mask_key = r.array()?;
+                let seed_commitment = r.array()?;
                 let signature = read_signature(&mut r)?;
-                ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, signature }
+                ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, seed_commitment, signature }
             }
             KIND_SHARE_KEYS => {
                 let envelopes = decode_envelope_list(&mut r)?;

@@ -254,11 +254,6 @@ impl Quantizer {
         }
     }
 
-    /// Largest value of any encoded coordinate (L).
-    pub fn max_value(&self) -> u64 {
-        self.levels
-    }
-
     /// Quantizes `update` with example count `weight`.
     pub fn encode<R: CryptoRng + ?Sized>(
         &self,
@@ -406,6 +401,46 @@ mod tests {
             total += f64::from(decoded.mean[0]);
         }
         assert!((total / f64::from(trials) - 0.003).abs() < 0.0005);
+    }
+
+    /// L = ⌊(2^b − 1) / n⌋, at known points: the bound is on 2^b − 1, so
+    /// four clients in 8 bits get 63 (four times 64 would wrap to 0).
+    #[test]
+    fn levels_known_answers() {
+        assert_eq!(levels(8, 4), 63);
+        assert_eq!(levels(8, 5), 51);
+        assert_eq!(levels(32, 1), u64::from(u32::MAX));
+        assert_eq!(levels(3, 3), 2);
+        assert_eq!(levels(0, 4), 0);
+        assert_eq!(levels(33, 4), 0);
+        assert_eq!(levels(8, 0), 0);
+    }
+
+    /// Each rule of the quantization settings at its boundary.
+    #[test]
+    fn quantization_settings_are_checked_at_their_boundaries() {
+        let with = |clip: f32, transform: Transform| QuantizationSpec { clip, max_weight: 1, transform };
+        let none = Transform::None;
+        for clip in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert!(with(clip, none).validate(16, 4).is_err(), "clip {clip}");
+        }
+        assert_eq!(with(f32::MIN_POSITIVE, none).validate(16, 4), Ok(()));
+        // ⌊7 / 3⌋ = 2 levels is the least that quantizes anything; ⌊7 / 4⌋ = 1 is refused.
+        assert_eq!(with(1.0, none).validate(3, 3), Ok(()));
+        assert!(with(1.0, none).validate(3, 4).is_err());
+        assert!(QuantizationSpec { max_weight: 0, ..with(1.0, none) }.validate(16, 4).is_err());
+        let sketch =
+            |rows: u32, columns: u32| with(1.0, Transform::Sketch { rows, columns, top_k: 1, seed: [0; 32] });
+        assert_eq!(sketch(MAX_SKETCH_ROWS, 4).validate(16, 4), Ok(()));
+        assert_eq!(sketch(1, 1).validate(16, 4), Ok(()));
+        for (rows, columns) in [(MAX_SKETCH_ROWS + 2, 4), (2, 4), (3, 0)] {
+            assert!(sketch(rows, columns).validate(16, 4).is_err(), "{rows} × {columns}");
+        }
+        let max = crate::config::MAX_VECTOR_LEN;
+        assert_eq!(sketch(1, max).validate(16, 4), Ok(()));
+        assert!(sketch(1, max + 1).validate(16, 4).is_err());
+        assert!(sketch(3, max / 2).validate(16, 4).is_err());
+        assert_eq!(sketch(3, max / 3).validate(16, 4), Ok(()));
     }
 
     #[test]

@@ -35,6 +35,21 @@ pub struct Aggregate {
     pub sum: Vec<u32>,
     /// The clients whose inputs are in the sum (U3), ascending.
     pub contributors: Vec<ClientId>,
+    /// Revealed shares that disagreed with the secret their owner committed
+    /// to; the round completed without them. Ascending.
+    pub faulty_shares: Vec<FaultyShare>,
+}
+
+/// A share revealed in the unmasking stage that does not lie on its owner's
+/// committed secret: `holder` sent it for `owner`'s secret. Either the
+/// holder altered it or the owner dealt it wrong; the server cannot tell
+/// which, only that this share was not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FaultyShare {
+    /// Whose secret the share belongs to.
+    pub owner: ClientId,
+    /// Who revealed it.
+    pub holder: ClientId,
 }
 
 impl core::fmt::Debug for Aggregate {
@@ -42,6 +57,7 @@ impl core::fmt::Debug for Aggregate {
         f.debug_struct("Aggregate")
             .field("len", &self.sum.len())
             .field("contributors", &self.contributors.len())
+            .field("faulty_shares", &self.faulty_shares.len())
             .finish()
     }
 }
@@ -408,7 +424,8 @@ impl ServerRound {
 
 impl CollectingKeys {
     fn receive(&mut self, from: ClientId, message: ClientMessage) -> Result<(), ProtocolError> {
-        let ClientMessage::AdvertiseKeys { cipher_key, mask_key, signature, .. } = message else {
+        let ClientMessage::AdvertiseKeys { cipher_key, mask_key, seed_commitment, signature, .. } = message
+        else {
             return Err(ProtocolError::OutOfPhase { expected: Stage::AdvertiseKeys, got: message.stage() });
         };
         let info = &self.info;
@@ -423,11 +440,18 @@ impl CollectingKeys {
             (Variant::SemiHonest, Some(_)) => return Err(invalid(from, "unexpected signature")),
             (Variant::Active, None) => return Err(invalid(from, "missing signature")),
             (Variant::Active, Some(sig)) => {
-                let statement = derive::advertise_statement(&info.context, from, &cipher_key, &mask_key);
+                let statement = derive::advertise_statement(
+                    &info.context,
+                    from,
+                    &cipher_key,
+                    &mask_key,
+                    &seed_commitment,
+                );
                 verify(&info.config.identities[from.index()], &statement, &sig)?;
             }
         }
-        self.keys[from.index()] = Some(AdvertisedKeys { id: from, cipher_key, mask_key, signature });
+        self.keys[from.index()] =
+            Some(AdvertisedKeys { id: from, cipher_key, mask_key, seed_commitment, signature });
         self.inbox.mark(from);
         Ok(())
     }
@@ -619,11 +643,12 @@ impl CollectingUnmaskingShares {
             },
         };
         let mut sum = Zeroizing::new(after.sum.clone());
-        unmask(&jobs, &mut sum)?;
+        let faulty_shares = unmask(&jobs, &mut sum)?;
         let modulus = info.config.modulus_mask();
         Ok(Aggregate {
             sum: sum.iter().map(|v| v & modulus).collect(),
             contributors: after.survivors.clone(),
+            faulty_shares,
         })
     }
 }

@@ -1,12 +1,14 @@
 //! Removing the masks from the sum of masked inputs.
 //!
-//! For each survivor u the server reconstructs b_u and subtracts PRG(b_u);
-//! for each client v that shared keys but sent no masked input it
-//! reconstructs s_sk_v, checks it against v's advertised s_pk, and removes
-//! every pairwise mask between v and a surviving neighbour. The mask
+//! For each survivor u the server reconstructs b_u, checks it against u's
+//! advertised commitment and subtracts PRG(b_u); for each client v that
+//! shared keys but sent no masked input it reconstructs s_sk_v, checks it
+//! against v's advertised s_pk, and removes every pairwise mask between v
+//! and a surviving neighbour. The mask
 //! expansions are independent, so they run in parallel (feature `parallel`)
 //! into per-thread accumulators that are summed at the end.
 
+use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
 use crate::agreement::AgreementKey;
@@ -17,6 +19,7 @@ use crate::ids::ClientId;
 use crate::messages::AdvertisedKeys;
 use crate::prg::MaskSign;
 use crate::secret::Secret32;
+use crate::server::FaultyShare;
 use crate::shamir::{Reconstructor, Share};
 
 /// Everything the unmasking step reads.
@@ -36,10 +39,20 @@ enum Task<'a> {
     Pairwise { dropped: ClientId, key: &'a AgreementKey, survivor: ClientId, survivor_key: &'a [u8; 32] },
 }
 
-/// Subtracts every remaining mask from `sum` (modulo 2^32).
-pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<(), ProtocolError> {
+/// Subtracts every remaining mask from `sum` (modulo 2^32) and returns the
+/// revealed shares that were wrong.
+///
+/// Every reconstructed secret is checked before it is used: a survivor's
+/// seed against the commitment it advertised, a dropped client's mask key
+/// against its advertised public key. When the first t shares do not give
+/// the committed value, the shares are decoded with error correction, the
+/// holders of the wrong ones are named, and unmasking goes on without them;
+/// when too many are wrong to correct, the round fails and nothing wrong is
+/// ever subtracted.
+pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<Vec<FaultyShare>, ProtocolError> {
     let mut reconstructor = Reconstructor::new();
-    let mut reconstruct = |owner: ClientId, shares: &[Share]| {
+    let mut faulty = Vec::new();
+    let mut reconstruct = |owner: ClientId, shares: &[Share], check: &dyn Fn(&Secret32) -> bool| {
         if shares.len() < job.threshold {
             return Err(ProtocolError::BelowThreshold {
                 stage: Stage::Unmasking,
@@ -48,33 +61,38 @@ pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<(), Protoco
             });
         }
         let refs: Vec<&Share> = shares.iter().collect();
-        reconstructor.reconstruct(&refs, job.threshold).map_err(|_| ProtocolError::InvalidMessage {
-            client: owner,
-            reason: "the shares of this client's secret are inconsistent",
-        })
+        let checked = reconstructor
+            .reconstruct_checked(&refs, job.threshold, check)
+            .map_err(|_| ProtocolError::UnverifiableSecret { owner, shares: shares.len() as u32 })?;
+        faulty.extend(
+            checked
+                .faulty
+                .iter()
+                .filter_map(|&point| ClientId::new(point))
+                .map(|holder| FaultyShare { owner, holder }),
+        );
+        Ok(checked.secret)
     };
-    let seeds = job
-        .survivors
-        .iter()
-        .map(|&u| Ok((u, reconstruct(u, &job.self_mask_shares[u.index()])?)))
-        .collect::<Result<Vec<_>, ProtocolError>>()?;
+    let advertised = |owner: ClientId| job.keys[owner.index()].as_ref().ok_or(CryptoError);
+    let mut seeds = Vec::with_capacity(job.survivors.len());
+    for &u in job.survivors {
+        let commitment = advertised(u)?.seed_commitment;
+        let check =
+            |seed: &Secret32| bool::from(derive::seed_commitment(job.context, u, seed).ct_eq(&commitment));
+        seeds.push((u, reconstruct(u, &job.self_mask_shares[u.index()], &check)?));
+    }
     let mut dropped_keys = Vec::with_capacity(job.dropped.len());
     for &v in job.dropped {
-        let key = AgreementKey::from_secret(&reconstruct(v, &job.mask_key_shares[v.index()])?);
-        let advertised = job.keys[v.index()].as_ref().map(|keys| keys.mask_key);
-        if advertised != Some(key.public_key()) {
-            return Err(ProtocolError::InvalidMessage {
-                client: v,
-                reason: "the reconstructed mask key does not match the advertised one",
-            });
-        }
+        let public = advertised(v)?.mask_key;
+        let check = |secret: &Secret32| AgreementKey::from_secret(secret).public_key() == public;
+        let key = AgreementKey::from_secret(&reconstruct(v, &job.mask_key_shares[v.index()], &check)?);
         dropped_keys.push((v, key));
     }
     let mut tasks: Vec<Task<'_>> =
         seeds.iter().map(|(owner, seed)| Task::SelfMask { owner: *owner, seed }).collect();
     for (v, key) in &dropped_keys {
         for u in (job.partners_of_dropped)(*v) {
-            let survivor_key = job.keys[u.index()].as_ref().map(|keys| &keys.mask_key).ok_or(CryptoError)?;
+            let survivor_key = &advertised(u)?.mask_key;
             tasks.push(Task::Pairwise { dropped: *v, key, survivor: u, survivor_key });
         }
     }
@@ -82,7 +100,8 @@ pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<(), Protoco
     for (value, mask) in sum.iter_mut().zip(masks.iter()) {
         *value = value.wrapping_sub(*mask);
     }
-    Ok(())
+    faulty.sort_unstable();
+    Ok(faulty)
 }
 
 /// Applies one task's mask to `acc` exactly as its client applied it.

@@ -318,7 +318,7 @@ fn a_split_of_the_survivor_lists_recovers_no_secret_at_the_weakest_accepted_thre
 #[test]
 fn active_clients_refuse_unsigned_and_substituted_peer_keys() {
     type Attack = fn(&mut Vec<cohort_crypto::messages::AdvertisedKeys>);
-    let attacks: [(&str, Attack); 3] = [
+    let attacks: [(&str, Attack); 4] = [
         ("unsigned", |peers| peers[0].signature = None),
         ("keys and signature of another peer", |peers| {
             let other = peers[1].clone();
@@ -328,6 +328,9 @@ fn active_clients_refuse_unsigned_and_substituted_peer_keys() {
             let other = peers[1].clone();
             peers[0].cipher_key = other.cipher_key;
             peers[0].mask_key = other.mask_key;
+        }),
+        ("substituted seed commitment under the peer's own signature", |peers| {
+            peers[0].seed_commitment = peers[1].seed_commitment;
         }),
     ];
     for (name, attack) in attacks {
@@ -351,7 +354,7 @@ fn active_clients_refuse_unsigned_and_substituted_peer_keys() {
 /// message, and no more than that for the largest one (the masked input).
 #[test]
 fn honest_messages_fit_the_stage_size_bound() {
-    let harary = GraphSpec::Harary { degree: 4, seed: [9; 32] };
+    let harary = GraphSpec::Harary { degree: 4 };
     for (graph, bits) in [(GraphSpec::Complete, 32), (harary, 13)] {
         for active in [false, true] {
             let mut config = config(7, 4, graph.clone(), 1000, bits);
@@ -375,4 +378,104 @@ fn honest_messages_fit_the_stage_size_bound() {
     let config = config(7, 4, GraphSpec::Complete, 1000, 32);
     assert_eq!(ClientMessage::max_encoded_len(&config, Stage::Setup), 0);
     assert_eq!(ClientMessage::max_encoded_len(&config, Stage::Finished), 0);
+}
+
+/// Re-encodes `holder`'s unmasking message with its share of `owner`'s
+/// secret altered by `delta` (the seed share if `owner` survived, else the
+/// key share).
+fn alter_revealed_share(driver: &mut Driver, holder: u32, owner: u32, delta: u64) {
+    let slot = &mut driver.outbox[holder as usize - 1];
+    let Ok(ClientMessage::Unmasking { context, mut shares }) = ClientMessage::decode(slot.as_ref().unwrap())
+    else {
+        panic!("client {holder} has no unmasking message waiting");
+    };
+    let Some(entry) = shares
+        .self_mask
+        .iter_mut()
+        .chain(shares.mask_key.iter_mut())
+        .find(|(id, _)| *id == common::id(owner))
+    else {
+        panic!("client {holder} reveals no share of client {owner}'s secret");
+    };
+    let mut bytes = Vec::new();
+    entry.1.encode_into(&mut bytes);
+    // Add delta to the second limb: still a field element, no longer on the
+    // polynomial. (Not the first: a change there may only touch the bits
+    // X25519 clamps away, which leaves a mask key equivalent.)
+    let limb = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
+    bytes[12..20].copy_from_slice(&((limb + delta) % cohort_crypto::shamir::MODULUS).to_le_bytes());
+    entry.1 = cohort_crypto::shamir::Share::decode(&bytes.try_into().unwrap()).unwrap();
+    *slot = Some(ClientMessage::Unmasking { context, shares }.encode());
+}
+
+/// A survivor that reveals a wrong share of another survivor's self-mask
+/// seed, or of a dropped client's mask key, no longer corrupts the sum or
+/// gets the owner blamed: the server checks every reconstructed secret
+/// against the owner's commitment (or advertised public key), corrects the
+/// wrong share, names its sender and completes the round without it.
+#[test]
+fn a_wrong_revealed_share_is_corrected_and_its_sender_named() {
+    let config = config(7, 4, GraphSpec::Complete, 16, 32);
+    for (owner, drops) in [(2u32, false), (6, true)] {
+        let mut driver = Driver::start(&config, &[], 12);
+        driver.stage(); // keys
+        driver.stage(); // shares
+        if drops {
+            driver.vanish(owner);
+        }
+        driver.stage(); // masked inputs
+        // Client 1 holds the lowest point, so its share is among the first t.
+        alter_revealed_share(&mut driver, 1, owner, 1);
+        let aggregate = driver.finish();
+        check_sum(&driver, &aggregate);
+        assert_eq!(
+            aggregate.faulty_shares,
+            vec![cohort_crypto::FaultyShare { owner: id(owner), holder: id(1) }],
+            "owner {owner}"
+        );
+    }
+}
+
+/// More wrong shares than the code corrects ((6 − 4) / 2 = 1 here): the
+/// round ends without an aggregate instead of with a wrong one. The two
+/// changes are crafted so that the secret the first t shares (points 1, 3,
+/// 4, 5) give is still a valid 32-byte value, off by 4·λ₁ + λ₃ = 10 − 5 = 5
+/// in one limb: only the commitment tells it apart.
+#[test]
+fn too_many_wrong_shares_end_the_round_without_a_sum() {
+    let config = config(7, 4, GraphSpec::Complete, 16, 32);
+    let mut driver = Driver::start(&config, &[], 13);
+    driver.stage();
+    driver.stage();
+    driver.stage();
+    alter_revealed_share(&mut driver, 1, 2, 4);
+    alter_revealed_share(&mut driver, 3, 2, 1);
+    driver.flush();
+    assert!(matches!(
+        driver.advance(),
+        Err(ProtocolError::UnverifiableSecret { owner, shares: 6 }) if owner == id(2)
+    ));
+}
+
+/// The decoder refuses lists out of order; a client handed an already
+/// decoded message (as a binding might) checks the order itself.
+#[test]
+fn clients_refuse_lists_out_of_order_without_the_decoder() {
+    let config = config(5, 3, GraphSpec::Complete, 8, 32);
+    let mut driver = Driver::start(&config, &[], 14);
+    driver.flush();
+    driver.advance().unwrap();
+    let Some(ServerMessage::PeerKeys { context, mut peers }) = driver.server().message_for(id(1)) else {
+        panic!("no peer keys for client 1");
+    };
+    peers.swap(0, 1);
+    let result = driver.deliver(1, ServerMessage::PeerKeys { context, peers });
+    assert!(
+        matches!(
+            result,
+            Err(ProtocolError::InvalidMessage { reason: "peer keys are not in ascending order", .. })
+        ),
+        "{result:?}"
+    );
+    assert!(matches!(driver.clients[0], Some(Client::Aborted)));
 }

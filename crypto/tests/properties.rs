@@ -8,7 +8,7 @@
 
 mod common;
 
-use cohort_crypto::graph::{CommunicationGraph, GraphSpec};
+use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::shamir::{Reconstructor, Share, split};
 use cohort_crypto::simulation::DropoutPlan;
 use cohort_crypto::{ClientId, ProtocolError, RoundConfig, Secret32};
@@ -42,7 +42,7 @@ fn plan_from(fates: &[u8]) -> DropoutPlan {
 /// Whether the round must succeed, counted from the rules of the protocol
 /// independently of the state machines.
 fn must_succeed(config: &RoundConfig, fates: &[u8]) -> bool {
-    let graph = CommunicationGraph::new(config.clients, &config.graph);
+    let graph = config.communication_graph();
     let t = config.threshold as usize;
     let n = fates.len();
     let ids: Vec<ClientId> = (1..=n as u32).map(id).collect();
@@ -77,12 +77,7 @@ fn graph_strategy(n: u32) -> BoxedStrategy<GraphSpec> {
         return complete;
     }
     let max_half = (n - 2) / 2;
-    prop_oneof![
-        complete,
-        (1..=max_half, any::<[u8; 32]>())
-            .prop_map(|(half, seed)| GraphSpec::Harary { degree: 2 * half, seed }),
-    ]
-    .boxed()
+    prop_oneof![complete, (1..=max_half).prop_map(|half| GraphSpec::Harary { degree: 2 * half }),].boxed()
 }
 
 fn round_strategy() -> impl Strategy<Value = (RoundConfig, Vec<u8>, u64)> {

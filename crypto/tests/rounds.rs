@@ -20,14 +20,14 @@ fn complete_graph_without_dropouts() {
 
 #[test]
 fn sparse_graph_without_dropouts() {
-    let config = config(40, 5, GraphSpec::Harary { degree: 10, seed: [9; 32] }, 64, 24);
+    let config = config(40, 5, GraphSpec::Harary { degree: 10 }, 64, 24);
     let outcome = run_and_check(&config, Vec::new(), DropoutPlan::default(), 2).unwrap();
     assert_eq!(outcome.aggregate.contributors.len(), 40);
 }
 
 #[test]
 fn dropouts_at_every_stage_are_recovered() {
-    for graph in [GraphSpec::Complete, GraphSpec::Harary { degree: 16, seed: [4; 32] }] {
+    for graph in [GraphSpec::Complete, GraphSpec::Harary { degree: 16 }] {
         let config = config(30, 8, graph.clone(), 33, 32);
         let plan = DropoutPlan {
             before_keys: ids(&[1]),
@@ -90,6 +90,20 @@ fn clients_refuse_inputs_above_the_headroom() {
             Ok(_) => panic!("{above:?} was accepted: ten such inputs wrap the sum"),
         }
     }
+    // 4 clients in Z_{2^8}: at most ⌊255 / 4⌋ = 63. The bound is on 2^b − 1,
+    // not 2^b: four inputs of 64 sum to 256 ≡ 0.
+    let four = common::config(4, 3, GraphSpec::Complete, 2, 8);
+    let setup = ServerRound::new(four).unwrap().setup_message();
+    let at_limit = QuantizedInput::from_values(vec![63, 63]);
+    assert!(Client::start(setup.clone(), id(1), None, at_limit, &mut rng).is_ok());
+    let wraps = QuantizedInput::from_values(vec![0, 64]);
+    assert!(
+        matches!(
+            Client::start(setup, id(1), None, wraps, &mut rng),
+            Err(ProtocolError::InvalidMessage { reason, .. }) if reason.contains("headroom")
+        ),
+        "64 was accepted: four such inputs wrap the sum to 0"
+    );
 }
 
 #[test]
@@ -126,7 +140,7 @@ fn messages_are_bound_to_their_round() {
 fn stopping_before_unmasking_then_advancing_gives_the_same_sum() {
     use cohort_crypto::simulation::Simulation;
     use cohort_crypto::{Advanced, Stage};
-    let config = config(20, 6, GraphSpec::Harary { degree: 10, seed: [2; 32] }, 50, 32);
+    let config = config(20, 6, GraphSpec::Harary { degree: 10 }, 50, 32);
     let plan = DropoutPlan { after_shares: ids(&[3, 9]), ..DropoutPlan::default() };
     let full = run(&config, Vec::new(), plan.clone(), 11).unwrap();
     let cfg = config.clone();
@@ -138,4 +152,37 @@ fn stopping_before_unmasking_then_advancing_gives_the_same_sum() {
     assert!(server.is_complete());
     let Advanced::Done(aggregate) = server.advance().unwrap() else { panic!("expected the aggregate") };
     assert_eq!(aggregate, full.aggregate);
+}
+
+/// Claim 33: nothing in the announced round picks the placement. It is a
+/// function of the round context, so every client computes the same graph
+/// from the parameters it checks, and a different placement needs a
+/// different round.
+#[test]
+fn the_graph_placement_follows_from_the_round_and_nothing_else() {
+    let base = config(40, 6, GraphSpec::Harary { degree: 10 }, 8, 32);
+    let neighbourhoods = |config: &cohort_crypto::RoundConfig| {
+        let graph = config.communication_graph();
+        (1..=config.clients).map(|i| graph.neighbours(id(i))).collect::<Vec<_>>()
+    };
+    // The same round, announced twice or decoded from the wire, places
+    // everybody the same way.
+    let setup = cohort_crypto::ServerMessage::Setup(base.clone()).encode();
+    let Ok(cohort_crypto::ServerMessage::Setup(decoded)) = cohort_crypto::ServerMessage::decode(&setup)
+    else {
+        panic!("the setup does not decode");
+    };
+    assert_eq!(neighbourhoods(&decoded), neighbourhoods(&base));
+    assert_eq!(decoded.placement_seed(), base.placement_seed());
+    // Changing anything else about the round moves clients.
+    let mut next_round = base.clone();
+    next_round.round = 2;
+    let mut other_session = base.clone();
+    other_session.session[0] ^= 1;
+    let mut active = base.clone();
+    make_active(&mut active, 3);
+    for (what, other) in [("round", next_round), ("session", other_session), ("roster", active)] {
+        assert_ne!(other.placement_seed(), base.placement_seed(), "{what}");
+        assert_ne!(neighbourhoods(&other), neighbourhoods(&base), "{what}");
+    }
 }

@@ -155,12 +155,10 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
     let mut seed_rng = ChaCha20Rng::seed_from_u64(args.seed);
     let mut session = [0u8; 16];
     seed_rng.fill_bytes(&mut session);
-    let mut graph_seed = [0u8; 32];
-    seed_rng.fill_bytes(&mut graph_seed);
     let graph = if params.is_complete(args.clients) {
         GraphSpec::Complete
     } else {
-        GraphSpec::Harary { degree: params.degree, seed: graph_seed }
+        GraphSpec::Harary { degree: params.degree }
     };
     // The same rules as a task's quantization settings.
     let settings = QuantizationConfig {

@@ -386,6 +386,15 @@ impl Actor {
                 return;
             }
         };
+        for (owner, holder) in completion.faulty_shares() {
+            tracing::warn!(
+                task = id,
+                round,
+                owner,
+                holder,
+                "a revealed share did not match its owner's commitment; the round was unmasked without it"
+            );
+        }
         let retention = engine.retention();
         match self.store.complete_round(&completion.round, &completion.checkpoint, retention).await {
             Ok(()) => {

@@ -620,8 +620,6 @@ fn secure_mean(
     }
     let mut session = [0u8; 16];
     rng.fill_bytes(&mut session);
-    let mut graph_seed = [0u8; 32];
-    rng.fill_bytes(&mut graph_seed);
     let config = RoundConfig {
         session,
         round: 1,
@@ -631,7 +629,7 @@ fn secure_mean(
         graph: if derived.complete {
             cohort_crypto::GraphSpec::Complete
         } else {
-            cohort_crypto::GraphSpec::Harary { degree: derived.degree, seed: graph_seed }
+            cohort_crypto::GraphSpec::Harary { degree: derived.degree }
         },
         threshold: derived.threshold,
         vector_len: quantizer.encoded_len(dimension) as u32,

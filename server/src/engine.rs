@@ -123,6 +123,10 @@ pub struct RoundMetrics {
     pub modulus_bits: u8,
     /// Upload per selected client over the float32 update's size.
     pub compression_ratio: f64,
+    /// Revealed shares that did not match their owner's commitment; the
+    /// round was unmasked without them.
+    #[serde(default)]
+    pub faulty_shares: u32,
 }
 
 /// What the admin API shows of the round in progress: counts, times and
@@ -202,12 +206,19 @@ pub struct Completion {
     weights: Vec<f32>,
     optimizer_state: OptimizerState,
     stages: Vec<StageMetrics>,
+    faulty_shares: Vec<(String, String)>,
 }
 
 impl Completion {
     /// The round's per-stage records.
     pub fn stages(&self) -> &[StageMetrics] {
         &self.stages
+    }
+
+    /// Revealed shares that did not match their owner's commitment and were
+    /// corrected without: (owner, holder) client ids.
+    pub fn faulty_shares(&self) -> &[(String, String)] {
+        &self.faulty_shares
     }
 }
 
@@ -538,8 +549,6 @@ impl TaskEngine {
         candidates.truncate(n);
         let mut session = [0u8; 16];
         self.rng.fill_bytes(&mut session);
-        let mut graph_seed = [0u8; 32];
-        self.rng.fill_bytes(&mut graph_seed);
         let mut transform_seed = [0u8; 32];
         self.rng.fill_bytes(&mut transform_seed);
         let q = self.spec.quantization;
@@ -555,7 +564,7 @@ impl TaskEngine {
             graph: if self.derived.complete {
                 GraphSpec::Complete
             } else {
-                GraphSpec::Harary { degree: self.derived.degree, seed: graph_seed }
+                GraphSpec::Harary { degree: self.derived.degree }
             },
             threshold: self.derived.threshold,
             vector_len: quantizer.encoded_len(self.spec.model.layout.len()) as u32,
@@ -629,6 +638,12 @@ impl TaskEngine {
         metrics.compression_ratio = metrics.bytes_up_per_client / (4.0 * dimension as f64);
         metrics.total_examples = mean.total_weight;
         metrics.update_norm = mean.mean.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+        metrics.faulty_shares = aggregate.faulty_shares.len() as u32;
+        let name = |id: cohort_crypto::ClientId| {
+            round.roster.get(id.get() as usize - 1).cloned().unwrap_or_default()
+        };
+        let faulty_shares =
+            aggregate.faulty_shares.iter().map(|fault| (name(fault.owner), name(fault.holder))).collect();
         let model = encode_model(&self.task_id, &self.spec.model.layout, &weights, round_number)?;
         Ok(Completion {
             round: RoundRecord {
@@ -650,6 +665,7 @@ impl TaskEngine {
             weights,
             optimizer_state: state,
             stages: metrics.stages.clone(),
+            faulty_shares,
         })
     }
 

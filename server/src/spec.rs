@@ -402,7 +402,7 @@ pub(crate) mod tests {
         assert_eq!(spec.secure_aggregation, SecAggSpec::default());
         assert_eq!(spec.optimizer, ServerOptimizer::FedAvg { learning_rate: 1.0 });
         let derived = spec.validate().unwrap();
-        assert_eq!((derived.degree, derived.threshold, derived.complete), (32, 6, false));
+        assert_eq!((derived.degree, derived.threshold, derived.complete), (32, 9, false));
         assert_eq!(spec.initial_weights().len(), 7840);
     }
 
@@ -444,7 +444,16 @@ pub(crate) mod tests {
             ),
             (|s| s.optimizer = ServerOptimizer::FedAvg { learning_rate: -1.0 }, "learning_rate"),
             (|s| s.secure_aggregation.threshold = Some(9), "threshold"),
-            (|s| s.secure_aggregation.threshold = None, "no graph degree and threshold meet"),
+            (
+                |s| {
+                    // Half the six clients corrupt and half dropping out: no
+                    // threshold both survives the dropouts and outnumbers them.
+                    s.secure_aggregation.threshold = None;
+                    s.secure_aggregation.corruption = 0.5;
+                    s.secure_aggregation.target_dropout = 0.5;
+                },
+                "no graph degree and threshold meet",
+            ),
             (|s| s.model.layout.tensors.clear(), "tensor"),
         ];
         for (mutate, needle) in cases {
