@@ -26,9 +26,11 @@
 //! protocol tolerates, and joins the next one.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use chacha20::ChaCha20Rng;
-use cohort_crypto::{Client, ClientId, ClientMessage, ProtocolError, Quantizer, ServerMessage};
+use cohort_crypto::signature::{IdentityKey, enrollment_statement};
+use cohort_crypto::{Client, ClientId, ClientMessage, ProtocolError, Quantizer, Secret32, ServerMessage};
 use rand_core::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
@@ -230,6 +232,21 @@ pub struct SavedState {
     /// again (it may join a re-run of the same round number).
     #[serde(default)]
     pub last_session: Option<String>,
+    /// The RFC 8032 seed of this participant's Ed25519 identity key (hex),
+    /// whose public half it registered at enrollment: it signs the round
+    /// keys and the survivor list in the active variant. Zeroized on drop,
+    /// never printed. Absent only in states saved before identities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    identity_seed: Option<String>,
+}
+
+impl SavedState {
+    /// The identity key, if this enrollment has one.
+    fn identity(&self) -> Option<Arc<IdentityKey>> {
+        let mut seed = [0u8; 32];
+        hex::decode_to_slice(self.identity_seed.as_deref()?, &mut seed).ok()?;
+        IdentityKey::from_seed(&Secret32::from_bytes(&mut seed)).ok().map(Arc::new)
+    }
 }
 
 impl std::fmt::Debug for SavedState {
@@ -298,6 +315,8 @@ pub struct Participant {
     /// round ends, so that no generator can recompute a past round's keys,
     /// masks or shares.
     round_rng: Option<ChaCha20Rng>,
+    /// The identity seed drawn for the enrollment in flight.
+    pending_identity: Option<Zeroizing<[u8; 32]>>,
     /// The current request's failed attempts.
     attempts: u32,
     wait_until: u64,
@@ -391,6 +410,7 @@ impl Participant {
             phase,
             seeder: None,
             round_rng: None,
+            pending_identity: None,
             attempts: 0,
             wait_until: 0,
             in_flight: false,
@@ -448,7 +468,29 @@ impl Participant {
                     self.phase = Phase::Finished;
                     return Action::Finished;
                 };
-                let body = serde_json::json!({ "enrollment_token": token.as_str() }).to_string();
+                // A fresh identity for each enrollment; its seed is kept
+                // with the enrollment once the coordinator accepts it.
+                let seeder = &mut self.seeder;
+                let seed = self.pending_identity.get_or_insert_with(|| {
+                    let mut seed = Zeroizing::new([0u8; 32]);
+                    match seeder {
+                        Some(seeder) => seeder.fill_bytes(&mut *seed),
+                        None => fill_from_os(&mut seed),
+                    }
+                    seed
+                });
+                let mut copy = **seed;
+                let Ok(key) = IdentityKey::from_seed(&Secret32::from_bytes(&mut copy)) else {
+                    unreachable!("every 32-byte string is a valid Ed25519 seed")
+                };
+                let public = key.public_key();
+                let proof = key.sign(&enrollment_statement(&self.task_id, &public));
+                let body = serde_json::json!({
+                    "enrollment_token": token.as_str(),
+                    "identity_key": hex::encode(public),
+                    "identity_proof": hex::encode(proof),
+                })
+                .to_string();
                 post_json(format!("/v1/tasks/{}/enroll", self.task_id), body.into_bytes(), None)
             }
             Phase::CheckIn => post_json("/v1/checkin".into(), Vec::new(), bearer),
@@ -553,6 +595,7 @@ impl Participant {
                         expires_at: enrolled.expires_at,
                         last_completed_round: 0,
                         last_session: None,
+                        identity_seed: self.pending_identity.take().map(|seed| hex::encode(*seed)),
                     });
                     self.phase = Phase::CheckIn;
                 }
@@ -706,7 +749,8 @@ impl Participant {
                 self.round_rng = None;
                 let seeder = &mut self.seeder;
                 let rng = self.round_rng.get_or_insert_with(|| round_generator(seeder));
-                start(message, client_id, &update, examples, rng)
+                let identity = self.saved.as_ref().and_then(SavedState::identity);
+                start(message, client_id, identity, &update, examples, rng)
             }
             Protocol::Running(client) => {
                 let seeder = &mut self.seeder;
@@ -765,6 +809,7 @@ impl Participant {
 fn start(
     setup: ServerMessage,
     client_id: u32,
+    identity: Option<Arc<IdentityKey>>,
     update: &[f32],
     examples: u32,
     rng: &mut ChaCha20Rng,
@@ -776,7 +821,7 @@ fn start(
         .map_err(|e| e.to_string())?;
     let input = quantizer.encode(update, examples, rng).map_err(|e| e.to_string())?;
     let me = ClientId::new(client_id).ok_or("the coordinator assigned client id 0")?;
-    Client::start(setup, me, None, input, rng)
+    Client::start(setup, me, identity, input, rng)
         .map(|(client, reply)| (Box::new(client), reply))
         .map_err(|e: ProtocolError| e.to_string())
 }
@@ -936,6 +981,36 @@ mod tests {
         assert_eq!(request.bearer.as_deref(), Some("secret-credential"));
         assert!(!format!("{request:?}").contains("secret-credential"));
         assert!(!format!("{:?}", p.saved_state().unwrap()).contains("secret-credential"));
+    }
+
+    /// Enrollment registers a fresh Ed25519 identity with a proof that the
+    /// participant holds it; the seed stays with the enrollment (and in the
+    /// saved state, so that a restart keeps the identity) and is never printed.
+    #[test]
+    fn enrollment_registers_an_identity_it_keeps_and_never_prints() {
+        let mut p = Participant::enroll("task", "token", config()).with_seed([1; 32]);
+        let request = send(&mut p, 0);
+        let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
+        let mut public = [0u8; 32];
+        hex::decode_to_slice(body["identity_key"].as_str().unwrap(), &mut public).unwrap();
+        let mut proof = [0u8; 64];
+        hex::decode_to_slice(body["identity_proof"].as_str().unwrap(), &mut proof).unwrap();
+        cohort_crypto::signature::verify(&public, &enrollment_statement("task", &public), &proof).unwrap();
+        // A retried enrollment registers the same key.
+        p.handle(0, json(503, serde_json::json!({ "error": "unavailable", "message": "later" }))).unwrap();
+        let again: serde_json::Value = serde_json::from_slice(&send(&mut p, 10_000_000).body).unwrap();
+        assert_eq!(again["identity_key"], body["identity_key"]);
+        let reply =
+            serde_json::json!({ "participant_id": "p1", "credential": "secret-credential", "expires_at": 9 });
+        p.handle(0, json(201, reply)).unwrap();
+        let saved = p.saved_state().unwrap();
+        assert_eq!(saved.identity().unwrap().public_key(), public);
+        let seed = saved.identity_seed.clone().unwrap();
+        assert_eq!(seed.len(), 64);
+        assert!(!format!("{saved:?}").contains(&seed));
+        assert!(!format!("{p:?}").contains(&seed));
+        let restored: SavedState = serde_json::from_str(&serde_json::to_string(saved).unwrap()).unwrap();
+        assert_eq!(restored.identity().unwrap().public_key(), public);
     }
 
     #[test]

@@ -433,7 +433,15 @@ mod tests {
         keys.sort_unstable();
         assert_eq!(
             keys,
-            ["credential", "expires_at", "last_completed_round", "last_session", "participant_id", "task_id"]
+            [
+                "credential",
+                "expires_at",
+                "identity_seed",
+                "last_completed_round",
+                "last_session",
+                "participant_id",
+                "task_id"
+            ]
         );
         #[cfg(unix)]
         {

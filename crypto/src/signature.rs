@@ -57,6 +57,14 @@ pub fn verify(
     UnparsedPublicKey::new(&ED25519, public_key).verify(message, signature).map_err(|_| CryptoError)
 }
 
+/// What a participant signs at enrollment to show that it holds the
+/// identity key it registers for `task`: a domain label, the task id and
+/// the public key.
+pub fn enrollment_statement(task: &str, public_key: &[u8; 32]) -> Vec<u8> {
+    let length = (task.len() as u32).to_be_bytes();
+    signed_message(b"cohort/secagg/v2/enrollment", &[&length, task.as_bytes(), public_key])
+}
+
 /// Builds a signed message: a domain label followed by the parts.
 pub(crate) fn signed_message(label: &[u8], parts: &[&[u8]]) -> Vec<u8> {
     let mut message = Vec::with_capacity(label.len() + parts.iter().map(|part| part.len()).sum::<usize>());

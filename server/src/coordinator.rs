@@ -81,6 +81,7 @@ enum Request {
     CheckIn {
         task: String,
         participant: String,
+        identity: Option<[u8; 32]>,
         reply: oneshot::Sender<Result<CheckIn, CoordinatorError>>,
     },
     Poll {
@@ -168,8 +169,19 @@ impl Coordinator {
     }
 
     /// A client checks in.
-    pub async fn check_in(&self, task: &str, participant: &str) -> Result<CheckIn, CoordinatorError> {
-        self.ask(|reply| Request::CheckIn { task: task.into(), participant: participant.into(), reply }).await
+    pub async fn check_in(
+        &self,
+        task: &str,
+        participant: &str,
+        identity: Option<[u8; 32]>,
+    ) -> Result<CheckIn, CoordinatorError> {
+        self.ask(|reply| Request::CheckIn {
+            task: task.into(),
+            participant: participant.into(),
+            identity,
+            reply,
+        })
+        .await
     }
 
     /// The server message a selected client should act on.
@@ -291,9 +303,9 @@ impl Actor {
                 });
                 let _ = reply.send(result);
             }
-            Request::CheckIn { task, participant, reply } => {
+            Request::CheckIn { task, participant, identity, reply } => {
                 let now = now_ms();
-                let result = self.engine(&task).map(|engine| engine.check_in(&participant, now));
+                let result = self.engine(&task).map(|engine| engine.check_in(&participant, identity, now));
                 let _ = reply.send(result);
                 // A check-in may complete the cohort: start the round now.
                 self.tick(&task).await;

@@ -30,7 +30,7 @@ use cohort_crypto::{ClientId, QuantizedInput, RoundConfig, Variant};
 use cohort_server::auth::new_token;
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::service::{Service, ServiceConfig};
-use cohort_server::spec::{GraphChoice, QuantizationConfig, SecAggSpec, TaskSpec};
+use cohort_server::spec::{GraphChoice, QuantizationConfig, SecAggSpec, TaskSpec, VariantChoice};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
@@ -347,6 +347,14 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
         clients_per_round: n,
         over_selection: 0.0,
         secure_aggregation: SecAggSpec {
+            // The active variant needs a threshold above half the n − 1
+            // neighbours; a dropout rate that leaves fewer survivors than
+            // that runs semi-honest (the demo's coordinator is this process).
+            variant: Some(if 2 * threshold > n - 1 {
+                VariantChoice::Active
+            } else {
+                VariantChoice::SemiHonest
+            }),
             graph: GraphChoice::Complete,
             threshold: Some(threshold),
             ..SecAggSpec::default()
@@ -703,8 +711,12 @@ fn run_coordinator_and_clients(
     let task = created["id"].as_str().context("task id")?.to_string();
     let token = created["enrollment_token"].as_str().context("enrollment token")?.to_string();
     println!(
-        "Coordinator at {url} (SQLite {}); task {task}; secure aggregation threshold {} of {}.",
+        "Coordinator at {url} (SQLite {}); task {task}; secure aggregation ({} variant) threshold {} of {}.",
         database.display(),
+        match spec.secure_aggregation.variant() {
+            VariantChoice::Active => "active",
+            VariantChoice::SemiHonest => "semi-honest",
+        },
         created["threshold"],
         training.clients
     );

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, ModelLayout};
 use crate::optimizer::OptimizerState;
-use crate::spec::{DerivedRoundParameters, TaskSpec};
+use crate::spec::{DerivedRoundParameters, TaskSpec, VariantChoice};
 use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
 
 /// A check-in counts towards selection for this long.
@@ -250,7 +250,10 @@ pub struct TaskEngine {
     checkpoint_bytes: Vec<u8>,
     completed: u64,
     attempts: u32,
-    checked_in: BTreeMap<String, i64>,
+    /// Participants that checked in, with the time and the identity key
+    /// they enrolled with. In the active variant only those with a key can
+    /// be selected, so only those are kept.
+    checked_in: BTreeMap<String, (i64, Option<[u8; 32]>)>,
     round: Option<ActiveRound>,
     /// The rosters of the last completed rounds, newest last.
     recent: std::collections::VecDeque<(u64, std::collections::HashSet<String>)>,
@@ -369,7 +372,15 @@ impl TaskEngine {
 
     /// Clients that checked in recently enough to be selected.
     pub fn available(&self, now: i64) -> usize {
-        self.checked_in.values().filter(|seen| now - **seen <= CHECK_IN_TTL_MS).count()
+        self.checked_in.values().filter(|(seen, _)| now - *seen <= CHECK_IN_TTL_MS).count()
+    }
+
+    /// The protocol variant of the task's rounds.
+    pub fn variant(&self) -> Variant {
+        match self.spec.secure_aggregation.variant() {
+            VariantChoice::Active => Variant::Active,
+            VariantChoice::SemiHonest => Variant::SemiHonest,
+        }
     }
 
     /// Changes the status (pause, resume, stop). A paused or stopped task
@@ -382,11 +393,15 @@ impl TaskEngine {
     }
 
     /// Records a check-in and tells the client whether it is selected.
-    pub fn check_in(&mut self, participant: &str, now: i64) -> CheckIn {
+    /// `identity` is the key the participant enrolled with; in the active
+    /// variant a participant without one is never selected.
+    pub fn check_in(&mut self, participant: &str, identity: Option<[u8; 32]>, now: i64) -> CheckIn {
         if self.status.is_final() {
             return CheckIn::Finished;
         }
-        self.checked_in.insert(participant.to_string(), now);
+        if identity.is_some() || self.variant() == Variant::SemiHonest {
+            self.checked_in.insert(participant.to_string(), (now, identity));
+        }
         match &self.round {
             Some(round) => match round.ids.get(participant) {
                 Some(id) => CheckIn::Selected {
@@ -536,17 +551,24 @@ impl TaskEngine {
 
     fn start_round(&mut self, now: i64) -> Option<u64> {
         use rand_core::Rng;
-        self.checked_in.retain(|_, seen| now - *seen <= CHECK_IN_TTL_MS);
+        self.checked_in.retain(|_, (seen, _)| now - *seen <= CHECK_IN_TTL_MS);
         let n = self.spec.selected_per_round() as usize;
         if self.checked_in.len() < n {
             return None;
         }
-        let mut candidates: Vec<String> = self.checked_in.keys().cloned().collect();
+        let mut candidates: Vec<(String, Option<[u8; 32]>)> =
+            self.checked_in.iter().map(|(id, (_, identity))| (id.clone(), *identity)).collect();
         for i in (1..candidates.len()).rev() {
             let j = (self.rng.next_u64() % (i as u64 + 1)) as usize;
             candidates.swap(i, j);
         }
         candidates.truncate(n);
+        let variant = self.variant();
+        let identities = match variant {
+            Variant::Active => candidates.iter().filter_map(|(_, identity)| *identity).collect(),
+            Variant::SemiHonest => Vec::new(),
+        };
+        let candidates: Vec<String> = candidates.into_iter().map(|(id, _)| id).collect();
         let mut session = [0u8; 16];
         self.rng.fill_bytes(&mut session);
         let mut transform_seed = [0u8; 32];
@@ -558,9 +580,9 @@ impl TaskEngine {
         let config = RoundConfig {
             session,
             round: self.completed + 1,
-            variant: Variant::SemiHonest,
+            variant,
             clients: n as u32,
-            identities: Vec::new(),
+            identities,
             graph: if self.derived.complete {
                 GraphSpec::Complete
             } else {
@@ -727,6 +749,7 @@ mod tests {
     use super::test_participants as common;
     use super::*;
     use crate::spec::tests::small_spec;
+    use cohort_crypto::ServerMessage;
 
     /// A named participant that answers the engine with the protocol
     /// client shared with the integration tests.
@@ -742,7 +765,10 @@ mod tests {
 
         /// Polls once and answers; returns whether it sent something.
         fn step(&mut self, engine: &mut TaskEngine) -> bool {
-            let CheckIn::Selected { client_id, .. } = engine.check_in(&self.name, 0) else { return false };
+            let identity = Some(self.protocol.identity.public_key());
+            let CheckIn::Selected { client_id, .. } = engine.check_in(&self.name, identity, 0) else {
+                return false;
+            };
             let Ok(Poll::Message(bytes)) = engine.poll(&self.name) else { return false };
             let reply = self.protocol.respond(client_id, &bytes);
             engine.receive(&self.name, &reply).unwrap();
@@ -810,7 +836,7 @@ mod tests {
         let mut clients = participants(6);
         let mut now = 0;
         for c in &clients {
-            assert_eq!(engine.check_in(&c.name, now), CheckIn::Wait { retry_after_ms: 1_000 });
+            assert_eq!(engine.check_in(&c.name, None, now), CheckIn::Wait { retry_after_ms: 1_000 });
         }
         assert_eq!(engine.tick(now).started, Some(1));
         let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
@@ -832,13 +858,52 @@ mod tests {
         assert_eq!(checkpoint.metadata["cohort.round"], "1");
     }
 
+    /// An active task selects only participants with an identity key, binds
+    /// their keys in the roster, and its round (signed keys, the consistency
+    /// check) gives the same mean.
+    #[test]
+    fn an_active_round_binds_the_selected_identity_keys() {
+        let mut spec = small_spec();
+        spec.secure_aggregation.variant = Some(VariantChoice::Active);
+        let mut engine = engine(spec);
+        let mut clients = participants(6);
+        let mut now = 0;
+        // Without an identity key a participant of an active task is never selected.
+        engine.check_in("keyless", None, now);
+        assert_eq!(engine.available(now), 0);
+        for c in &clients {
+            engine.check_in(&c.name, Some(c.protocol.identity.public_key()), now);
+        }
+        assert_eq!(engine.tick(now).started, Some(1));
+        let Ok(Poll::Message(setup)) = engine.poll(&clients[0].name) else { panic!("no setup") };
+        let Ok(ServerMessage::Setup(config)) = ServerMessage::decode(&setup) else { panic!("not a setup") };
+        assert_eq!(config.variant, Variant::Active);
+        let mut expected: Vec<[u8; 32]> = clients.iter().map(|c| c.protocol.identity.public_key()).collect();
+        let mut roster = config.identities.clone();
+        expected.sort_unstable();
+        roster.sort_unstable();
+        assert_eq!(roster, expected);
+        assert_eq!(engine.check_in("keyless", None, now), CheckIn::Wait { retry_after_ms: 2_000 });
+        let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+        let completion = engine.complete(1, job.run(), now).unwrap();
+        assert_eq!(completion.round.survivors, 6);
+        let stages: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+        // The consistency check is the active variant's fifth stage.
+        assert_eq!(stages["stages"].as_array().unwrap().len(), 5);
+        engine.commit(completion);
+        let expected = weighted_mean(&clients, &[0, 1, 2, 3, 4, 5]);
+        for (w, e) in engine.weights().iter().zip(&expected) {
+            assert!((w - e).abs() < 1e-4, "{:?} vs {expected:?}", engine.weights());
+        }
+    }
+
     #[test]
     fn a_client_that_vanishes_is_recovered_after_the_deadline() {
         let mut engine = engine(small_spec());
         let mut clients = participants(6);
         let mut now = 0;
         for c in &clients {
-            engine.check_in(&c.name, now);
+            engine.check_in(&c.name, None, now);
         }
         engine.tick(now);
         let job = run_round(&mut engine, &mut clients, &[2], &mut now).unwrap();
@@ -861,7 +926,7 @@ mod tests {
         let mut clients = participants(6);
         let mut now = 0;
         for c in &clients {
-            engine.check_in(&c.name, now);
+            engine.check_in(&c.name, None, now);
         }
         engine.tick(now);
         assert!(run_round(&mut engine, &mut clients, &[0, 1], &mut now).is_none());
@@ -872,7 +937,7 @@ mod tests {
         let mut fresh = participants(6);
         for c in fresh.iter_mut() {
             c.protocol.reset();
-            engine.check_in(&c.name, now);
+            engine.check_in(&c.name, None, now);
         }
         assert_eq!(engine.tick(now).started, Some(1));
         let job = run_round(&mut engine, &mut fresh, &[], &mut now).unwrap();
@@ -886,10 +951,10 @@ mod tests {
         let mut engine = engine(small_spec());
         let clients = participants(7);
         for c in &clients[..6] {
-            engine.check_in(&c.name, 0);
+            engine.check_in(&c.name, None, 0);
         }
         assert_eq!(engine.tick(0).started, Some(1));
-        assert_eq!(engine.check_in("p6", 0), CheckIn::Wait { retry_after_ms: 2_000 });
+        assert_eq!(engine.check_in("p6", None, 0), CheckIn::Wait { retry_after_ms: 2_000 });
         assert_eq!(engine.poll("p6"), Err(EngineError::NotSelected));
         assert!(matches!(
             engine.receive("p0", b"junk"),
@@ -900,7 +965,7 @@ mod tests {
         assert_eq!(engine.current_round(), None);
         assert!(engine.tick(1).started.is_none());
         engine.set_status(TaskStatus::Stopped);
-        assert_eq!(engine.check_in("p0", 2), CheckIn::Finished);
+        assert_eq!(engine.check_in("p0", None, 2), CheckIn::Finished);
     }
 
     #[test]
@@ -912,7 +977,7 @@ mod tests {
         for round in 1..=2 {
             let mut clients = participants(6);
             for c in &clients {
-                engine.check_in(&c.name, now);
+                engine.check_in(&c.name, None, now);
             }
             assert_eq!(engine.tick(now).started, Some(round));
             let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
@@ -920,7 +985,7 @@ mod tests {
             engine.commit(completion);
         }
         assert_eq!(engine.status(), TaskStatus::Completed);
-        assert_eq!(engine.check_in("p0", now), CheckIn::Finished);
+        assert_eq!(engine.check_in("p0", None, now), CheckIn::Finished);
     }
 
     #[test]
@@ -933,7 +998,7 @@ mod tests {
         let mut clients = participants(6);
         let mut now = 0;
         for c in &clients {
-            engine.check_in(&c.name, now);
+            engine.check_in(&c.name, None, now);
         }
         assert_eq!(engine.tick(now).started, Some(1));
         // Keys and shares from everybody.
@@ -972,7 +1037,7 @@ mod tests {
         let mut engine = engine(small_spec());
         let mut clients = participants(7);
         for c in &clients[..6] {
-            engine.check_in(&c.name, 0);
+            engine.check_in(&c.name, None, 0);
         }
         assert_eq!(engine.admit("p0"), Err(EngineError::NotSelected), "no round yet");
         engine.tick(0);
@@ -1013,7 +1078,7 @@ mod tests {
             let mut clients = participants(6);
             for c in clients.iter_mut() {
                 c.name = format!("{prefix}{}", &c.name[1..]);
-                engine.check_in(&c.name, now);
+                engine.check_in(&c.name, None, now);
             }
             engine.tick(now);
             assert_eq!(engine.may_report(&format!("{prefix}0"), round), Ok(()), "the round in progress");
@@ -1039,7 +1104,7 @@ mod tests {
     fn stale_check_ins_do_not_count() {
         let mut engine = engine(small_spec());
         for i in 0..6 {
-            engine.check_in(&format!("p{i}"), 0);
+            engine.check_in(&format!("p{i}"), None, 0);
         }
         assert!(engine.tick(CHECK_IN_TTL_MS + 1).started.is_none());
     }

@@ -35,6 +35,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use cohort_crypto::ProtocolError;
+use cohort_crypto::signature::{SIGNATURE_LEN, enrollment_statement, verify};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -44,7 +45,7 @@ use crate::engine::{CheckIn, EngineError, Poll, TaskEngine};
 use crate::listener::SlowBody;
 use crate::metrics::Metrics;
 use crate::ratelimit::{Call, Limiters};
-use crate::spec::TaskSpec;
+use crate::spec::{TaskSpec, VariantChoice};
 use crate::store::{
     ClientMetricsRecord, ParticipantRecord, RoundRecord, SqlStore, Store, StoreError, TaskRecord, TaskStatus,
 };
@@ -470,8 +471,9 @@ async fn create_task(
     State(state): State<AppState>,
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
-    let spec: TaskSpec = serde_json::from_slice(&body)
+    let mut spec: TaskSpec = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    spec.secure_aggregation.variant.get_or_insert(VariantChoice::Active);
     spec.validate().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
     let _creating = state.creating.lock().await;
     let requested = spec.model.layout.len();
@@ -493,7 +495,13 @@ async fn create_task(
 
 /// Validates `spec`, stores the task with its initial checkpoint and
 /// starts running it.
-pub async fn create(store: &SqlStore, coordinator: &Coordinator, spec: TaskSpec) -> ApiResult<CreatedTask> {
+pub async fn create(
+    store: &SqlStore,
+    coordinator: &Coordinator,
+    mut spec: TaskSpec,
+) -> ApiResult<CreatedTask> {
+    // A new task that does not name its variant runs the active one.
+    spec.secure_aggregation.variant.get_or_insert(VariantChoice::Active);
     let derived =
         spec.validate().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
     let now = now_ms();
@@ -546,7 +554,11 @@ pub struct TaskView {
 }
 
 async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
-    let spec: serde_json::Value = serde_json::from_str(&task.spec).unwrap_or(serde_json::Value::Null);
+    let mut spec: serde_json::Value = serde_json::from_str(&task.spec).unwrap_or(serde_json::Value::Null);
+    // A spec stored before the variant was a choice ran semi-honest.
+    if let Some(secure_aggregation) = spec.get_mut("secure_aggregation").and_then(|v| v.as_object_mut()) {
+        secure_aggregation.entry("variant").or_insert_with(|| "semi-honest".into());
+    }
     let rounds = spec["rounds"].as_u64().unwrap_or(0) as u32;
     let live = match state.coordinator.live(&task.id).await {
         Ok(live) => live,
@@ -697,6 +709,31 @@ async fn get_checkpoint(
 #[serde(deny_unknown_fields)]
 struct EnrollRequest {
     enrollment_token: String,
+    /// The participant's Ed25519 identity public key (64 hex digits).
+    #[serde(default)]
+    identity_key: Option<String>,
+    /// Its signature over [`enrollment_statement`] (128 hex digits): proof
+    /// that the participant holds the key.
+    #[serde(default)]
+    identity_proof: Option<String>,
+}
+
+/// The identity key of an enrollment, checked against its proof.
+fn identity_key(task: &str, request: &EnrollRequest) -> ApiResult<Option<[u8; 32]>> {
+    let invalid = |message: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_identity", message);
+    let (key, proof) = match (&request.identity_key, &request.identity_proof) {
+        (None, None) => return Ok(None),
+        (Some(key), Some(proof)) => (key, proof),
+        _ => return Err(invalid("identity_key and identity_proof come together")),
+    };
+    let mut public = [0u8; 32];
+    hex::decode_to_slice(key, &mut public).map_err(|_| invalid("identity_key must be 64 hex digits"))?;
+    let mut signature = [0u8; SIGNATURE_LEN];
+    hex::decode_to_slice(proof, &mut signature)
+        .map_err(|_| invalid("identity_proof must be 128 hex digits"))?;
+    verify(&public, &enrollment_statement(task, &public), &signature)
+        .map_err(|_| invalid("identity_proof is not a signature of the enrollment by identity_key"))?;
+    Ok(Some(public))
 }
 
 /// Reply to enrollment. The credential is shown only here.
@@ -730,6 +767,16 @@ async fn enroll(
             format!("the task is {}", task.status.as_str()),
         ));
     }
+    let identity_key = identity_key(&id, &request)?;
+    let active = serde_json::from_str::<TaskSpec>(&task.spec)
+        .is_ok_and(|spec| spec.secure_aggregation.variant() == VariantChoice::Active);
+    if active && identity_key.is_none() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "identity_required",
+            "this task runs the active variant: enroll with an identity_key and its identity_proof",
+        ));
+    }
     let now = now_ms();
     let credential = new_token();
     let participant = ParticipantRecord {
@@ -739,6 +786,7 @@ async fn enroll(
         enrolled_at: now,
         last_seen_at: now,
         expires_at: now + state.config.credential_ttl_ms,
+        identity_key,
     };
     state.store.add_participant(&participant).await?;
     let enrolled =
@@ -753,7 +801,7 @@ async fn check_in(
 ) -> ApiResult<Json<CheckIn>> {
     limit(&state, Call::CheckIn, address, Some(&p.id))?;
     state.store.touch_participant(&p.id, now_ms()).await?;
-    match state.coordinator.check_in(&p.task_id, &p.id).await {
+    match state.coordinator.check_in(&p.task_id, &p.id, p.identity_key).await {
         Ok(check_in) => Ok(Json(check_in)),
         // A stopped or completed task is no longer loaded: its clients are
         // told it is over, so that they exit cleanly.

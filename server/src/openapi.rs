@@ -64,7 +64,7 @@ pub fn document() -> Value {
                 "parameters": [id.clone(), { "name": "round", "in": "path", "required": true, "schema": { "type": "string" }, "description": "round number or \"latest\"" }],
                 "summary": "Download a checkpoint (safetensors)", "security": [{ "admin": [] }],
                 "responses": binary_ok("200", "application/vnd.safetensors", "Checkpoint") } },
-            "/v1/tasks/{id}/enroll": { "post": { "parameters": [id], "summary": "Enroll with the task's enrollment token; returns a client credential",
+            "/v1/tasks/{id}/enroll": { "post": { "parameters": [id], "summary": "Enroll with the task's enrollment token and an Ed25519 identity key (identity_key, identity_proof: its signature over the enrollment); returns a client credential",
                                                  "responses": { "201": { "description": "Enrolled" }, "400": { "$ref": "#/components/responses/Error" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" }, "408": { "$ref": "#/components/responses/Error" }, "409": { "$ref": "#/components/responses/Error" }, "413": { "$ref": "#/components/responses/Error" }, "429": { "$ref": "#/components/responses/Error" }, "503": { "$ref": "#/components/responses/Error" } } } },
             "/v1/checkin": { "post": op("Check in; says whether the client is selected for the round in progress", "client", json_ok("200", "Wait, Selected or Finished"), &["401", "404", "429", "503"]) },
             "/v1/model": { "get": op("The current global model (safetensors)", "client", binary_ok("200", "application/vnd.safetensors", "Model"), &["401", "404"]) },

@@ -98,6 +98,13 @@ pub enum GraphChoice {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SecAggSpec {
+    /// The adversary the protocol defends against: `"active"` (a coordinator
+    /// that may deviate; signed keys and the consistency check) or
+    /// `"semi-honest"` (a trusted coordinator only). Left out, a new task
+    /// runs the active variant; a stored spec without it predates the
+    /// choice and ran semi-honest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<VariantChoice>,
     /// Communication graph.
     pub graph: GraphChoice,
     /// Dropout rate the threshold must tolerate.
@@ -113,12 +120,31 @@ pub struct SecAggSpec {
 impl Default for SecAggSpec {
     fn default() -> Self {
         Self {
+            variant: None,
             graph: GraphChoice::Sparse,
             target_dropout: 0.33,
             corruption: 0.05,
             degree: None,
             threshold: None,
         }
+    }
+}
+
+/// Which variant of the protocol a task runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VariantChoice {
+    /// Signed keys and the consistency check: holds against a coordinator
+    /// that deviates from the protocol.
+    Active,
+    /// No signatures: for a coordinator trusted to follow the protocol.
+    SemiHonest,
+}
+
+impl SecAggSpec {
+    /// The variant this task runs (see [`SecAggSpec::variant`]).
+    pub fn variant(&self) -> VariantChoice {
+        self.variant.unwrap_or(VariantChoice::SemiHonest)
     }
 }
 
@@ -314,10 +340,11 @@ impl TaskSpec {
             return Err(err("the model is too large for secure aggregation"));
         }
         let sa = &self.secure_aggregation;
+        let active = sa.variant() == VariantChoice::Active;
         let target = ParameterTarget {
             dropout: sa.target_dropout,
             corruption: sa.corruption,
-            adversary: Adversary::SemiHonest,
+            adversary: if active { Adversary::SemiMalicious } else { Adversary::SemiHonest },
             ..ParameterTarget::default()
         };
         let n = self.selected_per_round();
@@ -338,6 +365,11 @@ impl TaskSpec {
         };
         if threshold == 0 || threshold > degree || (degree < n - 1 && degree % 2 == 1) {
             return Err(err("threshold must be in 1..=degree, and a sparse degree must be even"));
+        }
+        if active && 2 * u64::from(threshold) <= u64::from(degree) {
+            return Err(SpecError(format!(
+                "the active variant needs a threshold above half the degree: 2 × {threshold} must exceed {degree}"
+            )));
         }
         Ok(DerivedRoundParameters { degree, threshold, complete: degree >= n - 1 })
     }
@@ -477,7 +509,9 @@ pub(crate) mod tests {
             .unwrap();
         let spec: TaskSpec = serde_json::from_str(block).unwrap();
         spec.validate().unwrap();
-        assert_eq!(spec.secure_aggregation, SecAggSpec::default());
+        // The defaults, with the variant a new task gets spelled out.
+        let active = SecAggSpec { variant: Some(VariantChoice::Active), ..SecAggSpec::default() };
+        assert_eq!(spec.secure_aggregation, active);
         assert_eq!(spec.quantization, QuantizationConfig::default());
         assert_eq!(spec.deadlines, StageDeadlines::default());
         assert_eq!(spec.optimizer, ServerOptimizer::default());

@@ -50,7 +50,8 @@ fn small_task(clients_per_round: u32) -> Value {
         "rounds": 5,
         "clients_per_round": clients_per_round,
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [8] } ] } },
-        "secure_aggregation": { "graph": "complete", "threshold": 2 }
+        // A majority: the active variant needs 2t > n − 1.
+        "secure_aggregation": { "graph": "complete", "threshold": clients_per_round / 2 + 1 }
     })
 }
 
@@ -62,7 +63,8 @@ fn create_task(port: u16, spec: Value) -> (String, String) {
 
 fn enroll(port: u16, task: &str, token: &str) -> String {
     let path = format!("/v1/tasks/{task}/enroll");
-    let (status, body) = json_call(port, "POST", &path, None, Some(json!({ "enrollment_token": token })));
+    let body = support::identity::fresh_enrollment(task, token);
+    let (status, body) = json_call(port, "POST", &path, None, Some(body));
     assert_eq!(status, 201, "{body}");
     body["credential"].as_str().unwrap().into()
 }

@@ -97,15 +97,14 @@ impl Api {
         (body["id"].as_str().unwrap().to_string(), body["enrollment_token"].as_str().unwrap().to_string())
     }
 
+    /// Enrolls under a fresh identity key; returns the credential.
     async fn enroll(&self, task: &str, token: &str) -> String {
-        let (status, body) = self
-            .call(
-                "POST",
-                &format!("/v1/tasks/{task}/enroll"),
-                None,
-                Some(json!({ "enrollment_token": token })),
-            )
-            .await;
+        self.enroll_with(task, common::fresh_enrollment(task, token)).await
+    }
+
+    /// Enrolls with `body`; returns the credential.
+    async fn enroll_with(&self, task: &str, body: Value) -> String {
+        let (status, body) = self.call("POST", &format!("/v1/tasks/{task}/enroll"), None, Some(body)).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         body["credential"].as_str().unwrap().to_string()
     }
@@ -331,6 +330,35 @@ async fn client_api_errors() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = api.call("POST", &path, None, Some(json!({ "token": token }))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    // An active task (the default) takes only enrollments that prove they
+    // hold the identity key they register, and each key once.
+    let (status, body) = api.call("POST", &path, None, Some(json!({ "enrollment_token": token }))).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("identity_required")),
+        "{body}"
+    );
+    let identity = common::fresh_identity();
+    let mut keyless_proof = common::enrollment(&id, &token, &identity);
+    keyless_proof["identity_proof"] = Value::Null;
+    let mut foreign_proof = common::enrollment("another task", &token, &identity);
+    foreign_proof["identity_key"] = common::enrollment(&id, &token, &identity)["identity_key"].clone();
+    let mut stolen_key = common::enrollment(&id, &token, &common::fresh_identity());
+    stolen_key["identity_key"] = common::enrollment(&id, &token, &identity)["identity_key"].clone();
+    let mut short_key = common::enrollment(&id, &token, &identity);
+    short_key["identity_key"] = json!("abcd");
+    for body in [keyless_proof, foreign_proof, stolen_key, short_key] {
+        let (status, reply) = api.call("POST", &path, None, Some(body.clone())).await;
+        assert_eq!(
+            (status, reply["error"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_identity")),
+            "{body}"
+        );
+    }
+    api.enroll_with(&id, common::enrollment(&id, &token, &identity)).await;
+    let (status, body) =
+        api.call("POST", &path, None, Some(common::enrollment(&id, &token, &identity))).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let credential = api.enroll(&id, &token).await;
 
     for credential in [None, Some("not-a-credential")] {
@@ -345,6 +373,7 @@ async fn client_api_errors() {
             enrolled_at: 0,
             last_seen_at: 0,
             expires_at: 1,
+            identity_key: None,
         })
         .await
         .unwrap();
@@ -454,12 +483,14 @@ impl HttpClient {
 async fn a_secure_round_through_the_api_updates_the_model() {
     let api = Api::new("round").await;
     let (id, token) = api.create_task(spec(1)).await;
+    // A spec that does not name its variant runs the active one.
+    let (_, view) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    assert_eq!(view["spec"]["secure_aggregation"]["variant"], "active", "{view}");
     let mut clients = Vec::new();
     for i in 0..6u32 {
-        clients.push(HttpClient {
-            credential: api.enroll(&id, &token).await,
-            participant: Participant::new(u64::from(i), vec![0.1 * i as f32, -0.25, 0.5, 0.0], 5 * (i + 1)),
-        });
+        let participant = Participant::new(u64::from(i), vec![0.1 * i as f32, -0.25, 0.5, 0.0], 5 * (i + 1));
+        let credential = api.enroll_with(&id, participant.enrollment(&id, &token)).await;
+        clients.push(HttpClient { credential, participant });
     }
     let mut rounds = Value::Null;
     let mut progress = Vec::new();
@@ -513,7 +544,8 @@ async fn a_secure_round_through_the_api_updates_the_model() {
         }
     }
     assert_eq!(rounds[0]["survivors"], 6);
-    assert_eq!(rounds[0]["metrics"]["stages"].as_array().unwrap().len(), 4);
+    // The active variant's five stages, the consistency check included.
+    assert_eq!(rounds[0]["metrics"]["stages"].as_array().unwrap().len(), 5);
     let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
     assert_eq!((task["status"].as_str(), task["completed_rounds"].as_u64()), (Some("completed"), Some(1)));
     assert!(task["progress"].is_null(), "no round in progress: {task}");
@@ -564,8 +596,9 @@ async fn a_secure_round_through_the_api_updates_the_model() {
     let (_, bytes, _) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
     let text = String::from_utf8(bytes).unwrap();
     assert!(text.contains("cohort_rounds_completed_total 1"), "{text}");
-    // Per client and stage: one malformed message and one repeat.
-    assert!(text.contains("cohort_client_messages_total{result=\"rejected\"} 48"), "{text}");
+    // Per client and stage (six clients, five stages): one malformed
+    // message and one repeat.
+    assert!(text.contains("cohort_client_messages_total{result=\"rejected\"} 60"), "{text}");
     assert!(text.contains("cohort_stage_dropouts_total{stage=\"unmasking\"} 0"), "{text}");
     api.finish().await;
 }

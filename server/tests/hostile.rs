@@ -171,7 +171,8 @@ fn hostile_input_is_refused_and_rounds_complete() {
         413,
         "payload_too_large",
     );
-    let body = json!({ "enrollment_token": token }).to_string().into_bytes();
+    let identity = std::sync::Arc::new(support::identity::fresh_identity());
+    let body = support::identity::enrollment(&task, &token, &identity).to_string().into_bytes();
     let enrolled = attacker.send(Method::Post, &enroll, body, "application/json");
     assert_eq!(enrolled.status, 201);
     let enrolled: Value = serde_json::from_slice(&enrolled.body).unwrap();
@@ -210,7 +211,8 @@ fn hostile_input_is_refused_and_rounds_complete() {
             Quantizer::new(round_config.quantization, round_config.modulus_bits, round_config.clients)
                 .unwrap();
         let input = quantizer.encode(&delta(), 7, &mut rng).unwrap();
-        let (mut client, keys) = Client::start(setup.clone(), me, None, input, &mut rng).unwrap();
+        let (mut client, keys) =
+            Client::start(setup.clone(), me, Some(identity.clone()), input, &mut rng).unwrap();
         let keys = keys.encode();
 
         if round == 2 {

@@ -167,7 +167,9 @@ fn compressed_updates_aggregate_over_http() {
     let metrics = compressed_round("rotated", quantization, delta, 0.01);
     assert_eq!(metrics["modulus_bits"], 10, "8 bits plus 2 bits of headroom for 4 clients");
     let ratio = metrics["compression_ratio"].as_f64().unwrap();
-    assert!(ratio > 0.3 && ratio < 0.36, "upload over float32: {ratio}");
+    // A 10-bit ring is 0.3125 of float32; the protocol adds about 1.1 kB
+    // per client here (keys, commitment and signatures, envelopes, shares).
+    assert!(ratio > 0.3 && ratio < 0.38, "upload over float32: {ratio}");
 }
 
 /// A count sketch of 5 × 400 buckets stands in for a 5000-coordinate
@@ -183,7 +185,8 @@ fn sketched_updates_aggregate_over_http() {
     };
     let metrics = compressed_round("sketched", quantization, delta, 1e-3);
     let ratio = metrics["compression_ratio"].as_f64().unwrap();
-    assert!(ratio < 0.45, "2000 buckets for 5000 coordinates: {ratio}");
+    // 2000 32-bit buckets are 0.4 of float32, plus the protocol's 1.1 kB.
+    assert!(ratio < 0.47, "2000 buckets for 5000 coordinates: {ratio}");
 }
 
 /// One round of four clients with `quantization`; checks the model against

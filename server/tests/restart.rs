@@ -4,6 +4,8 @@
 //! (rounds, checkpoints, credentials) and that training goes on to the end.
 
 #![allow(clippy::unwrap_used)]
+// `common` and `support` both load the enrollment helpers (support/identity.rs).
+#![allow(clippy::duplicate_mod)]
 
 mod common;
 mod support;
@@ -96,18 +98,12 @@ fn training_survives_a_crash_mid_round() {
     let token = created["enrollment_token"].as_str().unwrap().to_string();
     let mut devices: Vec<Device> = (0..6u32)
         .map(|i| {
-            let (status, body) = json_call(
-                port,
-                "POST",
-                &format!("/v1/tasks/{task}/enroll"),
-                None,
-                Some(json!({ "enrollment_token": token })),
-            );
+            let participant = Participant::new(u64::from(i), vec![0.1 * i as f32, -0.2, 0.05], i + 1);
+            let path = format!("/v1/tasks/{task}/enroll");
+            let (status, body) =
+                json_call(port, "POST", &path, None, Some(participant.enrollment(&task, &token)));
             assert_eq!(status, 201);
-            Device {
-                credential: body["credential"].as_str().unwrap().to_string(),
-                participant: Participant::new(u64::from(i), vec![0.1 * i as f32, -0.2, 0.05], i + 1),
-            }
+            Device { credential: body["credential"].as_str().unwrap().to_string(), participant }
         })
         .collect();
 

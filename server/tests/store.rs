@@ -117,6 +117,7 @@ fn participant(id: &str, task_id: &str, credential: u8) -> ParticipantRecord {
         enrolled_at: 100,
         last_seen_at: 100,
         expires_at: 10_000,
+        identity_key: Some([credential; 32]),
     }
 }
 
@@ -150,11 +151,19 @@ async fn participants_and_credentials(store: &SqlStore) {
         Err(StoreError::NotFound(_))
     ));
     assert_eq!(store.participant_by_credential(&[2; 32]).await.unwrap(), participant("p2", "t", 2));
+    // One identity key per task; participants from before identities have none.
+    let same_identity = ParticipantRecord { credential_hash: [5; 32], ..participant("p5", "t", 2) };
+    assert!(matches!(store.add_participant(&same_identity).await, Err(StoreError::Conflict(_))));
+    let keyless = ParticipantRecord { identity_key: None, ..participant("p6", "t", 6) };
+    store.add_participant(&keyless).await.unwrap();
+    let other_keyless = ParticipantRecord { identity_key: None, ..participant("p7", "t", 7) };
+    store.add_participant(&other_keyless).await.unwrap();
+    assert_eq!(store.participant_by_credential(&[6; 32]).await.unwrap(), keyless);
     assert!(matches!(store.participant_by_credential(&[9; 32]).await, Err(StoreError::NotFound(_))));
     store.touch_participant("p1", 500).await.unwrap();
     assert_eq!(store.participant_by_credential(&[1; 32]).await.unwrap().last_seen_at, 500);
     assert!(matches!(store.touch_participant("ghost", 1).await, Err(StoreError::NotFound(_))));
-    assert_eq!(store.participants("t").await.unwrap().len(), 2);
+    assert_eq!(store.participants("t").await.unwrap().len(), 4);
 }
 
 async fn rounds_are_atomic_ordered_and_pruned(store: &SqlStore) {

@@ -201,7 +201,8 @@ fn a_tab_closed_mid_round_is_a_dropout_and_the_round_completes() {
     let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
     let stages = rounds[0]["metrics"]["stages"].as_array().unwrap();
     let dropouts: Vec<u64> = stages.iter().map(|s| s["dropouts"].as_u64().unwrap()).collect();
-    assert_eq!(dropouts, [0, 0, 1, 0], "the tab dropped out at the masked inputs: {rounds}");
+    // Advertise, share, masked input, the consistency check (active), unmasking.
+    assert_eq!(dropouts, [0, 0, 1, 0, 0], "the tab dropped out at the masked inputs: {rounds}");
     assert_eq!(rounds[0]["selected"], 5);
 
     let seen = browser(

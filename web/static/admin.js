@@ -183,6 +183,11 @@ function renderDetail(task, rounds) {
   $("detail-clients").textContent = task.spec?.clients_per_round ?? "—";
   const secagg = task.spec?.secure_aggregation ?? {};
   $("detail-secagg").textContent = `${secagg.threshold ?? "derived"} / ${secagg.graph ?? "complete"}`;
+  const active = secagg.variant === "active";
+  $("detail-variant").textContent = active
+    ? "active: updates stay hidden from this coordinator"
+    : "semi-honest: this coordinator is trusted";
+  $("detail-variant").className = `value variant-${active ? "active" : "semi-honest"}`;
   $("detail-available").textContent = task.available_clients;
   const final = task.status === "stopped" || task.status === "completed";
   $("pause").disabled = final || task.status === "paused";
@@ -253,7 +258,11 @@ function specFromForm() {
     },
     rounds: Number($("create-rounds").value),
     clients_per_round: Number($("create-clients").value),
-    secure_aggregation: { graph: "complete", threshold: Number($("create-threshold").value) },
+    secure_aggregation: {
+      variant: $("create-variant").value,
+      graph: "complete",
+      threshold: Number($("create-threshold").value),
+    },
     deadlines: { advertise_keys_ms: deadline, share_keys_ms: deadline, masked_input_ms: deadline, unmasking_ms: deadline },
     optimizer: { kind: "fedavg", learning_rate: Number($("create-lr").value) },
   };

@@ -94,6 +94,9 @@ pub struct ParticipantRecord {
     pub last_seen_at: i64,
     /// The credential is refused after this time.
     pub expires_at: i64,
+    /// Ed25519 identity public key registered at enrollment (none for
+    /// participants enrolled before identities existed).
+    pub identity_key: Option<[u8; 32]>,
 }
 
 /// A completed round.

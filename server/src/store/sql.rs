@@ -85,6 +85,10 @@ fn participant_from(row: &AnyRow) -> StoreResult<ParticipantRecord> {
         enrolled_at: row.try_get("enrolled_at")?,
         last_seen_at: row.try_get("last_seen_at")?,
         expires_at: row.try_get("expires_at")?,
+        identity_key: row
+            .try_get::<Option<Vec<u8>>, _>("identity_key")?
+            .map(|key| key.try_into().map_err(|_| StoreError::Corrupt("identity key length")))
+            .transpose()?,
     })
 }
 
@@ -118,7 +122,7 @@ macro_rules! task_columns {
 }
 macro_rules! participant_columns {
     () => {
-        "id, task_id, credential_hash, enrolled_at, last_seen_at, expires_at"
+        "id, task_id, credential_hash, enrolled_at, last_seen_at, expires_at, identity_key"
     };
 }
 macro_rules! round_columns {
@@ -258,7 +262,7 @@ impl Store for SqlStore {
         sqlx::query(concat!(
             "INSERT INTO participants (",
             participant_columns!(),
-            ") VALUES ($1, $2, $3, $4, $5, $6)"
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7)"
         ))
         .bind(&p.id)
         .bind(&p.task_id)
@@ -266,6 +270,7 @@ impl Store for SqlStore {
         .bind(p.enrolled_at)
         .bind(p.last_seen_at)
         .bind(p.expires_at)
+        .bind(p.identity_key.map(|key| key.to_vec()))
         .execute(&self.pool)
         .await
         .map_err(|e| classify(e, "participant or credential exists", "task"))?;

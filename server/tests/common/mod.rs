@@ -2,22 +2,40 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+use std::sync::Arc;
+
+use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::{Client, ClientId, Quantizer, ServerMessage};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
+use serde_json::Value;
+
+#[path = "../support/identity.rs"]
+mod identity;
+#[allow(unused_imports)]
+pub use identity::{enrollment, fresh_enrollment, fresh_identity};
 
 /// The protocol side of a test client: it holds a fixed update and answers
 /// server messages with the `cohort-crypto` client state machine.
 pub struct Participant {
     pub update: Vec<f32>,
     pub weight: u32,
+    /// The identity key this client enrolls with.
+    pub identity: Arc<IdentityKey>,
     state: Option<Client>,
     rng: ChaCha20Rng,
 }
 
 impl Participant {
     pub fn new(seed: u64, update: Vec<f32>, weight: u32) -> Self {
-        Self { update, weight, state: None, rng: ChaCha20Rng::seed_from_u64(seed) }
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let identity = Arc::new(IdentityKey::generate(&mut rng));
+        Self { update, weight, identity, state: None, rng }
+    }
+
+    /// The body of this client's enrollment in `task`.
+    pub fn enrollment(&self, task: &str, token: &str) -> Value {
+        enrollment(task, token, &self.identity)
     }
 
     /// Forgets the current round (the client restarts its protocol state).
@@ -37,7 +55,8 @@ impl Participant {
                 let q = Quantizer::new(config.quantization, config.modulus_bits, config.clients).unwrap();
                 let input = q.encode(&self.update, self.weight, &mut self.rng).unwrap();
                 let me = ClientId::new(client_id).unwrap();
-                let (state, reply) = Client::start(message, me, None, input, &mut self.rng).unwrap();
+                let identity = Some(self.identity.clone());
+                let (state, reply) = Client::start(message, me, identity, input, &mut self.rng).unwrap();
                 self.state = Some(state);
                 reply
             }

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod identity;
 pub mod process;
 
 use std::net::SocketAddr;
