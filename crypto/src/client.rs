@@ -21,6 +21,7 @@ use zeroize::Zeroizing;
 use crate::agreement::AgreementKey;
 use crate::config::{RoundConfig, RoundContext, Variant};
 use crate::derive;
+use crate::envelope::EnvelopeKey;
 use crate::error::{ProtocolError, Stage};
 use crate::ids::ClientId;
 use crate::messages::{
@@ -92,7 +93,9 @@ pub struct AwaitingPeerKeys {
 /// Waiting for the envelopes the neighbours sealed for this client.
 pub struct AwaitingShares {
     round: RoundView,
-    cipher: AgreementKey,
+    /// The key opening each peer's envelope, aligned with `peers` (derived
+    /// with the sealing key, from the same agreement).
+    open_keys: Vec<EnvelopeKey>,
     mask: AgreementKey,
     self_mask_seed: Secret32,
     input: QuantizedInput,
@@ -299,18 +302,23 @@ impl AwaitingPeerKeys {
         let seed_shares = split(&self.self_mask_seed, threshold, &points, rng);
         let key_shares = split(&self.mask.export_secret(), threshold, &points, rng);
         let mut envelopes = Vec::with_capacity(peers.len());
+        let mut open_keys = Vec::with_capacity(peers.len());
         let mut plaintext = Zeroizing::new(Vec::with_capacity(ENVELOPE_PLAINTEXT_LEN));
         for ((peer, seed_share), key_share) in peers.iter().zip(&seed_shares).zip(&key_shares) {
             plaintext.clear();
             seed_share.encode_into(&mut plaintext);
             key_share.encode_into(&mut plaintext);
-            let key = derive::envelope_key(&self.cipher, &peer.cipher_key, &context, round.me, peer.id)?;
+            let (seal, open) =
+                derive::envelope_keys(&self.cipher, &peer.cipher_key, &context, round.me, peer.id)?;
             let aad = derive::envelope_aad(&context, round.me, peer.id);
-            envelopes.push(Envelope { peer: peer.id, ciphertext: key.seal(&aad, &plaintext) });
+            envelopes.push(Envelope { peer: peer.id, ciphertext: seal.seal(&aad, &plaintext) });
+            open_keys.push(open);
         }
+        // The cipher key is dropped (and zeroized) here: the open keys are all
+        // this client needs of it.
         let next = AwaitingShares {
             round: self.round,
-            cipher: self.cipher,
+            open_keys,
             mask: self.mask,
             self_mask_seed: self.self_mask_seed,
             input: self.input,
@@ -327,18 +335,20 @@ impl AwaitingShares {
             return Err(server_error("envelopes are not in ascending order"));
         }
         round.require(Stage::MaskedInputCollection, envelopes.len())?;
+        let mut open_keys: Vec<Option<EnvelopeKey>> = self.open_keys.into_iter().map(Some).collect();
         let mut held = Vec::with_capacity(envelopes.len());
         let mut partners = Vec::with_capacity(envelopes.len());
         for envelope in &envelopes {
-            let peer = self
+            let index = self
                 .peers
                 .binary_search_by_key(&envelope.peer, |peer| peer.id)
-                .map(|index| &self.peers[index])
                 .map_err(|_| server_error("an envelope comes from a client that advertised no keys"))?;
+            let peer = &self.peers[index];
+            // Envelopes are strictly ascending, so each key is taken once.
+            let key = open_keys[index].take().ok_or(server_error("two envelopes from one client"))?;
             if envelope.ciphertext.len() != ENVELOPE_LEN {
                 return Err(server_error("an envelope has the wrong length"));
             }
-            let key = derive::envelope_key(&self.cipher, &peer.cipher_key, &context, peer.id, round.me)?;
             let aad = derive::envelope_aad(&context, peer.id, round.me);
             let plaintext = key.open(&aad, &envelope.ciphertext)?;
             let (first, second) = plaintext.split_at(SHARE_LEN);

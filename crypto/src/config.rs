@@ -214,8 +214,9 @@ mod tests {
     use super::*;
     use crate::error::ConfigError::*;
 
-    fn with(change: impl FnOnce(&mut RoundConfig)) -> Result<(), ConfigError> {
-        let mut config = RoundConfig {
+    /// Ten clients, degree 4, threshold 3, 16 bits: valid.
+    fn base() -> RoundConfig {
+        RoundConfig {
             session: [1; 16],
             round: 1,
             variant: Variant::SemiHonest,
@@ -226,7 +227,11 @@ mod tests {
             vector_len: 8,
             modulus_bits: 16,
             quantization: QuantizationSpec { clip: 1.0, max_weight: 1, transform: Transform::None },
-        };
+        }
+    }
+
+    fn with(change: impl FnOnce(&mut RoundConfig)) -> Result<(), ConfigError> {
+        let mut config = base();
         change(&mut config);
         config.validate()
     }
@@ -324,18 +329,7 @@ mod tests {
 
     #[test]
     fn degree_and_modulus_mask() {
-        let mut config = RoundConfig {
-            session: [1; 16],
-            round: 1,
-            variant: Variant::SemiHonest,
-            clients: 10,
-            identities: Vec::new(),
-            graph: GraphSpec::Complete,
-            threshold: 3,
-            vector_len: 8,
-            modulus_bits: 32,
-            quantization: QuantizationSpec { clip: 1.0, max_weight: 1, transform: Transform::None },
-        };
+        let mut config = RoundConfig { graph: GraphSpec::Complete, modulus_bits: 32, ..base() };
         assert_eq!((config.degree(), config.modulus_mask()), (9, u32::MAX));
         config.graph = GraphSpec::Harary { degree: 4 };
         config.modulus_bits = 12;

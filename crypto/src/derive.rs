@@ -16,24 +16,29 @@ const LABEL_ADVERTISE: &[u8] = b"cohort/secagg/v1/advertise-keys";
 const LABEL_CONSISTENCY: &[u8] = b"cohort/secagg/v1/consistency";
 const LABEL_SEED_COMMITMENT: &[u8] = b"cohort/secagg/v2/seed-commitment";
 
-/// The single-use key sealing shares from `sender` to `receiver`.
-/// Directional: the reverse envelope gets a different key.
-pub(crate) fn envelope_key(
+/// The two single-use envelope keys between `me` and `peer`, from one key
+/// agreement: the one sealing shares from `me` to `peer`, and the one
+/// opening those from `peer` to `me`. Directional: each direction gets its
+/// own key.
+pub(crate) fn envelope_keys(
     own: &AgreementKey,
     their_public: &[u8; 32],
     context: &RoundContext,
-    sender: ClientId,
-    receiver: ClientId,
-) -> Result<EnvelopeKey, CryptoError> {
+    me: ClientId,
+    peer: ClientId,
+) -> Result<(EnvelopeKey, EnvelopeKey), CryptoError> {
     let shared = own.agree(their_public)?;
-    let mut key = [0u8; 32];
-    hkdf_sha256(
-        &context.0,
-        shared.expose(),
-        &[LABEL_SHARE_ENVELOPE, &sender.get().to_be_bytes(), &receiver.get().to_be_bytes()],
-        &mut key,
-    );
-    Ok(EnvelopeKey::new(Secret32::from_bytes(&mut key)))
+    let derive = |sender: ClientId, receiver: ClientId| {
+        let mut key = [0u8; 32];
+        hkdf_sha256(
+            &context.0,
+            shared.expose(),
+            &[LABEL_SHARE_ENVELOPE, &sender.get().to_be_bytes(), &receiver.get().to_be_bytes()],
+            &mut key,
+        );
+        EnvelopeKey::new(Secret32::from_bytes(&mut key))
+    };
+    Ok((derive(me, peer), derive(peer, me)))
 }
 
 /// Associated data of an envelope: the round context and both identities.
