@@ -243,9 +243,9 @@ pub struct SavedState {
 impl SavedState {
     /// The identity key, if this enrollment has one.
     fn identity(&self) -> Option<Arc<IdentityKey>> {
-        let mut seed = [0u8; 32];
-        hex::decode_to_slice(self.identity_seed.as_deref()?, &mut seed).ok()?;
-        IdentityKey::from_seed(&Secret32::from_bytes(&mut seed)).ok().map(Arc::new)
+        let mut seed = Zeroizing::new([0u8; 32]);
+        hex::decode_to_slice(self.identity_seed.as_deref()?, &mut *seed).ok()?;
+        Some(Arc::new(identity_from_seed(*seed)))
     }
 }
 
@@ -471,18 +471,8 @@ impl Participant {
                 // A fresh identity for each enrollment; its seed is kept
                 // with the enrollment once the coordinator accepts it.
                 let seeder = &mut self.seeder;
-                let seed = self.pending_identity.get_or_insert_with(|| {
-                    let mut seed = Zeroizing::new([0u8; 32]);
-                    match seeder {
-                        Some(seeder) => seeder.fill_bytes(&mut *seed),
-                        None => fill_from_os(&mut seed),
-                    }
-                    seed
-                });
-                let mut copy = **seed;
-                let Ok(key) = IdentityKey::from_seed(&Secret32::from_bytes(&mut copy)) else {
-                    unreachable!("every 32-byte string is a valid Ed25519 seed")
-                };
+                let seed = self.pending_identity.get_or_insert_with(|| fresh_seed(seeder));
+                let key = identity_from_seed(**seed);
                 let public = key.public_key();
                 let proof = key.sign(&enrollment_statement(&self.task_id, &public));
                 let body = serde_json::json!({
@@ -826,15 +816,28 @@ fn start(
         .map_err(|e: ProtocolError| e.to_string())
 }
 
-/// A fresh generator for a round: seeded by the operating system, or by
-/// `seeder` where one was set.
-fn round_generator(seeder: &mut Option<ChaCha20Rng>) -> ChaCha20Rng {
+/// 32 fresh secret bytes: from the operating system, or from `seeder`
+/// where one was set.
+fn fresh_seed(seeder: &mut Option<ChaCha20Rng>) -> Zeroizing<[u8; 32]> {
     let mut seed = Zeroizing::new([0u8; 32]);
     match seeder {
         Some(seeder) => seeder.fill_bytes(&mut *seed),
         None => fill_from_os(&mut seed),
     }
-    ChaCha20Rng::from_seed(*seed)
+    seed
+}
+
+/// A fresh generator for a round (see [`fresh_seed`]).
+fn round_generator(seeder: &mut Option<ChaCha20Rng>) -> ChaCha20Rng {
+    ChaCha20Rng::from_seed(*fresh_seed(seeder))
+}
+
+/// The Ed25519 identity key of an RFC 8032 seed (the copy is wiped).
+fn identity_from_seed(mut seed: [u8; 32]) -> IdentityKey {
+    match IdentityKey::from_seed(&Secret32::from_bytes(&mut seed)) {
+        Ok(key) => key,
+        Err(_) => unreachable!("every 32-byte string is a valid Ed25519 seed"),
+    }
 }
 
 fn fill_from_os(seed: &mut [u8; 32]) {

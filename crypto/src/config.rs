@@ -13,6 +13,13 @@ pub const MAX_CLIENTS: u32 = 1 << 20;
 /// example-count coordinate).
 pub const MAX_VECTOR_LEN: u32 = 1 << 27;
 
+/// Whether `threshold` is a strict majority of a neighbourhood of `degree`
+/// (2t > k), as the active variant requires (see
+/// [`ConfigError::ThresholdBelowMajority`]).
+pub fn active_threshold_holds(threshold: u32, degree: u32) -> bool {
+    2 * u64::from(threshold) > u64::from(degree)
+}
+
 /// Which adversary the protocol defends against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
@@ -74,7 +81,7 @@ impl RoundConfig {
         }
         // Checked by every client before it reveals anything (Client::start
         // validates the announced round): see ThresholdBelowMajority.
-        if self.variant == Variant::Active && 2 * u64::from(self.threshold) <= u64::from(degree) {
+        if self.variant == Variant::Active && !active_threshold_holds(self.threshold, degree) {
             return Err(ConfigError::ThresholdBelowMajority { threshold: self.threshold, degree });
         }
         if self.vector_len == 0 || self.vector_len > MAX_VECTOR_LEN {

@@ -177,10 +177,9 @@ impl ClientMessage {
     ///
     /// The bound follows the encoding below: a 4-byte header, the 32-byte
     /// round context, then per stage the keys, the seed commitment and the
-    /// optional signature, one
-    /// envelope per neighbour, the packed vector at the round's ring width,
-    /// a signature, or one share per neighbour (and one for the client
-    /// itself).
+    /// optional signature, one envelope per neighbour, the packed vector at
+    /// the round's ring width, a signature, or one share per neighbour (and
+    /// one for the client itself).
     pub fn max_encoded_len(config: &RoundConfig, stage: Stage) -> usize {
         const HEADER: usize = 4 + 32;
         let neighbours = match config.graph {

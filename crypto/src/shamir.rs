@@ -178,9 +178,7 @@ impl Reconstructor {
         if threshold == 0 {
             return Err(CryptoError);
         }
-        let mut chosen: Vec<&Share> = shares.to_vec();
-        chosen.sort_by_key(|share| share.x);
-        chosen.dedup_by_key(|share| share.x);
+        let mut chosen = distinct_points(shares);
         if chosen.len() < threshold {
             return Err(CryptoError);
         }
@@ -234,9 +232,7 @@ impl Reconstructor {
         {
             return Ok(Checked { secret, faulty: Vec::new() });
         }
-        let mut chosen: Vec<&Share> = shares.to_vec();
-        chosen.sort_by_key(|share| share.x);
-        chosen.dedup_by_key(|share| share.x);
+        let chosen = distinct_points(shares);
         // Correcting anything takes more than t shares; with exactly t the
         // first attempt already used them all.
         if threshold == 0 || chosen.len() <= threshold {
@@ -261,6 +257,14 @@ impl Reconstructor {
         faulty.dedup();
         Ok(Checked { secret, faulty })
     }
+}
+
+/// The shares in ascending point order, one per point (the first given).
+fn distinct_points<'a>(shares: &[&'a Share]) -> Vec<&'a Share> {
+    let mut chosen = shares.to_vec();
+    chosen.sort_by_key(|share| share.x);
+    chosen.dedup_by_key(|share| share.x);
+    chosen
 }
 
 /// A polynomial over GF(p), coefficients from the constant term up, with no

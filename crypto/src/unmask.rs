@@ -4,9 +4,9 @@
 //! advertised commitment and subtracts PRG(b_u); for each client v that
 //! shared keys but sent no masked input it reconstructs s_sk_v, checks it
 //! against v's advertised s_pk, and removes every pairwise mask between v
-//! and a surviving neighbour. The mask
-//! expansions are independent, so they run in parallel (feature `parallel`)
-//! into per-thread accumulators that are summed at the end.
+//! and a surviving neighbour. The mask expansions are independent, so they
+//! run in parallel (feature `parallel`) into per-thread accumulators that are
+//! summed at the end.
 
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;

@@ -25,6 +25,7 @@ use cohort_client::partition::Scheme;
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, Runner, Transport, load_state};
 use cohort_client::train::TrainConfig;
+use cohort_crypto::config::active_threshold_holds;
 use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
 use cohort_crypto::{ClientId, QuantizedInput, RoundConfig, Variant};
 use cohort_server::auth::new_token;
@@ -350,7 +351,7 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
             // The active variant needs a threshold above half the n − 1
             // neighbours; a dropout rate that leaves fewer survivors than
             // that runs semi-honest (the demo's coordinator is this process).
-            variant: Some(if 2 * threshold > n - 1 {
+            variant: Some(if active_threshold_holds(threshold, n - 1) {
                 VariantChoice::Active
             } else {
                 VariantChoice::SemiHonest
@@ -713,10 +714,7 @@ fn run_coordinator_and_clients(
     println!(
         "Coordinator at {url} (SQLite {}); task {task}; secure aggregation ({} variant) threshold {} of {}.",
         database.display(),
-        match spec.secure_aggregation.variant() {
-            VariantChoice::Active => "active",
-            VariantChoice::SemiHonest => "semi-honest",
-        },
+        spec.secure_aggregation.variant().as_str(),
         created["threshold"],
         training.clients
     );

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, ModelLayout};
 use crate::optimizer::OptimizerState;
-use crate::spec::{DerivedRoundParameters, TaskSpec, VariantChoice};
+use crate::spec::{DerivedRoundParameters, TaskSpec};
 use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
 
 /// A check-in counts towards selection for this long.
@@ -377,10 +377,7 @@ impl TaskEngine {
 
     /// The protocol variant of the task's rounds.
     pub fn variant(&self) -> Variant {
-        match self.spec.secure_aggregation.variant() {
-            VariantChoice::Active => Variant::Active,
-            VariantChoice::SemiHonest => Variant::SemiHonest,
-        }
+        self.spec.secure_aggregation.variant().into()
     }
 
     /// Changes the status (pause, resume, stop). A paused or stopped task
@@ -748,6 +745,7 @@ mod test_participants;
 mod tests {
     use super::test_participants as common;
     use super::*;
+    use crate::spec::VariantChoice;
     use crate::spec::tests::small_spec;
     use cohort_crypto::ServerMessage;
 

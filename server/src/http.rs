@@ -473,7 +473,7 @@ async fn create_task(
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
     let mut spec: TaskSpec = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
-    spec.secure_aggregation.variant.get_or_insert(VariantChoice::Active);
+    spec.secure_aggregation.default_for_new_task();
     spec.validate().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
     let _creating = state.creating.lock().await;
     let requested = spec.model.layout.len();
@@ -500,8 +500,7 @@ pub async fn create(
     coordinator: &Coordinator,
     mut spec: TaskSpec,
 ) -> ApiResult<CreatedTask> {
-    // A new task that does not name its variant runs the active one.
-    spec.secure_aggregation.variant.get_or_insert(VariantChoice::Active);
+    spec.secure_aggregation.default_for_new_task();
     let derived =
         spec.validate().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
     let now = now_ms();
@@ -557,7 +556,7 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
     let mut spec: serde_json::Value = serde_json::from_str(&task.spec).unwrap_or(serde_json::Value::Null);
     // A spec stored before the variant was a choice ran semi-honest.
     if let Some(secure_aggregation) = spec.get_mut("secure_aggregation").and_then(|v| v.as_object_mut()) {
-        secure_aggregation.entry("variant").or_insert_with(|| "semi-honest".into());
+        secure_aggregation.entry("variant").or_insert_with(|| VariantChoice::SemiHonest.as_str().into());
     }
     let rounds = spec["rounds"].as_u64().unwrap_or(0) as u32;
     let live = match state.coordinator.live(&task.id).await {

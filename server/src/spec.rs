@@ -1,8 +1,9 @@
 //! What an administrator submits to create a task, with defaults and
 //! validation. Everything needed to run its rounds is derived from it.
 
+use cohort_crypto::config::active_threshold_holds;
 use cohort_crypto::params::{Adversary, ParameterTarget, derive_complete, derive_sparse};
-use cohort_crypto::{QuantizationSpec, Quantizer, Transform};
+use cohort_crypto::{QuantizationSpec, Quantizer, Transform, Variant};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::ModelLayout;
@@ -141,10 +142,35 @@ pub enum VariantChoice {
     SemiHonest,
 }
 
+impl VariantChoice {
+    /// The name in a task spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VariantChoice::Active => "active",
+            VariantChoice::SemiHonest => "semi-honest",
+        }
+    }
+}
+
+impl From<VariantChoice> for Variant {
+    fn from(choice: VariantChoice) -> Self {
+        match choice {
+            VariantChoice::Active => Variant::Active,
+            VariantChoice::SemiHonest => Variant::SemiHonest,
+        }
+    }
+}
+
 impl SecAggSpec {
     /// The variant this task runs (see [`SecAggSpec::variant`]).
     pub fn variant(&self) -> VariantChoice {
         self.variant.unwrap_or(VariantChoice::SemiHonest)
+    }
+
+    /// Fills in the variant of a task being created: one that does not name
+    /// it runs the active variant.
+    pub fn default_for_new_task(&mut self) {
+        self.variant.get_or_insert(VariantChoice::Active);
     }
 }
 
@@ -366,7 +392,7 @@ impl TaskSpec {
         if threshold == 0 || threshold > degree || (degree < n - 1 && degree % 2 == 1) {
             return Err(err("threshold must be in 1..=degree, and a sparse degree must be even"));
         }
-        if active && 2 * u64::from(threshold) <= u64::from(degree) {
+        if active && !active_threshold_holds(threshold, degree) {
             return Err(SpecError(format!(
                 "the active variant needs a threshold above half the degree: 2 × {threshold} must exceed {degree}"
             )));
