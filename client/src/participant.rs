@@ -20,6 +20,14 @@
 //! that does not advance within [`ParticipantConfig::stage_timeout_ms`]
 //! abandons the round (the server counts the client as a dropout).
 //!
+//! Before it reveals anything, the participant checks what the coordinator
+//! announces against [`ParticipantConfig::policy`] (the task at enrollment,
+//! each round's setup), against the task parameters it pinned at
+//! enrollment, and against the rounds it already sent a masked input for;
+//! see [`cohort_crypto::policy`]. A task or round below the policy ends the
+//! participant with [`ParticipantError::Policy`]; a replayed round, or one
+//! that is not the round announced, ends with [`RoundOutcome::Refused`].
+//!
 //! Round secrets (the X25519 keys, the self-mask seed, the quantized
 //! update) live only in memory and are never part of the saved state: a
 //! participant that restarts mid-round drops out of that round, which the
@@ -38,6 +46,7 @@ use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 use crate::checkpoint::{self, Checkpoint};
 
 pub use cohort_crypto::Stage;
+pub use cohort_crypto::policy::{Collusion, Policy, PolicyViolation, TaskSecurity};
 
 /// Content type of binary stage messages.
 pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
@@ -124,6 +133,17 @@ pub enum RoundOutcome {
         /// Why.
         reason: String,
     },
+    /// This client refused the round's setup before it revealed anything:
+    /// the round replays one it already contributed to, or is not the round
+    /// it was selected for (see [`PolicyViolation::round_only`]). Rules
+    /// about the task itself end the participant instead, with
+    /// [`ParticipantError::Policy`].
+    Refused {
+        /// What the round's numbers were so far.
+        report: RoundReport,
+        /// The rule the setup broke.
+        violation: PolicyViolation,
+    },
 }
 
 impl RoundOutcome {
@@ -131,7 +151,7 @@ impl RoundOutcome {
     pub fn report(&self) -> &RoundReport {
         match self {
             RoundOutcome::Completed(r) | RoundOutcome::Dropped(r) => r,
-            RoundOutcome::Abandoned { report, .. } => report,
+            RoundOutcome::Abandoned { report, .. } | RoundOutcome::Refused { report, .. } => report,
         }
     }
 }
@@ -147,8 +167,8 @@ pub struct RoundReport {
     pub bytes_down: u64,
 }
 
-/// Retry, polling and deadline settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Retry, polling and deadline settings, and the privacy policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ParticipantConfig {
     /// Attempts per request before giving up with
     /// [`ParticipantError::Unreachable`].
@@ -162,6 +182,10 @@ pub struct ParticipantConfig {
     /// Longest wait for the next stage message before the round is
     /// abandoned.
     pub stage_timeout_ms: u64,
+    /// The tasks and rounds this participant accepts, checked at
+    /// enrollment and before each round reveals anything. The default is
+    /// for a coordinator the participant does not trust (see [`Policy`]).
+    pub policy: Policy,
 }
 
 impl Default for ParticipantConfig {
@@ -172,6 +196,7 @@ impl Default for ParticipantConfig {
             backoff_max_ms: 10_000,
             poll_interval_ms: 200,
             stage_timeout_ms: 180_000,
+            policy: Policy::default(),
         }
     }
 }
@@ -213,6 +238,12 @@ pub enum ParticipantError {
     /// A call came at the wrong time (e.g. `submit` without a `Train`).
     #[error("out of order: {0}")]
     OutOfOrder(&'static str),
+    /// The task (at enrollment) or a round announced security parameters
+    /// that [`ParticipantConfig::policy`] does not accept, or that differ
+    /// from those pinned at enrollment. Nothing was revealed; the
+    /// participant stops. [`PolicyViolation::rule`] names the rule.
+    #[error("refused by the client's policy (rule {rule}): {violation}", rule = .0.rule(), violation = .0)]
+    Policy(PolicyViolation),
 }
 
 /// What survives a restart: the enrollment, never round secrets.
@@ -238,6 +269,16 @@ pub struct SavedState {
     /// never printed. Absent only in states saved before identities.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     identity_seed: Option<String>,
+    /// The task's security parameters as announced at enrollment: every
+    /// round must repeat them. Absent only in states saved before pinning;
+    /// those pin the first round they see.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[zeroize(skip)]
+    pub security: Option<TaskSecurity>,
+    /// The last round this participant sent a masked input for; it never
+    /// takes part in that round or an earlier one again.
+    #[serde(default)]
+    pub last_contributed_round: u64,
 }
 
 impl SavedState {
@@ -325,6 +366,11 @@ pub struct Participant {
     /// The round instance (its session) this participant joined last; it
     /// never joins one twice, but joins a re-run of the same round number.
     last_joined: Option<String>,
+    /// The session the last selection named, which the setup must carry.
+    selected_session: Option<[u8; 16]>,
+    /// The state of an enrollment whose credential expired: its pinned
+    /// parameters and contributions carry over to the next enrollment.
+    expired: Option<SavedState>,
     metrics: Option<serde_json::Map<String, serde_json::Value>>,
     events: VecDeque<Action>,
 }
@@ -340,6 +386,7 @@ struct Enrolled {
     participant_id: String,
     credential: String,
     expires_at: i64,
+    security: TaskSecurity,
 }
 
 #[derive(Deserialize)]
@@ -416,6 +463,8 @@ impl Participant {
             in_flight: false,
             report: RoundReport::default(),
             last_joined,
+            selected_session: None,
+            expired: None,
             metrics: None,
             events: VecDeque::new(),
         }
@@ -578,14 +627,22 @@ impl Participant {
             Phase::Enroll => match status {
                 201 => {
                     let enrolled: Enrolled = parse_json(&response.body)?;
+                    let expired = self.expired.take();
+                    // A renewed enrollment keeps what the first one pinned.
+                    if let Some(pinned) = expired.as_ref().and_then(|e| e.security) {
+                        pinned.compare(&enrolled.security).map_err(ParticipantError::Policy)?;
+                    }
+                    self.config.policy.check(&enrolled.security).map_err(ParticipantError::Policy)?;
                     self.saved = Some(SavedState {
                         task_id: self.task_id.clone(),
                         participant_id: enrolled.participant_id,
                         credential: enrolled.credential,
                         expires_at: enrolled.expires_at,
-                        last_completed_round: 0,
-                        last_session: None,
+                        last_completed_round: expired.as_ref().map_or(0, |e| e.last_completed_round),
+                        last_session: expired.as_ref().and_then(|e| e.last_session.clone()),
                         identity_seed: self.pending_identity.take().map(|seed| hex::encode(*seed)),
+                        security: Some(enrolled.security),
+                        last_contributed_round: expired.as_ref().map_or(0, |e| e.last_contributed_round),
                     });
                     self.phase = Phase::CheckIn;
                 }
@@ -607,6 +664,7 @@ impl Participant {
                             self.phase = Phase::CheckIn;
                         } else {
                             self.report = RoundReport { round, ..RoundReport::default() };
+                            self.selected_session = session_id(&instance);
                             self.last_joined = Some(instance);
                             self.phase = Phase::Model { round, client_id };
                         }
@@ -627,7 +685,7 @@ impl Participant {
                 _ => self.abandon(error().message),
             },
             Phase::Fetch { round, client_id, protocol, since } => match status {
-                200 => self.on_server_message(round, client_id, protocol, &response.body),
+                200 => self.on_server_message(round, client_id, protocol, &response.body)?,
                 204 => {
                     self.wait_until = now + self.config.poll_interval_ms;
                     self.phase = Phase::Fetch { round, client_id, protocol, since };
@@ -664,8 +722,9 @@ impl Participant {
         if matches!(phase, Phase::Enroll) || self.enrollment_token.is_none() {
             return Err(ParticipantError::Unauthorized(message));
         }
-        // The credential expired: enroll again, losing the current round.
-        self.saved = None;
+        // The credential expired: enroll again, losing the current round
+        // but keeping what this enrollment pinned.
+        self.expired = self.saved.take();
         self.phase = Phase::Enroll;
         Ok(())
     }
@@ -728,13 +787,32 @@ impl Participant {
         }
     }
 
-    fn on_server_message(&mut self, round: u64, client_id: u32, protocol: Protocol, bytes: &[u8]) {
+    fn on_server_message(
+        &mut self,
+        round: u64,
+        client_id: u32,
+        protocol: Protocol,
+        bytes: &[u8],
+    ) -> Result<(), ParticipantError> {
         let message = match ServerMessage::decode(bytes) {
             Ok(message) => message,
-            Err(e) => return self.abandon(format!("undecodable server message: {e}")),
+            Err(e) => {
+                self.abandon(format!("undecodable server message: {e}"));
+                return Ok(());
+            }
         };
         let step = match protocol {
             Protocol::Pending { update, examples } => {
+                if let Err(violation) = self.admit(round, client_id, &message) {
+                    drop(update);
+                    if violation.round_only() {
+                        self.end_round(RoundOutcome::Refused { report: self.report, violation });
+                        return Ok(());
+                    }
+                    self.round_rng = None;
+                    self.metrics = None;
+                    return Err(ParticipantError::Policy(violation));
+                }
                 // Every round starts from a fresh generator.
                 self.round_rng = None;
                 let seeder = &mut self.seeder;
@@ -752,11 +830,52 @@ impl Participant {
         };
         match step {
             Ok((client, reply)) => {
+                if matches!(reply, ClientMessage::MaskedInput { .. })
+                    && let Some(saved) = &mut self.saved
+                {
+                    // Recorded (and saved by the driver) before it is sent.
+                    saved.last_contributed_round = saved.last_contributed_round.max(round);
+                }
                 let body = Zeroizing::new(reply.encode());
                 self.phase = Phase::Post { round, client_id, protocol: Protocol::Running(client), body };
             }
             Err(e) => self.abandon(format!("protocol: {e}")),
         }
+        Ok(())
+    }
+
+    /// Checks a round's setup against the selection, the contributions
+    /// made so far, the parameters pinned at enrollment and the policy,
+    /// before anything of the round is drawn or revealed. A state saved
+    /// before pinning pins this round's parameters.
+    fn admit(&mut self, round: u64, client_id: u32, message: &ServerMessage) -> Result<(), PolicyViolation> {
+        let ServerMessage::Setup(config) = message else {
+            return Ok(()); // `start` refuses anything but a setup.
+        };
+        if config.round != round {
+            return Err(PolicyViolation::WrongRound { expected: round, got: config.round });
+        }
+        if self.selected_session.is_some_and(|session| session != config.session) {
+            return Err(PolicyViolation::WrongSession);
+        }
+        let Some(saved) = &mut self.saved else {
+            return Err(PolicyViolation::Invalid("a round before enrollment".into()));
+        };
+        let last = saved.last_contributed_round;
+        if last > 0 && config.round <= last {
+            return Err(PolicyViolation::Replayed { round: config.round, last });
+        }
+        let announced = TaskSecurity::of_round(config)?;
+        saved.security.get_or_insert(announced).compare(&announced)?;
+        self.config.policy.check(&announced)?;
+        if config.variant == cohort_crypto::Variant::Active {
+            let listed = (client_id as usize).checked_sub(1).and_then(|i| config.identities.get(i));
+            let ours = saved.identity().map(|key| key.public_key());
+            if ours.is_none() || listed != ours.as_ref() {
+                return Err(PolicyViolation::NotOurIdentity);
+            }
+        }
+        Ok(())
     }
 
     fn after_post(&mut self, round: u64, client_id: u32, protocol: Protocol) {
@@ -845,6 +964,12 @@ fn fill_from_os(seed: &mut [u8; 32]) {
     getrandom::fill(seed).unwrap_or_else(|e| panic!("no operating-system randomness: {e}"));
 }
 
+/// The 16-byte session of a selection (hex), if it names one.
+fn session_id(instance: &str) -> Option<[u8; 16]> {
+    let mut session = [0u8; 16];
+    hex::decode_to_slice(instance, &mut session).ok().map(|()| session)
+}
+
 fn get(path: &str, bearer: Option<String>) -> Request {
     Request { method: Method::Get, path: path.into(), body: Vec::new(), content_type: None, bearer }
 }
@@ -866,14 +991,53 @@ mod tests {
     use super::*;
     use crate::checkpoint::{ModelLayout, TensorSpec};
 
+    /// The three-client semi-honest round of [`setup`].
+    fn round_config(round: u64) -> cohort_crypto::RoundConfig {
+        use cohort_crypto::{GraphSpec, QuantizationSpec, RoundConfig, Transform, Variant};
+        let quantization = QuantizationSpec { clip: 1.0, max_weight: 100, transform: Transform::None };
+        let vector_len = Quantizer::new(quantization, 32, 3).unwrap().encoded_len(2) as u32;
+        RoundConfig {
+            session: [7; 16],
+            round,
+            variant: Variant::SemiHonest,
+            clients: 3,
+            identities: Vec::new(),
+            graph: GraphSpec::Complete,
+            threshold: 2,
+            vector_len,
+            modulus_bits: 32,
+            quantization,
+        }
+    }
+
+    /// What the task of [`setup`]'s rounds announces at enrollment.
+    fn security() -> TaskSecurity {
+        TaskSecurity::of_round(&round_config(1)).unwrap()
+    }
+
+    /// Test timings, and a policy that accepts the small semi-honest task
+    /// of [`setup`] (and says so).
     fn config() -> ParticipantConfig {
+        let policy = Policy::accepting(&security());
+        assert_eq!(policy.relaxations().len(), 3, "{:?}", policy.relaxations());
         ParticipantConfig {
             max_attempts: 4,
             backoff_base_ms: 100,
             backoff_max_ms: 250,
             poll_interval_ms: 10,
             stage_timeout_ms: 1_000,
+            policy,
         }
+    }
+
+    fn enrollment_reply() -> Response {
+        let security = serde_json::to_value(security()).unwrap();
+        json(
+            201,
+            serde_json::json!({
+                "participant_id": "p1", "credential": "secret-credential", "expires_at": 9, "security": security,
+            }),
+        )
     }
 
     fn send(participant: &mut Participant, now: u64) -> Request {
@@ -891,9 +1055,7 @@ mod tests {
         let mut p = Participant::enroll("task", "token", config()).with_seed([1; 32]);
         let request = send(&mut p, 0);
         assert_eq!((request.method, request.path.as_str()), (Method::Post, "/v1/tasks/task/enroll"));
-        let reply =
-            serde_json::json!({ "participant_id": "p1", "credential": "secret-credential", "expires_at": 9 });
-        p.handle(0, json(201, reply)).unwrap();
+        p.handle(0, enrollment_reply()).unwrap();
         p
     }
 
@@ -1003,9 +1165,7 @@ mod tests {
         p.handle(0, json(503, serde_json::json!({ "error": "unavailable", "message": "later" }))).unwrap();
         let again: serde_json::Value = serde_json::from_slice(&send(&mut p, 10_000_000).body).unwrap();
         assert_eq!(again["identity_key"], body["identity_key"]);
-        let reply =
-            serde_json::json!({ "participant_id": "p1", "credential": "secret-credential", "expires_at": 9 });
-        p.handle(0, json(201, reply)).unwrap();
+        p.handle(0, enrollment_reply()).unwrap();
         let saved = p.saved_state().unwrap();
         assert_eq!(saved.identity().unwrap().public_key(), public);
         let seed = saved.identity_seed.clone().unwrap();
@@ -1075,22 +1235,11 @@ mod tests {
     /// The setup of `round` for three clients over the two weights of
     /// [`training`]'s model.
     fn setup(round: u64) -> Vec<u8> {
-        use cohort_crypto::{GraphSpec, QuantizationSpec, RoundConfig, ServerRound, Transform, Variant};
-        let quantization = QuantizationSpec { clip: 1.0, max_weight: 100, transform: Transform::None };
-        let vector_len = Quantizer::new(quantization, 32, 3).unwrap().encoded_len(2) as u32;
-        let config = RoundConfig {
-            session: [7; 16],
-            round,
-            variant: Variant::SemiHonest,
-            clients: 3,
-            identities: Vec::new(),
-            graph: GraphSpec::Complete,
-            threshold: 2,
-            vector_len,
-            modulus_bits: 32,
-            quantization,
-        };
-        ServerRound::new(config).unwrap().setup_message().encode()
+        setup_of(round_config(round))
+    }
+
+    fn setup_of(config: cohort_crypto::RoundConfig) -> Vec<u8> {
+        cohort_crypto::ServerRound::new(config).unwrap().setup_message().encode()
     }
 
     /// Trains for the round in progress and receives its setup; returns the
@@ -1147,6 +1296,124 @@ mod tests {
             p.handle(0, json(401, serde_json::json!({}))),
             Err(ParticipantError::Unauthorized(_))
         ));
+    }
+
+    #[test]
+    fn a_task_below_the_policy_is_refused_at_enrollment_and_nothing_is_kept() {
+        // The default policy: the small semi-honest task is below it.
+        let strict = ParticipantConfig { policy: Policy::default(), ..config() };
+        let mut p = Participant::enroll("task", "token", strict);
+        send(&mut p, 0);
+        let refused = p.handle(0, enrollment_reply());
+        assert_eq!(refused, Err(ParticipantError::Policy(PolicyViolation::SemiHonest)));
+        let message = refused.unwrap_err().to_string();
+        assert!(message.contains("rule variant"), "{message}");
+        assert!(p.saved_state().is_none());
+        assert!(matches!(p.next(0), Action::Finished));
+        // A reply without the task's parameters is no enrollment.
+        let mut p = Participant::enroll("task", "token", config());
+        send(&mut p, 0);
+        let bare = serde_json::json!({ "participant_id": "p1", "credential": "c", "expires_at": 9 });
+        assert!(matches!(p.handle(0, json(201, bare)), Err(ParticipantError::UnexpectedReply(_))));
+    }
+
+    #[test]
+    fn a_round_that_changes_a_pinned_parameter_is_refused_before_anything_is_drawn() {
+        let mut p = training();
+        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        send(&mut p, 0);
+        let mut changed = round_config(3);
+        changed.modulus_bits = 24;
+        let refused = p.handle(0, Response { status: 200, body: setup_of(changed) });
+        let Err(ParticipantError::Policy(PolicyViolation::Changed { parameter: "ring bits", .. })) = refused
+        else {
+            panic!("not refused: {refused:?}");
+        };
+        assert!(p.round_rng.is_none(), "the round's secrets were drawn");
+        assert!(matches!(p.next(0), Action::Finished), "the participant went on");
+        assert_eq!(p.saved_state().unwrap().last_contributed_round, 0);
+    }
+
+    #[test]
+    fn a_round_replayed_or_not_as_selected_is_refused_and_the_next_one_joined() {
+        let mut p = training();
+        p.saved.as_mut().unwrap().last_contributed_round = 3;
+        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        send(&mut p, 0);
+        p.handle(0, Response { status: 200, body: setup(3) }).unwrap();
+        match p.next(0) {
+            Action::RoundEnded(RoundOutcome::Refused { report, violation }) => {
+                assert_eq!(report.round, 3);
+                assert_eq!(violation, PolicyViolation::Replayed { round: 3, last: 3 });
+                assert_eq!(violation.rule(), "replay");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(p.round_rng.is_none());
+        // Selected for round 4 but handed round 3's setup.
+        select_and_train(&mut p, 4);
+        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        send(&mut p, 0);
+        p.handle(0, Response { status: 200, body: setup(3) }).unwrap();
+        assert!(matches!(
+            p.next(0),
+            Action::RoundEnded(RoundOutcome::Refused {
+                violation: PolicyViolation::WrongRound { expected: 4, got: 3 },
+                ..
+            })
+        ));
+        // A setup whose session is not the one of the selection.
+        assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+        let selected = serde_json::json!({
+            "status": "selected", "round": 5, "client_id": 2, "session": hex::encode([8u8; 16]),
+        });
+        p.handle(0, json(200, selected)).unwrap();
+        send(&mut p, 0);
+        let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+        let model = checkpoint::encode(&layout, &[0.5, -0.5], &Default::default()).unwrap();
+        p.handle(0, Response { status: 200, body: model }).unwrap();
+        assert!(matches!(p.next(0), Action::Train { round: 5, .. }));
+        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        send(&mut p, 0);
+        p.handle(0, Response { status: 200, body: setup(5) }).unwrap();
+        assert!(matches!(
+            p.next(0),
+            Action::RoundEnded(RoundOutcome::Refused { violation: PolicyViolation::WrongSession, .. })
+        ));
+        // Round 6, as selected: the participant advertises its keys.
+        select_and_train(&mut p, 6);
+        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        send(&mut p, 0);
+        p.handle(0, Response { status: 200, body: setup(6) }).unwrap();
+        assert_eq!(p.posting(), Some(Stage::AdvertiseKeys));
+    }
+
+    #[test]
+    fn a_renewed_enrollment_keeps_the_pinned_parameters_and_contributions() {
+        let mut p = enrolled();
+        p.saved.as_mut().unwrap().last_contributed_round = 7;
+        send(&mut p, 0);
+        p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "expired" }))).unwrap();
+        assert_eq!(send(&mut p, 0).path, "/v1/tasks/task/enroll");
+        p.handle(0, enrollment_reply()).unwrap();
+        assert_eq!(p.saved_state().unwrap().last_contributed_round, 7);
+        // A renewal that announces other parameters is refused.
+        send(&mut p, 0);
+        p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "expired" }))).unwrap();
+        send(&mut p, 0);
+        let mut other = security();
+        other.modulus_bits = 16;
+        let reply = serde_json::json!({
+            "participant_id": "p2", "credential": "c2", "expires_at": 9, "security": serde_json::to_value(other).unwrap(),
+        });
+        let refused = p.handle(0, json(201, reply));
+        assert!(
+            matches!(
+                refused,
+                Err(ParticipantError::Policy(PolicyViolation::Changed { parameter: "ring bits", .. }))
+            ),
+            "{refused:?}"
+        );
     }
 
     #[test]

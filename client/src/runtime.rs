@@ -190,7 +190,11 @@ impl<T: Transport> Runner<T> {
                 self.save()?;
                 return Err(RunError::Interrupted);
             }
-            let had_state = self.participant.saved_state().map(|s| s.last_completed_round);
+            // Saved when it changes: after enrolling, and before a masked
+            // input is sent (the contribution must outlive a crash).
+            let progress =
+                |p: &Participant| p.saved_state().map(|s| (s.last_contributed_round, s.expires_at));
+            let had_state = progress(&self.participant);
             match self.participant.next(self.now()) {
                 Action::Send(request) => {
                     if vanish(&self.participant) {
@@ -201,8 +205,7 @@ impl<T: Transport> Runner<T> {
                         Ok(response) => self.participant.handle(self.now(), response)?,
                         Err(error) => self.participant.transport_failed(self.now(), &error)?,
                     }
-                    let has_state = self.participant.saved_state().map(|s| s.last_completed_round);
-                    if had_state.is_none() && has_state.is_some() {
+                    if progress(&self.participant) != had_state {
                         self.save()?;
                     }
                 }
@@ -380,13 +383,24 @@ mod tests {
     }
     use crate::participant::{Action, ParticipantConfig, Response};
 
+    /// A task the default policy accepts, as an enrollment reply carries it.
+    fn security() -> serde_json::Value {
+        serde_json::json!({
+            "variant": "active", "clients": 10, "graph": "complete", "degree": 9, "threshold": 6,
+            "modulus_bits": 32, "clip": 1.0, "max_weight": 64, "transform": { "kind": "none" },
+        })
+    }
+
     /// Enrolls, then is told to wait at every check-in.
     struct NeverSelected;
 
     impl Transport for NeverSelected {
         fn send(&mut self, request: &crate::participant::Request) -> Result<Response, String> {
             let (status, body) = if request.path.ends_with("/enroll") {
-                (201, serde_json::json!({ "participant_id": "p1", "credential": "c", "expires_at": 0 }))
+                (
+                    201,
+                    serde_json::json!({ "participant_id": "p1", "credential": "c", "expires_at": 0, "security": security() }),
+                )
             } else {
                 (200, serde_json::json!({ "status": "wait", "retry_after_ms": 60_000 }))
             };
@@ -424,8 +438,10 @@ mod tests {
     fn the_state_file_holds_the_enrollment_only_and_is_private() {
         let mut participant = Participant::enroll("task", "token", ParticipantConfig::default());
         let Action::Send(_) = participant.next(0) else { panic!("expected the enrollment request") };
-        let reply = br#"{"participant_id": "p7", "credential": "c-secret", "expires_at": 42}"#.to_vec();
-        participant.handle(0, Response { status: 201, body: reply }).unwrap();
+        let reply = serde_json::json!({
+            "participant_id": "p7", "credential": "c-secret", "expires_at": 42, "security": security(),
+        });
+        participant.handle(0, Response { status: 201, body: reply.to_string().into_bytes() }).unwrap();
         let path = std::env::temp_dir().join(format!("cohort-state-{}.json", std::process::id()));
         save_state(&path, participant.saved_state().unwrap()).unwrap();
         let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -438,11 +454,14 @@ mod tests {
                 "expires_at",
                 "identity_seed",
                 "last_completed_round",
+                "last_contributed_round",
                 "last_session",
                 "participant_id",
+                "security",
                 "task_id"
             ]
         );
+        assert_eq!(json["security"], security(), "the pinned parameters round-trip");
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;

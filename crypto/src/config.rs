@@ -22,6 +22,8 @@ pub fn active_threshold_holds(threshold: u32, degree: u32) -> bool {
 
 /// Which adversary the protocol defends against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum Variant {
     /// Honest-but-curious server: no signatures, no consistency check.
     SemiHonest,

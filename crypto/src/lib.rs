@@ -91,6 +91,7 @@ mod ids;
 pub mod kdf;
 pub mod messages;
 pub mod params;
+pub mod policy;
 pub mod prg;
 #[cfg(test)]
 mod privacy_tests;

@@ -166,16 +166,40 @@ fn best_threshold(clients: u32, degree: u32, target: &ParameterTarget) -> Option
         hypergeometric_ln_pmf(clients - 1, dropped, k, d)
     });
     let t_max = (k + 1).checked_sub(d_star).filter(|&t| t >= 1)?.min(k);
-    // Smallest corrupt-neighbour count c* with P[C ≥ c*] within the security
-    // budget; then require t ≥ c* (semi-honest) or 2t − k ≥ c* (semi-malicious).
-    let corrupt = (target.corruption * f64::from(clients)).floor() as u32;
-    let c_star =
-        smallest_tail_start(k.min(corrupt), security, |x| hypergeometric_ln_pmf(clients - 1, corrupt, k, x));
-    let t_min = match target.adversary {
+    let t_min = private_threshold(clients, degree, target.corruption, target.security_bits, target.adversary);
+    (t_min <= t_max).then_some(t_max)
+}
+
+/// The smallest threshold that keeps every client's secrets private in a
+/// round of `clients` clients with `degree` neighbours each, against a
+/// server colluding with ⌊`corruption` · n⌋ clients, except with
+/// probability 2^-`security_bits` (the privacy constraint of the model
+/// above). With c* the smallest count such that `n · P[C ≥ c*]` is within
+/// the budget, C the corrupt neighbours of a client: t ≥ c* against a
+/// semi-honest server, 2t − k ≥ c* against a semi-malicious one.
+///
+/// The finder's thresholds meet it by construction; a client checks an
+/// announced round against it (see [`crate::policy::Policy`]). A
+/// `corruption` outside `[0, 1)` is taken as 0.
+pub fn private_threshold(
+    clients: u32,
+    degree: u32,
+    corruption: f64,
+    security_bits: u32,
+    adversary: Adversary,
+) -> u32 {
+    let k = degree.min(clients.saturating_sub(1));
+    let corruption = if (0.0..1.0).contains(&corruption) { corruption } else { 0.0 };
+    let security = per_client_budget(clients.max(1), security_bits);
+    // Smallest corrupt-neighbour count c* with P[C ≥ c*] within the budget.
+    let corrupt = ((corruption * f64::from(clients)).floor() as u32).min(clients.saturating_sub(1));
+    let c_star = smallest_tail_start(k.min(corrupt), security, |x| {
+        hypergeometric_ln_pmf(clients.saturating_sub(1), corrupt, k, x)
+    });
+    match adversary {
         Adversary::SemiHonest => c_star.max(1),
         Adversary::SemiMalicious => ((k + c_star).div_ceil(2)).max(1),
-    };
-    (t_min <= t_max).then_some(t_max)
+    }
 }
 
 /// The smallest c with ln P[X ≥ c] ≤ `budget`, for X on `0..=max` with the

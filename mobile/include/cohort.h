@@ -37,6 +37,9 @@ typedef enum CohortStatus {
   COHORT_STATUS_STORAGE = 9,
   // A bug; the message says more.
   COHORT_STATUS_INTERNAL = 10,
+  // The task or a round is below the client's privacy policy, or changed
+  // since enrollment; nothing was revealed. The message names the rule.
+  COHORT_STATUS_POLICY_REFUSED = 11,
 } CohortStatus;
 
 // How a round ended.
@@ -49,13 +52,18 @@ typedef enum CohortOutcome {
   COHORT_OUTCOME_ABANDONED = 2,
   // The task is over; there will be no more rounds.
   COHORT_OUTCOME_TASK_FINISHED = 3,
+  // This client refused the round before revealing anything (a replay,
+  // or not the round it was selected for).
+  COHORT_OUTCOME_REFUSED = 4,
 } CohortOutcome;
 
 // A client handle; opaque to C.
 typedef struct CohortClient CohortClient;
 
 // Where and as whom to take part. Strings are NUL-terminated UTF-8;
-// `ca_certificate_pem` may be null (trust the web PKI).
+// `ca_certificate_pem` may be null (trust the web PKI), and so may
+// `policy_json` (the default privacy policy, for a coordinator the app
+// does not trust).
 typedef struct CohortConfig {
   // Coordinator base URL.
   const char *server_url;
@@ -67,6 +75,9 @@ typedef struct CohortConfig {
   const char *storage_dir;
   // PEM of the CA certificate(s) to trust, or null.
   const char *ca_certificate_pem;
+  // The privacy policy as JSON (e.g. `{"min_clients": 20}`; fields left
+  // out keep their defaults), or null for the default.
+  const char *policy_json;
 } CohortConfig;
 
 // Computes the app's update for a round: `global` holds the global model

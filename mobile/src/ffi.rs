@@ -53,6 +53,9 @@ pub enum CohortStatus {
     Storage = 9,
     /// A bug; the message says more.
     Internal = 10,
+    /// The task or a round is below the client's privacy policy, or changed
+    /// since enrollment; nothing was revealed. The message names the rule.
+    PolicyRefused = 11,
 }
 
 impl From<&Error> for CohortStatus {
@@ -68,6 +71,7 @@ impl From<&Error> for CohortStatus {
             Error::InvalidUpdate(_) => Self::InvalidUpdate,
             Error::Storage(_) => Self::Storage,
             Error::Internal(_) => Self::Internal,
+            Error::PolicyRefused { .. } => Self::PolicyRefused,
         }
     }
 }
@@ -84,6 +88,9 @@ pub enum CohortOutcome {
     Abandoned = 2,
     /// The task is over; there will be no more rounds.
     TaskFinished = 3,
+    /// This client refused the round before revealing anything (a replay,
+    /// or not the round it was selected for).
+    Refused = 4,
 }
 
 impl From<Outcome> for CohortOutcome {
@@ -93,12 +100,15 @@ impl From<Outcome> for CohortOutcome {
             Outcome::Dropped => Self::Dropped,
             Outcome::Abandoned => Self::Abandoned,
             Outcome::TaskFinished => Self::TaskFinished,
+            Outcome::Refused => Self::Refused,
         }
     }
 }
 
 /// Where and as whom to take part. Strings are NUL-terminated UTF-8;
-/// `ca_certificate_pem` may be null (trust the web PKI).
+/// `ca_certificate_pem` may be null (trust the web PKI), and so may
+/// `policy_json` (the default privacy policy, for a coordinator the app
+/// does not trust).
 #[repr(C)]
 #[derive(Debug)]
 pub struct CohortConfig {
@@ -112,6 +122,9 @@ pub struct CohortConfig {
     pub storage_dir: *const c_char,
     /// PEM of the CA certificate(s) to trust, or null.
     pub ca_certificate_pem: *const c_char,
+    /// The privacy policy as JSON (e.g. `{"min_clients": 20}`; fields left
+    /// out keep their defaults), or null for the default.
+    pub policy_json: *const c_char,
 }
 
 /// What [`cohort_client_participate`] did.
@@ -219,12 +232,19 @@ pub unsafe extern "C" fn cohort_client_open(
             // SAFETY: non-null, so a NUL-terminated string by contract.
             Some(unsafe { string(config.ca_certificate_pem, "ca_certificate_pem") }?.into_bytes())
         };
+        let policy_json = if config.policy_json.is_null() {
+            None
+        } else {
+            // SAFETY: non-null, so a NUL-terminated string by contract.
+            Some(unsafe { string(config.policy_json, "policy_json") }?)
+        };
         let client = MobileClient::open(Config {
             server_url,
             task_id,
             enrollment_token,
             storage_dir: PathBuf::from(storage_dir),
             ca_certificate_pem,
+            policy_json,
         })?;
         let handle = Box::into_raw(Box::new(CohortClient(client)));
         // SAFETY: `out` is non-null and writable by contract.
@@ -479,6 +499,7 @@ pub extern "C" fn cohort_status_name(status: CohortStatus) -> *const c_char {
         CohortStatus::InvalidUpdate => c"invalid_update",
         CohortStatus::Storage => c"storage",
         CohortStatus::Internal => c"internal",
+        CohortStatus::PolicyRefused => c"policy_refused",
     };
     name.as_ptr()
 }

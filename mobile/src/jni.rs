@@ -55,6 +55,7 @@ fn exception_class(error: &Error) -> &'static str {
         Error::InvalidUpdate(_) => "org/cohort/CohortException$InvalidUpdate",
         Error::Storage(_) => "org/cohort/CohortException$Storage",
         Error::Internal(_) => "org/cohort/CohortException$Internal",
+        Error::PolicyRefused { .. } => "org/cohort/CohortException$PolicyRefused",
     }
 }
 
@@ -71,6 +72,7 @@ fn throw(env: &mut JNIEnv<'_>, failure: Failure) {
     let message = error.to_string();
     let thrown = match &error {
         Error::Rejected { status, code, .. } => throw_rejected(env, &message, *status, code),
+        Error::PolicyRefused { rule, .. } => throw_policy_refused(env, &message, rule),
         other => env.throw_new(exception_class(other), &message),
     };
     if thrown.is_err() && !env.exception_check().unwrap_or(true) {
@@ -87,6 +89,17 @@ fn throw_rejected(env: &mut JNIEnv<'_>, message: &str, status: u16, code: &str) 
         "org/cohort/CohortException$Rejected",
         "(Ljava/lang/String;ILjava/lang/String;)V",
         &[JValue::Object(&message), JValue::Int(jint::from(status)), JValue::Object(&code)],
+    )?;
+    env.throw(JThrowable::from(exception))
+}
+
+fn throw_policy_refused(env: &mut JNIEnv<'_>, message: &str, rule: &str) -> ::jni::errors::Result<()> {
+    let message = env.new_string(message)?;
+    let rule = env.new_string(rule)?;
+    let exception = env.new_object(
+        "org/cohort/CohortException$PolicyRefused",
+        "(Ljava/lang/String;Ljava/lang/String;)V",
+        &[JValue::Object(&message), JValue::Object(&rule)],
     )?;
     env.throw(JThrowable::from(exception))
 }
@@ -120,7 +133,7 @@ fn string(env: &mut JNIEnv<'_>, value: &JString<'_>) -> Result<String, Failure> 
     Ok(env.get_string(value)?.into())
 }
 
-/// `static native long nativeOpen(String, String, String, String, byte[])`
+/// `static native long nativeOpen(String, String, String, String, byte[], String)`
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_org_cohort_CohortClient_nativeOpen<'local>(
     mut env: JNIEnv<'local>,
@@ -130,6 +143,7 @@ pub extern "system" fn Java_org_cohort_CohortClient_nativeOpen<'local>(
     enrollment_token: JString<'local>,
     storage_dir: JString<'local>,
     ca_certificate_pem: JByteArray<'local>,
+    policy_json: JString<'local>,
 ) -> jlong {
     run(&mut env, 0, |env| {
         let ca_certificate_pem = if ca_certificate_pem.is_null() {
@@ -143,6 +157,7 @@ pub extern "system" fn Java_org_cohort_CohortClient_nativeOpen<'local>(
             enrollment_token: string(env, &enrollment_token)?,
             storage_dir: PathBuf::from(string(env, &storage_dir)?),
             ca_certificate_pem,
+            policy_json: if policy_json.is_null() { None } else { Some(string(env, &policy_json)?) },
         })?;
         Ok(Box::into_raw(Box::new(client)) as jlong)
     })

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use cohort_client::checkpoint::Checkpoint;
 use cohort_client::data::Dataset;
 use cohort_client::model::Model;
-use cohort_client::participant::{Participant, ParticipantConfig, ParticipantError, RoundOutcome};
+use cohort_client::participant::{Participant, ParticipantConfig, ParticipantError, Policy, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{self, LocalUpdate, RunError, Runner, Trainer};
 use cohort_client::train::TrainConfig;
@@ -53,6 +53,10 @@ pub struct Config {
     pub storage_dir: PathBuf,
     /// PEM of the CA certificate(s) to trust instead of the web PKI.
     pub ca_certificate_pem: Option<Vec<u8>>,
+    /// The privacy policy as JSON (the fields of [`Policy`]; those left out
+    /// keep the defaults, which are for a coordinator the app does not
+    /// trust); `None`: the default.
+    pub policy_json: Option<String>,
 }
 
 impl std::fmt::Debug for Config {
@@ -108,6 +112,15 @@ pub enum Error {
     /// A bug (a panic was caught at the FFI boundary).
     #[error("internal error: {0}")]
     Internal(String),
+    /// The task or a round is below the client's privacy policy, or
+    /// changed since enrollment; nothing was revealed.
+    #[error("{message}")]
+    PolicyRefused {
+        /// The rule broken ([`cohort_client::participant::PolicyViolation::rule`]).
+        rule: String,
+        /// Explanation.
+        message: String,
+    },
 }
 
 impl Error {
@@ -124,6 +137,7 @@ impl Error {
             Error::InvalidUpdate(_) => 8,
             Error::Storage(_) => 9,
             Error::Internal(_) => 10,
+            Error::PolicyRefused { .. } => 11,
         }
     }
 }
@@ -131,7 +145,7 @@ impl Error {
 #[cfg(test)]
 impl Error {
     /// One error of each kind, in code order.
-    pub(crate) fn every_kind() -> [Error; 10] {
+    pub(crate) fn every_kind() -> [Error; 11] {
         [
             Error::InvalidArgument(String::new()),
             Error::Paused,
@@ -143,6 +157,7 @@ impl Error {
             Error::InvalidUpdate(String::new()),
             Error::Storage(String::new()),
             Error::Internal(String::new()),
+            Error::PolicyRefused { rule: String::new(), message: String::new() },
         ]
     }
 }
@@ -161,6 +176,9 @@ impl From<RunError> for Error {
                 }
                 ParticipantError::UnexpectedReply(_) => Error::Protocol(e.to_string()),
                 ParticipantError::InvalidUpdate(_) => Error::InvalidUpdate(e.to_string()),
+                ParticipantError::Policy(ref violation) => {
+                    Error::PolicyRefused { rule: violation.rule().to_string(), message: e.to_string() }
+                }
                 other => Error::Internal(other.to_string()),
             },
             other => Error::Internal(other.to_string()),
@@ -179,6 +197,9 @@ pub enum Outcome {
     Abandoned = 2,
     /// The task is over; there will be no more rounds.
     TaskFinished = 3,
+    /// This client refused the round before revealing anything (a replay,
+    /// or not the round it was selected for); see the reason.
+    Refused = 4,
 }
 
 /// What one call to [`MobileClient::participate`] did.
@@ -212,6 +233,9 @@ impl RoundResult {
             RoundOutcome::Completed(_) => (Outcome::Completed, None),
             RoundOutcome::Dropped(_) => (Outcome::Dropped, None),
             RoundOutcome::Abandoned { reason, .. } => (Outcome::Abandoned, Some(reason)),
+            RoundOutcome::Refused { violation, .. } => {
+                (Outcome::Refused, Some(format!("rule {}: {violation}", violation.rule())))
+            }
         };
         Self {
             outcome,
@@ -358,6 +382,12 @@ impl MobileClient {
         if config.storage_dir.as_os_str().is_empty() {
             return Err(Error::InvalidArgument("the storage directory is empty".into()));
         }
+        let policy = match &config.policy_json {
+            Some(json) => serde_json::from_str::<Policy>(json)
+                .map_err(|e| Error::InvalidArgument(format!("the policy: {e}")))?,
+            None => Policy::default(),
+        };
+        let participant_config = ParticipantConfig { policy, ..ParticipantConfig::default() };
         std::fs::create_dir_all(&config.storage_dir).map_err(|e| storage_error(&config.storage_dir, &e))?;
         let state_file = config.storage_dir.join(STATE_FILE);
         let saved = runtime::load_state(&state_file).map_err(Error::from)?;
@@ -372,11 +402,9 @@ impl MobileClient {
             Some(saved) => {
                 status.participant_id = Some(saved.participant_id.clone());
                 status.last_completed_round = saved.last_completed_round;
-                Participant::resume(saved, Some(&config.enrollment_token), ParticipantConfig::default())
+                Participant::resume(saved, Some(&config.enrollment_token), participant_config)
             }
-            None => {
-                Participant::enroll(&config.task_id, &config.enrollment_token, ParticipantConfig::default())
-            }
+            None => Participant::enroll(&config.task_id, &config.enrollment_token, participant_config),
         };
         let transport = match &config.ca_certificate_pem {
             Some(pem) => HttpTransport::with_root_certificates(&config.server_url, pem)
@@ -506,6 +534,7 @@ mod tests {
             enrollment_token: "token".into(),
             storage_dir: dir.to_path_buf(),
             ca_certificate_pem: None,
+            policy_json: None,
         }
     }
 
@@ -558,7 +587,7 @@ mod tests {
     #[test]
     fn error_codes_are_distinct_and_stable() {
         let codes: Vec<i32> = Error::every_kind().iter().map(Error::code).collect();
-        assert_eq!(codes, (1..=10).collect::<Vec<_>>());
+        assert_eq!(codes, (1..=11).collect::<Vec<_>>());
         assert_eq!(Error::from(RunError::Interrupted), Error::Paused);
     }
 }

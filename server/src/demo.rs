@@ -26,6 +26,7 @@ use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, Runner, Transport, load_state};
 use cohort_client::train::TrainConfig;
 use cohort_crypto::config::active_threshold_holds;
+use cohort_crypto::policy::Policy;
 use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
 use cohort_crypto::{ClientId, QuantizedInput, RoundConfig, Variant};
 use cohort_server::auth::new_token;
@@ -222,6 +223,15 @@ pub struct ParticipateArgs {
     /// Probability of vanishing mid-round, per round.
     #[arg(long, default_value_t = 0.0)]
     dropout: f64,
+    /// The client's privacy policy, as JSON: any of `allow_semi_honest`,
+    /// `min_clients`, `min_threshold`, `collusion` ({"corruption",
+    /// "security_bits"} or null), `min_ring_bits`, `max_ring_bits`,
+    /// `allow_rotation`, `allow_sketch`. Fields left out keep their
+    /// defaults, which are for a coordinator the client does not trust:
+    /// the active variant only, at least 10 clients, a threshold of at
+    /// least 5 that withstands 5 % colluding clients.
+    #[arg(long)]
+    policy: Option<String>,
 }
 
 /// One row of the per-round table and of results.json.
@@ -718,6 +728,14 @@ fn run_coordinator_and_clients(
         created["threshold"],
         training.clients
     );
+    // The clients accept this task and nothing weaker; where the task is
+    // below the default policy (few clients, a high dropout rate) the
+    // policy is lowered to it, and the demo says so.
+    let policy = spec.accepting_policy().map_err(|e| anyhow!("{e}"))?;
+    for relaxation in policy.relaxations() {
+        println!("Client policy, weaker than the default for this small task: {relaxation}.");
+    }
+    let policy = serde_json::to_string(&policy)?;
     let exe = std::env::current_exe().context("locating the cohort binary")?;
     let mut clients = Clients(Vec::new());
     for k in 0..training.clients {
@@ -732,6 +750,7 @@ fn run_coordinator_and_clients(
             .args(["--index", &k.to_string(), "--model", &training.model])
             .args(training.local.to_args())
             .args(["--dropout", &training.dropout.to_string()])
+            .args(["--policy", &policy])
             .env("COHORT_ENROLLMENT_TOKEN", &token)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -862,7 +881,11 @@ pub fn participate(args: &ParticipateArgs) -> Result<()> {
             std::env::var("COHORT_ENROLLMENT_TOKEN").context("pass --token or set COHORT_ENROLLMENT_TOKEN")?
         }
     };
-    let config = ParticipantConfig::default();
+    let policy = match &args.policy {
+        Some(json) => serde_json::from_str::<Policy>(json).context("--policy")?,
+        None => Policy::default(),
+    };
+    let config = ParticipantConfig { policy, ..ParticipantConfig::default() };
     let participant = match args.state.as_deref().map(load_state).transpose()?.flatten() {
         Some(saved) if saved.task_id == args.task => Participant::resume(saved, Some(&token), config),
         _ => Participant::enroll(&args.task, &token, config),
@@ -885,6 +908,9 @@ pub fn participate(args: &ParticipateArgs) -> Result<()> {
                     RoundOutcome::Completed(_) => "completed".to_string(),
                     RoundOutcome::Dropped(_) => "dropped by the coordinator".to_string(),
                     RoundOutcome::Abandoned { reason, .. } => format!("abandoned: {reason}"),
+                    RoundOutcome::Refused { violation, .. } => {
+                        format!("refused (rule {}): {violation}", violation.rule())
+                    }
                 };
                 eprintln!(
                     "client {}: round {} {verdict} ({} B up, {} B down)",

@@ -49,6 +49,7 @@ use crate::spec::{TaskSpec, VariantChoice};
 use crate::store::{
     ClientMetricsRecord, ParticipantRecord, RoundRecord, SqlStore, Store, StoreError, TaskRecord, TaskStatus,
 };
+use cohort_crypto::policy::TaskSecurity;
 
 /// Content type of secure-aggregation stage messages.
 pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
@@ -744,6 +745,9 @@ pub struct Enrolled {
     pub credential: String,
     /// Expiry (Unix ms).
     pub expires_at: i64,
+    /// The task's security parameters, which every round repeats: the
+    /// participant checks them against its policy and pins them.
+    pub security: TaskSecurity,
 }
 
 async fn enroll(
@@ -767,9 +771,13 @@ async fn enroll(
         ));
     }
     let identity_key = identity_key(&id, &request)?;
-    let active = serde_json::from_str::<TaskSpec>(&task.spec)
-        .is_ok_and(|spec| spec.secure_aggregation.variant() == VariantChoice::Active);
-    if active && identity_key.is_none() {
+    let (spec, security) = serde_json::from_str::<TaskSpec>(&task.spec)
+        .map_err(|e| e.to_string())
+        .and_then(|spec| spec.security().map(|security| (spec, security)).map_err(|e| e.to_string()))
+        .map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("stored spec: {e}"))
+        })?;
+    if spec.secure_aggregation.variant() == VariantChoice::Active && identity_key.is_none() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "identity_required",
@@ -789,7 +797,7 @@ async fn enroll(
     };
     state.store.add_participant(&participant).await?;
     let enrolled =
-        Enrolled { participant_id: participant.id, credential, expires_at: participant.expires_at };
+        Enrolled { participant_id: participant.id, credential, expires_at: participant.expires_at, security };
     Ok((StatusCode::CREATED, Json(enrolled)))
 }
 

@@ -15,6 +15,7 @@ use cohort_client::participant::{Method, Participant, ParticipantConfig, Request
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, Runner, Trainer, Transport};
 use cohort_server::auth::new_token;
+use cohort_server::spec::TaskSpec;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -182,6 +183,11 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         "deadlines": { "advertise_keys_ms": 300000, "share_keys_ms": 300000, "masked_input_ms": 300000, "unmasking_ms": 300000 },
         "checkpoint_retention": 1
     });
+    // The clients' policy: the default, lowered only where this task is
+    // below it (the majority threshold of a small complete graph).
+    let mut task_spec: TaskSpec = serde_json::from_value(spec.clone())?;
+    task_spec.secure_aggregation.default_for_new_task();
+    let policy = task_spec.accepting_policy().map_err(|e| anyhow!("{e}"))?;
     let created: Value = serde_json::from_slice(&admin(
         &mut transport,
         &admin_token,
@@ -198,6 +204,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         poll_interval_ms: 100,
         max_attempts: 20,
         stage_timeout_ms: args.timeout * 1000,
+        policy,
         ..ParticipantConfig::default()
     };
     let clients: Vec<_> = (0..args.clients)

@@ -3,6 +3,7 @@
 
 use cohort_crypto::config::active_threshold_holds;
 use cohort_crypto::params::{Adversary, ParameterTarget, derive_complete, derive_sparse};
+use cohort_crypto::policy::{GraphKind, Policy, TaskSecurity, TransformKind};
 use cohort_crypto::{QuantizationSpec, Quantizer, Transform, Variant};
 use serde::{Deserialize, Serialize};
 
@@ -398,6 +399,35 @@ impl TaskSpec {
             )));
         }
         Ok(DerivedRoundParameters { degree, threshold, complete: degree >= n - 1 })
+    }
+
+    /// The security parameters every round of this task announces: what a
+    /// participant pins at enrollment and checks each round against (the
+    /// engine builds each round from the same spec; the per-round seeds are
+    /// not part of it).
+    pub fn security(&self) -> Result<TaskSecurity, SpecError> {
+        let derived = self.validate()?;
+        let n = self.selected_per_round();
+        let round = self.quantization.round_spec([0; 32])?;
+        Ok(TaskSecurity {
+            variant: self.secure_aggregation.variant().into(),
+            clients: n,
+            graph: if derived.complete { GraphKind::Complete } else { GraphKind::Sparse },
+            degree: derived.degree,
+            threshold: derived.threshold,
+            modulus_bits: self.quantization.ring_bits(n)?,
+            clip: round.clip,
+            max_weight: round.max_weight,
+            transform: TransformKind::from(&round.transform),
+        })
+    }
+
+    /// The client policy that accepts this task, weaker than
+    /// [`Policy::default`] only where the task needs it (see
+    /// [`Policy::accepting`]): for demos and tests whose tasks are smaller
+    /// than a deployment's, and which say so.
+    pub fn accepting_policy(&self) -> Result<Policy, SpecError> {
+        Ok(Policy::accepting(&self.security()?))
     }
 
     /// Clients selected per round: the target plus over-selection.

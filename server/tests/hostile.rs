@@ -184,7 +184,11 @@ fn hostile_input_is_refused_and_rounds_complete() {
     );
 
     // Three honest clients of the library.
-    let config = ParticipantConfig { poll_interval_ms: 50, ..ParticipantConfig::default() };
+    let config = ParticipantConfig {
+        poll_interval_ms: 50,
+        policy: support::policy_for(&spec),
+        ..ParticipantConfig::default()
+    };
     let honest: Vec<_> = (0..3u8)
         .map(|k| {
             let (url, task, token) = (url.clone(), task.clone(), token.clone());

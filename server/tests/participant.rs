@@ -44,8 +44,13 @@ fn spec(clients: u32, rounds: u32) -> Value {
     })
 }
 
-fn fast() -> ParticipantConfig {
-    ParticipantConfig { poll_interval_ms: 50, ..ParticipantConfig::default() }
+/// Quick polling, and a policy that accepts the small task of `spec`.
+fn fast(spec: &Value) -> ParticipantConfig {
+    ParticipantConfig {
+        poll_interval_ms: 50,
+        policy: support::policy_for(spec),
+        ..ParticipantConfig::default()
+    }
 }
 
 fn update(k: usize) -> Vec<f32> {
@@ -64,7 +69,8 @@ fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
             let state_file = state_dir.join(format!("client-{k}.json"));
             std::thread::spawn(move || {
                 let mut trainer = Fixed { delta: update(k), examples: 10 + k as u32, rounds_trained: vec![] };
-                let participant = Participant::enroll(&task, &token, fast()).with_seed([k as u8; 32]);
+                let participant =
+                    Participant::enroll(&task, &token, fast(&spec(5, 2))).with_seed([k as u8; 32]);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), Some(state_file.clone()));
                 let mut outcomes = Vec::new();
                 // Client 4 leaves round 1 after its shares, before its
@@ -81,7 +87,7 @@ fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
                     let credential =
                         serde_json::to_value(&saved).unwrap()["credential"].as_str().unwrap().to_string();
                     assert!(credential.len() >= 32 && !format!("{saved:?}").contains(&credential));
-                    let participant = Participant::resume(saved, None, fast());
+                    let participant = Participant::resume(saved, None, fast(&spec(5, 2)));
                     runner = Runner::new(participant, HttpTransport::new(&url), Some(state_file));
                 }
                 while let Some(outcome) = runner.run_round(&mut trainer).unwrap() {
@@ -135,17 +141,17 @@ fn refusals_and_outages_are_typed_errors() {
         Runner::new(participant, HttpTransport::new(url), None).run_round(trainer)
     };
 
-    let wrong_token = Participant::enroll(&task, "not-the-token", fast());
+    let wrong_token = Participant::enroll(&task, "not-the-token", fast(&spec(4, 1)));
     let error = run(wrong_token, &coordinator.url, &mut trainer).unwrap_err();
     assert!(matches!(error, RunError::Participant(ParticipantError::Unauthorized(_))), "{error}");
 
-    let unknown_task = Participant::enroll("no-such-task", "token", fast());
+    let unknown_task = Participant::enroll("no-such-task", "token", fast(&spec(4, 1)));
     let error = run(unknown_task, &coordinator.url, &mut trainer).unwrap_err();
     assert!(matches!(error, RunError::Participant(ParticipantError::TaskNotFound(_))), "{error}");
 
     // Nothing listens on this port: a bounded number of tries, then an error.
     let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let config = ParticipantConfig { max_attempts: 3, backoff_base_ms: 10, ..fast() };
+    let config = ParticipantConfig { max_attempts: 3, backoff_base_ms: 10, ..fast(&spec(4, 1)) };
     let offline = Participant::enroll(&task, "token", config);
     let error = run(offline, &format!("http://{unused}"), &mut trainer).unwrap_err();
     assert!(
@@ -201,6 +207,7 @@ fn compressed_round(
     let mut spec = spec(4, 1);
     spec["model"]["layout"]["tensors"][0]["shape"] = json!([5000]);
     spec["quantization"] = quantization;
+    let config = fast(&spec);
     let (task, token) = coordinator.create_task(spec);
     let delta = move |k: usize| -> Vec<f32> { (0..5000).map(|i| delta(k, i)).collect() };
     let handles: Vec<_> = (0..4)
@@ -209,7 +216,7 @@ fn compressed_round(
             std::thread::spawn(move || {
                 let mut trainer =
                     Fixed { delta: delta(k), examples: 20 + 10 * k as u32, rounds_trained: vec![] };
-                let participant = Participant::enroll(&task, &token, fast()).with_seed([40 + k as u8; 32]);
+                let participant = Participant::enroll(&task, &token, config).with_seed([40 + k as u8; 32]);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
                 let outcome = runner.run_round(&mut trainer).unwrap().unwrap();
                 assert!(matches!(outcome, RoundOutcome::Completed(_)), "{outcome:?}");

@@ -206,7 +206,7 @@ fn training_survives_repeated_crashes_at_random_points() {
         "deadlines": { "advertise_keys_ms": 4000, "share_keys_ms": 4000, "masked_input_ms": 4000, "unmasking_ms": 4000 },
         "checkpoint_retention": 20
     });
-    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
+    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec.clone()));
     assert_eq!(status, 201, "{created}");
     let task = created["id"].as_str().unwrap().to_string();
     let token = created["enrollment_token"].as_str().unwrap().to_string();
@@ -218,6 +218,7 @@ fn training_survives_repeated_crashes_at_random_points() {
         backoff_max_ms: 200,
         poll_interval_ms: 50,
         stage_timeout_ms: 8_000,
+        policy: support::policy_for(&spec),
     };
     let clients: Vec<_> = (0..4u32)
         .map(|k| {

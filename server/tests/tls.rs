@@ -60,12 +60,13 @@ fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
         "secure_aggregation": { "graph": "complete", "threshold": 2 }
     });
     // The admin client trusts the CA too.
-    let (task, token) = coordinator.create_task(spec);
+    let (task, token) = coordinator.create_task(spec.clone());
 
     let config = ParticipantConfig {
         poll_interval_ms: 50,
         max_attempts: 2,
         backoff_base_ms: 10,
+        policy: support::policy_for(&spec),
         ..Default::default()
     };
     // The web PKI does not know our CA; plain HTTP is not TLS.

@@ -158,6 +158,24 @@ impl Serve {
         let created: Value = serde_json::from_slice(&body).unwrap();
         (created["id"].as_str().unwrap().into(), created["enrollment_token"].as_str().unwrap().into())
     }
+
+    /// The client policy for a task of this server (see [`policy_json`]),
+    /// from the spec in its task view.
+    pub fn policy_json(&self, task: &str) -> String {
+        let (status, body) = self.admin(Method::Get, &format!("/admin/tasks/{task}"), None);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let view: Value = serde_json::from_slice(&body).unwrap();
+        policy_json(&view["spec"])
+    }
+}
+
+/// The client policy for a small test task (the complete graph, active
+/// variant): the default, with the minimums lowered to the task's size and
+/// threshold. JSON, as the bindings take it.
+pub fn policy_json(spec: &Value) -> String {
+    let sa = &spec["secure_aggregation"];
+    assert_eq!(sa["graph"], "complete", "policy_json covers the complete graph");
+    json!({ "min_clients": spec["clients_per_round"], "min_threshold": sa["threshold"] }).to_string()
 }
 
 impl Drop for Serve {
@@ -232,8 +250,10 @@ pub fn native_clients_with(
         .enumerate()
         .map(|(k, update)| {
             let (url, task, token) = (serve.url.clone(), task.to_string(), token.to_string());
+            let policy = serde_json::from_str(&serve.policy_json(&task)).unwrap();
             std::thread::spawn(move || {
-                let config = ParticipantConfig { poll_interval_ms: 50, ..ParticipantConfig::default() };
+                let config =
+                    ParticipantConfig { poll_interval_ms: 50, policy, ..ParticipantConfig::default() };
                 let participant = Participant::enroll(&task, &token, config);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
                 let outcome = runner.run_round(&mut Fixed(update)).unwrap();

@@ -64,6 +64,7 @@ fn jvm_clients_join_a_secure_round_with_native_clients() {
         .arg("org.cohort.JvmRoundTest")
         .args([&serve.url, &task, &token])
         .arg(dir.join("jvm"))
+        .arg(serve.policy_json(&task))
         .output()
         .unwrap();
     let stdout = success("the JVM test", &run);
@@ -106,8 +107,12 @@ fn a_c_client_joins_a_secure_round_through_the_header() {
     let serve = Serve::start(&dir, ADMIN);
     let (task, token) = serve.create_task(spec(4, 2));
     let natives = native_clients(&serve, &task, &token, 3);
-    let run =
-        Command::new(&program).args([&serve.url, &task, &token]).arg(dir.join("c-client")).output().unwrap();
+    let run = Command::new(&program)
+        .args([&serve.url, &task, &token])
+        .arg(dir.join("c-client"))
+        .arg(serve.policy_json(&task))
+        .output()
+        .unwrap();
     let stdout = success("the C test", &run);
     assert!(stdout.contains("C OK"), "{stdout}");
     for native in natives {

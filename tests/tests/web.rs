@@ -25,7 +25,7 @@ fn wasm_clients_join_a_secure_round_with_native_clients() {
     let natives = native_clients(&serve, &task, &token, 3);
     let run = Command::new("node")
         .arg(workspace_root().join("web/tests/round.mjs"))
-        .args([&serve.url, &task, &token])
+        .args([&serve.url, &task, &token, &serve.policy_json(&task)])
         .output()
         .expect("node is installed");
     let stdout = success("the wasm clients", &run);

@@ -26,7 +26,7 @@ use cohort_client::checkpoint::Checkpoint;
 use cohort_client::data::{Dataset, dataset_from_idx, hold_out_per_class, parse_idx};
 use cohort_client::model::Model;
 use cohort_client::participant::{
-    Action, Method, Participant, ParticipantConfig, Request, Response, RoundOutcome, SavedState,
+    Action, Method, Participant, ParticipantConfig, Policy, Request, Response, RoundOutcome, SavedState,
 };
 use cohort_client::partition::{Scheme, histogram, partition};
 use cohort_client::runtime;
@@ -85,12 +85,23 @@ impl std::fmt::Debug for Core {
 impl Core {
     /// A client of `task_id`; with `saved_state` (from
     /// [`saved_state`](Self::saved_state)) it goes on as the participant
-    /// it was.
-    pub fn new(task_id: &str, enrollment_token: &str, saved_state: Option<&str>) -> Result<Self, String> {
+    /// it was. `policy` is the privacy policy as JSON (the fields of
+    /// [`Policy`]; those left out keep the defaults, which are for a
+    /// coordinator the client does not trust); `None`: the default.
+    pub fn new(
+        task_id: &str,
+        enrollment_token: &str,
+        saved_state: Option<&str>,
+        policy: Option<&str>,
+    ) -> Result<Self, String> {
         if task_id.is_empty() || enrollment_token.is_empty() {
             return Err("the task id and the enrollment token are required".into());
         }
-        let config = ParticipantConfig::default();
+        let policy = match policy {
+            Some(json) => serde_json::from_str::<Policy>(json).map_err(|e| format!("policy: {e}"))?,
+            None => Policy::default(),
+        };
+        let config = ParticipantConfig { policy, ..ParticipantConfig::default() };
         let participant = match saved_state {
             Some(json) => {
                 let saved: SavedState =
@@ -207,14 +218,18 @@ impl Core {
             }
             Action::RoundEnded(outcome) => {
                 let report = *outcome.report();
-                let (name, reason) = match outcome {
-                    RoundOutcome::Completed(_) => ("completed", None),
-                    RoundOutcome::Dropped(_) => ("dropped", None),
-                    RoundOutcome::Abandoned { reason, .. } => ("abandoned", Some(reason)),
+                let (name, reason, rule) = match outcome {
+                    RoundOutcome::Completed(_) => ("completed", None, None),
+                    RoundOutcome::Dropped(_) => ("dropped", None, None),
+                    RoundOutcome::Abandoned { reason, .. } => ("abandoned", Some(reason), None),
+                    RoundOutcome::Refused { violation, .. } => {
+                        ("refused", Some(violation.to_string()), Some(violation.rule()))
+                    }
                 };
                 json!({
                     "kind": "round_ended", "outcome": name, "round": report.round,
                     "bytes_up": report.bytes_up, "bytes_down": report.bytes_down, "reason": reason,
+                    "rule": rule,
                 })
             }
             Action::Finished => json!({ "kind": "finished" }),
@@ -318,8 +333,9 @@ impl WebClient {
         task_id: &str,
         enrollment_token: &str,
         saved_state: Option<String>,
+        policy: Option<String>,
     ) -> Result<WebClient, JsError> {
-        Core::new(task_id, enrollment_token, saved_state.as_deref())
+        Core::new(task_id, enrollment_token, saved_state.as_deref(), policy.as_deref())
             .map(|core| WebClient { core })
             .map_err(js)
     }
@@ -432,16 +448,40 @@ mod tests {
         action
     }
 
+    /// A task the default policy accepts, as an enrollment reply carries it.
+    fn security() -> Value {
+        json!({
+            "variant": "active", "clients": 10, "graph": "complete", "degree": 9, "threshold": 6,
+            "modulus_bits": 32, "clip": 1.0, "max_weight": 64, "transform": { "kind": "none" },
+        })
+    }
+
+    #[test]
+    fn the_policy_is_the_pages_to_set_and_a_task_below_it_is_refused() {
+        assert!(
+            Core::new("task", "token", None, Some("{\"min_clients\": \"ten\"}"))
+                .unwrap_err()
+                .contains("policy")
+        );
+        let mut core = Core::new("task", "token", None, Some(r#"{"min_clients": 20}"#)).unwrap();
+        send(&mut core, 0);
+        let enrolled =
+            json!({ "participant_id": "p9", "credential": "c", "expires_at": 0, "security": security() });
+        let refused = core.handle(0, 201, enrolled.to_string().into_bytes()).unwrap_err();
+        assert!(refused.contains("rule min_clients"), "{refused}");
+        assert!(core.saved_state().is_none());
+    }
+
     #[test]
     fn a_client_enrolls_trains_and_resumes_from_its_saved_state() {
-        let mut core = Core::new("task", "token", None).unwrap();
+        let mut core = Core::new("task", "token", None, None).unwrap();
         let enroll = send(&mut core, 0);
         assert_eq!(
             (enroll["method"].as_str(), enroll["path"].as_str()),
             (Some("POST"), Some("/v1/tasks/task/enroll"))
         );
         assert!(String::from_utf8(core.request_body()).unwrap().contains("token"));
-        let enrolled = json!({ "participant_id": "p9", "credential": "c-secret", "expires_at": 0 });
+        let enrolled = json!({ "participant_id": "p9", "credential": "c-secret", "expires_at": 0, "security": security() });
         core.handle(0, 201, enrolled.to_string().into_bytes()).unwrap();
         let checkin = send(&mut core, 0);
         assert_eq!(
@@ -467,17 +507,18 @@ mod tests {
         assert_eq!(core.train().unwrap()["examples"], 6, "the model waited for the data");
         let saved = core.saved_state().unwrap();
         assert!(saved.contains("c-secret") && saved.contains("p9"));
-        let resumed = Core::new("task", "token", Some(&saved)).unwrap();
+        let resumed = Core::new("task", "token", Some(&saved), None).unwrap();
         assert_eq!(resumed.participant_id().as_deref(), Some("p9"));
-        assert!(Core::new("other", "token", Some(&saved)).is_err());
-        assert!(Core::new("task", "token", Some("{}")).is_err());
+        assert!(Core::new("other", "token", Some(&saved), None).is_err());
+        assert!(Core::new("task", "token", Some("{}"), None).is_err());
     }
 
     #[test]
     fn training_reports_accuracy_and_submits_the_update() {
-        let mut core = Core::new("task", "token", None).unwrap();
+        let mut core = Core::new("task", "token", None, None).unwrap();
         send(&mut core, 0);
-        let enrolled = json!({ "participant_id": "p1", "credential": "c", "expires_at": 0 });
+        let enrolled =
+            json!({ "participant_id": "p1", "credential": "c", "expires_at": 0, "security": security() });
         core.handle(0, 201, enrolled.to_string().into_bytes()).unwrap();
         send(&mut core, 0);
         core.handle(
@@ -512,11 +553,11 @@ mod tests {
 
     #[test]
     fn bad_data_is_refused() {
-        let mut core = Core::new("task", "token", None).unwrap();
+        let mut core = Core::new("task", "token", None, None).unwrap();
         assert!(core.set_training_data(vec![0.0; 5], 2, vec![0, 1]).is_err());
         assert!(core.set_training_data(vec![f32::INFINITY; 2], 2, vec![0]).is_err());
         assert!(core.set_training_config(1, 0, 0.1).is_err());
-        assert!(Core::new("", "token", None).is_err());
+        assert!(Core::new("", "token", None, None).is_err());
         assert!(core.submit(vec![0.0], 1).is_err(), "submit needs a train action");
     }
 
@@ -553,7 +594,7 @@ mod tests {
         assert!(digits_shard(&images, &labels, 5, 5).is_err());
         assert!(digits_shard(&images[..20], &labels, 0, 5).is_err());
 
-        let mut core = Core::new("task", "token", None).unwrap();
+        let mut core = Core::new("task", "token", None, None).unwrap();
         let summary = core.use_digits(&images, &labels, 1, 5).unwrap();
         assert_eq!(summary["examples"].as_u64(), Some(b.len() as u64));
         let per_digit: u64 =

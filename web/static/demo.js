@@ -31,6 +31,10 @@ function drawChart() {
   ], { xLabel: "round", yMax: 1 });
 }
 
+// Weaker than the default policy so that three tabs make a round; the page
+// says so (#policy). Fields left out keep their defaults.
+const DEMO_POLICY = { min_clients: 3, min_threshold: 2 };
+
 function start(task, token) {
   const shards = Number(params.get("shards") ?? 10);
   const shard = params.has("shard") ? Number(params.get("shard")) : Math.floor(Math.random() * shards);
@@ -103,7 +107,10 @@ function start(task, token) {
         break;
     }
   });
-  worker.postMessage({ task, token, shard, shards, saved: sessionStorage.getItem(stateKey), config: trainingConfig() });
+  worker.postMessage({
+    task, token, shard, shards, saved: sessionStorage.getItem(stateKey), config: trainingConfig(),
+    policy: JSON.stringify(DEMO_POLICY),
+  });
 }
 
 function trainingConfig() {

@@ -11,10 +11,10 @@ async function bytesOf(path) {
   return new Uint8Array(await response.arrayBuffer());
 }
 
-async function main({ task, token, shard, shards, saved, config }) {
+async function main({ task, token, shard, shards, saved, config, policy }) {
   postMessage({ type: "state", text: "loading the client" });
   await init();
-  const client = new WebClient(task, token, saved ?? undefined);
+  const client = new WebClient(task, token, saved ?? undefined, policy);
   const [images, labels] = await Promise.all([bytesOf("/web/pkg/digits-images.idx"), bytesOf("/web/pkg/digits-labels.idx")]);
   postMessage({ type: "data", summary: JSON.parse(client.use_digits(images, labels, shard, shards)) });
   // Settings the page did not give keep the client's defaults.

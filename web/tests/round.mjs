@@ -4,20 +4,20 @@
 // on supplied data with the built-in trainer; both mirrored by the Rust
 // test, which checks the aggregate.
 //
-// Usage: node web/tests/round.mjs URL TASK TOKEN
+// Usage: node web/tests/round.mjs URL TASK TOKEN POLICY_JSON
 import { readFileSync } from "node:fs";
 import init, { WebClient } from "../pkg/cohort_web.js";
 import { runRound } from "../static/driver.js";
 
-const [url, task, token] = process.argv.slice(2);
+const [url, task, token, policy] = process.argv.slice(2);
 await init({ module_or_path: readFileSync(new URL("../pkg/cohort_web_bg.wasm", import.meta.url)) });
 
 const check = (condition, message) => {
   if (!condition) throw new Error(`check failed: ${message}`);
 };
 
-const a = new WebClient(task, token);
-const b = new WebClient(task, token);
+const a = new WebClient(task, token, undefined, policy);
+const b = new WebClient(task, token, undefined, policy);
 const rows = 30;
 const features = new Float32Array(rows * 4);
 const labels = new Uint8Array(rows);
@@ -53,7 +53,7 @@ check(stages.has("advertise-keys") && stages.has("masked-input-collection") && s
   [...stages].join(","));
 const saved = JSON.parse(a.saved_state());
 check(saved.participant_id === a.participant_id() && saved.last_completed_round === 1, a.saved_state());
-const resumed = new WebClient(task, token, a.saved_state());
+const resumed = new WebClient(task, token, a.saved_state(), policy);
 check(resumed.participant_id() === a.participant_id(), "resumed as the same participant");
 try {
   new WebClient(task, "");

@@ -42,8 +42,8 @@ static const char *last_error(void) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 5, "usage: round URL TASK TOKEN DIR");
-    CohortConfig config = {argv[1], argv[2], argv[3], argv[4], NULL};
+    CHECK(argc == 6, "usage: round URL TASK TOKEN DIR POLICY_JSON");
+    CohortConfig config = {argv[1], argv[2], argv[3], argv[4], NULL, argv[5]};
     CohortClient *client = NULL;
 
     /* Error paths: null pointers and bad strings are invalid arguments. */
@@ -54,6 +54,11 @@ int main(int argc, char **argv) {
     CHECK(cohort_client_open(&no_url, &client) == COHORT_STATUS_INVALID_ARGUMENT, "empty URL");
     CHECK(strcmp(cohort_status_name(COHORT_STATUS_PAUSED), "paused") == 0, "status names");
     CHECK(cohort_client_pause(NULL) == COHORT_STATUS_INVALID_ARGUMENT, "null handle");
+    CohortConfig bad_policy = config;
+    bad_policy.policy_json = "{\"min_clients\": -1}";
+    CHECK(cohort_client_open(&bad_policy, &client) == COHORT_STATUS_INVALID_ARGUMENT, "a malformed policy");
+    CHECK(strstr(last_error(), "policy") != NULL, "message: %s", last_error());
+    CHECK(strcmp(cohort_status_name(COHORT_STATUS_POLICY_REFUSED), "policy_refused") == 0, "status names");
 
     CHECK(cohort_client_open(&config, &client) == COHORT_STATUS_OK, "open: %s", last_error());
     float features[4] = {0};

@@ -123,3 +123,12 @@ impl Drop for Coordinator {
         let _ = std::fs::remove_file(&self.database);
     }
 }
+
+/// The client policy that accepts the task `spec` would create (new tasks
+/// run the active variant unless they say otherwise), weakened from the
+/// default only where the small test task needs it.
+pub fn policy_for(spec: &Value) -> cohort_client::participant::Policy {
+    let mut spec: cohort_server::spec::TaskSpec = serde_json::from_value(spec.clone()).unwrap();
+    spec.secure_aggregation.default_for_new_task();
+    spec.accepting_policy().unwrap()
+}

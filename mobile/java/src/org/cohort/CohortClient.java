@@ -49,11 +49,27 @@ public final class CohortClient implements AutoCloseable {
      */
     public CohortClient(String serverUrl, String taskId, String enrollmentToken, File storageDir,
             byte[] caCertificatePem) throws CohortException {
+        this(serverUrl, taskId, enrollmentToken, storageDir, caCertificatePem, null);
+    }
+
+    /**
+     * As above, with the client's privacy policy as JSON (null: the default,
+     * for a coordinator the app does not trust: the active variant only, at
+     * least 10 clients, a threshold of at least 5 that withstands 5 %
+     * colluding clients). Fields left out keep their defaults, e.g.
+     * {@code {"min_clients": 100}}. A task or round below it makes
+     * {@link #participate()} throw {@link CohortException.PolicyRefused}
+     * before anything is revealed.
+     *
+     * @throws IllegalArgumentException also on a policy that is not valid JSON
+     */
+    public CohortClient(String serverUrl, String taskId, String enrollmentToken, File storageDir,
+            byte[] caCertificatePem, String policyJson) throws CohortException {
         Objects.requireNonNull(serverUrl, "serverUrl");
         Objects.requireNonNull(taskId, "taskId");
         Objects.requireNonNull(enrollmentToken, "enrollmentToken");
         Objects.requireNonNull(storageDir, "storageDir");
-        handle = nativeOpen(serverUrl, taskId, enrollmentToken, storageDir.getPath(), caCertificatePem);
+        handle = nativeOpen(serverUrl, taskId, enrollmentToken, storageDir.getPath(), caCertificatePem, policyJson);
     }
 
     /**
@@ -89,6 +105,8 @@ public final class CohortClient implements AutoCloseable {
      * @return the round's outcome; {@link RoundResult.Outcome#TASK_FINISHED}
      *     when the task is over
      * @throws CohortException.Paused when paused before or during the call
+     * @throws CohortException.PolicyRefused when the task or a round is below
+     *     the client's policy or changed since enrollment (nothing revealed)
      */
     public RoundResult participate() throws CohortException {
         return participateWith(null);
@@ -199,7 +217,7 @@ public final class CohortClient implements AutoCloseable {
     }
 
     private static native long nativeOpen(String serverUrl, String taskId, String enrollmentToken,
-            String storageDir, byte[] caCertificatePem) throws CohortException;
+            String storageDir, byte[] caCertificatePem, String policyJson) throws CohortException;
 
     private static native void nativeFree(long handle);
 

@@ -70,6 +70,27 @@ public class CohortException extends Exception {
         }
     }
 
+    /**
+     * The task or a round is below the client's privacy policy, or changed
+     * since enrollment. The client revealed nothing and stops; {@link #rule()}
+     * names the rule ("variant", "min_clients", "min_threshold", "ring",
+     * "transform", "pinned", ...).
+     */
+    public static final class PolicyRefused extends CohortException {
+        private static final long serialVersionUID = 1L;
+        private final String rule;
+
+        public PolicyRefused(String message, String rule) {
+            super(message);
+            this.rule = rule;
+        }
+
+        /** The rule the task or round broke. */
+        public String rule() {
+            return rule;
+        }
+    }
+
     /** The coordinator answered something that is not its API. */
     public static final class Protocol extends CohortException {
         private static final long serialVersionUID = 1L;

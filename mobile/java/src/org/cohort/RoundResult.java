@@ -11,7 +11,12 @@ public final class RoundResult {
         /** This client gave up on the round; see {@link #reason()}. */
         ABANDONED,
         /** The task is over; there will be no more rounds. */
-        TASK_FINISHED
+        TASK_FINISHED,
+        /**
+         * This client refused the round before revealing anything (a replay,
+         * or not the round it was selected for); see {@link #reason()}.
+         */
+        REFUSED
     }
 
     private final Outcome outcome;
@@ -48,7 +53,7 @@ public final class RoundResult {
         return bytesDown;
     }
 
-    /** Why the round was abandoned, or null. */
+    /** Why the round was abandoned or refused, or null. */
     public String reason() {
         return reason;
     }

@@ -49,13 +49,15 @@ public final class JvmRoundTest {
         String task = args[1];
         String token = args[2];
         File scratch = new File(args[3]);
+        // The policy for this small task: rounds of its size are accepted.
+        String policy = args[4];
         File dirA = new File(scratch, "a");
         File dirB = new File(scratch, "b");
 
-        typedErrors(url, task, scratch);
+        typedErrors(url, task, token, scratch);
 
-        CohortClient a = new CohortClient(url, task, token, dirA);
-        CohortClient b = new CohortClient(url, task, token, dirB);
+        CohortClient a = new CohortClient(url, task, token, dirA, null, policy);
+        CohortClient b = new CohortClient(url, task, token, dirB, null, policy);
         check(a.participantId() == null && !a.isPaused(), "a fresh client is neither enrolled nor paused");
         float[] features = new float[ROWS * COLUMNS];
         int[] labels = new int[ROWS];
@@ -111,7 +113,7 @@ public final class JvmRoundTest {
         }
 
         // The app restarts: same participant, still paused until resumed.
-        try (CohortClient restarted = new CohortClient(url, task, token, dirA)) {
+        try (CohortClient restarted = new CohortClient(url, task, token, dirA, null, policy)) {
             check(restarted.isPaused(), "the pause survives a restart");
             check(idA.equals(restarted.participantId()), "the enrollment survives a restart");
             check(restarted.lastCompletedRound() == 1, "the completed round survives a restart");
@@ -124,7 +126,7 @@ public final class JvmRoundTest {
             restarted.resume();
             check(!restarted.isPaused(), "resumed");
         }
-        try (CohortClient reopened = new CohortClient(url, task, token, dirA)) {
+        try (CohortClient reopened = new CohortClient(url, task, token, dirA, null, policy)) {
             check(!reopened.isPaused(), "the resume is persisted too");
         }
         pool.shutdownNow();
@@ -132,7 +134,22 @@ public final class JvmRoundTest {
     }
 
     /** Bad arguments and refusals arrive as the documented exceptions. */
-    static void typedErrors(String url, String task, File scratch) throws Exception {
+    static void typedErrors(String url, String task, String token, File scratch) throws Exception {
+        // The default policy refuses this small task at enrollment, before
+        // the client takes part in anything.
+        try (CohortClient strict = new CohortClient(url, task, token, new File(scratch, "strict"))) {
+            strict.participate((round, global) -> new LocalUpdate(new float[global.length], 1));
+            check(false, "the default policy accepts a task of a few clients");
+        } catch (CohortException.PolicyRefused expected) {
+            check(expected.rule().equals("min_clients"), expected.rule() + ": " + expected.getMessage());
+            System.out.println("policy refused: " + expected.getMessage());
+        }
+        try {
+            new CohortClient(url, task, token, new File(scratch, "y"), null, "{\"min_clients\": \"ten\"}").close();
+            check(false, "a malformed policy is refused");
+        } catch (IllegalArgumentException expected) {
+            check(expected.getMessage().contains("policy"), expected.getMessage());
+        }
         try {
             new CohortClient("", task, "t", new File(scratch, "x")).close();
             check(false, "an empty URL is refused");

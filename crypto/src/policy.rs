@@ -1,0 +1,655 @@
+//! What a client accepts from a coordinator it does not trust.
+//!
+//! The protocol keeps a client's update private only if the round it joins
+//! is one worth joining: the active variant (a coordinator that may lie about
+//! dropouts), enough clients, and a threshold high enough that the
+//! coordinator cannot gather both kinds of a client's shares even with
+//! some clients on its side. A coordinator chooses all of that, so every
+//! client checks it itself before it reveals anything:
+//!
+//! * a [`Policy`] is the client's own floor: the variants, round sizes,
+//!   thresholds, rings and transforms it accepts;
+//! * a [`TaskSecurity`] is what the task announced when the client enrolled;
+//!   the client keeps it and refuses any later round that announces
+//!   something else ([`TaskSecurity::compare`]).
+//!
+//! A round that breaks either gets a [`PolicyViolation`] naming the rule
+//! ([`PolicyViolation::rule`]), before any key is drawn.
+
+use crate::config::{RoundConfig, Variant, active_threshold_holds};
+use crate::graph::GraphSpec;
+use crate::params::{Adversary, private_threshold};
+use crate::quantize::Transform;
+
+/// The collusion a policy's threshold bound must withstand: the privacy
+/// constraint of [`crate::params`], evaluated for the announced round.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+pub struct Collusion {
+    /// Fraction of the round's clients that may side with the coordinator (γ).
+    pub corruption: f64,
+    /// The bound holds except with probability 2^-`security_bits` (σ).
+    pub security_bits: u32,
+}
+
+/// The rounds a client is willing to join. [`Policy::default`] is meant for
+/// a coordinator the client does not trust; see its fields for what each
+/// rule protects.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields, default))]
+pub struct Policy {
+    /// Whether rounds of the semi-honest variant are acceptable. Without
+    /// signed keys and the consistency check, a coordinator that tells
+    /// different clients different survivor lists can unmask one update, so
+    /// this is only for a coordinator trusted to follow the protocol.
+    /// Default: `false`.
+    pub allow_semi_honest: bool,
+    /// Fewest clients a round may select. Default: 10.
+    pub min_clients: u32,
+    /// Lowest threshold t accepted, whatever the degree: the coordinator
+    /// can only unmask a sum of at least t inputs. Default: 5.
+    pub min_threshold: u32,
+    /// The threshold must also meet the privacy bound for the announced
+    /// clients and degree against this much collusion (`None`: only
+    /// [`min_threshold`](Self::min_threshold) and, in the active variant,
+    /// 2t > k). Default: 5 % of the clients, σ = 40, the bound of the
+    /// published SecAgg+ parameters.
+    pub collusion: Option<Collusion>,
+    /// Narrowest ring accepted, in bits. Default: 2 (any).
+    pub min_ring_bits: u8,
+    /// Widest ring accepted, in bits (upload size). Default: 32 (any).
+    pub max_ring_bits: u8,
+    /// Whether the randomized Hadamard rotation is acceptable. Default: yes.
+    pub allow_rotation: bool,
+    /// Whether count-sketch compression is acceptable. Default: yes.
+    pub allow_sketch: bool,
+}
+
+impl Default for Policy {
+    /// Safe against a coordinator the client does not trust: the active
+    /// variant only, at least 10 clients and a threshold of at least 5 that
+    /// also withstands 5 % colluding clients. The ring and the transforms
+    /// change what an update costs to send, not what the coordinator learns
+    /// from the sum, so every one is accepted (and then pinned).
+    fn default() -> Self {
+        Self {
+            allow_semi_honest: false,
+            min_clients: 10,
+            min_threshold: 5,
+            collusion: Some(Collusion { corruption: 0.05, security_bits: 40 }),
+            min_ring_bits: 2,
+            max_ring_bits: 32,
+            allow_rotation: true,
+            allow_sketch: true,
+        }
+    }
+}
+
+/// The security parameters of a task, as the coordinator announces them at
+/// enrollment and as each round's [`RoundConfig`] must repeat them. Only the
+/// per-round randomness (session, transform seeds, roster) may change.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+pub struct TaskSecurity {
+    /// Adversary model.
+    pub variant: Variant,
+    /// Clients selected per round (n).
+    pub clients: u32,
+    /// Communication graph.
+    pub graph: GraphKind,
+    /// Neighbours per client (k; n − 1 for the complete graph).
+    pub degree: u32,
+    /// Shares needed to reconstruct a secret (t).
+    pub threshold: u32,
+    /// The ring Z_{2^bits}.
+    pub modulus_bits: u8,
+    /// Coordinates are clipped to [−clip, clip].
+    pub clip: f32,
+    /// Largest example count a client may report.
+    pub max_weight: u32,
+    /// Transform applied before quantization (its seed is per round).
+    pub transform: TransformKind,
+}
+
+/// The shape of the communication graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum GraphKind {
+    /// Every client shares with every other (SecAgg).
+    Complete,
+    /// The random Harary graph (SecAgg+).
+    Sparse,
+}
+
+/// A [`Transform`] without its per-round seed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields))]
+pub enum TransformKind {
+    /// None.
+    None,
+    /// Randomized Hadamard rotation in blocks of `block`.
+    Rotate {
+        /// Block size.
+        block: u32,
+    },
+    /// Count sketch.
+    Sketch {
+        /// Rows.
+        rows: u32,
+        /// Buckets per row.
+        columns: u32,
+        /// Coordinates kept when unsketching.
+        top_k: u32,
+    },
+}
+
+impl From<&Transform> for TransformKind {
+    fn from(transform: &Transform) -> Self {
+        match *transform {
+            Transform::None => TransformKind::None,
+            Transform::Rotate { block, .. } => TransformKind::Rotate { block },
+            Transform::Sketch { rows, columns, top_k, .. } => TransformKind::Sketch { rows, columns, top_k },
+        }
+    }
+}
+
+impl TransformKind {
+    fn name(self) -> &'static str {
+        match self {
+            TransformKind::None => "none",
+            TransformKind::Rotate { .. } => "rotate",
+            TransformKind::Sketch { .. } => "sketch",
+        }
+    }
+}
+
+/// Why a client refuses a task or a round. Each names the rule it broke
+/// ([`rule`](Self::rule)); the client has revealed nothing when it is
+/// returned.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyViolation {
+    /// A semi-honest round, which the policy does not accept.
+    #[error(
+        "the round runs the semi-honest variant, which trusts the coordinator; the policy accepts only the active variant"
+    )]
+    SemiHonest,
+    /// Fewer clients than the policy's minimum.
+    #[error("the round selects {got} clients; the policy needs at least {min}")]
+    TooFewClients {
+        /// The policy's minimum.
+        min: u32,
+        /// Announced.
+        got: u32,
+    },
+    /// A threshold below what the policy accepts for the announced degree.
+    #[error("threshold {got} with {degree} neighbours is too low: the policy needs at least {min}")]
+    ThresholdTooLow {
+        /// The least threshold the policy accepts for this round.
+        min: u32,
+        /// Announced.
+        got: u32,
+        /// Announced degree.
+        degree: u32,
+    },
+    /// A ring outside the policy's range.
+    #[error("a {got}-bit ring is outside the policy's {min}..={max} bits")]
+    Ring {
+        /// The policy's narrowest ring.
+        min: u8,
+        /// The policy's widest ring.
+        max: u8,
+        /// Announced.
+        got: u8,
+    },
+    /// A transform the policy does not accept.
+    #[error("the {0} transform is not accepted by the policy")]
+    Transform(&'static str),
+    /// A security parameter differs from what the task announced at
+    /// enrollment.
+    #[error("the task's {parameter} changed since enrollment: {pinned} then, {announced} now")]
+    Changed {
+        /// Which parameter.
+        parameter: &'static str,
+        /// At enrollment.
+        pinned: String,
+        /// In this round.
+        announced: String,
+    },
+    /// The round's setup is not the round the client was selected for.
+    #[error("the setup is for round {got}, the client was selected for round {expected}")]
+    WrongRound {
+        /// The round of the selection.
+        expected: u64,
+        /// The round of the setup.
+        got: u64,
+    },
+    /// The setup's session is not the one the selection named.
+    #[error("the setup's session is not the session the client was selected for")]
+    WrongSession,
+    /// A round the client already sent a masked input for: taking part
+    /// again would let the coordinator subtract two sums that differ only
+    /// by this client's update.
+    #[error("round {round} is not after round {last}, the last this client contributed to")]
+    Replayed {
+        /// Announced round.
+        round: u64,
+        /// The last round this client sent a masked input for.
+        last: u64,
+    },
+    /// The roster does not list this client's identity key.
+    #[error("the roster does not list this client's identity key")]
+    NotOurIdentity,
+    /// The round's parameters are not a valid round at all.
+    #[error("invalid round parameters: {0}")]
+    Invalid(String),
+}
+
+impl PolicyViolation {
+    /// A stable, machine-readable name of the rule.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            PolicyViolation::SemiHonest => "variant",
+            PolicyViolation::TooFewClients { .. } => "min_clients",
+            PolicyViolation::ThresholdTooLow { .. } => "min_threshold",
+            PolicyViolation::Ring { .. } => "ring",
+            PolicyViolation::Transform(_) => "transform",
+            PolicyViolation::Changed { .. } => "pinned",
+            PolicyViolation::WrongRound { .. } => "round",
+            PolicyViolation::WrongSession => "session",
+            PolicyViolation::Replayed { .. } => "replay",
+            PolicyViolation::NotOurIdentity => "identity",
+            PolicyViolation::Invalid(_) => "invalid",
+        }
+    }
+
+    /// Whether the violation is about one round only (a replay or a setup
+    /// that is not the round announced) rather than the task: a client may
+    /// skip such a round and take part in the next.
+    pub fn round_only(&self) -> bool {
+        matches!(
+            self,
+            PolicyViolation::WrongRound { .. }
+                | PolicyViolation::WrongSession
+                | PolicyViolation::Replayed { .. }
+                | PolicyViolation::NotOurIdentity
+        )
+    }
+}
+
+impl Policy {
+    /// The least threshold this policy accepts for a round of `clients`
+    /// clients with `degree` neighbours in `variant`.
+    pub fn min_threshold_for(&self, variant: Variant, clients: u32, degree: u32) -> u32 {
+        let mut min = self.min_threshold.max(1);
+        if variant == Variant::Active {
+            min = min.max(degree / 2 + 1);
+        }
+        if let Some(collusion) = self.collusion {
+            let adversary = match variant {
+                Variant::SemiHonest => Adversary::SemiHonest,
+                Variant::Active => Adversary::SemiMalicious,
+            };
+            min = min.max(private_threshold(
+                clients,
+                degree,
+                collusion.corruption,
+                collusion.security_bits,
+                adversary,
+            ));
+        }
+        min
+    }
+
+    /// The default policy, weakened only where `security` needs it: for
+    /// deployments (demos, tests) that know their task is below the default
+    /// and say so. [`relaxations`](Self::relaxations) lists what changed.
+    pub fn accepting(security: &TaskSecurity) -> Self {
+        let default = Self::default();
+        let mut policy = Self {
+            allow_semi_honest: security.variant == Variant::SemiHonest,
+            min_clients: default.min_clients.min(security.clients),
+            min_threshold: default.min_threshold.min(security.threshold),
+            min_ring_bits: default.min_ring_bits.min(security.modulus_bits),
+            max_ring_bits: default.max_ring_bits.max(security.modulus_bits),
+            ..default
+        };
+        if policy.check(security).is_err() {
+            policy.collusion = None;
+        }
+        policy
+    }
+
+    /// How this policy is weaker than [`Policy::default`], in words (empty
+    /// when it is not).
+    pub fn relaxations(&self) -> Vec<String> {
+        let default = Self::default();
+        let mut weaker = Vec::new();
+        if self.allow_semi_honest {
+            weaker.push("accepts the semi-honest variant (trusts the coordinator)".to_string());
+        }
+        if self.min_clients < default.min_clients {
+            weaker.push(format!(
+                "accepts rounds of {} clients (default {})",
+                self.min_clients, default.min_clients
+            ));
+        }
+        if self.min_threshold < default.min_threshold {
+            weaker.push(format!(
+                "accepts a threshold of {} (default {})",
+                self.min_threshold, default.min_threshold
+            ));
+        }
+        match (self.collusion, default.collusion) {
+            (None, Some(_)) => {
+                weaker.push("does not check the threshold against colluding clients".to_string())
+            }
+            (Some(own), Some(theirs))
+                if own.corruption < theirs.corruption || own.security_bits < theirs.security_bits =>
+            {
+                weaker.push(format!(
+                    "checks the threshold against {} % colluding clients at 2^-{} (default {} % at 2^-{})",
+                    own.corruption * 100.0,
+                    own.security_bits,
+                    theirs.corruption * 100.0,
+                    theirs.security_bits
+                ));
+            }
+            _ => {}
+        }
+        weaker
+    }
+
+    /// Checks a task's (or a round's) security parameters.
+    pub fn check(&self, security: &TaskSecurity) -> Result<(), PolicyViolation> {
+        if security.variant == Variant::SemiHonest && !self.allow_semi_honest {
+            return Err(PolicyViolation::SemiHonest);
+        }
+        if security.clients < self.min_clients {
+            return Err(PolicyViolation::TooFewClients { min: self.min_clients, got: security.clients });
+        }
+        let min = self.min_threshold_for(security.variant, security.clients, security.degree);
+        if security.threshold < min {
+            return Err(PolicyViolation::ThresholdTooLow {
+                min,
+                got: security.threshold,
+                degree: security.degree,
+            });
+        }
+        debug_assert!(
+            security.variant == Variant::SemiHonest || active_threshold_holds(min, security.degree)
+        );
+        if !(self.min_ring_bits..=self.max_ring_bits).contains(&security.modulus_bits) {
+            return Err(PolicyViolation::Ring {
+                min: self.min_ring_bits,
+                max: self.max_ring_bits,
+                got: security.modulus_bits,
+            });
+        }
+        match security.transform {
+            TransformKind::Rotate { .. } if !self.allow_rotation => {
+                Err(PolicyViolation::Transform(security.transform.name()))
+            }
+            TransformKind::Sketch { .. } if !self.allow_sketch => {
+                Err(PolicyViolation::Transform(security.transform.name()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl TaskSecurity {
+    /// The security parameters a round announces. The round must be valid
+    /// ([`RoundConfig::validate`]); an invalid one is refused here too.
+    pub fn of_round(config: &RoundConfig) -> Result<Self, PolicyViolation> {
+        config.validate().map_err(|e| PolicyViolation::Invalid(e.to_string()))?;
+        Ok(Self {
+            variant: config.variant,
+            clients: config.clients,
+            graph: match config.graph {
+                GraphSpec::Complete => GraphKind::Complete,
+                GraphSpec::Harary { .. } => GraphKind::Sparse,
+            },
+            degree: config.degree(),
+            threshold: config.threshold,
+            modulus_bits: config.modulus_bits,
+            clip: config.quantization.clip,
+            max_weight: config.quantization.max_weight,
+            transform: TransformKind::from(&config.quantization.transform),
+        })
+    }
+
+    /// Checks that `announced` (a round's parameters) repeats these, the
+    /// parameters pinned at enrollment; names the first that differs.
+    pub fn compare(&self, announced: &TaskSecurity) -> Result<(), PolicyViolation> {
+        fn differ(
+            parameter: &'static str,
+            pinned: impl ToString,
+            announced: impl ToString,
+        ) -> PolicyViolation {
+            PolicyViolation::Changed {
+                parameter,
+                pinned: pinned.to_string(),
+                announced: announced.to_string(),
+            }
+        }
+        let variant = |v: Variant| match v {
+            Variant::Active => "active",
+            Variant::SemiHonest => "semi-honest",
+        };
+        let graph = |g: GraphKind| match g {
+            GraphKind::Complete => "complete",
+            GraphKind::Sparse => "sparse",
+        };
+        if self.variant != announced.variant {
+            return Err(differ("variant", variant(self.variant), variant(announced.variant)));
+        }
+        if self.clients != announced.clients {
+            return Err(differ("clients per round", self.clients, announced.clients));
+        }
+        if self.graph != announced.graph {
+            return Err(differ("graph", graph(self.graph), graph(announced.graph)));
+        }
+        if self.degree != announced.degree {
+            return Err(differ("degree", self.degree, announced.degree));
+        }
+        if self.threshold != announced.threshold {
+            return Err(differ("threshold", self.threshold, announced.threshold));
+        }
+        if self.modulus_bits != announced.modulus_bits {
+            return Err(differ("ring bits", self.modulus_bits, announced.modulus_bits));
+        }
+        if self.clip.to_bits() != announced.clip.to_bits() {
+            return Err(differ("clip", self.clip, announced.clip));
+        }
+        if self.max_weight != announced.max_weight {
+            return Err(differ("max weight", self.max_weight, announced.max_weight));
+        }
+        if self.transform != announced.transform {
+            return Err(differ(
+                "transform",
+                format!("{:?}", self.transform),
+                format!("{:?}", announced.transform),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quantize::QuantizationSpec;
+
+    fn round(variant: Variant, clients: u32, graph: GraphSpec, threshold: u32) -> RoundConfig {
+        RoundConfig {
+            session: [7; 16],
+            round: 3,
+            variant,
+            clients,
+            identities: match variant {
+                Variant::Active => (0..clients).map(|i| [i as u8; 32]).collect(),
+                Variant::SemiHonest => Vec::new(),
+            },
+            graph,
+            threshold,
+            vector_len: 8,
+            modulus_bits: 24,
+            quantization: QuantizationSpec { clip: 1.0, max_weight: 64, transform: Transform::None },
+        }
+    }
+
+    fn security(config: &RoundConfig) -> TaskSecurity {
+        let Ok(security) = TaskSecurity::of_round(config) else { panic!("valid round") };
+        security
+    }
+
+    #[test]
+    fn the_default_policy_accepts_the_published_active_parameters_and_nothing_weaker() {
+        let policy = Policy::default();
+        // Bell et al.'s semi-malicious row at n = 1000.
+        let published = security(&round(Variant::Active, 1000, GraphSpec::Harary { degree: 398 }, 223));
+        assert_eq!(policy.check(&published), Ok(()));
+        let min = policy.min_threshold_for(Variant::Active, 1000, 398);
+        assert!(min > 199 && min <= 223, "{min}");
+        let low = security(&round(Variant::Active, 1000, GraphSpec::Harary { degree: 398 }, min - 1));
+        assert_eq!(
+            policy.check(&low),
+            Err(PolicyViolation::ThresholdTooLow { min, got: min - 1, degree: 398 })
+        );
+        // The smallest round the default accepts: ten clients, a majority.
+        assert_eq!(policy.check(&security(&round(Variant::Active, 10, GraphSpec::Complete, 5))), Ok(()));
+        assert_eq!(
+            policy.check(&security(&round(Variant::Active, 9, GraphSpec::Complete, 5))),
+            Err(PolicyViolation::TooFewClients { min: 10, got: 9 })
+        );
+        let semi_honest = security(&round(Variant::SemiHonest, 100, GraphSpec::Complete, 60));
+        assert_eq!(policy.check(&semi_honest), Err(PolicyViolation::SemiHonest));
+        assert_eq!(PolicyViolation::SemiHonest.rule(), "variant");
+        let trusting = Policy { allow_semi_honest: true, ..policy };
+        assert_eq!(trusting.check(&semi_honest), Ok(()));
+    }
+
+    #[test]
+    fn the_absolute_minimum_binds_where_the_bound_is_weaker() {
+        let policy = Policy { min_clients: 2, ..Policy::default() };
+        // Four neighbours: 2t > k asks for 3; the policy's floor is 5.
+        let sparse = security(&round(Variant::Active, 20, GraphSpec::Harary { degree: 4 }, 3));
+        assert_eq!(
+            policy.check(&sparse),
+            Err(PolicyViolation::ThresholdTooLow { min: 5, got: 3, degree: 4 })
+        );
+        let weaker = Policy { min_threshold: 2, collusion: None, ..policy };
+        assert_eq!(weaker.check(&sparse), Ok(()));
+        assert_eq!(weaker.min_threshold_for(Variant::Active, 20, 4), 3);
+        assert_eq!(weaker.min_threshold_for(Variant::SemiHonest, 20, 4), 2);
+    }
+
+    #[test]
+    fn rings_and_transforms_outside_the_policy_are_named() {
+        let policy = Policy { min_ring_bits: 8, max_ring_bits: 16, allow_sketch: false, ..Policy::default() };
+        let mut config = round(Variant::Active, 10, GraphSpec::Complete, 6);
+        assert_eq!(policy.check(&security(&config)), Err(PolicyViolation::Ring { min: 8, max: 16, got: 24 }));
+        config.modulus_bits = 16;
+        assert_eq!(policy.check(&security(&config)), Ok(()));
+        config.quantization.transform = Transform::Sketch { rows: 3, columns: 64, top_k: 0, seed: [1; 32] };
+        config.vector_len = 3 * 64 + 1;
+        let refused = policy.check(&security(&config));
+        assert_eq!(refused, Err(PolicyViolation::Transform("sketch")));
+        assert_eq!(refused.map_err(|e| e.rule()), Err("transform"));
+        let no_rotation = Policy { allow_rotation: false, ..Policy::default() };
+        config.quantization.transform = Transform::Rotate { block: 8, seed: [1; 32] };
+        config.vector_len = 9;
+        assert_eq!(no_rotation.check(&security(&config)), Err(PolicyViolation::Transform("rotate")));
+    }
+
+    #[test]
+    fn every_pinned_parameter_is_compared_and_only_the_seeds_may_change() {
+        let config = round(Variant::Active, 10, GraphSpec::Complete, 6);
+        let pinned = security(&config);
+        let mut next = config.clone();
+        next.session = [9; 16];
+        next.round = 4;
+        next.identities[0] = [0xee; 32];
+        assert_eq!(pinned.compare(&security(&next)), Ok(()));
+        type Change = Box<dyn Fn(&mut RoundConfig)>;
+        let changes: Vec<(&str, Change)> = vec![
+            (
+                "variant",
+                Box::new(|c| {
+                    c.variant = Variant::SemiHonest;
+                    c.identities.clear();
+                }),
+            ),
+            (
+                "clients per round",
+                Box::new(|c| {
+                    c.clients = 11;
+                    c.identities.push([11; 32]);
+                }),
+            ),
+            ("graph", Box::new(|c| c.graph = GraphSpec::Harary { degree: 9 })),
+            ("threshold", Box::new(|c| c.threshold = 7)),
+            ("ring bits", Box::new(|c| c.modulus_bits = 20)),
+            ("clip", Box::new(|c| c.quantization.clip = 2.0)),
+            ("max weight", Box::new(|c| c.quantization.max_weight = 32)),
+            (
+                "transform",
+                Box::new(|c| c.quantization.transform = Transform::Rotate { block: 8, seed: [0; 32] }),
+            ),
+        ];
+        for (parameter, change) in changes {
+            let mut changed = config.clone();
+            change(&mut changed);
+            let Err(PolicyViolation::Changed { parameter: named, .. }) = pinned.compare(&security(&changed))
+            else {
+                panic!("{parameter}: not refused");
+            };
+            assert_eq!(named, parameter);
+        }
+        let mut sparse = round(Variant::Active, 12, GraphSpec::Harary { degree: 6 }, 4);
+        let pinned = security(&sparse);
+        sparse.graph = GraphSpec::Harary { degree: 8 };
+        sparse.threshold = 5;
+        let Err(PolicyViolation::Changed { parameter: "degree", .. }) = pinned.compare(&security(&sparse))
+        else {
+            panic!("degree: not refused");
+        };
+    }
+
+    #[test]
+    fn a_policy_accepting_a_small_task_is_weakened_only_where_needed_and_says_so() {
+        assert!(Policy::default().relaxations().is_empty());
+        let demo = security(&round(Variant::Active, 3, GraphSpec::Complete, 2));
+        let policy = Policy::accepting(&demo);
+        assert_eq!(policy.check(&demo), Ok(()));
+        assert_eq!((policy.min_clients, policy.min_threshold, policy.allow_semi_honest), (3, 2, false));
+        assert_eq!(policy.collusion, Policy::default().collusion);
+        assert_eq!(policy.relaxations().len(), 2, "{:?}", policy.relaxations());
+        // Still refuses what the task does not need.
+        let semi_honest = security(&round(Variant::SemiHonest, 3, GraphSpec::Complete, 2));
+        assert_eq!(policy.check(&semi_honest), Err(PolicyViolation::SemiHonest));
+        let smaller = security(&round(Variant::Active, 2, GraphSpec::Complete, 1));
+        assert!(policy.check(&smaller).is_err());
+        // A complete graph of 100 with a bare majority misses the collusion
+        // bound: only then is the bound dropped.
+        let majority = security(&round(Variant::Active, 100, GraphSpec::Complete, 50));
+        let policy = Policy::accepting(&majority);
+        assert_eq!((policy.collusion, policy.check(&majority)), (None, Ok(())));
+        assert!(policy.relaxations().iter().any(|r| r.contains("colluding")));
+    }
+
+    #[test]
+    fn an_invalid_round_is_refused_as_such() {
+        let mut config = round(Variant::Active, 10, GraphSpec::Complete, 4);
+        assert!(matches!(TaskSecurity::of_round(&config), Err(PolicyViolation::Invalid(_))));
+        config.threshold = 6;
+        config.identities.pop();
+        assert!(matches!(TaskSecurity::of_round(&config), Err(PolicyViolation::Invalid(_))));
+    }
+}

@@ -1,0 +1,550 @@
+//! A malicious coordinator, over real HTTP: a scripted proxy in front of a
+//! real coordinator rewrites what the clients are told (the task's
+//! parameters at enrollment, the round's setup, the peers' keys and
+//! signatures, the survivor list, the round itself) and records every
+//! request each client makes. Honest clients of the native library run
+//! against it; each attack checks that the clients refuse with the rule
+//! it broke, and, from the recording, that none of them sent anything the
+//! attack could use: no keys, no shares, no masked input, no unmasking.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use cohort_client::participant::{
+    Method, Participant, ParticipantConfig, ParticipantError, Policy, PolicyViolation, Request, Response,
+    RoundOutcome, TaskSecurity,
+};
+use cohort_client::runtime::http::HttpTransport;
+use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, Transport};
+use cohort_crypto::{ClientMessage, ServerMessage, Stage, Transform, Variant};
+use serde_json::{Value, json};
+use support::Coordinator;
+
+const ADMIN: &str = "admin-token-for-the-malicious-coordinator-tests";
+const CLIENTS: u32 = 4;
+const DIMENSION: usize = 8;
+
+struct Honest;
+
+impl Trainer for Honest {
+    fn train(&mut self, _: u64, _: &cohort_client::checkpoint::Checkpoint) -> Result<LocalUpdate, String> {
+        Ok(LocalUpdate { delta: vec![0.01; DIMENSION], examples: 3, metrics: None })
+    }
+}
+
+/// One request a client made through the proxy, and the answer it got.
+struct Exchange {
+    bearer: Option<String>,
+    method: axum::http::Method,
+    path: String,
+    body: Vec<u8>,
+    status: u16,
+    reply: Vec<u8>,
+}
+
+/// Rewrites the coordinator's answer to a request before the client sees it.
+type Tamper = Box<dyn FnMut(&Exchange, &mut Response) + Send>;
+
+struct Script {
+    upstream: String,
+    tamper: Tamper,
+    log: Vec<Exchange>,
+}
+
+/// The malicious coordinator: forwards the client API to a real one and
+/// tampers with the answers as scripted.
+struct Proxy {
+    runtime: Option<tokio::runtime::Runtime>,
+    url: String,
+    script: Arc<Mutex<Script>>,
+}
+
+async fn forward(
+    axum::extract::State(script): axum::extract::State<Arc<Mutex<Script>>>,
+    method: axum::http::Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, Vec<u8>) {
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let content_type = match headers.get("content-type").and_then(|v| v.to_str().ok()) {
+        Some("application/x-cohort-secagg") => Some("application/x-cohort-secagg"),
+        _ => Some("application/json"),
+    };
+    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    let request = Request {
+        method: if method == axum::http::Method::POST { Method::Post } else { Method::Get },
+        path: path.clone(),
+        body: body.to_vec(),
+        content_type,
+        bearer: bearer.clone(),
+    };
+    let upstream = script.lock().unwrap().upstream.clone();
+    let answer =
+        tokio::task::spawn_blocking(move || HttpTransport::new(&upstream).send(&request)).await.unwrap();
+    let Ok(mut response) = answer else { return (StatusCode::BAD_GATEWAY, Vec::new()) };
+    let mut script = script.lock().unwrap();
+    let mut exchange =
+        Exchange { bearer, method, path, body: body.to_vec(), status: response.status, reply: Vec::new() };
+    (script.tamper)(&exchange, &mut response);
+    exchange.reply = response.body.clone();
+    script.log.push(exchange);
+    (StatusCode::from_u16(response.status).unwrap(), response.body)
+}
+
+impl Proxy {
+    fn start(upstream: &str, tamper: Tamper) -> Self {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let script = Arc::new(Mutex::new(Script { upstream: upstream.into(), tamper, log: Vec::new() }));
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let app = axum::Router::new().fallback(forward).with_state(script.clone());
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        Self { runtime: Some(runtime), url, script }
+    }
+
+    /// What each client (by credential) posted to the round, per round, as
+    /// stages.
+    fn posted(&self) -> BTreeMap<String, Vec<Stage>> {
+        let script = self.script.lock().unwrap();
+        let mut posted: BTreeMap<String, Vec<Stage>> = BTreeMap::new();
+        for exchange in &script.log {
+            if exchange.method == axum::http::Method::POST && exchange.path == "/v1/round/message" {
+                let stage = ClientMessage::decode(&exchange.body).unwrap().stage();
+                posted.entry(exchange.bearer.clone().unwrap_or_default()).or_default().push(stage);
+            }
+        }
+        posted
+    }
+
+    /// Every credential the coordinator handed out through the proxy.
+    fn credentials(&self) -> Vec<String> {
+        let script = self.script.lock().unwrap();
+        script
+            .log
+            .iter()
+            .filter(|e| e.path.ends_with("/enroll") && e.status == 201)
+            .map(|e| {
+                serde_json::from_slice::<Value>(&e.reply).unwrap()["credential"].as_str().unwrap().into()
+            })
+            .collect()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // The server task goes with the runtime.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A task of [`CLIENTS`] clients in the active variant on the complete
+/// graph, threshold 3 (2t > k = 3), short deadlines.
+fn spec(name: &str, rounds: u32) -> Value {
+    json!({
+        "name": name, "rounds": rounds, "clients_per_round": CLIENTS,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [DIMENSION] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 3 },
+        "deadlines": { "advertise_keys_ms": 20000, "share_keys_ms": 4000, "masked_input_ms": 4000, "unmasking_ms": 4000 },
+        "checkpoint_retention": 5
+    })
+}
+
+/// The parameters the honest coordinator announces for [`spec`].
+fn honest_security() -> TaskSecurity {
+    TaskSecurity {
+        variant: Variant::Active,
+        clients: CLIENTS,
+        graph: cohort_crypto::policy::GraphKind::Complete,
+        degree: CLIENTS - 1,
+        threshold: 3,
+        modulus_bits: 32,
+        clip: 1.0,
+        max_weight: 1 << 14,
+        transform: cohort_crypto::policy::TransformKind::None,
+    }
+}
+
+/// What happened to one client: its round outcomes, then the error that
+/// ended it (or `None` when it was stopped or the task ended).
+type Ending = (Vec<RoundOutcome>, Option<ParticipantError>);
+
+/// Runs [`CLIENTS`] honest clients through `proxy` until each has seen
+/// `rounds` outcomes, failed, or `patience` ran out; returns their endings.
+fn run_clients(proxy: &Proxy, task: &str, token: &str, rounds: usize, patience: Duration) -> Vec<Ending> {
+    let policy = Policy::accepting(&honest_security());
+    let config = ParticipantConfig { poll_interval_ms: 25, policy, ..ParticipantConfig::default() };
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|k| {
+            let (url, task, token, stop) =
+                (proxy.url.clone(), task.to_string(), token.to_string(), stop.clone());
+            std::thread::spawn(move || {
+                // The operating system's randomness: identity keys differ
+                // from one enrollment to the next, as they do in use.
+                let participant = Participant::enroll(&task, &token, config);
+                let mut runner =
+                    Runner::new(participant, HttpTransport::new(&url), None).with_interrupt(stop);
+                let mut outcomes = Vec::new();
+                while outcomes.len() < rounds {
+                    match runner.run_round(&mut Honest) {
+                        Ok(Some(outcome)) => outcomes.push(outcome),
+                        Ok(None) | Err(RunError::Interrupted) => return (outcomes, None),
+                        Err(RunError::Participant(error)) => return (outcomes, Some(error)),
+                        Err(other) => panic!("client {k}: {other}"),
+                    }
+                }
+                (outcomes, None)
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + patience;
+    while Instant::now() < deadline && !threads.iter().all(std::thread::JoinHandle::is_finished) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::SeqCst);
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+fn policy_rule(ending: &Ending) -> Option<&'static str> {
+    match &ending.1 {
+        Some(ParticipantError::Policy(violation)) => Some(violation.rule()),
+        _ => None,
+    }
+}
+
+/// Rewrites the setup of every round (`GET /v1/round/message` answered
+/// with a setup) with `change`.
+fn rewrite_setup(mut change: impl FnMut(&mut cohort_crypto::RoundConfig) + Send + 'static) -> Tamper {
+    Box::new(move |exchange, response| {
+        if exchange.path != "/v1/round/message" || response.status != 200 {
+            return;
+        }
+        if let Ok(ServerMessage::Setup(mut config)) = ServerMessage::decode(&response.body) {
+            change(&mut config);
+            response.body = ServerMessage::Setup(config).encode();
+        }
+    })
+}
+
+/// Rewrites the `security` the enrollment reply announces.
+fn rewrite_enrollment(change: impl Fn(&mut TaskSecurity) + Send + 'static) -> Tamper {
+    Box::new(move |exchange, response| {
+        if exchange.path.ends_with("/enroll") && response.status == 201 {
+            let mut reply: Value = serde_json::from_slice(&response.body).unwrap();
+            let mut security: TaskSecurity = serde_json::from_value(reply["security"].take()).unwrap();
+            change(&mut security);
+            reply["security"] = serde_json::to_value(security).unwrap();
+            response.body = reply.to_string().into_bytes();
+        }
+    })
+}
+
+/// Starts a coordinator with one task and the proxy scripted by `tamper`.
+fn scenario(name: &str, rounds: u32, tamper: Tamper) -> (Coordinator, Proxy, String, String) {
+    let coordinator = Coordinator::start(name, ADMIN);
+    let (task, token) = coordinator.create_task(spec(name, rounds));
+    let proxy = Proxy::start(&coordinator.url, tamper);
+    (coordinator, proxy, task, token)
+}
+
+#[test]
+fn the_honest_proxy_changes_nothing_and_the_round_completes() {
+    let (_coordinator, proxy, task, token) = scenario("mc-honest", 1, Box::new(|_, _| {}));
+    let endings = run_clients(&proxy, &task, &token, 1, Duration::from_secs(60));
+    for ending in &endings {
+        assert!(ending.1.is_none(), "{:?}", ending.1);
+        assert!(matches!(ending.0.as_slice(), [RoundOutcome::Completed(_)]), "{:?}", ending.0);
+    }
+    // The recording sees every stage of the active variant from everyone.
+    let posted = proxy.posted();
+    assert_eq!(posted.len(), CLIENTS as usize);
+    for stages in posted.values() {
+        assert_eq!(
+            stages,
+            &[
+                Stage::AdvertiseKeys,
+                Stage::ShareKeys,
+                Stage::MaskedInputCollection,
+                Stage::ConsistencyCheck,
+                Stage::Unmasking
+            ]
+        );
+    }
+}
+
+#[test]
+fn a_task_announced_below_the_policy_is_refused_at_enrollment() {
+    type Weaken = fn(&mut TaskSecurity);
+    let attacks: [(&str, Weaken, &str); 3] = [
+        ("too few clients", |s| s.clients = 3, "min_clients"),
+        ("a low threshold", |s| s.threshold = 2, "min_threshold"),
+        ("the semi-honest variant", |s| s.variant = Variant::SemiHonest, "variant"),
+    ];
+    for (k, (attack, weaken, rule)) in attacks.into_iter().enumerate() {
+        let (_coordinator, proxy, task, token) =
+            scenario(&format!("mc-enroll-{k}"), 1, rewrite_enrollment(weaken));
+        let endings = run_clients(&proxy, &task, &token, 1, Duration::from_secs(30));
+        for ending in &endings {
+            assert_eq!(policy_rule(ending), Some(rule), "{attack}: {:?}", ending.1);
+        }
+        assert!(proxy.posted().is_empty(), "{attack}: a client took part");
+        let script = proxy.script.lock().unwrap();
+        assert!(
+            script.log.iter().all(|e| e.path.ends_with("/enroll")),
+            "{attack}: a client went on after refusing"
+        );
+    }
+}
+
+#[test]
+fn a_round_that_departs_from_the_enrolled_task_is_refused_before_any_key() {
+    type Change = fn(&mut cohort_crypto::RoundConfig);
+    let attacks: [(&str, Change, &str); 5] = [
+        ("a lower threshold", |c| c.threshold = 2, "threshold"),
+        (
+            "the semi-honest variant",
+            |c| {
+                c.variant = Variant::SemiHonest;
+                c.identities.clear();
+            },
+            "variant",
+        ),
+        ("a narrower ring", |c| c.modulus_bits = 24, "ring bits"),
+        (
+            "compression switched on",
+            |c| {
+                c.quantization.transform = Transform::Rotate { block: 8, seed: [3; 32] };
+                c.vector_len = 9;
+            },
+            "transform",
+        ),
+        ("a different clip", |c| c.quantization.clip = 100.0, "clip"),
+    ];
+    for (k, (attack, change, parameter)) in attacks.into_iter().enumerate() {
+        let (_coordinator, proxy, task, token) = scenario(&format!("mc-setup-{k}"), 1, rewrite_setup(change));
+        let endings = run_clients(&proxy, &task, &token, 1, Duration::from_secs(60));
+        for ending in &endings {
+            let Some(ParticipantError::Policy(PolicyViolation::Changed { parameter: named, .. })) = &ending.1
+            else {
+                panic!("{attack}: not refused: {ending:?}");
+            };
+            assert_eq!(named, &parameter, "{attack}");
+        }
+        assert!(proxy.posted().is_empty(), "{attack}: a client sent {:?}", proxy.posted());
+    }
+}
+
+/// Rewrites the peer keys that `target` (the first client to fetch them)
+/// receives with `change`.
+fn rewrite_peer_keys(change: fn(&mut cohort_crypto::messages::AdvertisedKeys)) -> Tamper {
+    let mut target: Option<String> = None;
+    Box::new(move |exchange, response| {
+        if exchange.path != "/v1/round/message" || response.status != 200 {
+            return;
+        }
+        if let Ok(ServerMessage::PeerKeys { context, mut peers }) = ServerMessage::decode(&response.body) {
+            let target = target.get_or_insert_with(|| exchange.bearer.clone().unwrap_or_default());
+            if exchange.bearer.as_deref() == Some(target.as_str()) {
+                change(&mut peers[0]);
+                response.body = ServerMessage::PeerKeys { context, peers }.encode();
+            }
+        }
+    })
+}
+
+#[test]
+fn a_substituted_key_or_a_forged_or_missing_signature_gets_no_share() {
+    type Change = fn(&mut cohort_crypto::messages::AdvertisedKeys);
+    let attacks: [(&str, Change); 4] = [
+        ("a substituted mask key", |p| p.mask_key = [9; 32]),
+        ("a substituted cipher key", |p| p.cipher_key[0] ^= 1),
+        ("a forged signature", |p| p.signature = Some([7; 64])),
+        ("a missing signature", |p| p.signature = None),
+    ];
+    for (k, (attack, change)) in attacks.into_iter().enumerate() {
+        let (_coordinator, proxy, task, token) =
+            scenario(&format!("mc-keys-{k}"), 1, rewrite_peer_keys(change));
+        let endings = run_clients(&proxy, &task, &token, 1, Duration::from_secs(60));
+        let posted = proxy.posted();
+        let credentials = proxy.credentials();
+        // The client shown the altered key advertised its own keys, then
+        // sent no share to anybody.
+        let victims: Vec<_> =
+            posted.iter().filter(|(_, stages)| stages == &&[Stage::AdvertiseKeys]).collect();
+        assert_eq!(victims.len(), 1, "{attack}: {posted:?}");
+        assert!(credentials.contains(victims[0].0));
+        let abandoned =
+            endings.iter().filter(|e| matches!(e.0.first(), Some(RoundOutcome::Abandoned { .. })));
+        assert!(abandoned.count() >= 1, "{attack}: {endings:?}");
+    }
+}
+
+#[test]
+fn survivor_lists_that_differ_between_clients_get_no_unmasking_share() {
+    // The both-shares attack: tell one client that another survivor
+    // dropped out, so that it would reveal that client's mask-key shares
+    // while the others reveal its self-mask shares.
+    let mut target: Option<String> = None;
+    let mut ids: BTreeMap<String, u64> = BTreeMap::new();
+    let tamper: Tamper = Box::new(move |exchange, response| {
+        let bearer = exchange.bearer.clone().unwrap_or_default();
+        if exchange.path == "/v1/checkin" && response.status == 200 {
+            let reply: Value = serde_json::from_slice(&response.body).unwrap();
+            if let Some(id) = reply["client_id"].as_u64() {
+                ids.insert(bearer.clone(), id);
+            }
+        }
+        if exchange.path != "/v1/round/message" || response.status != 200 {
+            return;
+        }
+        if let Ok(ServerMessage::Survivors { context, mut survivors }) = ServerMessage::decode(&response.body)
+        {
+            let target = target.get_or_insert_with(|| bearer.clone());
+            if &bearer == target {
+                let own = ids[&bearer];
+                let other = survivors.iter().position(|id| u64::from(id.get()) != own).unwrap();
+                survivors.remove(other);
+                response.body = ServerMessage::Survivors { context, survivors }.encode();
+            }
+        }
+    });
+    let (_coordinator, proxy, task, token) = scenario("mc-survivors", 1, tamper);
+    let endings = run_clients(&proxy, &task, &token, 1, Duration::from_secs(60));
+    let posted = proxy.posted();
+    let target = {
+        let script = proxy.script.lock().unwrap();
+        let survivors = script.log.iter().find(|e| {
+            matches!(ServerMessage::decode(&e.reply), Ok(ServerMessage::Survivors { ref survivors, .. }) if survivors.len() < CLIENTS as usize)
+        });
+        survivors.unwrap().bearer.clone().unwrap()
+    };
+    // The client told a different list signed it and stopped there.
+    assert_eq!(
+        posted[&target],
+        [Stage::AdvertiseKeys, Stage::ShareKeys, Stage::MaskedInputCollection, Stage::ConsistencyCheck],
+        "{posted:?}"
+    );
+    // No client unmasks with a signature set that includes a list it did
+    // not sign: every honest client that unmasked saw t signatures over
+    // the full list, which the target never signed.
+    for (bearer, stages) in &posted {
+        if stages.contains(&Stage::Unmasking) {
+            assert_ne!(bearer, &target);
+        }
+    }
+    assert!(endings.iter().all(|e| e.1.is_none()), "{endings:?}");
+}
+
+#[test]
+fn a_round_replayed_from_an_earlier_round_or_another_task_is_refused() {
+    // Round 1 runs honestly; the proxy keeps its setup and, in round 2,
+    // announces a re-run of round 1 (a fresh session, the same round and
+    // roster): the sum of a re-run that lacks one client, subtracted from
+    // the first, would be that client's update.
+    let first: Arc<Mutex<Option<cohort_crypto::RoundConfig>>> = Arc::default();
+    let kept = first.clone();
+    let tamper: Tamper = Box::new(move |exchange, response| {
+        let mut first = kept.lock().unwrap();
+        if exchange.path == "/v1/round/message" && response.status == 200 {
+            if let Ok(ServerMessage::Setup(config)) = ServerMessage::decode(&response.body) {
+                match &*first {
+                    None => *first = Some(config),
+                    Some(old) => {
+                        let rerun = cohort_crypto::RoundConfig { session: config.session, ..old.clone() };
+                        response.body = ServerMessage::Setup(rerun).encode();
+                    }
+                }
+            }
+        }
+        if exchange.path == "/v1/checkin" && response.status == 200 && first.is_some() {
+            let mut reply: Value = serde_json::from_slice(&response.body).unwrap();
+            if reply["status"] == "selected" {
+                reply["round"] = json!(1);
+                response.body = reply.to_string().into_bytes();
+            }
+        }
+    });
+    let (_coordinator, proxy, task, token) = scenario("mc-replay", 2, tamper);
+    let endings = run_clients(&proxy, &task, &token, 2, Duration::from_secs(60));
+    for (outcomes, error) in &endings {
+        assert!(error.is_none(), "{error:?}");
+        assert!(matches!(outcomes[0], RoundOutcome::Completed(_)), "{outcomes:?}");
+        assert!(
+            matches!(
+                &outcomes[1],
+                RoundOutcome::Refused { violation: PolicyViolation::Replayed { round: 1, last: 1 }, .. }
+            ),
+            "{outcomes:?}"
+        );
+    }
+    // Nothing after round 1's five messages.
+    for stages in proxy.posted().values() {
+        assert_eq!(stages.len(), 5, "{stages:?}");
+    }
+
+    // Another task's round: clients of task B are served task A's setup.
+    let coordinator = Coordinator::start("mc-other-task", ADMIN);
+    let (task_a, token_a) = coordinator.create_task(spec("mc-task-a", 1));
+    let (task_b, token_b) = coordinator.create_task(spec("mc-task-b", 1));
+    let recorded: Arc<Mutex<Option<Vec<u8>>>> = Arc::default();
+    let record = recorded.clone();
+    let proxy_a = Proxy::start(
+        &coordinator.url,
+        Box::new(move |exchange, response| {
+            if exchange.path == "/v1/round/message" && response.status == 200 {
+                if let Ok(ServerMessage::Setup(_)) = ServerMessage::decode(&response.body) {
+                    record.lock().unwrap().get_or_insert_with(|| response.body.clone());
+                }
+            }
+        }),
+    );
+    let endings = run_clients(&proxy_a, &task_a, &token_a, 1, Duration::from_secs(60));
+    assert!(endings.iter().all(|e| matches!(e.0.as_slice(), [RoundOutcome::Completed(_)])), "{endings:?}");
+    let other = recorded.lock().unwrap().clone().unwrap();
+    let ServerMessage::Setup(other_config) = ServerMessage::decode(&other).unwrap() else { unreachable!() };
+    let proxy_b = Proxy::start(
+        &coordinator.url,
+        Box::new(move |exchange, response| {
+            if exchange.path == "/v1/round/message" && response.status == 200 {
+                if let Ok(ServerMessage::Setup(_)) = ServerMessage::decode(&response.body) {
+                    response.body = other.clone();
+                }
+            }
+            if exchange.path == "/v1/checkin" && response.status == 200 {
+                let mut reply: Value = serde_json::from_slice(&response.body).unwrap();
+                if reply["status"] == "selected" {
+                    reply["session"] = json!(hex::encode(other_config.session));
+                    response.body = reply.to_string().into_bytes();
+                }
+            }
+        }),
+    );
+    let endings = run_clients(&proxy_b, &task_b, &token_b, 1, Duration::from_secs(30));
+    for (outcomes, error) in &endings {
+        assert!(error.is_none(), "{error:?}");
+        assert!(
+            matches!(
+                &outcomes[..],
+                [RoundOutcome::Refused { violation: PolicyViolation::NotOurIdentity, .. }]
+            ),
+            "{outcomes:?}"
+        );
+    }
+    assert!(proxy_b.posted().is_empty(), "{:?}", proxy_b.posted());
+}
