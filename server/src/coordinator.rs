@@ -6,6 +6,7 @@
 //! through the same channel. Completed rounds are written to the store
 //! before the engine adopts them.
 
+use cohort_crypto::policy::TaskSecurity;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -112,6 +113,10 @@ enum Request {
     },
     LoadedParameters {
         reply: oneshot::Sender<Result<usize, CoordinatorError>>,
+    },
+    Security {
+        task: String,
+        reply: oneshot::Sender<Result<TaskSecurity, CoordinatorError>>,
     },
     Unmasked {
         task: String,
@@ -226,6 +231,12 @@ impl Coordinator {
     /// Model parameters over every loaded (unfinished) task.
     pub async fn loaded_parameters(&self) -> Result<usize, CoordinatorError> {
         self.ask(|reply| Request::LoadedParameters { reply }).await
+    }
+
+    /// The security parameters of a loaded task's rounds (see
+    /// [`TaskEngine::security`]), derived when the task was loaded.
+    pub async fn security(&self, task: &str) -> Result<TaskSecurity, CoordinatorError> {
+        self.ask(|reply| Request::Security { task: task.into(), reply }).await
     }
 
     /// The current global model (round, safetensors bytes).
@@ -344,6 +355,9 @@ impl Actor {
             }
             Request::LoadedParameters { reply } => {
                 let _ = reply.send(Ok(self.engines.values().map(TaskEngine::parameters).sum()));
+            }
+            Request::Security { task, reply } => {
+                let _ = reply.send(self.engine(&task).map(|engine| engine.security()));
             }
             Request::Unmasked { task, round, result } => self.finish_round(&task, round, result).await,
         }

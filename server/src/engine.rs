@@ -19,8 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, ModelLayout};
 use crate::optimizer::OptimizerState;
-use crate::spec::{DerivedRoundParameters, TaskSpec};
+use crate::spec::TaskSpec;
 use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
+use cohort_crypto::policy::{GraphKind, TaskSecurity};
 
 /// A check-in counts towards selection for this long.
 pub const CHECK_IN_TTL_MS: i64 = 60_000;
@@ -243,7 +244,8 @@ impl core::fmt::Debug for UnmaskJob {
 pub struct TaskEngine {
     task_id: String,
     spec: TaskSpec,
-    derived: DerivedRoundParameters,
+    /// The security parameters every round repeats (derived once, at load).
+    security: TaskSecurity,
     status: TaskStatus,
     weights: Vec<f32>,
     optimizer_state: OptimizerState,
@@ -272,7 +274,7 @@ impl TaskEngine {
         status: TaskStatus,
         latest: &CheckpointRecord,
     ) -> Result<Self, String> {
-        let derived = spec.validate().map_err(|e| e.to_string())?;
+        let security = spec.security().map_err(|e| e.to_string())?;
         let decoded = checkpoint::decode(&latest.model).map_err(|e| e.to_string())?;
         if decoded.layout != spec.model.layout {
             return Err("the checkpoint does not match the task's model layout".into());
@@ -283,7 +285,7 @@ impl TaskEngine {
         getrandom::fill(&mut seed).map_err(|e| e.to_string())?;
         Ok(Self {
             task_id,
-            derived,
+            security,
             status,
             weights: decoded.weights,
             optimizer_state,
@@ -377,7 +379,13 @@ impl TaskEngine {
 
     /// The protocol variant of the task's rounds.
     pub fn variant(&self) -> Variant {
-        self.spec.secure_aggregation.variant().into()
+        self.security.variant
+    }
+
+    /// The security parameters every round of the task announces, which
+    /// participants pin at enrollment.
+    pub fn security(&self) -> TaskSecurity {
+        self.security
     }
 
     /// Changes the status (pause, resume, stop). A paused or stopped task
@@ -572,7 +580,7 @@ impl TaskEngine {
         self.rng.fill_bytes(&mut transform_seed);
         let q = self.spec.quantization;
         let quantizer = q.quantizer(n as u32, transform_seed).ok()?;
-        let modulus_bits = q.ring_bits(n as u32).ok()?;
+        let modulus_bits = self.security.modulus_bits;
         let quantization = q.round_spec(transform_seed).ok()?;
         let config = RoundConfig {
             session,
@@ -580,12 +588,11 @@ impl TaskEngine {
             variant,
             clients: n as u32,
             identities,
-            graph: if self.derived.complete {
-                GraphSpec::Complete
-            } else {
-                GraphSpec::Harary { degree: self.derived.degree }
+            graph: match self.security.graph {
+                GraphKind::Complete => GraphSpec::Complete,
+                GraphKind::Sparse => GraphSpec::Harary { degree: self.security.degree },
             },
-            threshold: self.derived.threshold,
+            threshold: self.security.threshold,
             vector_len: quantizer.encoded_len(self.spec.model.layout.len()) as u32,
             modulus_bits,
             quantization,
@@ -610,8 +617,8 @@ impl TaskEngine {
             metrics: RoundMetrics {
                 modulus_bits,
                 attempt: self.attempts,
-                degree: self.derived.degree,
-                threshold: self.derived.threshold,
+                degree: self.security.degree,
+                threshold: self.security.threshold,
                 ..RoundMetrics::default()
             },
             bytes_up: 0,

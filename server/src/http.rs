@@ -771,13 +771,9 @@ async fn enroll(
         ));
     }
     let identity_key = identity_key(&id, &request)?;
-    let (spec, security) = serde_json::from_str::<TaskSpec>(&task.spec)
-        .map_err(|e| e.to_string())
-        .and_then(|spec| spec.security().map(|security| (spec, security)).map_err(|e| e.to_string()))
-        .map_err(|e| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("stored spec: {e}"))
-        })?;
-    if spec.secure_aggregation.variant() == VariantChoice::Active && identity_key.is_none() {
+    // Derived when the task was loaded; an unfinished task is loaded.
+    let security = state.coordinator.security(&id).await?;
+    if security.variant == cohort_crypto::Variant::Active && identity_key.is_none() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "identity_required",
