@@ -47,6 +47,7 @@ use crate::checkpoint::{self, Checkpoint};
 
 pub use cohort_crypto::Stage;
 pub use cohort_crypto::policy::{Collusion, Policy, PolicyViolation, TaskSecurity};
+pub use cohort_crypto::{Metric, MetricValues};
 
 /// Content type of binary stage messages.
 pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
@@ -371,7 +372,12 @@ pub struct Participant {
     /// The state of an enrollment whose credential expired: its pinned
     /// parameters and contributions carry over to the next enrollment.
     expired: Option<SavedState>,
-    metrics: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The application's metrics for the round in progress: they travel
+    /// inside the masked input, and in the clear only to a semi-honest
+    /// task that asks for them.
+    metrics: MetricValues,
+    /// Whether the round in progress asked for plaintext metrics too.
+    plaintext_metrics: bool,
     events: VecDeque<Action>,
 }
 
@@ -402,6 +408,10 @@ enum CheckIn {
         attempt: u32,
         #[serde(default)]
         session: Option<String>,
+        /// The task (semi-honest only) also takes each client's metrics
+        /// in the clear.
+        #[serde(default)]
+        plaintext_metrics: bool,
     },
     Finished,
 }
@@ -465,7 +475,8 @@ impl Participant {
             last_joined,
             selected_session: None,
             expired: None,
-            metrics: None,
+            metrics: MetricValues::new(),
+            plaintext_metrics: false,
             events: VecDeque::new(),
         }
     }
@@ -656,7 +667,7 @@ impl Participant {
                         self.wait_until = now + retry_after_ms;
                         self.phase = Phase::CheckIn;
                     }
-                    CheckIn::Selected { round, client_id, attempt, session } => {
+                    CheckIn::Selected { round, client_id, attempt, session, plaintext_metrics } => {
                         let instance = session.unwrap_or_else(|| format!("{round}/{attempt}"));
                         if self.last_joined.as_deref() == Some(instance.as_str()) {
                             // This round is over for us; wait for the next.
@@ -665,6 +676,7 @@ impl Participant {
                         } else {
                             self.report = RoundReport { round, ..RoundReport::default() };
                             self.selected_session = session_id(&instance);
+                            self.plaintext_metrics = plaintext_metrics;
                             self.last_joined = Some(instance);
                             self.phase = Phase::Model { round, client_id };
                         }
@@ -731,18 +743,16 @@ impl Participant {
 
     /// Hands over the local update after an [`Action::Train`]: `update` is
     /// the model delta (local − global), `examples` its weight in the
-    /// average, `metrics` optional numbers (loss, accuracy) to report for
-    /// the round. They are sent as they are, so put nothing in them you
-    /// would not show the coordinator. The coordinator takes only its known
-    /// fields (`train_loss`, `train_accuracy`, `global_loss`,
-    /// `global_accuracy`, `eval_loss`, `eval_accuracy`, `examples`; the
-    /// participant adds `bytes_up` and `bytes_down`), each in its range; a
-    /// report with any other key is refused, and the round is unaffected.
+    /// average, `metrics` the round's training metrics (loss, accuracy).
+    /// The metrics the round has room for travel inside the masked input,
+    /// so the coordinator learns only their sums over the survivors; only
+    /// a semi-honest task that asks for them also gets them in the clear,
+    /// with the bytes this client sent and received.
     pub fn submit(
         &mut self,
         update: Vec<f32>,
         examples: u32,
-        metrics: Option<serde_json::Map<String, serde_json::Value>>,
+        metrics: MetricValues,
     ) -> Result<(), ParticipantError> {
         let update = Zeroizing::new(update);
         let Phase::Training { round, client_id, model: None, parameters } = self.phase else {
@@ -769,7 +779,7 @@ impl Participant {
     pub fn vanish(&mut self, reason: &str) {
         if !matches!(self.phase, Phase::Enroll | Phase::CheckIn | Phase::Report { .. } | Phase::Finished) {
             self.in_flight = false;
-            self.metrics = None;
+            self.metrics = MetricValues::new();
             self.abandon(reason.to_string());
         }
     }
@@ -810,7 +820,7 @@ impl Participant {
                         return Ok(());
                     }
                     self.round_rng = None;
-                    self.metrics = None;
+                    self.metrics = MetricValues::new();
                     return Err(ParticipantError::Policy(violation));
                 }
                 // Every round starts from a fresh generator.
@@ -818,7 +828,7 @@ impl Participant {
                 let seeder = &mut self.seeder;
                 let rng = self.round_rng.get_or_insert_with(|| round_generator(seeder));
                 let identity = self.saved.as_ref().and_then(SavedState::identity);
-                start(message, client_id, identity, &update, examples, rng)
+                start(message, client_id, identity, (&update, examples, &self.metrics), rng)
             }
             Protocol::Running(client) => {
                 let seeder = &mut self.seeder;
@@ -894,22 +904,35 @@ impl Participant {
         self.end_round(RoundOutcome::Abandoned { report: self.report, reason });
     }
 
-    /// Queues the outcome, then the metrics report if the application
-    /// supplied metrics and the update went through.
+    /// Queues the outcome, then the plaintext metrics report if the round
+    /// asked for one, ran the semi-honest variant, and the update went
+    /// through.
     fn end_round(&mut self, outcome: RoundOutcome) {
         // The round's generator goes with it (zeroized on drop).
         self.round_rng = None;
         let report = *outcome.report();
-        let metrics = self.metrics.take();
-        self.phase = match (&outcome, metrics) {
-            (RoundOutcome::Completed(_), Some(mut metrics)) => {
-                metrics.insert("bytes_up".into(), report.bytes_up.into());
-                metrics.insert("bytes_down".into(), report.bytes_down.into());
-                let body = serde_json::json!({ "round": report.round, "kind": "train", "metrics": metrics });
+        let metrics = std::mem::take(&mut self.metrics);
+        let semi_honest = self
+            .saved
+            .as_ref()
+            .and_then(|saved| saved.security)
+            .is_some_and(|security| security.variant == cohort_crypto::Variant::SemiHonest);
+        self.phase = match &outcome {
+            RoundOutcome::Completed(_) if self.plaintext_metrics && semi_honest && !metrics.is_empty() => {
+                let mut fields = serde_json::Map::new();
+                for metric in Metric::ALL {
+                    if let Some(value) = metrics.get(metric) {
+                        fields.insert(metric.name().into(), value.into());
+                    }
+                }
+                fields.insert("bytes_up".into(), report.bytes_up.into());
+                fields.insert("bytes_down".into(), report.bytes_down.into());
+                let body = serde_json::json!({ "round": report.round, "kind": "train", "metrics": fields });
                 Phase::Report { body: body.to_string().into_bytes() }
             }
             _ => Phase::CheckIn,
         };
+        self.plaintext_metrics = false;
         self.events.push_back(Action::RoundEnded(outcome));
     }
 }
@@ -919,8 +942,7 @@ fn start(
     setup: ServerMessage,
     client_id: u32,
     identity: Option<Arc<IdentityKey>>,
-    update: &[f32],
-    examples: u32,
+    (update, examples, metrics): (&[f32], u32, &MetricValues),
     rng: &mut ChaCha20Rng,
 ) -> Result<(Box<Client>, ClientMessage), String> {
     let ServerMessage::Setup(config) = &setup else {
@@ -928,7 +950,7 @@ fn start(
     };
     let quantizer = Quantizer::new(config.quantization, config.modulus_bits, config.clients)
         .map_err(|e| e.to_string())?;
-    let input = quantizer.encode(update, examples, rng).map_err(|e| e.to_string())?;
+    let input = quantizer.encode_with_metrics(update, examples, metrics, rng).map_err(|e| e.to_string())?;
     let me = ClientId::new(client_id).ok_or("the coordinator assigned client id 0")?;
     Client::start(setup, me, identity, input, rng)
         .map(|(client, reply)| (Box::new(client), reply))
@@ -994,7 +1016,12 @@ mod tests {
     /// The three-client semi-honest round of [`setup`].
     fn round_config(round: u64) -> cohort_crypto::RoundConfig {
         use cohort_crypto::{GraphSpec, QuantizationSpec, RoundConfig, Transform, Variant};
-        let quantization = QuantizationSpec { clip: 1.0, max_weight: 100, transform: Transform::None };
+        let quantization = QuantizationSpec {
+            clip: 1.0,
+            max_weight: 100,
+            transform: Transform::None,
+            metrics: cohort_crypto::MetricSet::NONE,
+        };
         let vector_len = Quantizer::new(quantization, 32, 3).unwrap().encoded_len(2) as u32;
         RoundConfig {
             session: [7; 16],
@@ -1180,21 +1207,30 @@ mod tests {
     fn updates_are_checked_and_must_come_after_training() {
         let mut p = enrolled();
         assert_eq!(
-            p.submit(vec![0.0; 2], 1, None),
+            p.submit(vec![0.0; 2], 1, MetricValues::new()),
             Err(ParticipantError::OutOfOrder("submit comes after a Train action"))
         );
         let mut p = training();
-        assert!(matches!(p.submit(vec![0.0; 3], 1, None), Err(ParticipantError::InvalidUpdate(_))));
-        assert!(matches!(p.submit(vec![f32::NAN, 0.0], 1, None), Err(ParticipantError::InvalidUpdate(_))));
-        assert!(matches!(p.submit(vec![0.1, 0.0], 0, None), Err(ParticipantError::InvalidUpdate(_))));
-        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        assert!(matches!(
+            p.submit(vec![0.0; 3], 1, MetricValues::new()),
+            Err(ParticipantError::InvalidUpdate(_))
+        ));
+        assert!(matches!(
+            p.submit(vec![f32::NAN, 0.0], 1, MetricValues::new()),
+            Err(ParticipantError::InvalidUpdate(_))
+        ));
+        assert!(matches!(
+            p.submit(vec![0.1, 0.0], 0, MetricValues::new()),
+            Err(ParticipantError::InvalidUpdate(_))
+        ));
+        p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
         assert_eq!(send(&mut p, 0).path, "/v1/round/message");
     }
 
     #[test]
     fn a_stalled_stage_abandons_the_round_and_the_round_is_not_rejoined() {
         let mut p = training();
-        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
         let mut now = 0;
         loop {
             match p.next(now) {
@@ -1221,7 +1257,7 @@ mod tests {
         let mut p = enrolled();
         assert_eq!(p.leave("paused"), None);
         let mut p = training();
-        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
         match p.leave("paused") {
             Some(RoundOutcome::Abandoned { report, reason }) => {
                 assert_eq!((report.round, reason.as_str()), (3, "paused"))
@@ -1245,7 +1281,7 @@ mod tests {
     /// Trains for the round in progress and receives its setup; returns the
     /// seed of the generator the round's secrets come from.
     fn start_round(p: &mut Participant, round: u64) -> [u8; 32] {
-        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
         assert_eq!(send(p, 0).path, "/v1/round/message");
         assert!(p.round_rng.is_none(), "a generator before the round's protocol started");
         p.handle(0, Response { status: 200, body: setup(round) }).unwrap();
@@ -1271,7 +1307,7 @@ mod tests {
     #[test]
     fn garbage_from_the_server_ends_the_round_not_the_participant() {
         let mut p = training();
-        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
         send(&mut p, 0);
         p.handle(0, Response { status: 200, body: b"not a server message".to_vec() }).unwrap();
         assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Abandoned { .. })));
@@ -1320,7 +1356,7 @@ mod tests {
     #[test]
     fn a_round_that_changes_a_pinned_parameter_is_refused_before_anything_is_drawn() {
         let mut p = training();
-        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
         send(&mut p, 0);
         let mut changed = round_config(3);
         changed.modulus_bits = 24;
@@ -1338,7 +1374,7 @@ mod tests {
     fn a_round_replayed_or_not_as_selected_is_refused_and_the_next_one_joined() {
         let mut p = training();
         p.saved.as_mut().unwrap().last_contributed_round = 3;
-        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
         send(&mut p, 0);
         p.handle(0, Response { status: 200, body: setup(3) }).unwrap();
         match p.next(0) {
@@ -1352,7 +1388,7 @@ mod tests {
         assert!(p.round_rng.is_none());
         // Selected for round 4 but handed round 3's setup.
         select_and_train(&mut p, 4);
-        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
         send(&mut p, 0);
         p.handle(0, Response { status: 200, body: setup(3) }).unwrap();
         assert!(matches!(
@@ -1373,7 +1409,7 @@ mod tests {
         let model = checkpoint::encode(&layout, &[0.5, -0.5], &Default::default()).unwrap();
         p.handle(0, Response { status: 200, body: model }).unwrap();
         assert!(matches!(p.next(0), Action::Train { round: 5, .. }));
-        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
         send(&mut p, 0);
         p.handle(0, Response { status: 200, body: setup(5) }).unwrap();
         assert!(matches!(
@@ -1382,7 +1418,7 @@ mod tests {
         ));
         // Round 6, as selected: the participant advertises its keys.
         select_and_train(&mut p, 6);
-        p.submit(vec![0.1, 0.0], 5, None).unwrap();
+        p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
         send(&mut p, 0);
         p.handle(0, Response { status: 200, body: setup(6) }).unwrap();
         assert_eq!(p.posting(), Some(Stage::AdvertiseKeys));

@@ -14,6 +14,7 @@ use crate::participant::{
     Action, Participant, ParticipantError, Request, Response, RoundOutcome, SavedState,
 };
 use crate::train::{TrainConfig, train};
+use cohort_crypto::{Metric, MetricValues};
 
 /// Sends one request and returns the coordinator's response, whatever
 /// its status; `Err` means no response arrived.
@@ -30,8 +31,9 @@ pub struct LocalUpdate {
     pub delta: Vec<f32>,
     /// Weight in the average: the number of local examples.
     pub examples: u32,
-    /// Numbers to report for the round (loss, accuracy), if any.
-    pub metrics: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The round's training metrics (loss, accuracy): the coordinator
+    /// learns only their means over the round's survivors.
+    pub metrics: MetricValues,
 }
 
 impl std::fmt::Debug for LocalUpdate {
@@ -39,7 +41,7 @@ impl std::fmt::Debug for LocalUpdate {
         f.debug_struct("LocalUpdate")
             .field("parameters", &self.delta.len())
             .field("examples", &self.examples)
-            .field("metrics", &self.metrics.as_ref().map(|m| m.keys().collect::<Vec<_>>()))
+            .field("metrics", &self.metrics)
             .finish_non_exhaustive()
     }
 }
@@ -48,8 +50,8 @@ impl LocalUpdate {
     /// The update, its weight and its metrics, for
     /// [`Participant::submit`](crate::participant::Participant::submit)
     /// (which keeps the update in zeroizing memory).
-    pub fn into_parts(mut self) -> (Vec<f32>, u32, Option<serde_json::Map<String, serde_json::Value>>) {
-        (std::mem::take(&mut self.delta), self.examples, self.metrics.take())
+    pub fn into_parts(mut self) -> (Vec<f32>, u32, MetricValues) {
+        (std::mem::take(&mut self.delta), self.examples, self.metrics)
     }
 }
 
@@ -99,11 +101,13 @@ pub fn local_update(
     let report = train(model, &mut params, &global.weights, data.features.view(), &data.labels, &config)
         .map_err(|e| e.to_string())?;
     let delta = params.iter().zip(&global.weights).map(|(local, global)| local - global).collect();
-    let mut metrics = serde_json::Map::new();
-    metrics.insert("train_loss".into(), f64::from(report.loss).into());
-    metrics.insert("examples".into(), report.examples.into());
+    let mut metrics = MetricValues::new();
+    // A diverged loss is not a reason to lose the round.
+    if report.loss.is_finite() {
+        metrics.set(Metric::TrainLoss, f64::from(report.loss)).map_err(|e| e.to_string())?;
+    }
     let examples = u32::try_from(report.examples).map_err(|_| "too many local examples")?;
-    Ok(LocalUpdate { delta, examples, metrics: Some(metrics) })
+    Ok(LocalUpdate { delta, examples, metrics })
 }
 
 /// Drives a [`Participant`] with blocking I/O.
@@ -374,12 +378,20 @@ mod tests {
     #[test]
     fn a_local_update_is_neither_printed_nor_cloned() {
         static_assertions::assert_not_impl_any!(LocalUpdate: Clone);
-        let update = LocalUpdate { delta: vec![0.123_456, -9.875], examples: 7, metrics: None };
+        let mut metrics = MetricValues::new();
+        metrics.set(Metric::TrainLoss, 0.777).unwrap();
+        let update = LocalUpdate { delta: vec![0.123_456, -9.875], examples: 7, metrics };
         let printed = format!("{update:?}");
-        assert!(printed.contains("parameters: 2"), "{printed}");
-        assert!(!printed.contains("0.123") && !printed.contains("9.875"), "{printed}");
+        assert!(printed.contains("parameters: 2") && printed.contains("train_loss"), "{printed}");
+        assert!(
+            !printed.contains("0.123") && !printed.contains("9.875") && !printed.contains("0.777"),
+            "{printed}"
+        );
         let (delta, examples, metrics) = update.into_parts();
-        assert_eq!((delta, examples, metrics), (vec![0.123_456, -9.875], 7, None));
+        assert_eq!(
+            (delta, examples, metrics.get(Metric::TrainLoss)),
+            (vec![0.123_456, -9.875], 7, Some(0.777))
+        );
     }
     use crate::participant::{Action, ParticipantConfig, Response};
 

@@ -70,6 +70,7 @@ fn config(clients: u32, degree: u32, threshold: u32, dim: u32) -> RoundConfig {
             clip: 1.0,
             max_weight: 1,
             transform: cohort_crypto::Transform::None,
+            metrics: cohort_crypto::MetricSet::NONE,
         },
     }
 }

@@ -4,6 +4,7 @@
 use crate::error::ConfigError;
 use crate::graph::{CommunicationGraph, GraphSpec};
 use crate::kdf::{LABEL_GRAPH_PLACEMENT, hkdf_sha256};
+use crate::metrics::MetricSet;
 use crate::quantize::{QuantizationSpec, Transform};
 use crate::wire::{DecodeError, Reader, Writer};
 
@@ -172,6 +173,7 @@ impl RoundConfig {
                 w.u8(2).u32(*rows).u32(*columns).u32(*top_k).bytes(seed);
             }
         }
+        w.u8(self.quantization.metrics.bits());
     }
 
     pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -201,6 +203,7 @@ impl RoundConfig {
             2 => Transform::Sketch { rows: r.u32()?, columns: r.u32()?, top_k: r.u32()?, seed: r.array()? },
             _ => return Err(DecodeError::Invalid("transform")),
         };
+        let metrics = MetricSet::from_bits(r.u8()?).ok_or(DecodeError::Invalid("metric set"))?;
         let config = RoundConfig {
             session,
             round,
@@ -211,7 +214,7 @@ impl RoundConfig {
             threshold,
             vector_len,
             modulus_bits,
-            quantization: QuantizationSpec { clip, max_weight, transform },
+            quantization: QuantizationSpec { clip, max_weight, transform, metrics },
         };
         config.validate().map_err(|_| DecodeError::Invalid("round configuration"))?;
         Ok(config)
@@ -222,6 +225,7 @@ impl RoundConfig {
 mod tests {
     use super::*;
     use crate::error::ConfigError::*;
+    use crate::messages::ServerMessage;
 
     /// Ten clients, degree 4, threshold 3, 16 bits: valid.
     fn base() -> RoundConfig {
@@ -235,7 +239,12 @@ mod tests {
             threshold: 3,
             vector_len: 8,
             modulus_bits: 16,
-            quantization: QuantizationSpec { clip: 1.0, max_weight: 1, transform: Transform::None },
+            quantization: QuantizationSpec {
+                clip: 1.0,
+                max_weight: 1,
+                transform: Transform::None,
+                metrics: crate::MetricSet::NONE,
+            },
         }
     }
 
@@ -343,5 +352,20 @@ mod tests {
         config.graph = GraphSpec::Harary { degree: 4 };
         config.modulus_bits = 12;
         assert_eq!((config.degree(), config.modulus_mask()), (4, 0xfff));
+    }
+
+    /// The metrics a round's vectors carry are part of the round: they
+    /// travel in the setup, change the context, and a bit that names no
+    /// metric is refused.
+    #[test]
+    fn the_metric_set_is_part_of_the_round() {
+        let mut config = base();
+        config.quantization.metrics = MetricSet::ALL;
+        let bytes = ServerMessage::Setup(config.clone()).encode();
+        assert_eq!(ServerMessage::decode(&bytes), Ok(ServerMessage::Setup(config.clone())));
+        assert_ne!(config.context(), base().context());
+        let mut bad = bytes.clone();
+        *bad.last_mut().unwrap() = 0x40;
+        assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("metric set")));
     }
 }

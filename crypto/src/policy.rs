@@ -500,7 +500,12 @@ mod tests {
             threshold,
             vector_len: 8,
             modulus_bits: 24,
-            quantization: QuantizationSpec { clip: 1.0, max_weight: 64, transform: Transform::None },
+            quantization: QuantizationSpec {
+                clip: 1.0,
+                max_weight: 64,
+                transform: Transform::None,
+                metrics: crate::MetricSet::NONE,
+            },
         }
     }
 

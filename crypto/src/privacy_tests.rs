@@ -59,7 +59,12 @@ fn run_round_in_ring(seed: u64, bits: u8) -> Transcript {
         threshold: 2,
         vector_len: DIM as u32,
         modulus_bits: bits,
-        quantization: QuantizationSpec { clip: 1.0, max_weight: 1, transform: crate::Transform::None },
+        quantization: QuantizationSpec {
+            clip: 1.0,
+            max_weight: 1,
+            transform: crate::Transform::None,
+            metrics: crate::MetricSet::NONE,
+        },
     };
     // A highly structured input: a ramp, far from uniform.
     let input: Vec<u32> = (0..DIM as u32).map(|i| i % limit).collect();

@@ -8,7 +8,9 @@
 //!    stochastically (up with probability equal to the fractional part, so the
 //!    rounding is unbiased);
 //! 4. append w itself, exactly, as base-(L + 1) digits (one coordinate when
-//!    W ≤ L, more in small rings).
+//!    W ≤ L, more in small rings);
+//! 5. append the round's metrics ([`crate::metrics`]) the same way, each
+//!    with a coordinate that says whether the client reported it.
 //!
 //! Every coordinate lies in [0, L], so the sum of up to n inputs stays below
 //! 2^b: it never wraps, and the server decodes the weighted mean
@@ -27,6 +29,7 @@ use zeroize::Zeroizing;
 
 use crate::compress::{CountSketch, Rotation};
 use crate::error::ConfigError;
+use crate::metrics::{MetricSet, MetricSums, MetricValues};
 
 /// Largest rotation block and sketch dimensions accepted.
 const MAX_BLOCK: u32 = 1 << 16;
@@ -75,6 +78,8 @@ pub struct QuantizationSpec {
     pub max_weight: u32,
     /// Applied before quantization.
     pub transform: Transform,
+    /// Metrics every client's vector has room for, after the example count.
+    pub metrics: MetricSet,
 }
 
 impl QuantizationSpec {
@@ -160,6 +165,14 @@ pub enum QuantizeError {
     /// The summed example count is zero: there is nothing to average.
     #[error("the aggregate carries no examples")]
     NoExamples,
+    /// A metric's value is out of its range.
+    #[error("metric {metric} {reason}")]
+    Metric {
+        /// The metric's name.
+        metric: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 /// A quantized input vector in Z_{2^b}: an individual client's update, so it
@@ -188,13 +201,17 @@ impl QuantizedInput {
     }
 }
 
-/// The decoded aggregate: the weighted mean update and the total weight.
+/// The decoded aggregate: the weighted mean update, the total weight and
+/// the metrics' sums.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WeightedMean {
     /// Σ w_k Δ_k / Σ w_k, per coordinate.
     pub mean: Vec<f32>,
     /// Σ w_k.
     pub total_weight: u64,
+    /// Per metric of the round, its sum over the survivors that reported
+    /// it and their number.
+    pub metrics: MetricSums,
 }
 
 /// Quantizes updates for one round and decodes the aggregate.
@@ -213,9 +230,14 @@ impl Quantizer {
     }
 
     /// Length of an encoded vector for an update of `dimension`
-    /// coordinates: the transformed length and the weight's digits.
+    /// coordinates: the transformed length, the weight's digits and the
+    /// metrics' digits and presence coordinates.
     pub fn encoded_len(&self, dimension: usize) -> usize {
-        self.transformed_len(dimension) + self.weight_digits()
+        self.transformed_len(dimension) + self.weight_digits() + self.metric_coordinates()
+    }
+
+    fn metric_coordinates(&self) -> usize {
+        self.spec.metrics.iter().map(|m| self.digits_for(m.max_fixed()) + 1).sum()
     }
 
     fn transformed_len(&self, dimension: usize) -> usize {
@@ -228,14 +250,36 @@ impl Quantizer {
 
     /// Base-(L + 1) digits needed for example counts up to W.
     fn weight_digits(&self) -> usize {
+        self.digits_for(u64::from(self.spec.max_weight))
+    }
+
+    /// Base-(L + 1) digits needed for values up to `max`.
+    fn digits_for(&self, max: u64) -> usize {
         let base = self.levels + 1;
         let mut digits = 1;
         let mut reach = base;
-        while reach <= u64::from(self.spec.max_weight) {
+        while reach <= max {
             reach = reach.saturating_mul(base);
             digits += 1;
         }
         digits
+    }
+
+    /// Appends `value` as `digits` base-(L + 1) digits, least significant first.
+    fn push_digits(&self, out: &mut Vec<u32>, mut value: u64, digits: usize) {
+        for _ in 0..digits {
+            out.push((value % (self.levels + 1)) as u32);
+            value /= self.levels + 1;
+        }
+    }
+
+    /// The number whose base-(L + 1) digits (least significant first) are
+    /// `digits`; the digits are sums, so may exceed the base.
+    fn digits_value(&self, digits: &[u32]) -> u128 {
+        digits
+            .iter()
+            .rev()
+            .fold(0u128, |total, &digit| total * u128::from(self.levels + 1) + u128::from(digit))
     }
 
     fn rotation(&self) -> Option<Rotation> {
@@ -254,11 +298,24 @@ impl Quantizer {
         }
     }
 
-    /// Quantizes `update` with example count `weight`.
+    /// Quantizes `update` with example count `weight` and no metrics.
     pub fn encode<R: CryptoRng + ?Sized>(
         &self,
         update: &[f32],
         weight: u32,
+        rng: &mut R,
+    ) -> Result<QuantizedInput, QuantizeError> {
+        self.encode_with_metrics(update, weight, &MetricValues::new(), rng)
+    }
+
+    /// Quantizes `update` with example count `weight` and the round's
+    /// metrics from `metrics` (those it does not report are absent; those
+    /// the round has no room for are left out).
+    pub fn encode_with_metrics<R: CryptoRng + ?Sized>(
+        &self,
+        update: &[f32],
+        weight: u32,
+        metrics: &MetricValues,
         rng: &mut R,
     ) -> Result<QuantizedInput, QuantizeError> {
         if weight > self.spec.max_weight {
@@ -287,10 +344,10 @@ impl Quantizer {
             let rounded = if uniform < position - floor { floor + 1.0 } else { floor };
             out.push(rounded.min(levels) as u32);
         }
-        let mut rest = u64::from(weight);
-        for _ in 0..self.weight_digits() {
-            out.push((rest % (self.levels + 1)) as u32);
-            rest /= self.levels + 1;
+        self.push_digits(&mut out, u64::from(weight), self.weight_digits());
+        for metric in self.spec.metrics.iter() {
+            self.push_digits(&mut out, metrics.fixed(metric), self.digits_for(metric.max_fixed()));
+            out.push(u32::from(metrics.get(metric).is_some()));
         }
         Ok(QuantizedInput(out))
     }
@@ -309,12 +366,22 @@ impl Quantizer {
         if sum.len() != self.encoded_len(dimension) {
             return Err(QuantizeError::Length { expected: self.encoded_len(dimension), got: sum.len() });
         }
-        let (coordinates, digits) = sum.split_at(self.transformed_len(dimension));
-        // Digit sums are below 2^b, so the total is exact.
-        let total_weight = digits
-            .iter()
-            .rev()
-            .fold(0u128, |total, &digit| total * u128::from(self.levels + 1) + u128::from(digit));
+        let (coordinates, rest) = sum.split_at(self.transformed_len(dimension));
+        let (weight, mut rest) = rest.split_at(self.weight_digits());
+        // Digit sums are below 2^b, so the totals are exact.
+        let total_weight = self.digits_value(weight);
+        let mut metrics = MetricSums::default();
+        for metric in self.spec.metrics.iter() {
+            let (digits, after) = rest.split_at(self.digits_for(metric.max_fixed()));
+            let (presence, after) = after.split_at(1);
+            rest = after;
+            let value = self.digits_value(digits) as f64 / f64::from(1u32 << crate::metrics::FRACTION_BITS);
+            // More reporters than summands only comes from a client that
+            // lied about itself; the statistic is then left out.
+            if presence[0] <= summands {
+                metrics.insert(metric, value, presence[0]);
+            }
+        }
         let total_weight = u64::try_from(total_weight).map_err(|_| QuantizeError::NoExamples)?;
         if total_weight == 0 {
             return Err(QuantizeError::NoExamples);
@@ -332,7 +399,7 @@ impl Quantizer {
             (_, Some((sketch, top_k))) => sketch.top_k(&mean, dimension, top_k as usize),
             _ => mean,
         };
-        Ok(WeightedMean { mean, total_weight })
+        Ok(WeightedMean { mean, total_weight, metrics })
     }
 }
 
@@ -343,7 +410,12 @@ mod tests {
     use rand_core::SeedableRng;
 
     fn spec() -> QuantizationSpec {
-        QuantizationSpec { clip: 1.0, max_weight: 1_000, transform: Transform::None }
+        QuantizationSpec {
+            clip: 1.0,
+            max_weight: 1_000,
+            transform: Transform::None,
+            metrics: crate::MetricSet::NONE,
+        }
     }
 
     #[test]
@@ -377,7 +449,12 @@ mod tests {
     fn headroom_prevents_wrapping_at_the_extremes() {
         let clients = 1_000u32;
         for bits in [16u8, 24, 32] {
-            let spec = QuantizationSpec { clip: 2.0, max_weight: 1, transform: Transform::None };
+            let spec = QuantizationSpec {
+                clip: 2.0,
+                max_weight: 1,
+                transform: Transform::None,
+                metrics: crate::MetricSet::NONE,
+            };
             let q = Quantizer::new(spec, bits, clients).unwrap();
             let mut rng = ChaCha20Rng::seed_from_u64(u64::from(bits));
             let encoded = q.encode(&[2.0, 5.0, -9.0], 1, &mut rng).unwrap();
@@ -388,9 +465,17 @@ mod tests {
 
     #[test]
     fn stochastic_rounding_is_unbiased() {
-        let q =
-            Quantizer::new(QuantizationSpec { clip: 1.0, max_weight: 1, transform: Transform::None }, 8, 2)
-                .unwrap();
+        let q = Quantizer::new(
+            QuantizationSpec {
+                clip: 1.0,
+                max_weight: 1,
+                transform: Transform::None,
+                metrics: crate::MetricSet::NONE,
+            },
+            8,
+            2,
+        )
+        .unwrap();
         let mut rng = ChaCha20Rng::seed_from_u64(33);
         // With 127 levels over [−1, 1], 0.003 falls between two levels.
         let trials = 20_000;
@@ -419,7 +504,12 @@ mod tests {
     /// Each rule of the quantization settings at its boundary.
     #[test]
     fn quantization_settings_are_checked_at_their_boundaries() {
-        let with = |clip: f32, transform: Transform| QuantizationSpec { clip, max_weight: 1, transform };
+        let with = |clip: f32, transform: Transform| QuantizationSpec {
+            clip,
+            max_weight: 1,
+            transform,
+            metrics: crate::MetricSet::NONE,
+        };
         let none = Transform::None;
         for clip in [0.0, -1.0, f32::NAN, f32::INFINITY] {
             assert!(with(clip, none).validate(16, 4).is_err(), "clip {clip}");
@@ -457,7 +547,12 @@ mod tests {
         assert!(matches!(q.decode(&[0, 0, 0], 1, 1), Err(QuantizeError::Length { .. })));
         assert!(
             Quantizer::new(
-                QuantizationSpec { clip: 1.0, max_weight: 10, transform: Transform::None },
+                QuantizationSpec {
+                    clip: 1.0,
+                    max_weight: 10,
+                    transform: Transform::None,
+                    metrics: crate::MetricSet::NONE
+                },
                 8,
                 200
             )
@@ -465,10 +560,85 @@ mod tests {
         );
         let bad_block = Transform::Rotate { block: 100, seed: [0; 32] };
         assert!(
-            Quantizer::new(QuantizationSpec { clip: 1.0, max_weight: 1, transform: bad_block }, 16, 4)
-                .is_err()
+            Quantizer::new(
+                QuantizationSpec {
+                    clip: 1.0,
+                    max_weight: 1,
+                    transform: bad_block,
+                    metrics: crate::MetricSet::NONE
+                },
+                16,
+                4
+            )
+            .is_err()
         );
         assert_eq!(Quantizer::new(spec(), 40, 4).err(), Some(ConfigError::BadModulusBits(40)));
+    }
+
+    /// Metrics travel as digits and a presence coordinate: the sum over
+    /// the reporters is exact to the fixed-point resolution, and a metric
+    /// some clients leave out is averaged over those that report it.
+    #[test]
+    fn metrics_decode_to_sums_over_their_reporters() {
+        use crate::metrics::{Metric, MetricSet};
+        let clients = 10u32;
+        let bits = modulus_bits_for(8, clients).unwrap();
+        let set: MetricSet = [Metric::TrainLoss, Metric::EvalAccuracy].into_iter().collect();
+        let spec = QuantizationSpec { metrics: set, ..spec() };
+        let q = Quantizer::new(spec, bits, clients).unwrap();
+        // L = 409 in a 12-bit ring: 2^32 needs four base-410 digits, 2^20 three.
+        assert_eq!(q.encoded_len(3), 3 + 2 + (4 + 1) + (3 + 1));
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let mut sum = vec![0u32; q.encoded_len(3)];
+        let mut losses = 0.0;
+        for k in 0..clients {
+            let mut values = MetricValues::new();
+            let loss = 0.25 + f64::from(k) * 0.3;
+            losses += loss;
+            values.set(Metric::TrainLoss, loss).unwrap();
+            if k < 4 {
+                values.set(Metric::EvalAccuracy, 0.5 + f64::from(k) * 0.1).unwrap();
+            }
+            values.set(Metric::GlobalLoss, 9.0).unwrap(); // no room: left out
+            let encoded = q.encode_with_metrics(&[0.1, 0.2, 0.3], 700, &values, &mut rng).unwrap();
+            for (s, v) in sum.iter_mut().zip(encoded.values()) {
+                *s += v;
+            }
+        }
+        let decoded = q.decode(&sum, clients, 3).unwrap();
+        assert_eq!(decoded.total_weight, 7_000);
+        let (loss_sum, reporters) = decoded.metrics.sum(Metric::TrainLoss).unwrap();
+        assert_eq!(reporters, 10);
+        assert!((loss_sum - losses).abs() < 1e-5, "{loss_sum} vs {losses}");
+        let accuracy = decoded.metrics.mean(Metric::EvalAccuracy).unwrap();
+        assert!((accuracy - 0.65).abs() < 1e-6, "{accuracy}");
+        assert_eq!(decoded.metrics.sum(Metric::EvalAccuracy).map(|s| s.1), Some(4));
+        assert_eq!(decoded.metrics.sum(Metric::GlobalLoss), None);
+        assert!((decoded.mean[2] - 0.3).abs() < 0.01);
+    }
+
+    /// Sums at the top of every metric's range fit the ring's headroom.
+    #[test]
+    fn metrics_at_their_maximum_do_not_wrap() {
+        use crate::metrics::{Metric, MetricSet};
+        let clients = 1_000u32;
+        for bits in [11u8, 16, 32] {
+            let spec = QuantizationSpec { metrics: MetricSet::ALL, ..spec() };
+            let q = Quantizer::new(spec, bits, clients).unwrap();
+            let mut values = MetricValues::new();
+            for metric in Metric::ALL {
+                values.set(metric, metric.max()).unwrap();
+            }
+            let encoded =
+                q.encode_with_metrics(&[0.0], 1, &values, &mut ChaCha20Rng::seed_from_u64(1)).unwrap();
+            let max = u64::from(*encoded.values().iter().max().unwrap());
+            assert!(max * u64::from(clients) < 1u64 << bits, "{bits} bits");
+            let sum: Vec<u32> = encoded.values().iter().map(|v| v * clients).collect();
+            let decoded = q.decode(&sum, clients, 1).unwrap();
+            for metric in Metric::ALL {
+                assert_eq!(decoded.metrics.mean(metric), Some(metric.max()), "{metric:?} in {bits} bits");
+            }
+        }
     }
 
     /// Sums `clients` encodings of `updates` with weights, as the server
@@ -513,7 +683,12 @@ mod tests {
         // 4-bit values for 10 clients: a 8-bit ring, L = 25, so counts up
         // to 10 000 need three base-26 digits.
         let (clients, bits) = (10u32, modulus_bits_for(4, 10).unwrap());
-        let spec = QuantizationSpec { clip: 1.0, max_weight: 10_000, transform: Transform::None };
+        let spec = QuantizationSpec {
+            clip: 1.0,
+            max_weight: 10_000,
+            transform: Transform::None,
+            metrics: crate::MetricSet::NONE,
+        };
         let q = Quantizer::new(spec, bits, clients).unwrap();
         assert_eq!(q.encoded_len(5), 5 + 3);
         let updates: Vec<Vec<f32>> = (0..clients).map(|k| vec![0.5 - k as f32 * 0.1; 5]).collect();
@@ -536,11 +711,17 @@ mod tests {
             })
             .collect();
         let weights = vec![100u32; clients as usize];
-        let plain = QuantizationSpec { clip: 1.0, max_weight: 100, transform: Transform::None };
+        let plain = QuantizationSpec {
+            clip: 1.0,
+            max_weight: 100,
+            transform: Transform::None,
+            metrics: crate::MetricSet::NONE,
+        };
         let rotated = QuantizationSpec {
             clip: 0.2,
             max_weight: 100,
             transform: Transform::Rotate { block: 1_024, seed: [9; 32] },
+            metrics: crate::MetricSet::NONE,
         };
         let a = aggregate(&Quantizer::new(plain, bits, clients).unwrap(), &updates, &weights, 2);
         let b = aggregate(&Quantizer::new(rotated, bits, clients).unwrap(), &updates, &weights, 2);
@@ -560,7 +741,7 @@ mod tests {
         }
         let weights = vec![10u32; clients as usize];
         let transform = Transform::Sketch { rows: 5, columns: 500, top_k: 2, seed: [4; 32] };
-        let spec = QuantizationSpec { clip: 1.0, max_weight: 10, transform };
+        let spec = QuantizationSpec { clip: 1.0, max_weight: 10, transform, metrics: crate::MetricSet::NONE };
         let q = Quantizer::new(spec, 32, clients).unwrap();
         assert_eq!(q.encoded_len(10_000), 2_500 + 1);
         let decoded = aggregate(&q, &updates, &weights, 3);
@@ -569,7 +750,17 @@ mod tests {
         assert_eq!(decoded.mean.iter().filter(|v| **v != 0.0).count(), 2);
         let even = Transform::Sketch { rows: 4, columns: 10, top_k: 0, seed: [0; 32] };
         assert!(
-            Quantizer::new(QuantizationSpec { clip: 1.0, max_weight: 1, transform: even }, 32, 2).is_err()
+            Quantizer::new(
+                QuantizationSpec {
+                    clip: 1.0,
+                    max_weight: 1,
+                    transform: even,
+                    metrics: crate::MetricSet::NONE
+                },
+                32,
+                2
+            )
+            .is_err()
         );
     }
 }

@@ -10,7 +10,7 @@
 pub const MAGIC: [u8; 2] = [0xC0, 0x5A];
 
 /// The encoding version this crate reads and writes.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 
 /// Why a message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

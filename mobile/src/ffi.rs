@@ -345,7 +345,7 @@ impl Trainer for CallbackTrainer {
         if code != 0 {
             return Err(format!("the update callback returned {code}"));
         }
-        Ok(LocalUpdate { delta, examples, metrics: None })
+        Ok(LocalUpdate { delta, examples, metrics: cohort_client::participant::MetricValues::new() })
     }
 }
 

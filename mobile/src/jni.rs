@@ -268,7 +268,11 @@ impl JavaTrainer<'_, '_> {
         let Ok(examples) = u32::try_from(examples) else {
             return Ok(Err("the update has a negative number of examples".into()));
         };
-        Ok(Ok(LocalUpdate { delta: values, examples, metrics: None }))
+        Ok(Ok(LocalUpdate {
+            delta: values,
+            examples,
+            metrics: cohort_client::participant::MetricValues::new(),
+        }))
     }
 }
 

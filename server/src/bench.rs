@@ -12,7 +12,7 @@ use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::params::{Adversary, DerivedParameters, ParameterTarget, derive_complete, derive_sparse};
 use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::simulation::{DropoutPlan, Simulation, Stopwatch, plain_sum};
-use cohort_crypto::{ClientId, QuantizedInput, RoundConfig, Variant};
+use cohort_crypto::{ClientId, MetricSet, QuantizedInput, RoundConfig, Variant};
 use cohort_server::spec::QuantizationConfig;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
@@ -172,8 +172,8 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
     let mut transform_seed = [0u8; 32];
     seed_rng.fill_bytes(&mut transform_seed);
     let modulus_bits = settings.ring_bits(args.clients)?;
-    let quantization = settings.round_spec(transform_seed)?;
-    let quantizer = settings.quantizer(args.clients, transform_seed)?;
+    let quantization = settings.round_spec(transform_seed, MetricSet::NONE)?;
+    let quantizer = settings.quantizer(args.clients, transform_seed, MetricSet::NONE)?;
     let mut config = RoundConfig {
         session,
         round: 1,

@@ -427,10 +427,11 @@ impl Actor {
                 let survivors = completion.round.survivors;
                 let selected = completion.round.selected;
                 let stages = completion.stages().to_vec();
+                let means = completion.client_means().clone();
                 if let Ok(engine) = self.engine(id) {
                     engine.commit(completion);
                     let completed = engine.status() == TaskStatus::Completed;
-                    self.metrics.round_completed(selected, survivors, &stages);
+                    self.metrics.round_completed(selected, survivors, &stages, &means);
                     tracing::info!(task = id, round, survivors, "round completed");
                     if completed {
                         self.complete_task(id).await;

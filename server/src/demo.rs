@@ -28,7 +28,7 @@ use cohort_client::train::TrainConfig;
 use cohort_crypto::config::active_threshold_holds;
 use cohort_crypto::policy::Policy;
 use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
-use cohort_crypto::{ClientId, QuantizedInput, RoundConfig, Variant};
+use cohort_crypto::{ClientId, Metric, QuantizedInput, RoundConfig, Variant};
 use cohort_server::auth::new_token;
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::service::{Service, ServiceConfig};
@@ -240,6 +240,8 @@ struct RoundRow {
     round: u64,
     accuracy: f64,
     loss: f64,
+    /// The clients' mean training loss, from its sum under the masks.
+    client_loss: Option<f64>,
     seconds: f64,
     bytes_up_per_client: f64,
     bytes_down_per_client: f64,
@@ -259,8 +261,8 @@ impl Progress {
     fn new(rounds: u64) -> Self {
         let progress = Self { rounds, tty: std::io::stdout().is_terminal(), started: Instant::now() };
         println!(
-            "{:>5}  {:>8}  {:>7}  {:>8}  {:>12}  {:>12}  {:>9}",
-            "round", "accuracy", "loss", "seconds", "up/client", "down/client", "survivors"
+            "{:>5}  {:>8}  {:>7}  {:>11}  {:>8}  {:>12}  {:>12}  {:>9}",
+            "round", "accuracy", "loss", "client loss", "seconds", "up/client", "down/client", "survivors"
         );
         progress
     }
@@ -270,10 +272,11 @@ impl Progress {
             print!("\r\x1b[2K");
         }
         println!(
-            "{:>5}  {:>7.2}%  {:>7.4}  {:>8.1}  {:>12}  {:>12}  {:>9}",
+            "{:>5}  {:>7.2}%  {:>7.4}  {:>11}  {:>8.1}  {:>12}  {:>12}  {:>9}",
             row.round,
             row.accuracy * 100.0,
             row.loss,
+            row.client_loss.map_or_else(|| "—".to_string(), |loss| format!("{loss:.4}")),
             row.seconds,
             human_bytes(row.bytes_up_per_client),
             human_bytes(row.bytes_down_per_client),
@@ -381,6 +384,7 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
         },
         optimizer: ServerOptimizer::default(),
         checkpoint_retention: training.rounds as u32 + 1,
+        client_metrics: Default::default(),
     };
     spec.validate().map_err(|e| anyhow!("{e}"))?;
     Ok(spec)
@@ -552,9 +556,12 @@ fn in_process(
             .map_err(|e| anyhow!("local training: {e}"))?;
         progress.bar(round - 1, if secure { "secure aggregation" } else { "aggregation" });
         let survivors: Vec<usize> = (0..per_round).filter(|i| !dropped.contains(i)).collect();
-        let (mean, bytes_up) = if secure {
+        let (mean, bytes_up, client_loss) = if secure {
             secure_mean(&updates, &dropped, q, training.seed() ^ round, layout.len())?
         } else {
+            let losses: Vec<f64> =
+                survivors.iter().filter_map(|&i| updates[i].metrics.get(Metric::TrainLoss)).collect();
+            let client_loss = (!losses.is_empty()).then(|| losses.iter().sum::<f64>() / losses.len() as f64);
             let total: f64 = survivors.iter().map(|&i| f64::from(updates[i].examples)).sum();
             let mean = (0..layout.len())
                 .map(|j| {
@@ -565,7 +572,7 @@ fn in_process(
                     (sum / total) as f32
                 })
                 .collect::<Vec<_>>();
-            (mean, 4.0 * layout.len() as f64 + 4.0)
+            (mean, 4.0 * layout.len() as f64 + 4.0, client_loss)
         };
         let mut state = ServerOptimizer::default().initial_state(weights.len());
         ServerOptimizer::default().step(&mut weights, &mean, &mut state)?;
@@ -574,6 +581,7 @@ fn in_process(
             round,
             accuracy,
             loss,
+            client_loss,
             seconds: started.elapsed().as_secs_f64(),
             bytes_up_per_client: bytes_up,
             bytes_down_per_client: model_bytes.len() as f64,
@@ -596,7 +604,7 @@ fn secure_mean(
     q: QuantizationConfig,
     seed: u64,
     dimension: usize,
-) -> Result<(Vec<f32>, f64)> {
+) -> Result<(Vec<f32>, f64, Option<f64>)> {
     let n = updates.len() as u32;
     let spec = TaskSpec {
         name: "simulation".into(),
@@ -622,17 +630,19 @@ fn secure_mean(
         deadlines: Default::default(),
         optimizer: ServerOptimizer::default(),
         checkpoint_retention: 1,
+        client_metrics: Default::default(),
     };
     let derived = spec.validate().map_err(|e| anyhow!("secure-aggregation parameters: {e}"))?;
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let mut transform_seed = [0u8; 32];
     rng.fill_bytes(&mut transform_seed);
-    let quantizer = q.quantizer(n, transform_seed)?;
+    let metrics = spec.client_metrics.aggregate;
+    let quantizer = q.quantizer(n, transform_seed, metrics)?;
     // Stochastic rounding draws from a per-client generator, so that the
     // simulation may ask for an input any number of times.
     let encode = |i: usize| {
         let mut rng = ChaCha20Rng::seed_from_u64(seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        quantizer.encode(&updates[i].delta, updates[i].examples, &mut rng)
+        quantizer.encode_with_metrics(&updates[i].delta, updates[i].examples, &updates[i].metrics, &mut rng)
     };
     for i in 0..updates.len() {
         encode(i)?;
@@ -653,7 +663,7 @@ fn secure_mean(
         threshold: derived.threshold,
         vector_len: quantizer.encoded_len(dimension) as u32,
         modulus_bits: q.ring_bits(n)?,
-        quantization: q.round_spec(transform_seed)?,
+        quantization: q.round_spec(transform_seed, metrics)?,
     };
     let plan = DropoutPlan {
         after_shares: dropped.iter().filter_map(|&i| ClientId::new(i as u32 + 1)).collect(),
@@ -668,7 +678,8 @@ fn secure_mean(
     let mean = quantizer.decode(&outcome.aggregate.sum, survivors, dimension)?;
     let finished: Vec<_> = outcome.clients.iter().filter(|c| c.finished).collect();
     let bytes_up = finished.iter().map(|c| c.bytes_up as f64).sum::<f64>() / finished.len().max(1) as f64;
-    Ok((mean.mean, bytes_up))
+    let client_loss = mean.metrics.mean(Metric::TrainLoss);
+    Ok((mean.mean, bytes_up, client_loss))
 }
 
 /// The demo proper: a coordinator and N client processes over loopback.
@@ -812,6 +823,7 @@ fn run_coordinator_and_clients(
                 round,
                 accuracy,
                 loss,
+                client_loss: metrics["client_means"]["train_loss"]["mean"].as_f64(),
                 seconds: (finished - last_finished.unwrap_or(finished)) as f64 / 1e3,
                 bytes_up_per_client: metrics["bytes_up_per_client"].as_f64().unwrap_or_default(),
                 bytes_down_per_client: metrics["bytes_down_per_client"].as_f64().unwrap_or_default()

@@ -50,6 +50,10 @@ pub enum CheckIn {
         /// The round's session id (hex): unique to this attempt, also
         /// across restarts of the coordinator.
         session: String,
+        /// The task (semi-honest only) also takes each client's metrics in
+        /// the clear.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        plaintext_metrics: bool,
     },
     /// The task is over; stop checking in.
     Finished,
@@ -84,6 +88,9 @@ pub enum EngineError {
     /// not known (reports are taken only for recent rounds).
     #[error("this client is not part of round {0}, or the round is not recent")]
     NotInRound(u64),
+    /// The task takes clients' metrics only in aggregate.
+    #[error("this task takes clients' metrics only in aggregate, inside the masked inputs")]
+    PlaintextMetricsOff,
 }
 
 /// One stage's record in the round metrics.
@@ -128,6 +135,19 @@ pub struct RoundMetrics {
     /// round was unmasked without them.
     #[serde(default)]
     pub faulty_shares: u32,
+    /// Per metric, its mean over the survivors that reported it, from the
+    /// sum under the masks: never one client's value.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub client_means: BTreeMap<String, ClientMean>,
+}
+
+/// A metric's mean over a round's survivors.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ClientMean {
+    /// Σ of the reported values over the number of reporters.
+    pub mean: f64,
+    /// Survivors that reported the metric.
+    pub clients: u32,
 }
 
 /// What the admin API shows of the round in progress: counts, times and
@@ -208,9 +228,15 @@ pub struct Completion {
     optimizer_state: OptimizerState,
     stages: Vec<StageMetrics>,
     faulty_shares: Vec<(String, String)>,
+    client_means: BTreeMap<String, ClientMean>,
 }
 
 impl Completion {
+    /// The means of the clients' metrics.
+    pub fn client_means(&self) -> &BTreeMap<String, ClientMean> {
+        &self.client_means
+    }
+
     /// The round's per-stage records.
     pub fn stages(&self) -> &[StageMetrics] {
         &self.stages
@@ -414,6 +440,7 @@ impl TaskEngine {
                     client_id: id.get(),
                     attempt: round.metrics.attempt,
                     session: hex::encode(round.session),
+                    plaintext_metrics: self.spec.client_metrics.plaintext,
                 },
                 None => CheckIn::Wait { retry_after_ms: 2_000 },
             },
@@ -472,6 +499,9 @@ impl TaskEngine {
     /// the round in progress or in one of the last
     /// [`REPORTABLE_ROUNDS`] completed rounds.
     pub fn may_report(&self, participant: &str, round: u64) -> Result<(), EngineError> {
+        if !self.spec.client_metrics.plaintext {
+            return Err(EngineError::PlaintextMetricsOff);
+        }
         let current =
             self.round.as_ref().is_some_and(|r| r.number == round && r.ids.contains_key(participant));
         let recent =
@@ -579,9 +609,10 @@ impl TaskEngine {
         let mut transform_seed = [0u8; 32];
         self.rng.fill_bytes(&mut transform_seed);
         let q = self.spec.quantization;
-        let quantizer = q.quantizer(n as u32, transform_seed).ok()?;
+        let metrics = self.spec.client_metrics.aggregate;
+        let quantizer = q.quantizer(n as u32, transform_seed, metrics).ok()?;
         let modulus_bits = self.security.modulus_bits;
-        let quantization = q.round_spec(transform_seed).ok()?;
+        let quantization = q.round_spec(transform_seed, metrics).ok()?;
         let config = RoundConfig {
             session,
             round: self.completed + 1,
@@ -665,6 +696,11 @@ impl TaskEngine {
         metrics.total_examples = mean.total_weight;
         metrics.update_norm = mean.mean.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
         metrics.faulty_shares = aggregate.faulty_shares.len() as u32;
+        metrics.client_means = mean
+            .metrics
+            .means()
+            .map(|(metric, mean, clients)| (metric.name().to_string(), ClientMean { mean, clients }))
+            .collect();
         let name = |id: cohort_crypto::ClientId| {
             round.roster.get(id.get() as usize - 1).cloned().unwrap_or_default()
         };
@@ -691,6 +727,7 @@ impl TaskEngine {
             weights,
             optimizer_state: state,
             stages: metrics.stages.clone(),
+            client_means: metrics.client_means.clone(),
             faulty_shares,
         })
     }
@@ -1072,6 +1109,10 @@ mod tests {
     fn only_members_of_a_recent_round_may_report() {
         let mut spec = small_spec();
         spec.rounds = 4;
+        // Plaintext reports: a semi-honest task that asks for them only.
+        assert_eq!(engine(spec.clone()).may_report("p0", 1), Err(EngineError::PlaintextMetricsOff));
+        spec.client_metrics.plaintext = true;
+        spec.secure_aggregation.variant = Some(crate::spec::VariantChoice::SemiHonest);
         let mut engine = engine(spec);
         let mut now = 0;
         assert_eq!(engine.may_report("p0", 1), Err(EngineError::NotInRound(1)));

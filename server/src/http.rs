@@ -44,10 +44,11 @@ use crate::coordinator::{Coordinator, CoordinatorError, LiveState, now_ms};
 use crate::engine::{CheckIn, EngineError, Poll, TaskEngine};
 use crate::listener::SlowBody;
 use crate::metrics::Metrics;
-use crate::ratelimit::{Call, Limiters};
+use crate::ratelimit::{Call, Limiters, Rate};
 use crate::spec::{TaskSpec, VariantChoice};
 use crate::store::{
-    ClientMetricsRecord, ParticipantRecord, RoundRecord, SqlStore, Store, StoreError, TaskRecord, TaskStatus,
+    ClientMetricsRecord, EnrollmentTokenRecord, ParticipantRecord, RoundRecord, SqlStore, Store, StoreError,
+    TaskRecord, TaskStatus,
 };
 use cohort_crypto::policy::TaskSecurity;
 
@@ -209,6 +210,11 @@ impl From<CoordinatorError> for ApiError {
                 S::CONFLICT,
                 "not_in_round",
                 format!("this client is not part of round {round}, or the round is not recent"),
+            ),
+            CoordinatorError::Engine(EngineError::PlaintextMetricsOff) => ApiError::new(
+                S::FORBIDDEN,
+                "plaintext_metrics_off",
+                "this task takes clients' metrics only in aggregate, inside the masked inputs",
             ),
             CoordinatorError::Engine(EngineError::Inactive(status)) => {
                 ApiError::new(S::CONFLICT, "task_inactive", format!("the task is {}", status.as_str()))
@@ -394,6 +400,8 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/tasks/{id}/stop", post(stop_task))
         .route("/admin/tasks/{id}/rounds", get(list_rounds))
         .route("/admin/tasks/{id}/checkpoints/{round}", get(get_checkpoint))
+        .route("/admin/tasks/{id}/tokens", post(create_token).get(list_tokens))
+        .route("/admin/tasks/{id}/tokens/{token}/revoke", post(revoke_token))
         .layer(DefaultBodyLimit::max(JSON_LIMIT));
     // The client API's JSON bodies are small; enrollment's is read before
     // its token is checked, so it gets the small limit too.
@@ -459,7 +467,8 @@ async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
 pub struct CreatedTask {
     /// Task id.
     pub id: String,
-    /// Token clients present to enroll.
+    /// Token clients present to enroll: the task's first, named `default`,
+    /// whose id is the task's (more with `POST /admin/tasks/{id}/tokens`).
     pub enrollment_token: String,
     /// Neighbours per client.
     pub degree: u32,
@@ -524,6 +533,130 @@ pub async fn create(
     coordinator.load(&id).await?;
     tracing::info!(task = %id, name = %spec.name, "task created");
     Ok(CreatedTask { id, enrollment_token, degree: derived.degree, threshold: derived.threshold })
+}
+
+/// A request for an enrollment token.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewToken {
+    /// The application it is for; unique within the task.
+    name: String,
+    /// Its own enrollment rate (default: the server's `enroll_per_token`).
+    #[serde(default)]
+    rate: Option<Rate>,
+}
+
+/// An enrollment token as the admin API shows it; the token itself only
+/// in the answer that created it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TokenView {
+    /// Identifier (the first token's is the task's id).
+    pub id: String,
+    /// The application it is for.
+    pub name: String,
+    /// The token: shown once, at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Its own enrollment rate; `null`: the server's `enroll_per_token`.
+    pub rate: Option<Rate>,
+    /// Creation (Unix ms).
+    pub created_at: i64,
+    /// Revocation (Unix ms), if revoked.
+    pub revoked_at: Option<i64>,
+    /// Participants enrolled with it.
+    pub enrolled: i64,
+}
+
+impl TokenView {
+    fn of(token: EnrollmentTokenRecord, enrolled: i64) -> Self {
+        TokenView {
+            id: token.id,
+            name: token.name,
+            token: None,
+            rate: token.rate.map(|(per_minute, burst)| Rate { per_minute, burst }),
+            created_at: token.created_at,
+            revoked_at: token.revoked_at,
+            enrolled,
+        }
+    }
+}
+
+/// A new enrollment token for an application of an unfinished task.
+async fn create_token(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+    RawBody(body): RawBody,
+) -> ApiResult<(StatusCode, Json<TokenView>)> {
+    let invalid = |message: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_token_request", message);
+    let request: NewToken = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    let name = request.name.trim();
+    if name.is_empty() || name.len() > crate::spec::MAX_NAME_BYTES || name.chars().any(char::is_control) {
+        return Err(invalid("name must be 1 to 200 bytes without control characters"));
+    }
+    if request.rate.is_some_and(|rate| rate.per_minute == 0 || rate.burst == 0) {
+        return Err(invalid(
+            "rate.per_minute and rate.burst must be at least 1 (leave rate out for the default)",
+        ));
+    }
+    let task = state.store.task(&id).await?;
+    if task.status.is_final() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "task_inactive",
+            format!("the task is {}", task.status.as_str()),
+        ));
+    }
+    let token = new_token();
+    let record = EnrollmentTokenRecord {
+        id: new_id(),
+        task_id: id,
+        name: name.to_string(),
+        token_hash: token_hash(&token),
+        rate: request.rate.map(|rate| (rate.per_minute, rate.burst)),
+        created_at: now_ms(),
+        revoked_at: None,
+    };
+    state.store.add_enrollment_token(&record).await?;
+    tracing::info!(task = %record.task_id, token = %record.id, name = %record.name, "enrollment token created");
+    let view = TokenView { token: Some(token), ..TokenView::of(record, 0) };
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// A task's enrollment tokens (never the tokens themselves).
+async fn list_tokens(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+) -> ApiResult<Json<Vec<TokenView>>> {
+    state.store.task(&id).await?;
+    let tokens = state.store.enrollment_tokens(&id).await?;
+    Ok(Json(tokens.into_iter().map(|(token, enrolled)| TokenView::of(token, enrolled)).collect()))
+}
+
+/// Revokes a token: it enrolls nobody more, and the credentials it issued
+/// end now.
+async fn revoke_token(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+    Path(params): Path<HashMap<String, String>>,
+) -> ApiResult<Json<TokenView>> {
+    let token_id = params
+        .get("token")
+        .filter(|t| is_valid_id(t))
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", "enrollment token not found"))?;
+    let revoked = state.store.revoke_enrollment_token(&id, token_id, now_ms()).await?;
+    tracing::info!(task = %id, token = %revoked.id, "enrollment token revoked");
+    let enrolled = state
+        .store
+        .enrollment_tokens(&id)
+        .await?
+        .into_iter()
+        .find(|(token, _)| token.id == revoked.id)
+        .map_or(0, |(_, enrolled)| enrolled);
+    Ok(Json(TokenView::of(revoked, enrolled)))
 }
 
 /// A task as the admin API shows it.
@@ -643,10 +776,13 @@ pub struct RoundView {
     pub selected: i64,
     /// Clients in the aggregate.
     pub survivors: i64,
-    /// Round metrics.
+    /// Round metrics, with `client_means`: each client metric's mean over
+    /// the survivors, from its sum under the masks.
     pub metrics: serde_json::Value,
-    /// Metrics clients reported for this round.
-    pub client_metrics: Vec<serde_json::Value>,
+    /// Only for a task with `client_metrics.plaintext` (semi-honest): what
+    /// each client reported in the clear, one entry per client and kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plaintext_client_metrics: Option<Vec<serde_json::Value>>,
 }
 
 async fn list_rounds(
@@ -654,18 +790,22 @@ async fn list_rounds(
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<Json<Vec<RoundView>>> {
-    state.store.task(&id).await?;
+    let task = state.store.task(&id).await?;
+    let plaintext =
+        serde_json::from_str::<TaskSpec>(&task.spec).is_ok_and(|spec| spec.client_metrics.plaintext);
     let mut views = Vec::new();
     for RoundRecord { round, started_at, finished_at, selected, survivors, metrics, .. } in
         state.store.rounds(&id).await?
     {
-        let client_metrics = state
-            .store
-            .client_metrics(&id, round)
-            .await?
-            .into_iter()
-            .map(|m| json!({ "kind": m.kind, "metrics": serde_json::from_str::<serde_json::Value>(&m.metrics).unwrap_or_default() }))
-            .collect();
+        let plaintext_client_metrics = if plaintext {
+            let reports = state.store.client_metrics(&id, round).await?;
+            Some(reports
+                .into_iter()
+                .map(|m| json!({ "kind": m.kind, "metrics": serde_json::from_str::<serde_json::Value>(&m.metrics).unwrap_or_default() }))
+                .collect())
+        } else {
+            None
+        };
         views.push(RoundView {
             round,
             started_at,
@@ -673,7 +813,7 @@ async fn list_rounds(
             selected,
             survivors,
             metrics: serde_json::from_str(&metrics).unwrap_or_default(),
-            client_metrics,
+            plaintext_client_metrics,
         });
     }
     Ok(Json(views))
@@ -756,13 +896,27 @@ async fn enroll(
     TaskId(id): TaskId,
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<Enrolled>)> {
-    limit(&state, Call::Enroll, address, Some(&id))?;
+    limit(&state, Call::Enroll, address, None)?;
     let request: EnrollRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
     let task = state.store.task(&id).await?;
-    if !verify_token(&request.enrollment_token, &task.enrollment_token_hash) {
-        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "invalid enrollment token"));
+    // Looked up by the SHA-256 of a 256-bit random token: the hash, not the
+    // token, meets the index.
+    let invalid = || ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "invalid enrollment token");
+    let token = match state.store.enrollment_token_by_hash(&token_hash(&request.enrollment_token)).await {
+        Ok(token) if token.task_id == id => token,
+        Ok(_) | Err(StoreError::NotFound(_)) => return Err(invalid()),
+        Err(error) => return Err(error.into()),
+    };
+    if token.revoked_at.is_some() {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "token_revoked",
+            "this enrollment token was revoked",
+        ));
     }
+    let rate = token.rate.map(|(per_minute, burst)| Rate { per_minute, burst });
+    state.config.limiters.check_token(&token.id, rate).map_err(ApiError::rate_limited)?;
     if task.status.is_final() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -790,6 +944,7 @@ async fn enroll(
         last_seen_at: now,
         expires_at: now + state.config.credential_ttl_ms,
         identity_key,
+        token_id: Some(token.id),
     };
     state.store.add_participant(&participant).await?;
     let enrolled =

@@ -106,7 +106,11 @@ struct Synthetic {
 
 impl Trainer for Synthetic {
     fn train(&mut self, _: u64, _: &cohort_client::checkpoint::Checkpoint) -> Result<LocalUpdate, String> {
-        Ok(LocalUpdate { delta: self.delta.clone(), examples: 10, metrics: None })
+        Ok(LocalUpdate {
+            delta: self.delta.clone(),
+            examples: 10,
+            metrics: cohort_client::participant::MetricValues::new(),
+        })
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
-use crate::engine::StageMetrics as StageRecord;
+use crate::engine::{ClientMean, StageMetrics as StageRecord};
 
 #[derive(Default)]
 struct Counters {
@@ -22,6 +22,8 @@ struct Counters {
     stage_seconds: BTreeMap<String, (f64, u64)>,
     /// stage → eligible clients that did not answer
     stage_dropouts: BTreeMap<String, u64>,
+    /// metric → its mean over the last completed round's survivors
+    client_means: BTreeMap<String, f64>,
 }
 
 /// Shared, cheaply cloned metrics registry.
@@ -54,11 +56,18 @@ impl Metrics {
     }
 
     /// A round completed.
-    pub fn round_completed(&self, selected: i64, survivors: i64, stages: &[StageRecord]) {
+    pub fn round_completed(
+        &self,
+        selected: i64,
+        survivors: i64,
+        stages: &[StageRecord],
+        means: &BTreeMap<String, ClientMean>,
+    ) {
         self.with(|c| {
             c.rounds_completed += 1;
             c.last_selected = selected;
             c.last_survivors = survivors;
+            c.client_means = means.iter().map(|(metric, mean)| (metric.clone(), mean.mean)).collect();
             for stage in stages {
                 let entry = c.stage_seconds.entry(stage.stage.clone()).or_default();
                 entry.0 += stage.duration_ms as f64 / 1e3;
@@ -147,6 +156,13 @@ impl Metrics {
         for (stage, dropouts) in &c.stage_dropouts {
             let _ = writeln!(out, "cohort_stage_dropouts_total{{stage=\"{stage}\"}} {dropouts}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP cohort_round_client_metric_mean A client metric's mean over the last completed round's survivors (from its sum under the masks).\n# TYPE cohort_round_client_metric_mean gauge"
+        );
+        for (metric, mean) in &c.client_means {
+            let _ = writeln!(out, "cohort_round_client_metric_mean{{metric=\"{metric}\"}} {mean}");
+        }
         out
     }
 }
@@ -168,7 +184,8 @@ mod tests {
             dropouts: 1,
             duration_ms: 1500,
         };
-        metrics.round_completed(10, 9, &[stage]);
+        let means = BTreeMap::from([("train_loss".to_string(), ClientMean { mean: 0.5, clients: 9 })]);
+        metrics.round_completed(10, 9, &[stage], &means);
         let text = metrics.render();
         assert!(text.contains("cohort_rounds_completed_total 1\n"));
         assert!(text.contains("cohort_bytes_in_total 107\n"));
@@ -176,5 +193,6 @@ mod tests {
         assert!(text.contains("cohort_round_surviving_clients 9\n"));
         assert!(text.contains("cohort_stage_duration_seconds_sum{stage=\"share-keys\"} 1.5\n"));
         assert!(text.contains("cohort_stage_dropouts_total{stage=\"share-keys\"} 1\n"));
+        assert!(text.contains("cohort_round_client_metric_mean{metric=\"train_loss\"} 0.5\n"));
     }
 }

@@ -41,6 +41,28 @@ pub fn document() -> Value {
     let pause = task_action("Pause a task");
     let resume = task_action("Resume a task");
     let stop = task_action("Stop a task (final)");
+    let token = json!({ "name": "token", "in": "path", "required": true, "schema": { "type": "string" } });
+    let mut create_token = op(
+        "Create an enrollment token for an application ({name, rate?: {per_minute, burst}}); the token is shown only here",
+        "admin",
+        json_ok("201", "Created"),
+        &["400", "401", "404", "409", "503"],
+    );
+    create_token["parameters"] = json!([id.clone()]);
+    let mut list_tokens = op(
+        "The task's enrollment tokens, with their enrollments (never the tokens)",
+        "admin",
+        json_ok("200", "Tokens"),
+        &["401", "404"],
+    );
+    list_tokens["parameters"] = json!([id.clone()]);
+    let mut revoke = op(
+        "Revoke an enrollment token: it enrolls nobody more, and the credentials it issued end",
+        "admin",
+        json_ok("200", "Revoked"),
+        &["401", "404", "503"],
+    );
+    revoke["parameters"] = json!([id.clone(), token]);
     json!({
         "openapi": "3.1.0",
         "info": { "title": "Cohort coordinator", "version": env!("CARGO_PKG_VERSION"),
@@ -60,6 +82,8 @@ pub fn document() -> Value {
             "/admin/tasks/{id}/stop": stop,
             "/admin/tasks/{id}/rounds": { "get": { "parameters": [id.clone()], "summary": "Completed rounds with metrics", "security": [{ "admin": [] }],
                                                    "responses": { "200": { "description": "Rounds" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" } } } },
+            "/admin/tasks/{id}/tokens": { "post": create_token, "get": list_tokens },
+            "/admin/tasks/{id}/tokens/{token}/revoke": { "post": revoke },
             "/admin/tasks/{id}/checkpoints/{round}": { "get": {
                 "parameters": [id.clone(), { "name": "round", "in": "path", "required": true, "schema": { "type": "string" }, "description": "round number or \"latest\"" }],
                 "summary": "Download a checkpoint (safetensors)", "security": [{ "admin": [] }],
@@ -74,7 +98,7 @@ pub fn document() -> Value {
                 "post": op("Send the client's stage message", "client", json!({ "202": { "description": "Accepted" } }),
                            &["400", "401", "408", "409", "413", "415", "422", "503"]),
             },
-            "/v1/metrics": { "post": op("Report local training or evaluation metrics for a round the client took part in (the round in progress or one of the last two): known numeric fields only, at most 4 KiB, once per round and kind", "client", json!({ "201": { "description": "Recorded" } }), &["400", "401", "404", "408", "409", "413", "429", "503"]) },
+            "/v1/metrics": { "post": op("Report local metrics in the clear, for a semi-honest task with client_metrics.plaintext only (403 otherwise: every task gets the means from the masked sums), for a round the client took part in (the round in progress or one of the last two): known numeric fields only, at most 4 KiB, once per round and kind", "client", json!({ "201": { "description": "Recorded" } }), &["400", "401", "403", "404", "408", "409", "413", "429", "503"]) },
         },
         "components": {
             "securitySchemes": {

@@ -2,19 +2,21 @@
 //! with GCRA limiters from the `governor` crate.
 //!
 //! Enrollment is limited per address and per enrollment token (it is the
-//! call that creates state, and a token may be public, as the demo's is);
+//! call that creates state, and a token may be public, as the demo's is;
+//! a token may carry its own rate, see [`Limiters::check_token`]);
 //! check-in and metric reports per address and per participant. A refusal carries the wait after which the same call would
 //! pass, which the API sends as `429` with `Retry-After`. Keys of clients
 //! that stay quiet are forgotten by [`Limiters::prune`], so the limiters'
 //! memory is bounded by the clients active in the last minutes.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
 
 /// A sustained rate and the burst allowed above it.
@@ -41,7 +43,8 @@ impl Rate {
 pub struct RateLimits {
     /// Enrollments from one address.
     pub enroll_per_address: Option<Rate>,
-    /// Enrollments with one task's enrollment token, from anywhere.
+    /// Enrollments with one enrollment token, from anywhere (a token
+    /// created with its own rate has that instead).
     pub enroll_per_token: Option<Rate>,
     /// Check-ins from one address.
     pub check_in_per_address: Option<Rate>,
@@ -98,6 +101,8 @@ struct Inner {
     check_in_credential: Keyed<String>,
     report_address: Keyed<IpAddr>,
     report_credential: Keyed<String>,
+    /// Tokens with a rate of their own: token id → its rate and limiter.
+    own_rates: Mutex<HashMap<String, (Rate, DefaultDirectRateLimiter)>>,
     clock: DefaultClock,
 }
 
@@ -117,6 +122,7 @@ impl Limiters {
             check_in_credential: keyed(limits.check_in_per_credential),
             report_address: keyed(limits.reports_per_address),
             report_credential: keyed(limits.reports_per_credential),
+            own_rates: Mutex::default(),
             clock: DefaultClock::default(),
         }))
     }
@@ -146,6 +152,23 @@ impl Limiters {
                 .map_err(|not_until| not_until.wait_time_from(inner.clock.now()))?;
         }
         Ok(())
+    }
+
+    /// Counts one enrollment with the token `token_id`: at `rate` if it
+    /// has one of its own, else at the server's `enroll_per_token`.
+    /// `Err(wait)` as for [`check`](Self::check).
+    pub fn check_token(&self, token_id: &str, rate: Option<Rate>) -> Result<(), Duration> {
+        let inner = &self.0;
+        let Some(rate) = rate else {
+            return self.check(Call::Enroll, None, Some(token_id));
+        };
+        let Some(quota) = rate.quota() else { return Ok(()) };
+        let mut own = inner.own_rates.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = own.entry(token_id.to_string()).or_insert_with(|| (rate, RateLimiter::direct(quota)));
+        if entry.0 != rate {
+            *entry = (rate, RateLimiter::direct(quota));
+        }
+        entry.1.check().map_err(|not_until| not_until.wait_time_from(inner.clock.now()))
     }
 
     /// Forgets keys whose limits have fully recovered.
@@ -235,6 +258,32 @@ mod tests {
         }
         assert!(limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 1, 9])), Some("task")).is_err());
         assert_eq!(limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 1, 9])), Some("other")), Ok(()));
+    }
+
+    /// A token with a rate of its own is held to it, apart from the other
+    /// tokens and from the server's per-token default.
+    #[test]
+    fn a_token_with_its_own_rate_is_held_to_it() {
+        let limits =
+            RateLimits { enroll_per_token: Some(Rate { per_minute: 60, burst: 2 }), ..RateLimits::default() };
+        let limiters = Limiters::new(&limits);
+        let own = Some(Rate { per_minute: 6, burst: 3 });
+        for _ in 0..3 {
+            assert_eq!(limiters.check_token("app", own), Ok(()));
+        }
+        let wait = limiters.check_token("app", own).unwrap_err();
+        assert!(wait > Duration::from_secs(9) && wait <= Duration::from_secs(10), "{wait:?}");
+        // Other tokens: the default (burst 2), each its own budget.
+        for token in ["default", "web"] {
+            assert_eq!(limiters.check_token(token, None), Ok(()));
+            assert_eq!(limiters.check_token(token, None), Ok(()));
+            assert!(limiters.check_token(token, None).is_err());
+        }
+        // A changed rate starts afresh; a zero rate is no limit.
+        assert_eq!(limiters.check_token("app", Some(Rate { per_minute: 60, burst: 1 })), Ok(()));
+        for _ in 0..10 {
+            assert_eq!(limiters.check_token("open", Some(Rate { per_minute: 0, burst: 0 })), Ok(()));
+        }
     }
 
     #[test]

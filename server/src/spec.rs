@@ -4,7 +4,7 @@
 use cohort_crypto::config::active_threshold_holds;
 use cohort_crypto::params::{Adversary, ParameterTarget, derive_complete, derive_sparse};
 use cohort_crypto::policy::{GraphKind, Policy, TaskSecurity, TransformKind};
-use cohort_crypto::{QuantizationSpec, Quantizer, Transform, Variant};
+use cohort_crypto::{MetricSet, QuantizationSpec, Quantizer, Transform, Variant};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::ModelLayout;
@@ -42,6 +42,31 @@ pub struct TaskSpec {
     /// Completed-round checkpoints to keep (the initial model is always kept).
     #[serde(default = "default_retention")]
     pub checkpoint_retention: u32,
+    /// What the coordinator learns of the clients' training metrics.
+    #[serde(default)]
+    pub client_metrics: ClientMetricsSpec,
+}
+
+/// The clients' training metrics (loss, accuracy): summed under the masks
+/// with the updates, so that the coordinator learns only their means over
+/// each round's survivors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientMetricsSpec {
+    /// Metrics every masked input has room for (`train_loss`,
+    /// `train_accuracy`, `global_loss`, `global_accuracy`, `eval_loss`,
+    /// `eval_accuracy`; all by default). Each costs a few coordinates.
+    pub aggregate: MetricSet,
+    /// Also take each client's metrics in the clear through
+    /// `POST /v1/metrics`: only for a semi-honest task, whose coordinator
+    /// is trusted anyway. Off by default.
+    pub plaintext: bool,
+}
+
+impl Default for ClientMetricsSpec {
+    fn default() -> Self {
+        Self { aggregate: MetricSet::ALL, plaintext: false }
+    }
 }
 
 fn default_retention() -> u32 {
@@ -235,8 +260,9 @@ impl QuantizationConfig {
     }
 
     /// The protocol's quantization for one round; `seed` (public, fresh
-    /// per round) picks the rotation's signs or the sketch's hashes.
-    pub fn round_spec(&self, seed: [u8; 32]) -> Result<QuantizationSpec, SpecError> {
+    /// per round) picks the rotation's signs or the sketch's hashes, and
+    /// the vectors have room for `metrics`.
+    pub fn round_spec(&self, seed: [u8; 32], metrics: MetricSet) -> Result<QuantizationSpec, SpecError> {
         let transform = match (self.rotate, self.sketch) {
             (false, None) => Transform::None,
             (true, None) => Transform::Rotate { block: ROTATION_BLOCK, seed },
@@ -245,12 +271,18 @@ impl QuantizationConfig {
             }
             (true, Some(_)) => return Err(SpecError("choose either rotate or sketch".into())),
         };
-        Ok(QuantizationSpec { clip: self.clip, max_weight: self.max_weight, transform })
+        Ok(QuantizationSpec { clip: self.clip, max_weight: self.max_weight, transform, metrics })
     }
 
-    /// The quantizer of a round of `clients` with transform seed `seed`.
-    pub fn quantizer(&self, clients: u32, seed: [u8; 32]) -> Result<Quantizer, SpecError> {
-        Quantizer::new(self.round_spec(seed)?, self.ring_bits(clients)?, clients)
+    /// The quantizer of a round of `clients` with transform seed `seed`
+    /// and room for `metrics`.
+    pub fn quantizer(
+        &self,
+        clients: u32,
+        seed: [u8; 32],
+        metrics: MetricSet,
+    ) -> Result<Quantizer, SpecError> {
+        Quantizer::new(self.round_spec(seed, metrics)?, self.ring_bits(clients)?, clients)
             .map_err(|e| SpecError(e.to_string()))
     }
 }
@@ -362,7 +394,8 @@ impl TaskSpec {
         }
 
         self.optimizer.validate().map_err(|e| SpecError(e.to_string()))?;
-        let quantizer = self.quantization.quantizer(self.selected_per_round(), [0; 32])?;
+        let quantizer =
+            self.quantization.quantizer(self.selected_per_round(), [0; 32], self.client_metrics.aggregate)?;
         if quantizer.encoded_len(self.model.layout.len()) > cohort_crypto::config::MAX_VECTOR_LEN as usize {
             return Err(err("the model is too large for secure aggregation"));
         }
@@ -398,6 +431,12 @@ impl TaskSpec {
                 "the active variant needs a threshold above half the degree: 2 × {threshold} must exceed {degree}"
             )));
         }
+        if self.client_metrics.plaintext && active {
+            return Err(err(
+                "client_metrics.plaintext needs the semi-honest variant: an untrusted coordinator \
+                 learns clients' metrics only in aggregate",
+            ));
+        }
         Ok(DerivedRoundParameters { degree, threshold, complete: degree >= n - 1 })
     }
 
@@ -408,7 +447,7 @@ impl TaskSpec {
     pub fn security(&self) -> Result<TaskSecurity, SpecError> {
         let derived = self.validate()?;
         let n = self.selected_per_round();
-        let round = self.quantization.round_spec([0; 32])?;
+        let round = self.quantization.round_spec([0; 32], MetricSet::NONE)?;
         Ok(TaskSecurity {
             variant: self.secure_aggregation.variant().into(),
             clients: n,
@@ -479,6 +518,7 @@ pub(crate) mod tests {
             deadlines: StageDeadlines::default(),
             optimizer: ServerOptimizer::default(),
             checkpoint_retention: 2,
+            client_metrics: ClientMetricsSpec::default(),
         }
     }
 
@@ -554,6 +594,24 @@ pub(crate) mod tests {
     }
 
     /// The example in the README is a valid spec and shows the defaults.
+    /// Plaintext client metrics are for a trusted (semi-honest) coordinator only.
+    #[test]
+    fn plaintext_metrics_need_the_semi_honest_variant() {
+        let mut spec = small_spec();
+        spec.client_metrics.plaintext = true;
+        spec.secure_aggregation.variant = Some(VariantChoice::Active);
+        assert!(spec.validate().unwrap_err().0.contains("semi-honest"));
+        spec.secure_aggregation.variant = Some(VariantChoice::SemiHonest);
+        spec.validate().unwrap();
+        // The metrics a round's vectors carry cost their coordinates.
+        let none = ClientMetricsSpec { aggregate: MetricSet::NONE, plaintext: false };
+        let q = |metrics: MetricSet| spec.quantization.quantizer(6, [0; 32], metrics).unwrap().encoded_len(4);
+        assert!(q(ClientMetricsSpec::default().aggregate) > q(none.aggregate));
+        let parsed: ClientMetricsSpec = serde_json::from_str(r#"{"aggregate": ["train_loss"]}"#).unwrap();
+        assert_eq!(parsed.aggregate.iter().collect::<Vec<_>>(), [cohort_crypto::Metric::TrainLoss]);
+        assert!(serde_json::from_str::<ClientMetricsSpec>(r#"{"aggregate": ["f1"]}"#).is_err());
+    }
+
     #[test]
     fn the_readme_example_is_valid() {
         let readme = include_str!("../../README.md");
@@ -573,6 +631,7 @@ pub(crate) mod tests {
         assert_eq!(spec.optimizer, ServerOptimizer::default());
         assert_eq!(spec.checkpoint_retention, default_retention());
         assert_eq!(spec.over_selection, 0.0);
+        assert_eq!(spec.client_metrics, ClientMetricsSpec::default());
     }
 
     #[test]
@@ -606,7 +665,7 @@ pub(crate) mod tests {
         let parsed: QuantizationConfig =
             serde_json::from_str(r#"{"bits": 8, "rotate": true, "clip": 0.1}"#).unwrap();
         assert_eq!((parsed.bits, parsed.rotate, parsed.modulus_bits), (Some(8), true, 32));
-        let spec = parsed.round_spec([5; 32]).unwrap();
+        let spec = parsed.round_spec([5; 32], MetricSet::NONE).unwrap();
         assert_eq!(spec.transform, Transform::Rotate { block: ROTATION_BLOCK, seed: [5; 32] });
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+use cohort_crypto::Metric;
 use cohort_server::auth::token_hash;
 use cohort_server::checkpoint;
 use cohort_server::coordinator::Coordinator;
@@ -171,6 +172,8 @@ async fn service_endpoints() {
         "/admin/tasks/{id}/stop",
         "/admin/tasks/{id}/rounds",
         "/admin/tasks/{id}/checkpoints/{round}",
+        "/admin/tasks/{id}/tokens",
+        "/admin/tasks/{id}/tokens/{token}/revoke",
         "/v1/tasks/{id}/enroll",
         "/v1/checkin",
         "/v1/model",
@@ -374,6 +377,7 @@ async fn client_api_errors() {
             last_seen_at: 0,
             expires_at: 1,
             identity_key: None,
+            token_id: None,
         })
         .await
         .unwrap();
@@ -404,11 +408,12 @@ async fn client_api_errors() {
     let (status, body) = api.post_message(&credential, vec![1, 2, 3], SECAGG_CONTENT_TYPE).await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("not_selected")));
 
-    // Reports: only from members of a recent round, and only known fields.
+    // Reports in the clear: this task takes none (it learns clients'
+    // metrics only in aggregate); malformed ones are refused first.
     let report =
         |kind: &str, round: i64| json!({ "round": round, "kind": kind, "metrics": { "train_loss": 0.5 } });
     let (status, body) = api.call("POST", "/v1/metrics", Some(&credential), Some(report("train", 1))).await;
-    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("not_in_round")));
+    assert_eq!((status, body["error"].as_str()), (StatusCode::FORBIDDEN, Some("plaintext_metrics_off")));
     let unknown = json!({ "round": 1, "kind": "train", "metrics": { "loss": 0.5 } });
     assert_eq!(
         api.call("POST", "/v1/metrics", Some(&credential), Some(unknown)).await.0,
@@ -445,6 +450,8 @@ async fn client_api_errors() {
 struct HttpClient {
     credential: String,
     participant: Participant,
+    /// The last check-in's answer that selected this client.
+    selected: Value,
 }
 
 impl HttpClient {
@@ -454,6 +461,7 @@ impl HttpClient {
         if body["status"] != "selected" {
             return;
         }
+        self.selected = body.clone();
         let client_id = body["client_id"].as_u64().unwrap() as u32;
         let (status, bytes) = api.fetch_message(&self.credential).await;
         if status != StatusCode::OK {
@@ -488,9 +496,16 @@ async fn a_secure_round_through_the_api_updates_the_model() {
     assert_eq!(view["spec"]["secure_aggregation"]["variant"], "active", "{view}");
     let mut clients = Vec::new();
     for i in 0..6u32 {
-        let participant = Participant::new(u64::from(i), vec![0.1 * i as f32, -0.25, 0.5, 0.0], 5 * (i + 1));
+        let mut participant =
+            Participant::new(u64::from(i), vec![0.1 * i as f32, -0.25, 0.5, 0.0], 5 * (i + 1));
+        // Losses 0.25 to 1.5 (mean 0.875); half the clients also report an
+        // accuracy (0.5, 0.6, 0.7: mean 0.6).
+        participant.metrics.set(Metric::TrainLoss, 0.25 * f64::from(i + 1)).unwrap();
+        if i < 3 {
+            participant.metrics.set(Metric::EvalAccuracy, 0.5 + 0.1 * f64::from(i)).unwrap();
+        }
         let credential = api.enroll_with(&id, participant.enrollment(&id, &token)).await;
-        clients.push(HttpClient { credential, participant });
+        clients.push(HttpClient { credential, participant, selected: Value::Null });
     }
     let mut rounds = Value::Null;
     let mut progress = Vec::new();
@@ -559,7 +574,65 @@ async fn a_secure_round_through_the_api_updates_the_model() {
     for (w, e) in model.weights.iter().zip(&expected) {
         assert!((w - e).abs() < 1e-4, "{:?} vs {expected:?}", model.weights);
     }
-    // A member reports once per round and kind, within the schema.
+    // The clients' metrics: means over the survivors from their sums under
+    // the masks, and nothing per client.
+    let means = &rounds[0]["metrics"]["client_means"];
+    let close = |value: &Value, expected: f64| (value.as_f64().unwrap() - expected).abs() < 1e-5;
+    assert!(close(&means["train_loss"]["mean"], 0.875), "{means}");
+    assert_eq!(means["train_loss"]["clients"], 6, "{means}");
+    assert!(close(&means["eval_accuracy"]["mean"], 0.6), "{means}");
+    assert_eq!(means["eval_accuracy"]["clients"], 3, "{means}");
+    assert!(means.get("global_loss").is_none(), "nobody reported it: {means}");
+    assert!(rounds[0].get("plaintext_client_metrics").is_none(), "{rounds}");
+    let (_, bytes, _) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.contains("cohort_round_client_metric_mean{metric=\"train_loss\"} 0.87"), "{text}");
+    let report = json!({ "round": 1, "kind": "train", "metrics": { "train_loss": 0.25 } });
+    let (status, body) = api.call("POST", "/v1/metrics", Some(&clients[0].credential), Some(report)).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::FORBIDDEN, Some("plaintext_metrics_off")));
+
+    let (_, bytes, _) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.contains("cohort_rounds_completed_total 1"), "{text}");
+    // Per client and stage (six clients, five stages): one malformed
+    // message and one repeat.
+    assert!(text.contains("cohort_client_messages_total{result=\"rejected\"} 60"), "{text}");
+    assert!(text.contains("cohort_stage_dropouts_total{stage=\"unmasking\"} 0"), "{text}");
+    api.finish().await;
+}
+
+/// Plaintext per-client metrics: only a semi-honest task may ask for
+/// them, and then a member of a recent round reports once per round and
+/// kind, within the schema; the rounds view labels them as plaintext.
+#[tokio::test]
+async fn plaintext_metrics_only_for_a_semi_honest_task_that_asks() {
+    let api = Api::new("plaintext-metrics").await;
+    let mut active = spec(1);
+    active["client_metrics"] = json!({ "plaintext": true });
+    let (status, body) = api.call("POST", "/admin/tasks", Some(ADMIN), Some(active)).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_task")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("semi-honest"), "{body}");
+    let mut semi_honest = spec(1);
+    semi_honest["client_metrics"] = json!({ "plaintext": true });
+    semi_honest["secure_aggregation"]["variant"] = json!("semi-honest");
+    let (id, token) = api.create_task(semi_honest).await;
+    let mut clients = Vec::new();
+    for i in 0..6u32 {
+        let participant = Participant::new(u64::from(i), vec![0.5, -0.25, 0.5, 0.0], 5);
+        let credential = api.enroll_with(&id, participant.enrollment(&id, &token)).await;
+        clients.push(HttpClient { credential, participant, selected: Value::Null });
+    }
+    for _ in 0..200 {
+        for client in clients.iter_mut() {
+            client.step(&api).await;
+        }
+        let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+        if task["completed_rounds"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(clients[0].selected["plaintext_metrics"], true, "{}", clients[0].selected);
     let credential = clients[0].credential.clone();
     let report = |round: u64, metrics: Value| json!({ "round": round, "kind": "train", "metrics": metrics });
     let good = json!({ "train_loss": 0.25, "global_accuracy": 0.5, "examples": 5, "bytes_up": 100 });
@@ -590,15 +663,117 @@ async fn a_secure_round_through_the_api_updates_the_model() {
     assert_eq!((status, body["error"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("rate_limited")));
     assert!(body["retry_after_ms"].as_u64().is_some_and(|ms| ms > 1000), "{body}");
     let (_, rounds) = api.call("GET", &format!("/admin/tasks/{id}/rounds"), Some(ADMIN), None).await;
-    assert_eq!(rounds[0]["client_metrics"].as_array().unwrap().len(), 1, "{rounds}");
-    assert_eq!(rounds[0]["client_metrics"][0]["metrics"]["train_loss"], 0.25);
+    assert_eq!(rounds[0]["plaintext_client_metrics"].as_array().unwrap().len(), 1, "{rounds}");
+    assert_eq!(rounds[0]["plaintext_client_metrics"][0]["metrics"]["train_loss"], 0.25);
+    api.finish().await;
+}
 
-    let (_, bytes, _) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
-    let text = String::from_utf8(bytes).unwrap();
-    assert!(text.contains("cohort_rounds_completed_total 1"), "{text}");
-    // Per client and stage (six clients, five stages): one malformed
-    // message and one repeat.
-    assert!(text.contains("cohort_client_messages_total{result=\"rejected\"} 60"), "{text}");
-    assert!(text.contains("cohort_stage_dropouts_total{stage=\"unmasking\"} 0"), "{text}");
+/// Enrollment tokens per application: several per task, each named and
+/// shown once, each held to its own rate (429 with Retry-After), each
+/// revocable; revoking one refuses its enrollments and ends the
+/// credentials it issued, and leaves the others alone.
+#[tokio::test]
+async fn enrollment_tokens_per_application_are_rate_limited_and_revocable() {
+    let api = Api::new("tokens").await;
+    let (id, default_token) = api.create_task(spec(1)).await;
+    let tokens = format!("/admin/tasks/{id}/tokens");
+    let (status, list) = api.call("GET", &tokens, Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!((list[0]["id"].as_str(), list[0]["name"].as_str()), (Some(id.as_str()), Some("default")));
+    assert!(list[0].get("token").is_none(), "{list}");
+
+    let new = json!({ "name": "android", "rate": { "per_minute": 1, "burst": 2 } });
+    let (status, android) = api.call("POST", &tokens, Some(ADMIN), Some(new.clone())).await;
+    assert_eq!(status, StatusCode::CREATED, "{android}");
+    let android_token = android["token"].as_str().unwrap().to_string();
+    assert_eq!(android_token.len(), 64, "a 256-bit token in hex");
+    let (status, body) = api.call("POST", &tokens, Some(ADMIN), Some(new)).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict")),
+        "one name per task"
+    );
+    for bad in [
+        json!({ "name": "" }),
+        json!({ "name": "a\u{7}b" }),
+        json!({ "name": "x".repeat(201) }),
+        json!({ "name": "web", "rate": { "per_minute": 0, "burst": 1 } }),
+        json!({ "name": "web", "extra": 1 }),
+    ] {
+        let (status, body) = api.call("POST", &tokens, Some(ADMIN), Some(bad.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+    let (status, _) = api.call("POST", &tokens, None, Some(json!({ "name": "web" }))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, web) = api.call("POST", &tokens, Some(ADMIN), Some(json!({ "name": "web" }))).await;
+    assert_eq!((status, web["rate"].clone()), (StatusCode::CREATED, Value::Null), "{web}");
+    let web_token = web["token"].as_str().unwrap().to_string();
+
+    // Each token enrolls; the android one twice, then its own rate says wait.
+    let android_credential = api.enroll(&id, &android_token).await;
+    api.enroll(&id, &android_token).await;
+    let enroll = |token: &str| {
+        let body = common::fresh_enrollment(&id, token);
+        let path = format!("/v1/tasks/{id}/enroll");
+        let api = &api;
+        async move {
+            let request = Request::post(path)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.to_string()))
+                .unwrap();
+            let (status, bytes, headers) = api.send(request).await;
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null), headers)
+        }
+    };
+    let (status, body, headers) = enroll(&android_token).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("rate_limited")),
+        "{body}"
+    );
+    let retry: u64 = headers[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    // The others are not held to it.
+    let web_credential = api.enroll(&id, &web_token).await;
+    api.enroll(&id, &default_token).await;
+    // A token of another task does not enroll here.
+    let (other, other_token) = api.create_task(spec(1)).await;
+    assert_ne!(other, id);
+    let (status, body, _) = enroll(&other_token).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")), "{body}");
+
+    let (_, list) = api.call("GET", &tokens, Some(ADMIN), None).await;
+    let enrolled: Vec<(String, i64)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap().to_string(), t["enrolled"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(enrolled, [("default".into(), 1), ("android".into(), 2), ("web".into(), 1)]);
+
+    // Revoking the android token: its enrollments and credentials end.
+    let android_id = android["id"].as_str().unwrap();
+    let (status, revoked) =
+        api.call("POST", &format!("{tokens}/{android_id}/revoke"), Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::OK, "{revoked}");
+    assert!(revoked["revoked_at"].as_i64().is_some() && revoked.get("token").is_none(), "{revoked}");
+    let (status, body, _) = enroll(&android_token).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::UNAUTHORIZED, Some("token_revoked")), "{body}");
+    let (status, body) = api.call("POST", "/v1/checkin", Some(&android_credential), None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("credential_expired")),
+        "{body}"
+    );
+    let (status, _) = api.call("POST", "/v1/checkin", Some(&web_credential), None).await;
+    assert_eq!(status, StatusCode::OK, "the web app's clients are untouched");
+    for path in [format!("{tokens}/{}/revoke", "0".repeat(32)), format!("{tokens}/nope/revoke")] {
+        let (status, _) = api.call("POST", &path, Some(ADMIN), None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+    }
+    // A stopped task takes no new tokens.
+    api.call("POST", &format!("/admin/tasks/{id}/stop"), Some(ADMIN), None).await;
+    let (status, body) = api.call("POST", &tokens, Some(ADMIN), Some(json!({ "name": "late" }))).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("task_inactive")));
     api.finish().await;
 }

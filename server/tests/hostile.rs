@@ -32,7 +32,11 @@ struct Honest;
 
 impl Trainer for Honest {
     fn train(&mut self, _: u64, _: &cohort_client::checkpoint::Checkpoint) -> Result<LocalUpdate, String> {
-        Ok(LocalUpdate { delta: delta(), examples: 7, metrics: None })
+        Ok(LocalUpdate {
+            delta: delta(),
+            examples: 7,
+            metrics: cohort_client::participant::MetricValues::new(),
+        })
     }
 }
 

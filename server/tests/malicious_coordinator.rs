@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use cohort_client::participant::{
-    Method, Participant, ParticipantConfig, ParticipantError, Policy, PolicyViolation, Request, Response,
-    RoundOutcome, TaskSecurity,
+    Method, Metric, MetricValues, Participant, ParticipantConfig, ParticipantError, Policy, PolicyViolation,
+    Request, Response, RoundOutcome, TaskSecurity,
 };
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, Transport};
@@ -36,7 +36,9 @@ struct Honest;
 
 impl Trainer for Honest {
     fn train(&mut self, _: u64, _: &cohort_client::checkpoint::Checkpoint) -> Result<LocalUpdate, String> {
-        Ok(LocalUpdate { delta: vec![0.01; DIMENSION], examples: 3, metrics: None })
+        let mut metrics = MetricValues::new();
+        metrics.set(Metric::TrainLoss, 0.5).map_err(|e| e.to_string())?;
+        Ok(LocalUpdate { delta: vec![0.01; DIMENSION], examples: 3, metrics })
     }
 }
 
@@ -286,6 +288,44 @@ fn the_honest_proxy_changes_nothing_and_the_round_completes() {
             ]
         );
     }
+}
+
+/// A coordinator that asks an active round's clients for their metrics in
+/// the clear gets none of them: it learns only their mean, from the sum
+/// under the masks.
+#[test]
+fn an_active_round_sends_no_metrics_in_the_clear_even_when_asked() {
+    let ask = Box::new(|exchange: &Exchange, response: &mut Response| {
+        if exchange.path == "/v1/checkin" {
+            let mut answer: Value = serde_json::from_slice(&response.body).unwrap();
+            if answer["status"] == "selected" {
+                answer["plaintext_metrics"] = json!(true);
+                response.body = serde_json::to_vec(&answer).unwrap();
+            }
+        }
+    });
+    let (coordinator, proxy, task, token) = scenario("mc-metrics", 1, ask);
+    let endings = run_clients(&proxy, &task, &token, 1, Duration::from_secs(60));
+    for ending in &endings {
+        assert!(matches!(ending.0.as_slice(), [RoundOutcome::Completed(_)]), "{:?}", ending.0);
+    }
+    {
+        let script = proxy.script.lock().unwrap();
+        let asked = script.log.iter().filter(|e| {
+            e.path == "/v1/checkin"
+                && serde_json::from_slice::<Value>(&e.reply).unwrap()["plaintext_metrics"] == true
+        });
+        assert!(asked.count() >= CLIENTS as usize, "every client was asked");
+        let sent: Vec<&str> =
+            script.log.iter().map(|e| e.path.as_str()).filter(|p| p.contains("metrics")).collect();
+        assert_eq!(sent, Vec::<&str>::new(), "no client sent its metrics in the clear");
+    }
+    let (status, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
+    assert_eq!(status, 200);
+    let rounds: Value = serde_json::from_slice(&rounds).unwrap();
+    let mean = &rounds[0]["metrics"]["client_means"]["train_loss"];
+    assert!((mean["mean"].as_f64().unwrap() - 0.5).abs() < 1e-5, "{rounds}");
+    assert_eq!(mean["clients"], CLIENTS, "{rounds}");
 }
 
 #[test]

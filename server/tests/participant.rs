@@ -9,7 +9,7 @@ mod support;
 
 use cohort_client::checkpoint::{self, Checkpoint};
 use cohort_client::participant::{
-    Method, Participant, ParticipantConfig, ParticipantError, RoundOutcome, Stage,
+    Method, Metric, MetricValues, Participant, ParticipantConfig, ParticipantError, RoundOutcome, Stage,
 };
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, load_state};
@@ -29,7 +29,11 @@ impl Trainer for Fixed {
     fn train(&mut self, round: u64, model: &Checkpoint) -> Result<LocalUpdate, String> {
         assert_eq!(model.weights.len(), self.delta.len());
         self.rounds_trained.push(round);
-        Ok(LocalUpdate { delta: self.delta.clone(), examples: self.examples, metrics: None })
+        Ok(LocalUpdate {
+            delta: self.delta.clone(),
+            examples: self.examples,
+            metrics: cohort_client::participant::MetricValues::new(),
+        })
     }
 }
 
@@ -130,6 +134,75 @@ fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
     let rounds: Vec<Value> = serde_json::from_slice(&rounds).unwrap();
     assert_eq!(rounds.iter().map(|r| r["survivors"].as_i64().unwrap()).collect::<Vec<_>>(), vec![4, 5]);
     std::fs::remove_dir_all(&state_dir).unwrap();
+}
+
+/// Hands in client k's update with a training loss of 0.1 (k + 1).
+struct Reporting(usize);
+
+impl Trainer for Reporting {
+    fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, String> {
+        let mut metrics = MetricValues::new();
+        metrics.set(Metric::TrainLoss, 0.1 * (self.0 + 1) as f64).map_err(|e| e.to_string())?;
+        Ok(LocalUpdate { delta: update(self.0), examples: 10, metrics })
+    }
+}
+
+/// Runs `clients` participants with [`Reporting`] trainers until the task ends.
+fn run_reporting(coordinator: &Coordinator, spec: &Value, task: &str, token: &str, clients: usize) {
+    let handles: Vec<_> = (0..clients)
+        .map(|k| {
+            let (url, task, token, spec) =
+                (coordinator.url.clone(), task.to_string(), token.to_string(), spec.clone());
+            std::thread::spawn(move || {
+                let participant =
+                    Participant::enroll(&task, &token, fast(&spec)).with_seed([k as u8 + 40; 32]);
+                let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
+                let mut outcomes = Vec::new();
+                while let Some(outcome) = runner.run_round(&mut Reporting(k)).unwrap() {
+                    outcomes.push(outcome);
+                }
+                outcomes
+            })
+        })
+        .collect();
+    for handle in handles {
+        let outcomes = handle.join().unwrap();
+        assert!(matches!(outcomes.as_slice(), [RoundOutcome::Completed(_)]), "{outcomes:?}");
+    }
+}
+
+/// The clients' losses reach the coordinator as their mean, from the sum
+/// under the masks; only a semi-honest task that asks for them also gets
+/// each client's in the clear, after the round, labelled as plaintext.
+#[test]
+fn metrics_travel_masked_and_in_the_clear_only_when_a_semi_honest_task_asks() {
+    let coordinator = Coordinator::start("metrics", ADMIN);
+    let mut plaintext = spec(4, 1);
+    plaintext["secure_aggregation"]["variant"] = json!("semi-honest");
+    plaintext["client_metrics"] = json!({ "plaintext": true });
+    for (spec, in_the_clear) in [(spec(4, 1), false), (plaintext, true)] {
+        let (task, token) = coordinator.create_task(spec.clone());
+        run_reporting(&coordinator, &spec, &task, &token, 4);
+        let (_, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
+        let rounds: Value = serde_json::from_slice(&rounds).unwrap();
+        let mean = &rounds[0]["metrics"]["client_means"]["train_loss"];
+        assert!((mean["mean"].as_f64().unwrap() - 0.25).abs() < 1e-5, "{rounds}");
+        assert_eq!(mean["clients"], 4, "{rounds}");
+        let reports = &rounds[0]["plaintext_client_metrics"];
+        if in_the_clear {
+            let mut losses: Vec<f64> = reports
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["metrics"]["train_loss"].as_f64().unwrap())
+                .collect();
+            losses.sort_by(f64::total_cmp);
+            assert_eq!(losses, [0.1, 0.2, 0.30000000000000004, 0.4], "{rounds}");
+            assert!(reports.as_array().unwrap().iter().all(|r| r["metrics"]["bytes_up"].as_u64() > Some(0)));
+        } else {
+            assert!(reports.is_null(), "{rounds}");
+        }
+    }
 }
 
 #[test]

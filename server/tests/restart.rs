@@ -164,7 +164,11 @@ impl cohort_client::runtime::Trainer for Steady {
         model: &cohort_client::checkpoint::Checkpoint,
     ) -> Result<cohort_client::runtime::LocalUpdate, String> {
         let delta = (0..model.weights.len()).map(|i| 0.01 * (i as f32 + 1.0)).collect();
-        Ok(cohort_client::runtime::LocalUpdate { delta, examples: self.examples, metrics: None })
+        Ok(cohort_client::runtime::LocalUpdate {
+            delta,
+            examples: self.examples,
+            metrics: cohort_client::participant::MetricValues::new(),
+        })
     }
 }
 

@@ -9,9 +9,10 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use cohort_server::auth::token_hash;
 use cohort_server::store::{
-    CheckpointRecord, ClientMetricsRecord, ParticipantRecord, RoundRecord, SqlStore, Store, StoreError,
-    TaskRecord, TaskStatus,
+    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, ParticipantRecord, RoundRecord, SqlStore,
+    Store, StoreError, TaskRecord, TaskStatus,
 };
 use sqlx::Connection;
 
@@ -81,7 +82,7 @@ fn task(id: &str, created_at: i64) -> TaskRecord {
         name: format!("task {id}"),
         spec: r#"{"rounds":3}"#.to_string(),
         status: TaskStatus::Active,
-        enrollment_token_hash: [7; 32],
+        enrollment_token_hash: token_hash(id),
         created_at,
         updated_at: created_at,
     }
@@ -118,6 +119,7 @@ fn participant(id: &str, task_id: &str, credential: u8) -> ParticipantRecord {
         last_seen_at: 100,
         expires_at: 10_000,
         identity_key: Some([credential; 32]),
+        token_id: Some(task_id.to_string()),
     }
 }
 
@@ -164,6 +166,52 @@ async fn participants_and_credentials(store: &SqlStore) {
     assert_eq!(store.participant_by_credential(&[1; 32]).await.unwrap().last_seen_at, 500);
     assert!(matches!(store.touch_participant("ghost", 1).await, Err(StoreError::NotFound(_))));
     assert_eq!(store.participants("t").await.unwrap().len(), 4);
+}
+
+/// Tokens per application: the task's first is `default`; names are
+/// unique per task; a token is found by its hash; revoking it stamps it
+/// once and ends the credentials it issued, and nothing else.
+async fn enrollment_tokens_per_application(store: &SqlStore) {
+    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.create_task(&task("u", 2), &checkpoint("u", 0)).await.unwrap();
+    let tokens = store.enrollment_tokens("t").await.unwrap();
+    assert_eq!(tokens.len(), 1);
+    assert_eq!((tokens[0].0.id.as_str(), tokens[0].0.name.as_str(), tokens[0].1), ("t", "default", 0));
+    assert_eq!(tokens[0].0.token_hash, token_hash("t"));
+    let app = EnrollmentTokenRecord {
+        id: "app".into(),
+        task_id: "t".into(),
+        name: "android".into(),
+        token_hash: [42; 32],
+        rate: Some((30, 5)),
+        created_at: 10,
+        revoked_at: None,
+    };
+    store.add_enrollment_token(&app).await.unwrap();
+    let same_name = EnrollmentTokenRecord { id: "app2".into(), token_hash: [43; 32], ..app.clone() };
+    assert!(matches!(store.add_enrollment_token(&same_name).await, Err(StoreError::Conflict(_))));
+    // The same name in another task is another token.
+    store.add_enrollment_token(&EnrollmentTokenRecord { task_id: "u".into(), ..same_name }).await.unwrap();
+    let orphan =
+        EnrollmentTokenRecord { id: "x".into(), task_id: "nope".into(), token_hash: [44; 32], ..app.clone() };
+    assert!(store.add_enrollment_token(&orphan).await.is_err());
+    assert_eq!(store.enrollment_token_by_hash(&[42; 32]).await.unwrap(), app);
+    assert!(matches!(store.enrollment_token_by_hash(&[99; 32]).await, Err(StoreError::NotFound(_))));
+
+    let by_app = ParticipantRecord { token_id: Some("app".into()), ..participant("p1", "t", 1) };
+    store.add_participant(&by_app).await.unwrap();
+    store.add_participant(&participant("p2", "t", 2)).await.unwrap();
+    let counts: Vec<(String, i64)> =
+        store.enrollment_tokens("t").await.unwrap().into_iter().map(|(t, n)| (t.id, n)).collect();
+    assert_eq!(counts, [("t".to_string(), 1), ("app".to_string(), 1)]);
+
+    let revoked = store.revoke_enrollment_token("t", "app", 500).await.unwrap();
+    assert_eq!(revoked.revoked_at, Some(500));
+    assert_eq!(store.revoke_enrollment_token("t", "app", 900).await.unwrap().revoked_at, Some(500));
+    assert_eq!(store.participant_by_credential(&[1; 32]).await.unwrap().expires_at, 500);
+    assert_eq!(store.participant_by_credential(&[2; 32]).await.unwrap().expires_at, 10_000);
+    assert!(matches!(store.revoke_enrollment_token("u", "app", 1).await, Err(StoreError::NotFound(_))));
+    assert!(matches!(store.revoke_enrollment_token("t", "ghost", 1).await, Err(StoreError::NotFound(_))));
 }
 
 async fn rounds_are_atomic_ordered_and_pruned(store: &SqlStore) {
@@ -254,6 +302,7 @@ macro_rules! on_both_backends {
 on_both_backends!(
     tasks_and_status,
     participants_and_credentials,
+    enrollment_tokens_per_application,
     rounds_are_atomic_ordered_and_pruned,
     client_metrics_once_per_round,
 );

@@ -42,7 +42,11 @@ impl Trainer for Zero {
         _: u64,
         model: &cohort_client::checkpoint::Checkpoint,
     ) -> Result<LocalUpdate, String> {
-        Ok(LocalUpdate { delta: vec![0.25; model.weights.len()], examples: 3, metrics: None })
+        Ok(LocalUpdate {
+            delta: vec![0.25; model.weights.len()],
+            examples: 3,
+            metrics: cohort_client::participant::MetricValues::new(),
+        })
     }
 }
 

@@ -212,7 +212,7 @@ impl Trainer for Fixed {
     fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, String> {
         // A test's known update: copied on purpose (LocalUpdate is not Clone).
         let LocalUpdate { delta, examples, metrics } = &self.0;
-        Ok(LocalUpdate { delta: delta.clone(), examples: *examples, metrics: metrics.clone() })
+        Ok(LocalUpdate { delta: delta.clone(), examples: *examples, metrics: *metrics })
     }
 }
 
@@ -225,7 +225,7 @@ pub fn native_update(k: usize) -> LocalUpdate {
 pub fn native_update_of(k: usize, parameters: usize) -> LocalUpdate {
     let delta =
         (0..parameters).map(|j| 0.01 * (k as f32 + 1.0) * if j % 2 == 0 { 1.0 } else { -1.0 }).collect();
-    LocalUpdate { delta, examples: 10 + k as u32, metrics: None }
+    LocalUpdate { delta, examples: 10 + k as u32, metrics: cohort_client::participant::MetricValues::new() }
 }
 
 /// Native clients, each taking part in one round with `native_update(k)`.
@@ -316,7 +316,7 @@ pub fn app_update() -> LocalUpdate {
     LocalUpdate {
         delta: (0..15).map(|j| 0.02 * ((j % 5) as f32 - 2.0)).collect(),
         examples: 7,
-        metrics: None,
+        metrics: cohort_client::participant::MetricValues::new(),
     }
 }
 

@@ -216,6 +216,8 @@ fn a_tab_closed_mid_round_is_a_dropout_and_the_round_completes() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Also: the dashboard creates an enrollment token for an application,
+/// shows it once, and revokes it.
 #[test]
 fn the_dashboard_pauses_resumes_and_stops_a_task() {
     let _one = exclusive();
@@ -232,6 +234,16 @@ fn the_dashboard_pauses_resumes_and_stops_a_task() {
     assert_eq!(applied, [("pause", "paused"), ("resume", "active"), ("stop", "stopped")], "{seen}");
     assert_eq!(seen["stop_disabled"], true, "a stopped task cannot be stopped again");
     assert_eq!(serve.admin_json(&format!("/admin/tasks/{task}"))["status"], "stopped");
+    // The token panel: created with its rate, shown once, listed, revoked.
+    let shown = seen["token"]["shown"].as_str().unwrap();
+    assert!(shown.len() == 64 && shown.bytes().all(|b| b.is_ascii_hexdigit()), "{seen}");
+    assert_eq!(seen["token"]["listed"][1], json!(["android", "0", "30"]), "{seen}");
+    assert_eq!(seen["token"]["hidden"], true, "the token leaves the page when dismissed");
+    let tokens = serve.admin_json(&format!("/admin/tasks/{task}/tokens"));
+    assert_eq!(tokens[1]["id"], seen["token"]["id"], "{tokens}");
+    assert_eq!(tokens[1]["rate"], json!({ "per_minute": 30, "burst": 30 }), "{tokens}");
+    assert!(tokens[1]["revoked_at"].is_i64() && tokens[0]["revoked_at"].is_null(), "{tokens}");
+    assert_eq!(seen["leaked"], json!([]), "{seen}");
     drop(serve);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -121,7 +121,7 @@ fn a_c_client_joins_a_secure_round_through_the_header() {
     let c_update = LocalUpdate {
         delta: (0..15).map(|j| 0.03 * (j % 4) as f32 - 0.01).collect(),
         examples: 9,
-        metrics: None,
+        metrics: cohort_client::participant::MetricValues::new(),
     };
     let mut updates: Vec<LocalUpdate> = (0..3).map(native_update).collect();
     updates.push(c_update);

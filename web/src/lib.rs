@@ -10,7 +10,7 @@
 //!   case "send":  fetch(base + action.path, ...) then client.handle(now, status, bytes)
 //!                 (or client.transport_failed(now, String(error)));
 //!   case "wait":  sleep action.ms;
-//!   case "train": client.train()  (or client.submit(delta, examples));
+//!   case "train": client.train()  (or client.submit(delta, examples, metricsJson));
 //!   case "round_ended", "finished": report.
 //! }
 //! ```
@@ -26,7 +26,8 @@ use cohort_client::checkpoint::Checkpoint;
 use cohort_client::data::{Dataset, dataset_from_idx, hold_out_per_class, parse_idx};
 use cohort_client::model::Model;
 use cohort_client::participant::{
-    Action, Method, Participant, ParticipantConfig, Policy, Request, Response, RoundOutcome, SavedState,
+    Action, Method, Metric, MetricValues, Participant, ParticipantConfig, Policy, Request, Response,
+    RoundOutcome, SavedState,
 };
 use cohort_client::partition::{Scheme, histogram, partition};
 use cohort_client::runtime;
@@ -270,27 +271,31 @@ impl Core {
             let trained: Vec<f32> = global.weights.iter().zip(&update.delta).map(|(g, d)| g + d).collect();
             self.test.as_ref().map(|test| model.evaluate(&trained, test.features.view(), &test.labels).1)
         };
-        let (delta, examples, metrics) = update.into_parts();
-        let mut metrics = metrics.unwrap_or_default();
-        let loss = metrics.get("train_loss").cloned();
+        let (delta, examples, mut metrics) = update.into_parts();
         let report = json!({
-            "round": self.round, "examples": examples, "train_loss": loss,
+            "round": self.round, "examples": examples, "train_loss": metrics.get(Metric::TrainLoss),
             "global_accuracy": global_accuracy, "local_accuracy": local,
         });
-        // Reported with the round (the dashboard charts their means): the
-        // global model's accuracy on this tab's held-out data.
+        // Inside the masked input with the update (the dashboard charts
+        // the means): the global model's accuracy on this tab's held-out data.
         if let Some(accuracy) = global_accuracy {
-            metrics.insert("global_accuracy".into(), f64::from(accuracy).into());
+            metrics.set(Metric::GlobalAccuracy, f64::from(accuracy)).map_err(|e| e.to_string())?;
         }
-        self.participant.submit(delta, examples, Some(metrics)).map_err(|e| e.to_string())?;
+        self.participant.submit(delta, examples, metrics).map_err(|e| e.to_string())?;
         self.global = None;
         Ok(report)
     }
 
-    /// After a `train` action: hands over an update the page computed.
-    pub fn submit(&mut self, delta: Vec<f32>, examples: u32) -> Result<(), String> {
+    /// After a `train` action: hands over an update the page computed,
+    /// with its metrics as a JSON object of `train_loss`, `eval_accuracy`
+    /// and the like (they travel inside the masked input).
+    pub fn submit(&mut self, delta: Vec<f32>, examples: u32, metrics: Option<&str>) -> Result<(), String> {
+        let metrics = match metrics {
+            None => MetricValues::new(),
+            Some(json) => parse_metrics(json)?,
+        };
         self.global = None;
-        self.participant.submit(delta, examples, None).map_err(|e| e.to_string())
+        self.participant.submit(delta, examples, metrics).map_err(|e| e.to_string())
     }
 
     /// Leaves the current round silently (a closed tab does the same).
@@ -416,9 +421,10 @@ impl WebClient {
         self.core.train().map(|report| report.to_string()).map_err(js)
     }
 
-    /// Hands over an update the page computed, after a `train` action.
-    pub fn submit(&mut self, delta: Vec<f32>, examples: u32) -> Result<(), JsError> {
-        self.core.submit(delta, examples).map_err(js)
+    /// Hands over an update the page computed, after a `train` action,
+    /// with its metrics as JSON (`{"train_loss": 0.4}`) or `undefined`.
+    pub fn submit(&mut self, delta: Vec<f32>, examples: u32, metrics: Option<String>) -> Result<(), JsError> {
+        self.core.submit(delta, examples, metrics.as_deref()).map_err(js)
     }
 
     /// Leaves the current round silently.
@@ -435,6 +441,19 @@ impl WebClient {
     pub fn participant_id(&self) -> Option<String> {
         self.core.participant_id()
     }
+}
+
+/// Metrics from a JSON object of metric names and numbers.
+fn parse_metrics(json: &str) -> Result<MetricValues, String> {
+    let fields: serde_json::Map<String, Value> =
+        serde_json::from_str(json).map_err(|e| format!("metrics: {e}"))?;
+    let mut metrics = MetricValues::new();
+    for (name, value) in fields {
+        let metric = Metric::from_name(&name).ok_or_else(|| format!("metrics: unknown metric {name}"))?;
+        let value = value.as_f64().ok_or_else(|| format!("metrics: {name} must be a number"))?;
+        metrics.set(metric, value).map_err(|e| e.to_string())?;
+    }
+    Ok(metrics)
 }
 
 #[cfg(test)]
@@ -558,7 +577,11 @@ mod tests {
         assert!(core.set_training_data(vec![f32::INFINITY; 2], 2, vec![0]).is_err());
         assert!(core.set_training_config(1, 0, 0.1).is_err());
         assert!(Core::new("", "token", None, None).is_err());
-        assert!(core.submit(vec![0.0], 1).is_err(), "submit needs a train action");
+        assert!(core.submit(vec![0.0], 1, None).is_err(), "submit needs a train action");
+        assert!(parse_metrics(r#"{"train_loss": 0.5, "eval_accuracy": 1}"#).is_ok());
+        for bad in [r#"{"f1": 0.5}"#, r#"{"train_loss": "x"}"#, r#"{"eval_accuracy": 2}"#, "[]"] {
+            assert!(parse_metrics(bad).is_err(), "{bad}");
+        }
     }
 
     /// IDX images (`rows` of 2×2) and labels: digit `i % 10` for row `i`.

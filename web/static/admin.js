@@ -48,10 +48,6 @@ function bytes(value) {
   while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit++; }
   return `${value.toFixed(unit ? 1 : 0)} ${units[unit]}`;
 }
-const mean = (values) => {
-  const finite = values.filter(Number.isFinite);
-  return finite.length ? finite.reduce((a, b) => a + b, 0) / finite.length : NaN;
-};
 
 // --- login ---------------------------------------------------------------
 
@@ -138,13 +134,16 @@ function renderLive(task) {
   }));
 }
 
-/** Per round: means of what the clients reported (never one client's value). */
+/**
+ * Per round: the means of the clients' metrics over the survivors, which
+ * the coordinator computed from their sums under the masks (it never saw
+ * one client's value).
+ */
 function clientMeans(round) {
-  const reports = round.client_metrics.filter((m) => m.kind === "train").map((m) => m.metrics ?? {});
+  const means = round.metrics?.client_means ?? {};
   return {
-    reports: reports.length,
-    accuracy: mean(reports.map((m) => m.global_accuracy)),
-    loss: mean(reports.map((m) => m.train_loss)),
+    accuracy: means.global_accuracy?.mean ?? means.eval_accuracy?.mean,
+    loss: means.train_loss?.mean,
   };
 }
 
@@ -206,6 +205,7 @@ async function refresh() {
     const task = tasks.find((t) => t.id === selected);
     if (task) {
       renderDetail(task, await api("GET", `/admin/tasks/${encodeURIComponent(task.id)}/rounds`));
+      renderTokens(task, await api("GET", `/admin/tasks/${encodeURIComponent(task.id)}/tokens`));
     } else {
       $("detail").classList.add("hidden");
     }
@@ -237,6 +237,68 @@ async function control(action) {
   refresh();
 }
 for (const action of ["pause", "resume", "stop"]) $(action).addEventListener("click", () => control(action));
+
+// --- enrollment tokens ---------------------------------------------------
+
+function renderTokens(task, tokens) {
+  const final = task.status === "stopped" || task.status === "completed";
+  $("token-form").querySelector("button").disabled = final;
+  $("tokens").tBodies[0].replaceChildren(...tokens.map((t) => {
+    const row = document.createElement("tr");
+    row.dataset.token = t.id;
+    cell(row, t.name);
+    cell(row, t.enrolled, "num");
+    cell(row, t.rate ? t.rate.per_minute : "default", "num");
+    cell(row, new Date(t.created_at).toLocaleString());
+    cell(row, t.revoked_at ? new Date(t.revoked_at).toLocaleString() : "—").dataset.field = "revoked";
+    const actions = document.createElement("td");
+    if (!t.revoked_at) {
+      const revoke = document.createElement("button");
+      revoke.type = "button";
+      revoke.className = "danger";
+      revoke.textContent = "Revoke";
+      revoke.addEventListener("click", () => revokeToken(t));
+      actions.append(revoke);
+    }
+    row.append(actions);
+    return row;
+  }));
+}
+
+async function revokeToken(t) {
+  if (!selected || !confirm(`Revoke the token for ${t.name}? Its clients' credentials end too.`)) return;
+  $("token-error").textContent = "";
+  try {
+    await api("POST", `/admin/tasks/${encodeURIComponent(selected)}/tokens/${encodeURIComponent(t.id)}/revoke`);
+  } catch (error) {
+    $("token-error").textContent = `revoke: ${error.message}`;
+  }
+  refresh();
+}
+
+$("token-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  if (!selected) return;
+  $("token-error").textContent = "";
+  const perMinute = Number($("token-rate").value);
+  const body = { name: $("token-name").value };
+  // A burst of a minute's worth: the sustained rate, allowed at once.
+  if (perMinute > 0) body.rate = { per_minute: perMinute, burst: perMinute };
+  try {
+    const created = await api("POST", `/admin/tasks/${encodeURIComponent(selected)}/tokens`, body);
+    $("token-new-name").textContent = created.name;
+    $("token-new-value").textContent = created.token;
+    $("token-new").classList.remove("hidden");
+    $("token-form").reset();
+  } catch (error) {
+    $("token-error").textContent = `new token: ${error.message}`;
+  }
+  refresh();
+});
+$("token-new-done").addEventListener("click", () => {
+  $("token-new-value").textContent = "";
+  $("token-new").classList.add("hidden");
+});
 
 // --- task creation ------------------------------------------------------------
 

@@ -17,8 +17,10 @@
 //              with plain: true the tabs open /demo bare (shards only counts them)
 //   dashboard  {url, adminToken, task, artifacts, name, secrets: [..], controls?: bool}
 //              opens /admin, selects the task, reads its rounds table and
-//              charts; with controls, clicks pause, resume, stop and reads
-//              the status the API reports after each; prints what it saw
+//              charts; with controls, creates an enrollment token for an
+//              application with the form, reads it once, dismisses it,
+//              revokes it, then clicks pause, resume, stop and reads the
+//              status the API reports after each; prints what it saw
 import { mkdirSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
@@ -180,6 +182,19 @@ async function dashboard() {
   seen.status = await page.textContent("#detail-status");
   await shot(page, config.name);
   if (config.controls) {
+    await page.fill("#token-name", "android");
+    await page.fill("#token-rate", "30");
+    await page.click("#token-form button[type=submit]");
+    await page.waitForSelector("#token-new:not(.hidden)");
+    const shown = await page.textContent("#token-new-value");
+    await page.waitForSelector("#tokens tbody tr:nth-child(2)");
+    const listed = await page.$$eval("#tokens tbody tr", (rows) => rows.map((r) => [...r.cells].slice(0, 3).map((c) => c.textContent)));
+    await page.click("#token-new-done");
+    const hidden = await page.evaluate(() => document.getElementById("token-new-value").textContent === "");
+    const id = await page.$eval("#tokens tbody tr:nth-child(2)", (row) => row.dataset.token);
+    await page.click(`#tokens tr[data-token="${id}"] button`);
+    await page.waitForFunction((t) => document.querySelector(`#tokens tr[data-token="${t}"] [data-field=revoked]`).textContent !== "—", id);
+    seen.token = { shown, listed, hidden, id };
     for (const [button, expected] of [["pause", "paused"], ["resume", "active"], ["stop", "stopped"]]) {
       await page.click(`#${button}`);
       await page.waitForFunction((s) => document.getElementById("detail-status").textContent === s, expected);
@@ -190,7 +205,7 @@ async function dashboard() {
   }
   // Nothing secret on the page: not the enrollment token, not a credential.
   const text = await page.evaluate(() => document.documentElement.outerHTML);
-  seen.leaked = (config.secrets ?? []).filter((secret) => secret && text.includes(secret));
+  seen.leaked = [...(config.secrets ?? []), seen.token?.shown].filter((secret) => secret && text.includes(secret));
   seen.problems = page.problems;
   return seen;
 }

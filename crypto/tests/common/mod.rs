@@ -37,6 +37,7 @@ pub fn config(clients: u32, threshold: u32, graph: GraphSpec, vector_len: u32, b
             clip: 1.0,
             max_weight: 1,
             transform: cohort_crypto::Transform::None,
+            metrics: cohort_crypto::MetricSet::NONE,
         },
     }
 }

@@ -71,7 +71,8 @@ pub struct TaskRecord {
     pub spec: String,
     /// Status.
     pub status: TaskStatus,
-    /// SHA-256 of the enrollment token.
+    /// SHA-256 of the task's first enrollment token (also stored as its
+    /// token named `default`, which is what enrollment checks).
     pub enrollment_token_hash: [u8; 32],
     /// Creation time.
     pub created_at: i64,
@@ -97,6 +98,29 @@ pub struct ParticipantRecord {
     /// Ed25519 identity public key registered at enrollment (none for
     /// participants enrolled before identities existed).
     pub identity_key: Option<[u8; 32]>,
+    /// The enrollment token it enrolled with (none before tokens had ids).
+    pub token_id: Option<String>,
+}
+
+/// An enrollment token of a task: one per application, named, revocable,
+/// with its own rate limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnrollmentTokenRecord {
+    /// Identifier.
+    pub id: String,
+    /// The task.
+    pub task_id: String,
+    /// Its name (the application it is for), unique within the task.
+    pub name: String,
+    /// SHA-256 of the token.
+    pub token_hash: [u8; 32],
+    /// Enrollments per minute, sustained, and the burst above it (`None`:
+    /// the server's `enroll_per_token` limit).
+    pub rate: Option<(u32, u32)>,
+    /// Creation time.
+    pub created_at: i64,
+    /// When it was revoked.
+    pub revoked_at: Option<i64>,
 }
 
 /// A completed round.
@@ -194,7 +218,8 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 /// The coordinator's storage.
 pub trait Store: Send + Sync {
-    /// Creates a task with its initial checkpoint (round 0).
+    /// Creates a task with its initial checkpoint (round 0) and its first
+    /// enrollment token, named `default`, whose id is the task's.
     fn create_task(
         &self,
         task: &TaskRecord,
@@ -221,6 +246,30 @@ pub trait Store: Send + Sync {
         &self,
         credential_hash: &[u8; 32],
     ) -> impl Future<Output = StoreResult<ParticipantRecord>> + Send;
+    /// Adds an enrollment token; refused if the task has one of that name.
+    fn add_enrollment_token(
+        &self,
+        token: &EnrollmentTokenRecord,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// The token with this hash.
+    fn enrollment_token_by_hash(
+        &self,
+        token_hash: &[u8; 32],
+    ) -> impl Future<Output = StoreResult<EnrollmentTokenRecord>> + Send;
+    /// A task's tokens, oldest first, each with the number of participants
+    /// enrolled with it.
+    fn enrollment_tokens(
+        &self,
+        task_id: &str,
+    ) -> impl Future<Output = StoreResult<Vec<(EnrollmentTokenRecord, i64)>>> + Send;
+    /// Revokes a token (once; a second call keeps the first time) and ends
+    /// the credentials it issued, so that their holders must enroll again.
+    fn revoke_enrollment_token(
+        &self,
+        task_id: &str,
+        token_id: &str,
+        now: i64,
+    ) -> impl Future<Output = StoreResult<EnrollmentTokenRecord>> + Send;
     /// Records a check-in.
     fn touch_participant(&self, id: &str, now: i64) -> impl Future<Output = StoreResult<()>> + Send;
     /// Participants of a task.

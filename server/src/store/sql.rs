@@ -7,8 +7,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
 use super::{
-    CheckpointRecord, ClientMetricsRecord, ParticipantRecord, RoundRecord, Store, StoreError, StoreResult,
-    TaskRecord, TaskStatus,
+    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, ParticipantRecord, RoundRecord, Store,
+    StoreError, StoreResult, TaskRecord, TaskStatus,
 };
 
 /// Longest wait for a pooled PostgreSQL connection.
@@ -89,6 +89,28 @@ fn participant_from(row: &AnyRow) -> StoreResult<ParticipantRecord> {
             .try_get::<Option<Vec<u8>>, _>("identity_key")?
             .map(|key| key.try_into().map_err(|_| StoreError::Corrupt("identity key length")))
             .transpose()?,
+        token_id: row.try_get("token_id")?,
+    })
+}
+
+fn token_from(row: &AnyRow) -> StoreResult<EnrollmentTokenRecord> {
+    let per_minute: Option<i64> = row.try_get("per_minute")?;
+    let burst: Option<i64> = row.try_get("burst")?;
+    let rate = match (per_minute, burst) {
+        (Some(per_minute), Some(burst)) => Some((
+            u32::try_from(per_minute).map_err(|_| StoreError::Corrupt("token rate"))?,
+            u32::try_from(burst).map_err(|_| StoreError::Corrupt("token burst"))?,
+        )),
+        _ => None,
+    };
+    Ok(EnrollmentTokenRecord {
+        id: row.try_get("id")?,
+        task_id: row.try_get("task_id")?,
+        name: row.try_get("name")?,
+        token_hash: hash(row, "token_hash")?,
+        rate,
+        created_at: row.try_get("created_at")?,
+        revoked_at: row.try_get("revoked_at")?,
     })
 }
 
@@ -122,7 +144,12 @@ macro_rules! task_columns {
 }
 macro_rules! participant_columns {
     () => {
-        "id, task_id, credential_hash, enrolled_at, last_seen_at, expires_at, identity_key"
+        "id, task_id, credential_hash, enrolled_at, last_seen_at, expires_at, identity_key, token_id"
+    };
+}
+macro_rules! token_columns {
+    () => {
+        "id, task_id, name, token_hash, per_minute, burst, created_at, revoked_at"
     };
 }
 macro_rules! round_columns {
@@ -203,6 +230,19 @@ impl Store for SqlStore {
             .execute(&mut *tx)
             .await
             .map_err(|e| classify(e, "a task with this id exists", "task"))?;
+        insert_token(
+            &mut tx,
+            &EnrollmentTokenRecord {
+                id: task.id.clone(),
+                task_id: task.id.clone(),
+                name: "default".into(),
+                token_hash: task.enrollment_token_hash,
+                rate: None,
+                created_at: task.created_at,
+                revoked_at: None,
+            },
+        )
+        .await?;
         sqlx::query(concat!(
             "INSERT INTO checkpoints (",
             checkpoint_columns!(),
@@ -262,7 +302,7 @@ impl Store for SqlStore {
         sqlx::query(concat!(
             "INSERT INTO participants (",
             participant_columns!(),
-            ") VALUES ($1, $2, $3, $4, $5, $6, $7)"
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
         ))
         .bind(&p.id)
         .bind(&p.task_id)
@@ -271,6 +311,7 @@ impl Store for SqlStore {
         .bind(p.last_seen_at)
         .bind(p.expires_at)
         .bind(p.identity_key.map(|key| key.to_vec()))
+        .bind(p.token_id.clone())
         .execute(&self.pool)
         .await
         .map_err(|e| classify(e, "participant or credential exists", "task"))?;
@@ -288,6 +329,94 @@ impl Store for SqlStore {
         .await?
         .ok_or(StoreError::NotFound("participant"))?;
         participant_from(&row)
+    }
+
+    async fn add_enrollment_token(&self, token: &EnrollmentTokenRecord) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        insert_token(&mut tx, token).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn enrollment_token_by_hash(&self, token_hash: &[u8; 32]) -> StoreResult<EnrollmentTokenRecord> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            token_columns!(),
+            " FROM enrollment_tokens WHERE token_hash = $1"
+        ))
+        .bind(token_hash.to_vec())
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound("enrollment token"))?;
+        token_from(&row)
+    }
+
+    async fn enrollment_tokens(&self, task_id: &str) -> StoreResult<Vec<(EnrollmentTokenRecord, i64)>> {
+        let tokens: Vec<EnrollmentTokenRecord> = sqlx::query(concat!(
+            "SELECT ",
+            token_columns!(),
+            " FROM enrollment_tokens WHERE task_id = $1 ORDER BY created_at, id"
+        ))
+        .bind(task_id)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(token_from)
+        .collect::<StoreResult<_>>()?;
+        let counts = sqlx::query(
+            "SELECT token_id, COUNT(*) AS enrolled FROM participants WHERE task_id = $1 GROUP BY token_id",
+        )
+        .bind(task_id)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut enrolled = std::collections::HashMap::new();
+        for row in &counts {
+            let token: Option<String> = row.try_get("token_id")?;
+            let count: i64 = row.try_get("enrolled")?;
+            enrolled.insert(token, count);
+        }
+        Ok(tokens
+            .into_iter()
+            .map(|token| {
+                let count = enrolled.get(&Some(token.id.clone())).copied().unwrap_or(0);
+                (token, count)
+            })
+            .collect())
+    }
+
+    async fn revoke_enrollment_token(
+        &self,
+        task_id: &str,
+        token_id: &str,
+        now: i64,
+    ) -> StoreResult<EnrollmentTokenRecord> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE enrollment_tokens SET revoked_at = $1 WHERE id = $2 AND task_id = $3 AND revoked_at IS NULL",
+        )
+        .bind(now)
+        .bind(token_id)
+        .bind(task_id)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE participants SET expires_at = $1 WHERE token_id = $2 AND task_id = $3 AND expires_at > $1")
+            .bind(now)
+            .bind(token_id)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            token_columns!(),
+            " FROM enrollment_tokens WHERE id = $1 AND task_id = $2"
+        ))
+        .bind(token_id)
+        .bind(task_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound("enrollment token"))?;
+        tx.commit().await?;
+        token_from(&row)
     }
 
     async fn touch_participant(&self, id: &str, now: i64) -> StoreResult<()> {
@@ -454,4 +583,27 @@ impl Store for SqlStore {
             })
             .collect()
     }
+}
+
+async fn insert_token(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    token: &EnrollmentTokenRecord,
+) -> StoreResult<()> {
+    sqlx::query(concat!(
+        "INSERT INTO enrollment_tokens (",
+        token_columns!(),
+        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+    ))
+    .bind(&token.id)
+    .bind(&token.task_id)
+    .bind(&token.name)
+    .bind(token.token_hash.to_vec())
+    .bind(token.rate.map(|(per_minute, _)| i64::from(per_minute)))
+    .bind(token.rate.map(|(_, burst)| i64::from(burst)))
+    .bind(token.created_at)
+    .bind(token.revoked_at)
+    .execute(&mut **tx)
+    .await
+    .map_err(|e| classify(e, "the task has a token of this name", "task"))?;
+    Ok(())
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cohort_crypto::signature::IdentityKey;
-use cohort_crypto::{Client, ClientId, Quantizer, ServerMessage};
+use cohort_crypto::{Client, ClientId, MetricValues, Quantizer, ServerMessage};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use serde_json::Value;
@@ -20,6 +20,8 @@ pub use identity::{enrollment, fresh_enrollment, fresh_identity};
 pub struct Participant {
     pub update: Vec<f32>,
     pub weight: u32,
+    /// The metrics it reports with its update (none unless set).
+    pub metrics: MetricValues,
     /// The identity key this client enrolls with.
     pub identity: Arc<IdentityKey>,
     state: Option<Client>,
@@ -30,7 +32,7 @@ impl Participant {
     pub fn new(seed: u64, update: Vec<f32>, weight: u32) -> Self {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
         let identity = Arc::new(IdentityKey::generate(&mut rng));
-        Self { update, weight, identity, state: None, rng }
+        Self { update, weight, metrics: MetricValues::new(), identity, state: None, rng }
     }
 
     /// The body of this client's enrollment in `task`.
@@ -53,7 +55,8 @@ impl Participant {
             None => {
                 let ServerMessage::Setup(config) = &message else { panic!("expected the setup") };
                 let q = Quantizer::new(config.quantization, config.modulus_bits, config.clients).unwrap();
-                let input = q.encode(&self.update, self.weight, &mut self.rng).unwrap();
+                let input =
+                    q.encode_with_metrics(&self.update, self.weight, &self.metrics, &mut self.rng).unwrap();
                 let me = ClientId::new(client_id).unwrap();
                 let identity = Some(self.identity.clone());
                 let (state, reply) = Client::start(message, me, identity, input, &mut self.rng).unwrap();
