@@ -11,22 +11,23 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode, Uri};
 use cohort_client::participant::{
     Method, Metric, MetricValues, Participant, ParticipantConfig, ParticipantError, Policy, PolicyViolation,
-    Request, Response, RoundOutcome, TaskSecurity,
+    Response, RoundOutcome, TaskSecurity,
 };
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, Transport};
-use cohort_crypto::{ClientMessage, ServerMessage, Stage, Transform, Variant};
+use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer};
+use cohort_crypto::{ServerMessage, Stage, Transform, Variant};
 use serde_json::{Value, json};
 use support::Coordinator;
+use support::proxy::{
+    Exchange, Proxy, Tamper, replay_round_one, rewrite_enrollment, rewrite_peer_keys, rewrite_setup,
+    split_survivors, split_target,
+};
 
 const ADMIN: &str = "admin-token-for-the-malicious-coordinator-tests";
 const CLIENTS: u32 = 4;
@@ -39,119 +40,6 @@ impl Trainer for Honest {
         let mut metrics = MetricValues::new();
         metrics.set(Metric::TrainLoss, 0.5).map_err(|e| e.to_string())?;
         Ok(LocalUpdate { delta: vec![0.01; DIMENSION], examples: 3, metrics })
-    }
-}
-
-/// One request a client made through the proxy, and the answer it got.
-struct Exchange {
-    bearer: Option<String>,
-    method: axum::http::Method,
-    path: String,
-    body: Vec<u8>,
-    status: u16,
-    reply: Vec<u8>,
-}
-
-/// Rewrites the coordinator's answer to a request before the client sees it.
-type Tamper = Box<dyn FnMut(&Exchange, &mut Response) + Send>;
-
-struct Script {
-    upstream: String,
-    tamper: Tamper,
-    log: Vec<Exchange>,
-}
-
-/// The malicious coordinator: forwards the client API to a real one and
-/// tampers with the answers as scripted.
-struct Proxy {
-    runtime: Option<tokio::runtime::Runtime>,
-    url: String,
-    script: Arc<Mutex<Script>>,
-}
-
-async fn forward(
-    axum::extract::State(script): axum::extract::State<Arc<Mutex<Script>>>,
-    method: axum::http::Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> (StatusCode, Vec<u8>) {
-    let bearer = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string);
-    let content_type = match headers.get("content-type").and_then(|v| v.to_str().ok()) {
-        Some("application/x-cohort-secagg") => Some("application/x-cohort-secagg"),
-        _ => Some("application/json"),
-    };
-    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
-    let request = Request {
-        method: if method == axum::http::Method::POST { Method::Post } else { Method::Get },
-        path: path.clone(),
-        body: body.to_vec(),
-        content_type,
-        bearer: bearer.clone(),
-    };
-    let upstream = script.lock().unwrap().upstream.clone();
-    let answer =
-        tokio::task::spawn_blocking(move || HttpTransport::new(&upstream).send(&request)).await.unwrap();
-    let Ok(mut response) = answer else { return (StatusCode::BAD_GATEWAY, Vec::new()) };
-    let mut script = script.lock().unwrap();
-    let mut exchange =
-        Exchange { bearer, method, path, body: body.to_vec(), status: response.status, reply: Vec::new() };
-    (script.tamper)(&exchange, &mut response);
-    exchange.reply = response.body.clone();
-    script.log.push(exchange);
-    (StatusCode::from_u16(response.status).unwrap(), response.body)
-}
-
-impl Proxy {
-    fn start(upstream: &str, tamper: Tamper) -> Self {
-        let runtime =
-            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let script = Arc::new(Mutex::new(Script { upstream: upstream.into(), tamper, log: Vec::new() }));
-        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let app = axum::Router::new().fallback(forward).with_state(script.clone());
-        runtime.spawn(async move { axum::serve(listener, app).await });
-        Self { runtime: Some(runtime), url, script }
-    }
-
-    /// What each client (by credential) posted to the round, per round, as
-    /// stages.
-    fn posted(&self) -> BTreeMap<String, Vec<Stage>> {
-        let script = self.script.lock().unwrap();
-        let mut posted: BTreeMap<String, Vec<Stage>> = BTreeMap::new();
-        for exchange in &script.log {
-            if exchange.method == axum::http::Method::POST && exchange.path == "/v1/round/message" {
-                let stage = ClientMessage::decode(&exchange.body).unwrap().stage();
-                posted.entry(exchange.bearer.clone().unwrap_or_default()).or_default().push(stage);
-            }
-        }
-        posted
-    }
-
-    /// Every credential the coordinator handed out through the proxy.
-    fn credentials(&self) -> Vec<String> {
-        let script = self.script.lock().unwrap();
-        script
-            .log
-            .iter()
-            .filter(|e| e.path.ends_with("/enroll") && e.status == 201)
-            .map(|e| {
-                serde_json::from_slice::<Value>(&e.reply).unwrap()["credential"].as_str().unwrap().into()
-            })
-            .collect()
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        // The server task goes with the runtime.
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
     }
 }
 
@@ -228,33 +116,6 @@ fn policy_rule(ending: &Ending) -> Option<&'static str> {
         Some(ParticipantError::Policy(violation)) => Some(violation.rule()),
         _ => None,
     }
-}
-
-/// Rewrites the setup of every round (`GET /v1/round/message` answered
-/// with a setup) with `change`.
-fn rewrite_setup(mut change: impl FnMut(&mut cohort_crypto::RoundConfig) + Send + 'static) -> Tamper {
-    Box::new(move |exchange, response| {
-        if exchange.path != "/v1/round/message" || response.status != 200 {
-            return;
-        }
-        if let Ok(ServerMessage::Setup(mut config)) = ServerMessage::decode(&response.body) {
-            change(&mut config);
-            response.body = ServerMessage::Setup(config).encode();
-        }
-    })
-}
-
-/// Rewrites the `security` the enrollment reply announces.
-fn rewrite_enrollment(change: impl Fn(&mut TaskSecurity) + Send + 'static) -> Tamper {
-    Box::new(move |exchange, response| {
-        if exchange.path.ends_with("/enroll") && response.status == 201 {
-            let mut reply: Value = serde_json::from_slice(&response.body).unwrap();
-            let mut security: TaskSecurity = serde_json::from_value(reply["security"].take()).unwrap();
-            change(&mut security);
-            reply["security"] = serde_json::to_value(security).unwrap();
-            response.body = reply.to_string().into_bytes();
-        }
-    })
 }
 
 /// Starts a coordinator with one task and the proxy scripted by `tamper`.
@@ -390,24 +251,6 @@ fn a_round_that_departs_from_the_enrolled_task_is_refused_before_any_key() {
     }
 }
 
-/// Rewrites the peer keys that `target` (the first client to fetch them)
-/// receives with `change`.
-fn rewrite_peer_keys(change: fn(&mut cohort_crypto::messages::AdvertisedKeys)) -> Tamper {
-    let mut target: Option<String> = None;
-    Box::new(move |exchange, response| {
-        if exchange.path != "/v1/round/message" || response.status != 200 {
-            return;
-        }
-        if let Ok(ServerMessage::PeerKeys { context, mut peers }) = ServerMessage::decode(&response.body) {
-            let target = target.get_or_insert_with(|| exchange.bearer.clone().unwrap_or_default());
-            if exchange.bearer.as_deref() == Some(target.as_str()) {
-                change(&mut peers[0]);
-                response.body = ServerMessage::PeerKeys { context, peers }.encode();
-            }
-        }
-    })
-}
-
 #[test]
 fn a_substituted_key_or_a_forged_or_missing_signature_gets_no_share() {
     type Change = fn(&mut cohort_crypto::messages::AdvertisedKeys);
@@ -440,40 +283,10 @@ fn survivor_lists_that_differ_between_clients_get_no_unmasking_share() {
     // The both-shares attack: tell one client that another survivor
     // dropped out, so that it would reveal that client's mask-key shares
     // while the others reveal its self-mask shares.
-    let mut target: Option<String> = None;
-    let mut ids: BTreeMap<String, u64> = BTreeMap::new();
-    let tamper: Tamper = Box::new(move |exchange, response| {
-        let bearer = exchange.bearer.clone().unwrap_or_default();
-        if exchange.path == "/v1/checkin" && response.status == 200 {
-            let reply: Value = serde_json::from_slice(&response.body).unwrap();
-            if let Some(id) = reply["client_id"].as_u64() {
-                ids.insert(bearer.clone(), id);
-            }
-        }
-        if exchange.path != "/v1/round/message" || response.status != 200 {
-            return;
-        }
-        if let Ok(ServerMessage::Survivors { context, mut survivors }) = ServerMessage::decode(&response.body)
-        {
-            let target = target.get_or_insert_with(|| bearer.clone());
-            if &bearer == target {
-                let own = ids[&bearer];
-                let other = survivors.iter().position(|id| u64::from(id.get()) != own).unwrap();
-                survivors.remove(other);
-                response.body = ServerMessage::Survivors { context, survivors }.encode();
-            }
-        }
-    });
-    let (_coordinator, proxy, task, token) = scenario("mc-survivors", 1, tamper);
+    let (_coordinator, proxy, task, token) = scenario("mc-survivors", 1, split_survivors());
     let endings = run_clients(&proxy, &task, &token, 1, Duration::from_secs(60));
     let posted = proxy.posted();
-    let target = {
-        let script = proxy.script.lock().unwrap();
-        let survivors = script.log.iter().find(|e| {
-            matches!(ServerMessage::decode(&e.reply), Ok(ServerMessage::Survivors { ref survivors, .. }) if survivors.len() < CLIENTS as usize)
-        });
-        survivors.unwrap().bearer.clone().unwrap()
-    };
+    let target = split_target(&proxy, CLIENTS as usize);
     // The client told a different list signed it and stopped there.
     assert_eq!(
         posted[&target],
@@ -494,33 +307,8 @@ fn survivor_lists_that_differ_between_clients_get_no_unmasking_share() {
 #[test]
 fn a_round_replayed_from_an_earlier_round_or_another_task_is_refused() {
     // Round 1 runs honestly; the proxy keeps its setup and, in round 2,
-    // announces a re-run of round 1 (a fresh session, the same round and
-    // roster): the sum of a re-run that lacks one client, subtracted from
-    // the first, would be that client's update.
-    let first: Arc<Mutex<Option<cohort_crypto::RoundConfig>>> = Arc::default();
-    let kept = first.clone();
-    let tamper: Tamper = Box::new(move |exchange, response| {
-        let mut first = kept.lock().unwrap();
-        if exchange.path == "/v1/round/message" && response.status == 200 {
-            if let Ok(ServerMessage::Setup(config)) = ServerMessage::decode(&response.body) {
-                match &*first {
-                    None => *first = Some(config),
-                    Some(old) => {
-                        let rerun = cohort_crypto::RoundConfig { session: config.session, ..old.clone() };
-                        response.body = ServerMessage::Setup(rerun).encode();
-                    }
-                }
-            }
-        }
-        if exchange.path == "/v1/checkin" && response.status == 200 && first.is_some() {
-            let mut reply: Value = serde_json::from_slice(&response.body).unwrap();
-            if reply["status"] == "selected" {
-                reply["round"] = json!(1);
-                response.body = reply.to_string().into_bytes();
-            }
-        }
-    });
-    let (_coordinator, proxy, task, token) = scenario("mc-replay", 2, tamper);
+    // announces a re-run of round 1.
+    let (_coordinator, proxy, task, token) = scenario("mc-replay", 2, replay_round_one());
     let endings = run_clients(&proxy, &task, &token, 2, Duration::from_secs(60));
     for (outcomes, error) in &endings {
         assert!(error.is_none(), "{error:?}");

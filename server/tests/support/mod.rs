@@ -5,6 +5,7 @@
 
 pub mod identity;
 pub mod process;
+pub mod proxy;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
