@@ -298,6 +298,25 @@ pub fn assert_aggregate(serve: &Serve, task: &str, updates: &[LocalUpdate]) {
     assert_eq!(rounds[0]["survivors"], json!(updates.len()), "{rounds}");
 }
 
+/// Compiles the Java bindings and their test programs into `classes`,
+/// warnings as errors.
+pub fn compile_java(classes: &Path) {
+    let java = workspace_root().join("mobile/java");
+    let mut sources: Vec<_> = ["src/org/cohort", "test/org/cohort"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(java.join(d)).into_iter().flatten())
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .collect();
+    sources.sort();
+    let compiled = Command::new("javac")
+        .args(["-Xlint:all", "-Werror", "-d"])
+        .arg(classes)
+        .args(&sources)
+        .output()
+        .unwrap_or_else(|e| panic!("javac (Java 17) is not installed: {e}"));
+    success("javac", &compiled);
+}
+
 /// The stdout of a process that must have succeeded.
 pub fn success(what: &str, output: &Output) -> String {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();

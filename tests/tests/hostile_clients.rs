@@ -17,7 +17,7 @@ use std::sync::{Mutex, MutexGuard, Once};
 use std::time::Duration;
 
 use cohort_client::protocol::Stage;
-use cohort_tests::{Serve, artifacts, scratch, success, workspace_root};
+use cohort_tests::{Serve, artifacts, compile_java, scratch, success, workspace_root};
 use proxy::{
     Proxy, Tamper, replay_round_one, rewrite_enrollment, rewrite_peer_keys, rewrite_setup, split_survivors,
     split_target,
@@ -69,22 +69,7 @@ fn built(kind: Kind) -> PathBuf {
                 Command::new("bash").arg(workspace_root().join("scripts/build-web.sh")).output().unwrap();
             success("scripts/build-web.sh", &built);
         }),
-        Kind::Jvm => JAVA.call_once(|| {
-            let java = workspace_root().join("mobile/java");
-            let mut sources: Vec<_> = ["src/org/cohort", "test/org/cohort"]
-                .iter()
-                .flat_map(|d| std::fs::read_dir(java.join(d)).unwrap())
-                .map(|entry| entry.unwrap().path())
-                .collect();
-            sources.sort();
-            let compiled = Command::new("javac")
-                .args(["-Xlint:all", "-Werror", "-d"])
-                .arg(&classes)
-                .args(&sources)
-                .output()
-                .unwrap();
-            success("javac", &compiled);
-        }),
+        Kind::Jvm => JAVA.call_once(|| compile_java(&classes)),
     }
     classes
 }

@@ -10,8 +10,8 @@ use std::process::Command;
 
 use cohort_client::runtime::LocalUpdate;
 use cohort_tests::{
-    Serve, app_update, artifacts, assert_aggregate, checkpoint, native_clients, native_update, scratch, spec,
-    success, synthetic_update, workspace_root,
+    Serve, app_update, artifacts, assert_aggregate, checkpoint, compile_java, native_clients, native_update,
+    scratch, spec, success, synthetic_update, workspace_root,
 };
 
 const ADMIN: &str = "mobile-e2e-admin-token";
@@ -37,20 +37,7 @@ fn cohort_mobile_state_file() -> &'static str {
 fn jvm_clients_join_a_secure_round_with_native_clients() {
     let dir = scratch("jvm");
     let classes = dir.join("classes");
-    let java = workspace_root().join("mobile/java");
-    let mut sources: Vec<_> = ["src/org/cohort", "test/org/cohort"]
-        .iter()
-        .flat_map(|d| std::fs::read_dir(java.join(d)).unwrap())
-        .map(|entry| entry.unwrap().path())
-        .collect();
-    sources.sort();
-    let compiled = Command::new("javac")
-        .args(["-Xlint:all", "-Werror", "-d"])
-        .arg(&classes)
-        .args(&sources)
-        .output()
-        .expect("javac (Java 17) is installed");
-    success("javac", &compiled);
+    compile_java(&classes);
 
     let serve = Serve::start(&dir, ADMIN);
     let (task, token) = serve.create_task(spec(5, 3));
