@@ -919,12 +919,10 @@ impl Participant {
             .is_some_and(|security| security.variant == cohort_crypto::Variant::SemiHonest);
         self.phase = match &outcome {
             RoundOutcome::Completed(_) if self.plaintext_metrics && semi_honest && !metrics.is_empty() => {
-                let mut fields = serde_json::Map::new();
-                for metric in Metric::ALL {
-                    if let Some(value) = metrics.get(metric) {
-                        fields.insert(metric.name().into(), value.into());
-                    }
-                }
+                let mut fields = match serde_json::to_value(metrics) {
+                    Ok(serde_json::Value::Object(fields)) => fields,
+                    _ => serde_json::Map::new(),
+                };
                 fields.insert("bytes_up".into(), report.bytes_up.into());
                 fields.insert("bytes_down".into(), report.bytes_down.into());
                 let body = serde_json::json!({ "round": report.round, "kind": "train", "metrics": fields });

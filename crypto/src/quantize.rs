@@ -375,7 +375,7 @@ impl Quantizer {
             let (digits, after) = rest.split_at(self.digits_for(metric.max_fixed()));
             let (presence, after) = after.split_at(1);
             rest = after;
-            let value = self.digits_value(digits) as f64 / f64::from(1u32 << crate::metrics::FRACTION_BITS);
+            let value = crate::metrics::from_fixed(self.digits_value(digits));
             // More reporters than summands only comes from a client that
             // lied about itself; the statistic is then left out.
             if presence[0] <= summands {
