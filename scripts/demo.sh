@@ -17,6 +17,6 @@ if ! dpkg-query -W -f='${Status}' dataset-fashion-mnist 2>/dev/null | grep -q "i
 fi
 
 echo "==> building cohort (release)"
-cargo build --release --locked -p cohort-server --bin cohort
+cargo build --release --locked -p cohort-cli --bin cohort
 
 exec "$CARGO_TARGET_DIR/release/cohort" demo "$@"

@@ -12,7 +12,6 @@
 
 pub mod checkpoint;
 pub mod data;
-pub mod experiment;
 pub mod model;
 pub mod participant;
 pub mod partition;

@@ -102,6 +102,8 @@ pub mod server;
 pub mod shamir;
 pub mod signature;
 pub mod simulation;
+#[cfg(feature = "test-support")]
+pub mod testing;
 mod unmask;
 pub mod wire;
 

@@ -779,30 +779,24 @@ fn encode_model(task_id: &str, layout: &ModelLayout, weights: &[f32], round: u64
     checkpoint::encode(layout, weights, &metadata).map_err(|e| e.to_string())
 }
 
-/// The protocol participant of the integration tests, shared with the
-/// unit tests below.
-#[cfg(test)]
-#[path = "../tests/common/mod.rs"]
-mod test_participants;
-
 #[cfg(test)]
 mod tests {
-    use super::test_participants as common;
     use super::*;
     use crate::spec::VariantChoice;
     use crate::spec::tests::small_spec;
     use cohort_crypto::ServerMessage;
+    use cohort_crypto::testing::ProtocolClient;
 
     /// A named participant that answers the engine with the protocol
     /// client shared with the integration tests.
-    struct Participant {
+    struct NamedClient {
         name: String,
-        protocol: common::Participant,
+        protocol: ProtocolClient,
     }
 
-    impl Participant {
+    impl NamedClient {
         fn new(i: usize, update: Vec<f32>, weight: u32) -> Self {
-            Self { name: format!("p{i}"), protocol: common::Participant::new(i as u64, update, weight) }
+            Self { name: format!("p{i}"), protocol: ProtocolClient::new(i as u64, update, weight) }
         }
 
         /// Polls once and answers; returns whether it sent something.
@@ -823,9 +817,9 @@ mod tests {
         TaskEngine::new("t".into(), spec, TaskStatus::Active, &initial).unwrap()
     }
 
-    fn participants(n: usize) -> Vec<Participant> {
+    fn participants(n: usize) -> Vec<NamedClient> {
         (0..n)
-            .map(|i| Participant::new(i, vec![0.1 * i as f32, -0.2, 0.3, 0.05], 10 * (i as u32 + 1)))
+            .map(|i| NamedClient::new(i, vec![0.1 * i as f32, -0.2, 0.3, 0.05], 10 * (i as u32 + 1)))
             .collect()
     }
 
@@ -833,7 +827,7 @@ mod tests {
     /// `vanish_after_shares` stop answering after ShareKeys.
     fn run_round(
         engine: &mut TaskEngine,
-        clients: &mut [Participant],
+        clients: &mut [NamedClient],
         vanish: &[usize],
         now: &mut i64,
     ) -> Option<UnmaskJob> {
@@ -868,8 +862,10 @@ mod tests {
     }
 
     /// The weighted mean update of the `included` clients.
-    fn weighted_mean(clients: &[Participant], included: &[usize]) -> Vec<f32> {
-        common::weighted_mean(&included.iter().map(|&i| &clients[i].protocol).collect::<Vec<_>>())
+    fn weighted_mean(clients: &[NamedClient], included: &[usize]) -> Vec<f32> {
+        cohort_crypto::testing::weighted_mean(
+            &included.iter().map(|&i| &clients[i].protocol).collect::<Vec<_>>(),
+        )
     }
 
     #[test]

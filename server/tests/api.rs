@@ -4,14 +4,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use cohort_crypto::Metric;
+use cohort_crypto::testing::{ProtocolClient, weighted_mean};
 use cohort_server::auth::token_hash;
 use cohort_server::checkpoint;
 use cohort_server::coordinator::Coordinator;
@@ -19,7 +18,7 @@ use cohort_server::http::{ApiConfig, AppState, SECAGG_CONTENT_TYPE, app};
 use cohort_server::metrics::Metrics;
 use cohort_server::ratelimit::{Limiters, RateLimits};
 use cohort_server::store::{ParticipantRecord, SqlStore, Store};
-use common::{Participant, weighted_mean};
+use cohort_tests::identity::{self as keys, Enrollment};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -100,7 +99,7 @@ impl Api {
 
     /// Enrolls under a fresh identity key; returns the credential.
     async fn enroll(&self, task: &str, token: &str) -> String {
-        self.enroll_with(task, common::fresh_enrollment(task, token)).await
+        self.enroll_with(task, keys::fresh_enrollment(task, token)).await
     }
 
     /// Enrolls with `body`; returns the credential.
@@ -341,14 +340,14 @@ async fn client_api_errors() {
         (StatusCode::BAD_REQUEST, Some("identity_required")),
         "{body}"
     );
-    let identity = common::fresh_identity();
-    let mut keyless_proof = common::enrollment(&id, &token, &identity);
+    let identity = keys::fresh_identity();
+    let mut keyless_proof = keys::enrollment(&id, &token, &identity);
     keyless_proof["identity_proof"] = Value::Null;
-    let mut foreign_proof = common::enrollment("another task", &token, &identity);
-    foreign_proof["identity_key"] = common::enrollment(&id, &token, &identity)["identity_key"].clone();
-    let mut stolen_key = common::enrollment(&id, &token, &common::fresh_identity());
-    stolen_key["identity_key"] = common::enrollment(&id, &token, &identity)["identity_key"].clone();
-    let mut short_key = common::enrollment(&id, &token, &identity);
+    let mut foreign_proof = keys::enrollment("another task", &token, &identity);
+    foreign_proof["identity_key"] = keys::enrollment(&id, &token, &identity)["identity_key"].clone();
+    let mut stolen_key = keys::enrollment(&id, &token, &keys::fresh_identity());
+    stolen_key["identity_key"] = keys::enrollment(&id, &token, &identity)["identity_key"].clone();
+    let mut short_key = keys::enrollment(&id, &token, &identity);
     short_key["identity_key"] = json!("abcd");
     for body in [keyless_proof, foreign_proof, stolen_key, short_key] {
         let (status, reply) = api.call("POST", &path, None, Some(body.clone())).await;
@@ -358,9 +357,8 @@ async fn client_api_errors() {
             "{body}"
         );
     }
-    api.enroll_with(&id, common::enrollment(&id, &token, &identity)).await;
-    let (status, body) =
-        api.call("POST", &path, None, Some(common::enrollment(&id, &token, &identity))).await;
+    api.enroll_with(&id, keys::enrollment(&id, &token, &identity)).await;
+    let (status, body) = api.call("POST", &path, None, Some(keys::enrollment(&id, &token, &identity))).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let credential = api.enroll(&id, &token).await;
 
@@ -449,7 +447,7 @@ async fn client_api_errors() {
 /// A client that runs the protocol over the router.
 struct HttpClient {
     credential: String,
-    participant: Participant,
+    participant: ProtocolClient,
     /// The last check-in's answer that selected this client.
     selected: Value,
 }
@@ -497,7 +495,7 @@ async fn a_secure_round_through_the_api_updates_the_model() {
     let mut clients = Vec::new();
     for i in 0..6u32 {
         let mut participant =
-            Participant::new(u64::from(i), vec![0.1 * i as f32, -0.25, 0.5, 0.0], 5 * (i + 1));
+            ProtocolClient::new(u64::from(i), vec![0.1 * i as f32, -0.25, 0.5, 0.0], 5 * (i + 1));
         // Losses 0.25 to 1.5 (mean 0.875); half the clients also report an
         // accuracy (0.5, 0.6, 0.7: mean 0.6).
         participant.metrics.set(Metric::TrainLoss, 0.25 * f64::from(i + 1)).unwrap();
@@ -618,7 +616,7 @@ async fn plaintext_metrics_only_for_a_semi_honest_task_that_asks() {
     let (id, token) = api.create_task(semi_honest).await;
     let mut clients = Vec::new();
     for i in 0..6u32 {
-        let participant = Participant::new(u64::from(i), vec![0.5, -0.25, 0.5, 0.0], 5);
+        let participant = ProtocolClient::new(u64::from(i), vec![0.5, -0.25, 0.5, 0.0], 5);
         let credential = api.enroll_with(&id, participant.enrollment(&id, &token)).await;
         clients.push(HttpClient { credential, participant, selected: Value::Null });
     }
@@ -713,7 +711,7 @@ async fn enrollment_tokens_per_application_are_rate_limited_and_revocable() {
     let android_credential = api.enroll(&id, &android_token).await;
     api.enroll(&id, &android_token).await;
     let enroll = |token: &str| {
-        let body = common::fresh_enrollment(&id, token);
+        let body = keys::fresh_enrollment(&id, token);
         let path = format!("/v1/tasks/{id}/enroll");
         let api = &api;
         async move {

@@ -175,8 +175,8 @@ fn hostile_input_is_refused_and_rounds_complete() {
         413,
         "payload_too_large",
     );
-    let identity = std::sync::Arc::new(support::identity::fresh_identity());
-    let body = support::identity::enrollment(&task, &token, &identity).to_string().into_bytes();
+    let identity = std::sync::Arc::new(cohort_tests::identity::fresh_identity());
+    let body = cohort_tests::identity::enrollment(&task, &token, &identity).to_string().into_bytes();
     let enrolled = attacker.send(Method::Post, &enroll, body, "application/json");
     assert_eq!(enrolled.status, 201);
     let enrolled: Value = serde_json::from_slice(&enrolled.body).unwrap();

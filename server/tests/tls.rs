@@ -10,10 +10,10 @@ use cohort_client::participant::{Method, Participant, ParticipantConfig, Partici
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, Transport};
 use cohort_server::service::TlsFiles;
+use cohort_tests::process::closed_by;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use serde_json::json;
 use support::Coordinator;
-use support::process::closed_by;
 
 const ADMIN: &str = "admin-token-for-the-tls-tests";
 

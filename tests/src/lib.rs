@@ -4,6 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod identity;
+pub mod process;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -44,7 +47,7 @@ pub fn artifacts() -> &'static Artifacts {
         let output = Command::new(cargo)
             .current_dir(workspace_root())
             .args(["build", "--locked", "--profile", "test", "--message-format", "json-render-diagnostics"])
-            .args(["-p", "cohort-server", "--bin", "cohort", "-p", "cohort-mobile", "--lib"])
+            .args(["-p", "cohort-cli", "--bin", "cohort", "-p", "cohort-mobile", "--lib"])
             .stderr(Stdio::inherit())
             .output()
             .expect("cargo runs");

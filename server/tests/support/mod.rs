@@ -3,8 +3,6 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
-pub mod identity;
-pub mod process;
 pub mod proxy;
 
 use std::net::SocketAddr;

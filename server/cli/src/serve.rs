@@ -184,7 +184,7 @@ mod tests {
     /// The limits the README shows are the defaults.
     #[test]
     fn the_readme_limits_are_the_defaults() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../../README.md");
         let block = readme
             .split("```json\n")
             .skip(1)

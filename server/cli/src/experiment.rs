@@ -6,11 +6,12 @@
 
 use std::path::PathBuf;
 
-use crate::data::{DataError, Dataset, load_dataset};
-use crate::model::Model;
-use crate::partition::{PartitionError, Scheme, partition, summary};
-use crate::runtime::{LocalTrainer, LocalUpdate, local_update};
-use crate::train::TrainConfig;
+use cohort_client::checkpoint::Checkpoint;
+use cohort_client::data::{DataError, Dataset, load_dataset};
+use cohort_client::model::Model;
+use cohort_client::partition::{PartitionError, Scheme, partition, summary};
+use cohort_client::runtime::{LocalTrainer, LocalUpdate, local_update};
+use cohort_client::train::TrainConfig;
 
 /// What an experiment trains on and how.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,12 +74,7 @@ impl Experiment {
     }
 
     /// Client `k`'s update for `round`, trained on its shard in place.
-    fn update(
-        &self,
-        k: usize,
-        round: u64,
-        global: &crate::checkpoint::Checkpoint,
-    ) -> Result<LocalUpdate, String> {
+    fn update(&self, k: usize, round: u64, global: &Checkpoint) -> Result<LocalUpdate, String> {
         let config = client_config(&self.setup.train, self.setup.seed, k);
         local_update(&self.model, &self.shards[k], &config, round, global)
     }
@@ -88,7 +84,7 @@ impl Experiment {
     pub fn local_updates(
         &self,
         round: u64,
-        global: &crate::checkpoint::Checkpoint,
+        global: &Checkpoint,
         selected: &[usize],
         threads: usize,
     ) -> Vec<Result<LocalUpdate, String>> {

@@ -1,24 +1,25 @@
-//! Test helpers shared by the API and process tests.
+//! Test support (feature `test-support`): a protocol client that answers a
+//! coordinator's stage messages with a fixed update, for the tests of the
+//! crates built on this one (the coordinator's engine, its HTTP API, the
+//! process-level tests). Not for production: it panics on any protocol
+//! error, which is what a test wants to see.
 
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 
-use cohort_crypto::signature::IdentityKey;
-use cohort_crypto::{Client, ClientId, MetricValues, Quantizer, ServerMessage};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
-use serde_json::Value;
 
-#[path = "../support/identity.rs"]
-mod identity;
-#[allow(unused_imports)]
-pub use identity::{enrollment, fresh_enrollment, fresh_identity};
+use crate::signature::IdentityKey;
+use crate::{Client, ClientId, MetricValues, Quantizer, ServerMessage};
 
 /// The protocol side of a test client: it holds a fixed update and answers
-/// server messages with the `cohort-crypto` client state machine.
-pub struct Participant {
+/// server messages with the [`Client`] state machine.
+pub struct ProtocolClient {
+    /// The update it contributes.
     pub update: Vec<f32>,
+    /// Its example count.
     pub weight: u32,
     /// The metrics it reports with its update (none unless set).
     pub metrics: MetricValues,
@@ -28,16 +29,18 @@ pub struct Participant {
     rng: ChaCha20Rng,
 }
 
-impl Participant {
+impl core::fmt::Debug for ProtocolClient {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ProtocolClient").field("weight", &self.weight).finish_non_exhaustive()
+    }
+}
+
+impl ProtocolClient {
+    /// A client whose identity key and randomness come from `seed`.
     pub fn new(seed: u64, update: Vec<f32>, weight: u32) -> Self {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
         let identity = Arc::new(IdentityKey::generate(&mut rng));
         Self { update, weight, metrics: MetricValues::new(), identity, state: None, rng }
-    }
-
-    /// The body of this client's enrollment in `task`.
-    pub fn enrollment(&self, task: &str, token: &str) -> Value {
-        enrollment(task, token, &self.identity)
     }
 
     /// Forgets the current round (the client restarts its protocol state).
@@ -46,6 +49,9 @@ impl Participant {
     }
 
     /// Answers one encoded server message as client `client_id`.
+    ///
+    /// # Panics
+    /// On a message that does not decode, or that the protocol refuses.
     pub fn respond(&mut self, client_id: u32, bytes: &[u8]) -> Vec<u8> {
         let message = ServerMessage::decode(bytes).unwrap();
         if matches!(message, ServerMessage::Setup(_)) {
@@ -73,10 +79,13 @@ impl Participant {
     }
 }
 
-/// Σ w_k Δ_k / Σ w_k over the participants.
-pub fn weighted_mean(participants: &[&Participant]) -> Vec<f32> {
-    let total: f32 = participants.iter().map(|p| p.weight as f32).sum();
-    (0..participants[0].update.len())
-        .map(|j| participants.iter().map(|p| p.update[j] * p.weight as f32).sum::<f32>() / total)
+/// Σ w_k Δ_k / Σ w_k over the clients.
+///
+/// # Panics
+/// When `clients` is empty.
+pub fn weighted_mean(clients: &[&ProtocolClient]) -> Vec<f32> {
+    let total: f32 = clients.iter().map(|c| c.weight as f32).sum();
+    (0..clients[0].update.len())
+        .map(|j| clients.iter().map(|c| c.update[j] * c.weight as f32).sum::<f32>() / total)
         .collect()
 }

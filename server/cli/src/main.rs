@@ -1,10 +1,23 @@
-//! `cohort`: the Cohort command-line tool.
+//! `cohort`: the Cohort command-line tool, one module per command
+//! (`serve`, `demo`, `simulate`, `participate`, `bench`) on top of the
+//! coordinator library (`cohort-server`) and the client library
+//! (`cohort-client`). The pieces the commands share have modules of their
+//! own: the run's flags and experiment (`training`, `experiment`), the
+//! in-process secure mean, the per-round table, results and chart, and the
+//! admin API client.
 
+mod admin;
 mod bench;
+mod chart;
 mod demo;
-mod load;
-mod plot;
+mod experiment;
+mod participate;
+mod progress;
+mod results;
+mod secure_mean;
 mod serve;
+mod simulate;
+mod training;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -23,36 +36,26 @@ enum Command {
     /// a temporary SQLite database and client processes over loopback HTTP.
     Demo(demo::DemoArgs),
     /// The same training in process, with many clients and no HTTP.
-    Simulate(demo::SimulateArgs),
+    Simulate(simulate::SimulateArgs),
     /// Runs the coordinator service.
     Serve(serve::ServeArgs),
     /// Takes part in a task as one client, training on a local data shard.
-    Participate(demo::ParticipateArgs),
+    Participate(participate::ParticipateArgs),
     /// Benchmarks.
     #[command(subcommand)]
-    Bench(BenchCommand),
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCommand {
-    /// Runs one full secure-aggregation round in process and reports costs.
-    Secagg(bench::SecaggArgs),
-    /// Drives N concurrent HTTP clients through secure rounds against a
-    /// `cohort serve` process and reports latencies and server memory.
-    Load(load::LoadArgs),
+    Bench(bench::BenchCommand),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Bench(BenchCommand::Secagg(args)) => bench::secagg(&args),
-        Command::Bench(BenchCommand::Load(args)) => load::load(&args),
+        Command::Bench(command) => bench::run(command),
         Command::Demo(args) => {
             // The demo's coordinator reports trouble only.
             init_logging("warn");
             demo::demo(&args)
         }
-        Command::Simulate(args) => demo::simulate(&args),
-        Command::Participate(args) => demo::participate(&args),
+        Command::Simulate(args) => simulate::simulate(&args),
+        Command::Participate(args) => participate::participate(&args),
         Command::Serve(args) => {
             init_logging("info");
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

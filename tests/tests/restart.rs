@@ -4,20 +4,24 @@
 //! (rounds, checkpoints, credentials) and that training goes on to the end.
 
 #![allow(clippy::unwrap_used)]
-// `common` and `support` both load the enrollment helpers (support/identity.rs).
-#![allow(clippy::duplicate_mod)]
-
-mod common;
-mod support;
 
 use std::time::{Duration, Instant};
 
-use common::{Participant, weighted_mean};
+use cohort_crypto::testing::{ProtocolClient, weighted_mean};
+use cohort_tests::identity::Enrollment;
+use cohort_tests::process::{ServeProcess, http, json_call};
 use serde_json::{Value, json};
-use support::process::{ServeProcess, http, json_call};
 
 const ADMIN: &str = "restart-test-admin-token-0123456789";
 const SECAGG: &str = "application/x-cohort-secagg";
+
+/// The client policy that accepts the task `spec` creates (the active
+/// variant unless it says otherwise).
+fn policy_for(spec: &Value) -> cohort_client::participant::Policy {
+    let mut spec: cohort_server::spec::TaskSpec = serde_json::from_value(spec.clone()).unwrap();
+    spec.secure_aggregation.default_for_new_task();
+    spec.accepting_policy().unwrap()
+}
 
 /// `cohort serve` on `port` (0: any free port) over the SQLite file.
 fn start(port: u16, database: &std::path::Path) -> ServeProcess {
@@ -26,7 +30,7 @@ fn start(port: u16, database: &std::path::Path) -> ServeProcess {
 
 struct Device {
     credential: String,
-    participant: Participant,
+    participant: ProtocolClient,
 }
 
 impl Device {
@@ -98,7 +102,7 @@ fn training_survives_a_crash_mid_round() {
     let token = created["enrollment_token"].as_str().unwrap().to_string();
     let mut devices: Vec<Device> = (0..6u32)
         .map(|i| {
-            let participant = Participant::new(u64::from(i), vec![0.1 * i as f32, -0.2, 0.05], i + 1);
+            let participant = ProtocolClient::new(u64::from(i), vec![0.1 * i as f32, -0.2, 0.05], i + 1);
             let path = format!("/v1/tasks/{task}/enroll");
             let (status, body) =
                 json_call(port, "POST", &path, None, Some(participant.enrollment(&task, &token)));
@@ -144,7 +148,7 @@ fn training_survives_a_crash_mid_round() {
     // Three FedAvgM steps with momentum 0.5 on the same mean update Δ:
     // w = Δ (1 + 1.5 + 1.75).
     let mean = weighted_mean(&devices.iter().map(|d| &d.participant).collect::<Vec<_>>());
-    let model = cohort_server::checkpoint::decode(&latest_checkpoint(port, &task)).unwrap();
+    let model = cohort_client::checkpoint::decode(&latest_checkpoint(port, &task)).unwrap();
     for (w, d) in model.weights.iter().zip(&mean) {
         assert!((w - 4.25 * d).abs() < 1e-4, "{:?} vs {mean:?}", model.weights);
     }
@@ -222,7 +226,7 @@ fn training_survives_repeated_crashes_at_random_points() {
         backoff_max_ms: 200,
         poll_interval_ms: 50,
         stage_timeout_ms: 8_000,
-        policy: support::policy_for(&spec),
+        policy: policy_for(&spec),
     };
     let clients: Vec<_> = (0..4u32)
         .map(|k| {
@@ -268,7 +272,7 @@ fn training_survives_repeated_crashes_at_random_points() {
     let numbers: Vec<i64> = completed(port, &task).iter().map(|(r, _)| *r).collect();
     assert_eq!(numbers, (1..=rounds_wanted as i64).collect::<Vec<_>>());
     // Every client sends the same update: each round adds it once (FedAvg).
-    let model = cohort_server::checkpoint::decode(&latest_checkpoint(port, &task)).unwrap();
+    let model = cohort_client::checkpoint::decode(&latest_checkpoint(port, &task)).unwrap();
     for (i, w) in model.weights.iter().enumerate() {
         let expected = rounds_wanted as f32 * 0.01 * (i as f32 + 1.0);
         assert!((w - expected).abs() < 1e-4, "{:?}", model.weights);

@@ -19,7 +19,7 @@ use cohort_server::spec::TaskSpec;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::demo::admin;
+use crate::admin::admin;
 
 #[derive(Debug, Args)]
 pub struct LoadArgs {

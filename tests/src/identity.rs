@@ -1,9 +1,8 @@
 //! Enrollment bodies with an Ed25519 identity key and its proof, as the
 //! client library sends them.
 
-#![allow(dead_code, clippy::unwrap_used)]
-
 use cohort_crypto::signature::{IdentityKey, enrollment_statement};
+use cohort_crypto::testing::ProtocolClient;
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use serde_json::{Value, json};
@@ -28,4 +27,16 @@ pub fn fresh_identity() -> IdentityKey {
 /// The body of an enrollment under a fresh identity.
 pub fn fresh_enrollment(task: &str, token: &str) -> Value {
     enrollment(task, token, &fresh_identity())
+}
+
+/// The enrollment body of a protocol test client.
+pub trait Enrollment {
+    /// The body of this client's enrollment in `task` with `token`.
+    fn enrollment(&self, task: &str, token: &str) -> Value;
+}
+
+impl Enrollment for ProtocolClient {
+    fn enrollment(&self, task: &str, token: &str) -> Value {
+        enrollment(task, token, &self.identity)
+    }
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 fn cohort(args: &[&str], out: &Path) -> Value {
     let output =
-        Command::new(env!("CARGO_BIN_EXE_cohort")).args(args).arg("--out").arg(out).output().unwrap();
+        Command::new(&cohort_tests::artifacts().cohort).args(args).arg("--out").arg(out).output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{args:?}:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("Final test accuracy"), "{stdout}");
@@ -138,7 +138,7 @@ fn dropouts_and_the_simulator() {
 
 #[test]
 fn a_missing_dataset_says_how_to_get_it() {
-    let output = Command::new(env!("CARGO_BIN_EXE_cohort"))
+    let output = Command::new(&cohort_tests::artifacts().cohort)
         .args(["demo", "--data-dir", "/nonexistent", "--out"])
         .arg(scratch("missing"))
         .output()

@@ -11,16 +11,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::io::Write;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cohort_tests::process::{
+    ServeProcess, closed_by, exchange, http, json_call, read_response, remove_database,
+};
 use serde_json::{Value, json};
-use support::process::{ServeProcess, closed_by, exchange, http, json_call, read_response, remove_database};
 
 const ADMIN: &str = "abuse-test-admin-token-0123456789";
 const SECAGG: &str = "application/x-cohort-secagg";
@@ -63,7 +63,7 @@ fn create_task(port: u16, spec: Value) -> (String, String) {
 
 fn enroll(port: u16, task: &str, token: &str) -> String {
     let path = format!("/v1/tasks/{task}/enroll");
-    let body = support::identity::fresh_enrollment(task, token);
+    let body = cohort_tests::identity::fresh_enrollment(task, token);
     let (status, body) = json_call(port, "POST", &path, None, Some(body));
     assert_eq!(status, 201, "{body}");
     body["credential"].as_str().unwrap().into()

@@ -7,7 +7,7 @@ use std::process::Command;
 use serde_json::Value;
 
 fn bench(args: &[&str]) -> (bool, Value, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_cohort"))
+    let output = Command::new(&cohort_tests::artifacts().cohort)
         .args(["bench", "secagg", "--json"])
         .args(args)
         .output()
@@ -120,7 +120,7 @@ fn bits_shrink_the_upload_exactly_and_rotation_keeps_the_sum() {
 /// serve` process and reports what the issue asks for.
 #[test]
 fn the_load_bench_reports_rounds_latencies_and_server_memory() {
-    let output = Command::new(env!("CARGO_BIN_EXE_cohort"))
+    let output = Command::new(&cohort_tests::artifacts().cohort)
         .args(["bench", "load", "--clients", "12", "--dim", "2000", "--rounds", "2", "--json"])
         .output()
         .unwrap();

@@ -129,7 +129,7 @@ impl ServeProcess {
             std::fs::write(&path, settings.to_string()).unwrap();
             path
         });
-        let mut command = Command::new(env!("CARGO_BIN_EXE_cohort"));
+        let mut command = Command::new(&crate::artifacts().cohort);
         command
             .args(["serve", "--bind", &format!("127.0.0.1:{port}"), "--database-url", database_url])
             .env("COHORT_ADMIN_TOKEN", admin_token)

@@ -1,0 +1,302 @@
+//! `cohort demo`: a coordinator on a temporary SQLite database and N
+//! `cohort participate` processes that talk to it over HTTP on loopback;
+//! reports every round. With `--plain` it runs the same clients with
+//! plaintext FedAvg in process instead, for comparison.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use cohort_client::checkpoint;
+use cohort_client::data::{Dataset, to_idx};
+use cohort_client::model::Model;
+use cohort_client::participant::Method;
+use cohort_client::runtime::http::HttpTransport;
+use cohort_crypto::config::active_threshold_holds;
+use cohort_server::auth::new_token;
+use cohort_server::optimizer::ServerOptimizer;
+use cohort_server::service::{Service, ServiceConfig};
+use cohort_server::spec::{GraphChoice, SecAggSpec, TaskSpec, VariantChoice};
+use serde_json::Value;
+
+use crate::admin::admin;
+use crate::experiment::Experiment;
+use crate::progress::Progress;
+use crate::results::{RoundRow, write_results};
+use crate::simulate::{in_process, threads};
+use crate::training::{TrainingArgs, evaluate, prepare, quantization, threshold};
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    training: TrainingArgs,
+    /// Plaintext FedAvg in process instead of secure aggregation over HTTP
+    /// (same clients, same local training: a baseline).
+    #[arg(long)]
+    plain: bool,
+    /// Where results.json and accuracy.png go.
+    #[arg(long, default_value = "cohort-demo")]
+    out: PathBuf,
+}
+
+pub fn demo(args: &DemoArgs) -> Result<()> {
+    let experiment = prepare(&args.training)?;
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let rows = if args.plain {
+        println!("Plaintext FedAvg in process (baseline), {} rounds:", args.training.rounds);
+        in_process(&experiment, &args.training, args.training.clients, false, threads())?
+    } else {
+        secure_over_http(&experiment, &args.training)?
+    };
+    let mode = if args.plain { "plain" } else { "secure" };
+    write_results(&args.out, mode, &args.training, &rows)
+}
+
+/// The task the demo's coordinator runs.
+fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Result<TaskSpec> {
+    let n = training.clients as u32;
+    let vanishing = (f64::from(n) * training.dropout).ceil() as u32;
+    let threshold = threshold(n, vanishing);
+    let spec = TaskSpec {
+        name: "cohort demo".into(),
+        model: cohort_server::spec::ModelSpec {
+            architecture: training.model.clone(),
+            layout: model.layout(),
+            init: cohort_server::spec::ModelInit::FanIn { seed: training.seed() },
+        },
+        rounds: training.rounds as u32,
+        clients_per_round: n,
+        over_selection: 0.0,
+        secure_aggregation: SecAggSpec {
+            // The active variant needs a threshold above half the n − 1
+            // neighbours; a dropout rate that leaves fewer survivors than
+            // that runs semi-honest (the demo's coordinator is this process).
+            variant: Some(if active_threshold_holds(threshold, n - 1) {
+                VariantChoice::Active
+            } else {
+                VariantChoice::SemiHonest
+            }),
+            graph: GraphChoice::Complete,
+            threshold: Some(threshold),
+            ..SecAggSpec::default()
+        },
+        quantization: quantization(training, largest_shard),
+        deadlines: cohort_server::spec::StageDeadlines {
+            // Local training happens before the keys are advertised.
+            advertise_keys_ms: 600_000,
+            share_keys_ms: 60_000,
+            // Waits for the vanished clients' inputs that never come.
+            masked_input_ms: if training.dropout > 0.0 { 3_000 } else { 60_000 },
+            unmasking_ms: 60_000,
+        },
+        optimizer: ServerOptimizer::default(),
+        checkpoint_retention: training.rounds as u32 + 1,
+        client_metrics: Default::default(),
+    };
+    spec.validate().map_err(|e| anyhow!("{e}"))?;
+    Ok(spec)
+}
+
+/// Client processes, killed if still running when dropped.
+struct Clients(Vec<Child>);
+
+impl Drop for Clients {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The demo proper: a coordinator and N client processes over loopback.
+fn secure_over_http(experiment: &Experiment, training: &TrainingArgs) -> Result<Vec<RoundRow>> {
+    let work = std::env::temp_dir().join(format!("cohort-demo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let result = run_coordinator_and_clients(experiment, training, &work);
+    if result.is_ok() {
+        let _ = std::fs::remove_dir_all(&work);
+    } else {
+        eprintln!("Client logs are kept in {}", work.display());
+    }
+    result
+}
+
+fn run_coordinator_and_clients(
+    experiment: &Experiment,
+    training: &TrainingArgs,
+    work: &Path,
+) -> Result<Vec<RoundRow>> {
+    for (k, shard) in experiment.shards.iter().enumerate() {
+        let dir = work.join(format!("shard-{k}"));
+        std::fs::create_dir_all(&dir)?;
+        let (images, labels) = to_idx(shard);
+        std::fs::write(dir.join("images.idx"), images)?;
+        std::fs::write(dir.join("labels.idx"), labels)?;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let admin_token = new_token();
+    let database = work.join("cohort.db");
+    let service = runtime.block_on(Service::start(ServiceConfig {
+        credential_ttl_ms: 86_400_000,
+        ..ServiceConfig::new(
+            ([127, 0, 0, 1], 0).into(),
+            format!("sqlite://{}", database.display()),
+            &admin_token,
+        )
+    }))?;
+    let url = service.url();
+    let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);
+    let spec = demo_spec(training, &experiment.model, largest)?;
+    let mut transport = HttpTransport::new(&url);
+    let created: Value = serde_json::from_slice(&admin(
+        &mut transport,
+        &admin_token,
+        Method::Post,
+        "/admin/tasks",
+        Some(serde_json::to_value(&spec)?),
+    )?)?;
+    let task = created["id"].as_str().context("task id")?.to_string();
+    let token = created["enrollment_token"].as_str().context("enrollment token")?.to_string();
+    println!(
+        "Coordinator at {url} (SQLite {}); task {task}; secure aggregation ({} variant) threshold {} of {}.",
+        database.display(),
+        spec.secure_aggregation.variant().as_str(),
+        created["threshold"],
+        training.clients
+    );
+    // The clients accept this task and nothing weaker; where the task is
+    // below the default policy (few clients, a high dropout rate) the
+    // policy is lowered to it, and the demo says so.
+    let policy = spec.accepting_policy().map_err(|e| anyhow!("{e}"))?;
+    for relaxation in policy.relaxations() {
+        println!("Client policy, weaker than the default for this small task: {relaxation}.");
+    }
+    let policy = serde_json::to_string(&policy)?;
+    let exe = std::env::current_exe().context("locating the cohort binary")?;
+    let mut clients = Clients(Vec::new());
+    for k in 0..training.clients {
+        let log = std::fs::File::create(work.join(format!("client-{k}.log")))?;
+        let child = Command::new(&exe)
+            .arg("participate")
+            .args(["--server", &url, "--task", &task])
+            .arg("--state")
+            .arg(work.join(format!("client-{k}.state")))
+            .arg("--shard")
+            .arg(work.join(format!("shard-{k}")))
+            .args(["--index", &k.to_string(), "--model", &training.model])
+            .args(training.local.to_args())
+            .args(["--dropout", &training.dropout.to_string()])
+            .args(["--policy", &policy])
+            .env("COHORT_ENROLLMENT_TOKEN", &token)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting client {k}"))?;
+        clients.0.push(child);
+    }
+    println!(
+        "Started {} client processes; each trains locally and uploads only masked updates.",
+        training.clients
+    );
+
+    let progress = Progress::new(training.rounds);
+    let mut rows: Vec<RoundRow> = Vec::new();
+    let mut last_finished = None;
+    let mut last_progress = Instant::now();
+    let mut previous_model = admin(
+        &mut transport,
+        &admin_token,
+        Method::Get,
+        &format!("/admin/tasks/{task}/checkpoints/0"),
+        None,
+    )?;
+    while (rows.len() as u64) < training.rounds {
+        std::thread::sleep(Duration::from_millis(200));
+        let rounds: Vec<Value> = serde_json::from_slice(&admin(
+            &mut transport,
+            &admin_token,
+            Method::Get,
+            &format!("/admin/tasks/{task}/rounds"),
+            None,
+        )?)?;
+        let view: Value = serde_json::from_slice(&admin(
+            &mut transport,
+            &admin_token,
+            Method::Get,
+            &format!("/admin/tasks/{task}"),
+            None,
+        )?)?;
+        if last_finished.is_none() {
+            last_finished = view["created_at"].as_i64();
+        }
+        for record in rounds.iter().skip(rows.len()) {
+            let round = record["round"].as_u64().context("round number")?;
+            let model_bytes = admin(
+                &mut transport,
+                &admin_token,
+                Method::Get,
+                &format!("/admin/tasks/{task}/checkpoints/{round}"),
+                None,
+            )?;
+            let model = checkpoint::decode(&model_bytes)?;
+            let (accuracy, loss) = evaluate(experiment, &model.weights);
+            let finished = record["finished_at"].as_i64().unwrap_or_default();
+            let metrics = &record["metrics"];
+            let row = RoundRow {
+                round,
+                accuracy,
+                loss,
+                client_loss: metrics["client_means"]["train_loss"]["mean"].as_f64(),
+                seconds: (finished - last_finished.unwrap_or(finished)) as f64 / 1e3,
+                bytes_up_per_client: metrics["bytes_up_per_client"].as_f64().unwrap_or_default(),
+                bytes_down_per_client: metrics["bytes_down_per_client"].as_f64().unwrap_or_default()
+                    + previous_model.len() as f64,
+                survivors: record["survivors"].as_u64().unwrap_or_default(),
+                compression_ratio: metrics["compression_ratio"].as_f64().unwrap_or_default(),
+            };
+            progress.row(&row);
+            rows.push(row);
+            last_finished = Some(finished);
+            previous_model = model_bytes;
+            last_progress = Instant::now();
+        }
+        let stage = match (view["current_round"].as_u64(), view["stage"].as_str()) {
+            (Some(round), Some(stage)) => format!("round {round}: {stage}"),
+            _ => String::new(),
+        };
+        progress.bar(rows.len() as u64, &stage);
+        for (k, child) in clients.0.iter_mut().enumerate() {
+            if let Some(status) = child.try_wait()? {
+                if !status.success() {
+                    let log =
+                        std::fs::read_to_string(work.join(format!("client-{k}.log"))).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                    bail!(
+                        "client {k} exited with {status}:\n{}",
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    );
+                }
+            }
+        }
+        if last_progress.elapsed() > Duration::from_secs(900) {
+            bail!("no round completed in 15 minutes");
+        }
+    }
+    progress.finish();
+    // The clients learn at their next check-in that the task is over.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for child in &mut clients.0 {
+        while child.try_wait()?.is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    drop(clients);
+    runtime.block_on(service.stop())?;
+    Ok(rows)
+}

@@ -1,0 +1,124 @@
+//! `cohort participate`: one client process, the built-in trainer on a
+//! local shard driven by the participant runtime.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, anyhow};
+use clap::Args;
+use cohort_client::data::{dataset_from_idx, parse_idx};
+use cohort_client::model::Model;
+use cohort_client::participant::{Participant, ParticipantConfig, RoundOutcome, Stage};
+use cohort_client::runtime::http::HttpTransport;
+use cohort_client::runtime::{Runner, load_state};
+use cohort_crypto::policy::Policy;
+use rand_chacha::ChaCha20Rng;
+use rand_core::{Rng, SeedableRng};
+
+use crate::experiment::client_trainer;
+use crate::training::LocalArgs;
+
+#[derive(Debug, Args)]
+pub struct ParticipateArgs {
+    /// Coordinator URL.
+    #[arg(long)]
+    server: String,
+    /// Task id.
+    #[arg(long)]
+    task: String,
+    /// Enrollment token (default: the COHORT_ENROLLMENT_TOKEN environment
+    /// variable, which keeps it out of the process list).
+    #[arg(long)]
+    token: Option<String>,
+    /// State file (enrollment), created if missing.
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// PEM file of the CA to trust for https (default: the web PKI).
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
+    /// Directory with this client's data as images.idx and labels.idx.
+    #[arg(long)]
+    shard: PathBuf,
+    /// This client's index (seeds its local training).
+    #[arg(long)]
+    index: usize,
+    /// Model: logreg, 2nn or cnn.
+    #[arg(long)]
+    model: String,
+    #[command(flatten)]
+    local: LocalArgs,
+    /// Probability of vanishing mid-round, per round.
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
+    /// The client's privacy policy, as JSON: any of `allow_semi_honest`,
+    /// `min_clients`, `min_threshold`, `collusion` ({"corruption",
+    /// "security_bits"} or null), `min_ring_bits`, `max_ring_bits`,
+    /// `allow_rotation`, `allow_sketch`. Fields left out keep their
+    /// defaults, which are for a coordinator the client does not trust:
+    /// the active variant only, at least 10 clients, a threshold of at
+    /// least 5 that withstands 5 % colluding clients.
+    #[arg(long)]
+    policy: Option<String>,
+}
+
+pub fn participate(args: &ParticipateArgs) -> Result<()> {
+    let read = |name: &str| {
+        let path = args.shard.join(name);
+        std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
+    };
+    let data = dataset_from_idx(parse_idx(&read("images.idx")?)?, parse_idx(&read("labels.idx")?)?, 10)?;
+    let model = Model::by_name(&args.model, data.features.ncols(), data.classes)
+        .ok_or_else(|| anyhow!("unknown model {}", args.model))?;
+    let train = args.local.config();
+    let mut trainer = client_trainer(&model, data, &train, train.seed, args.index);
+    let transport = match &args.ca_cert {
+        Some(path) => HttpTransport::with_root_certificates(&args.server, &std::fs::read(path)?)
+            .map_err(|e| anyhow!(e))?,
+        None => HttpTransport::new(&args.server),
+    };
+    let token = match &args.token {
+        Some(token) => token.clone(),
+        None => {
+            std::env::var("COHORT_ENROLLMENT_TOKEN").context("pass --token or set COHORT_ENROLLMENT_TOKEN")?
+        }
+    };
+    let policy = match &args.policy {
+        Some(json) => serde_json::from_str::<Policy>(json).context("--policy")?,
+        None => Policy::default(),
+    };
+    let config = ParticipantConfig { policy, ..ParticipantConfig::default() };
+    let participant = match args.state.as_deref().map(load_state).transpose()?.flatten() {
+        Some(saved) if saved.task_id == args.task => Participant::resume(saved, Some(&token), config),
+        _ => Participant::enroll(&args.task, &token, config),
+    };
+    let mut runner = Runner::new(participant, transport, args.state.clone());
+    let mut rng =
+        ChaCha20Rng::seed_from_u64(args.local.seed ^ (args.index as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+    loop {
+        // Decided once per round: vanish after the key shares, before the
+        // masked input, so that the coordinator must recover the masks.
+        let vanish_this_round = (rng.next_u64() as f64 / u64::MAX as f64) < args.dropout;
+        let outcome = runner.run_round_with(&mut trainer, |p| {
+            vanish_this_round && p.posting() == Some(Stage::MaskedInputCollection)
+        })?;
+        match outcome {
+            None => break,
+            Some(outcome) => {
+                let report = outcome.report();
+                let verdict = match &outcome {
+                    RoundOutcome::Completed(_) => "completed".to_string(),
+                    RoundOutcome::Dropped(_) => "dropped by the coordinator".to_string(),
+                    RoundOutcome::Abandoned { reason, .. } => format!("abandoned: {reason}"),
+                    RoundOutcome::Refused { violation, .. } => {
+                        format!("refused (rule {}): {violation}", violation.rule())
+                    }
+                };
+                eprintln!(
+                    "client {}: round {} {verdict} ({} B up, {} B down)",
+                    args.index, report.round, report.bytes_up, report.bytes_down
+                );
+            }
+        }
+    }
+    eprintln!("client {}: the task is over", args.index);
+    Ok(())
+}

