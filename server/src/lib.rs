@@ -1,19 +1,16 @@
-//! The Cohort coordinator: server optimizers, model checkpoints, storage,
-//! and (in the binary) the `cohort` command-line tool.
+//! The Cohort coordinator library: the task engine and the actor that
+//! drives it ([`round`]), the HTTP API and pages ([`api`]), storage
+//! ([`store`]), task specifications, server optimizers, metrics, and all
+//! of it started together ([`service`]). The `cohort` command-line tool is
+//! the `cohort-cli` crate, on top of this one.
 
-pub mod auth;
-pub mod coordinator;
-pub mod engine;
-pub mod http;
-pub mod listener;
+pub mod api;
 pub mod metrics;
-pub mod openapi;
 pub mod optimizer;
-pub mod ratelimit;
+pub mod round;
 pub mod service;
 pub mod spec;
 pub mod store;
-pub mod web;
 
 /// Model checkpoints (shared with clients, which read the global model).
 pub use cohort_client::checkpoint;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
-use crate::engine::{ClientMean, StageMetrics as StageRecord};
+use crate::round::{ClientMean, StageMetrics as StageRecord};
 
 #[derive(Default)]
 struct Counters {

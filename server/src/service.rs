@@ -7,12 +7,12 @@ use std::net::SocketAddr;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::auth::token_hash;
-use crate::coordinator::{Coordinator, CoordinatorError};
-use crate::http::{ApiConfig, AppState, app};
-use crate::listener::ConnectionLimits;
+use crate::api::auth::token_hash;
+use crate::api::listener::ConnectionLimits;
+use crate::api::ratelimit::{Limiters, RateLimits};
+use crate::api::{ApiConfig, AppState, app};
 use crate::metrics::Metrics;
-use crate::ratelimit::{Limiters, RateLimits};
+use crate::round::coordinator::{Coordinator, CoordinatorError};
 use crate::store::{SqlStore, StoreError};
 
 /// What a service needs.
@@ -30,13 +30,13 @@ pub struct ServiceConfig {
     pub credential_ttl_ms: i64,
     /// Terminate TLS with this certificate chain and key (PEM).
     pub tls: Option<TlsFiles>,
-    /// The browser client's build directory (see [`crate::web`]).
+    /// The browser client's build directory (see [`crate::api::pages`]).
     pub web_assets: std::path::PathBuf,
-    /// Run a public demo task for the `/demo` page (see [`crate::web`]).
+    /// Run a public demo task for the `/demo` page (see [`crate::api::pages`]).
     pub demo: bool,
-    /// Connection limits and timeouts (see [`crate::listener`]).
+    /// Connection limits and timeouts (see [`crate::api::listener`]).
     pub connections: ConnectionLimits,
-    /// Rate limits of the client API (see [`crate::ratelimit`]).
+    /// Rate limits of the client API (see [`crate::api::ratelimit`]).
     pub rate_limits: RateLimits,
     /// Most model parameters over all unfinished tasks.
     pub max_total_parameters: usize,
@@ -53,11 +53,11 @@ impl ServiceConfig {
             max_message_bytes: 256 << 20,
             credential_ttl_ms: 30 * 86_400_000,
             tls: None,
-            web_assets: crate::web::default_assets_dir(),
+            web_assets: crate::api::pages::default_assets_dir(),
             demo: false,
             connections: ConnectionLimits::default(),
             rate_limits: RateLimits::default(),
-            max_total_parameters: crate::http::DEFAULT_MAX_TOTAL_PARAMETERS,
+            max_total_parameters: crate::api::DEFAULT_MAX_TOTAL_PARAMETERS,
         }
     }
 }
@@ -119,7 +119,7 @@ pub enum ServiceError {
     Coordinator(#[from] CoordinatorError),
     /// The public demo task could not be created.
     #[error("starting the demo task: {0}")]
-    Demo(#[from] crate::http::ApiError),
+    Demo(#[from] crate::api::ApiError),
     /// The TLS certificate or key is unusable.
     #[error("TLS: {0}")]
     Tls(String),
@@ -161,8 +161,11 @@ impl Service {
         let store = SqlStore::connect(&config.database_url).await?;
         let metrics = Metrics::default();
         let coordinator = Coordinator::start(store.clone(), metrics.clone()).await?;
-        let demo_task =
-            if config.demo { Some(crate::web::start_demo_task(&store, &coordinator).await?) } else { None };
+        let demo_task = if config.demo {
+            Some(crate::api::pages::start_demo_task(&store, &coordinator).await?)
+        } else {
+            None
+        };
         let state = AppState {
             store: store.clone(),
             coordinator: coordinator.clone(),
@@ -186,7 +189,7 @@ impl Service {
                 limiters.prune();
             }
         });
-        let listener = crate::listener::bind(config.bind, config.connections.max_connections)
+        let listener = crate::api::listener::bind(config.bind, config.connections.max_connections)
             .map_err(|source| ServiceError::Bind { address: config.bind, source })?;
         let address =
             listener.local_addr().map_err(|source| ServiceError::Bind { address: config.bind, source })?;
@@ -194,7 +197,7 @@ impl Service {
         let tls = config.tls.as_ref().map(TlsFiles::server_config).transpose()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let router = app(state);
-        let server = tokio::spawn(crate::listener::serve(
+        let server = tokio::spawn(crate::api::listener::serve(
             listener,
             router,
             tls.map(std::sync::Arc::new),

@@ -11,12 +11,12 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use cohort_crypto::Metric;
 use cohort_crypto::testing::{ProtocolClient, weighted_mean};
-use cohort_server::auth::token_hash;
+use cohort_server::api::auth::token_hash;
+use cohort_server::api::ratelimit::{Limiters, RateLimits};
+use cohort_server::api::{ApiConfig, AppState, SECAGG_CONTENT_TYPE, app};
 use cohort_server::checkpoint;
-use cohort_server::coordinator::Coordinator;
-use cohort_server::http::{ApiConfig, AppState, SECAGG_CONTENT_TYPE, app};
 use cohort_server::metrics::Metrics;
-use cohort_server::ratelimit::{Limiters, RateLimits};
+use cohort_server::round::coordinator::Coordinator;
 use cohort_server::store::{ParticipantRecord, SqlStore, Store};
 use cohort_tests::identity::{self as keys, Enrollment};
 use http_body_util::BodyExt;
@@ -46,7 +46,7 @@ impl Api {
             web_assets: path.with_extension("web"),
             demo_task: None,
             limiters: Limiters::new(&RateLimits::default()),
-            max_total_parameters: cohort_server::http::DEFAULT_MAX_TOTAL_PARAMETERS,
+            max_total_parameters: cohort_server::api::DEFAULT_MAX_TOTAL_PARAMETERS,
         };
         // A browser client "build" of one file: the wasm module's header.
         std::fs::create_dir_all(path.with_extension("web")).unwrap();

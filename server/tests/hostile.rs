@@ -169,7 +169,7 @@ fn hostile_input_is_refused_and_rounds_complete() {
         &attacker.send(
             Method::Post,
             &enroll,
-            vec![b'x'; cohort_server::http::CLIENT_JSON_LIMIT + 1],
+            vec![b'x'; cohort_server::api::CLIENT_JSON_LIMIT + 1],
             "application/json",
         ),
         413,

@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use cohort_server::auth::token_hash;
+use cohort_server::api::auth::token_hash;
 use cohort_server::store::{
     CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, ParticipantRecord, RoundRecord, SqlStore,
     Store, StoreError, TaskRecord, TaskStatus,

@@ -117,7 +117,7 @@ fn open(port: u16, count: usize, prefix: &[u8]) -> Vec<TcpStream> {
 #[test]
 fn idle_half_sent_and_slow_connections_are_closed_while_health_holds() {
     let _serial = serial();
-    let descriptors = cohort_server::listener::raise_descriptor_limit();
+    let descriptors = cohort_server::api::listener::raise_descriptor_limit();
     assert!(descriptors >= 8192, "this test needs 8192 file descriptors, the limit is {descriptors}");
     let (server, database) = ServeProcess::sqlite("abuse-connections", ADMIN, Some(&short_timeouts()));
     let port = server.port;

@@ -15,7 +15,7 @@ use cohort_client::model::Model;
 use cohort_client::participant::Method;
 use cohort_client::runtime::http::HttpTransport;
 use cohort_crypto::config::active_threshold_holds;
-use cohort_server::auth::new_token;
+use cohort_server::api::auth::new_token;
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::service::{Service, ServiceConfig};
 use cohort_server::spec::{GraphChoice, SecAggSpec, TaskSpec, VariantChoice};

@@ -7,11 +7,11 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::time::Duration;
 
-use cohort_server::auth::new_token;
-use cohort_server::listener::ConnectionLimits;
-use cohort_server::ratelimit::RateLimits;
+use cohort_server::api::auth::new_token;
+use cohort_server::api::listener::ConnectionLimits;
+use cohort_server::api::pages as web;
+use cohort_server::api::ratelimit::RateLimits;
 use cohort_server::service::{Service, ServiceConfig, TlsFiles};
-use cohort_server::web;
 use serde::Deserialize;
 
 #[derive(Debug, Args)]
@@ -193,7 +193,7 @@ mod tests {
             .expect("the README shows the limits");
         let file: FileConfig = serde_json::from_str(block).expect("the README's limits parse");
         assert_eq!(file.rate_limits, Some(RateLimits::default()));
-        assert_eq!(file.max_total_parameters, Some(cohort_server::http::DEFAULT_MAX_TOTAL_PARAMETERS));
+        assert_eq!(file.max_total_parameters, Some(cohort_server::api::DEFAULT_MAX_TOTAL_PARAMETERS));
         // The default cap depends on the machine's descriptor limit; the
         // README shows the most it can be.
         let shown = ConnectionLimits {

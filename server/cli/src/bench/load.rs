@@ -14,7 +14,7 @@ use clap::Args;
 use cohort_client::participant::{Method, Participant, ParticipantConfig, Request, Response};
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, Runner, Trainer, Transport};
-use cohort_server::auth::new_token;
+use cohort_server::api::auth::new_token;
 use cohort_server::spec::TaskSpec;
 use serde::Serialize;
 use serde_json::{Value, json};

@@ -26,29 +26,15 @@ use axum::{Router, middleware};
 
 use cohort_client::model::Model;
 
-use crate::coordinator::Coordinator;
-use crate::http::{ApiError, AppState, create};
+use super::admin::create;
+use super::error::ApiError;
+use super::state::{AppState, DemoTask};
+use crate::round::Coordinator;
 use crate::spec::TaskSpec;
 use crate::store::{SqlStore, Store, TaskStatus};
 
 /// Name of the public demo task.
 pub const DEMO_TASK_NAME: &str = "browser demo (cohort serve --demo)";
-
-/// The public demo task: its id and its (deliberately public) enrollment
-/// token.
-#[derive(Clone)]
-pub struct DemoTask {
-    /// Task id.
-    pub id: String,
-    /// Enrollment token, handed to every page that asks.
-    pub enrollment_token: String,
-}
-
-impl std::fmt::Debug for DemoTask {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DemoTask").field("id", &self.id).finish_non_exhaustive()
-    }
-}
 
 /// The demo task's specification: MNIST digits (784 inputs, 10 classes),
 /// logistic regression, three tabs per round, a long run of rounds.
@@ -88,15 +74,15 @@ pub async fn start_demo_task(store: &SqlStore, coordinator: &Coordinator) -> Res
 
 /// Files of `web/static`, served at `/web/{name}`.
 const STATIC_FILES: &[(&str, &str, &str)] = &[
-    ("admin.js", "text/javascript", include_str!("../../web/static/admin.js")),
-    ("chart.js", "text/javascript", include_str!("../../web/static/chart.js")),
-    ("demo.js", "text/javascript", include_str!("../../web/static/demo.js")),
-    ("driver.js", "text/javascript", include_str!("../../web/static/driver.js")),
-    ("worker.js", "text/javascript", include_str!("../../web/static/worker.js")),
-    ("style.css", "text/css", include_str!("../../web/static/style.css")),
+    ("admin.js", "text/javascript", include_str!("../../../web/static/admin.js")),
+    ("chart.js", "text/javascript", include_str!("../../../web/static/chart.js")),
+    ("demo.js", "text/javascript", include_str!("../../../web/static/demo.js")),
+    ("driver.js", "text/javascript", include_str!("../../../web/static/driver.js")),
+    ("worker.js", "text/javascript", include_str!("../../../web/static/worker.js")),
+    ("style.css", "text/css", include_str!("../../../web/static/style.css")),
 ];
-const ADMIN_PAGE: &str = include_str!("../../web/static/admin.html");
-const DEMO_PAGE: &str = include_str!("../../web/static/demo.html");
+const ADMIN_PAGE: &str = include_str!("../../../web/static/admin.html");
+const DEMO_PAGE: &str = include_str!("../../../web/static/demo.html");
 
 /// Files the browser client's build directory may serve.
 const PKG_FILES: &[(&str, &str)] = &[

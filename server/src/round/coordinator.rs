@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use cohort_crypto::{Aggregate, ProtocolError};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{CheckIn, EngineError, Poll, RoundProgress, TaskEngine};
 use crate::metrics::Metrics;
+use crate::round::{CheckIn, EngineError, Poll, RoundProgress, TaskEngine};
 use crate::spec::TaskSpec;
 use crate::store::{SqlStore, Store, StoreError, TaskStatus};
 

@@ -1,0 +1,413 @@
+//! The admin API: tasks (create, list, inspect, pause, resume, stop), their
+//! enrollment tokens, rounds and checkpoints.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::SAFETENSORS_CONTENT_TYPE;
+use super::auth::{new_id, new_token, token_hash};
+use super::error::{ApiError, ApiResult};
+use super::extract::{Admin, RawBody, TaskId, is_valid_id};
+use super::ratelimit::Rate;
+use super::state::AppState;
+use crate::round::TaskEngine;
+use crate::round::coordinator::{Coordinator, CoordinatorError, LiveState, now_ms};
+use crate::spec::{TaskSpec, VariantChoice};
+use crate::store::{EnrollmentTokenRecord, RoundRecord, SqlStore, Store, TaskRecord, TaskStatus};
+
+/// Reply to task creation. The enrollment token is shown only here.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CreatedTask {
+    /// Task id.
+    pub id: String,
+    /// Token clients present to enroll: the task's first, named `default`,
+    /// whose id is the task's (more with `POST /admin/tasks/{id}/tokens`).
+    pub enrollment_token: String,
+    /// Neighbours per client.
+    pub degree: u32,
+    /// Secure-aggregation threshold.
+    pub threshold: u32,
+}
+
+pub(super) async fn create_task(
+    _: Admin,
+    State(state): State<AppState>,
+    RawBody(body): RawBody,
+) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
+    let mut spec: TaskSpec = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    spec.secure_aggregation.default_for_new_task();
+    spec.validate().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
+    let _creating = state.creating.lock().await;
+    let requested = spec.model.layout.len();
+    let loaded = state.coordinator.loaded_parameters().await?;
+    if loaded.saturating_add(requested) > state.config.max_total_parameters {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "capacity_exceeded",
+            format!(
+                "the model has {requested} parameters and unfinished tasks already hold {loaded} of the \
+                 server's {}; stop a task or raise max_total_parameters",
+                state.config.max_total_parameters
+            ),
+        ));
+    }
+    let created = create(&state.store, &state.coordinator, spec).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Validates `spec`, stores the task with its initial checkpoint and
+/// starts running it.
+pub async fn create(
+    store: &SqlStore,
+    coordinator: &Coordinator,
+    mut spec: TaskSpec,
+) -> ApiResult<CreatedTask> {
+    spec.secure_aggregation.default_for_new_task();
+    let derived =
+        spec.validate().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
+    let now = now_ms();
+    let id = new_id();
+    let enrollment_token = new_token();
+    let initial = TaskEngine::initial_checkpoint(&id, &spec, now)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e))?;
+    let spec_json = serde_json::to_string(&spec)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
+    let record = TaskRecord {
+        id: id.clone(),
+        name: spec.name.clone(),
+        spec: spec_json,
+        status: TaskStatus::Active,
+        enrollment_token_hash: token_hash(&enrollment_token),
+        created_at: now,
+        updated_at: now,
+    };
+    store.create_task(&record, &initial).await?;
+    coordinator.load(&id).await?;
+    tracing::info!(task = %id, name = %spec.name, "task created");
+    Ok(CreatedTask { id, enrollment_token, degree: derived.degree, threshold: derived.threshold })
+}
+
+/// A request for an enrollment token.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewToken {
+    /// The application it is for; unique within the task.
+    name: String,
+    /// Its own enrollment rate (default: the server's `enroll_per_token`).
+    #[serde(default)]
+    rate: Option<Rate>,
+}
+
+/// An enrollment token as the admin API shows it; the token itself only
+/// in the answer that created it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TokenView {
+    /// Identifier (the first token's is the task's id).
+    pub id: String,
+    /// The application it is for.
+    pub name: String,
+    /// The token: shown once, at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Its own enrollment rate; `null`: the server's `enroll_per_token`.
+    pub rate: Option<Rate>,
+    /// Creation (Unix ms).
+    pub created_at: i64,
+    /// Revocation (Unix ms), if revoked.
+    pub revoked_at: Option<i64>,
+    /// Participants enrolled with it.
+    pub enrolled: i64,
+}
+
+impl TokenView {
+    fn of(token: EnrollmentTokenRecord, enrolled: i64) -> Self {
+        TokenView {
+            id: token.id,
+            name: token.name,
+            token: None,
+            rate: token.rate.map(|(per_minute, burst)| Rate { per_minute, burst }),
+            created_at: token.created_at,
+            revoked_at: token.revoked_at,
+            enrolled,
+        }
+    }
+}
+
+/// A new enrollment token for an application of an unfinished task.
+pub(super) async fn create_token(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+    RawBody(body): RawBody,
+) -> ApiResult<(StatusCode, Json<TokenView>)> {
+    let invalid = |message: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_token_request", message);
+    let request: NewToken = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    let name = request.name.trim();
+    if name.is_empty() || name.len() > crate::spec::MAX_NAME_BYTES || name.chars().any(char::is_control) {
+        return Err(invalid("name must be 1 to 200 bytes without control characters"));
+    }
+    if request.rate.is_some_and(|rate| rate.per_minute == 0 || rate.burst == 0) {
+        return Err(invalid(
+            "rate.per_minute and rate.burst must be at least 1 (leave rate out for the default)",
+        ));
+    }
+    let task = state.store.task(&id).await?;
+    if task.status.is_final() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "task_inactive",
+            format!("the task is {}", task.status.as_str()),
+        ));
+    }
+    let token = new_token();
+    let record = EnrollmentTokenRecord {
+        id: new_id(),
+        task_id: id,
+        name: name.to_string(),
+        token_hash: token_hash(&token),
+        rate: request.rate.map(|rate| (rate.per_minute, rate.burst)),
+        created_at: now_ms(),
+        revoked_at: None,
+    };
+    state.store.add_enrollment_token(&record).await?;
+    tracing::info!(task = %record.task_id, token = %record.id, name = %record.name, "enrollment token created");
+    let view = TokenView { token: Some(token), ..TokenView::of(record, 0) };
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// A task's enrollment tokens (never the tokens themselves).
+pub(super) async fn list_tokens(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+) -> ApiResult<Json<Vec<TokenView>>> {
+    state.store.task(&id).await?;
+    let tokens = state.store.enrollment_tokens(&id).await?;
+    Ok(Json(tokens.into_iter().map(|(token, enrolled)| TokenView::of(token, enrolled)).collect()))
+}
+
+/// Revokes a token: it enrolls nobody more, and the credentials it issued
+/// end now.
+pub(super) async fn revoke_token(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+    Path(params): Path<HashMap<String, String>>,
+) -> ApiResult<Json<TokenView>> {
+    let token_id = params
+        .get("token")
+        .filter(|t| is_valid_id(t))
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", "enrollment token not found"))?;
+    let revoked = state.store.revoke_enrollment_token(&id, token_id, now_ms()).await?;
+    tracing::info!(task = %id, token = %revoked.id, "enrollment token revoked");
+    let enrolled = state
+        .store
+        .enrollment_tokens(&id)
+        .await?
+        .into_iter()
+        .find(|(token, _)| token.id == revoked.id)
+        .map_or(0, |(_, enrolled)| enrolled);
+    Ok(Json(TokenView::of(revoked, enrolled)))
+}
+
+/// A task as the admin API shows it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TaskView {
+    /// Id.
+    pub id: String,
+    /// Name.
+    pub name: String,
+    /// Status.
+    pub status: TaskStatus,
+    /// Rounds completed.
+    pub completed_rounds: u64,
+    /// Rounds to run.
+    pub rounds: u32,
+    /// Round in progress.
+    pub current_round: Option<u64>,
+    /// Its stage.
+    pub stage: Option<String>,
+    /// Its progress: counts per stage, deadlines and traffic.
+    pub progress: Option<crate::round::RoundProgress>,
+    /// Clients that checked in recently enough to be selected.
+    pub available_clients: usize,
+    /// Creation time (Unix ms).
+    pub created_at: i64,
+    /// The specification.
+    pub spec: serde_json::Value,
+}
+
+pub(super) async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
+    let mut spec: serde_json::Value = serde_json::from_str(&task.spec).unwrap_or(serde_json::Value::Null);
+    // A spec stored before the variant was a choice ran semi-honest.
+    if let Some(secure_aggregation) = spec.get_mut("secure_aggregation").and_then(|v| v.as_object_mut()) {
+        secure_aggregation.entry("variant").or_insert_with(|| VariantChoice::SemiHonest.as_str().into());
+    }
+    let rounds = spec["rounds"].as_u64().unwrap_or(0) as u32;
+    let live = match state.coordinator.live(&task.id).await {
+        Ok(live) => live,
+        Err(CoordinatorError::UnknownTask) => LiveState {
+            status: task.status,
+            completed_rounds: state.store.rounds(&task.id).await?.len() as u64,
+            current_round: None,
+            stage: None,
+            progress: None,
+            available_clients: 0,
+        },
+        Err(e) => return Err(e.into()),
+    };
+    Ok(TaskView {
+        id: task.id,
+        name: task.name,
+        status: live.status,
+        completed_rounds: live.completed_rounds,
+        rounds,
+        current_round: live.current_round,
+        stage: live.stage,
+        progress: live.progress,
+        available_clients: live.available_clients,
+        created_at: task.created_at,
+        spec,
+    })
+}
+
+pub(super) async fn list_tasks(_: Admin, State(state): State<AppState>) -> ApiResult<Json<Vec<TaskView>>> {
+    let mut views = Vec::new();
+    for task in state.store.tasks().await? {
+        views.push(view(&state, task).await?);
+    }
+    Ok(Json(views))
+}
+
+pub(super) async fn get_task(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+) -> ApiResult<Json<TaskView>> {
+    let task = state.store.task(&id).await?;
+    Ok(Json(view(&state, task).await?))
+}
+
+pub(super) async fn change_status(
+    state: &AppState,
+    id: &str,
+    status: TaskStatus,
+) -> ApiResult<Json<serde_json::Value>> {
+    state.store.task(id).await?;
+    state.coordinator.set_status(id, status).await?;
+    Ok(Json(json!({ "id": id, "status": status })))
+}
+
+pub(super) async fn pause_task(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+) -> ApiResult<Json<serde_json::Value>> {
+    change_status(&state, &id, TaskStatus::Paused).await
+}
+
+pub(super) async fn resume_task(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+) -> ApiResult<Json<serde_json::Value>> {
+    change_status(&state, &id, TaskStatus::Active).await
+}
+
+pub(super) async fn stop_task(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+) -> ApiResult<Json<serde_json::Value>> {
+    change_status(&state, &id, TaskStatus::Stopped).await
+}
+
+/// A completed round as the admin API shows it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RoundView {
+    /// Round number.
+    pub round: i64,
+    /// Start (Unix ms).
+    pub started_at: i64,
+    /// End (Unix ms).
+    pub finished_at: i64,
+    /// Clients selected.
+    pub selected: i64,
+    /// Clients in the aggregate.
+    pub survivors: i64,
+    /// Round metrics, with `client_means`: each client metric's mean over
+    /// the survivors, from its sum under the masks.
+    pub metrics: serde_json::Value,
+    /// Only for a task with `client_metrics.plaintext` (semi-honest): what
+    /// each client reported in the clear, one entry per client and kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plaintext_client_metrics: Option<Vec<serde_json::Value>>,
+}
+
+pub(super) async fn list_rounds(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+) -> ApiResult<Json<Vec<RoundView>>> {
+    let task = state.store.task(&id).await?;
+    let plaintext =
+        serde_json::from_str::<TaskSpec>(&task.spec).is_ok_and(|spec| spec.client_metrics.plaintext);
+    let mut views = Vec::new();
+    for RoundRecord { round, started_at, finished_at, selected, survivors, metrics, .. } in
+        state.store.rounds(&id).await?
+    {
+        let plaintext_client_metrics = if plaintext {
+            let reports = state.store.client_metrics(&id, round).await?;
+            Some(reports
+                .into_iter()
+                .map(|m| json!({ "kind": m.kind, "metrics": serde_json::from_str::<serde_json::Value>(&m.metrics).unwrap_or_default() }))
+                .collect())
+        } else {
+            None
+        };
+        views.push(RoundView {
+            round,
+            started_at,
+            finished_at,
+            selected,
+            survivors,
+            metrics: serde_json::from_str(&metrics).unwrap_or_default(),
+            plaintext_client_metrics,
+        });
+    }
+    Ok(Json(views))
+}
+
+pub(super) async fn get_checkpoint(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+    Path(params): Path<HashMap<String, String>>,
+) -> ApiResult<Response> {
+    let round = params.get("round").map(String::as_str).unwrap_or_default();
+    let record = if round == "latest" {
+        state.store.latest_checkpoint(&id).await?
+    } else {
+        let number: i64 = round.parse().map_err(|_| {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_round", "round must be a number or \"latest\"")
+        })?;
+        state.store.checkpoint(&id, number).await?
+    };
+    let disposition = format!("attachment; filename=\"{id}-round-{}.safetensors\"", record.round);
+    Ok((
+        [
+            (header::CONTENT_TYPE, SAFETENSORS_CONTENT_TYPE.to_string()),
+            (header::CONTENT_DISPOSITION, disposition),
+        ],
+        record.model,
+    )
+        .into_response())
+}

@@ -1,0 +1,326 @@
+//! The client API: enrollment, check-in, the global model, the stage
+//! messages and the plaintext metric reports of semi-honest tasks.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use cohort_crypto::signature::{SIGNATURE_LEN, enrollment_statement, verify};
+use serde::{Deserialize, Serialize};
+
+use super::auth::{new_id, new_token, token_hash};
+use super::error::{ApiError, ApiResult};
+use super::extract::{Participant, PeerAddress, RawBody, TaskId, limit, read_limited};
+use super::ratelimit::{Call, Rate};
+use super::state::AppState;
+use super::{SAFETENSORS_CONTENT_TYPE, SECAGG_CONTENT_TYPE};
+use crate::round::coordinator::{CoordinatorError, now_ms};
+use crate::round::{CheckIn, Poll};
+use crate::store::{ClientMetricsRecord, ParticipantRecord, Store, StoreError};
+use cohort_crypto::policy::TaskSecurity;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EnrollRequest {
+    enrollment_token: String,
+    /// The participant's Ed25519 identity public key (64 hex digits).
+    #[serde(default)]
+    identity_key: Option<String>,
+    /// Its signature over [`enrollment_statement`] (128 hex digits): proof
+    /// that the participant holds the key.
+    #[serde(default)]
+    identity_proof: Option<String>,
+}
+
+/// The identity key of an enrollment, checked against its proof.
+pub(super) fn identity_key(task: &str, request: &EnrollRequest) -> ApiResult<Option<[u8; 32]>> {
+    let invalid = |message: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_identity", message);
+    let (key, proof) = match (&request.identity_key, &request.identity_proof) {
+        (None, None) => return Ok(None),
+        (Some(key), Some(proof)) => (key, proof),
+        _ => return Err(invalid("identity_key and identity_proof come together")),
+    };
+    let mut public = [0u8; 32];
+    hex::decode_to_slice(key, &mut public).map_err(|_| invalid("identity_key must be 64 hex digits"))?;
+    let mut signature = [0u8; SIGNATURE_LEN];
+    hex::decode_to_slice(proof, &mut signature)
+        .map_err(|_| invalid("identity_proof must be 128 hex digits"))?;
+    verify(&public, &enrollment_statement(task, &public), &signature)
+        .map_err(|_| invalid("identity_proof is not a signature of the enrollment by identity_key"))?;
+    Ok(Some(public))
+}
+
+/// Reply to enrollment. The credential is shown only here.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Enrolled {
+    /// Participant id.
+    pub participant_id: String,
+    /// Bearer credential for the client API.
+    pub credential: String,
+    /// Expiry (Unix ms).
+    pub expires_at: i64,
+    /// The task's security parameters, which every round repeats: the
+    /// participant checks them against its policy and pins them.
+    pub security: TaskSecurity,
+}
+
+pub(super) async fn enroll(
+    State(state): State<AppState>,
+    PeerAddress(address): PeerAddress,
+    TaskId(id): TaskId,
+    RawBody(body): RawBody,
+) -> ApiResult<(StatusCode, Json<Enrolled>)> {
+    limit(&state, Call::Enroll, address, None)?;
+    let request: EnrollRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    let task = state.store.task(&id).await?;
+    // Looked up by the SHA-256 of a 256-bit random token: the hash, not the
+    // token, meets the index.
+    let invalid = || ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "invalid enrollment token");
+    let token = match state.store.enrollment_token_by_hash(&token_hash(&request.enrollment_token)).await {
+        Ok(token) if token.task_id == id => token,
+        Ok(_) | Err(StoreError::NotFound(_)) => return Err(invalid()),
+        Err(error) => return Err(error.into()),
+    };
+    if token.revoked_at.is_some() {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "token_revoked",
+            "this enrollment token was revoked",
+        ));
+    }
+    let rate = token.rate.map(|(per_minute, burst)| Rate { per_minute, burst });
+    state.config.limiters.check_token(&token.id, rate).map_err(ApiError::rate_limited)?;
+    if task.status.is_final() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "task_inactive",
+            format!("the task is {}", task.status.as_str()),
+        ));
+    }
+    let identity_key = identity_key(&id, &request)?;
+    // Derived when the task was loaded; an unfinished task is loaded.
+    let security = state.coordinator.security(&id).await?;
+    if security.variant == cohort_crypto::Variant::Active && identity_key.is_none() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "identity_required",
+            "this task runs the active variant: enroll with an identity_key and its identity_proof",
+        ));
+    }
+    let now = now_ms();
+    let credential = new_token();
+    let participant = ParticipantRecord {
+        id: new_id(),
+        task_id: id,
+        credential_hash: token_hash(&credential),
+        enrolled_at: now,
+        last_seen_at: now,
+        expires_at: now + state.config.credential_ttl_ms,
+        identity_key,
+        token_id: Some(token.id),
+    };
+    state.store.add_participant(&participant).await?;
+    let enrolled =
+        Enrolled { participant_id: participant.id, credential, expires_at: participant.expires_at, security };
+    Ok((StatusCode::CREATED, Json(enrolled)))
+}
+
+pub(super) async fn check_in(
+    PeerAddress(address): PeerAddress,
+    Participant(p): Participant,
+    State(state): State<AppState>,
+) -> ApiResult<Json<CheckIn>> {
+    limit(&state, Call::CheckIn, address, Some(&p.id))?;
+    state.store.touch_participant(&p.id, now_ms()).await?;
+    match state.coordinator.check_in(&p.task_id, &p.id, p.identity_key).await {
+        Ok(check_in) => Ok(Json(check_in)),
+        // A stopped or completed task is no longer loaded: its clients are
+        // told it is over, so that they exit cleanly.
+        Err(CoordinatorError::UnknownTask) if state.store.task(&p.task_id).await?.status.is_final() => {
+            Ok(Json(CheckIn::Finished))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+pub(super) async fn model(Participant(p): Participant, State(state): State<AppState>) -> ApiResult<Response> {
+    let (round, bytes) = state.coordinator.model(&p.task_id).await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, SAFETENSORS_CONTENT_TYPE.to_string()),
+            (
+                "x-cohort-round"
+                    .parse()
+                    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "header"))?,
+                round.to_string(),
+            ),
+        ],
+        bytes,
+    )
+        .into_response())
+}
+
+pub(super) async fn fetch_message(
+    Participant(p): Participant,
+    State(state): State<AppState>,
+) -> ApiResult<Response> {
+    Ok(match state.coordinator.poll(&p.task_id, &p.id).await? {
+        Poll::Message(bytes) => ([(header::CONTENT_TYPE, SECAGG_CONTENT_TYPE)], bytes).into_response(),
+        Poll::Wait => StatusCode::NO_CONTENT.into_response(),
+        Poll::Dropped => {
+            ApiError::new(StatusCode::GONE, "dropped", "this client is no longer part of the round")
+                .into_response()
+        }
+    })
+}
+
+/// A stage message. Everything that can refuse it without its body is
+/// checked first (credential, media type, the sender's place in the stage
+/// in progress, the declared length against the round's limit); only then
+/// is the body read, and no further than that limit.
+pub(super) async fn post_message(
+    Participant(p): Participant,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<StatusCode> {
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if content_type != SECAGG_CONTENT_TYPE {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("stage messages must be sent as {SECAGG_CONTENT_TYPE}"),
+        ));
+    }
+    let allowed = state.coordinator.admit(&p.task_id, &p.id).await?;
+    let body = read_limited(&headers, body, allowed.min(state.config.max_message_bytes)).await?;
+    state.coordinator.receive(&p.task_id, &p.id, body.to_vec()).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// What a client reports for a round: a fixed set of numbers, each
+/// optional and each within its range.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientMetrics {
+    /// Mean training loss over the local epochs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_loss: Option<f64>,
+    /// Training accuracy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_accuracy: Option<f64>,
+    /// Loss of the global model on local data, before training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_loss: Option<f64>,
+    /// Accuracy of the global model on local data, before training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_accuracy: Option<f64>,
+    /// Loss on local held-out data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
+    /// Accuracy on local held-out data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
+    /// Local examples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub examples: Option<u32>,
+    /// Bytes the client sent in the round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_up: Option<u64>,
+    /// Bytes the client received in the round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_down: Option<u64>,
+}
+
+/// Largest loss accepted in a report.
+pub(super) const MAX_LOSS: f64 = 1e9;
+/// Largest byte count accepted in a report (1 TiB).
+pub(super) const MAX_REPORTED_BYTES: u64 = 1 << 40;
+
+impl ClientMetrics {
+    /// Checks every value against its range.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, value) in [
+            ("train_loss", self.train_loss),
+            ("global_loss", self.global_loss),
+            ("eval_loss", self.eval_loss),
+        ] {
+            if value.is_some_and(|v| !(0.0..=MAX_LOSS).contains(&v)) {
+                return Err(format!("{name} must be between 0 and {MAX_LOSS}"));
+            }
+        }
+        for (name, value) in [
+            ("train_accuracy", self.train_accuracy),
+            ("global_accuracy", self.global_accuracy),
+            ("eval_accuracy", self.eval_accuracy),
+        ] {
+            if value.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
+                return Err(format!("{name} must be between 0 and 1"));
+            }
+        }
+        for (name, value) in [("bytes_up", self.bytes_up), ("bytes_down", self.bytes_down)] {
+            if value.is_some_and(|v| v > MAX_REPORTED_BYTES) {
+                return Err(format!("{name} must be at most {MAX_REPORTED_BYTES}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kind of a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum ReportKind {
+    Train,
+    Eval,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MetricsReport {
+    round: u64,
+    kind: ReportKind,
+    metrics: ClientMetrics,
+}
+
+/// A client's metrics for a round it took part in (the round in progress
+/// or one of the last completed ones), once per round and kind.
+pub(super) async fn report_metrics(
+    PeerAddress(address): PeerAddress,
+    Participant(p): Participant,
+    State(state): State<AppState>,
+    RawBody(body): RawBody,
+) -> ApiResult<StatusCode> {
+    limit(&state, Call::Report, address, Some(&p.id))?;
+    let report: MetricsReport = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    if report.round < 1 || report.round > i64::MAX as u64 {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_round",
+            "round must be between 1 and 2^63 - 1",
+        ));
+    }
+    report.metrics.validate().map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_metrics", m))?;
+    state.coordinator.may_report(&p.task_id, &p.id, report.round).await?;
+    let metrics = serde_json::to_string(&report.metrics)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    let kind = match report.kind {
+        ReportKind::Train => "train",
+        ReportKind::Eval => "eval",
+    };
+    state
+        .store
+        .add_client_metrics(&ClientMetricsRecord {
+            task_id: p.task_id,
+            round: report.round as i64,
+            participant_id: p.id,
+            kind: kind.into(),
+            metrics,
+            reported_at: now_ms(),
+        })
+        .await?;
+    Ok(StatusCode::CREATED)
+}

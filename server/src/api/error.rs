@@ -1,0 +1,149 @@
+//! The API's one error form: a status, a stable code and a message, as
+//! `{"error": code, "message": text}`, with `Retry-After` where the client
+//! should come back.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use cohort_crypto::ProtocolError;
+use serde_json::json;
+
+use super::DATABASE_RETRY;
+use crate::round::EngineError;
+use crate::round::coordinator::CoordinatorError;
+use crate::store::StoreError;
+
+/// A refused request.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    retry_after: Option<Duration>,
+}
+
+impl ApiError {
+    pub(super) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into(), retry_after: None }
+    }
+
+    /// A `429`: the caller should wait `wait`.
+    pub(super) fn rate_limited(wait: Duration) -> Self {
+        let message = format!("too many requests; retry in {} ms", wait.as_millis().max(1));
+        Self { retry_after: Some(wait), ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message) }
+    }
+
+    /// A `503`: the database cannot be reached.
+    pub(super) fn database_unavailable() -> Self {
+        Self {
+            retry_after: Some(DATABASE_RETRY),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the database is unavailable or overloaded; retry later",
+            )
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}): {}", self.code, self.status.as_u16(), self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "error": self.code, "message": self.message });
+        let mut response = match self.retry_after {
+            Some(wait) => {
+                let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+                body["retry_after_ms"] = ms.into();
+                let seconds = ms.div_ceil(1000).to_string();
+                (self.status, [(header::RETRY_AFTER, seconds)], Json(body)).into_response()
+            }
+            None => (self.status, Json(body)).into_response(),
+        };
+        if self.status == StatusCode::REQUEST_TIMEOUT || self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is not read: the connection cannot be reused.
+            response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound(what) => {
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+            }
+            StoreError::Conflict(why) => ApiError::new(StatusCode::CONFLICT, "conflict", why),
+            other if other.is_unavailable() => {
+                // One line per request would flood the log during an outage;
+                // /readyz reports it at warn level.
+                tracing::debug!(error = %other, "database unavailable");
+                ApiError::database_unavailable()
+            }
+            other => {
+                tracing::error!(error = %other, "storage failure");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+            }
+        }
+    }
+}
+
+impl From<CoordinatorError> for ApiError {
+    fn from(error: CoordinatorError) -> Self {
+        use StatusCode as S;
+        match error {
+            CoordinatorError::UnknownTask => {
+                ApiError::new(S::NOT_FOUND, "task_not_found", "task not found or not running")
+            }
+            CoordinatorError::Store(e) => e.into(),
+            CoordinatorError::Invalid(m) => ApiError::new(S::BAD_REQUEST, "invalid_task", m),
+            CoordinatorError::Unavailable => {
+                ApiError::new(S::SERVICE_UNAVAILABLE, "unavailable", "shutting down")
+            }
+            CoordinatorError::Engine(EngineError::NotSelected) => {
+                ApiError::new(S::CONFLICT, "not_selected", "this client is not part of the round in progress")
+            }
+            CoordinatorError::Engine(EngineError::NotInRound(round)) => ApiError::new(
+                S::CONFLICT,
+                "not_in_round",
+                format!("this client is not part of round {round}, or the round is not recent"),
+            ),
+            CoordinatorError::Engine(EngineError::PlaintextMetricsOff) => ApiError::new(
+                S::FORBIDDEN,
+                "plaintext_metrics_off",
+                "this task takes clients' metrics only in aggregate, inside the masked inputs",
+            ),
+            CoordinatorError::Engine(EngineError::Inactive(status)) => {
+                ApiError::new(S::CONFLICT, "task_inactive", format!("the task is {}", status.as_str()))
+            }
+            CoordinatorError::Engine(EngineError::Protocol(p)) => {
+                let (status, code) = match &p {
+                    ProtocolError::Decode(_) => (S::BAD_REQUEST, "malformed_message"),
+                    ProtocolError::WrongRound => (S::CONFLICT, "wrong_round"),
+                    ProtocolError::OutOfPhase { .. } => (S::CONFLICT, "out_of_phase"),
+                    ProtocolError::Duplicate(_) => (S::CONFLICT, "duplicate"),
+                    ProtocolError::NotEligible { .. } => (S::CONFLICT, "not_eligible"),
+                    ProtocolError::Crypto(_) => (S::UNPROCESSABLE_ENTITY, "crypto_failure"),
+                    _ => (S::UNPROCESSABLE_ENTITY, "invalid_message"),
+                };
+                ApiError::new(status, code, p.to_string())
+            }
+        }
+    }
+}
+
+pub(super) type ApiResult<T> = Result<T, ApiError>;

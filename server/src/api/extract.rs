@@ -1,0 +1,177 @@
+//! What a handler takes from a request before its body: the admin token,
+//! a client credential, a valid task id, the peer's address; bodies read
+//! within a limit; the rate limits.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Path};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+
+use super::auth::{token_hash, verify_token};
+use super::error::{ApiError, ApiResult};
+use super::listener::SlowBody;
+use super::ratelimit::Call;
+use super::state::AppState;
+use crate::round::coordinator::now_ms;
+use crate::store::{ParticipantRecord, Store, StoreError};
+
+pub(super) fn bearer(parts: &Parts) -> Option<&str> {
+    parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")
+}
+
+/// The caller holds the admin token.
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        match bearer(parts) {
+            Some(token) if verify_token(token, &state.config.admin_token_hash) => Ok(Admin),
+            _ => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid admin token is required",
+            )),
+        }
+    }
+}
+
+/// The caller is an enrolled participant with an unexpired credential.
+pub struct Participant(pub ParticipantRecord);
+
+impl FromRequestParts<AppState> for Participant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let unauthorized = || {
+            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid client credential is required")
+        };
+        let token = bearer(parts).ok_or_else(unauthorized)?;
+        let participant = match state.store.participant_by_credential(&token_hash(token)).await {
+            Ok(p) => p,
+            Err(StoreError::NotFound(_)) => return Err(unauthorized()),
+            Err(e) => return Err(e.into()),
+        };
+        if participant.expires_at <= now_ms() {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "credential_expired",
+                "the client credential has expired",
+            ));
+        }
+        Ok(Participant(participant))
+    }
+}
+
+/// A request body, with its rejections (too large, too slow, unreadable)
+/// turned into the API's JSON errors.
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
+        Bytes::from_request(request, state).await.map(RawBody).map_err(|rejection| {
+            let status = rejection.status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                return ApiError::new(status, "payload_too_large", rejection.body_text());
+            }
+            too_slow(&rejection)
+                .unwrap_or_else(|| ApiError::new(status, "invalid_body", rejection.body_text()))
+        })
+    }
+}
+
+/// The `408` for a body that failed because it arrived too slowly.
+pub(super) fn too_slow(error: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
+    find_source::<SlowBody>(error)
+        .map(|slow| ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", slow.to_string()))
+}
+
+/// The first error of type `E` in `error`'s chain of sources.
+pub(super) fn find_source<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(found) = error.downcast_ref::<E>() {
+            return Some(found);
+        }
+        next = error.source();
+    }
+    None
+}
+
+/// Reads at most `limit` bytes of `body`: a declared length over the limit
+/// is refused before anything is read, a longer body as soon as it passes
+/// the limit.
+pub(super) async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> ApiResult<Bytes> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("this message may be at most {limit} bytes"),
+        )
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        if find_source::<http_body_util::LengthLimitError>(&error).is_some() {
+            return too_large();
+        }
+        too_slow(&error).unwrap_or_else(|| {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", "the request body could not be read")
+        })
+    })
+}
+
+/// A task id from the path: 32 lowercase hex digits, as [`new_id`] makes
+/// them. Anything else is an unknown task, answered without a database
+/// query (so bytes no database column takes, such as NUL, never reach one).
+pub struct TaskId(pub String);
+
+/// Whether `id` has the form of the ids [`new_id`] makes.
+pub fn is_valid_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for TaskId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let not_found = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "task not found");
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| not_found())?;
+        match params.get("id") {
+            Some(id) if is_valid_id(id) => Ok(TaskId(id.clone())),
+            _ => Err(not_found()),
+        }
+    }
+}
+
+/// The network address of the caller, where the listener recorded it.
+pub struct PeerAddress(pub Option<IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for PeerAddress {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(PeerAddress(parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|info| info.0.ip())))
+    }
+}
+
+pub(super) fn limit(
+    state: &AppState,
+    call: Call,
+    address: Option<IpAddr>,
+    participant: Option<&str>,
+) -> ApiResult<()> {
+    state.config.limiters.check(call, address, participant).map_err(ApiError::rate_limited)
+}

@@ -1,0 +1,145 @@
+//! The coordinator's HTTP API and pages.
+//!
+//! * Admin API (JSON, `Authorization: Bearer <admin token>`): create, list,
+//!   inspect, pause, resume and stop tasks; list rounds with their metrics;
+//!   download checkpoints (safetensors).
+//! * Client API: enroll with a task's enrollment token and receive a
+//!   credential; then, with `Authorization: Bearer <credential>`, check in,
+//!   download the global model, fetch and post secure-aggregation stage
+//!   messages (`application/x-cohort-secagg`, the versioned binary encoding of
+//!   `cohort-crypto`), and report training and evaluation metrics.
+//! * `/healthz`, Prometheus `/metrics`, and the OpenAPI document at
+//!   `/openapi.json`.
+//!
+//! Every refusal is a 4xx JSON body `{"error": code, "message": text}`;
+//! storage failures are a 500 that says nothing about the internals, and a
+//! database that cannot be reached a 503. A `429` (rate limited) or `503`
+//! carries `Retry-After` (seconds) and `retry_after_ms` in its body.
+//!
+//! What a client can make the server hold is bounded before it is read: a
+//! stage message only from a client selected and eligible for the stage in
+//! progress, at most the size the round's parameters allow; a metrics
+//! report only from a member of a recent round, 4 KiB of known numeric
+//! fields once per round and kind; enrollment, check-in and reports under
+//! per-address and per-credential rate limits ([`crate::ratelimit`]).
+//!
+//! * `state`, `error`, `extract`: what handlers share;
+//! * `admin`, `client`: the two APIs' handlers; [`pages`]: the dashboard
+//!   and demo pages and the browser client's files; [`openapi`];
+//! * [`auth`] (tokens and their hashes), [`ratelimit`], [`listener`] (the
+//!   connections: timeouts, the cap, TLS).
+
+pub mod admin;
+pub mod auth;
+pub mod client;
+pub mod error;
+pub mod extract;
+pub mod listener;
+pub mod openapi;
+pub mod pages;
+pub mod ratelimit;
+pub mod state;
+
+pub use admin::{CreatedTask, RoundView, TaskView, TokenView, create};
+pub use client::{ClientMetrics, Enrolled};
+pub use error::ApiError;
+pub use state::{ApiConfig, AppState, DEFAULT_MAX_TOTAL_PARAMETERS};
+
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use admin::{
+    create_task, create_token, get_checkpoint, get_task, list_rounds, list_tasks, list_tokens, pause_task,
+    resume_task, revoke_token, stop_task,
+};
+use client::{check_in, enroll, fetch_message, model, post_message, report_metrics};
+
+/// Content type of secure-aggregation stage messages.
+pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
+/// Content type of checkpoints.
+pub const SAFETENSORS_CONTENT_TYPE: &str = "application/vnd.safetensors";
+const JSON_LIMIT: usize = 1 << 20;
+/// Largest JSON body of the client API (an enrollment, a metrics report).
+pub const CLIENT_JSON_LIMIT: usize = 4 << 10;
+/// How long a readiness probe waits for the database.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+/// What a client is told to wait when the database cannot be reached.
+const DATABASE_RETRY: Duration = Duration::from_secs(5);
+
+/// Builds the router.
+pub fn app(state: AppState) -> Router {
+    let admin = Router::new()
+        .route("/admin/tasks", post(create_task).get(list_tasks))
+        .route("/admin/tasks/{id}", get(get_task))
+        .route("/admin/tasks/{id}/pause", post(pause_task))
+        .route("/admin/tasks/{id}/resume", post(resume_task))
+        .route("/admin/tasks/{id}/stop", post(stop_task))
+        .route("/admin/tasks/{id}/rounds", get(list_rounds))
+        .route("/admin/tasks/{id}/checkpoints/{round}", get(get_checkpoint))
+        .route("/admin/tasks/{id}/tokens", post(create_token).get(list_tokens))
+        .route("/admin/tasks/{id}/tokens/{token}/revoke", post(revoke_token))
+        .layer(DefaultBodyLimit::max(JSON_LIMIT));
+    // The client API's JSON bodies are small; enrollment's is read before
+    // its token is checked, so it gets the small limit too.
+    let client_json = Router::new()
+        .route("/v1/tasks/{id}/enroll", post(enroll))
+        .route("/v1/checkin", post(check_in))
+        .route("/v1/model", get(model))
+        .route("/v1/metrics", post(report_metrics))
+        .layer(DefaultBodyLimit::max(CLIENT_JSON_LIMIT));
+    // Stage messages are read by the handler itself, after the admission
+    // check, within the round's own limit.
+    let messages = Router::new().route("/v1/round/message", get(fetch_message).post(post_message));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(prometheus))
+        .route("/openapi.json", get(|| async { Json(openapi::document()) }))
+        .merge(admin)
+        .merge(client_json)
+        .merge(messages)
+        .merge(pages::routes())
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        .with_state(state)
+}
+
+/// Readiness: the database answers.
+async fn ready(State(state): State<AppState>) -> Response {
+    match tokio::time::timeout(READY_TIMEOUT, state.store.ping()).await {
+        Ok(Ok(())) => Json(json!({ "status": "ready", "database": "ok" })).into_response(),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "not ready: the database failed");
+            not_ready()
+        }
+        Err(_) => {
+            tracing::warn!(
+                timeout_ms = READY_TIMEOUT.as_millis() as u64,
+                "not ready: the database did not answer"
+            );
+            not_ready()
+        }
+    }
+}
+
+/// A `503` in the API's error form, with the readiness fields.
+fn not_ready() -> Response {
+    let body = json!({
+        "status": "unavailable",
+        "database": "unreachable",
+        "error": "unavailable",
+        "message": "the database is unavailable; retry later",
+        "retry_after_ms": DATABASE_RETRY.as_millis() as u64,
+    });
+    let retry_after = DATABASE_RETRY.as_secs().to_string();
+    (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, retry_after)], Json(body)).into_response()
+}
+
+async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+}

@@ -1,0 +1,63 @@
+//! What every handler can reach: the store, the round actor, metrics and
+//! the server-wide settings.
+
+use super::ratelimit::Limiters;
+use crate::metrics::Metrics;
+use crate::round::coordinator::Coordinator;
+use crate::store::SqlStore;
+
+/// Server-wide settings.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// SHA-256 of the admin token.
+    pub admin_token_hash: [u8; 32],
+    /// Largest accepted stage message.
+    pub max_message_bytes: usize,
+    /// How long a client credential stays valid.
+    pub credential_ttl_ms: i64,
+    /// The browser client's build (`web/pkg`), served under `/web/pkg`.
+    pub web_assets: std::path::PathBuf,
+    /// The public demo task `/demo` joins, when there is one.
+    pub demo_task: Option<DemoTask>,
+    /// Rate limits of the client API.
+    pub limiters: Limiters,
+    /// Most model parameters over all tasks that are not stopped or
+    /// completed; a task that would exceed it is refused.
+    pub max_total_parameters: usize,
+}
+
+/// Most model parameters over all unfinished tasks, by default: about
+/// 0.4 GB of weights, checkpoint and optimizer state in memory per 25 M.
+pub const DEFAULT_MAX_TOTAL_PARAMETERS: usize = 50_000_000;
+
+/// What every handler can reach.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// Storage.
+    pub store: SqlStore,
+    /// The round actor.
+    pub coordinator: Coordinator,
+    /// Metrics registry.
+    pub metrics: Metrics,
+    /// Settings.
+    pub config: ApiConfig,
+    /// Held while a task is created, so that the parameter cap holds
+    /// against concurrent creations.
+    pub creating: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The public demo task: its id and its (deliberately public) enrollment
+/// token.
+#[derive(Clone)]
+pub struct DemoTask {
+    /// Task id.
+    pub id: String,
+    /// Enrollment token, handed to every page that asks.
+    pub enrollment_token: String,
+}
+
+impl std::fmt::Debug for DemoTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DemoTask").field("id", &self.id).finish_non_exhaustive()
+    }
+}

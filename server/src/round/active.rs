@@ -1,0 +1,129 @@
+//! The round in progress: selecting its clients, building its
+//! configuration, and the deadlines of its stages.
+
+use std::collections::HashMap;
+
+use cohort_crypto::graph::GraphSpec;
+use cohort_crypto::policy::{GraphKind, TaskSecurity};
+use cohort_crypto::{ClientId, Quantizer, RoundConfig, ServerRound, Stage, Variant};
+use rand_chacha::ChaCha20Rng;
+use rand_core::Rng;
+
+use super::records::RoundMetrics;
+use crate::spec::TaskSpec;
+
+/// The round in progress.
+pub(super) struct ActiveRound {
+    pub(super) number: u64,
+    pub(super) session: [u8; 16],
+    pub(super) started_at: i64,
+    pub(super) stage_started_at: i64,
+    pub(super) deadline: i64,
+    pub(super) roster: Vec<String>,
+    pub(super) ids: HashMap<String, ClientId>,
+    /// `None` while the final stage is being unmasked off the runtime.
+    pub(super) server: Option<ServerRound>,
+    pub(super) metrics: RoundMetrics,
+    /// This round's quantizer (its transform seed is the round's).
+    pub(super) quantizer: Quantizer,
+    pub(super) bytes_up: u64,
+    pub(super) bytes_down: u64,
+}
+
+impl ActiveRound {
+    /// Opens round `number` (its `attempt`) for the `selected` clients, in
+    /// roster order, with fresh session and transform seeds; `None` when
+    /// the task's parameters make no valid round.
+    pub(super) fn open(
+        number: u64,
+        attempt: u32,
+        selected: Vec<(String, Option<[u8; 32]>)>,
+        spec: &TaskSpec,
+        security: &TaskSecurity,
+        rng: &mut ChaCha20Rng,
+        now: i64,
+    ) -> Option<Self> {
+        let n = selected.len();
+        let variant = security.variant;
+        let identities = match variant {
+            Variant::Active => selected.iter().filter_map(|(_, identity)| *identity).collect(),
+            Variant::SemiHonest => Vec::new(),
+        };
+        let roster: Vec<String> = selected.into_iter().map(|(id, _)| id).collect();
+        let mut session = [0u8; 16];
+        rng.fill_bytes(&mut session);
+        let mut transform_seed = [0u8; 32];
+        rng.fill_bytes(&mut transform_seed);
+        let q = spec.quantization;
+        let metrics = spec.client_metrics.aggregate;
+        let quantizer = q.quantizer(n as u32, transform_seed, metrics).ok()?;
+        let modulus_bits = security.modulus_bits;
+        let quantization = q.round_spec(transform_seed, metrics).ok()?;
+        let config = RoundConfig {
+            session,
+            round: number,
+            variant,
+            clients: n as u32,
+            identities,
+            graph: match security.graph {
+                GraphKind::Complete => GraphSpec::Complete,
+                GraphKind::Sparse => GraphSpec::Harary { degree: security.degree },
+            },
+            threshold: security.threshold,
+            vector_len: quantizer.encoded_len(spec.model.layout.len()) as u32,
+            modulus_bits,
+            quantization,
+        };
+        let server = ServerRound::new(config).ok()?;
+        let ids =
+            roster.iter().enumerate().filter_map(|(i, p)| Some((p.clone(), ClientId::new(i as u32 + 1)?)));
+        Some(Self {
+            number,
+            session,
+            started_at: now,
+            stage_started_at: now,
+            deadline: now + deadline_for(spec, Stage::AdvertiseKeys),
+            ids: ids.collect(),
+            roster,
+            server: Some(server),
+            quantizer,
+            metrics: RoundMetrics {
+                modulus_bits,
+                attempt,
+                degree: security.degree,
+                threshold: security.threshold,
+                ..RoundMetrics::default()
+            },
+            bytes_up: 0,
+            bytes_down: 0,
+        })
+    }
+}
+
+/// `n` of the `candidates`, drawn uniformly at random (a Fisher–Yates
+/// shuffle, cut at `n`).
+pub(super) fn select(
+    mut candidates: Vec<(String, Option<[u8; 32]>)>,
+    n: usize,
+    rng: &mut ChaCha20Rng,
+) -> Vec<(String, Option<[u8; 32]>)> {
+    for i in (1..candidates.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        candidates.swap(i, j);
+    }
+    candidates.truncate(n);
+    candidates
+}
+
+/// How long `stage` may collect messages.
+pub(super) fn deadline_for(spec: &TaskSpec, stage: Stage) -> i64 {
+    let d = spec.deadlines;
+    let ms = match stage {
+        Stage::AdvertiseKeys => d.advertise_keys_ms,
+        Stage::ShareKeys => d.share_keys_ms,
+        Stage::MaskedInputCollection => d.masked_input_ms,
+        _ => d.unmasking_ms,
+    };
+    // Specs bound deadlines to a day; never let a stored value overflow.
+    i64::try_from(ms).unwrap_or(i64::MAX / 4).min(crate::spec::MAX_DEADLINE_MS as i64)
+}

@@ -1,0 +1,26 @@
+//! Rounds: one task's engine (selection, the secure-aggregation stages with
+//! their deadlines, the aggregate turned into the next model) and the
+//! actor that drives every task's engine, persists what they complete and
+//! answers the API.
+//!
+//! * [`engine`]: [`TaskEngine`], one task's state, synchronous and given
+//!   the time, so that every rule is testable without sockets or timers;
+//! * `active`: the round in progress: selection, its configuration and
+//!   its stage deadlines;
+//! * `completion`: the final stage unmasked off the runtime, and the
+//!   aggregate turned into a checkpoint and round record;
+//! * [`records`]: what the engine answers clients and shows the admin API;
+//! * [`coordinator`]: the single-owner actor over all tasks' engines.
+
+mod active;
+mod completion;
+pub mod coordinator;
+pub mod engine;
+pub mod records;
+#[cfg(test)]
+mod tests;
+
+pub use completion::{Completion, UnmaskJob};
+pub use coordinator::{Coordinator, CoordinatorError};
+pub use engine::{CHECK_IN_TTL_MS, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};
+pub use records::{CheckIn, ClientMean, EngineError, Poll, RoundMetrics, RoundProgress, StageMetrics};

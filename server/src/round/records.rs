@@ -1,0 +1,162 @@
+//! What the engine tells the outside: a client's check-in and poll
+//! answers, its refusals, and the round's records (per stage, per round,
+//! in progress) for storage and the admin API; counts, times and traffic
+//! only, nothing about any one client.
+
+use std::collections::BTreeMap;
+
+use cohort_crypto::ProtocolError;
+use serde::{Deserialize, Serialize};
+
+use crate::store::TaskStatus;
+
+/// What a client is told when it checks in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum CheckIn {
+    /// Not selected (yet); check in again after this long.
+    Wait {
+        /// Suggested delay.
+        retry_after_ms: u64,
+    },
+    /// Selected for the round in progress.
+    Selected {
+        /// Round number.
+        round: u64,
+        /// The client's id in this round's roster.
+        client_id: u32,
+        /// Attempt at this round: an aborted round runs again with the
+        /// same number and a new attempt, which earlier members may join.
+        attempt: u32,
+        /// The round's session id (hex): unique to this attempt, also
+        /// across restarts of the coordinator.
+        session: String,
+        /// The task (semi-honest only) also takes each client's metrics in
+        /// the clear.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        plaintext_metrics: bool,
+    },
+    /// The task is over; stop checking in.
+    Finished,
+}
+
+/// What a selected client should do now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Poll {
+    /// Act on this encoded server message.
+    Message(Vec<u8>),
+    /// Nothing new yet: the stage is still collecting.
+    Wait,
+    /// The client is no longer part of the round (it missed a stage, or
+    /// the round ended or was aborted).
+    Dropped,
+}
+
+/// Why a client request was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The client is not in the round in progress.
+    #[error("this client is not part of the round in progress")]
+    NotSelected,
+    /// The task is not running rounds.
+    #[error("the task is {}", .0.as_str())]
+    Inactive(TaskStatus),
+    /// The message was refused by the protocol.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    /// The client took no part in this round, or the round is too old or
+    /// not known (reports are taken only for recent rounds).
+    #[error("this client is not part of round {0}, or the round is not recent")]
+    NotInRound(u64),
+    /// The task takes clients' metrics only in aggregate.
+    #[error("this task takes clients' metrics only in aggregate, inside the masked inputs")]
+    PlaintextMetricsOff,
+}
+
+/// One stage's record in the round metrics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageMetrics {
+    /// Stage name.
+    pub stage: String,
+    /// Clients allowed to send.
+    pub eligible: usize,
+    /// Clients that sent.
+    pub received: usize,
+    /// Eligible clients that did not send.
+    pub dropouts: usize,
+    /// How long the stage lasted.
+    pub duration_ms: i64,
+}
+
+/// Metrics of one round, stored with it as JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct RoundMetrics {
+    /// Attempt number of this round (1 unless earlier attempts were aborted).
+    pub attempt: u32,
+    /// Neighbours per client.
+    pub degree: u32,
+    /// Threshold.
+    pub threshold: u32,
+    /// Per-stage records.
+    pub stages: Vec<StageMetrics>,
+    /// Bytes received from clients, per selected client.
+    pub bytes_up_per_client: f64,
+    /// Bytes sent to clients, per selected client.
+    pub bytes_down_per_client: f64,
+    /// Σ of the survivors' example counts.
+    pub total_examples: u64,
+    /// L2 norm of the mean update.
+    pub update_norm: f64,
+    /// Bits of the ring the masked inputs lived in.
+    pub modulus_bits: u8,
+    /// Upload per selected client over the float32 update's size.
+    pub compression_ratio: f64,
+    /// Revealed shares that did not match their owner's commitment; the
+    /// round was unmasked without them.
+    #[serde(default)]
+    pub faulty_shares: u32,
+    /// Per metric, its mean over the survivors that reported it, from the
+    /// sum under the masks: never one client's value.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub client_means: BTreeMap<String, ClientMean>,
+}
+
+/// A metric's mean over a round's survivors.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ClientMean {
+    /// Σ of the reported values over the number of reporters.
+    pub mean: f64,
+    /// Survivors that reported the metric.
+    pub clients: u32,
+}
+
+/// What the admin API shows of the round in progress: counts, times and
+/// traffic only; nothing about any one client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundProgress {
+    /// Round number.
+    pub round: u64,
+    /// Attempt of this round.
+    pub attempt: u32,
+    /// Current stage.
+    pub stage: String,
+    /// Clients selected.
+    pub selected: usize,
+    /// Clients allowed to send in the current stage.
+    pub eligible: usize,
+    /// Of those, clients that sent.
+    pub received: usize,
+    /// Round start (Unix ms).
+    pub started_at: i64,
+    /// Current stage's start (Unix ms).
+    pub stage_started_at: i64,
+    /// Current stage's deadline (Unix ms).
+    pub deadline: i64,
+    /// Stages closed so far.
+    pub stages: Vec<StageMetrics>,
+    /// Bytes received from clients so far.
+    pub bytes_up: u64,
+    /// Bytes sent to clients so far.
+    pub bytes_down: u64,
+}

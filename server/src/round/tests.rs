@@ -1,0 +1,369 @@
+//! The engine's rules, driven by protocol test clients with no sockets
+//! or timers.
+
+use super::*;
+use crate::checkpoint;
+use crate::spec::TaskSpec;
+use crate::spec::VariantChoice;
+use crate::spec::tests::small_spec;
+use crate::store::TaskStatus;
+use cohort_crypto::ServerMessage;
+use cohort_crypto::testing::ProtocolClient;
+use cohort_crypto::{ClientMessage, ProtocolError, Stage, Variant};
+
+/// A named participant that answers the engine with the protocol
+/// client shared with the integration tests.
+struct NamedClient {
+    name: String,
+    protocol: ProtocolClient,
+}
+
+impl NamedClient {
+    fn new(i: usize, update: Vec<f32>, weight: u32) -> Self {
+        Self { name: format!("p{i}"), protocol: ProtocolClient::new(i as u64, update, weight) }
+    }
+
+    /// Polls once and answers; returns whether it sent something.
+    fn step(&mut self, engine: &mut TaskEngine) -> bool {
+        let identity = Some(self.protocol.identity.public_key());
+        let CheckIn::Selected { client_id, .. } = engine.check_in(&self.name, identity, 0) else {
+            return false;
+        };
+        let Ok(Poll::Message(bytes)) = engine.poll(&self.name) else { return false };
+        let reply = self.protocol.respond(client_id, &bytes);
+        engine.receive(&self.name, &reply).unwrap();
+        true
+    }
+}
+
+fn engine(spec: TaskSpec) -> TaskEngine {
+    let initial = TaskEngine::initial_checkpoint("t", &spec, 0).unwrap();
+    TaskEngine::new("t".into(), spec, TaskStatus::Active, &initial).unwrap()
+}
+
+fn participants(n: usize) -> Vec<NamedClient> {
+    (0..n).map(|i| NamedClient::new(i, vec![0.1 * i as f32, -0.2, 0.3, 0.05], 10 * (i as u32 + 1))).collect()
+}
+
+/// Runs stages until the engine hands out the unmasking job; clients in
+/// `vanish_after_shares` stop answering after ShareKeys.
+fn run_round(
+    engine: &mut TaskEngine,
+    clients: &mut [NamedClient],
+    vanish: &[usize],
+    now: &mut i64,
+) -> Option<UnmaskJob> {
+    let mut stage = 0;
+    loop {
+        for (i, client) in clients.iter_mut().enumerate() {
+            if stage >= 2 && vanish.contains(&i) {
+                continue;
+            }
+            client.step(engine);
+        }
+        *now += 10;
+        let mut outcome = engine.tick(*now);
+        if outcome.unmask.is_none()
+            && outcome.aborted.is_none()
+            && engine.current_round().map(|r| r.1) == Some(Stage::MaskedInputCollection)
+            && stage >= 2
+        {
+            // Somebody is missing: let the deadline pass.
+            *now += 400_000;
+            outcome = engine.tick(*now);
+        }
+        if let Some(job) = outcome.unmask {
+            return Some(job);
+        }
+        if outcome.aborted.is_some() {
+            return None;
+        }
+        stage += 1;
+        assert!(stage < 10, "the round does not progress");
+    }
+}
+
+/// The weighted mean update of the `included` clients.
+fn weighted_mean(clients: &[NamedClient], included: &[usize]) -> Vec<f32> {
+    cohort_crypto::testing::weighted_mean(&included.iter().map(|&i| &clients[i].protocol).collect::<Vec<_>>())
+}
+
+#[test]
+fn a_round_updates_the_model_with_the_weighted_mean() {
+    let mut engine = engine(small_spec());
+    let mut clients = participants(6);
+    let mut now = 0;
+    for c in &clients {
+        assert_eq!(engine.check_in(&c.name, None, now), CheckIn::Wait { retry_after_ms: 1_000 });
+    }
+    assert_eq!(engine.tick(now).started, Some(1));
+    let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+    assert_eq!(job.round, 1);
+    let completion = engine.complete(1, job.run(), now).unwrap();
+    assert_eq!(completion.round.survivors, 6);
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    assert_eq!(metrics["stages"].as_array().unwrap().len(), 4);
+    assert_eq!(metrics["total_examples"], 210);
+    assert!(metrics["bytes_up_per_client"].as_f64().unwrap() > 0.0);
+    engine.commit(completion);
+    assert_eq!(engine.completed_rounds(), 1);
+    let expected = weighted_mean(&clients, &[0, 1, 2, 3, 4, 5]);
+    for (w, e) in engine.weights().iter().zip(&expected) {
+        assert!((w - e).abs() < 1e-4, "{:?} vs {expected:?}", engine.weights());
+    }
+    let checkpoint = checkpoint::decode(engine.model()).unwrap();
+    assert_eq!(checkpoint.weights, engine.weights());
+    assert_eq!(checkpoint.metadata["cohort.round"], "1");
+}
+
+/// An active task selects only participants with an identity key, binds
+/// their keys in the roster, and its round (signed keys, the consistency
+/// check) gives the same mean.
+#[test]
+fn an_active_round_binds_the_selected_identity_keys() {
+    let mut spec = small_spec();
+    spec.secure_aggregation.variant = Some(VariantChoice::Active);
+    let mut engine = engine(spec);
+    let mut clients = participants(6);
+    let mut now = 0;
+    // Without an identity key a participant of an active task is never selected.
+    engine.check_in("keyless", None, now);
+    assert_eq!(engine.available(now), 0);
+    for c in &clients {
+        engine.check_in(&c.name, Some(c.protocol.identity.public_key()), now);
+    }
+    assert_eq!(engine.tick(now).started, Some(1));
+    let Ok(Poll::Message(setup)) = engine.poll(&clients[0].name) else { panic!("no setup") };
+    let Ok(ServerMessage::Setup(config)) = ServerMessage::decode(&setup) else { panic!("not a setup") };
+    assert_eq!(config.variant, Variant::Active);
+    let mut expected: Vec<[u8; 32]> = clients.iter().map(|c| c.protocol.identity.public_key()).collect();
+    let mut roster = config.identities.clone();
+    expected.sort_unstable();
+    roster.sort_unstable();
+    assert_eq!(roster, expected);
+    assert_eq!(engine.check_in("keyless", None, now), CheckIn::Wait { retry_after_ms: 2_000 });
+    let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+    let completion = engine.complete(1, job.run(), now).unwrap();
+    assert_eq!(completion.round.survivors, 6);
+    let stages: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    // The consistency check is the active variant's fifth stage.
+    assert_eq!(stages["stages"].as_array().unwrap().len(), 5);
+    engine.commit(completion);
+    let expected = weighted_mean(&clients, &[0, 1, 2, 3, 4, 5]);
+    for (w, e) in engine.weights().iter().zip(&expected) {
+        assert!((w - e).abs() < 1e-4, "{:?} vs {expected:?}", engine.weights());
+    }
+}
+
+#[test]
+fn a_client_that_vanishes_is_recovered_after_the_deadline() {
+    let mut engine = engine(small_spec());
+    let mut clients = participants(6);
+    let mut now = 0;
+    for c in &clients {
+        engine.check_in(&c.name, None, now);
+    }
+    engine.tick(now);
+    let job = run_round(&mut engine, &mut clients, &[2], &mut now).unwrap();
+    let completion = engine.complete(1, job.run(), now).unwrap();
+    assert_eq!(completion.round.survivors, 5);
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    assert_eq!(metrics["stages"][2]["dropouts"], 1);
+    engine.commit(completion);
+    let expected = weighted_mean(&clients, &[0, 1, 3, 4, 5]);
+    for (w, e) in engine.weights().iter().zip(&expected) {
+        assert!((w - e).abs() < 1e-4);
+    }
+}
+
+#[test]
+fn a_round_below_threshold_is_aborted_and_retried_without_changing_the_model() {
+    let mut spec = small_spec();
+    spec.secure_aggregation.threshold = Some(5);
+    let mut engine = engine(spec);
+    let mut clients = participants(6);
+    let mut now = 0;
+    for c in &clients {
+        engine.check_in(&c.name, None, now);
+    }
+    engine.tick(now);
+    assert!(run_round(&mut engine, &mut clients, &[0, 1], &mut now).is_none());
+    assert_eq!(engine.current_round(), None);
+    assert_eq!(engine.completed_rounds(), 0);
+    assert!(engine.weights().iter().all(|w| *w == 0.0));
+    // Fresh clients check in; the round is attempted again.
+    let mut fresh = participants(6);
+    for c in fresh.iter_mut() {
+        c.protocol.reset();
+        engine.check_in(&c.name, None, now);
+    }
+    assert_eq!(engine.tick(now).started, Some(1));
+    let job = run_round(&mut engine, &mut fresh, &[], &mut now).unwrap();
+    let completion = engine.complete(1, job.run(), now).unwrap();
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    assert_eq!(metrics["attempt"], 2);
+}
+
+#[test]
+fn strangers_garbage_and_inactive_tasks_are_refused() {
+    let mut engine = engine(small_spec());
+    let clients = participants(7);
+    for c in &clients[..6] {
+        engine.check_in(&c.name, None, 0);
+    }
+    assert_eq!(engine.tick(0).started, Some(1));
+    assert_eq!(engine.check_in("p6", None, 0), CheckIn::Wait { retry_after_ms: 2_000 });
+    assert_eq!(engine.poll("p6"), Err(EngineError::NotSelected));
+    assert!(matches!(engine.receive("p0", b"junk"), Err(EngineError::Protocol(ProtocolError::Decode(_)))));
+    engine.set_status(TaskStatus::Paused);
+    assert_eq!(engine.poll("p0"), Err(EngineError::Inactive(TaskStatus::Paused)));
+    assert_eq!(engine.current_round(), None);
+    assert!(engine.tick(1).started.is_none());
+    engine.set_status(TaskStatus::Stopped);
+    assert_eq!(engine.check_in("p0", None, 2), CheckIn::Finished);
+}
+
+#[test]
+fn the_task_completes_after_its_rounds() {
+    let mut spec = small_spec();
+    spec.rounds = 2;
+    let mut engine = engine(spec);
+    let mut now = 0;
+    for round in 1..=2 {
+        let mut clients = participants(6);
+        for c in &clients {
+            engine.check_in(&c.name, None, now);
+        }
+        assert_eq!(engine.tick(now).started, Some(round));
+        let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+        let completion = engine.complete(round, job.run(), now).unwrap();
+        engine.commit(completion);
+    }
+    assert_eq!(engine.status(), TaskStatus::Completed);
+    assert_eq!(engine.check_in("p0", None, now), CheckIn::Finished);
+}
+
+#[test]
+fn over_selection_closes_the_masked_input_stage_without_waiting_for_stragglers() {
+    let mut spec = small_spec();
+    spec.clients_per_round = 5;
+    spec.over_selection = 0.2;
+    assert_eq!(spec.selected_per_round(), 6);
+    let mut engine = engine(spec);
+    let mut clients = participants(6);
+    let mut now = 0;
+    for c in &clients {
+        engine.check_in(&c.name, None, now);
+    }
+    assert_eq!(engine.tick(now).started, Some(1));
+    // Keys and shares from everybody.
+    for _ in 0..2 {
+        for c in clients.iter_mut() {
+            c.step(&mut engine);
+        }
+        now += 10;
+        engine.tick(now);
+    }
+    assert_eq!(engine.current_round(), Some((1, Stage::MaskedInputCollection)));
+    // Five of six masked inputs: enough, long before the deadline.
+    for c in clients.iter_mut().skip(1) {
+        c.step(&mut engine);
+    }
+    now += 10;
+    engine.tick(now);
+    assert_eq!(engine.current_round(), Some((1, Stage::Unmasking)));
+    for c in clients.iter_mut().skip(1) {
+        c.step(&mut engine);
+    }
+    now += 10;
+    let job = engine.tick(now).unmask.unwrap();
+    let completion = engine.complete(1, job.run(), now).unwrap();
+    assert_eq!(completion.round.survivors, 5);
+    assert_eq!(completion.round.selected, 6);
+    engine.commit(completion);
+    let expected = weighted_mean(&clients, &[1, 2, 3, 4, 5]);
+    for (w, e) in engine.weights().iter().zip(&expected) {
+        assert!((w - e).abs() < 1e-4);
+    }
+}
+
+#[test]
+fn stage_messages_are_admitted_only_from_eligible_senders_within_the_round_size() {
+    let mut engine = engine(small_spec());
+    let mut clients = participants(7);
+    for c in &clients[..6] {
+        engine.check_in(&c.name, None, 0);
+    }
+    assert_eq!(engine.admit("p0"), Err(EngineError::NotSelected), "no round yet");
+    engine.tick(0);
+    assert_eq!(engine.admit("p6"), Err(EngineError::NotSelected));
+    let (round, _) = engine.round.as_ref().map(|r| (r.number, ())).unwrap();
+    assert_eq!(round, 1);
+    let keys = engine.admit("p0").unwrap();
+    let config = engine.round.as_ref().unwrap().server.as_ref().unwrap().config().clone();
+    assert_eq!(keys, ClientMessage::max_encoded_len(&config, Stage::AdvertiseKeys));
+    assert!(clients[0].step(&mut engine));
+    assert!(matches!(engine.admit("p0"), Err(EngineError::Protocol(ProtocolError::Duplicate(_)))));
+    // p5 never advertises keys: it is not eligible for the next stage.
+    for c in clients[1..5].iter_mut() {
+        c.step(&mut engine);
+    }
+    engine.tick(400_000);
+    assert_eq!(engine.current_round(), Some((1, Stage::ShareKeys)));
+    assert!(matches!(engine.admit("p5"), Err(EngineError::Protocol(ProtocolError::NotEligible { .. }))));
+    // The share stage's limit also takes a late key advertisement.
+    let shares = engine.admit("p0").unwrap();
+    assert_eq!(shares, ClientMessage::max_encoded_len(&config, Stage::ShareKeys).max(keys));
+    engine.set_status(TaskStatus::Paused);
+    assert_eq!(engine.admit("p0"), Err(EngineError::Inactive(TaskStatus::Paused)));
+}
+
+#[test]
+fn only_members_of_a_recent_round_may_report() {
+    let mut spec = small_spec();
+    spec.rounds = 4;
+    // Plaintext reports: a semi-honest task that asks for them only.
+    assert_eq!(engine(spec.clone()).may_report("p0", 1), Err(EngineError::PlaintextMetricsOff));
+    spec.client_metrics.plaintext = true;
+    spec.secure_aggregation.variant = Some(crate::spec::VariantChoice::SemiHonest);
+    let mut engine = engine(spec);
+    let mut now = 0;
+    assert_eq!(engine.may_report("p0", 1), Err(EngineError::NotInRound(1)));
+    for round in 1..=4u64 {
+        // Members p0..p5 in odd rounds, q0..q5 in even ones.
+        let prefix = if round % 2 == 1 { "p" } else { "q" };
+        // The last round's clients are no longer available.
+        now += CHECK_IN_TTL_MS + 1;
+        let mut clients = participants(6);
+        for c in clients.iter_mut() {
+            c.name = format!("{prefix}{}", &c.name[1..]);
+            engine.check_in(&c.name, None, now);
+        }
+        engine.tick(now);
+        assert_eq!(engine.may_report(&format!("{prefix}0"), round), Ok(()), "the round in progress");
+        let other = if prefix == "p" { "q0" } else { "p0" };
+        assert_eq!(engine.may_report(other, round), Err(EngineError::NotInRound(round)));
+        let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+        let completion = engine.complete(round, job.run(), now).unwrap();
+        engine.commit(completion);
+        assert_eq!(engine.may_report(&format!("{prefix}3"), round), Ok(()), "just finished");
+        assert_eq!(
+            engine.may_report(&format!("{prefix}3"), round + 1),
+            Err(EngineError::NotInRound(round + 1))
+        );
+    }
+    // The last two rounds are remembered; older ones are not.
+    assert_eq!(engine.may_report("q1", 4), Ok(()));
+    assert_eq!(engine.may_report("p1", 3), Ok(()));
+    assert_eq!(engine.may_report("q1", 2), Err(EngineError::NotInRound(2)));
+    assert_eq!(engine.may_report("p1", 1), Err(EngineError::NotInRound(1)));
+}
+
+#[test]
+fn stale_check_ins_do_not_count() {
+    let mut engine = engine(small_spec());
+    for i in 0..6 {
+        engine.check_in(&format!("p{i}"), None, 0);
+    }
+    assert!(engine.tick(CHECK_IN_TTL_MS + 1).started.is_none());
+}
