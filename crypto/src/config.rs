@@ -8,11 +8,7 @@ use crate::metrics::MetricSet;
 use crate::quantize::{QuantizationSpec, Transform};
 use crate::wire::{DecodeError, Reader, Writer};
 
-/// Most clients one round may have.
-pub const MAX_CLIENTS: u32 = 1 << 20;
-/// Longest vector one round may aggregate (coordinates, including the
-/// example-count coordinate).
-pub const MAX_VECTOR_LEN: u32 = 1 << 27;
+pub use crate::limits::{MAX_CLIENTS, MAX_VECTOR_LEN};
 
 /// Whether `threshold` is a strict majority of a neighbourhood of `degree`
 /// (2t > k), as the active variant requires (see

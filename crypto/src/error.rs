@@ -214,3 +214,47 @@ pub enum ProtocolError {
     #[error("the round is over")]
     Finished,
 }
+
+/// Why an update could not be quantized or a sum decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuantizeError {
+    /// The update contains NaN or an infinity.
+    #[error("update contains a non-finite value at coordinate {0}")]
+    NonFinite(usize),
+    /// The example count exceeds the round's `max_weight`.
+    #[error("example count {got} exceeds the round's maximum of {max}")]
+    WeightTooLarge {
+        /// The round's maximum.
+        max: u32,
+        /// The reported count.
+        got: u32,
+    },
+    /// The vector has the wrong length.
+    #[error("expected {expected} coordinates, got {got}")]
+    Length {
+        /// Expected length.
+        expected: usize,
+        /// Actual length.
+        got: usize,
+    },
+    /// More summands than the headroom was sized for, or none.
+    #[error("cannot decode a sum of {summands} inputs (headroom is for 1..={max})")]
+    Summands {
+        /// Inputs in the sum.
+        summands: u32,
+        /// The headroom.
+        max: u32,
+    },
+    /// The summed example count is zero: there is nothing to average.
+    #[error("the aggregate carries no examples")]
+    NoExamples,
+    /// A metric's value is out of its range.
+    #[error("metric {metric} {reason}")]
+    Metric {
+        /// The metric's name.
+        metric: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}

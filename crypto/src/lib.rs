@@ -89,6 +89,7 @@ pub mod error;
 pub mod graph;
 mod ids;
 pub mod kdf;
+pub mod limits;
 pub mod messages;
 pub mod metrics;
 pub mod params;

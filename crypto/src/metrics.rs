@@ -14,7 +14,7 @@
 //! and their number is part of what the coordinator learns; clients of one
 //! application report the same metrics, so the number is the survivors'.
 
-use crate::quantize::QuantizeError;
+use crate::error::QuantizeError;
 
 /// Fractional bits of a metric in fixed point: a resolution of about 10⁻⁶.
 pub const FRACTION_BITS: u32 = 20;

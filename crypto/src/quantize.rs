@@ -29,6 +29,7 @@ use zeroize::Zeroizing;
 
 use crate::compress::{CountSketch, Rotation};
 use crate::error::ConfigError;
+pub use crate::error::QuantizeError;
 use crate::metrics::{MetricSet, MetricSums, MetricValues};
 
 /// Largest rotation block and sketch dimensions accepted.
@@ -113,7 +114,7 @@ impl QuantizationSpec {
                         "a sketch needs an odd number of rows up to 15 and columns",
                     ));
                 }
-                if u64::from(rows) * u64::from(columns) > u64::from(crate::config::MAX_VECTOR_LEN) {
+                if u64::from(rows) * u64::from(columns) > u64::from(crate::limits::MAX_VECTOR_LEN) {
                     return Err(ConfigError::BadQuantization("the sketch is larger than a vector may be"));
                 }
             }
@@ -129,50 +130,6 @@ fn levels(modulus_bits: u8, clients: u32) -> u64 {
         return 0;
     }
     ((1u64 << modulus_bits) - 1) / u64::from(clients)
-}
-
-/// Why an update could not be quantized or a sum decoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum QuantizeError {
-    /// The update contains NaN or an infinity.
-    #[error("update contains a non-finite value at coordinate {0}")]
-    NonFinite(usize),
-    /// The example count exceeds the round's `max_weight`.
-    #[error("example count {got} exceeds the round's maximum of {max}")]
-    WeightTooLarge {
-        /// The round's maximum.
-        max: u32,
-        /// The reported count.
-        got: u32,
-    },
-    /// The vector has the wrong length.
-    #[error("expected {expected} coordinates, got {got}")]
-    Length {
-        /// Expected length.
-        expected: usize,
-        /// Actual length.
-        got: usize,
-    },
-    /// More summands than the headroom was sized for, or none.
-    #[error("cannot decode a sum of {summands} inputs (headroom is for 1..={max})")]
-    Summands {
-        /// Inputs in the sum.
-        summands: u32,
-        /// The headroom.
-        max: u32,
-    },
-    /// The summed example count is zero: there is nothing to average.
-    #[error("the aggregate carries no examples")]
-    NoExamples,
-    /// A metric's value is out of its range.
-    #[error("metric {metric} {reason}")]
-    Metric {
-        /// The metric's name.
-        metric: &'static str,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
 }
 
 /// A quantized input vector in Z_{2^b}: an individual client's update, so it
@@ -526,7 +483,7 @@ mod tests {
         for (rows, columns) in [(MAX_SKETCH_ROWS + 2, 4), (2, 4), (3, 0)] {
             assert!(sketch(rows, columns).validate(16, 4).is_err(), "{rows} × {columns}");
         }
-        let max = crate::config::MAX_VECTOR_LEN;
+        let max = crate::limits::MAX_VECTOR_LEN;
         assert_eq!(sketch(1, max).validate(16, 4), Ok(()));
         assert!(sketch(1, max + 1).validate(16, 4).is_err());
         assert!(sketch(3, max / 2).validate(16, 4).is_err());

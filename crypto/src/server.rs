@@ -26,6 +26,7 @@ use crate::messages::{
 use crate::secret::Secret32;
 use crate::shamir::Share;
 use crate::signature::{SIGNATURE_LEN, verify};
+pub use crate::unmask::FaultyShare;
 use crate::unmask::{UnmaskJob, unmask};
 
 /// The result of a round: Σ x_u over the survivors, in Z_{2^b}.
@@ -38,18 +39,6 @@ pub struct Aggregate {
     /// Revealed shares that disagreed with the secret their owner committed
     /// to; the round completed without them. Ascending.
     pub faulty_shares: Vec<FaultyShare>,
-}
-
-/// A share revealed in the unmasking stage that does not lie on its owner's
-/// committed secret: `holder` sent it for `owner`'s secret. Either the
-/// holder altered it or the owner dealt it wrong; the server cannot tell
-/// which, only that this share was not used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FaultyShare {
-    /// Whose secret the share belongs to.
-    pub owner: ClientId,
-    /// Who revealed it.
-    pub holder: ClientId,
 }
 
 impl core::fmt::Debug for Aggregate {

@@ -19,8 +19,19 @@ use crate::ids::ClientId;
 use crate::messages::AdvertisedKeys;
 use crate::prg::MaskSign;
 use crate::secret::Secret32;
-use crate::server::FaultyShare;
 use crate::shamir::{Reconstructor, Share};
+
+/// A share revealed in the unmasking stage that does not lie on its owner's
+/// committed secret: `holder` sent it for `owner`'s secret. Either the
+/// holder altered it or the owner dealt it wrong; the server cannot tell
+/// which, only that this share was not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FaultyShare {
+    /// Whose secret the share belongs to.
+    pub owner: ClientId,
+    /// Who revealed it.
+    pub holder: ClientId,
+}
 
 /// Everything the unmasking step reads.
 pub(crate) struct UnmaskJob<'a> {
