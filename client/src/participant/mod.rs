@@ -1,0 +1,515 @@
+//! The participant: takes part in a task's rounds against the coordinator's
+//! client API, as a sans-IO state machine.
+//!
+//! [`Participant`] never touches a socket or a clock. The code that drives
+//! it (the blocking [`crate::runtime`] here, a fetch loop in the browser,
+//! a background thread on Android) repeats:
+//!
+//! 1. `participant.next(now_ms)` returns an [`Action`]: send a
+//!    [`Request`], wait, train on the global model, or take note of a
+//!    round's outcome;
+//! 2. the driver performs it and reports back with [`Participant::handle`]
+//!    (a [`Response`]), [`Participant::transport_failed`] (no response) or
+//!    [`Participant::submit`] (the local update).
+//!
+//! The participant enrolls once (the credential is part of its
+//! [`SavedState`]), checks in until selected, downloads the global model,
+//! hands it to the application to train, then runs the secure-aggregation
+//! client of [`cohort_crypto`] over the stage messages. Failed requests
+//! and 5xx or 429 replies are retried with exponential backoff; a stage
+//! that does not advance within [`ParticipantConfig::stage_timeout_ms`]
+//! abandons the round (the server counts the client as a dropout).
+//!
+//! Before it reveals anything, the participant checks what the coordinator
+//! announces against [`ParticipantConfig::policy`] (the task at enrollment,
+//! each round's setup), against the task parameters it pinned at
+//! enrollment, and against the rounds it already sent a masked input for;
+//! see [`cohort_crypto::policy`]. A task or round below the policy ends the
+//! participant with [`ParticipantError::Policy`]; a replayed round, or one
+//! that is not the round announced, ends with [`RoundOutcome::Refused`].
+//!
+//! Round secrets (the X25519 keys, the self-mask seed, the quantized
+//! update) live only in memory and are never part of the saved state: a
+//! participant that restarts mid-round drops out of that round, which the
+//! protocol tolerates, and joins the next one.
+
+use std::collections::VecDeque;
+
+use chacha20::ChaCha20Rng;
+use cohort_crypto::Client;
+use cohort_crypto::signature::enrollment_statement;
+use rand_core::SeedableRng;
+use zeroize::Zeroizing;
+
+use crate::checkpoint::{self, Checkpoint};
+
+pub use cohort_crypto::Stage;
+pub use cohort_crypto::policy::{Collusion, Policy, PolicyViolation, TaskSecurity};
+pub use cohort_crypto::{Metric, MetricValues};
+
+mod http;
+mod outcome;
+mod round;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use http::{Method, Request, Response, SECAGG_CONTENT_TYPE};
+pub use outcome::{Action, ParticipantConfig, ParticipantError, RoundOutcome, RoundReport};
+pub use state::SavedState;
+
+use http::*;
+use state::*;
+
+/// The update of a round before the protocol starts, or the protocol.
+enum Protocol {
+    Pending { update: Zeroizing<Vec<f32>>, examples: u32 },
+    Running(Box<Client>),
+}
+
+enum Phase {
+    Enroll,
+    CheckIn,
+    Model {
+        round: u64,
+        client_id: u32,
+    },
+    Training {
+        round: u64,
+        client_id: u32,
+        model: Option<Box<Checkpoint>>,
+        parameters: usize,
+    },
+    Fetch {
+        round: u64,
+        client_id: u32,
+        protocol: Protocol,
+        since: Option<u64>,
+    },
+    /// `body` is the encoded message to post: unmasking shares, in the
+    /// last stage, so it is wiped when dropped.
+    Post {
+        round: u64,
+        client_id: u32,
+        protocol: Protocol,
+        body: Zeroizing<Vec<u8>>,
+    },
+    Report {
+        body: Vec<u8>,
+    },
+    Finished,
+}
+
+/// Takes part in one task's rounds. See the [module docs](self).
+pub struct Participant {
+    config: ParticipantConfig,
+    task_id: String,
+    enrollment_token: Option<Zeroizing<String>>,
+    saved: Option<SavedState>,
+    phase: Phase,
+    /// A seeded source of each round's generator (tests and reproducible
+    /// simulations only); `None`: each round is seeded by the operating
+    /// system.
+    seeder: Option<ChaCha20Rng>,
+    /// The generator of the round in progress: seeded afresh when the
+    /// round's protocol starts and dropped, its state zeroized, when the
+    /// round ends, so that no generator can recompute a past round's keys,
+    /// masks or shares.
+    round_rng: Option<ChaCha20Rng>,
+    /// The identity seed drawn for the enrollment in flight.
+    pending_identity: Option<Zeroizing<[u8; 32]>>,
+    /// The current request's failed attempts.
+    attempts: u32,
+    wait_until: u64,
+    in_flight: bool,
+    report: RoundReport,
+    /// The round instance (its session) this participant joined last; it
+    /// never joins one twice, but joins a re-run of the same round number.
+    last_joined: Option<String>,
+    /// The session the last selection named, which the setup must carry.
+    selected_session: Option<[u8; 16]>,
+    /// The state of an enrollment whose credential expired: its pinned
+    /// parameters and contributions carry over to the next enrollment.
+    expired: Option<SavedState>,
+    /// The application's metrics for the round in progress: they travel
+    /// inside the masked input, and in the clear only to a semi-honest
+    /// task that asks for them.
+    metrics: MetricValues,
+    /// Whether the round in progress asked for plaintext metrics too.
+    plaintext_metrics: bool,
+    events: VecDeque<Action>,
+}
+
+impl std::fmt::Debug for Participant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Participant").field("task_id", &self.task_id).finish_non_exhaustive()
+    }
+}
+
+impl Participant {
+    /// A participant that enrolls in `task_id` with `enrollment_token`.
+    /// Its randomness comes from the operating system.
+    pub fn enroll(task_id: &str, enrollment_token: &str, config: ParticipantConfig) -> Self {
+        Self::build(task_id, Some(enrollment_token), None, config)
+    }
+
+    /// A participant that goes on from a saved state; `enrollment_token`,
+    /// when given, lets it enroll again if the credential has expired.
+    pub fn resume(saved: SavedState, enrollment_token: Option<&str>, config: ParticipantConfig) -> Self {
+        let task_id = saved.task_id.clone();
+        Self::build(&task_id, enrollment_token, Some(saved), config)
+    }
+
+    /// Replaces the randomness with a seeded generator (tests and
+    /// reproducible simulations only: masks must be unpredictable).
+    pub fn with_seed(mut self, seed: [u8; 32]) -> Self {
+        self.seeder = Some(ChaCha20Rng::from_seed(seed));
+        self
+    }
+
+    fn build(
+        task_id: &str,
+        enrollment_token: Option<&str>,
+        saved: Option<SavedState>,
+        config: ParticipantConfig,
+    ) -> Self {
+        let phase = if saved.is_some() { Phase::CheckIn } else { Phase::Enroll };
+        let last_joined = saved.as_ref().and_then(|s| s.last_session.clone());
+        Self {
+            config,
+            task_id: task_id.to_string(),
+            enrollment_token: enrollment_token.map(|t| Zeroizing::new(t.to_string())),
+            saved,
+            phase,
+            seeder: None,
+            round_rng: None,
+            pending_identity: None,
+            attempts: 0,
+            wait_until: 0,
+            in_flight: false,
+            report: RoundReport::default(),
+            last_joined,
+            selected_session: None,
+            expired: None,
+            metrics: MetricValues::new(),
+            plaintext_metrics: false,
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The state to persist (after enrollment and after each round).
+    pub fn saved_state(&self) -> Option<&SavedState> {
+        self.saved.as_ref()
+    }
+
+    /// The task.
+    pub fn task_id(&self) -> &str {
+        &self.task_id
+    }
+
+    /// The protocol stage of the message about to be posted, if any: lets
+    /// a driver (or a test) act at a precise point of the round.
+    pub fn posting(&self) -> Option<Stage> {
+        match &self.phase {
+            Phase::Post { protocol: Protocol::Running(client), .. } => Some(match client.stage() {
+                Stage::ShareKeys => Stage::AdvertiseKeys,
+                Stage::MaskedInputCollection => Stage::ShareKeys,
+                Stage::ConsistencyCheck => Stage::MaskedInputCollection,
+                Stage::Unmasking => Stage::ConsistencyCheck,
+                _ => Stage::Unmasking,
+            }),
+            _ => None,
+        }
+    }
+
+    /// What to do next, at time `now` (ms on any monotonic clock).
+    pub fn next(&mut self, now: u64) -> Action {
+        if let Some(event) = self.events.pop_front() {
+            return event;
+        }
+        if matches!(self.phase, Phase::Finished) {
+            return Action::Finished;
+        }
+        if self.in_flight {
+            // The driver asked again without reporting: resend.
+            self.in_flight = false;
+        }
+        if now < self.wait_until {
+            return Action::Wait(self.wait_until - now);
+        }
+        let bearer = self.saved.as_ref().map(|s| s.credential.clone());
+        let request = match &mut self.phase {
+            Phase::Enroll => {
+                let Some(token) = &self.enrollment_token else {
+                    self.phase = Phase::Finished;
+                    return Action::Finished;
+                };
+                // A fresh identity for each enrollment; its seed is kept
+                // with the enrollment once the coordinator accepts it.
+                let seeder = &mut self.seeder;
+                let seed = self.pending_identity.get_or_insert_with(|| fresh_seed(seeder));
+                let key = identity_from_seed(**seed);
+                let public = key.public_key();
+                let proof = key.sign(&enrollment_statement(&self.task_id, &public));
+                let body = serde_json::json!({
+                    "enrollment_token": token.as_str(),
+                    "identity_key": hex::encode(public),
+                    "identity_proof": hex::encode(proof),
+                })
+                .to_string();
+                post_json(format!("/v1/tasks/{}/enroll", self.task_id), body.into_bytes(), None)
+            }
+            Phase::CheckIn => post_json("/v1/checkin".into(), Vec::new(), bearer),
+            Phase::Model { .. } => get("/v1/model", bearer),
+            Phase::Training { round, model, .. } => {
+                return match model.take() {
+                    Some(model) => Action::Train { round: *round, model },
+                    // Waiting for `submit`.
+                    None => Action::Wait(self.config.poll_interval_ms),
+                };
+            }
+            Phase::Fetch { since, .. } => {
+                let started = *since.get_or_insert(now);
+                if now.saturating_sub(started) > self.config.stage_timeout_ms {
+                    let reason = format!("no stage message within {} ms", self.config.stage_timeout_ms);
+                    self.abandon(reason);
+                    return self.next(now);
+                }
+                get("/v1/round/message", bearer)
+            }
+            Phase::Post { body, .. } => Request {
+                method: Method::Post,
+                path: "/v1/round/message".into(),
+                body: body.to_vec(),
+                content_type: Some(SECAGG_CONTENT_TYPE),
+                bearer,
+            },
+            Phase::Report { body, .. } => post_json("/v1/metrics".into(), body.clone(), bearer),
+            Phase::Finished => return Action::Finished,
+        };
+        self.in_flight = true;
+        self.count_up(request.body.len());
+        Action::Send(request)
+    }
+
+    fn count_up(&mut self, bytes: usize) {
+        if matches!(self.phase, Phase::Model { .. } | Phase::Fetch { .. } | Phase::Post { .. }) {
+            self.report.bytes_up += bytes as u64;
+        }
+    }
+
+    /// The request of the last [`Action::Send`] got no response (connection
+    /// refused, reset, timed out). Schedules a retry, or fails once the
+    /// attempts are spent.
+    pub fn transport_failed(&mut self, now: u64, error: &str) -> Result<(), ParticipantError> {
+        self.in_flight = false;
+        self.retry(now, error)
+    }
+
+    fn retry(&mut self, now: u64, error: &str) -> Result<(), ParticipantError> {
+        self.attempts += 1;
+        if self.attempts >= self.config.max_attempts {
+            return Err(ParticipantError::Unreachable { attempts: self.attempts, last: error.to_string() });
+        }
+        let delay = self
+            .config
+            .backoff_base_ms
+            .saturating_mul(1 << (self.attempts - 1).min(20))
+            .min(self.config.backoff_max_ms);
+        self.wait_until = now + delay;
+        Ok(())
+    }
+
+    /// Handles the response to the last [`Action::Send`].
+    pub fn handle(&mut self, now: u64, response: Response) -> Result<(), ParticipantError> {
+        if !std::mem::take(&mut self.in_flight) {
+            return Err(ParticipantError::OutOfOrder("a response without a request"));
+        }
+        let status = response.status;
+        if status == 429 || status >= 500 {
+            let asked =
+                serde_json::from_slice::<ApiError>(&response.body).ok().and_then(|e| e.retry_after_ms);
+            if status == 429 {
+                // Rate limited: the server is there and says when to come
+                // back; that is no failed attempt.
+                let wait = asked.unwrap_or(self.config.backoff_base_ms).min(MAX_RETRY_AFTER_MS);
+                self.wait_until = now + wait;
+                return Ok(());
+            }
+            self.retry(now, &format!("HTTP {status}"))?;
+            if let Some(asked) = asked {
+                self.wait_until = self.wait_until.max(now + asked.min(MAX_RETRY_AFTER_MS));
+            }
+            return Ok(());
+        }
+        let retried = std::mem::take(&mut self.attempts) > 0;
+        if matches!(self.phase, Phase::Model { .. } | Phase::Fetch { .. } | Phase::Post { .. }) {
+            self.report.bytes_down += response.body.len() as u64;
+        }
+        let error = || serde_json::from_slice::<ApiError>(&response.body).unwrap_or_default();
+        if status == 401 {
+            return self.unauthorized(error().message);
+        }
+        match std::mem::replace(&mut self.phase, Phase::Finished) {
+            Phase::Enroll => match status {
+                201 => {
+                    let enrolled: Enrolled = parse_json(&response.body)?;
+                    let expired = self.expired.take();
+                    // A renewed enrollment keeps what the first one pinned.
+                    if let Some(pinned) = expired.as_ref().and_then(|e| e.security) {
+                        pinned.compare(&enrolled.security).map_err(ParticipantError::Policy)?;
+                    }
+                    self.config.policy.check(&enrolled.security).map_err(ParticipantError::Policy)?;
+                    self.saved = Some(SavedState {
+                        task_id: self.task_id.clone(),
+                        participant_id: enrolled.participant_id,
+                        credential: enrolled.credential,
+                        expires_at: enrolled.expires_at,
+                        last_completed_round: expired.as_ref().map_or(0, |e| e.last_completed_round),
+                        last_session: expired.as_ref().and_then(|e| e.last_session.clone()),
+                        identity_seed: self.pending_identity.take().map(|seed| hex::encode(*seed)),
+                        security: Some(enrolled.security),
+                        last_contributed_round: expired.as_ref().map_or(0, |e| e.last_contributed_round),
+                    });
+                    self.phase = Phase::CheckIn;
+                }
+                404 => return Err(ParticipantError::TaskNotFound(self.task_id.clone())),
+                409 => {} // The task is over: stay finished.
+                _ => return Err(rejected(status, error())),
+            },
+            Phase::CheckIn => match status {
+                200 => match parse_json::<CheckIn>(&response.body)? {
+                    CheckIn::Wait { retry_after_ms } => {
+                        self.wait_until = now + retry_after_ms;
+                        self.phase = Phase::CheckIn;
+                    }
+                    CheckIn::Selected { round, client_id, attempt, session, plaintext_metrics } => {
+                        let instance = session.unwrap_or_else(|| format!("{round}/{attempt}"));
+                        if self.last_joined.as_deref() == Some(instance.as_str()) {
+                            // This round is over for us; wait for the next.
+                            self.wait_until = now + self.config.poll_interval_ms * 5;
+                            self.phase = Phase::CheckIn;
+                        } else {
+                            self.report = RoundReport { round, ..RoundReport::default() };
+                            self.selected_session = session_id(&instance);
+                            self.plaintext_metrics = plaintext_metrics;
+                            self.last_joined = Some(instance);
+                            self.phase = Phase::Model { round, client_id };
+                        }
+                    }
+                    CheckIn::Finished => {}
+                },
+                404 => return Err(ParticipantError::TaskNotFound(self.task_id.clone())),
+                _ => return Err(rejected(status, error())),
+            },
+            Phase::Model { round, client_id } => match status {
+                200 => {
+                    let model = checkpoint::decode(&response.body)
+                        .map_err(|e| ParticipantError::UnexpectedReply(format!("global model: {e}")))?;
+                    let parameters = model.weights.len();
+                    let model = Some(Box::new(model));
+                    self.phase = Phase::Training { round, client_id, model, parameters };
+                }
+                _ => self.abandon(error().message),
+            },
+            Phase::Fetch { round, client_id, protocol, since } => match status {
+                200 => self.on_server_message(round, client_id, protocol, &response.body)?,
+                204 => {
+                    self.wait_until = now + self.config.poll_interval_ms;
+                    self.phase = Phase::Fetch { round, client_id, protocol, since };
+                }
+                410 => self.end_round(RoundOutcome::Dropped(self.report)),
+                _ => self.abandon(error().message),
+            },
+            Phase::Post { round, client_id, protocol, body } => match status {
+                202 => self.after_post(round, client_id, protocol),
+                // A retried post whose first try arrived.
+                409 if retried && error().error == "duplicate" => self.after_post(round, client_id, protocol),
+                410 => self.end_round(RoundOutcome::Dropped(self.report)),
+                // The message belongs to a stage that closed meanwhile.
+                409 if error().error == "out_of_phase" || error().error == "not_selected" => {
+                    self.end_round(RoundOutcome::Dropped(self.report))
+                }
+                _ => {
+                    drop(body);
+                    self.abandon(error().message)
+                }
+            },
+            Phase::Report { .. } => {
+                // Metrics are best effort: a refusal does not fail the round.
+                self.phase = Phase::CheckIn;
+            }
+            Phase::Training { .. } => return Err(ParticipantError::OutOfOrder("no request while training")),
+            Phase::Finished => {}
+        }
+        Ok(())
+    }
+
+    fn unauthorized(&mut self, message: String) -> Result<(), ParticipantError> {
+        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        if matches!(phase, Phase::Enroll) || self.enrollment_token.is_none() {
+            return Err(ParticipantError::Unauthorized(message));
+        }
+        // The credential expired: enroll again, losing the current round
+        // but keeping what this enrollment pinned.
+        self.expired = self.saved.take();
+        self.phase = Phase::Enroll;
+        Ok(())
+    }
+
+    /// Hands over the local update after an [`Action::Train`]: `update` is
+    /// the model delta (local − global), `examples` its weight in the
+    /// average, `metrics` the round's training metrics (loss, accuracy).
+    /// The metrics the round has room for travel inside the masked input,
+    /// so the coordinator learns only their sums over the survivors; only
+    /// a semi-honest task that asks for them also gets them in the clear,
+    /// with the bytes this client sent and received.
+    pub fn submit(
+        &mut self,
+        update: Vec<f32>,
+        examples: u32,
+        metrics: MetricValues,
+    ) -> Result<(), ParticipantError> {
+        let update = Zeroizing::new(update);
+        let Phase::Training { round, client_id, model: None, parameters } = self.phase else {
+            return Err(ParticipantError::OutOfOrder("submit comes after a Train action"));
+        };
+        if update.len() != parameters {
+            return Err(ParticipantError::InvalidUpdate(format!(
+                "{} values for a model of {parameters} parameters",
+                update.len()
+            )));
+        }
+        if examples == 0 || update.iter().any(|v| !v.is_finite()) {
+            return Err(ParticipantError::InvalidUpdate("non-finite values or no examples".into()));
+        }
+        self.metrics = metrics;
+        let protocol = Protocol::Pending { update, examples };
+        self.phase = Phase::Fetch { round, client_id, protocol, since: None };
+        Ok(())
+    }
+
+    /// Gives up on the current round without telling the server, as a
+    /// client that loses its connection would (the round ends with
+    /// [`RoundOutcome::Abandoned`]); then checks in for the next round.
+    pub fn vanish(&mut self, reason: &str) {
+        if !matches!(self.phase, Phase::Enroll | Phase::CheckIn | Phase::Report { .. } | Phase::Finished) {
+            self.in_flight = false;
+            self.metrics = MetricValues::new();
+            self.abandon(reason.to_string());
+        }
+    }
+
+    /// Leaves the current round at once, as [`vanish`](Self::vanish) does,
+    /// and returns its outcome here instead of through [`next`](Self::next);
+    /// `None` when no round was under way. For drivers that stop (an
+    /// application pausing) rather than go on to the next round.
+    pub fn leave(&mut self, reason: &str) -> Option<RoundOutcome> {
+        self.vanish(reason);
+        let position = self.events.iter().rposition(|e| matches!(e, Action::RoundEnded(_)))?;
+        match self.events.remove(position) {
+            Some(Action::RoundEnded(outcome)) => Some(outcome),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! The participant against a scripted coordinator: no sockets, no clock.
+
+use super::*;
+use crate::checkpoint::{ModelLayout, TensorSpec};
+use cohort_crypto::Quantizer;
+
+/// The three-client semi-honest round of [`setup`].
+fn round_config(round: u64) -> cohort_crypto::RoundConfig {
+    use cohort_crypto::{GraphSpec, QuantizationSpec, RoundConfig, Transform, Variant};
+    let quantization = QuantizationSpec {
+        clip: 1.0,
+        max_weight: 100,
+        transform: Transform::None,
+        metrics: cohort_crypto::MetricSet::NONE,
+    };
+    let vector_len = Quantizer::new(quantization, 32, 3).unwrap().encoded_len(2) as u32;
+    RoundConfig {
+        session: [7; 16],
+        round,
+        variant: Variant::SemiHonest,
+        clients: 3,
+        identities: Vec::new(),
+        graph: GraphSpec::Complete,
+        threshold: 2,
+        vector_len,
+        modulus_bits: 32,
+        quantization,
+    }
+}
+
+/// What the task of [`setup`]'s rounds announces at enrollment.
+fn security() -> TaskSecurity {
+    TaskSecurity::of_round(&round_config(1)).unwrap()
+}
+
+/// Test timings, and a policy that accepts the small semi-honest task
+/// of [`setup`] (and says so).
+fn config() -> ParticipantConfig {
+    let policy = Policy::accepting(&security());
+    assert_eq!(policy.relaxations().len(), 3, "{:?}", policy.relaxations());
+    ParticipantConfig {
+        max_attempts: 4,
+        backoff_base_ms: 100,
+        backoff_max_ms: 250,
+        poll_interval_ms: 10,
+        stage_timeout_ms: 1_000,
+        policy,
+    }
+}
+
+fn enrollment_reply() -> Response {
+    let security = serde_json::to_value(security()).unwrap();
+    json(
+        201,
+        serde_json::json!({
+            "participant_id": "p1", "credential": "secret-credential", "expires_at": 9, "security": security,
+        }),
+    )
+}
+
+fn send(participant: &mut Participant, now: u64) -> Request {
+    match participant.next(now) {
+        Action::Send(request) => request,
+        other => panic!("expected a request, got {other:?}"),
+    }
+}
+
+fn json(status: u16, body: serde_json::Value) -> Response {
+    Response { status, body: body.to_string().into_bytes() }
+}
+
+fn enrolled() -> Participant {
+    let mut p = Participant::enroll("task", "token", config()).with_seed([1; 32]);
+    let request = send(&mut p, 0);
+    assert_eq!((request.method, request.path.as_str()), (Method::Post, "/v1/tasks/task/enroll"));
+    p.handle(0, enrollment_reply()).unwrap();
+    p
+}
+
+/// Enrolled, selected for round 3 and handed the model.
+fn training() -> Participant {
+    let mut p = enrolled();
+    select_and_train(&mut p, 3);
+    p
+}
+
+/// Checks in, is selected for `round` and handed the model.
+fn select_and_train(p: &mut Participant, round: u64) {
+    assert_eq!(send(p, 0).path, "/v1/checkin");
+    p.handle(0, json(200, serde_json::json!({ "status": "selected", "round": round, "client_id": 2 })))
+        .unwrap();
+    assert_eq!(send(p, 0).path, "/v1/model");
+    let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+    let model = checkpoint::encode(&layout, &[0.5, -0.5], &Default::default()).unwrap();
+    p.handle(0, Response { status: 200, body: model }).unwrap();
+    match p.next(0) {
+        Action::Train { round: r, model } if r == round => assert_eq!(model.weights, vec![0.5, -0.5]),
+        other => panic!("expected training, got {other:?}"),
+    }
+}
+
+#[test]
+fn failures_are_retried_with_capped_exponential_backoff() {
+    let mut p = Participant::enroll("task", "token", config());
+    let first = send(&mut p, 0);
+    p.transport_failed(0, "connection refused").unwrap();
+    assert!(matches!(p.next(50), Action::Wait(50)));
+    assert_eq!(send(&mut p, 100), first, "the same request is retried");
+    p.handle(100, Response { status: 503, body: vec![] }).unwrap();
+    assert!(matches!(p.next(100), Action::Wait(200)));
+    send(&mut p, 300);
+    p.transport_failed(300, "reset").unwrap();
+    assert!(matches!(p.next(300), Action::Wait(250)), "capped at backoff_max_ms");
+    send(&mut p, 550);
+    let error = p.transport_failed(550, "timed out").unwrap_err();
+    assert_eq!(error, ParticipantError::Unreachable { attempts: 4, last: "timed out".into() });
+}
+
+#[test]
+fn a_rate_limited_request_waits_as_told_without_using_up_attempts() {
+    let mut p = enrolled();
+    let limited =
+        serde_json::json!({ "error": "rate_limited", "message": "slow down", "retry_after_ms": 7_000 });
+    // More refusals than max_attempts: the server is there, so no failure.
+    for k in 0..10 {
+        let now = k * 10_000;
+        let request = send(&mut p, now);
+        assert_eq!(request.path, "/v1/checkin");
+        p.handle(now, json(429, limited.clone())).unwrap();
+        assert!(matches!(p.next(now + 1), Action::Wait(6_999)));
+    }
+    // A 503 that asks for longer than the backoff gets its wait, and
+    // still counts as a failed attempt.
+    let unavailable = serde_json::json!({ "error": "unavailable", "message": "", "retry_after_ms": 5_000 });
+    send(&mut p, 200_000);
+    p.handle(200_000, json(503, unavailable)).unwrap();
+    assert!(matches!(p.next(200_000), Action::Wait(5_000)));
+    // A server that asks for an hour is held to five minutes.
+    send(&mut p, 300_000);
+    let hour = serde_json::json!({ "error": "rate_limited", "message": "", "retry_after_ms": 3_600_000 });
+    p.handle(300_000, json(429, hour)).unwrap();
+    assert!(matches!(p.next(300_000), Action::Wait(300_000)));
+}
+
+#[test]
+fn a_success_resets_the_attempts() {
+    // More failures in all than max_attempts, but never two in a row.
+    let mut p = enrolled();
+    for cycle in 0..6 {
+        let now = cycle * 1_000;
+        send(&mut p, now);
+        p.transport_failed(now, "refused").unwrap();
+        send(&mut p, now + 500);
+        p.handle(now + 500, json(200, serde_json::json!({ "status": "wait", "retry_after_ms": 100 })))
+            .unwrap();
+    }
+}
+
+#[test]
+fn the_credential_is_presented_but_never_printed() {
+    let mut p = enrolled();
+    let request = send(&mut p, 0);
+    assert_eq!(request.bearer.as_deref(), Some("secret-credential"));
+    assert!(!format!("{request:?}").contains("secret-credential"));
+    assert!(!format!("{:?}", p.saved_state().unwrap()).contains("secret-credential"));
+}
+
+/// Enrollment registers a fresh Ed25519 identity with a proof that the
+/// participant holds it; the seed stays with the enrollment (and in the
+/// saved state, so that a restart keeps the identity) and is never printed.
+#[test]
+fn enrollment_registers_an_identity_it_keeps_and_never_prints() {
+    let mut p = Participant::enroll("task", "token", config()).with_seed([1; 32]);
+    let request = send(&mut p, 0);
+    let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
+    let mut public = [0u8; 32];
+    hex::decode_to_slice(body["identity_key"].as_str().unwrap(), &mut public).unwrap();
+    let mut proof = [0u8; 64];
+    hex::decode_to_slice(body["identity_proof"].as_str().unwrap(), &mut proof).unwrap();
+    cohort_crypto::signature::verify(&public, &enrollment_statement("task", &public), &proof).unwrap();
+    // A retried enrollment registers the same key.
+    p.handle(0, json(503, serde_json::json!({ "error": "unavailable", "message": "later" }))).unwrap();
+    let again: serde_json::Value = serde_json::from_slice(&send(&mut p, 10_000_000).body).unwrap();
+    assert_eq!(again["identity_key"], body["identity_key"]);
+    p.handle(0, enrollment_reply()).unwrap();
+    let saved = p.saved_state().unwrap();
+    assert_eq!(saved.identity().unwrap().public_key(), public);
+    let seed = saved.identity_seed.clone().unwrap();
+    assert_eq!(seed.len(), 64);
+    assert!(!format!("{saved:?}").contains(&seed));
+    assert!(!format!("{p:?}").contains(&seed));
+    let restored: SavedState = serde_json::from_str(&serde_json::to_string(saved).unwrap()).unwrap();
+    assert_eq!(restored.identity().unwrap().public_key(), public);
+}
+
+#[test]
+fn updates_are_checked_and_must_come_after_training() {
+    let mut p = enrolled();
+    assert_eq!(
+        p.submit(vec![0.0; 2], 1, MetricValues::new()),
+        Err(ParticipantError::OutOfOrder("submit comes after a Train action"))
+    );
+    let mut p = training();
+    assert!(matches!(
+        p.submit(vec![0.0; 3], 1, MetricValues::new()),
+        Err(ParticipantError::InvalidUpdate(_))
+    ));
+    assert!(matches!(
+        p.submit(vec![f32::NAN, 0.0], 1, MetricValues::new()),
+        Err(ParticipantError::InvalidUpdate(_))
+    ));
+    assert!(matches!(
+        p.submit(vec![0.1, 0.0], 0, MetricValues::new()),
+        Err(ParticipantError::InvalidUpdate(_))
+    ));
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/round/message");
+}
+
+#[test]
+fn a_stalled_stage_abandons_the_round_and_the_round_is_not_rejoined() {
+    let mut p = training();
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    let mut now = 0;
+    loop {
+        match p.next(now) {
+            Action::Send(_) => p.handle(now, Response { status: 204, body: vec![] }).unwrap(),
+            Action::Wait(ms) => now += ms,
+            Action::RoundEnded(RoundOutcome::Abandoned { report, reason }) => {
+                assert_eq!(report.round, 3);
+                assert!(reason.contains("1000 ms"), "{reason}");
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(now > 1_000 && now < 1_100, "{now}");
+    // Still listed for round 3 at check-in: wait for round 4 instead.
+    assert_eq!(send(&mut p, now).path, "/v1/checkin");
+    p.handle(now, json(200, serde_json::json!({ "status": "selected", "round": 3, "client_id": 2 })))
+        .unwrap();
+    assert!(matches!(p.next(now), Action::Wait(_)));
+}
+
+#[test]
+fn leaving_returns_the_outcome_at_once_and_only_mid_round() {
+    let mut p = enrolled();
+    assert_eq!(p.leave("paused"), None);
+    let mut p = training();
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    match p.leave("paused") {
+        Some(RoundOutcome::Abandoned { report, reason }) => {
+            assert_eq!((report.round, reason.as_str()), (3, "paused"))
+        }
+        other => panic!("expected the abandoned round, got {other:?}"),
+    }
+    // Nothing queued: the next action is the next check-in.
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+}
+
+/// The setup of `round` for three clients over the two weights of
+/// [`training`]'s model.
+fn setup(round: u64) -> Vec<u8> {
+    setup_of(round_config(round))
+}
+
+fn setup_of(config: cohort_crypto::RoundConfig) -> Vec<u8> {
+    cohort_crypto::ServerRound::new(config).unwrap().setup_message().encode()
+}
+
+/// Trains for the round in progress and receives its setup; returns the
+/// seed of the generator the round's secrets come from.
+fn start_round(p: &mut Participant, round: u64) -> [u8; 32] {
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(p, 0).path, "/v1/round/message");
+    assert!(p.round_rng.is_none(), "a generator before the round's protocol started");
+    p.handle(0, Response { status: 200, body: setup(round) }).unwrap();
+    p.round_rng.as_ref().map(ChaCha20Rng::get_seed).expect("the round has its own generator")
+}
+
+#[test]
+fn every_round_has_a_fresh_generator_that_ends_with_it() {
+    static_assertions::assert_impl_all!(ChaCha20Rng: zeroize::ZeroizeOnDrop);
+    let mut p = training();
+    let first = start_round(&mut p, 3);
+    // The coordinator drops this client: the round ends, its generator with it.
+    assert_eq!(send(&mut p, 0).path, "/v1/round/message");
+    p.handle(0, Response { status: 410, body: Vec::new() }).unwrap();
+    assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Dropped(_))));
+    assert!(p.round_rng.is_none(), "the round's generator outlived the round");
+    // The next round starts from a generator of its own.
+    select_and_train(&mut p, 4);
+    let second = start_round(&mut p, 4);
+    assert_ne!(first, second, "two rounds share a generator");
+}
+
+#[test]
+fn garbage_from_the_server_ends_the_round_not_the_participant() {
+    let mut p = training();
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    send(&mut p, 0);
+    p.handle(0, Response { status: 200, body: b"not a server message".to_vec() }).unwrap();
+    assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Abandoned { .. })));
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+    p.handle(0, Response { status: 200, body: b"{\"status\": \"dancing\"}".to_vec() }).unwrap_err();
+}
+
+#[test]
+fn an_expired_credential_enrolls_again_and_a_refused_token_is_fatal() {
+    let mut p = enrolled();
+    send(&mut p, 0);
+    p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "expired" }))).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/tasks/task/enroll");
+    let error =
+        p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "bad token" })));
+    assert_eq!(error, Err(ParticipantError::Unauthorized("bad token".into())));
+    // Without the enrollment token a resumed participant cannot recover.
+    let saved = enrolled().saved_state().unwrap().clone();
+    let mut p = Participant::resume(saved, None, config());
+    send(&mut p, 0);
+    assert!(matches!(p.handle(0, json(401, serde_json::json!({}))), Err(ParticipantError::Unauthorized(_))));
+}
+
+#[test]
+fn a_task_below_the_policy_is_refused_at_enrollment_and_nothing_is_kept() {
+    // The default policy: the small semi-honest task is below it.
+    let strict = ParticipantConfig { policy: Policy::default(), ..config() };
+    let mut p = Participant::enroll("task", "token", strict);
+    send(&mut p, 0);
+    let refused = p.handle(0, enrollment_reply());
+    assert_eq!(refused, Err(ParticipantError::Policy(PolicyViolation::SemiHonest)));
+    let message = refused.unwrap_err().to_string();
+    assert!(message.contains("rule variant"), "{message}");
+    assert!(p.saved_state().is_none());
+    assert!(matches!(p.next(0), Action::Finished));
+    // A reply without the task's parameters is no enrollment.
+    let mut p = Participant::enroll("task", "token", config());
+    send(&mut p, 0);
+    let bare = serde_json::json!({ "participant_id": "p1", "credential": "c", "expires_at": 9 });
+    assert!(matches!(p.handle(0, json(201, bare)), Err(ParticipantError::UnexpectedReply(_))));
+}
+
+#[test]
+fn a_round_that_changes_a_pinned_parameter_is_refused_before_anything_is_drawn() {
+    let mut p = training();
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    send(&mut p, 0);
+    let mut changed = round_config(3);
+    changed.modulus_bits = 24;
+    let refused = p.handle(0, Response { status: 200, body: setup_of(changed) });
+    let Err(ParticipantError::Policy(PolicyViolation::Changed { parameter: "ring bits", .. })) = refused
+    else {
+        panic!("not refused: {refused:?}");
+    };
+    assert!(p.round_rng.is_none(), "the round's secrets were drawn");
+    assert!(matches!(p.next(0), Action::Finished), "the participant went on");
+    assert_eq!(p.saved_state().unwrap().last_contributed_round, 0);
+}
+
+#[test]
+fn a_round_replayed_or_not_as_selected_is_refused_and_the_next_one_joined() {
+    let mut p = training();
+    p.saved.as_mut().unwrap().last_contributed_round = 3;
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    send(&mut p, 0);
+    p.handle(0, Response { status: 200, body: setup(3) }).unwrap();
+    match p.next(0) {
+        Action::RoundEnded(RoundOutcome::Refused { report, violation }) => {
+            assert_eq!(report.round, 3);
+            assert_eq!(violation, PolicyViolation::Replayed { round: 3, last: 3 });
+            assert_eq!(violation.rule(), "replay");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(p.round_rng.is_none());
+    // Selected for round 4 but handed round 3's setup.
+    select_and_train(&mut p, 4);
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    send(&mut p, 0);
+    p.handle(0, Response { status: 200, body: setup(3) }).unwrap();
+    assert!(matches!(
+        p.next(0),
+        Action::RoundEnded(RoundOutcome::Refused {
+            violation: PolicyViolation::WrongRound { expected: 4, got: 3 },
+            ..
+        })
+    ));
+    // A setup whose session is not the one of the selection.
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+    let selected = serde_json::json!({
+        "status": "selected", "round": 5, "client_id": 2, "session": hex::encode([8u8; 16]),
+    });
+    p.handle(0, json(200, selected)).unwrap();
+    send(&mut p, 0);
+    let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+    let model = checkpoint::encode(&layout, &[0.5, -0.5], &Default::default()).unwrap();
+    p.handle(0, Response { status: 200, body: model }).unwrap();
+    assert!(matches!(p.next(0), Action::Train { round: 5, .. }));
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    send(&mut p, 0);
+    p.handle(0, Response { status: 200, body: setup(5) }).unwrap();
+    assert!(matches!(
+        p.next(0),
+        Action::RoundEnded(RoundOutcome::Refused { violation: PolicyViolation::WrongSession, .. })
+    ));
+    // Round 6, as selected: the participant advertises its keys.
+    select_and_train(&mut p, 6);
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    send(&mut p, 0);
+    p.handle(0, Response { status: 200, body: setup(6) }).unwrap();
+    assert_eq!(p.posting(), Some(Stage::AdvertiseKeys));
+}
+
+#[test]
+fn a_renewed_enrollment_keeps_the_pinned_parameters_and_contributions() {
+    let mut p = enrolled();
+    p.saved.as_mut().unwrap().last_contributed_round = 7;
+    send(&mut p, 0);
+    p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "expired" }))).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/tasks/task/enroll");
+    p.handle(0, enrollment_reply()).unwrap();
+    assert_eq!(p.saved_state().unwrap().last_contributed_round, 7);
+    // A renewal that announces other parameters is refused.
+    send(&mut p, 0);
+    p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "expired" }))).unwrap();
+    send(&mut p, 0);
+    let mut other = security();
+    other.modulus_bits = 16;
+    let reply = serde_json::json!({
+        "participant_id": "p2", "credential": "c2", "expires_at": 9, "security": serde_json::to_value(other).unwrap(),
+    });
+    let refused = p.handle(0, json(201, reply));
+    assert!(
+        matches!(
+            refused,
+            Err(ParticipantError::Policy(PolicyViolation::Changed { parameter: "ring bits", .. }))
+        ),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn a_response_without_a_request_is_refused() {
+    let mut p = Participant::enroll("task", "token", config());
+    assert!(matches!(p.handle(0, Response::default()), Err(ParticipantError::OutOfOrder(_))));
+}
