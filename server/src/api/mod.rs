@@ -60,8 +60,9 @@ use admin::{
 };
 use client::{check_in, enroll, fetch_message, model, post_message, report_metrics};
 
-/// Content type of secure-aggregation stage messages.
-pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
+/// Content type of secure-aggregation stage messages (one definition, the
+/// client library's).
+pub use cohort_client::participant::SECAGG_CONTENT_TYPE;
 /// Content type of checkpoints.
 pub const SAFETENSORS_CONTENT_TYPE: &str = "application/vnd.safetensors";
 const JSON_LIMIT: usize = 1 << 20;
