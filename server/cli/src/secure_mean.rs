@@ -1,6 +1,5 @@
 //! One secure-aggregation round in process, through the protocol core:
-//! the aggregation step of `cohort simulate` and `cohort demo --plain`'s
-//! secure counterpart.
+//! the aggregation step of `cohort simulate` (without `--plain`).
 
 use anyhow::{Result, anyhow};
 use cohort_client::runtime::LocalUpdate;
