@@ -79,12 +79,7 @@ impl Participant {
     /// made so far, the parameters pinned at enrollment and the policy,
     /// before anything of the round is drawn or revealed. A state saved
     /// before pinning pins this round's parameters.
-    pub(super) fn admit(
-        &mut self,
-        round: u64,
-        client_id: u32,
-        message: &ServerMessage,
-    ) -> Result<(), PolicyViolation> {
+    fn admit(&mut self, round: u64, client_id: u32, message: &ServerMessage) -> Result<(), PolicyViolation> {
         let ServerMessage::Setup(config) = message else {
             return Ok(()); // `start` refuses anything but a setup.
         };
@@ -162,7 +157,7 @@ impl Participant {
 }
 
 /// Quantizes the update for the round's parameters and opens the protocol.
-pub(super) fn start(
+fn start(
     setup: ServerMessage,
     client_id: u32,
     identity: Option<Arc<IdentityKey>>,
@@ -182,6 +177,6 @@ pub(super) fn start(
 }
 
 /// A fresh generator for a round (see [`fresh_seed`]).
-pub(super) fn round_generator(seeder: &mut Option<ChaCha20Rng>) -> ChaCha20Rng {
+fn round_generator(seeder: &mut Option<ChaCha20Rng>) -> ChaCha20Rng {
     ChaCha20Rng::from_seed(*fresh_seed(seeder))
 }

@@ -86,7 +86,7 @@ pub(super) fn identity_from_seed(mut seed: [u8; 32]) -> IdentityKey {
     }
 }
 
-pub(super) fn fill_from_os(seed: &mut [u8; 32]) {
+fn fill_from_os(seed: &mut [u8; 32]) {
     // Without the operating system's randomness no mask can be secret.
     getrandom::fill(seed).unwrap_or_else(|e| panic!("no operating-system randomness: {e}"));
 }

@@ -97,7 +97,7 @@ pub async fn create(
 /// A request for an enrollment token.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct NewToken {
+struct NewToken {
     /// The application it is for; unique within the task.
     name: String,
     /// Its own enrollment rate (default: the server's `enroll_per_token`).
@@ -245,7 +245,7 @@ pub struct TaskView {
     pub spec: serde_json::Value,
 }
 
-pub(super) async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
+async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
     let mut spec: serde_json::Value = serde_json::from_str(&task.spec).unwrap_or(serde_json::Value::Null);
     // A spec stored before the variant was a choice ran semi-honest.
     if let Some(secure_aggregation) = spec.get_mut("secure_aggregation").and_then(|v| v.as_object_mut()) {
@@ -296,11 +296,7 @@ pub(super) async fn get_task(
     Ok(Json(view(&state, task).await?))
 }
 
-pub(super) async fn change_status(
-    state: &AppState,
-    id: &str,
-    status: TaskStatus,
-) -> ApiResult<Json<serde_json::Value>> {
+async fn change_status(state: &AppState, id: &str, status: TaskStatus) -> ApiResult<Json<serde_json::Value>> {
     state.store.task(id).await?;
     state.coordinator.set_status(id, status).await?;
     Ok(Json(json!({ "id": id, "status": status })))

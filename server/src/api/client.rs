@@ -22,7 +22,7 @@ use cohort_crypto::policy::TaskSecurity;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct EnrollRequest {
+struct EnrollRequest {
     enrollment_token: String,
     /// The participant's Ed25519 identity public key (64 hex digits).
     #[serde(default)]
@@ -34,7 +34,7 @@ pub(super) struct EnrollRequest {
 }
 
 /// The identity key of an enrollment, checked against its proof.
-pub(super) fn identity_key(task: &str, request: &EnrollRequest) -> ApiResult<Option<[u8; 32]>> {
+fn identity_key(task: &str, request: &EnrollRequest) -> ApiResult<Option<[u8; 32]>> {
     let invalid = |message: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_identity", message);
     let (key, proof) = match (&request.identity_key, &request.identity_proof) {
         (None, None) => return Ok(None),
@@ -235,9 +235,9 @@ pub struct ClientMetrics {
 }
 
 /// Largest loss accepted in a report.
-pub(super) const MAX_LOSS: f64 = 1e9;
+const MAX_LOSS: f64 = 1e9;
 /// Largest byte count accepted in a report (1 TiB).
-pub(super) const MAX_REPORTED_BYTES: u64 = 1 << 40;
+const MAX_REPORTED_BYTES: u64 = 1 << 40;
 
 impl ClientMetrics {
     /// Checks every value against its range.
@@ -272,14 +272,14 @@ impl ClientMetrics {
 /// The kind of a report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(super) enum ReportKind {
+enum ReportKind {
     Train,
     Eval,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct MetricsReport {
+struct MetricsReport {
     round: u64,
     kind: ReportKind,
     metrics: ClientMetrics,

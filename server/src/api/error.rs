@@ -36,7 +36,7 @@ impl ApiError {
     }
 
     /// A `503`: the database cannot be reached.
-    pub(super) fn database_unavailable() -> Self {
+    fn database_unavailable() -> Self {
         Self {
             retry_after: Some(DATABASE_RETRY),
             ..Self::new(

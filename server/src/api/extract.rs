@@ -87,13 +87,13 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 }
 
 /// The `408` for a body that failed because it arrived too slowly.
-pub(super) fn too_slow(error: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
+fn too_slow(error: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
     find_source::<SlowBody>(error)
         .map(|slow| ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", slow.to_string()))
 }
 
 /// The first error of type `E` in `error`'s chain of sources.
-pub(super) fn find_source<'a, E: std::error::Error + 'static>(
+fn find_source<'a, E: std::error::Error + 'static>(
     error: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a E> {
     let mut next = Some(error);
