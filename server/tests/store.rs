@@ -266,6 +266,31 @@ async fn client_metrics_once_per_round(store: &SqlStore) {
     );
 }
 
+async fn round_contributors_last_until_their_round_completes(store: &SqlStore) {
+    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.create_task(&task("u", 1), &checkpoint("u", 0)).await.unwrap();
+    let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(store.contributors("t", 1).await.unwrap().is_empty());
+    // Two attempts of round 1 (the second after a restart), one of round 2
+    // written ahead, and another task's.
+    store.record_contributors("t", 1, &names(&["p3", "p1"]), 10).await.unwrap();
+    store.record_contributors("t", 1, &names(&["p2", "p1"]), 20).await.unwrap();
+    store.record_contributors("t", 2, &names(&["p9"]), 30).await.unwrap();
+    store.record_contributors("u", 1, &names(&["q1"]), 30).await.unwrap();
+    assert_eq!(store.contributors("t", 1).await.unwrap(), names(&["p1", "p2", "p3"]));
+    assert_eq!(store.contributors("u", 1).await.unwrap(), names(&["q1"]));
+    // An unknown task is refused.
+    assert!(matches!(
+        store.record_contributors("nope", 1, &names(&["p1"]), 30).await,
+        Err(StoreError::NotFound(_))
+    ));
+    // Completing round 1 drops its records (and only the task's own).
+    store.complete_round(&round("t", 1), &checkpoint("t", 1), 2).await.unwrap();
+    assert!(store.contributors("t", 1).await.unwrap().is_empty());
+    assert_eq!(store.contributors("t", 2).await.unwrap(), names(&["p9"]));
+    assert_eq!(store.contributors("u", 1).await.unwrap(), names(&["q1"]));
+}
+
 async fn data_survives_reconnection(url: &str) {
     let store = SqlStore::connect(url).await.unwrap();
     store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
@@ -305,6 +330,7 @@ on_both_backends!(
     enrollment_tokens_per_application,
     rounds_are_atomic_ordered_and_pruned,
     client_metrics_once_per_round,
+    round_contributors_last_until_their_round_completes,
 );
 
 #[tokio::test]

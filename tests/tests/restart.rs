@@ -52,6 +52,18 @@ impl Device {
     }
 }
 
+/// Enrolls protocol clients `ids` in `task`.
+fn enroll(port: u16, task: &str, token: &str, ids: std::ops::Range<u32>) -> Vec<Device> {
+    ids.map(|i| {
+        let participant = ProtocolClient::new(u64::from(i), vec![0.1 * i as f32, -0.2, 0.05], i + 1);
+        let path = format!("/v1/tasks/{task}/enroll");
+        let (status, body) = json_call(port, "POST", &path, None, Some(participant.enrollment(task, token)));
+        assert_eq!(status, 201, "{body}");
+        Device { credential: body["credential"].as_str().unwrap().to_string(), participant }
+    })
+    .collect()
+}
+
 fn rounds(port: u16, task: &str) -> Vec<Value> {
     let (status, body) = json_call(port, "GET", &format!("/admin/tasks/{task}/rounds"), Some(ADMIN), None);
     assert_eq!(status, 200);
@@ -100,16 +112,7 @@ fn training_survives_a_crash_mid_round() {
     assert_eq!(status, 201, "{created}");
     let task = created["id"].as_str().unwrap().to_string();
     let token = created["enrollment_token"].as_str().unwrap().to_string();
-    let mut devices: Vec<Device> = (0..6u32)
-        .map(|i| {
-            let participant = ProtocolClient::new(u64::from(i), vec![0.1 * i as f32, -0.2, 0.05], i + 1);
-            let path = format!("/v1/tasks/{task}/enroll");
-            let (status, body) =
-                json_call(port, "POST", &path, None, Some(participant.enrollment(&task, &token)));
-            assert_eq!(status, 201);
-            Device { credential: body["credential"].as_str().unwrap().to_string(), participant }
-        })
-        .collect();
+    let mut devices = enroll(port, &task, &token, 0..6);
 
     // Round 1 completes.
     run_until(port, &mut devices, || rounds(port, &task).len() == 1);
@@ -156,6 +159,77 @@ fn training_survives_a_crash_mid_round() {
     let _ = std::fs::remove_file(&database);
 }
 
+/// A crash after the clients were asked for their masked input: each of
+/// them refuses a re-run of that round (one masked input per round number),
+/// so the restarted coordinator, which recorded them before asking, never
+/// selects them for it; fresh clients complete the round, and everybody
+/// takes part in the next.
+#[test]
+fn a_round_rerun_after_a_crash_leaves_out_those_asked_for_their_masked_input() {
+    let database = std::env::temp_dir().join(format!("cohort-rerun-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&database);
+    let server = start(0, &database);
+    let port = server.port;
+    let spec = json!({
+        "name": "rerun",
+        "rounds": 2,
+        "clients_per_round": 4,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [3] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 3 }
+    });
+    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
+    assert_eq!(status, 201, "{created}");
+    let task = created["id"].as_str().unwrap().to_string();
+    let token = created["enrollment_token"].as_str().unwrap().to_string();
+    let mut first = enroll(port, &task, &token, 0..4);
+
+    // Keys, shares, then every masked input: the round is past the point
+    // where its members committed to it. Crash.
+    let view = |port: u16| json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None).1;
+    run_until(port, &mut first, || view(port)["stage"] == "consistency-check");
+    let live = view(port);
+    assert_eq!(
+        (live["current_round"].as_u64(), live["completed_rounds"].as_u64()),
+        (Some(1), Some(0)),
+        "{live}"
+    );
+    server.kill();
+
+    // After the restart none of the four is selectable for round 1.
+    let server = start(port, &database);
+    for device in &first {
+        let (status, body) = json_call(port, "POST", "/v1/checkin", Some(&device.credential), None);
+        assert_eq!((status, body["status"].as_str()), (200, Some("wait")), "{body}");
+    }
+    let live = view(port);
+    assert_eq!(
+        (live["available_clients"].as_u64(), live["current_round"].as_u64()),
+        (Some(0), None),
+        "{live}"
+    );
+
+    // Four fresh clients run round 1 again, the first four checking in
+    // all along; the model is the fresh clients' mean alone.
+    let mut fresh = enroll(port, &task, &token, 4..8);
+    let mut everybody: Vec<Device> = first.into_iter().chain(fresh.drain(..)).collect();
+    run_until(port, &mut everybody, || rounds(port, &task).len() == 1);
+    let fresh = &everybody[4..];
+    let round_1 = cohort_client::checkpoint::decode(&latest_checkpoint(port, &task)).unwrap();
+    let mean = weighted_mean(&fresh.iter().map(|d| &d.participant).collect::<Vec<_>>());
+    for (w, d) in round_1.weights.iter().zip(&mean) {
+        assert!((w - d).abs() < 1e-4, "{:?} vs {mean:?}", round_1.weights);
+    }
+
+    // Round 2 is a new round number: any four of the eight may take part.
+    for device in everybody.iter_mut() {
+        device.participant.reset();
+    }
+    run_until(port, &mut everybody, || rounds(port, &task).len() == 2);
+    assert_eq!(view(port)["status"], "completed");
+    drop(server);
+    let _ = std::fs::remove_file(&database);
+}
+
 /// Hands in the same update every round, whatever the model.
 struct Steady {
     examples: u32,
@@ -192,7 +266,10 @@ fn completed(port: u16, task: &str) -> Vec<(i64, Vec<u8>)> {
 
 /// The client library's participants train while the coordinator is
 /// SIGKILLed at seeded random moments, four times: every completed round
-/// and checkpoint survives each crash, and training reaches the end.
+/// and checkpoint survives each crash, and training reaches the end. A
+/// crash after a round asked its members for their masked input takes
+/// those members out of that round's re-run (each refuses it), so the
+/// population is large enough for four such crashes in one round.
 #[test]
 fn training_survives_repeated_crashes_at_random_points() {
     use cohort_client::participant::{Participant as Client, ParticipantConfig};
@@ -205,10 +282,12 @@ fn training_survives_repeated_crashes_at_random_points() {
     let mut server = start(0, &database);
     let port = server.port;
     let rounds_wanted = 6;
+    let (crashes_wanted, per_round) = (4, 4);
+    let population = per_round * (crashes_wanted + 1);
     let spec = json!({
         "name": "crashes",
         "rounds": rounds_wanted,
-        "clients_per_round": 4,
+        "clients_per_round": per_round,
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [8] } ] } },
         "secure_aggregation": { "graph": "complete", "threshold": 2 },
         "deadlines": { "advertise_keys_ms": 4000, "share_keys_ms": 4000, "masked_input_ms": 4000, "unmasking_ms": 4000 },
@@ -228,22 +307,31 @@ fn training_survives_repeated_crashes_at_random_points() {
         stage_timeout_ms: 8_000,
         policy: policy_for(&spec),
     };
-    let clients: Vec<_> = (0..4u32)
+    let mut clients: Vec<_> = (0..population as u32)
         .map(|k| {
             let (task, token) = (task.clone(), token.clone());
-            std::thread::spawn(move || {
+            std::thread::spawn(move || -> Result<(), String> {
                 let url = format!("http://127.0.0.1:{port}");
                 let participant = Client::enroll(&task, &token, config).with_seed([k as u8 + 1; 32]);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
                 let mut trainer = Steady { examples: 5 + k };
-                while runner.run_round(&mut trainer).unwrap().is_some() {}
+                while runner.run_round(&mut trainer).map_err(|e| format!("client {k}: {e}"))?.is_some() {}
+                Ok(())
             })
         })
         .collect();
+    // A client that stopped before the end says why.
+    fn check_clients(clients: &mut Vec<std::thread::JoinHandle<Result<(), String>>>) {
+        let (finished, running): (Vec<_>, Vec<_>) = clients.drain(..).partition(|c| c.is_finished());
+        *clients = running;
+        for client in finished {
+            client.join().unwrap().unwrap();
+        }
+    }
 
     let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(2026);
     let mut crashes = 0;
-    while crashes < 4 {
+    while crashes < crashes_wanted {
         std::thread::sleep(Duration::from_millis(200 + rng.next_u64() % 1_800));
         let before = completed(port, &task);
         server.kill();
@@ -264,10 +352,11 @@ fn training_survives_repeated_crashes_at_random_points() {
     let deadline = Instant::now() + Duration::from_secs(120);
     while completed(port, &task).len() < rounds_wanted {
         assert!(Instant::now() < deadline, "training did not finish after the crashes");
+        check_clients(&mut clients);
         std::thread::sleep(Duration::from_millis(200));
     }
     for client in clients {
-        client.join().unwrap();
+        client.join().unwrap().unwrap();
     }
     let numbers: Vec<i64> = completed(port, &task).iter().map(|(r, _)| *r).collect();
     assert_eq!(numbers, (1..=rounds_wanted as i64).collect::<Vec<_>>());

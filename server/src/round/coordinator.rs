@@ -14,7 +14,7 @@ use cohort_crypto::{Aggregate, ProtocolError};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
-use crate::round::{CheckIn, EngineError, Poll, RoundProgress, TaskEngine};
+use crate::round::{CheckIn, EngineError, Poll, RoundProgress, TaskEngine, TickOutcome};
 use crate::spec::TaskSpec;
 use crate::store::{SqlStore, Store, StoreError, TaskStatus};
 
@@ -250,7 +250,8 @@ async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError
     let spec: TaskSpec =
         serde_json::from_str(&task.spec).map_err(|e| CoordinatorError::Invalid(e.to_string()))?;
     let latest = store.latest_checkpoint(id).await?;
-    TaskEngine::new(task.id, spec, task.status, &latest).map_err(CoordinatorError::Invalid)
+    let contributed = store.contributors(id, latest.round + 1).await?;
+    TaskEngine::new(task.id, spec, task.status, &latest, contributed).map_err(CoordinatorError::Invalid)
 }
 
 struct Actor {
@@ -380,21 +381,37 @@ impl Actor {
         let before = engine.status();
         let outcome = engine.tick(now);
         let after = engine.status();
-        if let Some(round) = outcome.started {
-            self.metrics.round_started();
-            tracing::info!(task = id, round, "round started");
-        }
-        if let Some((round, stage)) = outcome.aborted {
-            self.metrics.round_aborted();
-            tracing::warn!(task = id, round, stage, "round aborted: too few clients");
-        }
-        if let Some(job) = outcome.unmask {
-            let tx = self.tx.clone();
-            let (task, round) = (job.task_id.clone(), job.round);
-            tokio::task::spawn_blocking(move || {
-                let result = job.run();
-                let _ = tx.blocking_send(Request::Unmasked { task, round, result });
-            });
+        match outcome {
+            TickOutcome::Idle => {}
+            TickOutcome::Started(round) => {
+                self.metrics.round_started();
+                tracing::info!(task = id, round, "round started");
+            }
+            TickOutcome::MaskedInputRequested { round, participants } => {
+                // Recorded before any of them can fetch the stage (this
+                // actor serves the fetches), so that a restart still knows
+                // who refuses a re-run of this round.
+                if let Err(error) = self.store.record_contributors(id, round as i64, &participants, now).await
+                {
+                    self.metrics.round_aborted();
+                    tracing::error!(task = id, round, %error, "could not record the round's contributors; the round is abandoned");
+                    if let Ok(engine) = self.engine(id) {
+                        engine.withdraw(round, &participants);
+                    }
+                }
+            }
+            TickOutcome::Aborted { round, stage } => {
+                self.metrics.round_aborted();
+                tracing::warn!(task = id, round, stage, "round aborted: too few clients");
+            }
+            TickOutcome::Unmask(job) => {
+                let tx = self.tx.clone();
+                let (task, round) = (job.task_id.clone(), job.round);
+                tokio::task::spawn_blocking(move || {
+                    let result = job.run();
+                    let _ = tx.blocking_send(Request::Unmasked { task, round, result });
+                });
+            }
         }
         if before != after && after == TaskStatus::Completed {
             self.complete_task(id).await;

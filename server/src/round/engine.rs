@@ -28,14 +28,23 @@ pub const CHECK_IN_TTL_MS: i64 = 60_000;
 pub const REPORTABLE_ROUNDS: usize = 2;
 
 /// What [`TaskEngine::tick`] did.
-#[derive(Debug, Default)]
-pub struct TickOutcome {
-    /// A round was started.
-    pub started: Option<u64>,
-    /// A round was aborted (too few clients), with the failing stage.
-    pub aborted: Option<(u64, String)>,
+#[derive(Debug)]
+pub enum TickOutcome {
+    /// Nothing the caller must act on (a stage may have advanced).
+    Idle,
+    /// Round `.0` was started.
+    Started(u64),
+    /// The masked-input stage of `round` opened: `participants` are about
+    /// to be asked for their masked input. Each of them refuses every
+    /// later attempt of this round number (a client sends one masked
+    /// input per round), so the caller records them durably before the
+    /// stage is served, and [`abandon`](TaskEngine::abandon)s the round
+    /// if it cannot.
+    MaskedInputRequested { round: u64, participants: Vec<String> },
+    /// The round was aborted (too few clients) in `stage`.
+    Aborted { round: u64, stage: String },
     /// The final stage is ready to be unmasked.
-    pub unmask: Option<UnmaskJob>,
+    Unmask(Box<UnmaskJob>),
 }
 
 /// One task's coordinator state.
@@ -54,6 +63,10 @@ pub struct TaskEngine {
     /// they enrolled with. In the active variant only those with a key can
     /// be selected, so only those are kept.
     checked_in: BTreeMap<String, (i64, Option<[u8; 32]>)>,
+    /// Participants asked for their masked input by an attempt of round
+    /// `completed + 1` that did not complete: they refuse any re-run of
+    /// that round, so they are not selected for it again.
+    contributed: HashSet<String>,
     pub(super) round: Option<ActiveRound>,
     /// The rosters of the last completed rounds, newest last.
     recent: VecDeque<(u64, HashSet<String>)>,
@@ -65,12 +78,15 @@ fn stage_name(stage: Stage) -> String {
 }
 
 impl TaskEngine {
-    /// Restores a task from its spec, status and newest checkpoint.
+    /// Restores a task from its spec, status and newest checkpoint, with
+    /// the participants that earlier attempts of the next round asked for
+    /// their masked input (see [`TickOutcome::MaskedInputRequested`]).
     pub fn new(
         task_id: String,
         spec: TaskSpec,
         status: TaskStatus,
         latest: &CheckpointRecord,
+        contributed: impl IntoIterator<Item = String>,
     ) -> Result<Self, String> {
         let security = spec.security().map_err(|e| e.to_string())?;
         let decoded = checkpoint::decode(&latest.model).map_err(|e| e.to_string())?;
@@ -91,6 +107,7 @@ impl TaskEngine {
             completed: latest.round as u64,
             attempts: 0,
             checked_in: BTreeMap::new(),
+            contributed: contributed.into_iter().collect(),
             round: None,
             recent: VecDeque::new(),
             rng: rand_core::SeedableRng::from_seed(seed),
@@ -170,9 +187,13 @@ impl TaskEngine {
         })
     }
 
-    /// Clients that checked in recently enough to be selected.
+    /// Clients that checked in recently enough to be selected for the next
+    /// round (those that contributed to an earlier attempt of it are not).
     pub fn available(&self, now: i64) -> usize {
-        self.checked_in.values().filter(|(seen, _)| now - *seen <= CHECK_IN_TTL_MS).count()
+        self.checked_in
+            .iter()
+            .filter(|(id, (seen, _))| now - *seen <= CHECK_IN_TTL_MS && !self.contributed.contains(*id))
+            .count()
     }
 
     /// The protocol variant of the task's rounds.
@@ -298,20 +319,19 @@ impl TaskEngine {
     /// Starts a round when enough clients checked in recently, and closes a
     /// stage when every eligible client answered or its deadline passed.
     pub fn tick(&mut self, now: i64) -> TickOutcome {
-        let mut outcome = TickOutcome::default();
         if self.status != TaskStatus::Active {
-            return outcome;
+            return TickOutcome::Idle;
         }
         if self.round.is_none() {
             if self.completed >= u64::from(self.spec.rounds) {
                 self.status = TaskStatus::Completed;
             } else if let Some(number) = self.start_round(now) {
-                outcome.started = Some(number);
+                return TickOutcome::Started(number);
             }
-            return outcome;
+            return TickOutcome::Idle;
         }
         let wanted = self.spec.clients_per_round as usize;
-        let Some(round) = self.round.as_mut() else { return outcome };
+        let Some(round) = self.round.as_mut() else { return TickOutcome::Idle };
         // A stage closes when every eligible client answered or its deadline
         // passed; the masked-input stage also closes once enough inputs
         // arrived, so that over-selected stragglers do not hold it up.
@@ -321,9 +341,9 @@ impl TaskEngine {
                 || (s.stage() == Stage::MaskedInputCollection && s.received() >= wanted)
         });
         if !ready {
-            return outcome;
+            return TickOutcome::Idle;
         }
-        let Some(server) = round.server.take() else { return outcome };
+        let Some(server) = round.server.take() else { return TickOutcome::Idle };
         let stage = server.stage();
         round.metrics.stages.push(StageMetrics {
             stage: stage_name(stage),
@@ -335,34 +355,52 @@ impl TaskEngine {
         round.stage_started_at = now;
         if stage == Stage::Unmasking {
             if server.has_quorum() {
-                outcome.unmask =
-                    Some(UnmaskJob { task_id: self.task_id.clone(), round: round.number, server });
-            } else {
-                outcome.aborted = Some((round.number, stage_name(stage)));
-                self.round = None;
+                return TickOutcome::Unmask(Box::new(UnmaskJob {
+                    task_id: self.task_id.clone(),
+                    round: round.number,
+                    server,
+                }));
             }
-            return outcome;
+            let aborted = TickOutcome::Aborted { round: round.number, stage: stage_name(stage) };
+            self.round = None;
+            return aborted;
         }
         match server.advance() {
             Ok(Advanced::Next(next)) => {
                 round.deadline = now + deadline_for(&self.spec, next.stage());
+                let asked = (next.stage() == Stage::MaskedInputCollection).then(|| {
+                    let name = |id: &ClientId| round.roster.get(id.get() as usize - 1).cloned();
+                    next.eligible().iter().filter_map(name).collect::<Vec<_>>()
+                });
                 round.server = Some(next);
+                match asked {
+                    Some(participants) => {
+                        self.contributed.extend(participants.iter().cloned());
+                        TickOutcome::MaskedInputRequested { round: round.number, participants }
+                    }
+                    None => TickOutcome::Idle,
+                }
             }
             Ok(Advanced::Done(_)) | Err(_) => {
-                outcome.aborted = Some((round.number, stage_name(stage)));
+                let aborted = TickOutcome::Aborted { round: round.number, stage: stage_name(stage) };
                 self.round = None;
+                aborted
             }
         }
-        outcome
     }
 
     fn start_round(&mut self, now: i64) -> Option<u64> {
         self.checked_in.retain(|_, (seen, _)| now - *seen <= CHECK_IN_TTL_MS);
         let n = self.spec.selected_per_round() as usize;
-        if self.checked_in.len() < n {
+        let candidates: Vec<_> = self
+            .checked_in
+            .iter()
+            .filter(|(id, _)| !self.contributed.contains(*id))
+            .map(|(id, (_, identity))| (id.clone(), *identity))
+            .collect();
+        if candidates.len() < n {
             return None;
         }
-        let candidates = self.checked_in.iter().map(|(id, (_, identity))| (id.clone(), *identity)).collect();
         let selected = select(candidates, n, &mut self.rng);
         let number = self.completed + 1;
         let attempt = self.attempts + 1;
@@ -454,6 +492,7 @@ impl TaskEngine {
         self.checkpoint_bytes = completion.checkpoint.model;
         self.completed = completion.round.round as u64;
         self.attempts = 0;
+        self.contributed.clear();
         if let Some(round) = self.round.take() {
             self.recent.push_back((round.number, round.roster.into_iter().collect()));
             while self.recent.len() > REPORTABLE_ROUNDS {
@@ -469,6 +508,18 @@ impl TaskEngine {
     pub fn abandon(&mut self, round_number: u64) {
         if self.round.as_ref().is_some_and(|r| r.number == round_number) {
             self.round = None;
+        }
+    }
+
+    /// Gives up on a round whose masked-input request could not be
+    /// recorded (see [`TickOutcome::MaskedInputRequested`]). Nobody was
+    /// asked, so those participants stay selectable for the round.
+    pub fn withdraw(&mut self, round_number: u64, asked: &[String]) {
+        if self.round.as_ref().is_some_and(|r| r.number == round_number) {
+            self.round = None;
+            for participant in asked {
+                self.contributed.remove(participant);
+            }
         }
     }
 }

@@ -38,7 +38,7 @@ impl NamedClient {
 
 fn engine(spec: TaskSpec) -> TaskEngine {
     let initial = TaskEngine::initial_checkpoint("t", &spec, 0).unwrap();
-    TaskEngine::new("t".into(), spec, TaskStatus::Active, &initial).unwrap()
+    TaskEngine::new("t".into(), spec, TaskStatus::Active, &initial, []).unwrap()
 }
 
 fn participants(n: usize) -> Vec<NamedClient> {
@@ -63,8 +63,7 @@ fn run_round(
         }
         *now += 10;
         let mut outcome = engine.tick(*now);
-        if outcome.unmask.is_none()
-            && outcome.aborted.is_none()
+        if !matches!(outcome, TickOutcome::Unmask(_) | TickOutcome::Aborted { .. })
             && engine.current_round().map(|r| r.1) == Some(Stage::MaskedInputCollection)
             && stage >= 2
         {
@@ -72,11 +71,10 @@ fn run_round(
             *now += 400_000;
             outcome = engine.tick(*now);
         }
-        if let Some(job) = outcome.unmask {
-            return Some(job);
-        }
-        if outcome.aborted.is_some() {
-            return None;
+        match outcome {
+            TickOutcome::Unmask(job) => return Some(*job),
+            TickOutcome::Aborted { .. } => return None,
+            _ => {}
         }
         stage += 1;
         assert!(stage < 10, "the round does not progress");
@@ -96,7 +94,7 @@ fn a_round_updates_the_model_with_the_weighted_mean() {
     for c in &clients {
         assert_eq!(engine.check_in(&c.name, None, now), CheckIn::Wait { retry_after_ms: 1_000 });
     }
-    assert_eq!(engine.tick(now).started, Some(1));
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
     let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
     assert_eq!(job.round, 1);
     let completion = engine.complete(1, job.run(), now).unwrap();
@@ -132,7 +130,7 @@ fn an_active_round_binds_the_selected_identity_keys() {
     for c in &clients {
         engine.check_in(&c.name, Some(c.protocol.identity.public_key()), now);
     }
-    assert_eq!(engine.tick(now).started, Some(1));
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
     let Ok(Poll::Message(setup)) = engine.poll(&clients[0].name) else { panic!("no setup") };
     let Ok(ServerMessage::Setup(config)) = ServerMessage::decode(&setup) else { panic!("not a setup") };
     assert_eq!(config.variant, Variant::Active);
@@ -191,13 +189,15 @@ fn a_round_below_threshold_is_aborted_and_retried_without_changing_the_model() {
     assert_eq!(engine.current_round(), None);
     assert_eq!(engine.completed_rounds(), 0);
     assert!(engine.weights().iter().all(|w| *w == 0.0));
-    // Fresh clients check in; the round is attempted again.
+    // Fresh clients check in; the round is attempted again. (The first
+    // six were asked for their masked input, so they are not selected for
+    // round 1 again: each would refuse it.)
     let mut fresh = participants(6);
     for c in fresh.iter_mut() {
-        c.protocol.reset();
+        c.name = format!("q{}", &c.name[1..]);
         engine.check_in(&c.name, None, now);
     }
-    assert_eq!(engine.tick(now).started, Some(1));
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
     let job = run_round(&mut engine, &mut fresh, &[], &mut now).unwrap();
     let completion = engine.complete(1, job.run(), now).unwrap();
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
@@ -211,14 +211,14 @@ fn strangers_garbage_and_inactive_tasks_are_refused() {
     for c in &clients[..6] {
         engine.check_in(&c.name, None, 0);
     }
-    assert_eq!(engine.tick(0).started, Some(1));
+    assert!(matches!(engine.tick(0), TickOutcome::Started(1)));
     assert_eq!(engine.check_in("p6", None, 0), CheckIn::Wait { retry_after_ms: 2_000 });
     assert_eq!(engine.poll("p6"), Err(EngineError::NotSelected));
     assert!(matches!(engine.receive("p0", b"junk"), Err(EngineError::Protocol(ProtocolError::Decode(_)))));
     engine.set_status(TaskStatus::Paused);
     assert_eq!(engine.poll("p0"), Err(EngineError::Inactive(TaskStatus::Paused)));
     assert_eq!(engine.current_round(), None);
-    assert!(engine.tick(1).started.is_none());
+    assert!(!matches!(engine.tick(1), TickOutcome::Started(_)));
     engine.set_status(TaskStatus::Stopped);
     assert_eq!(engine.check_in("p0", None, 2), CheckIn::Finished);
 }
@@ -234,7 +234,7 @@ fn the_task_completes_after_its_rounds() {
         for c in &clients {
             engine.check_in(&c.name, None, now);
         }
-        assert_eq!(engine.tick(now).started, Some(round));
+        assert!(matches!(engine.tick(now), TickOutcome::Started(r) if r == round));
         let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
         let completion = engine.complete(round, job.run(), now).unwrap();
         engine.commit(completion);
@@ -255,7 +255,7 @@ fn over_selection_closes_the_masked_input_stage_without_waiting_for_stragglers()
     for c in &clients {
         engine.check_in(&c.name, None, now);
     }
-    assert_eq!(engine.tick(now).started, Some(1));
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
     // Keys and shares from everybody.
     for _ in 0..2 {
         for c in clients.iter_mut() {
@@ -276,7 +276,7 @@ fn over_selection_closes_the_masked_input_stage_without_waiting_for_stragglers()
         c.step(&mut engine);
     }
     now += 10;
-    let job = engine.tick(now).unmask.unwrap();
+    let TickOutcome::Unmask(job) = engine.tick(now) else { panic!("no unmasking job") };
     let completion = engine.complete(1, job.run(), now).unwrap();
     assert_eq!(completion.round.survivors, 5);
     assert_eq!(completion.round.selected, 6);
@@ -365,5 +365,117 @@ fn stale_check_ins_do_not_count() {
     for i in 0..6 {
         engine.check_in(&format!("p{i}"), None, 0);
     }
-    assert!(engine.tick(CHECK_IN_TTL_MS + 1).started.is_none());
+    assert!(!matches!(engine.tick(CHECK_IN_TTL_MS + 1), TickOutcome::Started(_)));
+}
+
+/// Checks in `names` and ticks until the engine hands out something other
+/// than `Idle`, stepping the round's members once per tick.
+fn tick_until_not_idle(engine: &mut TaskEngine, clients: &mut [NamedClient], now: &mut i64) -> TickOutcome {
+    for _ in 0..10 {
+        for c in clients.iter_mut() {
+            c.step(engine);
+        }
+        *now += 10;
+        let outcome = engine.tick(*now);
+        if !matches!(outcome, TickOutcome::Idle) {
+            return outcome;
+        }
+    }
+    panic!("the round does not progress");
+}
+
+#[test]
+fn a_rerun_of_a_round_selects_none_that_an_earlier_attempt_asked_for_a_masked_input() {
+    let mut engine = engine(small_spec());
+    // Updates inside the quantizer's clipping range.
+    let mut clients: Vec<NamedClient> = (0..12)
+        .map(|i| NamedClient::new(i, vec![0.05 * i as f32, -0.2, 0.3, 0.05], 10 * (i as u32 + 1)))
+        .collect();
+    let mut now = 0;
+    for c in &clients[..6] {
+        engine.check_in(&c.name, Some(c.protocol.identity.public_key()), now);
+    }
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
+    // Keys, then shares: the masked-input stage opens and names who it asks.
+    let (first, rest) = clients.split_at_mut(6);
+    let TickOutcome::MaskedInputRequested { round, participants } =
+        tick_until_not_idle(&mut engine, first, &mut now)
+    else {
+        panic!("the masked-input stage did not open")
+    };
+    assert_eq!(round, 1);
+    let mut asked = participants.clone();
+    asked.sort();
+    assert_eq!(asked, ["p0", "p1", "p2", "p3", "p4", "p5"]);
+    // Nobody answers: the round is aborted at its deadline.
+    now += 400_000;
+    assert!(matches!(engine.tick(now), TickOutcome::Aborted { round: 1, .. }));
+    // Those six check in again, but none of them can be in a re-run of
+    // round 1 (each would refuse it): no round starts.
+    for c in first.iter() {
+        assert_eq!(
+            engine.check_in(&c.name, Some(c.protocol.identity.public_key()), now),
+            CheckIn::Wait { retry_after_ms: 1_000 }
+        );
+    }
+    assert_eq!(engine.available(now), 0);
+    assert!(matches!(engine.tick(now), TickOutcome::Idle));
+    // Six others make the re-run, which completes with them alone.
+    for c in rest.iter() {
+        engine.check_in(&c.name, Some(c.protocol.identity.public_key()), now);
+    }
+    assert_eq!(engine.available(now), 6);
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
+    let mut roster = engine.round.as_ref().unwrap().roster.clone();
+    roster.sort();
+    assert_eq!(roster, ["p10", "p11", "p6", "p7", "p8", "p9"]);
+    let job = run_round(&mut engine, rest, &[], &mut now).unwrap();
+    let completion = engine.complete(1, job.run(), now).unwrap();
+    engine.commit(completion);
+    let expected = weighted_mean(&clients, &[6, 7, 8, 9, 10, 11]);
+    for (w, e) in engine.weights().iter().zip(&expected) {
+        assert!((w - e).abs() < 1e-4, "{:?} vs {expected:?}", engine.weights());
+    }
+    // Round 2 is a new round number: the first six may take part again.
+    for c in &clients {
+        engine.check_in(&c.name, Some(c.protocol.identity.public_key()), now);
+    }
+    assert_eq!(engine.available(now), 12);
+}
+
+#[test]
+fn a_restored_engine_excludes_the_recorded_contributors_of_the_next_round() {
+    let spec = small_spec();
+    let initial = TaskEngine::initial_checkpoint("t", &spec, 0).unwrap();
+    let mut engine =
+        TaskEngine::new("t".into(), spec, TaskStatus::Active, &initial, ["p0".to_string()]).unwrap();
+    let clients = participants(7);
+    for c in &clients[..6] {
+        engine.check_in(&c.name, Some(c.protocol.identity.public_key()), 0);
+    }
+    assert_eq!(engine.available(0), 5);
+    assert!(matches!(engine.tick(0), TickOutcome::Idle));
+    engine.check_in("p6", Some(clients[6].protocol.identity.public_key()), 0);
+    assert!(matches!(engine.tick(0), TickOutcome::Started(1)));
+    assert!(!engine.round.as_ref().unwrap().roster.contains(&"p0".to_string()));
+}
+
+#[test]
+fn an_unrecorded_masked_input_request_is_withdrawn_and_its_participants_stay_selectable() {
+    let mut engine = engine(small_spec());
+    let mut clients = participants(6);
+    let mut now = 0;
+    for c in &clients {
+        engine.check_in(&c.name, Some(c.protocol.identity.public_key()), now);
+    }
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
+    let TickOutcome::MaskedInputRequested { round, participants } =
+        tick_until_not_idle(&mut engine, &mut clients, &mut now)
+    else {
+        panic!("the masked-input stage did not open")
+    };
+    engine.withdraw(round, &participants);
+    assert_eq!(engine.current_round(), None);
+    assert_eq!(engine.available(now), 6);
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
 }

@@ -284,6 +284,24 @@ pub trait Store: Send + Sync {
         checkpoint: &CheckpointRecord,
         retain: u32,
     ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Records that an attempt of round `round` asks `participants` for
+    /// their masked input (before they are asked). Each of them refuses
+    /// every later attempt of that round; a round's records go when the
+    /// round completes.
+    fn record_contributors(
+        &self,
+        task_id: &str,
+        round: i64,
+        participants: &[String],
+        now: i64,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Every participant an attempt of `round` asked for its masked input,
+    /// sorted, each once (none once the round has completed).
+    fn contributors(
+        &self,
+        task_id: &str,
+        round: i64,
+    ) -> impl Future<Output = StoreResult<Vec<String>>> + Send;
     /// Completed rounds of a task, in order.
     fn rounds(&self, task_id: &str) -> impl Future<Output = StoreResult<Vec<RoundRecord>>> + Send;
     /// The newest checkpoint of a task.

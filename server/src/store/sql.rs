@@ -488,6 +488,11 @@ impl Store for SqlStore {
         .execute(&mut *tx)
         .await
         .map_err(|e| classify(e, "checkpoint already recorded", "task"))?;
+        sqlx::query("DELETE FROM round_contributors WHERE task_id = $1 AND round <= $2")
+            .bind(&round.task_id)
+            .bind(round.round)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query("DELETE FROM checkpoints WHERE task_id = $1 AND round > 0 AND round <= $2")
             .bind(&round.task_id)
             .bind(round.round - i64::from(retain.max(1)))
@@ -495,6 +500,47 @@ impl Store for SqlStore {
             .await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn record_contributors(
+        &self,
+        task_id: &str,
+        round: i64,
+        participants: &[String],
+        now: i64,
+    ) -> StoreResult<()> {
+        let participants =
+            serde_json::to_string(participants).map_err(|_| StoreError::Corrupt("round contributors"))?;
+        sqlx::query(
+            "INSERT INTO round_contributors (task_id, round, participants, recorded_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(task_id)
+        .bind(round)
+        .bind(participants)
+        .bind(now)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| classify(e, "round contributors", "task"))?;
+        Ok(())
+    }
+
+    async fn contributors(&self, task_id: &str, round: i64) -> StoreResult<Vec<String>> {
+        let rows =
+            sqlx::query("SELECT participants FROM round_contributors WHERE task_id = $1 AND round = $2")
+                .bind(task_id)
+                .bind(round)
+                .fetch_all(&self.pool)
+                .await?;
+        let mut all = Vec::new();
+        for row in &rows {
+            let listed: String = row.try_get("participants")?;
+            let listed: Vec<String> =
+                serde_json::from_str(&listed).map_err(|_| StoreError::Corrupt("round contributors"))?;
+            all.extend(listed);
+        }
+        all.sort();
+        all.dedup();
+        Ok(all)
     }
 
     async fn rounds(&self, task_id: &str) -> StoreResult<Vec<RoundRecord>> {
