@@ -13,6 +13,7 @@
 
 use std::str::FromStr;
 
+use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 
@@ -201,9 +202,7 @@ pub fn summary(labels: &[u8], parts: &[Vec<usize>], classes: usize) -> String {
 
 fn permutation(n: usize, rng: &mut ChaCha20Rng) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-    }
+    order.shuffle(rng);
     order
 }
 

@@ -6,8 +6,9 @@
 //! g ← g + λ w + μ (w − w_global); v ← β v + g; w ← w − η v.
 
 use ndarray::{ArrayView2, Axis};
+use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
-use rand_core::{Rng, SeedableRng};
+use rand_core::SeedableRng;
 
 use crate::model::Differentiable;
 
@@ -103,9 +104,7 @@ pub fn train<M: Differentiable + ?Sized>(
     let mut steps = 0;
     let mut epoch_loss = 0.0;
     for _ in 0..config.epochs {
-        for i in (1..order.len()).rev() {
-            order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-        }
+        order.shuffle(&mut rng);
         let mut total = 0.0f64;
         let mut batches = 0usize;
         for batch in order.chunks(config.batch_size) {
@@ -136,6 +135,7 @@ pub fn train<M: Differentiable + ?Sized>(
 mod tests {
     use super::*;
     use ndarray::Array2;
+    use rand_core::Rng;
 
     use crate::model::{Mlp, Model};
 

@@ -535,12 +535,10 @@ mod tests {
                 let secret = Secret32::random(&mut rng);
                 let points: Vec<u32> = (1..=holders as u32).map(|x| 3 * x + 1).collect();
                 let mut shares = split(&secret, threshold, &points, &mut rng);
-                let mut bad: Vec<usize> = (0..holders).collect();
-                for i in (1..bad.len()).rev() {
-                    bad.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-                }
-                bad.truncate(wrong);
-                for &i in &bad {
+                let mut holders_list: Vec<usize> = (0..holders).collect();
+                let (bad, _) =
+                    rand::seq::SliceRandom::partial_shuffle(&mut holders_list[..], &mut rng, wrong);
+                for &i in bad.iter() {
                     // One limb or all of them, by any non-zero amount.
                     let limb = (rng.next_u64() % LIMBS as u64) as usize;
                     shares[i].y[limb] = add(shares[i].y[limb], 1 + rng.next_u64() % (MODULUS - 1));

@@ -12,8 +12,9 @@ use cohort_client::data::Dataset;
 use cohort_client::runtime::LocalUpdate;
 use cohort_crypto::Metric;
 use cohort_server::optimizer::ServerOptimizer;
+use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
-use rand_core::{Rng, SeedableRng};
+use rand_core::SeedableRng;
 
 use crate::experiment::Experiment;
 use crate::progress::Progress;
@@ -85,16 +86,12 @@ pub(crate) fn in_process(
         let global =
             Checkpoint { layout: layout.clone(), weights: weights.clone(), metadata: Default::default() };
         let mut clients: Vec<usize> = (0..training.clients).collect();
-        for i in (1..clients.len()).rev() {
-            clients.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-        }
-        clients.truncate(per_round);
+        let (chosen, _) = clients.partial_shuffle(&mut rng, per_round);
+        let mut clients = chosen.to_vec();
         clients.sort_unstable();
         let vanishing = (per_round as f64 * training.dropout).ceil() as usize;
         let mut order: Vec<usize> = (0..per_round).collect();
-        for i in (1..order.len()).rev() {
-            order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-        }
+        order.shuffle(&mut rng);
         let dropped = order[..vanishing].to_vec();
         progress.bar(round - 1, "training");
         let updates: Vec<LocalUpdate> = experiment

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::policy::{GraphKind, TaskSecurity};
 use cohort_crypto::{ClientId, Quantizer, RoundConfig, ServerRound, Stage, Variant};
+use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 use rand_core::Rng;
 
@@ -100,19 +101,15 @@ impl ActiveRound {
     }
 }
 
-/// `n` of the `candidates`, drawn uniformly at random (a Fisher–Yates
-/// shuffle, cut at `n`).
+/// `n` of the `candidates`, drawn uniformly at random (an unbiased
+/// partial Fisher–Yates shuffle), in random order.
 pub(super) fn select(
     mut candidates: Vec<(String, Option<[u8; 32]>)>,
     n: usize,
     rng: &mut ChaCha20Rng,
 ) -> Vec<(String, Option<[u8; 32]>)> {
-    for i in (1..candidates.len()).rev() {
-        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-        candidates.swap(i, j);
-    }
-    candidates.truncate(n);
-    candidates
+    let (chosen, _) = candidates.partial_shuffle(rng, n);
+    chosen.to_vec()
 }
 
 /// How long `stage` may collect messages.

@@ -14,6 +14,7 @@ use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::simulation::{DropoutPlan, Simulation, Stopwatch, plain_sum};
 use cohort_crypto::{ClientId, MetricSet, QuantizedInput, RoundConfig, Variant};
 use cohort_server::spec::QuantizationConfig;
+use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
@@ -201,9 +202,7 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
 
     // ⌊dropout · n⌋ clients, chosen at random, vanish after ShareKeys.
     let mut order: Vec<u32> = (1..=args.clients).collect();
-    for i in (1..order.len()).rev() {
-        order.swap(i, (seed_rng.next_u64() % (i as u64 + 1)) as usize);
-    }
+    order.shuffle(&mut seed_rng);
     let dropped = (args.dropout * f64::from(args.clients)).floor() as usize;
     let plan = DropoutPlan {
         after_shares: order[..dropped].iter().filter_map(|&i| ClientId::new(i)).collect(),
