@@ -15,8 +15,11 @@ use crate::wire::DecodeError;
 #[error("cryptographic failure")]
 pub struct CryptoError;
 
-/// Which stage of the protocol a message or a state belongs to.
+/// Which stage of the protocol a message or a state belongs to. Its
+/// serialized name is its [`Display`](core::fmt::Display) name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 #[non_exhaustive]
 pub enum Stage {
     /// The server announces the round's public parameters.

@@ -69,10 +69,10 @@ impl Metrics {
             c.last_survivors = survivors;
             c.client_means = means.iter().map(|(metric, mean)| (metric.clone(), mean.mean)).collect();
             for stage in stages {
-                let entry = c.stage_seconds.entry(stage.stage.clone()).or_default();
+                let entry = c.stage_seconds.entry(stage.stage.to_string()).or_default();
                 entry.0 += stage.duration_ms as f64 / 1e3;
                 entry.1 += 1;
-                *c.stage_dropouts.entry(stage.stage.clone()).or_default() += stage.dropouts as u64;
+                *c.stage_dropouts.entry(stage.stage.to_string()).or_default() += stage.dropouts as u64;
             }
         });
     }
@@ -178,7 +178,7 @@ mod tests {
         metrics.client_message(100, true);
         metrics.client_message(7, false);
         let stage = StageRecord {
-            stage: "share-keys".into(),
+            stage: cohort_crypto::Stage::ShareKeys,
             eligible: 10,
             received: 9,
             dropouts: 1,

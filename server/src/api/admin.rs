@@ -234,10 +234,11 @@ pub struct TaskView {
     /// Round in progress.
     pub current_round: Option<u64>,
     /// Its stage.
-    pub stage: Option<String>,
+    pub stage: Option<cohort_crypto::Stage>,
     /// Its progress: counts per stage, deadlines and traffic.
     pub progress: Option<crate::round::RoundProgress>,
-    /// Clients that checked in recently enough to be selected.
+    /// Clients that checked in recently enough to be selected for the next
+    /// round (not those an earlier attempt of it asked for a masked input).
     pub available_clients: usize,
     /// Creation time (Unix ms).
     pub created_at: i64,

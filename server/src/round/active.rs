@@ -13,6 +13,34 @@ use rand_core::Rng;
 use super::records::RoundMetrics;
 use crate::spec::TaskSpec;
 
+/// Where the round in progress is.
+#[allow(clippy::large_enum_variant)] // Collecting is the state nearly always; no box per stage.
+pub(super) enum RoundState {
+    /// A stage is collecting client messages.
+    Collecting(ServerRound),
+    /// The final stage closed with a quorum; its server state is with the
+    /// [`UnmaskJob`](super::completion::UnmaskJob) off the runtime.
+    Unmasking,
+}
+
+impl RoundState {
+    /// The protocol state of the collecting stage.
+    pub(super) fn collecting(&self) -> Option<&ServerRound> {
+        match self {
+            RoundState::Collecting(server) => Some(server),
+            RoundState::Unmasking => None,
+        }
+    }
+
+    /// The stage the round is in.
+    pub(super) fn stage(&self) -> Stage {
+        match self {
+            RoundState::Collecting(server) => server.stage(),
+            RoundState::Unmasking => Stage::Unmasking,
+        }
+    }
+}
+
 /// The round in progress.
 pub(super) struct ActiveRound {
     pub(super) number: u64,
@@ -22,8 +50,7 @@ pub(super) struct ActiveRound {
     pub(super) deadline: i64,
     pub(super) roster: Vec<String>,
     pub(super) ids: HashMap<String, ClientId>,
-    /// `None` while the final stage is being unmasked off the runtime.
-    pub(super) server: Option<ServerRound>,
+    pub(super) state: RoundState,
     pub(super) metrics: RoundMetrics,
     /// This round's quantizer (its transform seed is the round's).
     pub(super) quantizer: Quantizer,
@@ -86,7 +113,7 @@ impl ActiveRound {
             deadline: now + deadline_for(spec, Stage::AdvertiseKeys),
             ids: ids.collect(),
             roster,
-            server: Some(server),
+            state: RoundState::Collecting(server),
             quantizer,
             metrics: RoundMetrics {
                 modulus_bits,

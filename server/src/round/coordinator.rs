@@ -10,7 +10,7 @@ use cohort_crypto::policy::TaskSecurity;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cohort_crypto::{Aggregate, ProtocolError};
+use cohort_crypto::{Aggregate, ProtocolError, Stage};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
@@ -58,7 +58,7 @@ pub struct LiveState {
     /// Round in progress.
     pub current_round: Option<u64>,
     /// Its stage.
-    pub stage: Option<String>,
+    pub stage: Option<Stage>,
     /// Its progress.
     pub progress: Option<RoundProgress>,
     /// Clients that checked in recently enough to be selected.
@@ -308,7 +308,7 @@ impl Actor {
                         status: engine.status(),
                         completed_rounds: engine.completed_rounds(),
                         current_round: progress.as_ref().map(|p| p.round),
-                        stage: progress.as_ref().map(|p| p.stage.clone()),
+                        stage: progress.as_ref().map(|p| p.stage),
                         progress,
                         available_clients: engine.available(now_ms()),
                     }
@@ -402,7 +402,7 @@ impl Actor {
             }
             TickOutcome::Aborted { round, stage } => {
                 self.metrics.round_aborted();
-                tracing::warn!(task = id, round, stage, "round aborted: too few clients");
+                tracing::warn!(task = id, round, %stage, "round aborted: too few clients");
             }
             TickOutcome::Unmask(job) => {
                 let tx = self.tx.clone();

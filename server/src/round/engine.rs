@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use cohort_crypto::policy::TaskSecurity;
 use cohort_crypto::{Advanced, Aggregate, ClientId, ClientMessage, ProtocolError, Stage, Variant};
 
-use super::active::{ActiveRound, deadline_for, select};
+use super::active::{ActiveRound, RoundState, deadline_for, select};
 use super::completion::{Completion, UnmaskJob, encode_model};
 use super::records::{CheckIn, ClientMean, EngineError, Poll, RoundProgress, StageMetrics};
 use crate::checkpoint;
@@ -42,7 +42,7 @@ pub enum TickOutcome {
     /// if it cannot.
     MaskedInputRequested { round: u64, participants: Vec<String> },
     /// The round was aborted (too few clients) in `stage`.
-    Aborted { round: u64, stage: String },
+    Aborted { round: u64, stage: Stage },
     /// The final stage is ready to be unmasked.
     Unmask(Box<UnmaskJob>),
 }
@@ -71,10 +71,6 @@ pub struct TaskEngine {
     /// The rosters of the last completed rounds, newest last.
     recent: VecDeque<(u64, HashSet<String>)>,
     rng: rand_chacha::ChaCha20Rng,
-}
-
-fn stage_name(stage: Stage) -> String {
-    stage.to_string()
 }
 
 impl TaskEngine {
@@ -161,20 +157,20 @@ impl TaskEngine {
 
     /// The round in progress and its stage, if any.
     pub fn current_round(&self) -> Option<(u64, Stage)> {
-        self.round.as_ref().map(|r| (r.number, r.server.as_ref().map_or(Stage::Unmasking, |s| s.stage())))
+        self.round.as_ref().map(|r| (r.number, r.state.stage()))
     }
 
     /// The round in progress, for the admin API.
     pub fn progress(&self) -> Option<RoundProgress> {
         let round = self.round.as_ref()?;
-        let (stage, eligible, received) = match &round.server {
-            Some(server) => (server.stage(), server.eligible().len(), server.received()),
-            None => (Stage::Unmasking, 0, 0),
+        let (stage, eligible, received) = match &round.state {
+            RoundState::Collecting(server) => (server.stage(), server.eligible().len(), server.received()),
+            RoundState::Unmasking => (Stage::Unmasking, 0, 0),
         };
         Some(RoundProgress {
             round: round.number,
             attempt: round.metrics.attempt,
-            stage: stage_name(stage),
+            stage,
             selected: round.roster.len(),
             eligible,
             received,
@@ -253,7 +249,7 @@ impl TaskEngine {
     /// The message a selected client should act on now.
     pub fn poll(&mut self, participant: &str) -> Result<Poll, EngineError> {
         let (round, id) = self.selected(participant)?;
-        let Some(server) = round.server.as_ref() else {
+        let RoundState::Collecting(server) = &round.state else {
             return Ok(Poll::Wait);
         };
         if server.has_received(id) {
@@ -275,10 +271,9 @@ impl TaskEngine {
     /// refused without the server reading (or holding) its message.
     pub fn admit(&self, participant: &str) -> Result<usize, EngineError> {
         let (round, id) = self.selected(participant)?;
-        let server = round
-            .server
-            .as_ref()
-            .ok_or(ProtocolError::OutOfPhase { expected: Stage::Finished, got: Stage::Unmasking })?;
+        let RoundState::Collecting(server) = &round.state else {
+            return Err(ProtocolError::OutOfPhase { expected: Stage::Finished, got: Stage::Unmasking }.into());
+        };
         if !server.is_eligible(id) {
             return Err(ProtocolError::NotEligible { client: id, stage: server.stage() }.into());
         }
@@ -307,10 +302,9 @@ impl TaskEngine {
         let (_, id) = self.selected(participant)?;
         let message = ClientMessage::decode(bytes).map_err(ProtocolError::from)?;
         let round = self.round.as_mut().ok_or(EngineError::NotSelected)?;
-        let server = round
-            .server
-            .as_mut()
-            .ok_or(ProtocolError::OutOfPhase { expected: Stage::Finished, got: message.stage() })?;
+        let RoundState::Collecting(server) = &mut round.state else {
+            return Err(ProtocolError::OutOfPhase { expected: Stage::Finished, got: message.stage() }.into());
+        };
         server.receive(id, message)?;
         round.bytes_up += bytes.len() as u64;
         Ok(())
@@ -335,7 +329,7 @@ impl TaskEngine {
         // A stage closes when every eligible client answered or its deadline
         // passed; the masked-input stage also closes once enough inputs
         // arrived, so that over-selected stragglers do not hold it up.
-        let ready = round.server.as_ref().is_some_and(|s| {
+        let ready = round.state.collecting().is_some_and(|s| {
             s.is_complete()
                 || now >= round.deadline
                 || (s.stage() == Stage::MaskedInputCollection && s.received() >= wanted)
@@ -343,10 +337,13 @@ impl TaskEngine {
         if !ready {
             return TickOutcome::Idle;
         }
-        let Some(server) = round.server.take() else { return TickOutcome::Idle };
+        let RoundState::Collecting(server) = std::mem::replace(&mut round.state, RoundState::Unmasking)
+        else {
+            return TickOutcome::Idle;
+        };
         let stage = server.stage();
         round.metrics.stages.push(StageMetrics {
-            stage: stage_name(stage),
+            stage,
             eligible: server.eligible().len(),
             received: server.received(),
             dropouts: server.eligible().len() - server.received(),
@@ -361,7 +358,7 @@ impl TaskEngine {
                     server,
                 }));
             }
-            let aborted = TickOutcome::Aborted { round: round.number, stage: stage_name(stage) };
+            let aborted = TickOutcome::Aborted { round: round.number, stage };
             self.round = None;
             return aborted;
         }
@@ -372,7 +369,7 @@ impl TaskEngine {
                     let name = |id: &ClientId| round.roster.get(id.get() as usize - 1).cloned();
                     next.eligible().iter().filter_map(name).collect::<Vec<_>>()
                 });
-                round.server = Some(next);
+                round.state = RoundState::Collecting(next);
                 match asked {
                     Some(participants) => {
                         self.contributed.extend(participants.iter().cloned());
@@ -382,7 +379,7 @@ impl TaskEngine {
                 }
             }
             Ok(Advanced::Done(_)) | Err(_) => {
-                let aborted = TickOutcome::Aborted { round: round.number, stage: stage_name(stage) };
+                let aborted = TickOutcome::Aborted { round: round.number, stage };
                 self.round = None;
                 aborted
             }

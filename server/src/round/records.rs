@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use cohort_crypto::ProtocolError;
+use cohort_crypto::{ProtocolError, Stage};
 use serde::{Deserialize, Serialize};
 
 use crate::store::TaskStatus;
@@ -77,8 +77,8 @@ pub enum EngineError {
 /// One stage's record in the round metrics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageMetrics {
-    /// Stage name.
-    pub stage: String,
+    /// The stage.
+    pub stage: Stage,
     /// Clients allowed to send.
     pub eligible: usize,
     /// Clients that sent.
@@ -140,7 +140,7 @@ pub struct RoundProgress {
     /// Attempt of this round.
     pub attempt: u32,
     /// Current stage.
-    pub stage: String,
+    pub stage: Stage,
     /// Clients selected.
     pub selected: usize,
     /// Clients allowed to send in the current stage.

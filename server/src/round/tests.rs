@@ -300,7 +300,7 @@ fn stage_messages_are_admitted_only_from_eligible_senders_within_the_round_size(
     let (round, _) = engine.round.as_ref().map(|r| (r.number, ())).unwrap();
     assert_eq!(round, 1);
     let keys = engine.admit("p0").unwrap();
-    let config = engine.round.as_ref().unwrap().server.as_ref().unwrap().config().clone();
+    let config = engine.round.as_ref().unwrap().state.collecting().unwrap().config().clone();
     assert_eq!(keys, ClientMessage::max_encoded_len(&config, Stage::AdvertiseKeys));
     assert!(clients[0].step(&mut engine));
     assert!(matches!(engine.admit("p0"), Err(EngineError::Protocol(ProtocolError::Duplicate(_)))));
