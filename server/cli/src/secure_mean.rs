@@ -4,11 +4,12 @@
 use anyhow::{Result, anyhow};
 use cohort_client::runtime::LocalUpdate;
 use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
-use cohort_crypto::{ClientId, Metric, QuantizedInput, RoundConfig, Variant};
+use cohort_crypto::{ClientId, Metric, QuantizedInput, Variant};
 use cohort_server::optimizer::ServerOptimizer;
+use cohort_server::round::{BuiltRound, RoundBuilder};
 use cohort_server::spec::{GraphChoice, QuantizationConfig, SecAggSpec, TaskSpec};
 use rand_chacha::ChaCha20Rng;
-use rand_core::{Rng, SeedableRng};
+use rand_core::SeedableRng;
 
 use crate::training::threshold;
 
@@ -49,12 +50,14 @@ pub(crate) fn secure_mean(
         checkpoint_retention: 1,
         client_metrics: Default::default(),
     };
-    let derived = spec.validate().map_err(|e| anyhow!("secure-aggregation parameters: {e}"))?;
+    // A semi-honest round: the simulated clients have no identity keys.
+    let security = cohort_crypto::policy::TaskSecurity {
+        variant: Variant::SemiHonest,
+        ..spec.security().map_err(|e| anyhow!("secure-aggregation parameters: {e}"))?
+    };
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
-    let mut transform_seed = [0u8; 32];
-    rng.fill_bytes(&mut transform_seed);
-    let metrics = spec.client_metrics.aggregate;
-    let quantizer = q.quantizer(n, transform_seed, metrics)?;
+    let BuiltRound { config, quantizer } =
+        RoundBuilder::for_task(&spec, &security).build(1, n, Vec::new(), &mut rng)?;
     // Stochastic rounding draws from a per-client generator, so that the
     // simulation may ask for an input any number of times.
     let encode = |i: usize| {
@@ -64,24 +67,6 @@ pub(crate) fn secure_mean(
     for i in 0..updates.len() {
         encode(i)?;
     }
-    let mut session = [0u8; 16];
-    rng.fill_bytes(&mut session);
-    let config = RoundConfig {
-        session,
-        round: 1,
-        variant: Variant::SemiHonest,
-        clients: n,
-        identities: Vec::new(),
-        graph: if derived.complete {
-            cohort_crypto::GraphSpec::Complete
-        } else {
-            cohort_crypto::GraphSpec::Harary { degree: derived.degree }
-        },
-        threshold: derived.threshold,
-        vector_len: quantizer.encoded_len(dimension) as u32,
-        modulus_bits: q.ring_bits(n)?,
-        quantization: q.round_spec(transform_seed, metrics)?,
-    };
     let plan = DropoutPlan {
         after_shares: dropped.iter().filter_map(|&i| ClientId::new(i as u32 + 1)).collect(),
         ..DropoutPlan::default()

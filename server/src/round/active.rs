@@ -1,15 +1,14 @@
-//! The round in progress: selecting its clients, building its
-//! configuration, and the deadlines of its stages.
+//! The round in progress: selecting its clients, its state, and the
+//! deadlines of its stages.
 
 use std::collections::HashMap;
 
-use cohort_crypto::graph::GraphSpec;
-use cohort_crypto::policy::{GraphKind, TaskSecurity};
-use cohort_crypto::{ClientId, Quantizer, RoundConfig, ServerRound, Stage, Variant};
+use cohort_crypto::policy::TaskSecurity;
+use cohort_crypto::{ClientId, Quantizer, ServerRound, Stage, Variant};
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
-use rand_core::Rng;
 
+use super::builder::{BuiltRound, RoundBuilder};
 use super::records::RoundMetrics;
 use crate::spec::TaskSpec;
 
@@ -71,37 +70,15 @@ impl ActiveRound {
         rng: &mut ChaCha20Rng,
         now: i64,
     ) -> Option<Self> {
-        let n = selected.len();
-        let variant = security.variant;
-        let identities = match variant {
+        let n = selected.len() as u32;
+        let identities = match security.variant {
             Variant::Active => selected.iter().filter_map(|(_, identity)| *identity).collect(),
             Variant::SemiHonest => Vec::new(),
         };
         let roster: Vec<String> = selected.into_iter().map(|(id, _)| id).collect();
-        let mut session = [0u8; 16];
-        rng.fill_bytes(&mut session);
-        let mut transform_seed = [0u8; 32];
-        rng.fill_bytes(&mut transform_seed);
-        let q = spec.quantization;
-        let metrics = spec.client_metrics.aggregate;
-        let quantizer = q.quantizer(n as u32, transform_seed, metrics).ok()?;
-        let modulus_bits = security.modulus_bits;
-        let quantization = q.round_spec(transform_seed, metrics).ok()?;
-        let config = RoundConfig {
-            session,
-            round: number,
-            variant,
-            clients: n as u32,
-            identities,
-            graph: match security.graph {
-                GraphKind::Complete => GraphSpec::Complete,
-                GraphKind::Sparse => GraphSpec::Harary { degree: security.degree },
-            },
-            threshold: security.threshold,
-            vector_len: quantizer.encoded_len(spec.model.layout.len()) as u32,
-            modulus_bits,
-            quantization,
-        };
+        let BuiltRound { config, quantizer } =
+            RoundBuilder::for_task(spec, security).build(number, n, identities, rng).ok()?;
+        let (session, modulus_bits) = (config.session, config.modulus_bits);
         let server = ServerRound::new(config).ok()?;
         let ids =
             roster.iter().enumerate().filter_map(|(i, p)| Some((p.clone(), ClientId::new(i as u32 + 1)?)));

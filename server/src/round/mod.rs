@@ -5,14 +5,17 @@
 //!
 //! * [`engine`]: [`TaskEngine`], one task's state, synchronous and given
 //!   the time, so that every rule is testable without sockets or timers;
-//! * `active`: the round in progress: selection, its configuration and
-//!   its stage deadlines;
+//! * `active`: the round in progress: selection, its state and its stage
+//!   deadlines;
+//! * [`builder`]: [`RoundBuilder`], the one place a round's public
+//!   parameters are built from task settings;
 //! * `completion`: the final stage unmasked off the runtime, and the
 //!   aggregate turned into a checkpoint and round record;
 //! * [`records`]: what the engine answers clients and shows the admin API;
 //! * [`coordinator`]: the single-owner actor over all tasks' engines.
 
 mod active;
+pub mod builder;
 mod completion;
 pub mod coordinator;
 pub mod engine;
@@ -20,6 +23,7 @@ pub mod records;
 #[cfg(test)]
 mod tests;
 
+pub use builder::{BuiltRound, RoundBuilder};
 pub use completion::{Completion, UnmaskJob};
 pub use coordinator::{Coordinator, CoordinatorError};
 pub use engine::{CHECK_IN_TTL_MS, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};

@@ -12,7 +12,8 @@ use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::params::{Adversary, DerivedParameters, ParameterTarget, derive_complete, derive_sparse};
 use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::simulation::{DropoutPlan, Simulation, Stopwatch, plain_sum};
-use cohort_crypto::{ClientId, MetricSet, QuantizedInput, RoundConfig, Variant};
+use cohort_crypto::{ClientId, MetricSet, QuantizedInput, Variant};
+use cohort_server::round::{BuiltRound, RoundBuilder};
 use cohort_server::spec::QuantizationConfig;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
@@ -154,8 +155,6 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
     }
     let params = parameters(args)?;
     let mut seed_rng = ChaCha20Rng::seed_from_u64(args.seed);
-    let mut session = [0u8; 16];
-    seed_rng.fill_bytes(&mut session);
     let graph = if params.is_complete(args.clients) {
         GraphSpec::Complete
     } else {
@@ -170,34 +169,26 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         sketch: None,
         max_weight: 1 << 12,
     };
-    let mut transform_seed = [0u8; 32];
-    seed_rng.fill_bytes(&mut transform_seed);
-    let modulus_bits = settings.ring_bits(args.clients)?;
-    let quantization = settings.round_spec(transform_seed, MetricSet::NONE)?;
-    let quantizer = settings.quantizer(args.clients, transform_seed, MetricSet::NONE)?;
-    let mut config = RoundConfig {
-        session,
-        round: 1,
-        variant: Variant::SemiHonest,
-        clients: args.clients,
-        identities: Vec::new(),
-        graph,
-        threshold: params.threshold,
-        vector_len: quantizer.encoded_len(args.dim as usize) as u32,
-        modulus_bits,
-        quantization,
-    };
-    let identities = match args.variant {
-        VariantArg::SemiHonest => Vec::new(),
+    let (variant, identities) = match args.variant {
+        VariantArg::SemiHonest => (Variant::SemiHonest, Vec::new()),
         VariantArg::Active => {
             let keys: Vec<_> = (0..args.clients)
                 .map(|_| std::sync::Arc::new(IdentityKey::generate(&mut seed_rng)))
                 .collect();
-            config.variant = Variant::Active;
-            config.identities = keys.iter().map(|key| key.public_key()).collect();
-            keys
+            (Variant::Active, keys)
         }
     };
+    let builder = RoundBuilder {
+        quantization: &settings,
+        metrics: MetricSet::NONE,
+        variant,
+        graph,
+        threshold: params.threshold,
+        dimension: args.dim as usize,
+    };
+    let public_keys = identities.iter().map(|key| key.public_key()).collect();
+    let BuiltRound { config, quantizer } = builder.build(1, args.clients, public_keys, &mut seed_rng)?;
+    let modulus_bits = config.modulus_bits;
     config.validate().context("invalid round parameters")?;
 
     // ⌊dropout · n⌋ clients, chosen at random, vanish after ShareKeys.

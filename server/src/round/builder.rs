@@ -1,0 +1,117 @@
+//! The one place a round's public parameters ([`RoundConfig`]) and its
+//! [`Quantizer`] are built from task settings: the coordinator's rounds,
+//! the command-line tool's in-process secure mean and the benchmarks.
+
+use cohort_crypto::graph::GraphSpec;
+use cohort_crypto::policy::{GraphKind, TaskSecurity};
+use cohort_crypto::{MetricSet, Quantizer, RoundConfig, Variant};
+use rand_core::Rng;
+
+use crate::spec::{QuantizationConfig, SpecError, TaskSpec};
+
+/// What every round of a task (or a benchmark) repeats.
+#[derive(Debug, Clone)]
+pub struct RoundBuilder<'a> {
+    /// How clients quantize (and transform) their updates.
+    pub quantization: &'a QuantizationConfig,
+    /// The client metrics summed under the masks.
+    pub metrics: MetricSet,
+    /// Adversary model.
+    pub variant: Variant,
+    /// Communication graph.
+    pub graph: GraphSpec,
+    /// Shares needed to reconstruct a secret (t).
+    pub threshold: u32,
+    /// Parameters of the model (the update's length before encoding).
+    pub dimension: usize,
+}
+
+/// A built round: its public parameters and the quantizer that encodes and
+/// decodes under them.
+#[derive(Debug)]
+pub struct BuiltRound {
+    /// The parameters every participant checks and agrees on.
+    pub config: RoundConfig,
+    /// The round's quantizer (its transform seed is the round's).
+    pub quantizer: Quantizer,
+}
+
+impl<'a> RoundBuilder<'a> {
+    /// Rounds of `spec`, whose security parameters are `security` (derived
+    /// once from it, see [`TaskSpec::security`]).
+    pub fn for_task(spec: &'a TaskSpec, security: &TaskSecurity) -> Self {
+        Self {
+            quantization: &spec.quantization,
+            metrics: spec.client_metrics.aggregate,
+            variant: security.variant,
+            graph: match security.graph {
+                GraphKind::Complete => GraphSpec::Complete,
+                GraphKind::Sparse => GraphSpec::Harary { degree: security.degree },
+            },
+            threshold: security.threshold,
+            dimension: spec.model.layout.len(),
+        }
+    }
+
+    /// Round `round` of `clients` clients (with their Ed25519 identity keys
+    /// in roster order in the active variant; none in the semi-honest one),
+    /// with a fresh session id and transform seed drawn from `rng`.
+    pub fn build(
+        &self,
+        round: u64,
+        clients: u32,
+        identities: Vec<[u8; 32]>,
+        rng: &mut impl Rng,
+    ) -> Result<BuiltRound, SpecError> {
+        let mut session = [0u8; 16];
+        rng.fill_bytes(&mut session);
+        let mut transform_seed = [0u8; 32];
+        rng.fill_bytes(&mut transform_seed);
+        let q = self.quantization;
+        let quantizer = q.quantizer(clients, transform_seed, self.metrics)?;
+        let config = RoundConfig {
+            session,
+            round,
+            variant: self.variant,
+            clients,
+            identities,
+            graph: self.graph.clone(),
+            threshold: self.threshold,
+            vector_len: quantizer.encoded_len(self.dimension) as u32,
+            modulus_bits: q.ring_bits(clients)?,
+            quantization: q.round_spec(transform_seed, self.metrics)?,
+        };
+        Ok(BuiltRound { config, quantizer })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::tests::small_spec;
+    use rand_core::SeedableRng;
+
+    #[test]
+    fn a_task_round_announces_the_pinned_security_and_fresh_seeds() {
+        let mut spec = small_spec();
+        spec.quantization.rotate = true;
+        spec.secure_aggregation.variant = Some(crate::spec::VariantChoice::Active);
+        let security = spec.security().unwrap();
+        let builder = RoundBuilder::for_task(&spec, &security);
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
+        let identities: Vec<[u8; 32]> = (0..6u8).map(|i| [i; 32]).collect();
+        let one = builder.build(3, 6, identities.clone(), &mut rng).unwrap();
+        let two = builder.build(3, 6, identities.clone(), &mut rng).unwrap();
+        one.config.validate().unwrap();
+        assert_eq!(cohort_crypto::policy::TaskSecurity::of_round(&one.config).unwrap(), security);
+        assert_eq!((one.config.round, one.config.clients, &one.config.identities), (3, 6, &identities));
+        assert_eq!(one.config.vector_len as usize, one.quantizer.encoded_len(spec.model.layout.len()));
+        // Only the per-round randomness differs between two builds.
+        assert_ne!(one.config.session, two.config.session);
+        assert_ne!(one.config.quantization, two.config.quantization);
+        assert_eq!(
+            RoundConfig { session: one.config.session, quantization: one.config.quantization, ..two.config },
+            one.config
+        );
+    }
+}
