@@ -10,6 +10,7 @@
 //!   non-IID partitioners for demos and simulations;
 //! * [`checkpoint`]: the safetensors model format shared with the server.
 
+pub mod api;
 pub mod checkpoint;
 pub mod data;
 pub mod model;

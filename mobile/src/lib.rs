@@ -172,7 +172,7 @@ impl From<RunError> for Error {
                 ParticipantError::Unauthorized(_) => Error::Unauthorized(e.to_string()),
                 ParticipantError::TaskNotFound(_) => Error::TaskNotFound(e.to_string()),
                 ParticipantError::Rejected { status, code, message } => {
-                    Error::Rejected { status, code, message }
+                    Error::Rejected { status, code: code.to_string(), message }
                 }
                 ParticipantError::UnexpectedReply(_) => Error::Protocol(e.to_string()),
                 ParticipantError::InvalidUpdate(_) => Error::InvalidUpdate(e.to_string()),

@@ -8,9 +8,8 @@
 
 mod support;
 
-use cohort_client::participant::{
-    Method, Participant, ParticipantConfig, Request, Response, SECAGG_CONTENT_TYPE,
-};
+use cohort_client::api::SECAGG_CONTENT_TYPE;
+use cohort_client::participant::{Method, Participant, ParticipantConfig, Request, Response};
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, Runner, Trainer, Transport};
 use cohort_crypto::messages::MaskedVector;

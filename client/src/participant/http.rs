@@ -1,12 +1,9 @@
-//! The client API as the participant speaks it: requests and responses,
-//! the JSON replies it reads, and the error body.
+//! The client API as the participant speaks it: requests and responses
+//! (the replies' types are the shared contract's, [`crate::api`]).
 
-use serde::Deserialize;
+pub(super) use crate::api::{CheckIn, Enrolled, ErrorBody, ErrorCode, SECAGG_CONTENT_TYPE, routes};
 
-use super::{ParticipantError, TaskSecurity};
-
-/// Content type of binary stage messages.
-pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
+use super::ParticipantError;
 
 /// HTTP method of a [`Request`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,46 +48,6 @@ pub struct Response {
     pub body: Vec<u8>,
 }
 
-#[derive(Deserialize)]
-pub(super) struct Enrolled {
-    pub(super) participant_id: String,
-    pub(super) credential: String,
-    pub(super) expires_at: i64,
-    pub(super) security: TaskSecurity,
-}
-
-#[derive(Deserialize)]
-#[serde(tag = "status", rename_all = "snake_case")]
-pub(super) enum CheckIn {
-    Wait {
-        retry_after_ms: u64,
-    },
-    Selected {
-        round: u64,
-        client_id: u32,
-        #[serde(default)]
-        attempt: u32,
-        #[serde(default)]
-        session: Option<String>,
-        /// The task (semi-honest only) also takes each client's metrics
-        /// in the clear.
-        #[serde(default)]
-        plaintext_metrics: bool,
-    },
-    Finished,
-}
-
-#[derive(Deserialize, Default)]
-pub(super) struct ApiError {
-    #[serde(default)]
-    pub(super) error: String,
-    #[serde(default)]
-    pub(super) message: String,
-    /// With a 429 or 503: how long to wait before trying again.
-    #[serde(default)]
-    pub(super) retry_after_ms: Option<u64>,
-}
-
 /// Longest wait a server's `retry_after_ms` can impose at once.
 pub(super) const MAX_RETRY_AFTER_MS: u64 = 300_000;
 
@@ -106,6 +63,6 @@ pub(super) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
     serde_json::from_slice(body).map_err(|e| ParticipantError::UnexpectedReply(e.to_string()))
 }
 
-pub(super) fn rejected(status: u16, error: ApiError) -> ParticipantError {
+pub(super) fn rejected(status: u16, error: ErrorBody) -> ParticipantError {
     ParticipantError::Rejected { status, code: error.error, message: error.message }
 }

@@ -54,7 +54,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use http::{Method, Request, Response, SECAGG_CONTENT_TYPE};
+pub use http::{Method, Request, Response};
 pub use outcome::{Action, ParticipantConfig, ParticipantError, RoundOutcome, RoundReport};
 pub use state::SavedState;
 
@@ -257,10 +257,10 @@ impl Participant {
                     "identity_proof": hex::encode(proof),
                 })
                 .to_string();
-                post_json(format!("/v1/tasks/{}/enroll", self.task_id), body.into_bytes(), None)
+                post_json(routes::enroll(&self.task_id), body.into_bytes(), None)
             }
-            Phase::CheckIn => post_json("/v1/checkin".into(), Vec::new(), bearer),
-            Phase::Model { .. } => get("/v1/model", bearer),
+            Phase::CheckIn => post_json(routes::CHECK_IN.into(), Vec::new(), bearer),
+            Phase::Model { .. } => get(routes::MODEL, bearer),
             Phase::Training { round, model, .. } => {
                 return match model.take() {
                     Some(model) => Action::Train { round: *round, model },
@@ -275,16 +275,16 @@ impl Participant {
                     self.abandon(reason);
                     return self.next(now);
                 }
-                get("/v1/round/message", bearer)
+                get(routes::ROUND_MESSAGE, bearer)
             }
             Phase::Post { body, .. } => Request {
                 method: Method::Post,
-                path: "/v1/round/message".into(),
+                path: routes::ROUND_MESSAGE.into(),
                 body: body.to_vec(),
                 content_type: Some(SECAGG_CONTENT_TYPE),
                 bearer,
             },
-            Phase::Report { body, .. } => post_json("/v1/metrics".into(), body.clone(), bearer),
+            Phase::Report { body, .. } => post_json(routes::METRICS.into(), body.clone(), bearer),
             Phase::Finished => return Action::Finished,
         };
         self.in_flight = true;
@@ -328,7 +328,7 @@ impl Participant {
         let status = response.status;
         if status == 429 || status >= 500 {
             let asked =
-                serde_json::from_slice::<ApiError>(&response.body).ok().and_then(|e| e.retry_after_ms);
+                serde_json::from_slice::<ErrorBody>(&response.body).ok().and_then(|e| e.retry_after_ms);
             if status == 429 {
                 // Rate limited: the server is there and says when to come
                 // back; that is no failed attempt.
@@ -346,7 +346,7 @@ impl Participant {
         if matches!(self.phase, Phase::Model { .. } | Phase::Fetch { .. } | Phase::Post { .. }) {
             self.report.bytes_down += response.body.len() as u64;
         }
-        let error = || serde_json::from_slice::<ApiError>(&response.body).unwrap_or_default();
+        let error = || serde_json::from_slice::<ErrorBody>(&response.body).unwrap_or_default();
         if status == 401 {
             return self.unauthorized(error().message);
         }
@@ -424,10 +424,12 @@ impl Participant {
             Phase::Post { round, client_id, protocol, body } => match status {
                 202 => self.after_post(round, client_id, protocol),
                 // A retried post whose first try arrived.
-                409 if retried && error().error == "duplicate" => self.after_post(round, client_id, protocol),
+                409 if retried && error().error == ErrorCode::Duplicate => {
+                    self.after_post(round, client_id, protocol)
+                }
                 410 => self.end_round(RoundOutcome::Dropped(self.report)),
                 // The message belongs to a stage that closed meanwhile.
-                409 if error().error == "out_of_phase" || error().error == "not_selected" => {
+                409 if matches!(error().error, ErrorCode::OutOfPhase | ErrorCode::NotSelected) => {
                     self.end_round(RoundOutcome::Dropped(self.report))
                 }
                 _ => {

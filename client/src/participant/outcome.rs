@@ -135,7 +135,7 @@ pub enum ParticipantError {
         /// HTTP status.
         status: u16,
         /// Error code from the body.
-        code: String,
+        code: crate::api::ErrorCode,
         /// Error message from the body.
         message: String,
     },

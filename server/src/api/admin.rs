@@ -1,6 +1,7 @@
 //! The admin API: tasks (create, list, inspect, pause, resume, stop), their
 //! enrollment tokens, rounds and checkpoints.
 
+use cohort_client::api::ErrorCode;
 use std::collections::HashMap;
 
 use axum::Json;
@@ -41,16 +42,17 @@ pub(super) async fn create_task(
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
     let mut spec: TaskSpec = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;
     spec.secure_aggregation.default_for_new_task();
-    spec.validate().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
+    spec.validate()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string()))?;
     let _creating = state.creating.lock().await;
     let requested = spec.model.layout.len();
     let loaded = state.coordinator.loaded_parameters().await?;
     if loaded.saturating_add(requested) > state.config.max_total_parameters {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "capacity_exceeded",
+            ErrorCode::CapacityExceeded,
             format!(
                 "the model has {requested} parameters and unfinished tasks already hold {loaded} of the \
                  server's {}; stop a task or raise max_total_parameters",
@@ -70,15 +72,16 @@ pub async fn create(
     mut spec: TaskSpec,
 ) -> ApiResult<CreatedTask> {
     spec.secure_aggregation.default_for_new_task();
-    let derived =
-        spec.validate().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
+    let derived = spec
+        .validate()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string()))?;
     let now = now_ms();
     let id = new_id();
     let enrollment_token = new_token();
     let initial = TaskEngine::initial_checkpoint(&id, &spec, now)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e))?;
     let spec_json = serde_json::to_string(&spec)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", e.to_string()))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string()))?;
     let record = TaskRecord {
         id: id.clone(),
         name: spec.name.clone(),
@@ -147,9 +150,10 @@ pub(super) async fn create_token(
     TaskId(id): TaskId,
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<TokenView>)> {
-    let invalid = |message: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_token_request", message);
+    let invalid =
+        |message: &str| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTokenRequest, message);
     let request: NewToken = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;
     let name = request.name.trim();
     if name.is_empty() || name.len() > crate::spec::MAX_NAME_BYTES || name.chars().any(char::is_control) {
         return Err(invalid("name must be 1 to 200 bytes without control characters"));
@@ -163,7 +167,7 @@ pub(super) async fn create_token(
     if task.status.is_final() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "task_inactive",
+            ErrorCode::TaskInactive,
             format!("the task is {}", task.status.as_str()),
         ));
     }
@@ -202,10 +206,9 @@ pub(super) async fn revoke_token(
     TaskId(id): TaskId,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<TokenView>> {
-    let token_id = params
-        .get("token")
-        .filter(|t| is_valid_id(t))
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", "enrollment token not found"))?;
+    let token_id = params.get("token").filter(|t| is_valid_id(t)).ok_or_else(|| {
+        ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "enrollment token not found")
+    })?;
     let revoked = state.store.revoke_enrollment_token(&id, token_id, now_ms()).await?;
     tracing::info!(task = %id, token = %revoked.id, "enrollment token revoked");
     let enrolled = state
@@ -394,7 +397,11 @@ pub(super) async fn get_checkpoint(
         state.store.latest_checkpoint(&id).await?
     } else {
         let number: i64 = round.parse().map_err(|_| {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_round", "round must be a number or \"latest\"")
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRound,
+                "round must be a number or \"latest\"",
+            )
         })?;
         state.store.checkpoint(&id, number).await?
     };

@@ -18,7 +18,7 @@ use super::{SAFETENSORS_CONTENT_TYPE, SECAGG_CONTENT_TYPE};
 use crate::round::coordinator::{CoordinatorError, now_ms};
 use crate::round::{CheckIn, Poll};
 use crate::store::{ClientMetricsRecord, ParticipantRecord, Store, StoreError};
-use cohort_crypto::policy::TaskSecurity;
+use cohort_client::api::{Enrolled, ErrorCode};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,7 +35,7 @@ struct EnrollRequest {
 
 /// The identity key of an enrollment, checked against its proof.
 fn identity_key(task: &str, request: &EnrollRequest) -> ApiResult<Option<[u8; 32]>> {
-    let invalid = |message: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_identity", message);
+    let invalid = |message: &str| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidIdentity, message);
     let (key, proof) = match (&request.identity_key, &request.identity_proof) {
         (None, None) => return Ok(None),
         (Some(key), Some(proof)) => (key, proof),
@@ -51,20 +51,6 @@ fn identity_key(task: &str, request: &EnrollRequest) -> ApiResult<Option<[u8; 32
     Ok(Some(public))
 }
 
-/// Reply to enrollment. The credential is shown only here.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Enrolled {
-    /// Participant id.
-    pub participant_id: String,
-    /// Bearer credential for the client API.
-    pub credential: String,
-    /// Expiry (Unix ms).
-    pub expires_at: i64,
-    /// The task's security parameters, which every round repeats: the
-    /// participant checks them against its policy and pins them.
-    pub security: TaskSecurity,
-}
-
 pub(super) async fn enroll(
     State(state): State<AppState>,
     PeerAddress(address): PeerAddress,
@@ -73,11 +59,12 @@ pub(super) async fn enroll(
 ) -> ApiResult<(StatusCode, Json<Enrolled>)> {
     limit(&state, Call::Enroll, address, None)?;
     let request: EnrollRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;
     let task = state.store.task(&id).await?;
     // Looked up by the SHA-256 of a 256-bit random token: the hash, not the
     // token, meets the index.
-    let invalid = || ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "invalid enrollment token");
+    let invalid =
+        || ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "invalid enrollment token");
     let token = match state.store.enrollment_token_by_hash(&token_hash(&request.enrollment_token)).await {
         Ok(token) if token.task_id == id => token,
         Ok(_) | Err(StoreError::NotFound(_)) => return Err(invalid()),
@@ -86,7 +73,7 @@ pub(super) async fn enroll(
     if token.revoked_at.is_some() {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
-            "token_revoked",
+            ErrorCode::TokenRevoked,
             "this enrollment token was revoked",
         ));
     }
@@ -95,7 +82,7 @@ pub(super) async fn enroll(
     if task.status.is_final() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "task_inactive",
+            ErrorCode::TaskInactive,
             format!("the task is {}", task.status.as_str()),
         ));
     }
@@ -105,7 +92,7 @@ pub(super) async fn enroll(
     if security.variant == cohort_crypto::Variant::Active && identity_key.is_none() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "identity_required",
+            ErrorCode::IdentityRequired,
             "this task runs the active variant: enroll with an identity_key and its identity_proof",
         ));
     }
@@ -151,9 +138,9 @@ pub(super) async fn model(Participant(p): Participant, State(state): State<AppSt
         [
             (header::CONTENT_TYPE, SAFETENSORS_CONTENT_TYPE.to_string()),
             (
-                "x-cohort-round"
-                    .parse()
-                    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "header"))?,
+                "x-cohort-round".parse().map_err(|_| {
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, "header")
+                })?,
                 round.to_string(),
             ),
         ],
@@ -170,7 +157,7 @@ pub(super) async fn fetch_message(
         Poll::Message(bytes) => ([(header::CONTENT_TYPE, SECAGG_CONTENT_TYPE)], bytes).into_response(),
         Poll::Wait => StatusCode::NO_CONTENT.into_response(),
         Poll::Dropped => {
-            ApiError::new(StatusCode::GONE, "dropped", "this client is no longer part of the round")
+            ApiError::new(StatusCode::GONE, ErrorCode::Dropped, "this client is no longer part of the round")
                 .into_response()
         }
     })
@@ -190,7 +177,7 @@ pub(super) async fn post_message(
     if content_type != SECAGG_CONTENT_TYPE {
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
             format!("stage messages must be sent as {SECAGG_CONTENT_TYPE}"),
         ));
     }
@@ -295,18 +282,21 @@ pub(super) async fn report_metrics(
 ) -> ApiResult<StatusCode> {
     limit(&state, Call::Report, address, Some(&p.id))?;
     let report: MetricsReport = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;
     if report.round < 1 || report.round > i64::MAX as u64 {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "invalid_round",
+            ErrorCode::InvalidRound,
             "round must be between 1 and 2^63 - 1",
         ));
     }
-    report.metrics.validate().map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_metrics", m))?;
+    report
+        .metrics
+        .validate()
+        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidMetrics, m))?;
     state.coordinator.may_report(&p.task_id, &p.id, report.round).await?;
     let metrics = serde_json::to_string(&report.metrics)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;
     let kind = match report.kind {
         ReportKind::Train => "train",
         ReportKind::Eval => "eval",

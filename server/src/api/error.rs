@@ -1,14 +1,14 @@
-//! The API's one error form: a status, a stable code and a message, as
-//! `{"error": code, "message": text}`, with `Retry-After` where the client
-//! should come back.
+//! The API's one error form: a status, a stable [`ErrorCode`] and a
+//! message, as the contract's [`ErrorBody`] `{"error": code, "message":
+//! text}`, with `Retry-After` where the client should come back.
 
 use std::time::Duration;
 
 use axum::Json;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use cohort_client::api::{ErrorBody, ErrorCode};
 use cohort_crypto::ProtocolError;
-use serde_json::json;
 
 use super::DATABASE_RETRY;
 use crate::round::EngineError;
@@ -19,20 +19,23 @@ use crate::store::StoreError;
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
     retry_after: Option<Duration>,
 }
 
 impl ApiError {
-    pub(super) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         Self { status, code, message: message.into(), retry_after: None }
     }
 
     /// A `429`: the caller should wait `wait`.
     pub(super) fn rate_limited(wait: Duration) -> Self {
         let message = format!("too many requests; retry in {} ms", wait.as_millis().max(1));
-        Self { retry_after: Some(wait), ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message) }
+        Self {
+            retry_after: Some(wait),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, message)
+        }
     }
 
     /// A `503`: the database cannot be reached.
@@ -41,7 +44,7 @@ impl ApiError {
             retry_after: Some(DATABASE_RETRY),
             ..Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
+                ErrorCode::Unavailable,
                 "the database is unavailable or overloaded; retry later",
             )
         }
@@ -63,11 +66,11 @@ impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = json!({ "error": self.code, "message": self.message });
-        let mut response = match self.retry_after {
-            Some(wait) => {
-                let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
-                body["retry_after_ms"] = ms.into();
+        let retry_after_ms =
+            self.retry_after.map(|wait| u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1));
+        let body = ErrorBody { error: self.code, message: self.message, retry_after_ms };
+        let mut response = match retry_after_ms {
+            Some(ms) => {
                 let seconds = ms.div_ceil(1000).to_string();
                 (self.status, [(header::RETRY_AFTER, seconds)], Json(body)).into_response()
             }
@@ -85,9 +88,9 @@ impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
             StoreError::NotFound(what) => {
-                ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+                ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, format!("{what} not found"))
             }
-            StoreError::Conflict(why) => ApiError::new(StatusCode::CONFLICT, "conflict", why),
+            StoreError::Conflict(why) => ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, why),
             other if other.is_unavailable() => {
                 // One line per request would flood the log during an outage;
                 // /readyz reports it at warn level.
@@ -96,7 +99,7 @@ impl From<StoreError> for ApiError {
             }
             other => {
                 tracing::error!(error = %other, "storage failure");
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, "internal error")
             }
         }
     }
@@ -107,38 +110,42 @@ impl From<CoordinatorError> for ApiError {
         use StatusCode as S;
         match error {
             CoordinatorError::UnknownTask => {
-                ApiError::new(S::NOT_FOUND, "task_not_found", "task not found or not running")
+                ApiError::new(S::NOT_FOUND, ErrorCode::TaskNotFound, "task not found or not running")
             }
             CoordinatorError::Store(e) => e.into(),
-            CoordinatorError::Invalid(m) => ApiError::new(S::BAD_REQUEST, "invalid_task", m),
+            CoordinatorError::Invalid(m) => ApiError::new(S::BAD_REQUEST, ErrorCode::InvalidTask, m),
             CoordinatorError::Unavailable => {
-                ApiError::new(S::SERVICE_UNAVAILABLE, "unavailable", "shutting down")
+                ApiError::new(S::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "shutting down")
             }
-            CoordinatorError::Engine(EngineError::NotSelected) => {
-                ApiError::new(S::CONFLICT, "not_selected", "this client is not part of the round in progress")
-            }
+            CoordinatorError::Engine(EngineError::NotSelected) => ApiError::new(
+                S::CONFLICT,
+                ErrorCode::NotSelected,
+                "this client is not part of the round in progress",
+            ),
             CoordinatorError::Engine(EngineError::NotInRound(round)) => ApiError::new(
                 S::CONFLICT,
-                "not_in_round",
+                ErrorCode::NotInRound,
                 format!("this client is not part of round {round}, or the round is not recent"),
             ),
             CoordinatorError::Engine(EngineError::PlaintextMetricsOff) => ApiError::new(
                 S::FORBIDDEN,
-                "plaintext_metrics_off",
+                ErrorCode::PlaintextMetricsOff,
                 "this task takes clients' metrics only in aggregate, inside the masked inputs",
             ),
-            CoordinatorError::Engine(EngineError::Inactive(status)) => {
-                ApiError::new(S::CONFLICT, "task_inactive", format!("the task is {}", status.as_str()))
-            }
+            CoordinatorError::Engine(EngineError::Inactive(status)) => ApiError::new(
+                S::CONFLICT,
+                ErrorCode::TaskInactive,
+                format!("the task is {}", status.as_str()),
+            ),
             CoordinatorError::Engine(EngineError::Protocol(p)) => {
                 let (status, code) = match &p {
-                    ProtocolError::Decode(_) => (S::BAD_REQUEST, "malformed_message"),
-                    ProtocolError::WrongRound => (S::CONFLICT, "wrong_round"),
-                    ProtocolError::OutOfPhase { .. } => (S::CONFLICT, "out_of_phase"),
-                    ProtocolError::Duplicate(_) => (S::CONFLICT, "duplicate"),
-                    ProtocolError::NotEligible { .. } => (S::CONFLICT, "not_eligible"),
-                    ProtocolError::Crypto(_) => (S::UNPROCESSABLE_ENTITY, "crypto_failure"),
-                    _ => (S::UNPROCESSABLE_ENTITY, "invalid_message"),
+                    ProtocolError::Decode(_) => (S::BAD_REQUEST, ErrorCode::MalformedMessage),
+                    ProtocolError::WrongRound => (S::CONFLICT, ErrorCode::WrongRound),
+                    ProtocolError::OutOfPhase { .. } => (S::CONFLICT, ErrorCode::OutOfPhase),
+                    ProtocolError::Duplicate(_) => (S::CONFLICT, ErrorCode::Duplicate),
+                    ProtocolError::NotEligible { .. } => (S::CONFLICT, ErrorCode::NotEligible),
+                    ProtocolError::Crypto(_) => (S::UNPROCESSABLE_ENTITY, ErrorCode::CryptoFailure),
+                    _ => (S::UNPROCESSABLE_ENTITY, ErrorCode::InvalidMessage),
                 };
                 ApiError::new(status, code, p.to_string())
             }

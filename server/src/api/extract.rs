@@ -2,6 +2,7 @@
 //! a client credential, a valid task id, the peer's address; bodies read
 //! within a limit; the rate limits.
 
+use cohort_client::api::ErrorCode;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
@@ -33,7 +34,7 @@ impl FromRequestParts<AppState> for Admin {
             Some(token) if verify_token(token, &state.config.admin_token_hash) => Ok(Admin),
             _ => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "a valid admin token is required",
             )),
         }
@@ -48,7 +49,11 @@ impl FromRequestParts<AppState> for Participant {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let unauthorized = || {
-            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid client credential is required")
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                ErrorCode::Unauthorized,
+                "a valid client credential is required",
+            )
         };
         let token = bearer(parts).ok_or_else(unauthorized)?;
         let participant = match state.store.participant_by_credential(&token_hash(token)).await {
@@ -59,7 +64,7 @@ impl FromRequestParts<AppState> for Participant {
         if participant.expires_at <= now_ms() {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "credential_expired",
+                ErrorCode::CredentialExpired,
                 "the client credential has expired",
             ));
         }
@@ -78,10 +83,10 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
         Bytes::from_request(request, state).await.map(RawBody).map_err(|rejection| {
             let status = rejection.status();
             if status == StatusCode::PAYLOAD_TOO_LARGE {
-                return ApiError::new(status, "payload_too_large", rejection.body_text());
+                return ApiError::new(status, ErrorCode::PayloadTooLarge, rejection.body_text());
             }
             too_slow(&rejection)
-                .unwrap_or_else(|| ApiError::new(status, "invalid_body", rejection.body_text()))
+                .unwrap_or_else(|| ApiError::new(status, ErrorCode::InvalidBody, rejection.body_text()))
         })
     }
 }
@@ -89,7 +94,7 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 /// The `408` for a body that failed because it arrived too slowly.
 fn too_slow(error: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
     find_source::<SlowBody>(error)
-        .map(|slow| ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", slow.to_string()))
+        .map(|slow| ApiError::new(StatusCode::REQUEST_TIMEOUT, ErrorCode::RequestTimeout, slow.to_string()))
 }
 
 /// The first error of type `E` in `error`'s chain of sources.
@@ -113,7 +118,7 @@ pub(super) async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) 
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
+            ErrorCode::PayloadTooLarge,
             format!("this message may be at most {limit} bytes"),
         )
     };
@@ -126,7 +131,11 @@ pub(super) async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) 
             return too_large();
         }
         too_slow(&error).unwrap_or_else(|| {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", "the request body could not be read")
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidBody,
+                "the request body could not be read",
+            )
         })
     })
 }
@@ -145,7 +154,7 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskId {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let not_found = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "task not found");
+        let not_found = || ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "task not found");
         let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
             .await
             .map_err(|_| not_found())?;

@@ -41,7 +41,8 @@ pub mod ratelimit;
 pub mod state;
 
 pub use admin::{CreatedTask, RoundView, TaskView, TokenView, create};
-pub use client::{ClientMetrics, Enrolled};
+pub use client::ClientMetrics;
+pub use cohort_client::api::{Enrolled, ErrorBody, ErrorCode};
 pub use error::ApiError;
 pub use state::{ApiConfig, AppState, DEFAULT_MAX_TOTAL_PARAMETERS};
 
@@ -52,6 +53,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use cohort_client::api::routes;
 use serde_json::json;
 
 use admin::{
@@ -62,7 +64,7 @@ use client::{check_in, enroll, fetch_message, model, post_message, report_metric
 
 /// Content type of secure-aggregation stage messages (one definition, the
 /// client library's).
-pub use cohort_client::participant::SECAGG_CONTENT_TYPE;
+pub use cohort_client::api::SECAGG_CONTENT_TYPE;
 /// Content type of checkpoints.
 pub const SAFETENSORS_CONTENT_TYPE: &str = "application/vnd.safetensors";
 const JSON_LIMIT: usize = 1 << 20;
@@ -89,14 +91,14 @@ pub fn app(state: AppState) -> Router {
     // The client API's JSON bodies are small; enrollment's is read before
     // its token is checked, so it gets the small limit too.
     let client_json = Router::new()
-        .route("/v1/tasks/{id}/enroll", post(enroll))
-        .route("/v1/checkin", post(check_in))
-        .route("/v1/model", get(model))
-        .route("/v1/metrics", post(report_metrics))
+        .route(routes::ENROLL, post(enroll))
+        .route(routes::CHECK_IN, post(check_in))
+        .route(routes::MODEL, get(model))
+        .route(routes::METRICS, post(report_metrics))
         .layer(DefaultBodyLimit::max(CLIENT_JSON_LIMIT));
     // Stage messages are read by the handler itself, after the admission
     // check, within the round's own limit.
-    let messages = Router::new().route("/v1/round/message", get(fetch_message).post(post_message));
+    let messages = Router::new().route(routes::ROUND_MESSAGE, get(fetch_message).post(post_message));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
@@ -106,7 +108,7 @@ pub fn app(state: AppState) -> Router {
         .merge(client_json)
         .merge(messages)
         .merge(pages::routes())
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such endpoint") })
         .with_state(state)
 }
 
@@ -130,13 +132,13 @@ async fn ready(State(state): State<AppState>) -> Response {
 
 /// A `503` in the API's error form, with the readiness fields.
 fn not_ready() -> Response {
-    let body = json!({
-        "status": "unavailable",
-        "database": "unreachable",
-        "error": "unavailable",
-        "message": "the database is unavailable; retry later",
-        "retry_after_ms": DATABASE_RETRY.as_millis() as u64,
+    let mut body = json!(ErrorBody {
+        error: ErrorCode::Unavailable,
+        message: "the database is unavailable; retry later".into(),
+        retry_after_ms: Some(DATABASE_RETRY.as_millis() as u64),
     });
+    body["status"] = "unavailable".into();
+    body["database"] = "unreachable".into();
     let retry_after = DATABASE_RETRY.as_secs().to_string();
     (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, retry_after)], Json(body)).into_response()
 }

@@ -32,6 +32,13 @@ fn binary_ok(status: &str, content_type: &str, description: &str) -> Value {
 
 /// The document.
 pub fn document() -> Value {
+    // The refusal codes of the shared contract (a newer server's unknown
+    // ones parse as `unknown` on the client; this one sends none).
+    let error_codes: Vec<&str> = cohort_client::api::ErrorCode::ALL
+        .iter()
+        .filter(|code| **code != cohort_client::api::ErrorCode::Unknown)
+        .map(|code| code.as_str())
+        .collect();
     let id = json!({ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } });
     let task_action = |summary: &str| {
         let mut o = op(summary, "admin", json_ok("200", "New status"), &["401", "404", "409"]);
@@ -108,7 +115,7 @@ pub fn document() -> Value {
             "responses": {
                 "Error": { "description": "Refused", "content": { "application/json": { "schema": {
                     "type": "object", "required": ["error", "message"],
-                    "properties": { "error": { "type": "string" }, "message": { "type": "string" },
+                    "properties": { "error": { "type": "string", "enum": error_codes }, "message": { "type": "string" },
                                     "retry_after_ms": { "type": "integer", "description": "With 429 and 503: wait this long (also in Retry-After, in seconds)" } } } } } }
             }
         }

@@ -139,10 +139,11 @@ async fn demo_task(State(state): State<AppState>) -> Response {
             .into_response(),
         None => (
             StatusCode::NOT_FOUND,
-            Json(serde_json::json!({
-                "error": "not_found",
-                "message": "this coordinator runs no public demo task (cohort serve --demo)",
-            })),
+            Json(cohort_client::api::ErrorBody {
+                error: cohort_client::api::ErrorCode::NotFound,
+                message: "this coordinator runs no public demo task (cohort serve --demo)".into(),
+                retry_after_ms: None,
+            }),
         )
             .into_response(),
     }

@@ -228,7 +228,7 @@ impl TaskEngine {
                     round: round.number,
                     client_id: id.get(),
                     attempt: round.metrics.attempt,
-                    session: hex::encode(round.session),
+                    session: Some(hex::encode(round.session)),
                     plaintext_metrics: self.spec.client_metrics.plaintext,
                 },
                 None => CheckIn::Wait { retry_after_ms: 2_000 },

@@ -10,35 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::TaskStatus;
 
-/// What a client is told when it checks in.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "status", rename_all = "snake_case")]
-pub enum CheckIn {
-    /// Not selected (yet); check in again after this long.
-    Wait {
-        /// Suggested delay.
-        retry_after_ms: u64,
-    },
-    /// Selected for the round in progress.
-    Selected {
-        /// Round number.
-        round: u64,
-        /// The client's id in this round's roster.
-        client_id: u32,
-        /// Attempt at this round: an aborted round runs again with the
-        /// same number and a new attempt, which earlier members may join.
-        attempt: u32,
-        /// The round's session id (hex): unique to this attempt, also
-        /// across restarts of the coordinator.
-        session: String,
-        /// The task (semi-honest only) also takes each client's metrics in
-        /// the clear.
-        #[serde(skip_serializing_if = "std::ops::Not::not")]
-        plaintext_metrics: bool,
-    },
-    /// The task is over; stop checking in.
-    Finished,
-}
+/// What a client is told when it checks in (the client API's contract).
+pub use cohort_client::api::CheckIn;
 
 /// What a selected client should do now.
 #[derive(Debug, Clone, PartialEq, Eq)]

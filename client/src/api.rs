@@ -1,0 +1,319 @@
+//! The client API's wire contract, defined once for both sides: the
+//! coordinator (`cohort-server`) serves it and every participant (through
+//! [`crate::participant::Participant`]) speaks it. Routes, the stage
+//! messages' content type, the JSON replies a participant reads and the
+//! error body with its [`ErrorCode`]s.
+
+use serde::{Deserialize, Serialize};
+
+use cohort_crypto::policy::TaskSecurity;
+
+/// Content type of binary stage messages.
+pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
+
+/// The client API's routes (axum's path syntax where a route has a
+/// parameter).
+pub mod routes {
+    /// `POST`: enroll in a task (`{id}` is the task's id).
+    pub const ENROLL: &str = "/v1/tasks/{id}/enroll";
+    /// `POST`: check in; the reply is a [`CheckIn`](super::CheckIn).
+    pub const CHECK_IN: &str = "/v1/checkin";
+    /// `GET`: the current global model (safetensors).
+    pub const MODEL: &str = "/v1/model";
+    /// `GET`: the server message of the client's current stage; `POST`:
+    /// the client's stage message.
+    pub const ROUND_MESSAGE: &str = "/v1/round/message";
+    /// `POST`: plaintext metrics (tasks that ask for them only).
+    pub const METRICS: &str = "/v1/metrics";
+
+    /// The enrollment path of `task`.
+    pub fn enroll(task: &str) -> String {
+        ENROLL.replace("{id}", task)
+    }
+}
+
+/// Reply to enrollment. The credential is shown only here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Enrolled {
+    /// Participant id.
+    pub participant_id: String,
+    /// Bearer credential for the client API.
+    pub credential: String,
+    /// Expiry (Unix ms).
+    pub expires_at: i64,
+    /// The task's security parameters, which every round repeats: the
+    /// participant checks them against its policy and pins them.
+    pub security: TaskSecurity,
+}
+
+/// What a client is told when it checks in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum CheckIn {
+    /// Not selected (yet); check in again after this long.
+    Wait {
+        /// Suggested delay.
+        retry_after_ms: u64,
+    },
+    /// Selected for the round in progress.
+    Selected {
+        /// Round number.
+        round: u64,
+        /// The client's id in this round's roster.
+        client_id: u32,
+        /// Attempt at this round: an aborted round runs again with the
+        /// same number and a new attempt.
+        #[serde(default)]
+        attempt: u32,
+        /// The round's session id (hex): unique to this attempt, also
+        /// across restarts of the coordinator. Always sent; older
+        /// coordinators did not.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+        /// The task (semi-honest only) also takes each client's metrics in
+        /// the clear.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        plaintext_metrics: bool,
+    },
+    /// The task is over; stop checking in.
+    Finished,
+}
+
+/// Why the API refused a request: the stable `error` field of every
+/// refusal's body. A participant matches these, never the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// A body that is not valid for the endpoint.
+    InvalidBody,
+    /// JSON that does not parse or has unknown fields.
+    InvalidJson,
+    /// A task specification the coordinator refuses.
+    InvalidTask,
+    /// An enrollment's identity key or proof is malformed or wrong.
+    InvalidIdentity,
+    /// An active task's enrollment without an identity key.
+    IdentityRequired,
+    /// A metrics report that is malformed.
+    InvalidMetrics,
+    /// A round number that is not valid here.
+    InvalidRound,
+    /// An enrollment-token request that is malformed.
+    InvalidTokenRequest,
+    /// No credential or token, or a wrong one.
+    Unauthorized,
+    /// The credential has expired: enroll again.
+    CredentialExpired,
+    /// The enrollment token was revoked.
+    TokenRevoked,
+    /// No such record.
+    NotFound,
+    /// No such task, or it is not running.
+    TaskNotFound,
+    /// The task is paused, stopped or completed.
+    TaskInactive,
+    /// The write conflicts with what is stored.
+    Conflict,
+    /// The client is not part of the round in progress.
+    NotSelected,
+    /// The client is not part of that round, or it is not recent.
+    NotInRound,
+    /// The task takes metrics only in aggregate.
+    PlaintextMetricsOff,
+    /// The client missed a stage and is no longer in the round.
+    Dropped,
+    /// A stage message that does not decode.
+    MalformedMessage,
+    /// A stage message of another round.
+    WrongRound,
+    /// A stage message for a stage that is not collecting.
+    OutOfPhase,
+    /// The client already sent this stage's message.
+    Duplicate,
+    /// The client may not send in this stage.
+    NotEligible,
+    /// A stage message that fails a cryptographic check.
+    CryptoFailure,
+    /// A stage message the protocol refuses otherwise.
+    InvalidMessage,
+    /// A body of the wrong content type.
+    UnsupportedMediaType,
+    /// A body over the endpoint's limit.
+    PayloadTooLarge,
+    /// The body did not arrive in time.
+    RequestTimeout,
+    /// Too many requests: wait `retry_after_ms`.
+    RateLimited,
+    /// The coordinator holds as many tasks or parameters as it may.
+    CapacityExceeded,
+    /// The database cannot be reached, or the coordinator is shutting
+    /// down: retry later.
+    Unavailable,
+    /// The coordinator failed.
+    Internal,
+    /// A code this build does not know (from a newer coordinator).
+    #[serde(other)]
+    Unknown,
+}
+
+impl ErrorCode {
+    /// Every code (the OpenAPI document lists them; a test checks each
+    /// against its serialized name).
+    pub const ALL: [ErrorCode; 34] = {
+        use ErrorCode as E;
+        [
+            E::InvalidBody,
+            E::InvalidJson,
+            E::InvalidTask,
+            E::InvalidIdentity,
+            E::IdentityRequired,
+            E::InvalidMetrics,
+            E::InvalidRound,
+            E::InvalidTokenRequest,
+            E::Unauthorized,
+            E::CredentialExpired,
+            E::TokenRevoked,
+            E::NotFound,
+            E::TaskNotFound,
+            E::TaskInactive,
+            E::Conflict,
+            E::NotSelected,
+            E::NotInRound,
+            E::PlaintextMetricsOff,
+            E::Dropped,
+            E::MalformedMessage,
+            E::WrongRound,
+            E::OutOfPhase,
+            E::Duplicate,
+            E::NotEligible,
+            E::CryptoFailure,
+            E::InvalidMessage,
+            E::UnsupportedMediaType,
+            E::PayloadTooLarge,
+            E::RequestTimeout,
+            E::RateLimited,
+            E::CapacityExceeded,
+            E::Unavailable,
+            E::Internal,
+            E::Unknown,
+        ]
+    };
+
+    /// The code as it appears in the body.
+    pub fn as_str(self) -> &'static str {
+        use ErrorCode as E;
+        match self {
+            E::InvalidBody => "invalid_body",
+            E::InvalidJson => "invalid_json",
+            E::InvalidTask => "invalid_task",
+            E::InvalidIdentity => "invalid_identity",
+            E::IdentityRequired => "identity_required",
+            E::InvalidMetrics => "invalid_metrics",
+            E::InvalidRound => "invalid_round",
+            E::InvalidTokenRequest => "invalid_token_request",
+            E::Unauthorized => "unauthorized",
+            E::CredentialExpired => "credential_expired",
+            E::TokenRevoked => "token_revoked",
+            E::NotFound => "not_found",
+            E::TaskNotFound => "task_not_found",
+            E::TaskInactive => "task_inactive",
+            E::Conflict => "conflict",
+            E::NotSelected => "not_selected",
+            E::NotInRound => "not_in_round",
+            E::PlaintextMetricsOff => "plaintext_metrics_off",
+            E::Dropped => "dropped",
+            E::MalformedMessage => "malformed_message",
+            E::WrongRound => "wrong_round",
+            E::OutOfPhase => "out_of_phase",
+            E::Duplicate => "duplicate",
+            E::NotEligible => "not_eligible",
+            E::CryptoFailure => "crypto_failure",
+            E::InvalidMessage => "invalid_message",
+            E::UnsupportedMediaType => "unsupported_media_type",
+            E::PayloadTooLarge => "payload_too_large",
+            E::RequestTimeout => "request_timeout",
+            E::RateLimited => "rate_limited",
+            E::CapacityExceeded => "capacity_exceeded",
+            E::Unavailable => "unavailable",
+            E::Internal => "internal",
+            E::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The body of every refusal: `{"error": code, "message": text}`, with
+/// `retry_after_ms` where the client should come back (a `429` or `503`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The stable code.
+    pub error: ErrorCode,
+    /// A human-readable explanation (never matched on).
+    #[serde(default)]
+    pub message: String,
+    /// How long to wait before trying again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}
+
+impl Default for ErrorBody {
+    fn default() -> Self {
+        Self { error: ErrorCode::Unknown, message: String::new(), retry_after_ms: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_serializes_as_its_name_and_back() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            let json = serde_json::to_value(code).unwrap();
+            assert_eq!(json, code.as_str(), "{code:?}");
+            assert_eq!(serde_json::from_value::<ErrorCode>(json).unwrap(), code);
+            assert!(seen.insert(code.as_str()), "{code:?} repeats a name");
+        }
+    }
+
+    #[test]
+    fn an_unknown_code_or_a_bare_body_still_parses() {
+        let body: ErrorBody =
+            serde_json::from_str(r#"{"error": "quota_exhausted", "message": "m", "extra": 1}"#).unwrap();
+        assert_eq!((body.error, body.message.as_str(), body.retry_after_ms), (ErrorCode::Unknown, "m", None));
+        let body: ErrorBody =
+            serde_json::from_str(r#"{"error": "rate_limited", "retry_after_ms": 250}"#).unwrap();
+        assert_eq!((body.error, body.retry_after_ms), (ErrorCode::RateLimited, Some(250)));
+    }
+
+    #[test]
+    fn check_in_replies_round_trip_and_older_replies_parse() {
+        let selected = CheckIn::Selected {
+            round: 3,
+            client_id: 2,
+            attempt: 1,
+            session: Some("ab".into()),
+            plaintext_metrics: false,
+        };
+        let json = serde_json::to_value(&selected).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"status": "selected", "round": 3, "client_id": 2, "attempt": 1, "session": "ab"})
+        );
+        assert_eq!(serde_json::from_value::<CheckIn>(json).unwrap(), selected);
+        let older: CheckIn =
+            serde_json::from_str(r#"{"status": "selected", "round": 1, "client_id": 4}"#).unwrap();
+        assert_eq!(
+            older,
+            CheckIn::Selected { round: 1, client_id: 4, attempt: 0, session: None, plaintext_metrics: false }
+        );
+        assert_eq!(routes::enroll("t-1"), "/v1/tasks/t-1/enroll");
+    }
+}
