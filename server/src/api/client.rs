@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::{new_id, new_token, token_hash};
 use super::error::{ApiError, ApiResult};
-use super::extract::{Participant, PeerAddress, RawBody, TaskId, limit, read_limited};
+use super::extract::{Authenticated, PeerAddress, RawBody, TaskId, limit, read_limited};
 use super::ratelimit::{Call, Rate};
 use super::state::AppState;
 use super::{SAFETENSORS_CONTENT_TYPE, SECAGG_CONTENT_TYPE};
@@ -116,7 +116,7 @@ pub(super) async fn enroll(
 
 pub(super) async fn check_in(
     PeerAddress(address): PeerAddress,
-    Participant(p): Participant,
+    Authenticated(p): Authenticated,
     State(state): State<AppState>,
 ) -> ApiResult<Json<CheckIn>> {
     limit(&state, Call::CheckIn, address, Some(&p.id))?;
@@ -132,7 +132,10 @@ pub(super) async fn check_in(
     }
 }
 
-pub(super) async fn model(Participant(p): Participant, State(state): State<AppState>) -> ApiResult<Response> {
+pub(super) async fn model(
+    Authenticated(p): Authenticated,
+    State(state): State<AppState>,
+) -> ApiResult<Response> {
     let (round, bytes) = state.coordinator.model(&p.task_id).await?;
     Ok((
         [
@@ -150,7 +153,7 @@ pub(super) async fn model(Participant(p): Participant, State(state): State<AppSt
 }
 
 pub(super) async fn fetch_message(
-    Participant(p): Participant,
+    Authenticated(p): Authenticated,
     State(state): State<AppState>,
 ) -> ApiResult<Response> {
     Ok(match state.coordinator.poll(&p.task_id, &p.id).await? {
@@ -168,7 +171,7 @@ pub(super) async fn fetch_message(
 /// in progress, the declared length against the round's limit); only then
 /// is the body read, and no further than that limit.
 pub(super) async fn post_message(
-    Participant(p): Participant,
+    Authenticated(p): Authenticated,
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Body,
@@ -276,7 +279,7 @@ struct MetricsReport {
 /// or one of the last completed ones), once per round and kind.
 pub(super) async fn report_metrics(
     PeerAddress(address): PeerAddress,
-    Participant(p): Participant,
+    Authenticated(p): Authenticated,
     State(state): State<AppState>,
     RawBody(body): RawBody,
 ) -> ApiResult<StatusCode> {

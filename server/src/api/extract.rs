@@ -42,9 +42,9 @@ impl FromRequestParts<AppState> for Admin {
 }
 
 /// The caller is an enrolled participant with an unexpired credential.
-pub struct Participant(pub ParticipantRecord);
+pub struct Authenticated(pub ParticipantRecord);
 
-impl FromRequestParts<AppState> for Participant {
+impl FromRequestParts<AppState> for Authenticated {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
@@ -68,7 +68,7 @@ impl FromRequestParts<AppState> for Participant {
                 "the client credential has expired",
             ));
         }
-        Ok(Participant(participant))
+        Ok(Authenticated(participant))
     }
 }
 

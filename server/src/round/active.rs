@@ -18,7 +18,7 @@ pub(super) enum RoundState {
     /// A stage is collecting client messages.
     Collecting(ServerRound),
     /// The final stage closed with a quorum; its server state is with the
-    /// [`UnmaskJob`](super::completion::UnmaskJob) off the runtime.
+    /// [`PendingUnmask`](super::completion::PendingUnmask) off the runtime.
     Unmasking,
 }
 

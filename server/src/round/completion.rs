@@ -11,7 +11,7 @@ use crate::optimizer::OptimizerState;
 use crate::store::{CheckpointRecord, RoundRecord};
 
 /// The final stage, to be unmasked off the async runtime.
-pub struct UnmaskJob {
+pub struct PendingUnmask {
     /// Task the round belongs to.
     pub task_id: String,
     /// Round number.
@@ -19,7 +19,7 @@ pub struct UnmaskJob {
     pub(super) server: ServerRound,
 }
 
-impl UnmaskJob {
+impl PendingUnmask {
     /// Reconstructs the secrets and removes the masks (CPU-heavy).
     pub fn run(self) -> Result<Aggregate, ProtocolError> {
         match self.server.advance()? {
@@ -61,9 +61,9 @@ impl Completion {
     }
 }
 
-impl core::fmt::Debug for UnmaskJob {
+impl core::fmt::Debug for PendingUnmask {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("UnmaskJob").field("task_id", &self.task_id).field("round", &self.round).finish()
+        f.debug_struct("PendingUnmask").field("task_id", &self.task_id).field("round", &self.round).finish()
     }
 }
 

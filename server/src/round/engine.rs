@@ -14,7 +14,7 @@ use cohort_crypto::policy::TaskSecurity;
 use cohort_crypto::{Advanced, Aggregate, ClientId, ClientMessage, ProtocolError, Stage, Variant};
 
 use super::active::{ActiveRound, RoundState, deadline_for, select};
-use super::completion::{Completion, UnmaskJob, encode_model};
+use super::completion::{Completion, PendingUnmask, encode_model};
 use super::records::{CheckIn, ClientMean, EngineError, Poll, RoundProgress, StageMetrics};
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
@@ -44,7 +44,7 @@ pub enum TickOutcome {
     /// The round was aborted (too few clients) in `stage`.
     Aborted { round: u64, stage: Stage },
     /// The final stage is ready to be unmasked.
-    Unmask(Box<UnmaskJob>),
+    Unmask(Box<PendingUnmask>),
 }
 
 /// One task's coordinator state.
@@ -352,7 +352,7 @@ impl TaskEngine {
         round.stage_started_at = now;
         if stage == Stage::Unmasking {
             if server.has_quorum() {
-                return TickOutcome::Unmask(Box::new(UnmaskJob {
+                return TickOutcome::Unmask(Box::new(PendingUnmask {
                     task_id: self.task_id.clone(),
                     round: round.number,
                     server,

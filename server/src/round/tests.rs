@@ -52,7 +52,7 @@ fn run_round(
     clients: &mut [NamedClient],
     vanish: &[usize],
     now: &mut i64,
-) -> Option<UnmaskJob> {
+) -> Option<PendingUnmask> {
     let mut stage = 0;
     loop {
         for (i, client) in clients.iter_mut().enumerate() {
