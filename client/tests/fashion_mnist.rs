@@ -4,12 +4,23 @@
 
 #![allow(clippy::unwrap_used)]
 
-use cohort_client::data::load_fashion_mnist;
+use std::path::Path;
+
+use cohort_client::data::{DataError, Dataset, load_mnist_like};
 use cohort_client::partition::{Scheme, histogram, partition};
+
+/// Where Debian's package installs it.
+fn load_fashion_mnist() -> Result<(Dataset, Dataset), DataError> {
+    load_mnist_like(
+        Path::new("/usr/share/datasets/fashion-mnist"),
+        "Fashion-MNIST",
+        "scripts/setup.sh installs it",
+    )
+}
 
 #[test]
 fn fashion_mnist_loads_with_its_known_shape_and_balance() {
-    let (train, test) = load_fashion_mnist(None).unwrap();
+    let (train, test) = load_fashion_mnist().unwrap();
     assert_eq!((train.len(), test.len()), (60_000, 10_000));
     assert_eq!(train.shape, [28, 28]);
     assert_eq!(train.features.dim(), (60_000, 784));
@@ -37,7 +48,7 @@ fn fashion_mnist_loads_with_its_known_shape_and_balance() {
 fn logistic_regression_learns_fashion_mnist() {
     use cohort_client::model::Model;
     use cohort_client::train::{TrainConfig, train};
-    let (train_set, test_set) = load_fashion_mnist(None).unwrap();
+    let (train_set, test_set) = load_fashion_mnist().unwrap();
     let model = Model::by_name("logreg", 784, 10).unwrap();
     let mut params = model.init(1);
     let global = params.clone();
@@ -54,7 +65,7 @@ fn logistic_regression_learns_fashion_mnist() {
 fn the_cnn_learns_fashion_mnist() {
     use cohort_client::model::Model;
     use cohort_client::train::{TrainConfig, train};
-    let (train_set, test_set) = load_fashion_mnist(None).unwrap();
+    let (train_set, test_set) = load_fashion_mnist().unwrap();
     let subset = train_set.subset(&(0..30_000).collect::<Vec<_>>());
     let model = Model::by_name("cnn", 784, 10).unwrap();
     let mut params = model.init(3);

@@ -7,7 +7,9 @@
 use std::path::PathBuf;
 
 use cohort_client::checkpoint::Checkpoint;
-use cohort_client::data::{DataError, Dataset, load_dataset};
+use cohort_client::data::Dataset;
+
+use crate::datasets::{DatasetError, load_dataset};
 use cohort_client::model::Model;
 use cohort_client::partition::{PartitionError, Scheme, partition, summary};
 use cohort_client::runtime::{LocalTrainer, LocalUpdate, local_update};
@@ -38,7 +40,7 @@ pub struct ExperimentSetup {
 pub enum ExperimentError {
     /// The dataset could not be loaded.
     #[error(transparent)]
-    Data(#[from] DataError),
+    Data(#[from] DatasetError),
     /// The dataset could not be split.
     #[error(transparent)]
     Partition(#[from] PartitionError),

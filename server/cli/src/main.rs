@@ -9,6 +9,7 @@
 mod admin;
 mod bench;
 mod chart;
+mod datasets;
 mod demo;
 mod experiment;
 mod participate;
