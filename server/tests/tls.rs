@@ -138,15 +138,19 @@ fn the_tls_listener_keeps_the_handshake_timeout_and_the_connection_cap() {
         started.elapsed()
     );
     // Over the cap, a connection is closed at once (no handshake to answer on).
+    // The listener counts the held connections as it accepts them, in the
+    // background: once it has all eight, the next one is closed well
+    // before any timeout (a loaded machine may need a few tries).
     let held: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(&address).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(100));
-    let mut extra = TcpStream::connect(&address).unwrap();
-    let started = Instant::now();
-    assert!(
-        closed_by(&mut extra, started + Duration::from_millis(400)).is_some(),
-        "a connection over the cap was kept"
-    );
-    assert!(started.elapsed() < Duration::from_millis(400));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut extra = TcpStream::connect(&address).unwrap();
+        if closed_by(&mut extra, Instant::now() + Duration::from_millis(400)).is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "connections over the cap were kept");
+    }
     // Once the held connections time out, a client is served again.
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(10);
