@@ -17,8 +17,8 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{Admin, RawBody, TaskId, is_valid_id};
 use super::ratelimit::Rate;
 use super::state::AppState;
-use crate::round::TaskEngine;
 use crate::round::coordinator::{Coordinator, CoordinatorError, LiveState, now_ms};
+use crate::round::{TaskEngine, TaskError};
 use crate::spec::{TaskSpec, VariantChoice};
 use crate::store::{EnrollmentTokenRecord, RoundRecord, SqlStore, Store, TaskRecord, TaskStatus};
 
@@ -78,10 +78,9 @@ pub async fn create(
     let now = now_ms();
     let id = new_id();
     let enrollment_token = new_token();
-    let initial = TaskEngine::initial_checkpoint(&id, &spec, now)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e))?;
-    let spec_json = serde_json::to_string(&spec)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string()))?;
+    let initial = TaskEngine::initial_checkpoint(&id, &spec, now)?;
+    // A spec that parsed serializes; a failure is the coordinator's.
+    let spec_json = serde_json::to_string(&spec).map_err(TaskError::from)?;
     let record = TaskRecord {
         id: id.clone(),
         name: spec.name.clone(),

@@ -11,8 +11,8 @@ use cohort_client::api::{ErrorBody, ErrorCode};
 use cohort_crypto::ProtocolError;
 
 use super::DATABASE_RETRY;
-use crate::round::EngineError;
 use crate::round::coordinator::CoordinatorError;
+use crate::round::{EngineError, TaskError};
 use crate::store::StoreError;
 
 /// A refused request.
@@ -113,7 +113,7 @@ impl From<CoordinatorError> for ApiError {
                 ApiError::new(S::NOT_FOUND, ErrorCode::TaskNotFound, "task not found or not running")
             }
             CoordinatorError::Store(e) => e.into(),
-            CoordinatorError::Invalid(m) => ApiError::new(S::BAD_REQUEST, ErrorCode::InvalidTask, m),
+            CoordinatorError::Task(e) => e.into(),
             CoordinatorError::Unavailable => {
                 ApiError::new(S::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "shutting down")
             }
@@ -153,4 +153,41 @@ impl From<CoordinatorError> for ApiError {
     }
 }
 
+impl From<TaskError> for ApiError {
+    fn from(error: TaskError) -> Self {
+        match error {
+            TaskError::Spec(e) => {
+                ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string())
+            }
+            other => {
+                tracing::error!(error = %other, "task fault");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, "internal error")
+            }
+        }
+    }
+}
+
 pub(super) type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::SpecError;
+
+    #[test]
+    fn a_bad_spec_is_the_callers_error_and_any_other_task_fault_the_servers() {
+        let error =
+            ApiError::from(CoordinatorError::Task(TaskError::Spec(SpecError("rounds must be > 0".into()))));
+        assert_eq!((error.status(), error.code), (StatusCode::BAD_REQUEST, ErrorCode::InvalidTask));
+        assert!(error.message.contains("rounds must be > 0"), "{error}");
+        for fault in [TaskError::LayoutMismatch, TaskError::NoSuchRound(3)] {
+            let error = ApiError::from(fault);
+            assert_eq!(
+                (error.status(), error.code),
+                (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal)
+            );
+            // The internals stay in the log.
+            assert_eq!(error.message, "internal error");
+        }
+    }
+}

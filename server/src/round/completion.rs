@@ -72,10 +72,10 @@ pub(super) fn encode_model(
     layout: &ModelLayout,
     weights: &[f32],
     round: u64,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, crate::checkpoint::CheckpointError> {
     let metadata = BTreeMap::from([
         ("cohort.task".to_string(), task_id.to_string()),
         ("cohort.round".to_string(), round.to_string()),
     ]);
-    checkpoint::encode(layout, weights, &metadata).map_err(|e| e.to_string())
+    checkpoint::encode(layout, weights, &metadata)
 }

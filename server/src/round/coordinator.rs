@@ -14,7 +14,7 @@ use cohort_crypto::{Aggregate, ProtocolError, Stage};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
-use crate::round::{CheckIn, EngineError, Poll, RoundProgress, TaskEngine, TickOutcome};
+use crate::round::{CheckIn, EngineError, Poll, RoundProgress, TaskEngine, TaskError, TickOutcome};
 use crate::spec::TaskSpec;
 use crate::store::{SqlStore, Store, StoreError, TaskStatus};
 
@@ -40,9 +40,9 @@ pub enum CoordinatorError {
     /// Storage failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The task cannot be created as specified.
-    #[error("{0}")]
-    Invalid(String),
+    /// The task could not be loaded (its spec or its stored state).
+    #[error(transparent)]
+    Task(#[from] TaskError),
     /// The actor is gone (shutting down).
     #[error("the coordinator is shutting down")]
     Unavailable,
@@ -247,11 +247,10 @@ impl Coordinator {
 
 async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError> {
     let task = store.task(id).await?;
-    let spec: TaskSpec =
-        serde_json::from_str(&task.spec).map_err(|e| CoordinatorError::Invalid(e.to_string()))?;
+    let spec: TaskSpec = serde_json::from_str(&task.spec).map_err(TaskError::from)?;
     let latest = store.latest_checkpoint(id).await?;
     let contributed = store.contributors(id, latest.round + 1).await?;
-    TaskEngine::new(task.id, spec, task.status, &latest, contributed).map_err(CoordinatorError::Invalid)
+    Ok(TaskEngine::new(task.id, spec, task.status, &latest, contributed)?)
 }
 
 struct Actor {

@@ -15,7 +15,7 @@ use cohort_crypto::{Advanced, Aggregate, ClientId, ClientMessage, ProtocolError,
 
 use super::active::{ActiveRound, RoundState, deadline_for, select};
 use super::completion::{Completion, PendingUnmask, encode_model};
-use super::records::{CheckIn, ClientMean, EngineError, Poll, RoundProgress, StageMetrics};
+use super::records::{CheckIn, ClientMean, EngineError, Poll, RoundProgress, StageMetrics, TaskError};
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
 use crate::spec::TaskSpec;
@@ -83,16 +83,15 @@ impl TaskEngine {
         status: TaskStatus,
         latest: &CheckpointRecord,
         contributed: impl IntoIterator<Item = String>,
-    ) -> Result<Self, String> {
-        let security = spec.security().map_err(|e| e.to_string())?;
-        let decoded = checkpoint::decode(&latest.model).map_err(|e| e.to_string())?;
+    ) -> Result<Self, TaskError> {
+        let security = spec.security()?;
+        let decoded = checkpoint::decode(&latest.model)?;
         if decoded.layout != spec.model.layout {
-            return Err("the checkpoint does not match the task's model layout".into());
+            return Err(TaskError::LayoutMismatch);
         }
-        let optimizer_state: OptimizerState =
-            serde_json::from_slice(&latest.optimizer_state).map_err(|e| e.to_string())?;
+        let optimizer_state: OptimizerState = serde_json::from_slice(&latest.optimizer_state)?;
         let mut seed = [0u8; 32];
-        getrandom::fill(&mut seed).map_err(|e| e.to_string())?;
+        getrandom::fill(&mut seed)?;
         Ok(Self {
             task_id,
             security,
@@ -112,7 +111,11 @@ impl TaskEngine {
     }
 
     /// The initial checkpoint of a new task (round 0).
-    pub fn initial_checkpoint(task_id: &str, spec: &TaskSpec, now: i64) -> Result<CheckpointRecord, String> {
+    pub fn initial_checkpoint(
+        task_id: &str,
+        spec: &TaskSpec,
+        now: i64,
+    ) -> Result<CheckpointRecord, TaskError> {
         let weights = spec.initial_weights();
         let model = encode_model(task_id, &spec.model.layout, &weights, 0)?;
         let state = spec.optimizer.initial_state(weights.len());
@@ -120,7 +123,7 @@ impl TaskEngine {
             task_id: task_id.to_string(),
             round: 0,
             model,
-            optimizer_state: serde_json::to_vec(&state).map_err(|e| e.to_string())?,
+            optimizer_state: serde_json::to_vec(&state)?,
             created_at: now,
         })
     }
@@ -415,7 +418,7 @@ impl TaskEngine {
         round_number: u64,
         result: Result<Aggregate, ProtocolError>,
         now: i64,
-    ) -> Result<Completion, String> {
+    ) -> Result<Completion, TaskError> {
         let outcome = self.compute(round_number, result, now);
         if outcome.is_err() {
             self.abandon(round_number);
@@ -428,16 +431,19 @@ impl TaskEngine {
         round_number: u64,
         result: Result<Aggregate, ProtocolError>,
         now: i64,
-    ) -> Result<Completion, String> {
-        let round =
-            self.round.as_ref().filter(|r| r.number == round_number).ok_or("no such round in progress")?;
-        let aggregate = result.map_err(|e| e.to_string())?;
+    ) -> Result<Completion, TaskError> {
+        let round = self
+            .round
+            .as_ref()
+            .filter(|r| r.number == round_number)
+            .ok_or(TaskError::NoSuchRound(round_number))?;
+        let aggregate = result?;
         let survivors = aggregate.contributors.len() as u32;
         let dimension = self.spec.model.layout.len();
-        let mean = round.quantizer.decode(&aggregate.sum, survivors, dimension).map_err(|e| e.to_string())?;
+        let mean = round.quantizer.decode(&aggregate.sum, survivors, dimension)?;
         let mut weights = self.weights.clone();
         let mut state = self.optimizer_state.clone();
-        self.spec.optimizer.step(&mut weights, &mean.mean, &mut state).map_err(|e| e.to_string())?;
+        self.spec.optimizer.step(&mut weights, &mean.mean, &mut state)?;
         let selected = round.roster.len() as f64;
         let mut metrics = round.metrics.clone();
         metrics.bytes_up_per_client = round.bytes_up as f64 / selected;
@@ -465,13 +471,13 @@ impl TaskEngine {
                 finished_at: now,
                 selected: round.roster.len() as i64,
                 survivors: i64::from(survivors),
-                metrics: serde_json::to_string(&metrics).map_err(|e| e.to_string())?,
+                metrics: serde_json::to_string(&metrics)?,
             },
             checkpoint: CheckpointRecord {
                 task_id: self.task_id.clone(),
                 round: round_number as i64,
                 model,
-                optimizer_state: serde_json::to_vec(&state).map_err(|e| e.to_string())?,
+                optimizer_state: serde_json::to_vec(&state)?,
                 created_at: now,
             },
             weights,

@@ -27,4 +27,6 @@ pub use builder::{BuiltRound, RoundBuilder};
 pub use completion::{Completion, PendingUnmask};
 pub use coordinator::{Coordinator, CoordinatorError};
 pub use engine::{CHECK_IN_TTL_MS, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};
-pub use records::{CheckIn, ClientMean, EngineError, Poll, RoundMetrics, RoundProgress, StageMetrics};
+pub use records::{
+    CheckIn, ClientMean, EngineError, Poll, RoundMetrics, RoundProgress, StageMetrics, TaskError,
+};

@@ -13,6 +13,42 @@ use crate::store::TaskStatus;
 /// What a client is told when it checks in (the client API's contract).
 pub use cohort_client::api::CheckIn;
 
+/// Why a task could not be loaded or created, or a round not turned into
+/// the next model: the task's specification ([`TaskError::Spec`]), or a
+/// fault of stored data or of the coordinator, never of a client.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TaskError {
+    /// The task's specification is invalid.
+    #[error("invalid task: {0}")]
+    Spec(#[from] crate::spec::SpecError),
+    /// A checkpoint could not be encoded or decoded.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// The newest checkpoint has another model layout than the spec.
+    #[error("the checkpoint does not match the task's model layout")]
+    LayoutMismatch,
+    /// Stored JSON (spec, optimizer state, round metrics) could not be read
+    /// or written.
+    #[error("stored JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The operating system's randomness failed.
+    #[error("randomness: {0}")]
+    Randomness(#[from] getrandom::Error),
+    /// The completed round is not the one in progress.
+    #[error("round {0} is not in progress")]
+    NoSuchRound(u64),
+    /// The round could not be unmasked.
+    #[error("unmasking: {0}")]
+    Protocol(#[from] ProtocolError),
+    /// The unmasked sum could not be decoded.
+    #[error("decoding the sum: {0}")]
+    Quantize(#[from] cohort_crypto::quantize::QuantizeError),
+    /// The server optimizer refused the step.
+    #[error("optimizer: {0}")]
+    Optimizer(#[from] crate::optimizer::OptimizerError),
+}
+
 /// What a selected client should do now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Poll {
