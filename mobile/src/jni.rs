@@ -389,3 +389,25 @@ pub extern "system" fn Java_org_cohort_CohortClient_nativeGlobalModel<'local>(
         Ok(array.into_raw())
     })
 }
+
+#[cfg(test)]
+mod exception_classes {
+    use super::*;
+
+    /// Every exception the binding throws is a class of the Java sources
+    /// (or the JDK's), so no error falls back to a bare RuntimeException.
+    #[test]
+    fn every_error_kind_has_its_java_class() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let java = std::fs::read_to_string(root.join("java/src/org/cohort/CohortException.java")).unwrap();
+        for error in Error::every_kind() {
+            let class = exception_class(&error);
+            if let Some(nested) = class.strip_prefix("org/cohort/CohortException$") {
+                let declaration = format!("public static final class {nested} extends CohortException");
+                assert!(java.contains(&declaration), "CohortException.java lacks {nested}");
+            } else {
+                assert!(class.starts_with("java/"), "{class} is neither ours nor the JDK's");
+            }
+        }
+    }
+}

@@ -124,21 +124,10 @@ pub enum Error {
 }
 
 impl Error {
-    /// Stable numeric code (`CohortStatus` in C).
+    /// Stable numeric code: its [`ffi::CohortStatus`], the one table the
+    /// C header is generated from.
     pub fn code(&self) -> i32 {
-        match self {
-            Error::InvalidArgument(_) => 1,
-            Error::Paused => 2,
-            Error::Unreachable(_) => 3,
-            Error::Unauthorized(_) => 4,
-            Error::TaskNotFound(_) => 5,
-            Error::Rejected { .. } => 6,
-            Error::Protocol(_) => 7,
-            Error::InvalidUpdate(_) => 8,
-            Error::Storage(_) => 9,
-            Error::Internal(_) => 10,
-            Error::PolicyRefused { .. } => 11,
-        }
+        ffi::CohortStatus::from(self) as i32
     }
 }
 
