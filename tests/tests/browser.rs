@@ -83,7 +83,7 @@ fn digits() -> (Vec<u8>, Vec<u8>) {
 /// update with the demo's defaults.
 fn tab_update(shard: usize, initial: &Checkpoint) -> LocalUpdate {
     let (images, labels) = digits();
-    let (train, _) = cohort_web::digits_shard(&images, &labels, shard, SHARDS).unwrap();
+    let (train, _) = cohort_web::demo::digits_shard(&images, &labels, shard, SHARDS).unwrap();
     runtime::local_update(&logreg(), &train, &TrainConfig::default(), 1, initial).unwrap()
 }
 
@@ -167,7 +167,7 @@ fn two_tabs_and_three_native_clients_complete_a_secure_round_shown_on_the_dashbo
     assert_eq!((row["round"].as_u64(), row["survivors"].as_u64()), (Some(1), Some(5)), "{seen}");
     assert_eq!(row["dropouts"], "0 · 0 · 0 · 0");
     let (images, labels) = digits();
-    let (_, test) = cohort_web::digits_shard(&images, &labels, 0, SHARDS).unwrap();
+    let (_, test) = cohort_web::demo::digits_shard(&images, &labels, 0, SHARDS).unwrap();
     let (_, accuracy) = logreg().evaluate(&initial.weights, test.features.view(), &test.labels);
     let points = seen["accuracy_points"].as_array().unwrap();
     assert_eq!(points.len(), 1, "{seen}");

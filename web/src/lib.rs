@@ -23,48 +23,20 @@
 //! only converts its errors to JavaScript exceptions.
 
 use cohort_client::checkpoint::Checkpoint;
-use cohort_client::data::{Dataset, dataset_from_idx, hold_out_per_class, parse_idx};
+use cohort_client::data::Dataset;
 use cohort_client::model::Model;
 use cohort_client::participant::{
     Action, Method, Metric, MetricValues, Participant, ParticipantConfig, Policy, Request, Response,
     RoundOutcome, SavedState,
 };
-use cohort_client::partition::{Scheme, histogram, partition};
+use cohort_client::partition::histogram;
 use cohort_client::runtime;
 use cohort_client::train::TrainConfig;
 use serde_json::{Value, json};
 use wasm_bindgen::prelude::*;
 
-/// Seed of the demo's split of the digits among tabs: every tab, and the
-/// tests that recompute a tab's update, cut the same shards.
-pub const DIGITS_PARTITION_SEED: u64 = 2017;
-
-/// The demo's data for tab `shard` of `shards`: the digits (IDX images and
-/// labels, as `scripts/build-web.sh` packs them) with the last seventh of
-/// each digit held out as the test set, and the rest split non-IID the way
-/// McMahan et al. (2017) do: sorted by label, cut into 2 × `shards`
-/// pieces, two pieces per tab, so most tabs see two digits. Returns (this
-/// tab's training examples, the whole test set).
-pub fn digits_shard(
-    images: &[u8],
-    labels: &[u8],
-    shard: usize,
-    shards: usize,
-) -> Result<(Dataset, Dataset), String> {
-    if shard >= shards {
-        return Err(format!("shard {shard} of {shards} does not exist"));
-    }
-    let all = dataset_from_idx(
-        parse_idx(images).map_err(|e| e.to_string())?,
-        parse_idx(labels).map_err(|e| e.to_string())?,
-        10,
-    )
-    .map_err(|e| e.to_string())?;
-    let (train, test) = hold_out_per_class(&all, 7);
-    let parts = partition(&train.labels, 10, shards, Scheme::Shards { per_client: 2 }, DIGITS_PARTITION_SEED)
-        .map_err(|e| e.to_string())?;
-    Ok((train.subset(&parts[shard]), test))
-}
+pub mod demo;
+use demo::digits_shard;
 
 /// The browser client's logic, independent of wasm-bindgen.
 pub struct Core {
