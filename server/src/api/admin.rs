@@ -1,13 +1,13 @@
 //! The admin API: tasks (create, list, inspect, pause, resume, stop), their
 //! enrollment tokens, rounds and checkpoints.
 
-use cohort_client::api::ErrorCode;
 use std::collections::HashMap;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use cohort_client::api::ErrorCode;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 

@@ -2,7 +2,6 @@
 //! a client credential, a valid task id, the peer's address; bodies read
 //! within a limit; the rate limits.
 
-use cohort_client::api::ErrorCode;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
@@ -10,6 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
+use cohort_client::api::ErrorCode;
 
 use super::auth::{token_hash, verify_token};
 use super::error::{ApiError, ApiResult};

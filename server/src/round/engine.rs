@@ -38,7 +38,7 @@ pub enum TickOutcome {
     /// to be asked for their masked input. Each of them refuses every
     /// later attempt of this round number (a client sends one masked
     /// input per round), so the caller records them durably before the
-    /// stage is served, and [`abandon`](TaskEngine::abandon)s the round
+    /// stage is served, and [`withdraw`](TaskEngine::withdraw)s the round
     /// if it cannot.
     MaskedInputRequested { round: u64, participants: Vec<String> },
     /// The round was aborted (too few clients) in `stage`.
@@ -189,10 +189,17 @@ impl TaskEngine {
     /// Clients that checked in recently enough to be selected for the next
     /// round (those that contributed to an earlier attempt of it are not).
     pub fn available(&self, now: i64) -> usize {
+        self.selectable(now).count()
+    }
+
+    /// The participants the next round may select, with their identity
+    /// keys: checked in within [`CHECK_IN_TTL_MS`], and not asked for a
+    /// masked input by an earlier attempt of that round.
+    fn selectable(&self, now: i64) -> impl Iterator<Item = (&String, Option<[u8; 32]>)> {
         self.checked_in
             .iter()
-            .filter(|(id, (seen, _))| now - *seen <= CHECK_IN_TTL_MS && !self.contributed.contains(*id))
-            .count()
+            .filter(move |(id, (seen, _))| now - *seen <= CHECK_IN_TTL_MS && !self.contributed.contains(*id))
+            .map(|(id, (_, identity))| (id, *identity))
     }
 
     /// The protocol variant of the task's rounds.
@@ -392,12 +399,7 @@ impl TaskEngine {
     fn start_round(&mut self, now: i64) -> Option<u64> {
         self.checked_in.retain(|_, (seen, _)| now - *seen <= CHECK_IN_TTL_MS);
         let n = self.spec.selected_per_round() as usize;
-        let candidates: Vec<_> = self
-            .checked_in
-            .iter()
-            .filter(|(id, _)| !self.contributed.contains(*id))
-            .map(|(id, (_, identity))| (id.clone(), *identity))
-            .collect();
+        let candidates: Vec<_> = self.selectable(now).map(|(id, identity)| (id.clone(), identity)).collect();
         if candidates.len() < n {
             return None;
         }
