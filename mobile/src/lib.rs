@@ -575,8 +575,11 @@ mod tests {
 
     #[test]
     fn error_codes_are_distinct_and_stable() {
+        // The C ABI's values (`CohortStatus`): success 0, then every kind
+        // in order from 1, each once.
         let codes: Vec<i32> = Error::every_kind().iter().map(Error::code).collect();
         assert_eq!(codes, (1..=11).collect::<Vec<_>>());
+        assert_eq!(ffi::CohortStatus::Ok as i32, 0);
         assert_eq!(Error::from(RunError::Interrupted), Error::Paused);
     }
 }
