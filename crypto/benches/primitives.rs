@@ -12,6 +12,7 @@ use cohort_crypto::Secret32;
 use cohort_crypto::agreement::AgreementKey;
 use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::prg::{MaskPrg, MaskSign};
+use cohort_crypto::signature::{IdentityKey, verify};
 use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
 use cohort_crypto::{ClientId, QuantizationSpec, QuantizedInput, RoundConfig, Variant};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -28,6 +29,25 @@ fn prg_expansion(c: &mut Criterion) {
             b.iter(|| prg.apply(black_box(&mut target), MaskSign::Add))
         });
     }
+    group.finish();
+}
+
+/// The public-key operations a client repeats per neighbour: an X25519
+/// agreement (twice: envelope key and mask key) and an Ed25519 check of
+/// the neighbour's signed key advertisement.
+fn public_key(c: &mut Criterion) {
+    let mut rng = ChaCha20Rng::seed_from_u64(2);
+    let own = AgreementKey::generate(&mut rng);
+    let peer = AgreementKey::generate(&mut rng).public_key();
+    let identity = IdentityKey::generate(&mut rng);
+    let public = identity.public_key();
+    let message = [5u8; 140];
+    let signature = identity.sign(&message);
+    let mut group = c.benchmark_group("public_key");
+    group.bench_function("x25519_agree", |b| b.iter(|| own.agree(black_box(&peer)).unwrap()));
+    group.bench_function("ed25519_verify", |b| {
+        b.iter(|| verify(black_box(&public), black_box(&message), black_box(&signature)).unwrap())
+    });
     group.finish();
 }
 
@@ -123,5 +143,5 @@ fn round(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, prg_expansion, masking, unmasking, round);
+criterion_group!(benches, prg_expansion, public_key, masking, unmasking, round);
 criterion_main!(benches);

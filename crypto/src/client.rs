@@ -18,7 +18,7 @@ use std::sync::Arc;
 use rand_core::CryptoRng;
 use zeroize::Zeroizing;
 
-use crate::agreement::AgreementKey;
+use crate::agreement::{AgreementKey, PeerKey};
 use crate::config::{RoundConfig, RoundContext, Variant};
 use crate::derive;
 use crate::envelope::EnvelopeKey;
@@ -32,7 +32,7 @@ use crate::prg::MaskSign;
 use crate::quantize::QuantizedInput;
 use crate::secret::Secret32;
 use crate::shamir::{SHARE_LEN, Share, split};
-use crate::signature::{IdentityKey, SIGNATURE_LEN, verify};
+use crate::signature::{IdentityKey, SIGNATURE_LEN, Signed, verify_all};
 
 /// Facts about the round that every stage needs.
 struct RoundView {
@@ -285,17 +285,27 @@ impl AwaitingPeerKeys {
         }
         round.require(Stage::ShareKeys, peers.len())?;
         if round.config.variant == Variant::Active {
-            for peer in &peers {
-                let signature = peer.signature.ok_or(server_error("peer keys are unsigned"))?;
-                let statement = derive::advertise_statement(
-                    &context,
-                    peer.id,
-                    &peer.cipher_key,
-                    &peer.mask_key,
-                    &peer.seed_commitment,
-                );
-                verify(&round.config.identities[peer.id.index()], &statement, &signature)?;
-            }
+            let statements: Vec<Vec<u8>> = peers
+                .iter()
+                .map(|peer| {
+                    derive::advertise_statement(
+                        &context,
+                        peer.id,
+                        &peer.cipher_key,
+                        &peer.mask_key,
+                        &peer.seed_commitment,
+                    )
+                })
+                .collect();
+            let batch = peers
+                .iter()
+                .zip(&statements)
+                .map(|(peer, statement)| {
+                    let signature = peer.signature.as_ref().ok_or(server_error("peer keys are unsigned"))?;
+                    Ok((&round.config.identities[peer.id.index()], statement.as_slice(), signature))
+                })
+                .collect::<Result<Vec<Signed<'_>>, ProtocolError>>()?;
+            verify_all(&batch)?;
         }
         let points: Vec<u32> = peers.iter().map(|peer| peer.id.get()).collect();
         let threshold = round.threshold() as usize;
@@ -304,12 +314,15 @@ impl AwaitingPeerKeys {
         let mut envelopes = Vec::with_capacity(peers.len());
         let mut open_keys = Vec::with_capacity(peers.len());
         let mut plaintext = Zeroizing::new(Vec::with_capacity(ENVELOPE_PLAINTEXT_LEN));
-        for ((peer, seed_share), key_share) in peers.iter().zip(&seed_shares).zip(&key_shares) {
+        let cipher_keys: Vec<PeerKey> = peers.iter().map(|peer| PeerKey::new(&peer.cipher_key)).collect();
+        let agreed = self.cipher.agree_many(&cipher_keys.iter().collect::<Vec<_>>());
+        for (((peer, seed_share), key_share), shared) in
+            peers.iter().zip(&seed_shares).zip(&key_shares).zip(agreed)
+        {
             plaintext.clear();
             seed_share.encode_into(&mut plaintext);
             key_share.encode_into(&mut plaintext);
-            let (seal, open) =
-                derive::envelope_keys(&self.cipher, &peer.cipher_key, &context, round.me, peer.id)?;
+            let (seal, open) = derive::envelope_keys(&shared?, &context, round.me, peer.id);
             let aad = derive::envelope_aad(&context, round.me, peer.id);
             envelopes.push(Envelope { peer: peer.id, ciphertext: seal.seal(&aad, &plaintext) });
             open_keys.push(open);
@@ -369,8 +382,10 @@ impl AwaitingShares {
         // y_u = x_u + PRG(b_u) + Σ_{v ∈ U2, u < v} PRG(s_uv) − Σ_{v ∈ U2, u > v} PRG(s_uv)
         let mut values = Zeroizing::new(self.input.values().to_vec());
         derive::self_mask(&self.self_mask_seed, &context, round.me).apply(&mut values, MaskSign::Add);
-        for peer in partners {
-            let prg = derive::pairwise_mask(&self.mask, &peer.mask_key, &context, round.me, peer.id)?;
+        let mask_keys: Vec<PeerKey> = partners.iter().map(|peer| PeerKey::new(&peer.mask_key)).collect();
+        let agreed = self.mask.agree_many(&mask_keys.iter().collect::<Vec<_>>());
+        for (peer, shared) in partners.iter().zip(agreed) {
+            let prg = derive::pairwise_mask(&shared?, &context, round.me, peer.id);
             prg.apply(&mut values, derive::pairwise_sign(round.me, peer.id));
         }
         let modulus = round.config.modulus_mask();
@@ -432,16 +447,22 @@ impl AwaitingSignatures {
             return Err(server_error("signatures are not in ascending order"));
         }
         round.require(Stage::Unmasking, signatures.len())?;
-        let statement = derive::consistency_statement(&context, &self.survivors);
-        for (signer, signature) in &signatures {
-            if self.survivors.binary_search(signer).is_err() {
-                return Err(ProtocolError::Inconsistent("a signer is not in the survivor list"));
-            }
-            // A valid signature over a different list fails here: somebody
-            // was shown another survivor set.
-            verify(&round.config.identities[signer.index()], &statement, signature)
-                .map_err(|_| ProtocolError::Inconsistent("a survivor signed a different survivor list"))?;
+        if signatures.iter().any(|(signer, _)| self.survivors.binary_search(signer).is_err()) {
+            return Err(ProtocolError::Inconsistent("a signer is not in the survivor list"));
         }
+        // t distinct survivors that signed this very list are what the check
+        // needs; any further signatures add nothing, so only the first t are
+        // checked. A valid signature over a different list fails here:
+        // somebody was shown another survivor set.
+        let statement = derive::consistency_statement(&context, &self.survivors);
+        let batch: Vec<Signed<'_>> = signatures[..round.threshold() as usize]
+            .iter()
+            .map(|(signer, signature)| {
+                (&round.config.identities[signer.index()], statement.as_slice(), signature)
+            })
+            .collect();
+        verify_all(&batch)
+            .map_err(|_| ProtocolError::Inconsistent("a survivor signed a different survivor list"))?;
         let shares = reveal(self.held, &self.survivors);
         Ok((Client::Finished, Ok(ClientMessage::Unmasking { context, shares })))
     }

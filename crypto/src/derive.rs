@@ -2,10 +2,8 @@
 //! client and server state machines so that both sides compute them with
 //! the same code.
 
-use crate::agreement::AgreementKey;
 use crate::config::RoundContext;
 use crate::envelope::EnvelopeKey;
-use crate::error::CryptoError;
 use crate::ids::ClientId;
 use crate::kdf::{LABEL_PAIRWISE_MASK, LABEL_SELF_MASK, LABEL_SHARE_ENVELOPE, hkdf_sha256};
 use crate::prg::{MaskPrg, MaskSign};
@@ -16,18 +14,16 @@ const LABEL_ADVERTISE: &[u8] = b"cohort/secagg/v1/advertise-keys";
 const LABEL_CONSISTENCY: &[u8] = b"cohort/secagg/v1/consistency";
 const LABEL_SEED_COMMITMENT: &[u8] = b"cohort/secagg/v2/seed-commitment";
 
-/// The two single-use envelope keys between `me` and `peer`, from one key
-/// agreement: the one sealing shares from `me` to `peer`, and the one
-/// opening those from `peer` to `me`. Directional: each direction gets its
-/// own key.
+/// The two single-use envelope keys between `me` and `peer`, from their
+/// one key agreement `shared` (X25519 of the cipher keys): the one sealing
+/// shares from `me` to `peer`, and the one opening those from `peer` to
+/// `me`. Directional: each direction gets its own key.
 pub(crate) fn envelope_keys(
-    own: &AgreementKey,
-    their_public: &[u8; 32],
+    shared: &Secret32,
     context: &RoundContext,
     me: ClientId,
     peer: ClientId,
-) -> Result<(EnvelopeKey, EnvelopeKey), CryptoError> {
-    let shared = own.agree(their_public)?;
+) -> (EnvelopeKey, EnvelopeKey) {
     let derive = |sender: ClientId, receiver: ClientId| {
         let mut key = [0u8; 32];
         hkdf_sha256(
@@ -38,7 +34,7 @@ pub(crate) fn envelope_keys(
         );
         EnvelopeKey::new(Secret32::from_bytes(&mut key))
     };
-    Ok((derive(me, peer), derive(peer, me)))
+    (derive(me, peer), derive(peer, me))
 }
 
 /// Associated data of an envelope: the round context and both identities.
@@ -55,21 +51,20 @@ pub(crate) fn self_mask(seed: &Secret32, context: &RoundContext, owner: ClientId
     MaskPrg::derive(seed, &context.0, &[LABEL_SELF_MASK, &owner.get().to_be_bytes()])
 }
 
-/// The generator of the pairwise mask PRG(s_uv) between `own_id` and `peer`.
+/// The generator of the pairwise mask PRG(s_uv) between `own_id` and
+/// `peer`, from their key agreement `shared` (X25519 of the mask keys).
 pub(crate) fn pairwise_mask(
-    own: &AgreementKey,
-    peer_public: &[u8; 32],
+    shared: &Secret32,
     context: &RoundContext,
     own_id: ClientId,
     peer: ClientId,
-) -> Result<MaskPrg, CryptoError> {
-    let shared = own.agree(peer_public)?;
+) -> MaskPrg {
     let (low, high) = if own_id < peer { (own_id, peer) } else { (peer, own_id) };
-    Ok(MaskPrg::derive(
-        &shared,
+    MaskPrg::derive(
+        shared,
         &context.0,
         &[LABEL_PAIRWISE_MASK, &low.get().to_be_bytes(), &high.get().to_be_bytes()],
-    ))
+    )
 }
 
 /// How `owner` applies the pairwise mask shared with `peer`: the lower id

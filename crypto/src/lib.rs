@@ -32,8 +32,8 @@
 //!    X25519(s_sk_u, s_pk_v) ([`prg`]). The server adds the y_u as they arrive
 //!    and keeps only the sum (U3).
 //! 4. **ConsistencyCheck** (active variant). Each survivor signs the list U3;
-//!    the server relays the signatures, and a client goes on only if at least
-//!    t survivors signed the same list it saw.
+//!    the server relays t of the signatures, and a client goes on only if at
+//!    least t survivors signed the same list it saw.
 //! 5. **Unmasking.** For each neighbour, a client reveals the share of b_v if
 //!    v is in U3 and the share of s_sk_v otherwise, never both. The server
 //!    reconstructs, checks each b_v against its commitment and each s_sk_v

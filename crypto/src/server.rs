@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
-use crate::agreement::AgreementKey;
+use crate::agreement::is_low_order;
 use crate::config::{RoundConfig, RoundContext, Variant};
 use crate::derive;
 use crate::error::{ProtocolError, Stage};
@@ -23,7 +23,6 @@ use crate::ids::ClientId;
 use crate::messages::{
     AdvertisedKeys, ClientMessage, ENVELOPE_LEN, Envelope, MaskedVector, ServerMessage, UnmaskingShares,
 };
-use crate::secret::Secret32;
 use crate::shamir::Share;
 use crate::signature::{SIGNATURE_LEN, verify};
 pub use crate::unmask::FaultyShare;
@@ -134,9 +133,6 @@ fn invalid(client: ClientId, reason: &'static str) -> ProtocolError {
 /// Collecting AdvertiseKeys.
 pub struct CollectingKeys {
     info: Arc<RoundInfo>,
-    /// A fixed key pair used only to test that advertised keys are not of
-    /// low order (X25519 with them must be contributory).
-    probe: AgreementKey,
     inbox: Inbox,
     keys: Vec<Option<AdvertisedKeys>>,
 }
@@ -227,10 +223,8 @@ impl ServerRound {
         let n = config.clients as usize;
         let info =
             Arc::new(RoundInfo { context: config.context(), graph: config.communication_graph(), config });
-        let probe = AgreementKey::from_secret(&Secret32::from_bytes(&mut [0x5a; 32]));
         Ok(ServerRound::CollectingKeys(CollectingKeys {
             info,
-            probe,
             inbox: Inbox::new(vec![true; n]),
             keys: vec![None; n],
         }))
@@ -421,7 +415,7 @@ impl CollectingKeys {
         if cipher_key == mask_key {
             return Err(invalid(from, "the two advertised keys must differ"));
         }
-        if self.probe.agree(&cipher_key).is_err() || self.probe.agree(&mask_key).is_err() {
+        if is_low_order(&cipher_key) || is_low_order(&mask_key) {
             return Err(invalid(from, "an advertised key is of low order"));
         }
         match (info.config.variant, signature) {
@@ -573,7 +567,11 @@ impl CollectingSignatures {
 
     fn advance(mut self) -> Result<ServerRound, ProtocolError> {
         self.info.require(Stage::ConsistencyCheck, self.inbox.count)?;
+        // A client goes on once t survivors signed the list it saw (each
+        // signature here was checked on arrival); relaying more would only
+        // add to every client's download.
         self.signatures.sort_by_key(|(id, _)| *id);
+        self.signatures.truncate(self.info.config.threshold as usize);
         let n = self.inbox.received.len();
         Ok(ServerRound::CollectingUnmaskingShares(CollectingUnmaskingShares {
             info: self.info,

@@ -1,60 +1,95 @@
-//! Ed25519 signatures (RFC 8032, via `ring`) for the active-adversary variant.
+//! Ed25519 signatures (RFC 8032, via `ed25519-dalek`) for the active-adversary variant.
 //!
 //! A client's long-term identity key signs its advertised round keys and the
 //! survivor list of the consistency check; peers verify with the identity
 //! public keys that the round's roster binds.
+//!
+//! A client checks the many signatures of one stage (its neighbours' key
+//! advertisements, the survivors' consistency signatures) as one batch
+//! ([`verify_all`]): a random linear combination of the verification
+//! equations, weighted by 128-bit scalars drawn from a hash of everything
+//! in the batch. A batch passes only if every signature in it was made with
+//! its signer's key (except with probability about 2^-128). The one
+//! difference from checking each signature alone: a key's *holder* can
+//! craft a signature with a small-order component that one check accepts
+//! and the other refuses. That only lets a corrupt client make an honest
+//! peer refuse the round, which the coordinator can always do by
+//! withholding a message; it never lets anybody speak for a key they do not
+//! hold.
 
 use crate::error::CryptoError;
 use crate::secret::Secret32;
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use rand_core::CryptoRng;
-use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
 
 /// Length of an Ed25519 signature.
 pub const SIGNATURE_LEN: usize = 64;
 
-/// A client's long-term Ed25519 signing key.
+/// A client's long-term Ed25519 signing key; zeroized on drop.
 pub struct IdentityKey {
-    pair: Ed25519KeyPair,
+    key: SigningKey,
 }
 
 impl IdentityKey {
     /// Derives the key pair from a 32-byte RFC 8032 seed.
     pub fn from_seed(seed: &Secret32) -> Result<Self, CryptoError> {
-        let pair = Ed25519KeyPair::from_seed_unchecked(seed.expose()).map_err(|_| CryptoError)?;
-        Ok(Self { pair })
+        Ok(Self { key: SigningKey::from_bytes(seed.expose()) })
     }
 
     /// Draws a fresh identity.
     pub fn generate<R: CryptoRng + ?Sized>(rng: &mut R) -> Self {
         let seed = Secret32::random(rng);
-        match Self::from_seed(&seed) {
-            Ok(key) => key,
-            Err(_) => unreachable!("every 32-byte string is a valid Ed25519 seed"),
-        }
+        Self { key: SigningKey::from_bytes(seed.expose()) }
     }
 
     /// The public verification key.
     pub fn public_key(&self) -> [u8; 32] {
-        let mut out = [0u8; 32];
-        out.copy_from_slice(self.pair.public_key().as_ref());
-        out
+        self.key.verifying_key().to_bytes()
     }
 
-    /// Signs `message`.
+    /// Signs `message` (deterministic, as RFC 8032 specifies).
     pub fn sign(&self, message: &[u8]) -> [u8; SIGNATURE_LEN] {
-        let mut out = [0u8; SIGNATURE_LEN];
-        out.copy_from_slice(self.pair.sign(message).as_ref());
-        out
+        self.key.sign(message).to_bytes()
     }
 }
 
-/// Verifies an Ed25519 signature.
+/// Verifies an Ed25519 signature: the cofactorless equation of RFC 8032
+/// with a canonical `s`, refusing a small-order public key or `R`.
 pub fn verify(
     public_key: &[u8; 32],
     message: &[u8],
     signature: &[u8; SIGNATURE_LEN],
 ) -> Result<(), CryptoError> {
-    UnparsedPublicKey::new(&ED25519, public_key).verify(message, signature).map_err(|_| CryptoError)
+    let key = VerifyingKey::from_bytes(public_key).map_err(|_| CryptoError)?;
+    key.verify_strict(message, &Signature::from_bytes(signature)).map_err(|_| CryptoError)
+}
+
+/// One signature to check: the signer's public key, the message, the
+/// signature.
+pub type Signed<'a> = (&'a [u8; 32], &'a [u8], &'a [u8; SIGNATURE_LEN]);
+
+/// Verifies every signature of `batch` at once (see the module docs);
+/// fails if any one is invalid, without saying which. An empty batch
+/// passes.
+pub fn verify_all(batch: &[Signed<'_>]) -> Result<(), CryptoError> {
+    if batch.len() == 1 {
+        let (key, message, signature) = batch[0];
+        return verify(key, message, signature);
+    }
+    let mut messages = Vec::with_capacity(batch.len());
+    let mut signatures = Vec::with_capacity(batch.len());
+    let mut keys = Vec::with_capacity(batch.len());
+    for &(key, message, signature) in batch {
+        let key = VerifyingKey::from_bytes(key).map_err(|_| CryptoError)?;
+        // As `verify` does: a small-order key signs anything.
+        if key.is_weak() {
+            return Err(CryptoError);
+        }
+        keys.push(key);
+        messages.push(message);
+        signatures.push(Signature::from_bytes(signature));
+    }
+    ed25519_dalek::verify_batch(&messages, &signatures, &keys).map_err(|_| CryptoError)
 }
 
 /// What a participant signs at enrollment to show that it holds the
@@ -80,6 +115,83 @@ mod tests {
     use super::*;
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
+
+    fn hex32(s: &str) -> [u8; 32] {
+        hex::decode(s).unwrap().try_into().unwrap()
+    }
+
+    /// RFC 8032 section 7.1, tests 1 and 2: the keys and signatures are
+    /// the standard's, so identities made by earlier releases still verify.
+    #[test]
+    fn rfc8032_known_answers() {
+        for (seed, public, message, signature) in [
+            (
+                "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+                "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
+                "",
+                "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b",
+            ),
+            (
+                "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
+                "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c",
+                "72",
+                "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00",
+            ),
+        ] {
+            let mut seed = hex32(seed);
+            let key = IdentityKey::from_seed(&Secret32::from_bytes(&mut seed)).unwrap();
+            assert_eq!(key.public_key(), hex32(public));
+            let message = hex::decode(message).unwrap();
+            let signature: [u8; SIGNATURE_LEN] = hex::decode(signature).unwrap().try_into().unwrap();
+            assert_eq!(key.sign(&message), signature);
+            assert_eq!(verify(&hex32(public), &message, &signature), Ok(()));
+            assert_eq!(verify_all(&[(&hex32(public), &message, &signature)]), Ok(()));
+        }
+    }
+
+    #[test]
+    fn a_batch_fails_on_any_bad_signature_and_on_a_small_order_key() {
+        let mut rng = ChaCha20Rng::seed_from_u64(12);
+        let keys: Vec<IdentityKey> = (0..40).map(|_| IdentityKey::generate(&mut rng)).collect();
+        let publics: Vec<[u8; 32]> = keys.iter().map(IdentityKey::public_key).collect();
+        let messages: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 1 + usize::from(i)]).collect();
+        let signatures: Vec<[u8; SIGNATURE_LEN]> =
+            keys.iter().zip(&messages).map(|(key, message)| key.sign(message)).collect();
+        let batch = |signatures: &[[u8; SIGNATURE_LEN]], messages: &[Vec<u8>], publics: &[[u8; 32]]| {
+            let items: Vec<Signed<'_>> = publics
+                .iter()
+                .zip(messages)
+                .zip(signatures)
+                .map(|((public, message), signature)| (public, message.as_slice(), signature))
+                .collect();
+            verify_all(&items)
+        };
+        assert_eq!(batch(&signatures, &messages, &publics), Ok(()));
+        assert_eq!(verify_all(&[]), Ok(()));
+        for i in [0, 17, 39] {
+            let mut forged = signatures.clone();
+            forged[i][3] ^= 1;
+            assert_eq!(batch(&forged, &messages, &publics), Err(CryptoError), "signature {i} altered");
+            let mut altered = messages.clone();
+            altered[i][0] ^= 1;
+            assert_eq!(batch(&signatures, &altered, &publics), Err(CryptoError), "message {i} altered");
+            let mut swapped = publics.clone();
+            swapped.swap(i, (i + 1) % 40);
+            assert_eq!(batch(&signatures, &messages, &swapped), Err(CryptoError), "keys {i} swapped");
+        }
+        // The identity point (a small-order key): with R also the identity
+        // and s = 0 it "signs" every message; both checks refuse it.
+        let mut identity = [0u8; 32];
+        identity[0] = 1;
+        let mut trivial = [0u8; SIGNATURE_LEN];
+        trivial[0] = 1;
+        assert_eq!(verify(&identity, b"anything", &trivial), Err(CryptoError));
+        let mut with_weak = publics.clone();
+        with_weak[5] = identity;
+        let mut weak_signatures = signatures.clone();
+        weak_signatures[5] = trivial;
+        assert_eq!(batch(&weak_signatures, &messages, &with_weak), Err(CryptoError));
+    }
 
     #[test]
     fn sign_and_verify() {

@@ -11,7 +11,7 @@
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
-use crate::agreement::AgreementKey;
+use crate::agreement::{AgreementKey, PeerKey};
 use crate::config::RoundContext;
 use crate::derive;
 use crate::error::{CryptoError, ProtocolError, Stage};
@@ -47,7 +47,7 @@ pub(crate) struct UnmaskJob<'a> {
 
 enum Task<'a> {
     SelfMask { owner: ClientId, seed: &'a Secret32 },
-    Pairwise { dropped: ClientId, key: &'a AgreementKey, survivor: ClientId, survivor_key: &'a [u8; 32] },
+    Pairwise { dropped: ClientId, survivor: ClientId, shared: Secret32 },
 }
 
 /// Subtracts every remaining mask from `sum` (modulo 2^32) and returns the
@@ -61,9 +61,10 @@ enum Task<'a> {
 /// when too many are wrong to correct, the round fails and nothing wrong is
 /// ever subtracted.
 pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<Vec<FaultyShare>, ProtocolError> {
-    let mut reconstructor = Reconstructor::new();
-    let mut faulty = Vec::new();
-    let mut reconstruct = |owner: ClientId, shares: &[Share], check: &dyn Fn(&Secret32) -> bool| {
+    let reconstruct = |reconstructor: &mut Reconstructor,
+                       owner: ClientId,
+                       shares: &[Share],
+                       check: &dyn Fn(&Secret32) -> bool| {
         if shares.len() < job.threshold {
             return Err(ProtocolError::BelowThreshold {
                 stage: Stage::Unmasking,
@@ -75,39 +76,81 @@ pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<Vec<FaultyS
         let checked = reconstructor
             .reconstruct_checked(&refs, job.threshold, check)
             .map_err(|_| ProtocolError::UnverifiableSecret { owner, shares: shares.len() as u32 })?;
-        faulty.extend(
-            checked
-                .faulty
-                .iter()
-                .filter_map(|&point| ClientId::new(point))
-                .map(|holder| FaultyShare { owner, holder }),
-        );
-        Ok(checked.secret)
+        let faulty: Vec<FaultyShare> = checked
+            .faulty
+            .iter()
+            .filter_map(|&point| ClientId::new(point))
+            .map(|holder| FaultyShare { owner, holder })
+            .collect();
+        Ok((checked.secret, faulty))
     };
     let advertised = |owner: ClientId| job.keys[owner.index()].as_ref().ok_or(CryptoError);
-    let mut seeds = Vec::with_capacity(job.survivors.len());
-    for &u in job.survivors {
+    // Every secret is reconstructed on its own (in parallel); the first
+    // failure in client order fails the round.
+    let mut faulty = Vec::new();
+    let seeds = for_each_owner(job.survivors, |reconstructor, u| {
         let commitment = advertised(u)?.seed_commitment;
         let check =
             |seed: &Secret32| bool::from(derive::seed_commitment(job.context, u, seed).ct_eq(&commitment));
-        seeds.push((u, reconstruct(u, &job.self_mask_shares[u.index()], &check)?));
-    }
-    let mut dropped_keys = Vec::with_capacity(job.dropped.len());
-    for &v in job.dropped {
+        reconstruct(reconstructor, u, &job.self_mask_shares[u.index()], &check)
+    });
+    let seeds = job
+        .survivors
+        .iter()
+        .zip(seeds)
+        .map(|(&u, result)| {
+            let (seed, wrong) = result?;
+            faulty.extend(wrong);
+            Ok((u, seed))
+        })
+        .collect::<Result<Vec<_>, ProtocolError>>()?;
+    let keys = for_each_owner(job.dropped, |reconstructor, v| {
         let public = advertised(v)?.mask_key;
         let check = |secret: &Secret32| AgreementKey::from_secret(secret).public_key() == public;
-        let key = AgreementKey::from_secret(&reconstruct(v, &job.mask_key_shares[v.index()], &check)?);
-        dropped_keys.push((v, key));
-    }
+        reconstruct(reconstructor, v, &job.mask_key_shares[v.index()], &check)
+    });
+    let dropped_keys = job
+        .dropped
+        .iter()
+        .zip(keys)
+        .map(|(&v, result)| {
+            let (secret, wrong) = result?;
+            faulty.extend(wrong);
+            Ok((v, AgreementKey::from_secret(&secret)))
+        })
+        .collect::<Result<Vec<_>, ProtocolError>>()?;
     let mut tasks: Vec<Task<'_>> =
         seeds.iter().map(|(owner, seed)| Task::SelfMask { owner: *owner, seed }).collect();
+    // Each survivor's mask key is prepared once, however many dropped
+    // neighbours it has; each dropped client's agreements go as one batch.
+    let mut prepared: Vec<Option<PeerKey>> = vec![None; job.keys.len()];
+    let mut partners = Vec::with_capacity(dropped_keys.len());
     for (v, key) in &dropped_keys {
-        for u in (job.partners_of_dropped)(*v) {
-            let survivor_key = &advertised(u)?.mask_key;
-            tasks.push(Task::Pairwise { dropped: *v, key, survivor: u, survivor_key });
+        let list = (job.partners_of_dropped)(*v);
+        for u in &list {
+            if prepared[u.index()].is_none() {
+                prepared[u.index()] = Some(PeerKey::new(&advertised(*u)?.mask_key));
+            }
+        }
+        partners.push((*v, key, list));
+    }
+    let agree = |(_, key, list): &(ClientId, &AgreementKey, Vec<ClientId>)| {
+        let peers: Vec<&PeerKey> = list.iter().filter_map(|u| prepared[u.index()].as_ref()).collect();
+        key.agree_many(&peers)
+    };
+    #[cfg(feature = "parallel")]
+    let agreed: Vec<_> = {
+        use rayon::prelude::*;
+        partners.par_iter().map(agree).collect()
+    };
+    #[cfg(not(feature = "parallel"))]
+    let agreed: Vec<_> = partners.iter().map(agree).collect();
+    for ((v, _, list), shared) in partners.iter().zip(agreed) {
+        for (u, shared) in list.iter().zip(shared) {
+            tasks.push(Task::Pairwise { dropped: *v, survivor: *u, shared: shared? });
         }
     }
-    let masks = total_mask(job.context, &tasks, sum.len())?;
+    let masks = total_mask(job.context, &tasks, sum.len());
     for (value, mask) in sum.iter_mut().zip(masks.iter()) {
         *value = value.wrapping_sub(*mask);
     }
@@ -115,54 +158,69 @@ pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<Vec<FaultyS
     Ok(faulty)
 }
 
+/// `reconstruct` for each owner, in order, each worker thread with its own
+/// cache of Lagrange coefficients.
+fn for_each_owner<R: Send>(
+    owners: &[ClientId],
+    reconstruct: impl Fn(&mut Reconstructor, ClientId) -> R + Sync + Send,
+) -> Vec<R> {
+    #[cfg(feature = "parallel")]
+    {
+        use rayon::prelude::*;
+        owners
+            .par_iter()
+            .map_init(Reconstructor::new, |reconstructor, &owner| reconstruct(reconstructor, owner))
+            .collect()
+    }
+    #[cfg(not(feature = "parallel"))]
+    {
+        let mut reconstructor = Reconstructor::new();
+        owners.iter().map(|&owner| reconstruct(&mut reconstructor, owner)).collect()
+    }
+}
+
 /// Applies one task's mask to `acc` exactly as its client applied it.
-fn apply(context: &RoundContext, task: &Task<'_>, acc: &mut [u32]) -> Result<(), CryptoError> {
+fn apply(context: &RoundContext, task: &Task<'_>, acc: &mut [u32]) {
     match task {
         Task::SelfMask { owner, seed } => derive::self_mask(seed, context, *owner).apply(acc, MaskSign::Add),
-        Task::Pairwise { dropped, key, survivor, survivor_key } => {
-            derive::pairwise_mask(key, survivor_key, context, *dropped, *survivor)?
-                .apply(acc, derive::pairwise_sign(*survivor, *dropped));
+        Task::Pairwise { dropped, survivor, shared } => {
+            derive::pairwise_mask(shared, context, *dropped, *survivor)
+                .apply(acc, derive::pairwise_sign(*survivor, *dropped))
         }
     }
-    Ok(())
 }
 
 /// The sum of all the tasks' masks.
 #[cfg(feature = "parallel")]
-fn total_mask(
-    context: &RoundContext,
-    tasks: &[Task<'_>],
-    len: usize,
-) -> Result<Zeroizing<Vec<u32>>, CryptoError> {
+fn total_mask(context: &RoundContext, tasks: &[Task<'_>], len: usize) -> Zeroizing<Vec<u32>> {
     use rayon::prelude::*;
     tasks
         .par_iter()
         .with_min_len(4)
-        .try_fold(
+        .fold(
             || Zeroizing::new(vec![0u32; len]),
-            |mut acc, task| apply(context, task, &mut acc).map(|()| acc),
+            |mut acc, task| {
+                apply(context, task, &mut acc);
+                acc
+            },
         )
-        .try_reduce(
+        .reduce(
             || Zeroizing::new(vec![0u32; len]),
             |mut a, b| {
                 for (x, y) in a.iter_mut().zip(b.iter()) {
                     *x = x.wrapping_add(*y);
                 }
-                Ok(a)
+                a
             },
         )
 }
 
 /// The sum of all the tasks' masks.
 #[cfg(not(feature = "parallel"))]
-fn total_mask(
-    context: &RoundContext,
-    tasks: &[Task<'_>],
-    len: usize,
-) -> Result<Zeroizing<Vec<u32>>, CryptoError> {
+fn total_mask(context: &RoundContext, tasks: &[Task<'_>], len: usize) -> Zeroizing<Vec<u32>> {
     let mut acc = Zeroizing::new(vec![0u32; len]);
     for task in tasks {
-        apply(context, task, &mut acc)?;
+        apply(context, task, &mut acc);
     }
-    Ok(acc)
+    acc
 }

@@ -210,9 +210,21 @@ fn the_consistency_check_stops_a_server_that_lies_about_dropouts() {
     };
     let signatures: Vec<_> =
         (0..6).map(|i| (id(i + 1), signature(driver.outbox[i as usize].as_ref().unwrap()))).collect();
-    // Client 1 receives the others' signatures over the honest list.
+    // Client 1 receives the others' signatures over the honest list: with
+    // client 4's among them it sees a signer outside its list, and without
+    // it, valid signatures over another list.
     let result =
-        driver.deliver(1, ServerMessage::Signatures { context, signatures: signatures[1..].to_vec() });
+        driver.deliver(1, ServerMessage::Signatures { context, signatures: signatures[1..5].to_vec() });
+    assert_eq!(result, Err(ProtocolError::Inconsistent("a signer is not in the survivor list")));
+    // The same round again, client 1 handed only signers on its list.
+    let mut fresh = Driver::start(&config, &identities, 9);
+    fresh.stage();
+    fresh.stage();
+    fresh.flush();
+    fresh.advance().unwrap();
+    fresh.deliver(1, ServerMessage::Survivors { context, survivors: ids(&[1, 2, 3, 5, 6]) }).unwrap();
+    let others: Vec<_> = [1usize, 2, 4, 5].iter().map(|&i| signatures[i]).collect();
+    let result = fresh.deliver(1, ServerMessage::Signatures { context, signatures: others });
     assert_eq!(result, Err(ProtocolError::Inconsistent("a survivor signed a different survivor list")));
     assert!(matches!(driver.clients[0], Some(Client::Aborted)));
     // The honest server cannot even accept client 1's signature over the lie.
@@ -222,6 +234,51 @@ fn the_consistency_check_stops_a_server_that_lies_about_dropouts() {
     honest_driver.stage();
     let lying_signature = ClientMessage::Consistency { context, signature: signatures[0].1 };
     assert!(matches!(honest_driver.send(1, &lying_signature.encode()), Err(ProtocolError::Crypto(_))));
+}
+
+/// A client goes on once t survivors signed the list it saw: the server
+/// relays exactly t signatures (the lowest ids), and a client checks the
+/// first t it is handed, so one more that is wrong changes nothing while a
+/// wrong one among the first t makes it reveal nothing.
+#[test]
+fn t_consistency_signatures_are_relayed_and_checked() {
+    let mut config = config(7, 4, GraphSpec::Complete, 8, 32);
+    let identities = make_active(&mut config, 14);
+    let mut driver = Driver::start(&config, &identities, 14);
+    driver.stage(); // keys
+    driver.stage(); // shares
+    driver.stage(); // masked inputs; every client has signed the survivor list
+    let signed: Vec<_> = (1..=7)
+        .map(|i| match ClientMessage::decode(driver.outbox[i - 1].as_ref().unwrap()) {
+            Ok(ClientMessage::Consistency { signature, .. }) => (id(i as u32), signature),
+            other => panic!("client {i} did not sign: {other:?}"),
+        })
+        .collect();
+    driver.flush();
+    driver.advance().unwrap();
+    let context = config.context();
+    let Some(ServerMessage::Signatures { signatures, .. }) = driver.server().message_for(id(7)) else {
+        panic!("expected the signatures");
+    };
+    assert_eq!(signatures, signed[..4].to_vec(), "the t signatures of the lowest ids");
+
+    // Two extra signatures, the last of them garbage: not checked.
+    let mut extra = signed[..6].to_vec();
+    extra[5].1[10] ^= 1;
+    driver.deliver(7, ServerMessage::Signatures { context, signatures: extra.clone() }).unwrap();
+    assert!(matches!(
+        ClientMessage::decode(driver.outbox[6].as_ref().unwrap()),
+        Ok(ClientMessage::Unmasking { .. })
+    ));
+    // A garbage signature among the first t: the client reveals nothing.
+    let mut wrong = signed[..6].to_vec();
+    wrong[2].1[10] ^= 1;
+    let result = driver.deliver(6, ServerMessage::Signatures { context, signatures: wrong });
+    assert_eq!(result, Err(ProtocolError::Inconsistent("a survivor signed a different survivor list")));
+    assert!(matches!(driver.clients[5], Some(Client::Aborted)));
+    // Fewer than t: refused before any check.
+    let result = driver.deliver(5, ServerMessage::Signatures { context, signatures: signed[..3].to_vec() });
+    assert!(matches!(result, Err(ProtocolError::BelowThreshold { .. })), "{result:?}");
 }
 
 #[test]

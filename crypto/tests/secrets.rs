@@ -7,7 +7,7 @@ use cohort_crypto::prg::MaskPrg;
 use cohort_crypto::shamir::Share;
 use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::{Client, QuantizedInput, Secret32};
-use static_assertions::assert_not_impl_any;
+use static_assertions::{assert_impl_all, assert_not_impl_any};
 
 assert_not_impl_any!(Secret32: core::fmt::Debug, Clone, Copy);
 assert_not_impl_any!(Share: core::fmt::Debug, Clone, Copy);
@@ -18,6 +18,9 @@ assert_not_impl_any!(MaskPrg: core::fmt::Debug, Clone);
 assert_not_impl_any!(QuantizedInput: core::fmt::Debug, Clone);
 assert_not_impl_any!(UnmaskingShares: core::fmt::Debug, Clone);
 assert_not_impl_any!(ClientMessage: Clone);
+// What the identity and agreement keys hold wipes itself on drop.
+assert_impl_all!(ed25519_dalek::SigningKey: zeroize::ZeroizeOnDrop);
+assert_impl_all!(x25519_dalek::StaticSecret: zeroize::ZeroizeOnDrop);
 
 /// `Debug` on a client state or message prints the stage, never key
 /// material or shares.
