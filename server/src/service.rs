@@ -124,8 +124,8 @@ pub enum ServiceError {
     #[error("TLS: {0}")]
     Tls(String),
     /// A limit is out of range.
-    #[error("{0}")]
-    Limits(String),
+    #[error(transparent)]
+    Limits(#[from] crate::api::listener::LimitsError),
     /// The address could not be bound.
     #[error("binding {address}: {source}")]
     Bind {

@@ -252,10 +252,11 @@ impl QuantizationConfig {
         match self.bits {
             None => Ok(self.modulus_bits),
             Some(bits) if (4..=16).contains(&bits) => {
-                cohort_crypto::quantize::modulus_bits_for(bits, clients)
-                    .ok_or_else(|| SpecError("bits plus the clients' headroom exceed 32".into()))
+                cohort_crypto::quantize::modulus_bits_for(bits, clients).ok_or_else(|| {
+                    SpecError::field("quantization.bits", "bits plus the clients' headroom exceed 32")
+                })
             }
-            Some(_) => Err(SpecError("bits must be between 4 and 16".into())),
+            Some(_) => Err(SpecError::field("quantization.bits", "bits must be between 4 and 16")),
         }
     }
 
@@ -269,7 +270,9 @@ impl QuantizationConfig {
             (false, Some(SketchConfig { rows, columns, top_k })) => {
                 Transform::Sketch { rows, columns, top_k, seed }
             }
-            (true, Some(_)) => return Err(SpecError("choose either rotate or sketch".into())),
+            (true, Some(_)) => {
+                return Err(SpecError::field("quantization", "choose either rotate or sketch"));
+            }
         };
         Ok(QuantizationSpec { clip: self.clip, max_weight: self.max_weight, transform, metrics })
     }
@@ -282,8 +285,7 @@ impl QuantizationConfig {
         seed: [u8; 32],
         metrics: MetricSet,
     ) -> Result<Quantizer, SpecError> {
-        Quantizer::new(self.round_spec(seed, metrics)?, self.ring_bits(clients)?, clients)
-            .map_err(|e| SpecError(e.to_string()))
+        Ok(Quantizer::new(self.round_spec(seed, metrics)?, self.ring_bits(clients)?, clients)?)
     }
 }
 
@@ -322,10 +324,38 @@ pub const MAX_RETENTION: u32 = 1_000;
 /// Longest stage deadline: a day.
 pub const MAX_DEADLINE_MS: u64 = 86_400_000;
 
-/// Why a task specification was refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("invalid task: {0}")]
-pub struct SpecError(pub String);
+/// Why a task specification was refused. The coordinator answers every
+/// kind with `400 invalid_task` and this message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    /// A field is out of its range, or fields contradict each other.
+    #[error("invalid task: {reason}")]
+    Field {
+        /// The field, as the JSON spec names it (`rounds`,
+        /// `secure_aggregation.threshold`).
+        field: &'static str,
+        /// What it must be.
+        reason: String,
+    },
+    /// The model's layout is malformed.
+    #[error("invalid task: model.layout: {0}")]
+    Layout(#[from] cohort_client::checkpoint::CheckpointError),
+    /// The server optimizer's settings are out of range.
+    #[error("invalid task: optimizer: {0}")]
+    Optimizer(#[from] crate::optimizer::OptimizerError),
+    /// The quantization, or the secure-aggregation parameters derived for
+    /// the task, are not a valid round.
+    #[error("invalid task: {0}")]
+    Round(#[from] cohort_crypto::ConfigError),
+}
+
+impl SpecError {
+    /// `field` is wrong: it must be as `reason` says.
+    pub fn field(field: &'static str, reason: impl Into<String>) -> Self {
+        SpecError::Field { field, reason: reason.into() }
+    }
+}
 
 /// Parameters derived from a valid spec.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -341,16 +371,18 @@ pub struct DerivedRoundParameters {
 impl TaskSpec {
     /// Validates the spec and derives the round parameters.
     pub fn validate(&self) -> Result<DerivedRoundParameters, SpecError> {
-        let err = |m: &str| SpecError(m.to_string());
         if self.name.trim().is_empty() || self.name.len() > MAX_NAME_BYTES {
-            return Err(err("name must be 1 to 200 bytes of UTF-8"));
+            return Err(SpecError::field("name", "name must be 1 to 200 bytes of UTF-8"));
         }
         if self.name.chars().any(char::is_control) {
-            return Err(err("name must not contain control characters"));
+            return Err(SpecError::field("name", "name must not contain control characters"));
         }
         let architecture = &self.model.architecture;
         if architecture.len() > MAX_NAME_BYTES || architecture.chars().any(char::is_control) {
-            return Err(err("model.architecture must be at most 200 bytes without control characters"));
+            return Err(SpecError::field(
+                "model.architecture",
+                "model.architecture must be at most 200 bytes without control characters",
+            ));
         }
         if self
             .model
@@ -359,45 +391,54 @@ impl TaskSpec {
             .iter()
             .any(|t| t.name.len() > MAX_NAME_BYTES || t.name.chars().any(char::is_control))
         {
-            return Err(err("tensor names must be at most 200 bytes without control characters"));
+            return Err(SpecError::field(
+                "model.layout",
+                "tensor names must be at most 200 bytes without control characters",
+            ));
         }
-        self.model.layout.validate().map_err(|e| SpecError(e.to_string()))?;
+        self.model.layout.validate()?;
         if self.model.layout.len() > cohort_crypto::config::MAX_VECTOR_LEN as usize - 1 {
-            return Err(err("the model is too large for secure aggregation"));
+            return Err(SpecError::field("model.layout", "the model is too large for secure aggregation"));
         }
         if let ModelInit::Uniform { scale, .. } = self.model.init
             && !(scale.is_finite() && scale > 0.0)
         {
-            return Err(err("model.init.scale must be finite and positive"));
+            return Err(SpecError::field("model.init.scale", "model.init.scale must be finite and positive"));
         }
         if self.rounds == 0 || self.rounds > MAX_ROUNDS {
-            return Err(SpecError(format!("rounds must be between 1 and {MAX_ROUNDS}")));
+            return Err(SpecError::field("rounds", format!("rounds must be between 1 and {MAX_ROUNDS}")));
         }
         if self.clients_per_round < 2 {
-            return Err(err("clients_per_round must be at least 2"));
+            return Err(SpecError::field("clients_per_round", "clients_per_round must be at least 2"));
         }
         if !(0.0..=10.0).contains(&self.over_selection) {
-            return Err(err("over_selection must be between 0 and 10"));
+            return Err(SpecError::field("over_selection", "over_selection must be between 0 and 10"));
         }
         if u64::from(self.selected_per_round()) > u64::from(cohort_crypto::config::MAX_CLIENTS) {
-            return Err(err("too many clients per round"));
+            return Err(SpecError::field("clients_per_round", "too many clients per round"));
         }
         if self.checkpoint_retention == 0 || self.checkpoint_retention > MAX_RETENTION {
-            return Err(SpecError(format!("checkpoint_retention must be between 1 and {MAX_RETENTION}")));
+            return Err(SpecError::field(
+                "checkpoint_retention",
+                format!("checkpoint_retention must be between 1 and {MAX_RETENTION}"),
+            ));
         }
         let d = self.deadlines;
         if [d.advertise_keys_ms, d.share_keys_ms, d.masked_input_ms, d.unmasking_ms]
             .iter()
             .any(|ms| !(1..=MAX_DEADLINE_MS).contains(ms))
         {
-            return Err(SpecError(format!("deadlines must be between 1 and {MAX_DEADLINE_MS} ms (a day)")));
+            return Err(SpecError::field(
+                "deadlines",
+                format!("deadlines must be between 1 and {MAX_DEADLINE_MS} ms (a day)"),
+            ));
         }
 
-        self.optimizer.validate().map_err(|e| SpecError(e.to_string()))?;
+        self.optimizer.validate()?;
         let quantizer =
             self.quantization.quantizer(self.selected_per_round(), [0; 32], self.client_metrics.aggregate)?;
         if quantizer.encoded_len(self.model.layout.len()) > cohort_crypto::config::MAX_VECTOR_LEN as usize {
-            return Err(err("the model is too large for secure aggregation"));
+            return Err(SpecError::field("model.layout", "the model is too large for secure aggregation"));
         }
         let sa = &self.secure_aggregation;
         let active = sa.variant() == VariantChoice::Active;
@@ -413,26 +454,43 @@ impl TaskSpec {
             GraphChoice::Sparse => derive_sparse(n, &target),
         };
         let degree = match (sa.graph, sa.degree) {
-            (GraphChoice::Complete, Some(_)) => return Err(err("degree applies to the sparse graph only")),
+            (GraphChoice::Complete, Some(_)) => {
+                return Err(SpecError::field(
+                    "secure_aggregation.degree",
+                    "degree applies to the sparse graph only",
+                ));
+            }
             (GraphChoice::Complete, None) => n - 1,
             (GraphChoice::Sparse, Some(k)) => k.min(n - 1),
-            (GraphChoice::Sparse, None) => derived.as_ref().map_err(|e| SpecError(e.to_string()))?.degree,
+            (GraphChoice::Sparse, None) => derived.clone()?.degree,
         };
         let threshold = match sa.threshold {
             Some(t) => t,
-            None if sa.degree.is_none() => derived.map_err(|e| SpecError(e.to_string()))?.threshold,
-            None => return Err(err("a degree override needs a threshold override")),
+            None if sa.degree.is_none() => derived?.threshold,
+            None => {
+                return Err(SpecError::field(
+                    "secure_aggregation.threshold",
+                    "a degree override needs a threshold override",
+                ));
+            }
         };
         if threshold == 0 || threshold > degree || (degree < n - 1 && degree % 2 == 1) {
-            return Err(err("threshold must be in 1..=degree, and a sparse degree must be even"));
+            return Err(SpecError::field(
+                "secure_aggregation.threshold",
+                "threshold must be in 1..=degree, and a sparse degree must be even",
+            ));
         }
         if active && !active_threshold_holds(threshold, degree) {
-            return Err(SpecError(format!(
-                "the active variant needs a threshold above half the degree: 2 × {threshold} must exceed {degree}"
-            )));
+            return Err(SpecError::field(
+                "secure_aggregation.threshold",
+                format!(
+                    "the active variant needs a threshold above half the degree: 2 × {threshold} must exceed {degree}"
+                ),
+            ));
         }
         if self.client_metrics.plaintext && active {
-            return Err(err(
+            return Err(SpecError::field(
+                "client_metrics.plaintext",
                 "client_metrics.plaintext needs the semi-honest variant: an untrusted coordinator \
                  learns clients' metrics only in aggregate",
             ));
@@ -591,6 +649,24 @@ pub(crate) mod tests {
             assert!(error.contains(needle), "{error} should mention {needle}");
         }
         assert!(serde_json::from_str::<TaskSpec>(r#"{"name":"x","bogus":1}"#).is_err());
+        // Each kind of fault keeps its type: the field, the layout, the
+        // optimizer, the round parameters.
+        let refused = |mutate: fn(&mut TaskSpec)| {
+            let mut spec = small_spec();
+            mutate(&mut spec);
+            spec.validate().unwrap_err()
+        };
+        assert!(matches!(refused(|s| s.rounds = 0), SpecError::Field { field: "rounds", .. }));
+        assert!(matches!(
+            refused(|s| s.secure_aggregation.threshold = Some(9)),
+            SpecError::Field { field: "secure_aggregation.threshold", .. }
+        ));
+        assert!(matches!(refused(|s| s.model.layout.tensors.clear()), SpecError::Layout(_)));
+        assert!(matches!(
+            refused(|s| s.optimizer = ServerOptimizer::FedAvg { learning_rate: -1.0 }),
+            SpecError::Optimizer(_)
+        ));
+        assert!(matches!(refused(|s| s.quantization.modulus_bits = 40), SpecError::Round(_)));
     }
 
     /// The example in the README is a valid spec and shows the defaults.
@@ -600,7 +676,9 @@ pub(crate) mod tests {
         let mut spec = small_spec();
         spec.client_metrics.plaintext = true;
         spec.secure_aggregation.variant = Some(VariantChoice::Active);
-        assert!(spec.validate().unwrap_err().0.contains("semi-honest"));
+        let refused = spec.validate().unwrap_err();
+        assert!(matches!(refused, SpecError::Field { field: "client_metrics.plaintext", .. }), "{refused:?}");
+        assert!(refused.to_string().contains("semi-honest"), "{refused}");
         spec.secure_aggregation.variant = Some(VariantChoice::SemiHonest);
         spec.validate().unwrap();
         // The metrics a round's vectors carry cost their coordinates.

@@ -30,7 +30,11 @@ fn delta() -> Vec<f32> {
 struct Honest;
 
 impl Trainer for Honest {
-    fn train(&mut self, _: u64, _: &cohort_client::checkpoint::Checkpoint) -> Result<LocalUpdate, String> {
+    fn train(
+        &mut self,
+        _: u64,
+        _: &cohort_client::checkpoint::Checkpoint,
+    ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         Ok(LocalUpdate {
             delta: delta(),
             examples: 7,

@@ -36,9 +36,13 @@ const DIMENSION: usize = 8;
 struct Honest;
 
 impl Trainer for Honest {
-    fn train(&mut self, _: u64, _: &cohort_client::checkpoint::Checkpoint) -> Result<LocalUpdate, String> {
+    fn train(
+        &mut self,
+        _: u64,
+        _: &cohort_client::checkpoint::Checkpoint,
+    ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         let mut metrics = MetricValues::new();
-        metrics.set(Metric::TrainLoss, 0.5).map_err(|e| e.to_string())?;
+        metrics.set(Metric::TrainLoss, 0.5)?;
         Ok(LocalUpdate { delta: vec![0.01; DIMENSION], examples: 3, metrics })
     }
 }

@@ -26,7 +26,11 @@ struct Fixed {
 }
 
 impl Trainer for Fixed {
-    fn train(&mut self, round: u64, model: &Checkpoint) -> Result<LocalUpdate, String> {
+    fn train(
+        &mut self,
+        round: u64,
+        model: &Checkpoint,
+    ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         assert_eq!(model.weights.len(), self.delta.len());
         self.rounds_trained.push(round);
         Ok(LocalUpdate {
@@ -140,9 +144,9 @@ fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
 struct Reporting(usize);
 
 impl Trainer for Reporting {
-    fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, String> {
+    fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         let mut metrics = MetricValues::new();
-        metrics.set(Metric::TrainLoss, 0.1 * (self.0 + 1) as f64).map_err(|e| e.to_string())?;
+        metrics.set(Metric::TrainLoss, 0.1 * (self.0 + 1) as f64)?;
         Ok(LocalUpdate { delta: update(self.0), examples: 10, metrics })
     }
 }

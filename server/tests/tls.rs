@@ -41,7 +41,7 @@ impl Trainer for Zero {
         &mut self,
         _: u64,
         model: &cohort_client::checkpoint::Checkpoint,
-    ) -> Result<LocalUpdate, String> {
+    ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         Ok(LocalUpdate {
             delta: vec![0.25; model.weights.len()],
             examples: 3,

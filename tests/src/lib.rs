@@ -212,7 +212,7 @@ pub fn spec(clients: u32, threshold: u32) -> Value {
 pub struct Fixed(pub LocalUpdate);
 
 impl Trainer for Fixed {
-    fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, String> {
+    fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         // A test's known update: copied on purpose (LocalUpdate is not Clone).
         let LocalUpdate { delta, examples, metrics } = &self.0;
         Ok(LocalUpdate { delta: delta.clone(), examples: *examples, metrics: *metrics })

@@ -240,7 +240,7 @@ impl cohort_client::runtime::Trainer for Steady {
         &mut self,
         _: u64,
         model: &cohort_client::checkpoint::Checkpoint,
-    ) -> Result<cohort_client::runtime::LocalUpdate, String> {
+    ) -> Result<cohort_client::runtime::LocalUpdate, cohort_client::runtime::UpdateError> {
         let delta = (0..model.weights.len()).map(|i| 0.01 * (i as f32 + 1.0)).collect();
         Ok(cohort_client::runtime::LocalUpdate {
             delta,

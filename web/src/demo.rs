@@ -5,6 +5,8 @@
 use cohort_client::data::{Dataset, dataset_from_idx, hold_out_per_class, parse_idx};
 use cohort_client::partition::{Scheme, partition};
 
+use crate::WebError;
+
 /// Seed of the demo's split of the digits among tabs: every tab, and the
 /// tests that recompute a tab's update, cut the same shards.
 pub const DIGITS_PARTITION_SEED: u64 = 2017;
@@ -20,18 +22,13 @@ pub fn digits_shard(
     labels: &[u8],
     shard: usize,
     shards: usize,
-) -> Result<(Dataset, Dataset), String> {
+) -> Result<(Dataset, Dataset), WebError> {
     if shard >= shards {
-        return Err(format!("shard {shard} of {shards} does not exist"));
+        return Err(WebError::NoShard { shard, shards });
     }
-    let all = dataset_from_idx(
-        parse_idx(images).map_err(|e| e.to_string())?,
-        parse_idx(labels).map_err(|e| e.to_string())?,
-        10,
-    )
-    .map_err(|e| e.to_string())?;
+    let all = dataset_from_idx(parse_idx(images)?, parse_idx(labels)?, 10)?;
     let (train, test) = hold_out_per_class(&all, 7);
-    let parts = partition(&train.labels, 10, shards, Scheme::Shards { per_client: 2 }, DIGITS_PARTITION_SEED)
-        .map_err(|e| e.to_string())?;
+    let parts =
+        partition(&train.labels, 10, shards, Scheme::Shards { per_client: 2 }, DIGITS_PARTITION_SEED)?;
     Ok((train.subset(&parts[shard]), test))
 }

@@ -20,23 +20,78 @@
 //! JavaScript, which only ever sees masked bytes. No tokio, no threads.
 //!
 //! The logic lives in [`Core`] (plain Rust, tested natively); [`WebClient`]
-//! only converts its errors to JavaScript exceptions.
+//! only converts its errors ([`WebError`]) to JavaScript exceptions, in one
+//! place.
 
 use cohort_client::checkpoint::Checkpoint;
-use cohort_client::data::Dataset;
+use cohort_client::data::{DataError, Dataset};
 use cohort_client::model::Model;
 use cohort_client::participant::{
-    Action, Method, Metric, MetricValues, Participant, ParticipantConfig, Policy, Request, Response,
-    RoundOutcome, SavedState,
+    Action, Method, Metric, MetricValues, Participant, ParticipantConfig, ParticipantError, Policy, Request,
+    Response, RoundOutcome, SavedState,
 };
+use cohort_client::partition::PartitionError;
 use cohort_client::partition::histogram;
-use cohort_client::runtime;
+use cohort_client::runtime::{self, UpdateError};
 use cohort_client::train::TrainConfig;
 use serde_json::{Value, json};
 use wasm_bindgen::prelude::*;
 
 pub mod demo;
 use demo::digits_shard;
+
+/// Why a call of the browser client failed; JavaScript gets an `Error`
+/// with this message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WebError {
+    /// The task id or the enrollment token is empty.
+    #[error("the task id and the enrollment token are required")]
+    MissingCredentials,
+    /// The privacy policy is not valid JSON of a policy.
+    #[error("policy: {0}")]
+    Policy(serde_json::Error),
+    /// The saved state is not valid JSON of a saved state.
+    #[error("saved state: {0}")]
+    SavedState(serde_json::Error),
+    /// The saved state is another task's.
+    #[error("the saved state belongs to task {0}")]
+    OtherTask(String),
+    /// The page's examples, or the demo's digits, were refused.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The demo's shard does not exist.
+    #[error("shard {shard} of {shards} does not exist")]
+    NoShard {
+        /// The shard asked for.
+        shard: usize,
+        /// The number of shards.
+        shards: usize,
+    },
+    /// The demo's digits could not be split.
+    #[error(transparent)]
+    Partition(#[from] PartitionError),
+    /// Epochs, batch size or learning rate out of range.
+    #[error("epochs, batch size and learning rate must be positive")]
+    TrainingConfig,
+    /// `train` without a `train` action before it.
+    #[error("train comes after a train action")]
+    NoTrainAction,
+    /// Local training gave no update.
+    #[error(transparent)]
+    Update(#[from] UpdateError),
+    /// The metrics the page handed over are not a JSON object of metrics.
+    #[error("metrics: {0}")]
+    Metrics(serde_json::Error),
+    /// A metric is out of its range.
+    #[error(transparent)]
+    Metric(#[from] cohort_client::participant::QuantizeError),
+    /// The participant cannot go on: refused by its policy, an unreachable
+    /// coordinator, an update that does not fit the round or comes at the
+    /// wrong time.
+    #[error(transparent)]
+    Participant(#[from] ParticipantError),
+}
 
 /// The browser client's logic, independent of wasm-bindgen.
 pub struct Core {
@@ -66,21 +121,20 @@ impl Core {
         enrollment_token: &str,
         saved_state: Option<&str>,
         policy: Option<&str>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, WebError> {
         if task_id.is_empty() || enrollment_token.is_empty() {
-            return Err("the task id and the enrollment token are required".into());
+            return Err(WebError::MissingCredentials);
         }
         let policy = match policy {
-            Some(json) => serde_json::from_str::<Policy>(json).map_err(|e| format!("policy: {e}"))?,
+            Some(json) => serde_json::from_str::<Policy>(json).map_err(WebError::Policy)?,
             None => Policy::default(),
         };
         let config = ParticipantConfig { policy, ..ParticipantConfig::default() };
         let participant = match saved_state {
             Some(json) => {
-                let saved: SavedState =
-                    serde_json::from_str(json).map_err(|e| format!("saved state: {e}"))?;
+                let saved: SavedState = serde_json::from_str(json).map_err(WebError::SavedState)?;
                 if saved.task_id != task_id {
-                    return Err(format!("the saved state belongs to task {}", saved.task_id));
+                    return Err(WebError::OtherTask(saved.task_id.clone()));
                 }
                 Participant::resume(saved, Some(enrollment_token), config)
             }
@@ -103,7 +157,7 @@ impl Core {
         features: Vec<f32>,
         columns: usize,
         labels: Vec<u8>,
-    ) -> Result<(), String> {
+    ) -> Result<(), WebError> {
         self.data = Some(Dataset::from_rows(features, columns, labels)?);
         Ok(())
     }
@@ -115,7 +169,7 @@ impl Core {
         features: Vec<f32>,
         columns: usize,
         labels: Vec<u8>,
-    ) -> Result<(), String> {
+    ) -> Result<(), WebError> {
         self.test = Some(Dataset::from_rows(features, columns, labels)?);
         Ok(())
     }
@@ -129,7 +183,7 @@ impl Core {
         labels: &[u8],
         shard: usize,
         shards: usize,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, WebError> {
         let (train, test) = digits_shard(images, labels, shard, shards)?;
         let all: Vec<usize> = (0..train.len()).collect();
         let summary = json!({
@@ -148,9 +202,9 @@ impl Core {
         epochs: u32,
         batch_size: u32,
         learning_rate: f32,
-    ) -> Result<(), String> {
+    ) -> Result<(), WebError> {
         if epochs == 0 || batch_size == 0 || !(learning_rate.is_finite() && learning_rate > 0.0) {
-            return Err("epochs, batch size and learning rate must be positive".into());
+            return Err(WebError::TrainingConfig);
         }
         self.train = TrainConfig {
             epochs: epochs as usize,
@@ -215,25 +269,24 @@ impl Core {
     }
 
     /// Reports the response to the last `send` action.
-    pub fn handle(&mut self, now: u64, status: u16, body: Vec<u8>) -> Result<(), String> {
+    pub fn handle(&mut self, now: u64, status: u16, body: Vec<u8>) -> Result<(), WebError> {
         self.request = None;
-        self.participant.handle(now, Response { status, body }).map_err(|e| e.to_string())
+        Ok(self.participant.handle(now, Response { status, body })?)
     }
 
     /// Reports that the last `send` action got no response.
-    pub fn transport_failed(&mut self, now: u64, error: &str) -> Result<(), String> {
+    pub fn transport_failed(&mut self, now: u64, error: &str) -> Result<(), WebError> {
         self.request = None;
-        self.participant.transport_failed(now, error).map_err(|e| e.to_string())
+        Ok(self.participant.transport_failed(now, error)?)
     }
 
     /// After a `train` action: evaluates the global model on the test
     /// data, trains the task's model on the training data and hands the
     /// update to the participant. Returns a JSON report.
-    pub fn train(&mut self) -> Result<Value, String> {
-        let data = self.data.as_ref().ok_or("no training data")?;
-        let global = self.global.as_ref().ok_or("train comes after a train action")?;
-        let model =
-            Model::for_layout(&global.layout).ok_or("the task's model is not a built-in architecture")?;
+    pub fn train(&mut self) -> Result<Value, WebError> {
+        let data = self.data.as_ref().ok_or(UpdateError::NoData)?;
+        let global = self.global.as_ref().ok_or(WebError::NoTrainAction)?;
+        let model = Model::for_layout(&global.layout).ok_or(UpdateError::NotBuiltIn)?;
         let global_accuracy = self.test.as_ref().map(|test| {
             let (_, accuracy) = model.evaluate(&global.weights, test.features.view(), &test.labels);
             accuracy
@@ -251,9 +304,9 @@ impl Core {
         // Inside the masked input with the update (the dashboard charts
         // the means): the global model's accuracy on this tab's held-out data.
         if let Some(accuracy) = global_accuracy {
-            metrics.set(Metric::GlobalAccuracy, f64::from(accuracy)).map_err(|e| e.to_string())?;
+            metrics.set(Metric::GlobalAccuracy, f64::from(accuracy))?;
         }
-        self.participant.submit(delta, examples, metrics).map_err(|e| e.to_string())?;
+        self.participant.submit(delta, examples, metrics)?;
         self.global = None;
         Ok(report)
     }
@@ -261,13 +314,13 @@ impl Core {
     /// After a `train` action: hands over an update the page computed,
     /// with its metrics as a JSON object of `train_loss`, `eval_accuracy`
     /// and the like (they travel inside the masked input).
-    pub fn submit(&mut self, delta: Vec<f32>, examples: u32, metrics: Option<&str>) -> Result<(), String> {
+    pub fn submit(&mut self, delta: Vec<f32>, examples: u32, metrics: Option<&str>) -> Result<(), WebError> {
         let metrics = match metrics {
             None => MetricValues::new(),
             Some(json) => parse_metrics(json)?,
         };
         self.global = None;
-        self.participant.submit(delta, examples, metrics).map_err(|e| e.to_string())
+        Ok(self.participant.submit(delta, examples, metrics)?)
     }
 
     /// Leaves the current round silently (a closed tab does the same).
@@ -287,8 +340,9 @@ impl Core {
     }
 }
 
-fn js(error: String) -> JsError {
-    JsError::new(&error)
+/// The one conversion at the JavaScript boundary.
+fn js(error: WebError) -> JsError {
+    JsError::new(&error.to_string())
 }
 
 fn millis(now: f64) -> u64 {
@@ -416,8 +470,8 @@ impl WebClient {
 }
 
 /// Metrics from a JSON object of metric names and numbers.
-fn parse_metrics(json: &str) -> Result<MetricValues, String> {
-    serde_json::from_str(json).map_err(|e| format!("metrics: {e}"))
+fn parse_metrics(json: &str) -> Result<MetricValues, WebError> {
+    serde_json::from_str(json).map_err(WebError::Metrics)
 }
 
 #[cfg(test)]
@@ -444,6 +498,7 @@ mod tests {
         assert!(
             Core::new("task", "token", None, Some("{\"min_clients\": \"ten\"}"))
                 .unwrap_err()
+                .to_string()
                 .contains("policy")
         );
         let mut core = Core::new("task", "token", None, Some(r#"{"min_clients": 20}"#)).unwrap();
@@ -451,7 +506,8 @@ mod tests {
         let enrolled =
             json!({ "participant_id": "p9", "credential": "c", "expires_at": 0, "security": security() });
         let refused = core.handle(0, 201, enrolled.to_string().into_bytes()).unwrap_err();
-        assert!(refused.contains("rule min_clients"), "{refused}");
+        assert!(matches!(refused, WebError::Participant(ParticipantError::Policy(_))), "{refused:?}");
+        assert!(refused.to_string().contains("rule min_clients"), "{refused}");
         assert!(core.saved_state().is_none());
     }
 
@@ -484,7 +540,7 @@ mod tests {
         core.handle(0, 200, bytes).unwrap();
         let train = core.next(0);
         assert_eq!((train["kind"].as_str(), train["parameters"].as_u64()), (Some("train"), Some(15)));
-        assert!(core.train().is_err(), "no training data yet");
+        assert!(matches!(core.train(), Err(WebError::Update(UpdateError::NoData))), "no training data yet");
         core.set_training_data((0..24).map(|i| (i % 5) as f32 / 5.0).collect(), 4, vec![0, 1, 2, 0, 1, 2])
             .unwrap();
         assert_eq!(core.train().unwrap()["examples"], 6, "the model waited for the data");
@@ -492,8 +548,10 @@ mod tests {
         assert!(saved.contains("c-secret") && saved.contains("p9"));
         let resumed = Core::new("task", "token", Some(&saved), None).unwrap();
         assert_eq!(resumed.participant_id().as_deref(), Some("p9"));
-        assert!(Core::new("other", "token", Some(&saved), None).is_err());
-        assert!(Core::new("task", "token", Some("{}"), None).is_err());
+        assert!(
+            matches!(Core::new("other", "token", Some(&saved), None), Err(WebError::OtherTask(task)) if task == "task")
+        );
+        assert!(matches!(Core::new("task", "token", Some("{}"), None), Err(WebError::SavedState(_))));
     }
 
     #[test]
@@ -531,22 +589,31 @@ mod tests {
         // The participant now fetches the round's first server message.
         let fetch = send(&mut core, 0);
         assert_eq!(fetch["method"], "GET");
-        assert!(core.train().is_err(), "one update per round");
+        assert!(matches!(core.train(), Err(WebError::NoTrainAction)), "one update per round");
     }
 
     #[test]
     fn bad_data_is_refused() {
         let mut core = Core::new("task", "token", None, None).unwrap();
-        assert!(core.set_training_data(vec![0.0; 5], 2, vec![0, 1]).is_err());
-        assert!(core.set_training_data(vec![f32::INFINITY; 2], 2, vec![0]).is_err());
-        assert!(core.set_training_config(1, 0, 0.1).is_err());
-        assert!(Core::new("", "token", None, None).is_err());
-        assert!(core.submit(vec![0.0], 1, None).is_err(), "submit needs a train action");
+        assert!(matches!(
+            core.set_training_data(vec![0.0; 5], 2, vec![0, 1]),
+            Err(WebError::Data(DataError::Shape { .. }))
+        ));
+        assert!(matches!(
+            core.set_training_data(vec![f32::INFINITY; 2], 2, vec![0]),
+            Err(WebError::Data(DataError::NonFinite))
+        ));
+        assert!(matches!(core.set_training_config(1, 0, 0.1), Err(WebError::TrainingConfig)));
+        assert!(matches!(Core::new("", "token", None, None), Err(WebError::MissingCredentials)));
+        assert!(
+            matches!(core.submit(vec![0.0], 1, None), Err(WebError::Participant(_))),
+            "submit needs a train action"
+        );
         let parsed = parse_metrics(r#"{"eval_accuracy": 1, "train_loss": 1e9}"#).unwrap();
         // Written back in the vector's order, the loss capped as `set` caps it.
         assert_eq!(serde_json::to_string(&parsed).unwrap(), r#"{"train_loss":4096.0,"eval_accuracy":1.0}"#);
         for bad in [r#"{"f1": 0.5}"#, r#"{"train_loss": "x"}"#, r#"{"eval_accuracy": 2}"#, "[]"] {
-            assert!(parse_metrics(bad).is_err(), "{bad}");
+            assert!(matches!(parse_metrics(bad), Err(WebError::Metrics(_))), "{bad}");
         }
     }
 
@@ -580,8 +647,11 @@ mod tests {
             assert!(seen.len() <= 2, "two shards of sorted labels: {seen:?}");
         }
         assert_eq!(digits_shard(&images, &labels, 0, 5).unwrap().0, a, "deterministic");
-        assert!(digits_shard(&images, &labels, 5, 5).is_err());
-        assert!(digits_shard(&images[..20], &labels, 0, 5).is_err());
+        assert!(matches!(
+            digits_shard(&images, &labels, 5, 5),
+            Err(WebError::NoShard { shard: 5, shards: 5 })
+        ));
+        assert!(matches!(digits_shard(&images[..20], &labels, 0, 5), Err(WebError::Data(_))));
 
         let mut core = Core::new("task", "token", None, None).unwrap();
         let summary = core.use_digits(&images, &labels, 1, 5).unwrap();

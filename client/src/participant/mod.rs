@@ -45,6 +45,7 @@ use crate::checkpoint::{self, Checkpoint};
 
 pub use cohort_crypto::Stage;
 pub use cohort_crypto::policy::{Collusion, Policy, PolicyViolation, TaskSecurity};
+pub use cohort_crypto::quantize::QuantizeError;
 pub use cohort_crypto::{Metric, MetricValues};
 
 mod http;

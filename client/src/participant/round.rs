@@ -56,7 +56,7 @@ impl Participant {
                 let rng = self.round_rng.get_or_insert_with(|| round_generator(seeder));
                 let (client, reply) = client.handle(message, rng);
                 let client = Box::new(client);
-                reply.map(|reply| (client, reply)).map_err(|e| e.to_string())
+                reply.map(|reply| (client, reply)).map_err(StepError::from)
             }
         };
         match step {
@@ -156,6 +156,22 @@ impl Participant {
     }
 }
 
+/// Why a stage of the round could not be taken; the participant abandons
+/// the round with this reason.
+#[derive(Debug, thiserror::Error)]
+enum StepError {
+    #[error("expected the setup, got the {0} message")]
+    NotSetup(cohort_crypto::Stage),
+    #[error("the coordinator assigned client id 0")]
+    ZeroClientId,
+    #[error(transparent)]
+    Config(#[from] cohort_crypto::ConfigError),
+    #[error(transparent)]
+    Quantize(#[from] cohort_crypto::quantize::QuantizeError),
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+}
+
 /// Quantizes the update for the round's parameters and opens the protocol.
 fn start(
     setup: ServerMessage,
@@ -163,17 +179,15 @@ fn start(
     identity: Option<Arc<IdentityKey>>,
     (update, examples, metrics): (&[f32], u32, &MetricValues),
     rng: &mut ChaCha20Rng,
-) -> Result<(Box<Client>, ClientMessage), String> {
+) -> Result<(Box<Client>, ClientMessage), StepError> {
     let ServerMessage::Setup(config) = &setup else {
-        return Err(format!("expected the setup, got the {} message", setup.stage()));
+        return Err(StepError::NotSetup(setup.stage()));
     };
-    let quantizer = Quantizer::new(config.quantization, config.modulus_bits, config.clients)
-        .map_err(|e| e.to_string())?;
-    let input = quantizer.encode_with_metrics(update, examples, metrics, rng).map_err(|e| e.to_string())?;
-    let me = ClientId::new(client_id).ok_or("the coordinator assigned client id 0")?;
-    Client::start(setup, me, identity, input, rng)
-        .map(|(client, reply)| (Box::new(client), reply))
-        .map_err(|e: ProtocolError| e.to_string())
+    let quantizer = Quantizer::new(config.quantization, config.modulus_bits, config.clients)?;
+    let input = quantizer.encode_with_metrics(update, examples, metrics, rng)?;
+    let me = ClientId::new(client_id).ok_or(StepError::ZeroClientId)?;
+    let (client, reply) = Client::start(setup, me, identity, input, rng)?;
+    Ok((Box::new(client), reply))
 }
 
 /// A fresh generator for a round (see [`fresh_seed`]).

@@ -12,7 +12,7 @@ use cohort_client::data::Dataset;
 use crate::datasets::{DatasetError, load_dataset};
 use cohort_client::model::Model;
 use cohort_client::partition::{PartitionError, Scheme, partition, summary};
-use cohort_client::runtime::{LocalTrainer, LocalUpdate, local_update};
+use cohort_client::runtime::{LocalTrainer, LocalUpdate, UpdateError, local_update};
 use cohort_client::train::TrainConfig;
 
 /// What an experiment trains on and how.
@@ -76,7 +76,7 @@ impl Experiment {
     }
 
     /// Client `k`'s update for `round`, trained on its shard in place.
-    fn update(&self, k: usize, round: u64, global: &Checkpoint) -> Result<LocalUpdate, String> {
+    fn update(&self, k: usize, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
         let config = client_config(&self.setup.train, self.setup.seed, k);
         local_update(&self.model, &self.shards[k], &config, round, global)
     }
@@ -89,9 +89,10 @@ impl Experiment {
         global: &Checkpoint,
         selected: &[usize],
         threads: usize,
-    ) -> Vec<Result<LocalUpdate, String>> {
+    ) -> Vec<Result<LocalUpdate, UpdateError>> {
         let threads = threads.clamp(1, selected.len().max(1));
-        let mut results: Vec<Option<Result<LocalUpdate, String>>> = selected.iter().map(|_| None).collect();
+        let mut results: Vec<Option<Result<LocalUpdate, UpdateError>>> =
+            selected.iter().map(|_| None).collect();
         std::thread::scope(|scope| {
             for (chunk, out) in selected
                 .chunks(selected.len().div_ceil(threads).max(1))
@@ -104,7 +105,10 @@ impl Experiment {
                 });
             }
         });
-        results.into_iter().map(|r| r.unwrap_or_else(|| Err("not trained".into()))).collect()
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(UpdateError::Application("not trained".into()))))
+            .collect()
     }
 }
 

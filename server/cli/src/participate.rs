@@ -71,8 +71,7 @@ pub fn participate(args: &ParticipateArgs) -> Result<()> {
     let train = args.local.config();
     let mut trainer = client_trainer(&model, data, &train, train.seed, args.index);
     let transport = match &args.ca_cert {
-        Some(path) => HttpTransport::with_root_certificates(&args.server, &std::fs::read(path)?)
-            .map_err(|e| anyhow!(e))?,
+        Some(path) => HttpTransport::with_root_certificates(&args.server, &std::fs::read(path)?)?,
         None => HttpTransport::new(&args.server),
     };
     let token = match &args.token {

@@ -229,30 +229,40 @@ const MAX_LOSS: f64 = 1e9;
 /// Largest byte count accepted in a report (1 TiB).
 const MAX_REPORTED_BYTES: u64 = 1 << 40;
 
+/// A value of a metrics report out of its range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{metric} must be between 0 and {max}")]
+pub struct MetricRangeError {
+    /// The metric, as the report names it.
+    pub metric: &'static str,
+    /// Its largest accepted value.
+    pub max: f64,
+}
+
 impl ClientMetrics {
     /// Checks every value against its range.
-    pub fn validate(&self) -> Result<(), String> {
-        for (name, value) in [
+    pub fn validate(&self) -> Result<(), MetricRangeError> {
+        for (metric, value) in [
             ("train_loss", self.train_loss),
             ("global_loss", self.global_loss),
             ("eval_loss", self.eval_loss),
         ] {
             if value.is_some_and(|v| !(0.0..=MAX_LOSS).contains(&v)) {
-                return Err(format!("{name} must be between 0 and {MAX_LOSS}"));
+                return Err(MetricRangeError { metric, max: MAX_LOSS });
             }
         }
-        for (name, value) in [
+        for (metric, value) in [
             ("train_accuracy", self.train_accuracy),
             ("global_accuracy", self.global_accuracy),
             ("eval_accuracy", self.eval_accuracy),
         ] {
             if value.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
-                return Err(format!("{name} must be between 0 and 1"));
+                return Err(MetricRangeError { metric, max: 1.0 });
             }
         }
-        for (name, value) in [("bytes_up", self.bytes_up), ("bytes_down", self.bytes_down)] {
+        for (metric, value) in [("bytes_up", self.bytes_up), ("bytes_down", self.bytes_down)] {
             if value.is_some_and(|v| v > MAX_REPORTED_BYTES) {
-                return Err(format!("{name} must be at most {MAX_REPORTED_BYTES}"));
+                return Err(MetricRangeError { metric, max: MAX_REPORTED_BYTES as f64 });
             }
         }
         Ok(())
@@ -296,7 +306,7 @@ pub(super) async fn report_metrics(
     report
         .metrics
         .validate()
-        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidMetrics, m))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidMetrics, e.to_string()))?;
     state.coordinator.may_report(&p.task_id, &p.id, report.round).await?;
     let metrics = serde_json::to_string(&report.metrics)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;

@@ -176,8 +176,10 @@ mod tests {
 
     #[test]
     fn a_bad_spec_is_the_callers_error_and_any_other_task_fault_the_servers() {
-        let error =
-            ApiError::from(CoordinatorError::Task(TaskError::Spec(SpecError("rounds must be > 0".into()))));
+        let error = ApiError::from(CoordinatorError::Task(TaskError::Spec(SpecError::field(
+            "rounds",
+            "rounds must be > 0",
+        ))));
         assert_eq!((error.status(), error.code), (StatusCode::BAD_REQUEST, ErrorCode::InvalidTask));
         assert!(error.message.contains("rounds must be > 0"), "{error}");
         for fault in [TaskError::LayoutMismatch, TaskError::NoSuchRound(3)] {

@@ -94,20 +94,42 @@ pub fn default_max_connections() -> usize {
     usize::try_from(descriptors.saturating_sub(RESERVED_DESCRIPTORS).clamp(64, 8192)).unwrap_or(8192)
 }
 
+/// Why [`ConnectionLimits`] were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimitsError {
+    /// `max_connections` is zero.
+    #[error("max_connections must be positive")]
+    NoConnections,
+    /// `max_connections` leaves too few descriptors for the process.
+    #[error(
+        "max_connections {max_connections} leaves fewer than {RESERVED_DESCRIPTORS} of the process's \
+         {descriptors} file descriptors free; lower it or raise the limit (ulimit -n)"
+    )]
+    TooManyConnections {
+        /// The limit asked for.
+        max_connections: usize,
+        /// The process's descriptor limit.
+        descriptors: u64,
+    },
+    /// A timeout is zero.
+    #[error("{0} must be positive")]
+    ZeroTimeout(&'static str),
+}
+
 impl ConnectionLimits {
     /// Checks that the limits leave room for descriptors the process needs
     /// and that every time is positive.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), LimitsError> {
         let descriptors = raise_descriptor_limit();
         if self.max_connections == 0 {
-            return Err("max_connections must be positive".into());
+            return Err(LimitsError::NoConnections);
         }
         if self.max_connections as u64 + RESERVED_DESCRIPTORS > descriptors {
-            return Err(format!(
-                "max_connections {} leaves fewer than {RESERVED_DESCRIPTORS} of the process's {descriptors} \
-                 file descriptors free; lower it or raise the limit (ulimit -n)",
-                self.max_connections
-            ));
+            return Err(LimitsError::TooManyConnections {
+                max_connections: self.max_connections,
+                descriptors,
+            });
         }
         for (name, value) in [
             ("header_timeout", self.header_timeout),
@@ -115,7 +137,7 @@ impl ConnectionLimits {
             ("shutdown_grace", self.shutdown_grace),
         ] {
             if value.is_zero() {
-                return Err(format!("{name} must be positive"));
+                return Err(LimitsError::ZeroTimeout(name));
             }
         }
         Ok(())
@@ -540,8 +562,16 @@ mod tests {
         let limits = ConnectionLimits::default();
         assert!(limits.validate().is_ok());
         let too_many = ConnectionLimits { max_connections: usize::MAX / 2, ..limits };
-        assert!(too_many.validate().unwrap_err().contains("file descriptors"));
-        assert!(ConnectionLimits { max_connections: 0, ..limits }.validate().is_err());
-        assert!(ConnectionLimits { idle_timeout: Duration::ZERO, ..limits }.validate().is_err());
+        let refused = too_many.validate().unwrap_err();
+        assert!(matches!(refused, LimitsError::TooManyConnections { .. }), "{refused:?}");
+        assert!(refused.to_string().contains("file descriptors"), "{refused}");
+        assert_eq!(
+            ConnectionLimits { max_connections: 0, ..limits }.validate(),
+            Err(LimitsError::NoConnections)
+        );
+        assert_eq!(
+            ConnectionLimits { idle_timeout: Duration::ZERO, ..limits }.validate(),
+            Err(LimitsError::ZeroTimeout("idle_timeout"))
+        );
     }
 }

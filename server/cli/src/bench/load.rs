@@ -85,7 +85,7 @@ fn stage_of(body: &[u8]) -> &'static str {
 }
 
 impl Transport for Timed {
-    fn send(&mut self, request: &Request) -> Result<Response, String> {
+    fn send(&mut self, request: &Request) -> Result<Response, cohort_client::runtime::TransportError> {
         let timed = request.method == Method::Post && request.path == "/v1/round/message";
         let start = Instant::now();
         let response = self.inner.send(request)?;
@@ -105,7 +105,11 @@ struct Synthetic {
 }
 
 impl Trainer for Synthetic {
-    fn train(&mut self, _: u64, _: &cohort_client::checkpoint::Checkpoint) -> Result<LocalUpdate, String> {
+    fn train(
+        &mut self,
+        _: u64,
+        _: &cohort_client::checkpoint::Checkpoint,
+    ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         Ok(LocalUpdate {
             delta: self.delta.clone(),
             examples: 10,
