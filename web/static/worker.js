@@ -2,7 +2,7 @@
 // takes part in rounds until the task finishes. The protocol runs in wasm;
 // this file moves bytes (driver.js) and reports progress to the page.
 
-import init, { WebClient } from "/web/pkg/cohort_web.js";
+import init, { WebClient, stoppedReason } from "/web/pkg/cohort_web.js";
 import { runRound } from "/web/driver.js";
 
 async function bytesOf(path) {
@@ -55,5 +55,13 @@ async function main({ task, token, shard, shards, saved, config, policy }) {
 }
 
 addEventListener("message", ({ data }) => {
-  main(data).catch((error) => postMessage({ type: "error", message: String(error?.message ?? error) }));
+  main(data).catch((error) => {
+    // A panic in the client aborts the wasm call with a bare RuntimeError;
+    // the client keeps the panic's message and refuses every later call.
+    const stopped = stoppedReason();
+    const message = stopped
+      ? `the client stopped after an internal error (${stopped}); reload the page`
+      : String(error?.message ?? error);
+    postMessage({ type: "error", message });
+  });
 }, { once: true });

@@ -6,7 +6,7 @@
 //
 // Usage: node web/tests/round.mjs URL TASK TOKEN POLICY_JSON
 import { readFileSync } from "node:fs";
-import init, { WebClient } from "../pkg/cohort_web.js";
+import init, { WebClient, stoppedReason } from "../pkg/cohort_web.js";
 import { runRound } from "../static/driver.js";
 
 const [url, task, token, policy] = process.argv.slice(2);
@@ -28,6 +28,14 @@ for (let i = 0; i < rows; i++) {
 b.set_training_data(features, 4, labels);
 b.set_test_data(features, 4, labels);
 b.set_training_config(2, 5, 0.1);
+
+// Nothing has panicked; a paused client waits (and says so) until resumed.
+check(stoppedReason() === undefined, "no stop reason while the clients run");
+b.pause();
+const paused = JSON.parse(b.next(0));
+check(b.is_paused() && paused.kind === "wait" && paused.paused === true, `paused: ${JSON.stringify(paused)}`);
+b.resume();
+check(!b.is_paused(), "resumed");
 
 const stages = new Set();
 const reports = [];
