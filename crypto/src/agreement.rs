@@ -195,6 +195,14 @@ mod tests {
         hex::decode(s).unwrap().try_into().unwrap()
     }
 
+    /// p = 2^255 − 19, little-endian.
+    const P: [u8; 32] = {
+        let mut p = [0xffu8; 32];
+        p[0] = 0xed;
+        p[31] = 0x7f;
+        p
+    };
+
     /// The ladder of `x25519-dalek`, the reference for [`x25519`].
     fn ladder(scalar: &[u8; 32], u: &[u8; 32]) -> [u8; 32] {
         StaticSecret::from(*scalar).diffie_hellman(&PublicKey::from(*u)).to_bytes()
@@ -238,12 +246,7 @@ mod tests {
     fn the_edwards_path_matches_the_ladder_on_every_kind_of_input() {
         use rand::RngExt;
         let mut rng = ChaCha20Rng::seed_from_u64(6);
-        let p = {
-            let mut p = [0xffu8; 32];
-            p[0] = 0xed;
-            p[31] = 0x7f;
-            p
-        };
+        let p = P;
         let add = |base: [u8; 32], k: u8| {
             let mut out = base;
             let (sum, carry) = out[0].overflowing_add(k);
@@ -302,12 +305,7 @@ mod tests {
     fn the_low_order_table_is_exactly_the_keys_that_agree_to_zero() {
         use rand::RngExt;
         let mut rng = ChaCha20Rng::seed_from_u64(7);
-        let p = {
-            let mut p = [0xffu8; 32];
-            p[0] = 0xed;
-            p[31] = 0x7f;
-            p
-        };
+        let p = P;
         let mut candidates: Vec<[u8; 32]> = LOW_ORDER.to_vec();
         for k in 0u8..=18 {
             let mut near_p = p;

@@ -608,6 +608,19 @@ mod tests {
         action
     }
 
+    /// A client enrolled as `p1` and selected for `round` as `client_id`.
+    fn selected(round: u64, client_id: u32) -> Core {
+        let mut core = Core::new("task", "token", None, None).unwrap();
+        send(&mut core, 0);
+        let enrolled =
+            json!({ "participant_id": "p1", "credential": "c", "expires_at": 0, "security": security() });
+        core.handle(0, 201, enrolled.to_string().into_bytes()).unwrap();
+        send(&mut core, 0);
+        let selected = json!({ "status": "selected", "round": round, "client_id": client_id });
+        core.handle(0, 200, selected.to_string().into_bytes()).unwrap();
+        core
+    }
+
     /// A task the default policy accepts, as an enrollment reply carries it.
     fn security() -> Value {
         json!({
@@ -679,18 +692,7 @@ mod tests {
 
     #[test]
     fn training_reports_accuracy_and_submits_the_update() {
-        let mut core = Core::new("task", "token", None, None).unwrap();
-        send(&mut core, 0);
-        let enrolled =
-            json!({ "participant_id": "p1", "credential": "c", "expires_at": 0, "security": security() });
-        core.handle(0, 201, enrolled.to_string().into_bytes()).unwrap();
-        send(&mut core, 0);
-        core.handle(
-            0,
-            200,
-            json!({ "status": "selected", "round": 2, "client_id": 1 }).to_string().into_bytes(),
-        )
-        .unwrap();
+        let mut core = selected(2, 1);
         send(&mut core, 0);
         let model = Model::by_name("logreg", 4, 3).unwrap();
         let bytes =
@@ -733,18 +735,7 @@ mod tests {
 
     #[test]
     fn a_paused_client_leaves_its_round_and_waits_until_resumed() {
-        let mut core = Core::new("task", "token", None, None).unwrap();
-        send(&mut core, 0);
-        let enrolled =
-            json!({ "participant_id": "p1", "credential": "c", "expires_at": 0, "security": security() });
-        core.handle(0, 201, enrolled.to_string().into_bytes()).unwrap();
-        send(&mut core, 0);
-        core.handle(
-            0,
-            200,
-            json!({ "status": "selected", "round": 4, "client_id": 2 }).to_string().into_bytes(),
-        )
-        .unwrap();
+        let mut core = selected(4, 2);
         core.pause();
         assert!(core.is_paused());
         for now in [0, 5_000] {
