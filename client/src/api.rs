@@ -81,8 +81,11 @@ pub enum CheckIn {
 
 /// Why the API refused a request: the stable `error` field of every
 /// refusal's body. A participant matches these, never the message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::EnumIter, strum::IntoStaticStr,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum ErrorCode {
     /// A body that is not valid for the endpoint.
@@ -158,87 +161,15 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// Every code (the OpenAPI document lists them; a test checks each
-    /// against its serialized name).
-    pub const ALL: [ErrorCode; 34] = {
-        use ErrorCode as E;
-        [
-            E::InvalidBody,
-            E::InvalidJson,
-            E::InvalidTask,
-            E::InvalidIdentity,
-            E::IdentityRequired,
-            E::InvalidMetrics,
-            E::InvalidRound,
-            E::InvalidTokenRequest,
-            E::Unauthorized,
-            E::CredentialExpired,
-            E::TokenRevoked,
-            E::NotFound,
-            E::TaskNotFound,
-            E::TaskInactive,
-            E::Conflict,
-            E::NotSelected,
-            E::NotInRound,
-            E::PlaintextMetricsOff,
-            E::Dropped,
-            E::MalformedMessage,
-            E::WrongRound,
-            E::OutOfPhase,
-            E::Duplicate,
-            E::NotEligible,
-            E::CryptoFailure,
-            E::InvalidMessage,
-            E::UnsupportedMediaType,
-            E::PayloadTooLarge,
-            E::RequestTimeout,
-            E::RateLimited,
-            E::CapacityExceeded,
-            E::Unavailable,
-            E::Internal,
-            E::Unknown,
-        ]
-    };
+    /// Every code, derived from the enum (the OpenAPI document lists them;
+    /// a test checks each against its serialized name).
+    pub fn all() -> impl Iterator<Item = ErrorCode> {
+        <Self as strum::IntoEnumIterator>::iter()
+    }
 
-    /// The code as it appears in the body.
+    /// The code as it travels in the `error` field.
     pub fn as_str(self) -> &'static str {
-        use ErrorCode as E;
-        match self {
-            E::InvalidBody => "invalid_body",
-            E::InvalidJson => "invalid_json",
-            E::InvalidTask => "invalid_task",
-            E::InvalidIdentity => "invalid_identity",
-            E::IdentityRequired => "identity_required",
-            E::InvalidMetrics => "invalid_metrics",
-            E::InvalidRound => "invalid_round",
-            E::InvalidTokenRequest => "invalid_token_request",
-            E::Unauthorized => "unauthorized",
-            E::CredentialExpired => "credential_expired",
-            E::TokenRevoked => "token_revoked",
-            E::NotFound => "not_found",
-            E::TaskNotFound => "task_not_found",
-            E::TaskInactive => "task_inactive",
-            E::Conflict => "conflict",
-            E::NotSelected => "not_selected",
-            E::NotInRound => "not_in_round",
-            E::PlaintextMetricsOff => "plaintext_metrics_off",
-            E::Dropped => "dropped",
-            E::MalformedMessage => "malformed_message",
-            E::WrongRound => "wrong_round",
-            E::OutOfPhase => "out_of_phase",
-            E::Duplicate => "duplicate",
-            E::NotEligible => "not_eligible",
-            E::CryptoFailure => "crypto_failure",
-            E::InvalidMessage => "invalid_message",
-            E::UnsupportedMediaType => "unsupported_media_type",
-            E::PayloadTooLarge => "payload_too_large",
-            E::RequestTimeout => "request_timeout",
-            E::RateLimited => "rate_limited",
-            E::CapacityExceeded => "capacity_exceeded",
-            E::Unavailable => "unavailable",
-            E::Internal => "internal",
-            E::Unknown => "unknown",
-        }
+        self.into()
     }
 }
 
@@ -275,12 +206,13 @@ mod tests {
     #[test]
     fn every_code_serializes_as_its_name_and_back() {
         let mut seen = std::collections::HashSet::new();
-        for code in ErrorCode::ALL {
+        for code in ErrorCode::all() {
             let json = serde_json::to_value(code).unwrap();
             assert_eq!(json, code.as_str(), "{code:?}");
             assert_eq!(serde_json::from_value::<ErrorCode>(json).unwrap(), code);
             assert!(seen.insert(code.as_str()), "{code:?} repeats a name");
         }
+        assert_eq!(seen.len(), 34, "every variant, the unknown one included");
     }
 
     #[test]

@@ -34,9 +34,8 @@ fn binary_ok(status: &str, content_type: &str, description: &str) -> Value {
 pub fn document() -> Value {
     // The refusal codes of the shared contract (a newer server's unknown
     // ones parse as `unknown` on the client; this one sends none).
-    let error_codes: Vec<&str> = cohort_client::api::ErrorCode::ALL
-        .iter()
-        .filter(|code| **code != cohort_client::api::ErrorCode::Unknown)
+    let error_codes: Vec<&str> = cohort_client::api::ErrorCode::all()
+        .filter(|code| *code != cohort_client::api::ErrorCode::Unknown)
         .map(|code| code.as_str())
         .collect();
     let id = json!({ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } });
