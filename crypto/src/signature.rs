@@ -116,39 +116,6 @@ mod tests {
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
 
-    fn hex32(s: &str) -> [u8; 32] {
-        hex::decode(s).unwrap().try_into().unwrap()
-    }
-
-    /// RFC 8032 section 7.1, tests 1 and 2: the keys and signatures are
-    /// the standard's, so identities made by earlier releases still verify.
-    #[test]
-    fn rfc8032_known_answers() {
-        for (seed, public, message, signature) in [
-            (
-                "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
-                "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
-                "",
-                "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b",
-            ),
-            (
-                "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
-                "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c",
-                "72",
-                "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00",
-            ),
-        ] {
-            let mut seed = hex32(seed);
-            let key = IdentityKey::from_seed(&Secret32::from_bytes(&mut seed)).unwrap();
-            assert_eq!(key.public_key(), hex32(public));
-            let message = hex::decode(message).unwrap();
-            let signature: [u8; SIGNATURE_LEN] = hex::decode(signature).unwrap().try_into().unwrap();
-            assert_eq!(key.sign(&message), signature);
-            assert_eq!(verify(&hex32(public), &message, &signature), Ok(()));
-            assert_eq!(verify_all(&[(&hex32(public), &message, &signature)]), Ok(()));
-        }
-    }
-
     #[test]
     fn a_batch_fails_on_any_bad_signature_and_on_a_small_order_key() {
         let mut rng = ChaCha20Rng::seed_from_u64(12);

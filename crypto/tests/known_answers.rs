@@ -3,11 +3,11 @@
 #![allow(clippy::unwrap_used)]
 
 use cohort_crypto::Secret32;
-use cohort_crypto::agreement::AgreementKey;
+use cohort_crypto::agreement::{AgreementKey, x25519};
 use cohort_crypto::envelope::EnvelopeKey;
 use cohort_crypto::kdf::hkdf_sha256;
 use cohort_crypto::prg::{MaskPrg, MaskSign};
-use cohort_crypto::signature::{IdentityKey, verify};
+use cohort_crypto::signature::{IdentityKey, verify, verify_all};
 
 fn bytes32(hex_str: &str) -> [u8; 32] {
     hex::decode(hex_str).unwrap().try_into().unwrap()
@@ -17,14 +17,40 @@ fn secret(hex_str: &str) -> Secret32 {
     Secret32::from_bytes(&mut bytes32(hex_str))
 }
 
-/// RFC 7748, section 5.2 (first X25519 test vector).
+/// RFC 7748, section 5.2: both X25519 test vectors (the second with bit
+/// 255 of u set), through an agreement key and through [`x25519`] itself.
 #[test]
 fn x25519_rfc7748_section_5_2() {
-    let scalar = secret("a546e36bf0527c9d3b16154b82465edd62144c0ac1fc5a18506a2244ba449ac4");
-    let u = bytes32("e6db6867583030db3594c1a424b15f7c726624ec26b3353b10a903a6d0ab1c4c");
-    let out = AgreementKey::from_secret(&scalar).agree(&u).unwrap();
-    let expected = secret("c3da55379de9c6908e94ea4df28d084f32eccf03491c71f754b4075577a28552");
-    assert!(out == expected);
+    for (scalar, u, out) in [
+        (
+            "a546e36bf0527c9d3b16154b82465edd62144c0ac1fc5a18506a2244ba449ac4",
+            "e6db6867583030db3594c1a424b15f7c726624ec26b3353b10a903a6d0ab1c4c",
+            "c3da55379de9c6908e94ea4df28d084f32eccf03491c71f754b4075577a28552",
+        ),
+        (
+            "4b66e9d4d1b4673c5ad22691957d6af5c11b6421e0ea01d42ca4169e7918ba0d",
+            "e5210f12786811d3f4b7959d0538ae2c31dbe7106fc03c3efc4cd549c715a493",
+            "95cbde9476e8907d7aade45cb4b873f88b595a68799fa152e6f8f7647aac7957",
+        ),
+    ] {
+        assert_eq!(x25519(&bytes32(scalar), &bytes32(u)), bytes32(out));
+        assert!(AgreementKey::from_secret(&secret(scalar)).agree(&bytes32(u)).unwrap() == secret(out));
+    }
+}
+
+/// RFC 7748, section 5.2: the iterated test, after 1 and 1 000 iterations.
+#[test]
+fn x25519_rfc7748_section_5_2_iterated() {
+    let (mut k, mut u) = ([0u8; 32], [0u8; 32]);
+    (k[0], u[0]) = (9, 9);
+    for i in 1..=1000 {
+        let next = x25519(&k, &u);
+        (u, k) = (k, next);
+        if i == 1 {
+            assert_eq!(k, bytes32("422c8e7a6227d7bca1350b3e2bb7279f7897b87bb6854b783c60e80311ae3079"));
+        }
+    }
+    assert_eq!(k, bytes32("684cf59ba83309552800ef566f2f4d3c1c3887c49360e3875f2eb94d99532c51"));
 }
 
 /// RFC 7748, section 6.1 (Diffie-Hellman between Alice and Bob).
@@ -132,17 +158,36 @@ fn mask_prg_matches_reference_ctr_mode() {
     }
 }
 
-/// RFC 8032, section 7.1, test 1 (empty message).
+/// RFC 8032, section 7.1, tests 1 (empty message) and 2: the keys and
+/// signatures are the standard's, so identities made by earlier releases
+/// still verify, singly and in a batch.
 #[test]
-fn ed25519_rfc8032_test_1() {
-    let key =
-        IdentityKey::from_seed(&secret("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"))
-            .unwrap();
-    assert_eq!(key.public_key(), bytes32("d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"));
-    let signature = key.sign(b"");
-    assert_eq!(
-        hex::encode(signature),
-        "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b"
-    );
-    assert!(verify(&key.public_key(), b"", &signature).is_ok());
+fn ed25519_rfc8032_tests_1_and_2() {
+    let mut checked = Vec::new();
+    for (seed, public, message, signature) in [
+        (
+            "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+            "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
+            "",
+            "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b",
+        ),
+        (
+            "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
+            "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c",
+            "72",
+            "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00",
+        ),
+    ] {
+        let key = IdentityKey::from_seed(&secret(seed)).unwrap();
+        let public = bytes32(public);
+        assert_eq!(key.public_key(), public);
+        let message = hex::decode(message).unwrap();
+        assert_eq!(hex::encode(key.sign(&message)), signature);
+        let signature: [u8; 64] = hex::decode(signature).unwrap().try_into().unwrap();
+        assert!(verify(&public, &message, &signature).is_ok());
+        checked.push((public, message, signature));
+    }
+    let batch: Vec<_> =
+        checked.iter().map(|(public, message, signature)| (public, &message[..], signature)).collect();
+    assert!(verify_all(&batch).is_ok());
 }
