@@ -85,40 +85,21 @@ pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<Vec<FaultyS
         Ok((checked.secret, faulty))
     };
     let advertised = |owner: ClientId| job.keys[owner.index()].as_ref().ok_or(CryptoError);
-    // Every secret is reconstructed on its own (in parallel); the first
-    // failure in client order fails the round.
     let mut faulty = Vec::new();
-    let seeds = for_each_owner(job.survivors, |reconstructor, u| {
+    let seeds = reconstruct_each(job.survivors, &mut faulty, |reconstructor, u| {
         let commitment = advertised(u)?.seed_commitment;
         let check =
             |seed: &Secret32| bool::from(derive::seed_commitment(job.context, u, seed).ct_eq(&commitment));
         reconstruct(reconstructor, u, &job.self_mask_shares[u.index()], &check)
-    });
-    let seeds = job
-        .survivors
-        .iter()
-        .zip(seeds)
-        .map(|(&u, result)| {
-            let (seed, wrong) = result?;
-            faulty.extend(wrong);
-            Ok((u, seed))
-        })
-        .collect::<Result<Vec<_>, ProtocolError>>()?;
-    let keys = for_each_owner(job.dropped, |reconstructor, v| {
+    })?;
+    let keys = reconstruct_each(job.dropped, &mut faulty, |reconstructor, v| {
         let public = advertised(v)?.mask_key;
         let check = |secret: &Secret32| AgreementKey::from_secret(secret).public_key() == public;
         reconstruct(reconstructor, v, &job.mask_key_shares[v.index()], &check)
-    });
-    let dropped_keys = job
-        .dropped
-        .iter()
-        .zip(keys)
-        .map(|(&v, result)| {
-            let (secret, wrong) = result?;
-            faulty.extend(wrong);
-            Ok((v, AgreementKey::from_secret(&secret)))
-        })
-        .collect::<Result<Vec<_>, ProtocolError>>()?;
+    })?;
+    let seeds: Vec<(ClientId, Secret32)> = job.survivors.iter().copied().zip(seeds).collect();
+    let dropped_keys: Vec<(ClientId, AgreementKey)> =
+        job.dropped.iter().zip(&keys).map(|(&v, secret)| (v, AgreementKey::from_secret(secret))).collect();
     let mut tasks: Vec<Task<'_>> =
         seeds.iter().map(|(owner, seed)| Task::SelfMask { owner: *owner, seed }).collect();
     // Each survivor's mask key is prepared once, however many dropped
@@ -158,25 +139,38 @@ pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<Vec<FaultyS
     Ok(faulty)
 }
 
-/// `reconstruct` for each owner, in order, each worker thread with its own
-/// cache of Lagrange coefficients.
-fn for_each_owner<R: Send>(
+/// Each owner's secret by `reconstruct`, every one on its own (in parallel,
+/// each worker thread with its own cache of Lagrange coefficients), in the
+/// owners' order; the wrong shares found go to `faulty`, and the first
+/// failure in that order fails the round.
+fn reconstruct_each(
     owners: &[ClientId],
-    reconstruct: impl Fn(&mut Reconstructor, ClientId) -> R + Sync + Send,
-) -> Vec<R> {
+    faulty: &mut Vec<FaultyShare>,
+    reconstruct: impl Fn(&mut Reconstructor, ClientId) -> Result<(Secret32, Vec<FaultyShare>), ProtocolError>
+    + Sync
+    + Send,
+) -> Result<Vec<Secret32>, ProtocolError> {
     #[cfg(feature = "parallel")]
-    {
+    let results: Vec<_> = {
         use rayon::prelude::*;
         owners
             .par_iter()
             .map_init(Reconstructor::new, |reconstructor, &owner| reconstruct(reconstructor, owner))
             .collect()
-    }
+    };
     #[cfg(not(feature = "parallel"))]
-    {
+    let results: Vec<_> = {
         let mut reconstructor = Reconstructor::new();
         owners.iter().map(|&owner| reconstruct(&mut reconstructor, owner)).collect()
-    }
+    };
+    results
+        .into_iter()
+        .map(|result| {
+            let (secret, wrong) = result?;
+            faulty.extend(wrong);
+            Ok(secret)
+        })
+        .collect()
 }
 
 /// Applies one task's mask to `acc` exactly as its client applied it.

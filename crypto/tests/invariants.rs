@@ -265,7 +265,7 @@ fn t_consistency_signatures_are_relayed_and_checked() {
     // Two extra signatures, the last of them garbage: not checked.
     let mut extra = signed[..6].to_vec();
     extra[5].1[10] ^= 1;
-    driver.deliver(7, ServerMessage::Signatures { context, signatures: extra.clone() }).unwrap();
+    driver.deliver(7, ServerMessage::Signatures { context, signatures: extra }).unwrap();
     assert!(matches!(
         ClientMessage::decode(driver.outbox[6].as_ref().unwrap()),
         Ok(ClientMessage::Unmasking { .. })
