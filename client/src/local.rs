@@ -90,9 +90,19 @@ impl LocalTraining {
     /// The round's update: the task's architecture trained on the local
     /// examples from the global model.
     pub fn update(&self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        self.update_with(&Self::model_for(global)?, round, global)
+    }
+
+    /// [`update`](Self::update) with the architecture already recognised
+    /// ([`model_for`](Self::model_for)).
+    pub fn update_with(
+        &self,
+        model: &Model,
+        round: u64,
+        global: &Checkpoint,
+    ) -> Result<LocalUpdate, UpdateError> {
         let data = self.data.as_ref().ok_or(UpdateError::NoData)?;
-        let model = Self::model_for(global)?;
-        local_update(&model, data, &self.config, round, global)
+        local_update(model, data, &self.config, round, global)
     }
 }
 

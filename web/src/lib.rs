@@ -35,7 +35,6 @@ use cohort_client::partition::histogram;
 use cohort_client::runtime::UpdateError;
 use cohort_client::train::TrainConfig;
 use serde_json::{Value, json};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, Once, PoisonError};
 
 use wasm_bindgen::prelude::*;
@@ -303,8 +302,8 @@ impl Core {
     /// update to the participant. Returns a JSON report.
     pub fn train(&mut self) -> Result<Value, WebError> {
         let global = self.global.as_ref().ok_or(WebError::NoTrainAction)?;
-        let update = self.local.update(self.round, global)?;
         let model = LocalTraining::model_for(global)?;
+        let update = self.local.update_with(&model, self.round, global)?;
         let global_accuracy = self.local.test_accuracy(&model, &global.weights);
         let local = {
             let trained: Vec<f32> = global.weights.iter().zip(&update.delta).map(|(g, d)| g + d).collect();
@@ -366,29 +365,24 @@ fn js(error: WebError) -> JsError {
 /// state.
 #[derive(Debug)]
 pub struct Latch {
-    tripped: AtomicBool,
+    /// The message of the panic that tripped it; `None` while untripped.
     message: Mutex<Option<String>>,
 }
 
 impl Latch {
     /// An untripped latch.
     pub const fn new() -> Self {
-        Self { tripped: AtomicBool::new(false), message: Mutex::new(None) }
+        Self { message: Mutex::new(None) }
     }
 
     /// Trips the latch; the first message is kept.
     pub fn trip(&self, message: String) {
-        let mut kept = self.message.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.get_or_insert(message);
-        self.tripped.store(true, Ordering::SeqCst);
+        self.message.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(message);
     }
 
     /// `Ok` until the latch trips, then the stop with its message.
     pub fn check(&self) -> Result<(), WebError> {
-        if !self.tripped.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        Err(WebError::Stopped(self.reason().unwrap_or_default()))
+        self.reason().map_or(Ok(()), |message| Err(WebError::Stopped(message)))
     }
 
     /// The message of the panic that tripped it.
