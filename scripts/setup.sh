@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 log() { printf '==> %s\n' "$*"; }
 
 apt_packages=(rustc-web cargo-web rust-web-src lld clang llvm openjdk-17-jdk-headless dataset-fashion-mnist
-    chromium chromium-driver)
+    chromium chromium-driver haproxy)
 sudo_cmd=()
 [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
 missing=()

@@ -95,6 +95,19 @@ impl FromStr for Scheme {
     }
 }
 
+/// The scheme as [`FromStr`] reads it (`dirichlet:0.5`), so that what a
+/// run records can be passed back to it.
+impl std::fmt::Display for Scheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scheme::Iid => f.write_str("iid"),
+            Scheme::Shards { per_client } => write!(f, "shards:{per_client}"),
+            Scheme::Dirichlet { alpha } => write!(f, "dirichlet:{alpha}"),
+            Scheme::Quantity { alpha } => write!(f, "quantity:{alpha}"),
+        }
+    }
+}
+
 /// Splits the examples with `labels` (classes below `classes`) among
 /// `clients`; returns each client's example indices.
 pub fn partition(
@@ -298,6 +311,12 @@ mod tests {
         assert_eq!("shards:3".parse(), Ok(Scheme::Shards { per_client: 3 }));
         assert_eq!("dirichlet:0.5".parse(), Ok(Scheme::Dirichlet { alpha: 0.5 }));
         assert_eq!("quantity:2".parse(), Ok(Scheme::Quantity { alpha: 2.0 }));
+        for text in ["iid", "shards:3", "dirichlet:0.5", "dirichlet:0.1", "quantity:2", "quantity:1e-7"] {
+            let scheme: Scheme = text.parse().unwrap();
+            assert_eq!(scheme.to_string().parse::<Scheme>(), Ok(scheme), "{text}");
+        }
+        assert_eq!(Scheme::Dirichlet { alpha: 0.5 }.to_string(), "dirichlet:0.5");
+        assert_eq!(Scheme::Shards { per_client: 2 }.to_string(), "shards:2");
         for bad in ["", "iid:1", "dirichlet", "dirichlet:-1", "dirichlet:x", "shards:0", "zipf:1"] {
             assert!(bad.parse::<Scheme>().is_err(), "{bad}");
         }

@@ -16,8 +16,9 @@ use crate::wire::DecodeError;
 pub struct CryptoError;
 
 /// Which stage of the protocol a message or a state belongs to. Its
-/// serialized name is its [`Display`](core::fmt::Display) name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// serialized name is its [`Display`](core::fmt::Display) name; stages
+/// order as a round runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 #[non_exhaustive]

@@ -252,6 +252,18 @@ impl MetricSums {
         self.sum(metric).filter(|(_, n)| *n > 0).map(|(sum, n)| sum / f64::from(n))
     }
 
+    /// Adds `other`'s sums and reporters into these: the metrics of a
+    /// round whose clients were aggregated in several groups. A metric
+    /// one side has no room for keeps the other's sum.
+    pub fn merge(&mut self, other: &MetricSums) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine = match (*mine, theirs) {
+                (Some((a, m)), Some((b, n))) => Some((a + b, m.saturating_add(n))),
+                (mine, theirs) => mine.or(theirs),
+            };
+        }
+    }
+
     /// Each metric with a mean, its mean and its number of reporters.
     pub fn means(&self) -> impl Iterator<Item = (Metric, f64, u32)> + '_ {
         Metric::ALL.into_iter().filter_map(|m| Some((m, self.mean(m)?, self.sum(m)?.1)))
@@ -261,6 +273,22 @@ impl MetricSums {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merged_sums_add_values_and_reporters() {
+        let mut one = MetricSums::default();
+        one.insert(Metric::TrainLoss, 3.0, 2);
+        one.insert(Metric::EvalAccuracy, 0.5, 1);
+        let mut two = MetricSums::default();
+        two.insert(Metric::TrainLoss, 1.0, 2);
+        two.insert(Metric::GlobalLoss, 4.0, 4);
+        one.merge(&two);
+        assert_eq!(one.sum(Metric::TrainLoss), Some((4.0, 4)));
+        assert_eq!(one.mean(Metric::TrainLoss), Some(1.0));
+        assert_eq!(one.sum(Metric::EvalAccuracy), Some((0.5, 1)));
+        assert_eq!(one.sum(Metric::GlobalLoss), Some((4.0, 4)));
+        assert_eq!(one.sum(Metric::TrainAccuracy), None);
+    }
 
     #[test]
     fn names_and_bits_round_trip() {

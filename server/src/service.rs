@@ -12,7 +12,7 @@ use crate::api::listener::ConnectionLimits;
 use crate::api::ratelimit::{Limiters, RateLimits};
 use crate::api::{ApiConfig, AppState, app};
 use crate::metrics::Metrics;
-use crate::round::coordinator::{Coordinator, CoordinatorError};
+use crate::round::coordinator::{Coordinator, CoordinatorError, Replica};
 use crate::store::{SqlStore, StoreError};
 
 /// What a service needs.
@@ -40,6 +40,10 @@ pub struct ServiceConfig {
     pub rate_limits: RateLimits,
     /// Most model parameters over all unfinished tasks.
     pub max_total_parameters: usize,
+    /// Where the other replicas sharing the database reach this one
+    /// (default: `http://` and the bound address; set it when binding an
+    /// unspecified address such as 0.0.0.0).
+    pub public_url: Option<String>,
 }
 
 impl ServiceConfig {
@@ -58,6 +62,7 @@ impl ServiceConfig {
             connections: ConnectionLimits::default(),
             rate_limits: RateLimits::default(),
             max_total_parameters: crate::api::DEFAULT_MAX_TOTAL_PARAMETERS,
+            public_url: None,
         }
     }
 }
@@ -126,6 +131,20 @@ pub enum ServiceError {
     /// A limit is out of range.
     #[error(transparent)]
     Limits(#[from] crate::api::listener::LimitsError),
+    /// Another process already serves this SQLite database.
+    #[error(
+        "{0} is already served by another cohort serve process: SQLite is for a single process; \
+         run replicas on PostgreSQL (--database-url postgres://...)"
+    )]
+    SqliteInUse(String),
+    /// The SQLite database's lock file could not be opened.
+    #[error("locking {path}: {source}")]
+    Lock {
+        /// The lock file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// The address could not be bound.
     #[error("binding {address}: {source}")]
     Bind {
@@ -151,6 +170,8 @@ pub struct Service {
     shutdown: oneshot::Sender<()>,
     server: JoinHandle<std::io::Result<()>>,
     pruner: JoinHandle<()>,
+    /// Held while the service runs: the SQLite database's lock.
+    _sqlite_lock: Option<std::fs::File>,
 }
 
 impl Service {
@@ -158,9 +179,21 @@ impl Service {
     /// called within a tokio runtime.
     pub async fn start(config: ServiceConfig) -> Result<Self, ServiceError> {
         config.connections.validate().map_err(ServiceError::Limits)?;
+        let sqlite_lock = lock_sqlite(&config.database_url)?;
         let store = SqlStore::connect(&config.database_url).await?;
         let metrics = Metrics::default();
-        let coordinator = Coordinator::start(store.clone(), metrics.clone()).await?;
+        let listener = crate::api::listener::bind(config.bind, config.connections.max_connections)
+            .map_err(|source| ServiceError::Bind { address: config.bind, source })?;
+        let address =
+            listener.local_addr().map_err(|source| ServiceError::Bind { address: config.bind, source })?;
+        let tls = config.tls.as_ref().map(TlsFiles::server_config).transpose()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let replica = Replica {
+            id: crate::api::auth::new_id(),
+            url: config.public_url.clone().unwrap_or_else(|| default_public_url(scheme, address)),
+            started_at: crate::round::coordinator::now_ms(),
+        };
+        let coordinator = Coordinator::start(store.clone(), metrics.clone(), replica).await?;
         let demo_task = if config.demo {
             Some(crate::api::pages::start_demo_task(&store, &coordinator).await?)
         } else {
@@ -180,6 +213,7 @@ impl Service {
                 max_total_parameters: config.max_total_parameters,
             },
             creating: Default::default(),
+            forwarder: crate::api::forward::Forwarder::new(&config.admin_token),
         };
         let limiters = state.config.limiters.clone();
         let pruner = tokio::spawn(async move {
@@ -189,13 +223,7 @@ impl Service {
                 limiters.prune();
             }
         });
-        let listener = crate::api::listener::bind(config.bind, config.connections.max_connections)
-            .map_err(|source| ServiceError::Bind { address: config.bind, source })?;
-        let address =
-            listener.local_addr().map_err(|source| ServiceError::Bind { address: config.bind, source })?;
         let (shutdown, signal) = oneshot::channel::<()>();
-        let tls = config.tls.as_ref().map(TlsFiles::server_config).transpose()?;
-        let scheme = if tls.is_some() { "https" } else { "http" };
         let router = app(state);
         let server = tokio::spawn(crate::api::listener::serve(
             listener,
@@ -204,7 +232,17 @@ impl Service {
             config.connections,
             signal,
         ));
-        Ok(Self { address, scheme, store, coordinator, metrics, shutdown, server, pruner })
+        Ok(Self {
+            address,
+            scheme,
+            store,
+            coordinator,
+            metrics,
+            shutdown,
+            server,
+            pruner,
+            _sqlite_lock: sqlite_lock,
+        })
     }
 
     /// The base URL clients use.
@@ -215,6 +253,7 @@ impl Service {
     /// Stops accepting connections, lets requests in flight finish within
     /// the shutdown grace and cuts the rest.
     pub async fn stop(self) -> std::io::Result<()> {
+        self.coordinator.shutdown().await;
         let _ = self.shutdown.send(());
         self.pruner.abort();
         self.server.await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
@@ -224,5 +263,40 @@ impl Service {
     pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
         signal.await;
         self.stop().await
+    }
+}
+
+/// The URL other replicas reach this one at when none is configured: the
+/// bound address, or loopback for an unspecified one (one machine only).
+fn default_public_url(scheme: &str, address: SocketAddr) -> String {
+    if address.ip().is_unspecified() {
+        tracing::warn!(%address, "bound to an unspecified address: other replicas will look for this one on loopback; set --public-url");
+        let loopback = SocketAddr::from(([127, 0, 0, 1], address.port()));
+        return format!("{scheme}://{loopback}");
+    }
+    format!("{scheme}://{address}")
+}
+
+/// SQLite serves one process: a second `cohort serve` on the same file is
+/// refused while the first holds an exclusive lock on `FILE.lock` (released
+/// by the operating system when the process ends, however it ends).
+fn lock_sqlite(url: &str) -> Result<Option<std::fs::File>, ServiceError> {
+    let Some(rest) = url.strip_prefix("sqlite:") else { return Ok(None) };
+    let path = rest.trim_start_matches("//");
+    let path = path.split('?').next().unwrap_or(path);
+    if path.is_empty() || path.contains(":memory:") {
+        return Ok(None);
+    }
+    let lock_path = format!("{path}.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| ServiceError::Lock { path: lock_path.clone(), source })?;
+    match fs4::FileExt::try_lock(&file) {
+        Ok(()) => Ok(Some(file)),
+        Err(fs4::TryLockError::WouldBlock) => Err(ServiceError::SqliteInUse(path.to_string())),
+        Err(fs4::TryLockError::Error(source)) => Err(ServiceError::Lock { path: lock_path, source }),
     }
 }

@@ -142,6 +142,37 @@ pub struct SecAggSpec {
     pub degree: Option<u32>,
     /// Overrides the derived threshold.
     pub threshold: Option<u32>,
+    /// Largest secure-aggregation group: a round's selected clients are
+    /// split into ⌈selected / group_size⌉ groups of one size, each its own
+    /// protocol instance with the degree and threshold derived for that
+    /// size (which is the round size participants pin and check); the
+    /// coordinator adds the groups' sums. Left out, a new task gets
+    /// [`DEFAULT_GROUP_SIZE`]; a stored spec without it predates groups
+    /// and runs each round as one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u32>,
+}
+
+/// Clients per secure-aggregation group of a new task that does not say:
+/// a few hundred, as in Bonawitz et al., "Towards Federated Learning at
+/// Scale" (SysML 2019).
+pub const DEFAULT_GROUP_SIZE: u32 = 500;
+
+/// How a round's selected clients are split into secure-aggregation
+/// groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Groups {
+    /// Groups per round.
+    pub count: u32,
+    /// Clients per group (the n of each protocol instance).
+    pub size: u32,
+}
+
+impl Groups {
+    /// Clients selected per round: every group full.
+    pub fn selected(&self) -> u32 {
+        self.count.saturating_mul(self.size)
+    }
 }
 
 impl Default for SecAggSpec {
@@ -153,6 +184,7 @@ impl Default for SecAggSpec {
             corruption: 0.05,
             degree: None,
             threshold: None,
+            group_size: None,
         }
     }
 }
@@ -195,8 +227,10 @@ impl SecAggSpec {
 
     /// Fills in the variant of a task being created: one that does not name
     /// it runs the active variant.
+    /// and is aggregated in groups of at most [`DEFAULT_GROUP_SIZE`].
     pub fn default_for_new_task(&mut self) {
         self.variant.get_or_insert(VariantChoice::Active);
+        self.group_size.get_or_insert(DEFAULT_GROUP_SIZE);
     }
 }
 
@@ -414,7 +448,17 @@ impl TaskSpec {
         if !(0.0..=10.0).contains(&self.over_selection) {
             return Err(SpecError::field("over_selection", "over_selection must be between 0 and 10"));
         }
-        if u64::from(self.selected_per_round()) > u64::from(cohort_crypto::config::MAX_CLIENTS) {
+        if let Some(size) = self.secure_aggregation.group_size
+            && !(2..=cohort_crypto::config::MAX_CLIENTS).contains(&size)
+        {
+            return Err(SpecError::field(
+                "secure_aggregation.group_size",
+                format!("group_size must be between 2 and {}", cohort_crypto::config::MAX_CLIENTS),
+            ));
+        }
+        if u64::from(self.wanted_selection()) > u64::from(cohort_crypto::config::MAX_CLIENTS)
+            || self.groups().selected() > cohort_crypto::config::MAX_CLIENTS
+        {
             return Err(SpecError::field("clients_per_round", "too many clients per round"));
         }
         if self.checkpoint_retention == 0 || self.checkpoint_retention > MAX_RETENTION {
@@ -435,8 +479,8 @@ impl TaskSpec {
         }
 
         self.optimizer.validate()?;
-        let quantizer =
-            self.quantization.quantizer(self.selected_per_round(), [0; 32], self.client_metrics.aggregate)?;
+        let n = self.groups().size;
+        let quantizer = self.quantization.quantizer(n, [0; 32], self.client_metrics.aggregate)?;
         if quantizer.encoded_len(self.model.layout.len()) > cohort_crypto::config::MAX_VECTOR_LEN as usize {
             return Err(SpecError::field("model.layout", "the model is too large for secure aggregation"));
         }
@@ -448,7 +492,6 @@ impl TaskSpec {
             adversary: if active { Adversary::SemiMalicious } else { Adversary::SemiHonest },
             ..ParameterTarget::default()
         };
-        let n = self.selected_per_round();
         let derived = match sa.graph {
             GraphChoice::Complete => derive_complete(n, &target),
             GraphChoice::Sparse => derive_sparse(n, &target),
@@ -504,7 +547,7 @@ impl TaskSpec {
     /// not part of it).
     pub fn security(&self) -> Result<TaskSecurity, SpecError> {
         let derived = self.validate()?;
-        let n = self.selected_per_round();
+        let n = self.groups().size;
         let round = self.quantization.round_spec([0; 32], MetricSet::NONE)?;
         Ok(TaskSecurity {
             variant: self.secure_aggregation.variant().into(),
@@ -527,10 +570,33 @@ impl TaskSpec {
         Ok(Policy::accepting(&self.security()?))
     }
 
-    /// Clients selected per round: the target plus over-selection.
+    /// Clients selected per round: the target plus over-selection, rounded
+    /// up so that every group is full (see [`TaskSpec::groups`]).
     pub fn selected_per_round(&self) -> u32 {
+        self.groups().selected()
+    }
+
+    /// The target plus over-selection: ⌈clients_per_round × (1 + over_selection)⌉.
+    fn wanted_selection(&self) -> u32 {
         let selected = (f64::from(self.clients_per_round) * (1.0 + self.over_selection)).ceil();
         if selected >= f64::from(u32::MAX) { u32::MAX } else { selected as u32 }
+    }
+
+    /// How each round's selection is split: ⌈wanted / group_size⌉ groups
+    /// of ⌈wanted / groups⌉ clients, so that no group is larger than
+    /// `group_size` and all are the same size (the round size every
+    /// participant pins); one group when the spec sets no size.
+    pub fn groups(&self) -> Groups {
+        let wanted = self.wanted_selection().max(1);
+        let cap = self.secure_aggregation.group_size.unwrap_or(u32::MAX).max(1);
+        let count = wanted.div_ceil(cap);
+        Groups { count, size: wanted.div_ceil(count) }
+    }
+
+    /// Masked inputs each group waits for before it closes its
+    /// masked-input stage early: its share of `clients_per_round`.
+    pub fn inputs_per_group(&self) -> u32 {
+        self.clients_per_round.div_ceil(self.groups().count)
     }
 
     /// The initial weights.
@@ -702,7 +768,11 @@ pub(crate) mod tests {
         let spec: TaskSpec = serde_json::from_str(block).unwrap();
         spec.validate().unwrap();
         // The defaults, with the variant a new task gets spelled out.
-        let active = SecAggSpec { variant: Some(VariantChoice::Active), ..SecAggSpec::default() };
+        let active = SecAggSpec {
+            variant: Some(VariantChoice::Active),
+            group_size: Some(DEFAULT_GROUP_SIZE),
+            ..SecAggSpec::default()
+        };
         assert_eq!(spec.secure_aggregation, active);
         assert_eq!(spec.quantization, QuantizationConfig::default());
         assert_eq!(spec.deadlines, StageDeadlines::default());
@@ -710,6 +780,45 @@ pub(crate) mod tests {
         assert_eq!(spec.checkpoint_retention, default_retention());
         assert_eq!(spec.over_selection, 0.0);
         assert_eq!(spec.client_metrics, ClientMetricsSpec::default());
+    }
+
+    #[test]
+    fn a_round_is_split_into_full_groups_no_larger_than_the_group_size() {
+        let mut spec = small_spec();
+        let groups = |spec: &TaskSpec| (spec.groups().count, spec.groups().size, spec.selected_per_round());
+        // No group size (a spec stored before groups): one group, as before.
+        spec.clients_per_round = 1_000;
+        spec.over_selection = 0.3;
+        assert_eq!(groups(&spec), (1, 1_300, 1_300));
+        spec.secure_aggregation.group_size = Some(500);
+        assert_eq!(groups(&spec), (3, 434, 1_302));
+        assert_eq!(spec.inputs_per_group(), 334);
+        spec.secure_aggregation.group_size = Some(1_300);
+        assert_eq!(groups(&spec), (1, 1_300, 1_300));
+        spec.clients_per_round = 12;
+        spec.over_selection = 0.0;
+        spec.secure_aggregation.group_size = Some(5);
+        assert_eq!(groups(&spec), (3, 4, 12));
+        // The pinned round size is the group's, and so are k and t.
+        spec.secure_aggregation.threshold = Some(3);
+        spec.secure_aggregation.graph = GraphChoice::Complete;
+        let security = spec.security().unwrap();
+        assert_eq!((security.clients, security.degree, security.threshold), (4, 3, 3));
+        for bad in [0, 1] {
+            spec.secure_aggregation.group_size = Some(bad);
+            let refused = spec.validate().unwrap_err();
+            assert!(
+                matches!(refused, SpecError::Field { field: "secure_aggregation.group_size", .. }),
+                "{refused:?}"
+            );
+        }
+        // A new task gets the default; an explicit size stays.
+        let mut sa = SecAggSpec::default();
+        sa.default_for_new_task();
+        assert_eq!(sa.group_size, Some(DEFAULT_GROUP_SIZE));
+        let mut sa = SecAggSpec { group_size: Some(50), ..SecAggSpec::default() };
+        sa.default_for_new_task();
+        assert_eq!(sa.group_size, Some(50));
     }
 
     #[test]

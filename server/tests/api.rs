@@ -12,11 +12,12 @@ use axum::http::{Request, StatusCode, header};
 use cohort_crypto::Metric;
 use cohort_crypto::testing::{ProtocolClient, weighted_mean};
 use cohort_server::api::auth::token_hash;
+use cohort_server::api::forward::Forwarder;
 use cohort_server::api::ratelimit::{Limiters, RateLimits};
 use cohort_server::api::{ApiConfig, AppState, SECAGG_CONTENT_TYPE, app};
 use cohort_server::checkpoint;
 use cohort_server::metrics::Metrics;
-use cohort_server::round::coordinator::Coordinator;
+use cohort_server::round::coordinator::{Coordinator, Replica};
 use cohort_server::store::{ParticipantRecord, SqlStore, Store};
 use cohort_tests::identity::{self as keys, Enrollment};
 use http_body_util::BodyExt;
@@ -38,7 +39,8 @@ impl Api {
         let _ = std::fs::remove_file(&path);
         let store = SqlStore::connect(&format!("sqlite://{}", path.display())).await.unwrap();
         let metrics = Metrics::default();
-        let coordinator = Coordinator::start(store.clone(), metrics.clone()).await.unwrap();
+        let replica = Replica { id: format!("api-{name}"), url: "http://127.0.0.1:9".into(), started_at: 0 };
+        let coordinator = Coordinator::start(store.clone(), metrics.clone(), replica).await.unwrap();
         let config = ApiConfig {
             admin_token_hash: token_hash(ADMIN),
             max_message_bytes: 1 << 16,
@@ -57,6 +59,7 @@ impl Api {
             metrics,
             config,
             creating: Default::default(),
+            forwarder: Forwarder::new(ADMIN),
         });
         Self { router, store, path }
     }
@@ -537,6 +540,9 @@ async fn a_secure_round_through_the_api_updates_the_model() {
                 "bytes_up",
                 "deadline",
                 "eligible",
+                "groups",
+                "groups_completed",
+                "groups_failed",
                 "received",
                 "round",
                 "selected",

@@ -132,10 +132,10 @@ fn hostile_input_is_refused_and_rounds_complete() {
     refused(&huge, 413, "payload_too_large");
 
     let spec = json!({
-        "name": "hostile", "rounds": 2, "clients_per_round": 4,
+        "name": "hostile", "rounds": 2, "clients_per_round": 4, "over_selection": 0.25,
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [DIMENSION] } ] } },
-        "secure_aggregation": { "graph": "complete", "threshold": 2 },
-        "deadlines": { "advertise_keys_ms": 30000, "share_keys_ms": 30000, "masked_input_ms": 30000, "unmasking_ms": 30000 }
+        "secure_aggregation": { "graph": "complete", "threshold": 3 },
+        "deadlines": { "advertise_keys_ms": 2000, "share_keys_ms": 30000, "masked_input_ms": 30000, "unmasking_ms": 30000 }
     });
     let created = admin.send(Method::Post, "/admin/tasks", spec.to_string().into_bytes(), "application/json");
     assert_eq!(created.status, 201);
@@ -189,6 +189,18 @@ fn hostile_input_is_refused_and_rounds_complete() {
         400,
         "invalid_json",
     );
+
+    // A fifth client that checks in and then stays silent: the key stage
+    // cannot close before its deadline, so the attacker's messages below
+    // always meet it open, whatever the honest clients' pace.
+    let mut silent = Raw { transport: HttpTransport::new(&url), credential: None };
+    let quiet = std::sync::Arc::new(cohort_tests::identity::fresh_identity());
+    let body = cohort_tests::identity::enrollment(&task, &token, &quiet).to_string().into_bytes();
+    let enrolled = silent.send(Method::Post, &enroll, body, "application/json");
+    assert_eq!(enrolled.status, 201);
+    let enrolled: Value = serde_json::from_slice(&enrolled.body).unwrap();
+    silent.credential = Some(enrolled["credential"].as_str().unwrap().into());
+    assert_eq!(silent.send(Method::Post, "/v1/checkin", Vec::new(), "application/json").status, 200);
 
     // Three honest clients of the library.
     let config = ParticipantConfig {

@@ -140,6 +140,68 @@ fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
     std::fs::remove_dir_all(&state_dir).unwrap();
 }
 
+/// Ten participants in groups of at most five: every round runs two
+/// protocol instances of five, a dropout inside a group is recovered there,
+/// and the model moves by the weighted mean of every survivor of both.
+#[test]
+fn a_round_in_two_groups_trains_one_model_over_http() {
+    let coordinator = Coordinator::start("groups", ADMIN);
+    let mut grouped = spec(10, 2);
+    grouped["secure_aggregation"]["group_size"] = json!(5);
+    let (task, token) = coordinator.create_task(grouped.clone());
+    let handles: Vec<_> = (0..10)
+        .map(|k| {
+            let (url, task, token, grouped) =
+                (coordinator.url.clone(), task.clone(), token.clone(), grouped.clone());
+            std::thread::spawn(move || {
+                let mut trainer = Fixed { delta: update(k), examples: 10 + k as u32, rounds_trained: vec![] };
+                let participant =
+                    Participant::enroll(&task, &token, fast(&grouped)).with_seed([k as u8 + 80; 32]);
+                let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
+                // Client 9 leaves round 1 after its shares: its group
+                // recovers its masks with the four others' shares.
+                let vanish = |p: &Participant| k == 9 && p.posting() == Some(Stage::MaskedInputCollection);
+                let mut outcomes = vec![runner.run_round_with(&mut trainer, vanish).unwrap().unwrap()];
+                while let Some(outcome) = runner.run_round(&mut trainer).unwrap() {
+                    outcomes.push(outcome);
+                }
+                (outcomes, runner.participant().saved_state().unwrap().security.unwrap())
+            })
+        })
+        .collect();
+    for (k, handle) in handles.into_iter().enumerate() {
+        let (outcomes, pinned) = handle.join().unwrap();
+        // The round size a participant pins and checks is its group's.
+        assert_eq!((pinned.clients, pinned.degree, pinned.threshold), (5, 4, 3), "client {k}");
+        assert_eq!(outcomes.len(), 2, "client {k}: {outcomes:?}");
+        assert!(matches!(outcomes[1], RoundOutcome::Completed(_)), "client {k}: {outcomes:?}");
+    }
+    let (_, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
+    let rounds: Vec<Value> = serde_json::from_slice(&rounds).unwrap();
+    assert_eq!(rounds.iter().map(|r| r["survivors"].as_i64().unwrap()).collect::<Vec<_>>(), [9, 10]);
+    for (round, survivors) in rounds.iter().zip([[4, 5], [5, 5]]) {
+        let groups = round["metrics"]["groups"].as_array().unwrap();
+        let mut counted: Vec<u64> = groups.iter().map(|g| g["survivors"].as_u64().unwrap()).collect();
+        counted.sort_unstable();
+        assert_eq!(counted, survivors, "{round}");
+        assert!(groups.iter().all(|g| g["selected"] == 5 && g.get("failed_at").is_none()), "{round}");
+    }
+    let mean = |clients: &[usize]| -> Vec<f32> {
+        let total: f32 = clients.iter().map(|&k| 10.0 + k as f32).sum();
+        (0..3)
+            .map(|j| clients.iter().map(|&k| update(k)[j] * (10.0 + k as f32)).sum::<f32>() / total)
+            .collect()
+    };
+    let all: Vec<usize> = (0..10).collect();
+    let expected: Vec<f32> = mean(&all[..9]).iter().zip(mean(&all)).map(|(a, b)| a + b).collect();
+    let (status, bytes) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/2"), None);
+    assert_eq!(status, 200);
+    let model = checkpoint::decode(&bytes).unwrap();
+    for (got, want) in model.weights.iter().zip(&expected) {
+        assert!((got - want).abs() < 1e-3, "{:?} vs {expected:?}", model.weights);
+    }
+}
+
 /// Hands in client k's update with a training loss of 0.1 (k + 1).
 struct Reporting(usize);
 

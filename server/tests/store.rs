@@ -10,9 +10,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use cohort_server::api::auth::token_hash;
+use cohort_server::store::Backend;
 use cohort_server::store::{
-    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, ParticipantRecord, RoundRecord, SqlStore,
-    Store, StoreError, TaskRecord, TaskStatus,
+    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, ParticipantRecord, ReplicaRecord,
+    RoundRecord, SqlStore, Store, StoreError, TaskRecord, TaskStatus,
 };
 use sqlx::Connection;
 
@@ -291,6 +292,68 @@ async fn round_contributors_last_until_their_round_completes(store: &SqlStore) {
     assert_eq!(store.contributors("u", 1).await.unwrap(), names(&["q1"]));
 }
 
+fn replica(id: &str, now: i64) -> ReplicaRecord {
+    ReplicaRecord {
+        id: id.into(),
+        url: format!("http://{id}.example:8080"),
+        started_at: 0,
+        heartbeat_at: now,
+    }
+}
+
+async fn replicas_and_task_leases(store: &SqlStore) {
+    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.create_task(&task("u", 1), &checkpoint("u", 0)).await.unwrap();
+    for (id, now) in [("a", 100), ("b", 100), ("c", 50)] {
+        store.heartbeat(&replica(id, now)).await.unwrap();
+    }
+    store.heartbeat(&replica("a", 120)).await.unwrap();
+    let live: Vec<String> = store.replicas(100).await.unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(live, ["a", "b"], "c's heartbeat is too old");
+    assert_eq!(store.replicas(0).await.unwrap()[0].heartbeat_at, 120);
+    // a takes t; b cannot while a's lease holds; a renews at the same generation.
+    assert_eq!(store.acquire_lease("t", "a", 100, 200).await.unwrap(), Some(1));
+    assert_eq!(store.acquire_lease("t", "b", 150, 250).await.unwrap(), None);
+    assert_eq!(store.acquire_lease("t", "a", 150, 250).await.unwrap(), Some(1));
+    assert_eq!(store.acquire_lease("u", "b", 150, 250).await.unwrap(), Some(1));
+    let leases = |now| async move {
+        store.leases(now).await.unwrap().into_iter().map(|(t, r)| (t, r.id)).collect::<Vec<_>>()
+    };
+    assert_eq!(leases(200).await, [("t".to_string(), "a".to_string()), ("u".into(), "b".into())]);
+    // Once a's lease ran out, b takes t over and the generation rises.
+    assert_eq!(leases(260).await, []);
+    assert_eq!(store.acquire_lease("t", "b", 260, 360).await.unwrap(), Some(2));
+    assert_eq!(store.acquire_lease("t", "a", 270, 370).await.unwrap(), None);
+    // A released lease is free at once; a removed replica's leases go with it.
+    store.release_lease("t", "a").await.unwrap();
+    assert_eq!(leases(300).await, [("t".to_string(), "b".to_string())], "a cannot release b's lease");
+    store.release_lease("t", "b").await.unwrap();
+    assert_eq!(store.acquire_lease("t", "a", 300, 400).await.unwrap(), Some(1));
+    store.remove_replica("b").await.unwrap();
+    assert_eq!(leases(300).await, [("t".to_string(), "a".to_string())]);
+    assert!(store.replicas(0).await.unwrap().iter().all(|r| r.id != "b"));
+    assert!(matches!(store.acquire_lease("nope", "a", 300, 400).await, Err(StoreError::NotFound(_))));
+    // A replica started at a's address replaces it, leases and all, at
+    // once; on SQLite (one process at a time) it replaces every other.
+    store.heartbeat(&replica("b", 300)).await.unwrap();
+    assert_eq!(store.acquire_lease("u", "b", 300, 400).await.unwrap(), Some(1), "b's lease went with it");
+    let a2 = ReplicaRecord { id: "a2".into(), ..replica("a", 310) };
+    store.register_replica(&a2).await.unwrap();
+    let mut live: Vec<String> = store.replicas(0).await.unwrap().into_iter().map(|r| r.id).collect();
+    live.sort();
+    match store.backend() {
+        Backend::Sqlite => {
+            assert_eq!(live, ["a2"]);
+            assert_eq!(leases(310).await, []);
+        }
+        Backend::Postgres => {
+            assert_eq!(live, ["a2", "b", "c"]);
+            assert_eq!(leases(310).await, [("u".to_string(), "b".to_string())]);
+        }
+    }
+    assert_eq!(store.acquire_lease("t", "a2", 310, 410).await.unwrap(), Some(1), "free at once");
+}
+
 async fn data_survives_reconnection(url: &str) {
     let store = SqlStore::connect(url).await.unwrap();
     store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
@@ -331,6 +394,7 @@ on_both_backends!(
     rounds_are_atomic_ordered_and_pruned,
     client_metrics_once_per_round,
     round_contributors_last_until_their_round_completes,
+    replicas_and_task_leases,
 );
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod identity;
+pub mod postgres;
 pub mod process;
 
 use std::path::{Path, PathBuf};

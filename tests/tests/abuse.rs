@@ -12,11 +12,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::Write;
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port};
 use cohort_tests::process::{
     ServeProcess, closed_by, exchange, http, json_call, read_response, remove_database,
 };
@@ -349,31 +350,6 @@ fn floods_of_reports_and_oversized_messages_are_refused_with_memory_bounded() {
     remove_database(&database);
 }
 
-/// A fresh PostgreSQL database: (its URL, the admin URL to drop it with).
-fn postgres_database(name: &str) -> (String, String) {
-    let admin = std::env::var("COHORT_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
-    let name = format!("cohort_abuse_{name}_{}", std::process::id());
-    psql(&admin, &format!("DROP DATABASE IF EXISTS {name}"));
-    psql(&admin, &format!("CREATE DATABASE {name}"));
-    let (base, _) = admin.rsplit_once('/').unwrap();
-    (format!("{base}/{name}"), admin)
-}
-
-fn psql(url: &str, sql: &str) {
-    let status = std::process::Command::new("psql")
-        .args([url, "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap_or_else(|e| panic!("psql: {e}"));
-    assert!(status.success(), "psql failed: {sql}");
-}
-
-fn drop_postgres_database(url: &str, admin: &str) {
-    let (_, name) = url.rsplit_once('/').unwrap();
-    psql(admin, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
-}
-
 /// Overflowing and NUL-carrying inputs against one running server.
 fn refuses_overflow_and_nul(port: u16) {
     let mut spec = small_task(4);
@@ -441,79 +417,13 @@ fn overflow_and_nul_inputs_are_refused_on_sqlite_and_postgresql() {
     drop_postgres_database(&url, &admin);
 }
 
-/// A TCP relay between the server and PostgreSQL that the test can cut:
-/// while cut, live connections are reset and new ones refused.
-struct Relay {
-    port: u16,
-    running: Arc<AtomicBool>,
-    sockets: Arc<Mutex<Vec<TcpStream>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Relay {
-    fn start(port: u16, upstream: u16) -> Self {
-        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let running = Arc::new(AtomicBool::new(true));
-        let sockets = Arc::new(Mutex::new(Vec::new()));
-        let (flag, held) = (running.clone(), sockets.clone());
-        let thread = std::thread::spawn(move || {
-            while flag.load(Ordering::SeqCst) {
-                match listener.accept() {
-                    Ok((client, _)) => {
-                        client.set_nonblocking(false).unwrap();
-                        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { continue };
-                        let mut held = held.lock().unwrap();
-                        held.push(client.try_clone().unwrap());
-                        held.push(server.try_clone().unwrap());
-                        for (mut from, mut to) in
-                            [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
-                        {
-                            std::thread::spawn(move || {
-                                let _ = std::io::copy(&mut from, &mut to);
-                                let _ = to.shutdown(Shutdown::Both);
-                            });
-                        }
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        });
-        Self { port, running, sockets, thread: Some(thread) }
-    }
-
-    /// Resets every relayed connection and stops listening.
-    fn cut(&mut self) {
-        self.running.store(false, Ordering::SeqCst);
-        if let Some(thread) = self.thread.take() {
-            thread.join().unwrap();
-        }
-        for socket in self.sockets.lock().unwrap().drain(..) {
-            let _ = socket.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.cut();
-    }
-}
-
 #[test]
 fn a_database_outage_fails_requests_fast_with_503_and_readiness_reports_it() {
     let _serial = serial();
     let (url, admin) = postgres_database("outage");
-    let (base, name) = url.rsplit_once('/').unwrap();
-    let authority = base.rsplit_once('@').map_or(base, |(_, host)| host);
-    let upstream: u16 = authority.rsplit_once(':').map_or(5432, |(_, port)| port.parse().unwrap());
-    let user = base.split_once("://").unwrap().1.split_once('@').map(|(user, _)| user);
+    let upstream = postgres_port(&url);
     let mut relay = Relay::start(0, upstream);
-    let relayed = match user {
-        Some(user) => format!("postgres://{user}@127.0.0.1:{}/{name}", relay.port),
-        None => format!("postgres://127.0.0.1:{}/{name}", relay.port),
-    };
+    let relayed = relay.url_for(&url);
     let server = ServeProcess::start(0, &relayed, ADMIN, None);
     let port = server.port;
     let (task, token) = create_task(port, small_task(4));
@@ -546,9 +456,24 @@ fn a_database_outage_fails_requests_fast_with_503_and_readiness_reports_it() {
         assert!(Instant::now() < deadline, "readiness did not recover");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let (status, body) = json_call(port, "POST", "/v1/checkin", Some(&credential), None);
+    // The replica gave its task up when it could not renew the lease; it
+    // takes it back at its next renewal, and until then a participant is
+    // told to come back (as it would be while another replica takes over).
+    let recovered = Instant::now();
+    let (status, body) = loop {
+        let (status, body) = json_call(port, "POST", "/v1/checkin", Some(&credential), None);
+        if status != 503 {
+            break (status, body);
+        }
+        assert!(body["retry_after_ms"].as_u64().is_some_and(|ms| ms <= 5_000), "{body}");
+        assert!(recovered.elapsed() < Duration::from_secs(10), "the task was not taken back: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert_eq!((status, body["status"].as_str()), (200, Some("wait")), "{body}");
-    println!("database outage: requests answered 503 within {slowest:?}");
+    println!(
+        "database outage: requests answered 503 within {slowest:?}; the task was led again {:?} after readiness",
+        recovered.elapsed()
+    );
     drop(server);
     drop(relay);
     drop_postgres_database(&url, &admin);

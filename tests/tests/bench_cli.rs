@@ -139,4 +139,32 @@ fn the_load_bench_reports_rounds_latencies_and_server_memory() {
     }
     let rss = report["server_peak_rss_bytes"].as_u64().unwrap();
     assert!(rss > 1 << 20 && rss < 1 << 31, "{rss}");
+    // The server did the rounds' work: some CPU time, and per client and
+    // round the total over the 24.
+    let cpu = report["server_cpu_seconds"].as_f64().unwrap();
+    assert!(cpu > 0.0, "{report}");
+    let per = report["server_cpu_ms_per_client_round"].as_f64().unwrap();
+    assert!((per * 24.0 - cpu * 1e3).abs() < 1e-6, "{report}");
+    assert_eq!(report["group_size"], 12, "one group unless asked");
+
+    // The same clients in two groups of six: every input still counted.
+    let output = Command::new(&cohort_tests::artifacts().cohort)
+        .args([
+            "bench",
+            "load",
+            "--clients",
+            "12",
+            "--group-size",
+            "6",
+            "--dim",
+            "500",
+            "--rounds",
+            "1",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!((report["group_size"].as_u64(), &report["survivors"]), (Some(6), &serde_json::json!([12])));
 }

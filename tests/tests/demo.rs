@@ -54,6 +54,9 @@ fn the_demo_matches_plaintext_fedavg() {
     let plain = cohort(&[&["demo", "--plain"][..], &SMALL].concat(), &plain_dir);
     assert_eq!(secure["config"]["aggregation"], "secure");
     assert_eq!(plain["config"]["aggregation"], "plain");
+    // The flags are recorded as they are written, so a run can be repeated.
+    assert_eq!(secure["config"]["partition"], "dirichlet:0.5");
+    assert_eq!(secure["config"]["lr"].to_string(), "0.05");
     let rounds = secure["rounds"].as_array().unwrap();
     assert_eq!(rounds.len(), 3);
     for (i, round) in rounds.iter().enumerate() {
@@ -134,6 +137,64 @@ fn dropouts_and_the_simulator() {
     assert!(rounds.iter().all(|r| r["survivors"] == 18), "{rounds:?}");
     assert!(accuracies(&results)[2] > 0.5, "{:?}", accuracies(&results));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `cohort partition` writes one shard per client that `participate`
+/// reads, the same for the same seed, and never over an existing split.
+#[test]
+fn partition_writes_the_shards_participants_train_on() {
+    let partition = |out: &Path, seed: &str| {
+        Command::new(&cohort_tests::artifacts().cohort)
+            .args(["partition", "--dataset", "mnist", "--clients", "20", "--partition", "shards:2"])
+            .args(["--seed", seed, "--out"])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let (one, two, other) = (scratch("partition-1"), scratch("partition-2"), scratch("partition-3"));
+    let output = partition(&one, "7");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(one.join("partition.json")).unwrap()).unwrap();
+    assert_eq!((manifest["partition"].as_str(), manifest["clients"].as_u64()), (Some("shards:2"), Some(20)));
+    let mut total = 0;
+    for (i, shard) in manifest["shards"].as_array().unwrap().iter().enumerate() {
+        let labels = std::fs::read(one.join(i.to_string()).join("labels.idx")).unwrap();
+        let images = std::fs::read(one.join(i.to_string()).join("images.idx")).unwrap();
+        let n = u32::from_be_bytes(labels[4..8].try_into().unwrap()) as usize;
+        assert_eq!(labels.len(), 8 + n);
+        assert_eq!(images.len(), 16 + n * 784);
+        assert_eq!(shard["examples"].as_u64(), Some(n as u64));
+        // The histogram in the manifest is this shard's labels, and a
+        // shards:2 split gives a client two label-sorted shards, each of
+        // which spans at most two labels.
+        let mut histogram = [0u64; 10];
+        labels[8..].iter().for_each(|&l| histogram[usize::from(l)] += 1);
+        let recorded: Vec<u64> =
+            shard["labels"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+        assert_eq!(recorded, histogram);
+        assert!(histogram.iter().filter(|&&c| c > 0).count() <= 4, "{histogram:?}");
+        // The printed table's row for this client.
+        let row = stdout.lines().find(|l| l.split_whitespace().next() == Some(&i.to_string())).unwrap();
+        assert!(row.contains(&n.to_string()), "{row}");
+        total += n;
+    }
+    assert!(total > 1_000, "{total}");
+    // Same seed, same shards; another seed, others.
+    assert!(partition(&two, "7").status.success());
+    assert!(partition(&other, "8").status.success());
+    let labels = |dir: &Path| std::fs::read(dir.join("0").join("labels.idx")).unwrap();
+    assert_eq!(labels(&one), labels(&two));
+    assert_ne!(labels(&one), labels(&other));
+    // A second split into the same directory is refused and changes nothing.
+    let again = partition(&one, "8");
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("is not empty"));
+    assert_eq!(labels(&one), labels(&two));
+    for dir in [one, two, other] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
 
 #[test]

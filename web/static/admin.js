@@ -114,6 +114,9 @@ function renderLive(task) {
   $("live-stage").textContent = progress.stage;
   $("live-selected").textContent = progress.selected;
   $("live-received").textContent = `${progress.received} / ${progress.eligible}`;
+  const groups = progress.groups || 1;
+  $("live-groups").textContent =
+    `${groups} of ${Math.round(progress.selected / groups)} (${progress.groups_completed || 0}, ${progress.groups_failed || 0})`;
   $("live-deadline").textContent = seconds(Math.max(0, progress.deadline - now));
   $("live-elapsed").textContent = seconds(now - progress.started_at);
   const closed = new Set(progress.stages.map((s) => s.stage));
@@ -188,6 +191,8 @@ function renderDetail(task, rounds) {
     : "semi-honest: this coordinator is trusted";
   $("detail-variant").className = `value variant-${active ? "active" : "semi-honest"}`;
   $("detail-available").textContent = task.available_clients;
+  $("detail-groups").textContent = secagg.group_size ?? "one group per round";
+  $("detail-leader").textContent = task.leader ?? "—";
   const final = task.status === "stopped" || task.status === "completed";
   $("pause").disabled = final || task.status === "paused";
   $("resume").disabled = final || task.status !== "paused";

@@ -1,9 +1,15 @@
 //! The datasets the command-line tool trains on, by name, and where this
-//! project's setup puts them (the client library only parses formats).
+//! project's setup puts them (the client library only parses formats);
+//! and a client's shard on disk (`images.idx`, `labels.idx`), as
+//! `cohort partition` and `cohort demo` write it and `cohort participate`
+//! reads it.
 
 use std::path::{Path, PathBuf};
 
-use cohort_client::data::{DataError, Dataset, load_mnist_json, load_mnist_like};
+use anyhow::Context;
+use cohort_client::data::{
+    DataError, Dataset, dataset_from_idx, load_mnist_json, load_mnist_like, parse_idx, to_idx,
+};
 
 /// Where Debian's `dataset-fashion-mnist` package installs the data.
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
@@ -45,9 +51,46 @@ pub fn load_dataset(name: &str, dir: Option<&Path>) -> Result<(Dataset, Dataset)
     }
 }
 
+/// Writes `shard` into `dir` (created) as `images.idx` and `labels.idx`.
+pub fn write_shard(dir: &Path, shard: &Dataset) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (images, labels) = to_idx(shard);
+    for (name, bytes) in [("images.idx", images), ("labels.idx", labels)] {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The shard [`write_shard`] wrote into `dir` (ten classes).
+pub fn read_shard(dir: &Path) -> anyhow::Result<Dataset> {
+    let read = |name: &str| -> anyhow::Result<_> {
+        let path = dir.join(name);
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        parse_idx(&bytes).with_context(|| format!("reading {}", path.display()))
+    };
+    dataset_from_idx(read("images.idx")?, read("labels.idx")?, 10)
+        .with_context(|| format!("the shard in {}", dir.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_reads_back_as_written() {
+        let features: Vec<f32> = (0..3 * 16).map(|i| (i % 256) as f32 / 255.0).collect();
+        let shard = Dataset::from_rows(features, 16, vec![3, 9, 0]).unwrap();
+        let dir = std::env::temp_dir().join(format!("cohort-shard-test-{}", std::process::id()));
+        write_shard(&dir, &shard).unwrap();
+        let back = read_shard(&dir).unwrap();
+        assert_eq!(back.labels, shard.labels);
+        assert_eq!(back.features, shard.features);
+        std::fs::write(dir.join("labels.idx"), b"\0\0\x08\x01\0\0\0\x05").unwrap();
+        let error = format!("{:#}", read_shard(&dir).unwrap_err());
+        assert!(error.contains("labels.idx"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_missing_or_unknown_dataset_says_what_to_do() {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use cohort_client::checkpoint;
-use cohort_client::data::{Dataset, to_idx};
+use cohort_client::data::Dataset;
 use cohort_client::model::Model;
 use cohort_client::participant::Method;
 use cohort_client::runtime::http::HttpTransport;
@@ -22,6 +22,7 @@ use cohort_server::spec::{GraphChoice, SecAggSpec, TaskSpec, VariantChoice};
 use serde_json::Value;
 
 use crate::admin::admin;
+use crate::datasets::write_shard;
 use crate::experiment::Experiment;
 use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
@@ -131,11 +132,7 @@ fn run_coordinator_and_clients(
     work: &Path,
 ) -> Result<Vec<RoundRow>> {
     for (k, shard) in experiment.shards.iter().enumerate() {
-        let dir = work.join(format!("shard-{k}"));
-        std::fs::create_dir_all(&dir)?;
-        let (images, labels) = to_idx(shard);
-        std::fs::write(dir.join("images.idx"), images)?;
-        std::fs::write(dir.join("labels.idx"), labels)?;
+        write_shard(&work.join(format!("shard-{k}")), shard)?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let admin_token = new_token();

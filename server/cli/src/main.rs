@@ -1,5 +1,5 @@
 //! `cohort`: the Cohort command-line tool, one module per command
-//! (`serve`, `demo`, `simulate`, `participate`, `bench`) on top of the
+//! (`serve`, `demo`, `simulate`, `participate`, `partition`, `bench`) on top of the
 //! coordinator library (`cohort-server`) and the client library
 //! (`cohort-client`). The pieces the commands share have modules of their
 //! own: the run's flags and experiment (`training`, `experiment`), the
@@ -13,6 +13,7 @@ mod datasets;
 mod demo;
 mod experiment;
 mod participate;
+mod partition;
 mod progress;
 mod results;
 mod secure_mean;
@@ -42,6 +43,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Takes part in a task as one client, training on a local data shard.
     Participate(participate::ParticipateArgs),
+    /// Splits a dataset among N clients, one shard directory each, for
+    /// `participate --shard`.
+    Partition(partition::PartitionArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -57,6 +61,7 @@ fn main() -> Result<()> {
         }
         Command::Simulate(args) => simulate::simulate(&args),
         Command::Participate(args) => participate::participate(&args),
+        Command::Partition(args) => partition::run(&args),
         Command::Serve(args) => {
             init_logging("info");
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow};
 use clap::Args;
-use cohort_client::data::{dataset_from_idx, parse_idx};
 use cohort_client::model::Model;
 use cohort_client::participant::{Participant, ParticipantConfig, RoundOutcome, Stage};
 use cohort_client::runtime::http::HttpTransport;
@@ -14,6 +13,7 @@ use cohort_crypto::policy::Policy;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 
+use crate::datasets::read_shard;
 use crate::experiment::client_trainer;
 use crate::training::LocalArgs;
 
@@ -58,14 +58,15 @@ pub struct ParticipateArgs {
     /// least 5 that withstands 5 % colluding clients.
     #[arg(long)]
     policy: Option<String>,
+    /// Consecutive failed requests (no answer, or a 5xx) before the client
+    /// gives up; the waits between them double up to 10 s, so the default
+    /// rides out about 20 s of outage.
+    #[arg(long, default_value_t = ParticipantConfig::default().max_attempts)]
+    max_attempts: u32,
 }
 
 pub fn participate(args: &ParticipateArgs) -> Result<()> {
-    let read = |name: &str| {
-        let path = args.shard.join(name);
-        std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
-    };
-    let data = dataset_from_idx(parse_idx(&read("images.idx")?)?, parse_idx(&read("labels.idx")?)?, 10)?;
+    let data = read_shard(&args.shard)?;
     let model = Model::by_name(&args.model, data.features.ncols(), data.classes)
         .ok_or_else(|| anyhow!("unknown model {}", args.model))?;
     let train = args.local.config();
@@ -84,7 +85,8 @@ pub fn participate(args: &ParticipateArgs) -> Result<()> {
         Some(json) => serde_json::from_str::<Policy>(json).context("--policy")?,
         None => Policy::default(),
     };
-    let config = ParticipantConfig { policy, ..ParticipantConfig::default() };
+    let config =
+        ParticipantConfig { policy, max_attempts: args.max_attempts, ..ParticipantConfig::default() };
     let participant = match args.state.as_deref().map(load_state).transpose()?.flatten() {
         Some(saved) if saved.task_id == args.task => Participant::resume(saved, Some(&token), config),
         _ => Participant::enroll(&args.task, &token, config),

@@ -36,19 +36,19 @@ pub(crate) fn write_results(
         "config": {
             "aggregation": mode,
             "dataset": training.dataset,
-            "partition": format!("{:?}", training.partition),
+            "partition": training.partition.to_string(),
             "model": training.model,
             "clients": training.clients,
             "rounds": training.rounds,
             "epochs": training.local.epochs,
             "batch_size": training.local.batch_size,
-            "lr": training.local.lr,
-            "momentum": training.local.momentum,
-            "prox_mu": training.local.prox_mu,
+            "lr": decimal(training.local.lr),
+            "momentum": decimal(training.local.momentum),
+            "prox_mu": decimal(training.local.prox_mu),
             "dropout": training.dropout,
             "bits": training.bits,
             "rotate": training.rotate,
-            "clip": training.clip,
+            "clip": decimal(training.clip),
             "seed": training.seed(),
         },
         "rounds": rows,
@@ -65,4 +65,22 @@ pub(crate) fn write_results(
     }
     println!("Wrote {} and {}", json_path.display(), png_path.display());
     Ok(())
+}
+
+/// An `f32` flag as the user wrote it (0.05, not 0.05000000074505806):
+/// its shortest decimal form, read as the JSON number.
+fn decimal(value: f32) -> f64 {
+    value.to_string().parse().unwrap_or(f64::from(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_recorded_as_written() {
+        assert_eq!(json!(decimal(0.05)).to_string(), "0.05");
+        assert_eq!(json!(decimal(1.0)).to_string(), "1.0");
+        assert_eq!(json!(decimal(3e-4)).to_string(), "0.0003");
+    }
 }

@@ -27,8 +27,8 @@ pub struct ServeArgs {
     /// max_message_bytes, credential_ttl_days, tls_cert, tls_key,
     /// web_assets, demo, max_connections, header_timeout_ms,
     /// idle_timeout_ms, body_min_rate, body_grace_ms, shutdown_grace_ms,
-    /// rate_limits, max_total_parameters; see the README). Flags take
-    /// precedence.
+    /// rate_limits, max_total_parameters, public_url; see the README).
+    /// Flags take precedence.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Serve HTTPS with this PEM certificate chain (leaf first)...
@@ -45,6 +45,11 @@ pub struct ServeArgs {
     /// (its enrollment token is served to anyone who opens the page).
     #[arg(long)]
     demo: bool,
+    /// Where the other replicas sharing the database reach this one
+    /// (`http://host:port`; default: http:// and the bound address). Set it
+    /// when binding an unspecified address such as 0.0.0.0.
+    #[arg(long)]
+    public_url: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -67,6 +72,7 @@ struct FileConfig {
     shutdown_grace_ms: Option<u64>,
     rate_limits: Option<RateLimits>,
     max_total_parameters: Option<usize>,
+    public_url: Option<String>,
 }
 
 impl FileConfig {
@@ -137,10 +143,16 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         connections,
         rate_limits: file.rate_limits.unwrap_or_default(),
         max_total_parameters: file.max_total_parameters.unwrap_or(defaults.max_total_parameters),
+        public_url: args.public_url.or(file.public_url),
         ..defaults
     })
     .await?;
-    tracing::info!(address = %service.address, database = %redact(&database_url), "coordinator listening");
+    tracing::info!(
+        address = %service.address,
+        database = %redact(&database_url),
+        replica = %service.coordinator.replica().url,
+        "coordinator listening"
+    );
     println!("cohort serve: listening on {}", service.url());
     println!("cohort serve: dashboard at {}/admin", service.url());
     if demo {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cohort_client::api::ErrorCode;
 use serde::{Deserialize, Serialize};
@@ -17,7 +17,7 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{Admin, RawBody, TaskId, is_valid_id};
 use super::ratelimit::Rate;
 use super::state::AppState;
-use crate::round::coordinator::{Coordinator, CoordinatorError, LiveState, now_ms};
+use crate::round::coordinator::{Coordinator, CoordinatorError, LiveState, Whereabouts, now_ms};
 use crate::round::{TaskEngine, TaskError};
 use crate::spec::{TaskSpec, VariantChoice};
 use crate::store::{EnrollmentTokenRecord, RoundRecord, SqlStore, Store, TaskRecord, TaskStatus};
@@ -48,7 +48,16 @@ pub(super) async fn create_task(
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string()))?;
     let _creating = state.creating.lock().await;
     let requested = spec.model.layout.len();
-    let loaded = state.coordinator.loaded_parameters().await?;
+    // Counted from the store: the tasks of every replica sharing it.
+    let loaded: usize = state
+        .store
+        .tasks()
+        .await?
+        .iter()
+        .filter(|task| !task.status.is_final())
+        .filter_map(|task| serde_json::from_str::<TaskSpec>(&task.spec).ok())
+        .map(|spec| spec.model.layout.len())
+        .sum();
     if loaded.saturating_add(requested) > state.config.max_total_parameters {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -246,6 +255,10 @@ pub struct TaskView {
     pub created_at: i64,
     /// The specification.
     pub spec: serde_json::Value,
+    /// The URL of the replica that leads the task's rounds (none when the
+    /// task is finished or between leaders).
+    #[serde(default)]
+    pub leader: Option<String>,
 }
 
 async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
@@ -267,6 +280,11 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
         },
         Err(e) => return Err(e.into()),
     };
+    let leader = match state.coordinator.whereabouts(&task.id) {
+        Whereabouts::Here => Some(state.coordinator.replica().url.clone()),
+        Whereabouts::At(url) => Some(url),
+        Whereabouts::Nowhere => None,
+    };
     Ok(TaskView {
         id: task.id,
         name: task.name,
@@ -279,12 +297,27 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
         available_clients: live.available_clients,
         created_at: task.created_at,
         spec,
+        leader,
     })
 }
 
-pub(super) async fn list_tasks(_: Admin, State(state): State<AppState>) -> ApiResult<Json<Vec<TaskView>>> {
+/// Every task; a task another replica leads is shown as that replica
+/// sees it (its live round), or from the store if it does not answer.
+pub(super) async fn list_tasks(
+    _: Admin,
+    headers: HeaderMap,
+    State(state): State<AppState>,
+) -> ApiResult<Json<Vec<TaskView>>> {
     let mut views = Vec::new();
     for task in state.store.tasks().await? {
+        if let Whereabouts::At(url) = state.coordinator.whereabouts(&task.id) {
+            let path = format!("/admin/tasks/{}", task.id);
+            let authorization = headers.get(header::AUTHORIZATION);
+            if let Some(remote) = state.forwarder.get_json::<TaskView>(&url, &path, authorization).await {
+                views.push(remote);
+                continue;
+            }
+        }
         views.push(view(&state, task).await?);
     }
     Ok(Json(views))

@@ -30,6 +30,13 @@ impl ApiError {
     }
 
     /// A `429`: the caller should wait `wait`.
+    /// Tells the client to retry after `wait` (`Retry-After` and
+    /// `retry_after_ms`).
+    pub(super) fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
+    }
+
     pub(super) fn rate_limited(wait: Duration) -> Self {
         let message = format!("too many requests; retry in {} ms", wait.as_millis().max(1));
         Self {

@@ -20,7 +20,18 @@ use crate::round::coordinator::now_ms;
 use crate::store::{ParticipantRecord, Store, StoreError};
 
 pub(super) fn bearer(parts: &Parts) -> Option<&str> {
-    parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")
+    bearer_of(&parts.headers)
+}
+
+/// The bearer token of an `Authorization` header.
+pub(super) fn bearer_of(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")
+}
+
+/// The address the listener recorded for a request's connection, from the
+/// request's extensions.
+pub(super) fn peer_of(extensions: &axum::http::Extensions) -> Option<IpAddr> {
+    extensions.get::<ConnectInfo<SocketAddr>>().map(|info| info.0.ip())
 }
 
 /// The caller holds the admin token.
@@ -56,10 +67,20 @@ impl FromRequestParts<AppState> for Authenticated {
             )
         };
         let token = bearer(parts).ok_or_else(unauthorized)?;
-        let participant = match state.store.participant_by_credential(&token_hash(token)).await {
-            Ok(p) => p,
-            Err(StoreError::NotFound(_)) => return Err(unauthorized()),
-            Err(e) => return Err(e.into()),
+        let hash = token_hash(token);
+        // Looked up already by the routing to the task's replica.
+        let known = parts.extensions.remove::<super::forward::KnownParticipant>();
+        let participant = match known {
+            Some(super::forward::KnownParticipant { credential_hash, participant })
+                if credential_hash == hash =>
+            {
+                participant
+            }
+            _ => match state.store.participant_by_credential(&hash).await {
+                Ok(p) => p,
+                Err(StoreError::NotFound(_)) => return Err(unauthorized()),
+                Err(e) => return Err(e.into()),
+            },
         };
         if participant.expires_at <= now_ms() {
             return Err(ApiError::new(
@@ -165,14 +186,16 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskId {
     }
 }
 
-/// The network address of the caller, where the listener recorded it.
+/// The network address of the caller, where the listener recorded it, or
+/// the one a forwarding replica vouched for ([`super::forward`]).
 pub struct PeerAddress(pub Option<IpAddr>);
 
-impl<S: Send + Sync> FromRequestParts<S> for PeerAddress {
+impl FromRequestParts<AppState> for PeerAddress {
     type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(PeerAddress(parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|info| info.0.ip())))
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let connection = peer_of(&parts.extensions);
+        Ok(PeerAddress(state.forwarder.client_address(&parts.headers).or(connection)))
     }
 }
 

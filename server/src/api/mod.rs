@@ -27,13 +27,15 @@
 //! * `admin`, `client`: the two APIs' handlers; [`pages`]: the dashboard
 //!   and demo pages and the browser client's files; [`openapi`];
 //! * [`auth`] (tokens and their hashes), [`ratelimit`], [`listener`] (the
-//!   connections: timeouts, the cap, TLS).
+//!   connections: timeouts, the cap, TLS), [`forward`] (requests about a
+//!   task that another replica leads).
 
 pub mod admin;
 pub mod auth;
 pub mod client;
 pub mod error;
 pub mod extract;
+pub mod forward;
 pub mod listener;
 pub mod openapi;
 pub mod pages;
@@ -77,6 +79,8 @@ const DATABASE_RETRY: Duration = Duration::from_secs(5);
 
 /// Builds the router.
 pub fn app(state: AppState) -> Router {
+    // Requests about a task go to the replica that leads it.
+    let to_leader = axum::middleware::from_fn_with_state(state.clone(), forward::route);
     let admin = Router::new()
         .route("/admin/tasks", post(create_task).get(list_tasks))
         .route("/admin/tasks/{id}", get(get_task))
@@ -87,6 +91,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/tasks/{id}/checkpoints/{round}", get(get_checkpoint))
         .route("/admin/tasks/{id}/tokens", post(create_token).get(list_tokens))
         .route("/admin/tasks/{id}/tokens/{token}/revoke", post(revoke_token))
+        .route_layer(to_leader.clone())
         .layer(DefaultBodyLimit::max(JSON_LIMIT));
     // The client API's JSON bodies are small; enrollment's is read before
     // its token is checked, so it gets the small limit too.
@@ -95,10 +100,13 @@ pub fn app(state: AppState) -> Router {
         .route(routes::CHECK_IN, post(check_in))
         .route(routes::MODEL, get(model))
         .route(routes::METRICS, post(report_metrics))
+        .route_layer(to_leader.clone())
         .layer(DefaultBodyLimit::max(CLIENT_JSON_LIMIT));
     // Stage messages are read by the handler itself, after the admission
     // check, within the round's own limit.
-    let messages = Router::new().route(routes::ROUND_MESSAGE, get(fetch_message).post(post_message));
+    let messages = Router::new()
+        .route(routes::ROUND_MESSAGE, get(fetch_message).post(post_message))
+        .route_layer(to_leader);
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))

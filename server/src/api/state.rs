@@ -44,6 +44,8 @@ pub struct AppState {
     /// Held while a task is created, so that the parameter cap holds
     /// against concurrent creations.
     pub creating: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Passes requests for tasks that other replicas lead on to them.
+    pub forwarder: super::forward::Forwarder,
 }
 
 /// The public demo task: its id and its (deliberately public) enrollment

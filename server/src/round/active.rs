@@ -1,97 +1,171 @@
-//! The round in progress: selecting its clients, its state, and the
-//! deadlines of its stages.
+//! The round in progress: selecting its clients, splitting them into
+//! secure-aggregation groups, each group's state, and the deadlines of
+//! its stages.
+//!
+//! A round of n selected clients runs as [`Groups::count`] independent
+//! protocol instances of [`Groups::size`] clients each (Bonawitz et al.,
+//! "Towards Federated Learning at Scale", SysML 2019): every group has its
+//! own session, roster, client ids, threshold and deadlines, is unmasked
+//! on its own, and only a group's sum, of at least its threshold of
+//! clients, is ever unmasked. The round adds the sums of the groups that
+//! completed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use cohort_crypto::policy::TaskSecurity;
+use cohort_crypto::quantize::WeightedMean;
 use cohort_crypto::{ClientId, Quantizer, ServerRound, Stage, Variant};
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 
 use super::builder::{BuiltRound, RoundBuilder};
-use super::records::RoundMetrics;
-use crate::spec::TaskSpec;
+use super::records::{GroupMetrics, RoundMetrics, StageMetrics};
+use crate::spec::{Groups, TaskSpec};
 
-/// Where the round in progress is.
+/// Where one group of the round in progress is.
 #[allow(clippy::large_enum_variant)] // Collecting is the state nearly always; no box per stage.
-pub(super) enum RoundState {
+pub(super) enum GroupState {
     /// A stage is collecting client messages.
     Collecting(ServerRound),
     /// The final stage closed with a quorum; its server state is with the
     /// [`PendingUnmask`](super::completion::PendingUnmask) off the runtime.
     Unmasking,
+    /// Unmasked and decoded: the group's part of the round's sum.
+    Done(GroupSum),
+    /// Given up in this stage: too few clients, or its unmasking failed.
+    /// Nothing of the group is in the round's sum.
+    Failed(Stage),
 }
 
-impl RoundState {
-    /// The protocol state of the collecting stage.
-    pub(super) fn collecting(&self) -> Option<&ServerRound> {
-        match self {
-            RoundState::Collecting(server) => Some(server),
-            RoundState::Unmasking => None,
+/// What a completed group contributes: the decoded sum of its survivors'
+/// inputs (never one client's), their number, and the revealed shares that
+/// did not match their owner's commitment as (owner, holder) participants.
+pub(super) struct GroupSum {
+    pub(super) mean: WeightedMean,
+    pub(super) survivors: u32,
+    pub(super) faulty_shares: Vec<(String, String)>,
+}
+
+/// One secure-aggregation instance of the round.
+pub(super) struct Group {
+    pub(super) session: [u8; 16],
+    pub(super) stage_started_at: i64,
+    pub(super) deadline: i64,
+    /// Participants in client-id order (id = position + 1).
+    pub(super) roster: Vec<String>,
+    pub(super) state: GroupState,
+    pub(super) stages: Vec<StageMetrics>,
+    /// This group's quantizer (its transform seed is the group's).
+    pub(super) quantizer: Quantizer,
+    pub(super) bytes_up: u64,
+    pub(super) bytes_down: u64,
+}
+
+impl Group {
+    /// The stage the group is in (`Finished` once done or failed).
+    pub(super) fn stage(&self) -> Stage {
+        match &self.state {
+            GroupState::Collecting(server) => server.stage(),
+            GroupState::Unmasking => Stage::Unmasking,
+            GroupState::Done(_) | GroupState::Failed(_) => Stage::Finished,
         }
     }
 
-    /// The stage the round is in.
-    pub(super) fn stage(&self) -> Stage {
-        match self {
-            RoundState::Collecting(server) => server.stage(),
-            RoundState::Unmasking => Stage::Unmasking,
-        }
+    /// Whether the group is done or failed.
+    pub(super) fn is_settled(&self) -> bool {
+        matches!(self.state, GroupState::Done(_) | GroupState::Failed(_))
+    }
+
+    /// The participant with client id `id` in this group.
+    pub(super) fn name(&self, id: ClientId) -> Option<&String> {
+        self.roster.get(id.get() as usize - 1)
+    }
+
+    /// Closes the collecting stage's record at `now`.
+    pub(super) fn close_stage(&mut self, server: &ServerRound, now: i64) {
+        self.stages.push(StageMetrics {
+            stage: server.stage(),
+            eligible: server.eligible().len(),
+            received: server.received(),
+            dropouts: server.eligible().len() - server.received(),
+            duration_ms: now - self.stage_started_at,
+        });
+        self.stage_started_at = now;
+    }
+
+    fn metrics(&self) -> GroupMetrics {
+        let (survivors, failed_at) = match &self.state {
+            GroupState::Done(sum) => (sum.survivors, None),
+            GroupState::Failed(stage) => (0, Some(*stage)),
+            _ => (0, None),
+        };
+        GroupMetrics { selected: self.roster.len(), survivors, failed_at }
     }
 }
 
 /// The round in progress.
 pub(super) struct ActiveRound {
     pub(super) number: u64,
-    pub(super) session: [u8; 16],
     pub(super) started_at: i64,
-    pub(super) stage_started_at: i64,
-    pub(super) deadline: i64,
-    pub(super) roster: Vec<String>,
-    pub(super) ids: HashMap<String, ClientId>,
-    pub(super) state: RoundState,
+    /// Each selected participant's group and client id in it.
+    pub(super) members: HashMap<String, (usize, ClientId)>,
+    pub(super) groups: Vec<Group>,
+    /// What every group shares (attempt, degree, threshold, ring).
     pub(super) metrics: RoundMetrics,
-    /// This round's quantizer (its transform seed is the round's).
-    pub(super) quantizer: Quantizer,
-    pub(super) bytes_up: u64,
-    pub(super) bytes_down: u64,
+    /// Every group settled and the round's completion was handed out.
+    pub(super) finishing: bool,
 }
 
 impl ActiveRound {
-    /// Opens round `number` (its `attempt`) for the `selected` clients, in
-    /// roster order, with fresh session and transform seeds; `None` when
-    /// the task's parameters make no valid round.
+    /// Opens round `number` (its `attempt`) for the `selected` clients in
+    /// `groups` of consecutive ones, each with fresh session and transform
+    /// seeds; `None` when the task's parameters make no valid round.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn open(
         number: u64,
         attempt: u32,
         selected: Vec<(String, Option<[u8; 32]>)>,
+        groups: Groups,
         spec: &TaskSpec,
         security: &TaskSecurity,
         rng: &mut ChaCha20Rng,
         now: i64,
     ) -> Option<Self> {
-        let n = selected.len() as u32;
-        let identities = match security.variant {
-            Variant::Active => selected.iter().filter_map(|(_, identity)| *identity).collect(),
-            Variant::SemiHonest => Vec::new(),
-        };
-        let roster: Vec<String> = selected.into_iter().map(|(id, _)| id).collect();
-        let BuiltRound { config, quantizer } =
-            RoundBuilder::for_task(spec, security).build(number, n, identities, rng).ok()?;
-        let (session, modulus_bits) = (config.session, config.modulus_bits);
-        let server = ServerRound::new(config).ok()?;
-        let ids =
-            roster.iter().enumerate().filter_map(|(i, p)| Some((p.clone(), ClientId::new(i as u32 + 1)?)));
+        let builder = RoundBuilder::for_task(spec, security);
+        let mut members = HashMap::with_capacity(selected.len());
+        let mut opened = Vec::with_capacity(groups.count as usize);
+        let mut modulus_bits = 0;
+        for (index, chunk) in selected.chunks(groups.size as usize).enumerate() {
+            let n = chunk.len() as u32;
+            let identities = match security.variant {
+                Variant::Active => chunk.iter().filter_map(|(_, identity)| *identity).collect(),
+                Variant::SemiHonest => Vec::new(),
+            };
+            let BuiltRound { config, quantizer } = builder.build(number, n, identities, rng).ok()?;
+            let session = config.session;
+            modulus_bits = config.modulus_bits;
+            let server = ServerRound::new(config).ok()?;
+            let roster: Vec<String> = chunk.iter().map(|(id, _)| id.clone()).collect();
+            for (i, participant) in roster.iter().enumerate() {
+                members.insert(participant.clone(), (index, ClientId::new(i as u32 + 1)?));
+            }
+            opened.push(Group {
+                session,
+                stage_started_at: now,
+                deadline: now + deadline_for(spec, Stage::AdvertiseKeys),
+                roster,
+                state: GroupState::Collecting(server),
+                stages: Vec::new(),
+                quantizer,
+                bytes_up: 0,
+                bytes_down: 0,
+            });
+        }
         Some(Self {
             number,
-            session,
             started_at: now,
-            stage_started_at: now,
-            deadline: now + deadline_for(spec, Stage::AdvertiseKeys),
-            ids: ids.collect(),
-            roster,
-            state: RoundState::Collecting(server),
-            quantizer,
+            members,
+            groups: opened,
             metrics: RoundMetrics {
                 modulus_bits,
                 attempt,
@@ -99,9 +173,47 @@ impl ActiveRound {
                 threshold: security.threshold,
                 ..RoundMetrics::default()
             },
-            bytes_up: 0,
-            bytes_down: 0,
+            finishing: false,
         })
+    }
+
+    /// Clients selected, over every group.
+    pub(super) fn selected(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The round's stage: the earliest of its unsettled groups'
+    /// (`Unmasking` once all are settled and the round is being stored).
+    pub(super) fn stage(&self) -> Stage {
+        self.groups.iter().filter(|g| !g.is_settled()).map(Group::stage).min().unwrap_or(Stage::Unmasking)
+    }
+
+    /// Every group's closed stages, added up per stage: clients summed,
+    /// the longest duration.
+    pub(super) fn stages(&self) -> Vec<StageMetrics> {
+        let mut merged: BTreeMap<Stage, StageMetrics> = BTreeMap::new();
+        for record in self.groups.iter().flat_map(|g| &g.stages) {
+            merged
+                .entry(record.stage)
+                .and_modify(|m| {
+                    m.eligible += record.eligible;
+                    m.received += record.received;
+                    m.dropouts += record.dropouts;
+                    m.duration_ms = m.duration_ms.max(record.duration_ms);
+                })
+                .or_insert_with(|| record.clone());
+        }
+        merged.into_values().collect()
+    }
+
+    /// Each group's size, survivors and where it failed.
+    pub(super) fn group_metrics(&self) -> Vec<GroupMetrics> {
+        self.groups.iter().map(Group::metrics).collect()
+    }
+
+    /// Bytes received from and sent to clients, over every group.
+    pub(super) fn bytes(&self) -> (u64, u64) {
+        self.groups.iter().fold((0, 0), |(up, down), g| (up + g.bytes_up, down + g.bytes_down))
     }
 }
 

@@ -1,5 +1,5 @@
-//! The end of a round: the final stage unmasked off the runtime, and the
-//! aggregate turned into the next model and its records.
+//! The end of a round: each group's final stage unmasked off the runtime,
+//! and the groups' sums turned into the next model and its records.
 
 use std::collections::BTreeMap;
 
@@ -10,12 +10,14 @@ use crate::checkpoint::{self, ModelLayout};
 use crate::optimizer::OptimizerState;
 use crate::store::{CheckpointRecord, RoundRecord};
 
-/// The final stage, to be unmasked off the async runtime.
+/// A group's final stage, to be unmasked off the async runtime.
 pub struct PendingUnmask {
     /// Task the round belongs to.
     pub task_id: String,
     /// Round number.
     pub round: u64,
+    /// The group of the round (see [`super::TaskEngine::unmasked`]).
+    pub group: usize,
     pub(super) server: ServerRound,
 }
 
@@ -63,7 +65,11 @@ impl Completion {
 
 impl core::fmt::Debug for PendingUnmask {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("PendingUnmask").field("task_id", &self.task_id).field("round", &self.round).finish()
+        f.debug_struct("PendingUnmask")
+            .field("task_id", &self.task_id)
+            .field("round", &self.round)
+            .field("group", &self.group)
+            .finish()
     }
 }
 

@@ -1,27 +1,83 @@
-//! The coordinator actor: the single owner of every task's round state.
+//! The coordinator actor: the single owner of the round state of every
+//! task this process leads.
 //!
 //! HTTP handlers send requests over a bounded channel and await the reply
 //! on a oneshot; a timer ticks every engine so stages close at their
 //! deadlines; unmasking runs on the blocking thread pool and reports back
 //! through the same channel. Completed rounds are written to the store
 //! before the engine adopts them.
+//!
+//! Several processes (replicas) may share one database. Each task's rounds
+//! are led by one of them, which holds the task's lease in the store
+//! (`task_leases`): every [`LEASE_TICK`] a replica beats its heart,
+//! renews the leases it holds, drops the tasks whose lease it lost, and
+//! takes unheld ones up to its fair share (the unfinished tasks over the
+//! live replicas). A lease lapses [`LEASE_TTL_MS`] after its last renewal,
+//! so a replica that dies, or is cut off from the database, hands its
+//! tasks on within seconds; one cut off stops leading them before its
+//! leases can lapse. [`Coordinator::whereabouts`] tells the API which
+//! replica to forward a task's requests to. On SQLite one process holds
+//! the database (its file is locked) and so every task: it takes the
+//! leases once at start and never renews them.
 
 use cohort_crypto::policy::TaskSecurity;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cohort_crypto::{Aggregate, ProtocolError, Stage};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
-use crate::round::{CheckIn, EngineError, Poll, RoundProgress, TaskEngine, TaskError, TickOutcome};
+use crate::round::{
+    CheckIn, Completion, EngineError, Poll, RoundProgress, TaskEngine, TaskError, TickOutcome,
+};
 use crate::spec::TaskSpec;
-use crate::store::{SqlStore, Store, StoreError, TaskStatus};
+use crate::store::{ReplicaRecord, SqlStore, Store, StoreError, TaskStatus};
 
 /// Requests waiting for the actor at most.
 const QUEUE: usize = 1024;
 /// How often stage deadlines are checked.
 const TICK: Duration = Duration::from_millis(100);
+/// How often a replica beats its heart and renews its leases.
+pub const LEASE_TICK: Duration = Duration::from_secs(1);
+/// How long a lease holds after its renewal.
+pub const LEASE_TTL_MS: i64 = 5_000;
+/// A replica that could not renew its leases for this long drops its
+/// tasks: two seconds before the leases lapse and another replica may take
+/// them.
+pub const RENEWAL_MARGIN_MS: i64 = 3_000;
+
+/// This process as the other replicas sharing the database see it.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    /// Random, fresh per process.
+    pub id: String,
+    /// Where the other replicas reach this one (`http://host:port`).
+    pub url: String,
+    /// Start time (Unix ms).
+    pub started_at: i64,
+}
+
+/// Which replica leads a task's rounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Whereabouts {
+    /// This one.
+    Here,
+    /// The replica at this URL.
+    At(String),
+    /// None at the moment (the task is finished, or its lease is between
+    /// holders).
+    Nowhere,
+}
+
+/// The tasks this replica leads, and the leaders of the others, as of the
+/// last lease tick: read by the API on every task request.
+#[derive(Debug, Default)]
+struct Routes {
+    here: HashSet<String>,
+    elsewhere: HashMap<String, String>,
+}
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
@@ -111,9 +167,6 @@ enum Request {
         round: u64,
         reply: oneshot::Sender<Result<(), CoordinatorError>>,
     },
-    LoadedParameters {
-        reply: oneshot::Sender<Result<usize, CoordinatorError>>,
-    },
     Security {
         task: String,
         reply: oneshot::Sender<Result<TaskSecurity, CoordinatorError>>,
@@ -121,32 +174,110 @@ enum Request {
     Unmasked {
         task: String,
         round: u64,
+        group: usize,
         result: Result<Aggregate, ProtocolError>,
     },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+    /// From the lease keeper.
+    Lease(LeaseEvent),
+}
+
+/// What the lease keeper tells the actor.
+enum LeaseEvent {
+    /// Lead this task, loaded from the store after its lease was taken.
+    Adopt { id: String, engine: Box<TaskEngine> },
+    /// Stop leading this task.
+    Drop { id: String, why: &'static str },
+    /// Stop leading every task.
+    DropAll { why: &'static str },
 }
 
 /// A handle to the coordinator actor; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Coordinator {
     tx: mpsc::Sender<Request>,
+    routes: Arc<RwLock<Routes>>,
+    replica: Arc<Replica>,
+    /// The lease keeper (PostgreSQL only).
+    keeper: Option<tokio::task::AbortHandle>,
 }
 
 impl Coordinator {
-    /// Loads every unfinished task from the store and starts the actor.
-    /// Rounds that were in flight when the process stopped are not
-    /// resumed: their tasks restart from the last completed round.
-    pub async fn start(store: SqlStore, metrics: Metrics) -> Result<Self, CoordinatorError> {
-        let mut engines = HashMap::new();
-        for task in store.tasks().await? {
-            if task.status.is_final() {
-                continue;
-            }
-            engines.insert(task.id.clone(), load(&store, &task.id).await?);
-        }
+    /// Registers `replica`, takes the leases of the unfinished tasks it
+    /// can (all of them when it is the only replica), loads them from the
+    /// store and starts the actor. Rounds that were in flight when their
+    /// leader stopped are not resumed: their tasks restart from the last
+    /// completed round.
+    pub async fn start(
+        store: SqlStore,
+        metrics: Metrics,
+        replica: Replica,
+    ) -> Result<Self, CoordinatorError> {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let actor = Actor { store, engines, metrics, tx: tx.clone() };
+        let routes = Arc::new(RwLock::new(Routes::default()));
+        let replica = Arc::new(replica);
+        let mut actor = Actor {
+            store: store.clone(),
+            engines: HashMap::new(),
+            metrics,
+            tx: tx.clone(),
+            routes: routes.clone(),
+            replica: replica.clone(),
+        };
+        let mut keeper = LeaseKeeper {
+            store,
+            replica: replica.clone(),
+            routes: routes.clone(),
+            held: HashMap::new(),
+            renewed_at: now_ms(),
+        };
+        keeper.store.register_replica(&keeper.record(now_ms())).await?;
+        // The first renewal before anything is served: a lone replica
+        // leads every unfinished task from its first request on.
+        for event in keeper.renew(now_ms()).await? {
+            actor.apply(event);
+        }
         tokio::spawn(actor.run(rx));
-        Ok(Self { tx })
+        // On SQLite this process holds the database file's lock: no other
+        // replica can start, so nothing can take a lease over, and the
+        // first renewal's leases are kept without renewing them (the
+        // keeper would only queue for the one connection under load).
+        let keeper = match keeper.store.backend() {
+            crate::store::Backend::Postgres => Some(tokio::spawn(keeper.run(tx.clone())).abort_handle()),
+            crate::store::Backend::Sqlite => None,
+        };
+        Ok(Self { tx, routes, replica, keeper })
+    }
+
+    /// This replica.
+    pub fn replica(&self) -> &Replica {
+        &self.replica
+    }
+
+    /// Which replica leads `task`, as of the last lease tick.
+    pub fn whereabouts(&self, task: &str) -> Whereabouts {
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if routes.here.contains(task) {
+            Whereabouts::Here
+        } else if let Some(url) = routes.elsewhere.get(task) {
+            Whereabouts::At(url.clone())
+        } else {
+            Whereabouts::Nowhere
+        }
+    }
+
+    /// Gives up every lease and stops the actor, so that the other
+    /// replicas take the tasks over at once.
+    pub async fn shutdown(&self) {
+        if let Some(keeper) = &self.keeper {
+            keeper.abort();
+        }
+        let (reply, done) = oneshot::channel();
+        if self.tx.send(Request::Shutdown { reply }).await.is_ok() {
+            let _ = done.await;
+        }
     }
 
     async fn ask<T>(
@@ -228,11 +359,6 @@ impl Coordinator {
         .await
     }
 
-    /// Model parameters over every loaded (unfinished) task.
-    pub async fn loaded_parameters(&self) -> Result<usize, CoordinatorError> {
-        self.ask(|reply| Request::LoadedParameters { reply }).await
-    }
-
     /// The security parameters of a loaded task's rounds (see
     /// [`TaskEngine::security`]), derived when the task was loaded.
     pub async fn security(&self, task: &str) -> Result<TaskSecurity, CoordinatorError> {
@@ -242,6 +368,140 @@ impl Coordinator {
     /// The current global model (round, safetensors bytes).
     pub async fn model(&self, task: &str) -> Result<(u64, Vec<u8>), CoordinatorError> {
         self.ask(|reply| Request::Model { task: task.into(), reply }).await
+    }
+}
+
+/// Keeps this replica's leases, beside the actor so that the database's
+/// answers (or its silence) never hold requests up: every [`LEASE_TICK`]
+/// it beats the replica's heart, renews the leases held, takes unheld
+/// tasks up to a fair share (loading them from the store), and tells the
+/// actor what to lead and what to drop.
+struct LeaseKeeper {
+    store: SqlStore,
+    replica: Arc<Replica>,
+    routes: Arc<RwLock<Routes>>,
+    /// The generation of each lease held.
+    held: HashMap<String, i64>,
+    /// When the leases were last renewed.
+    renewed_at: i64,
+}
+
+impl LeaseKeeper {
+    fn record(&self, now: i64) -> ReplicaRecord {
+        ReplicaRecord {
+            id: self.replica.id.clone(),
+            url: self.replica.url.clone(),
+            started_at: self.replica.started_at,
+            heartbeat_at: now,
+        }
+    }
+
+    async fn run(mut self, tx: mpsc::Sender<Request>) {
+        let mut ticker = tokio::time::interval(LEASE_TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            for event in self.tick().await {
+                if tx.send(Request::Lease(event)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One renewal. The leases must be renewed within
+    /// [`RENEWAL_MARGIN_MS`] of the last renewal, or every task is dropped:
+    /// a replica that cannot reach the database stops leading before its
+    /// leases can lapse (at [`LEASE_TTL_MS`]), so that two replicas never
+    /// lead one task.
+    async fn tick(&mut self) -> Vec<LeaseEvent> {
+        let now = now_ms();
+        let budget = (self.renewed_at + RENEWAL_MARGIN_MS - now).max(100);
+        match tokio::time::timeout(Duration::from_millis(budget as u64), self.renew(now)).await {
+            Ok(Ok(events)) => {
+                self.renewed_at = now;
+                events
+            }
+            failed => {
+                match failed {
+                    Ok(Err(error)) => tracing::warn!(%error, "could not renew the task leases"),
+                    _ => tracing::warn!("the database did not answer the lease renewal in time"),
+                }
+                if now_ms() - self.renewed_at >= RENEWAL_MARGIN_MS && !self.held.is_empty() {
+                    self.held.clear();
+                    vec![LeaseEvent::DropAll {
+                        why: "the leases could not be renewed in time (the database cannot be reached)",
+                    }]
+                } else {
+                    Vec::new()
+                }
+            }
+        }
+    }
+
+    async fn renew(&mut self, now: i64) -> Result<Vec<LeaseEvent>, CoordinatorError> {
+        let until = now + LEASE_TTL_MS;
+        let mut events = Vec::new();
+        self.store.heartbeat(&self.record(now)).await?;
+        let tasks = self.store.tasks().await?;
+        let unfinished: HashSet<String> =
+            tasks.iter().filter(|t| !t.status.is_final()).map(|t| t.id.clone()).collect();
+        // The tasks the actor took itself (created here) are held too.
+        let here = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner).here.clone();
+        let mut renewing: Vec<String> = self.held.keys().cloned().collect();
+        renewing.extend(here.into_iter().filter(|id| !self.held.contains_key(id)));
+        // Renew what is held; drop what was lost or finished.
+        for id in renewing {
+            let generation = if unfinished.contains(&id) {
+                self.store.acquire_lease(&id, &self.replica.id, now, until).await?
+            } else {
+                None
+            };
+            match (generation, self.held.get(&id).copied()) {
+                (Some(renewed), Some(before)) if renewed == before => {}
+                (Some(renewed), None) => {
+                    self.held.insert(id, renewed);
+                }
+                _ => {
+                    self.held.remove(&id);
+                    events.push(LeaseEvent::Drop { id, why: "its lease was lost or the task finished" });
+                }
+            }
+        }
+        // Take unheld tasks up to a fair share of them.
+        let live = self.store.replicas(now - LEASE_TTL_MS).await?.len().max(1);
+        let fair = unfinished.len().div_ceil(live);
+        let holders: HashMap<String, String> =
+            self.store.leases(now).await?.into_iter().map(|(task, holder)| (task, holder.url)).collect();
+        let mut free: Vec<&String> = unfinished
+            .iter()
+            .filter(|id| !self.held.contains_key(*id) && !holders.contains_key(*id))
+            .collect();
+        free.sort();
+        for id in free {
+            if self.held.len() >= fair {
+                break;
+            }
+            let Some(generation) = self.store.acquire_lease(id, &self.replica.id, now, until).await? else {
+                continue;
+            };
+            match load(&self.store, id).await {
+                Ok(engine) => {
+                    self.held.insert(id.clone(), generation);
+                    events.push(LeaseEvent::Adopt { id: id.clone(), engine: Box::new(engine) });
+                }
+                Err(error) => {
+                    tracing::error!(task = %id, %error, "could not load the task; leaving it to another replica");
+                    let _ = self.store.release_lease(id, &self.replica.id).await;
+                }
+            }
+        }
+        let mut routes = self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        routes.elsewhere = holders
+            .into_iter()
+            .filter(|(task, url)| !self.held.contains_key(task) && *url != self.replica.url)
+            .collect();
+        Ok(events)
     }
 }
 
@@ -258,6 +518,8 @@ struct Actor {
     engines: HashMap<String, TaskEngine>,
     metrics: Metrics,
     tx: mpsc::Sender<Request>,
+    routes: Arc<RwLock<Routes>>,
+    replica: Arc<Replica>,
 }
 
 impl Actor {
@@ -267,6 +529,11 @@ impl Actor {
         loop {
             tokio::select! {
                 request = rx.recv() => match request {
+                    Some(Request::Shutdown { reply }) => {
+                        self.give_up_leases().await;
+                        let _ = reply.send(());
+                        return;
+                    }
                     Some(request) => self.handle(request).await,
                     None => return,
                 },
@@ -280,6 +547,55 @@ impl Actor {
         }
     }
 
+    /// Acts on the lease keeper's news.
+    fn apply(&mut self, event: LeaseEvent) {
+        match event {
+            LeaseEvent::Adopt { id, engine } => {
+                tracing::info!(task = %id, "leading the task");
+                self.engines.insert(id.clone(), *engine);
+                self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).here.insert(id);
+            }
+            LeaseEvent::Drop { id, why } => self.drop_task(&id, why),
+            LeaseEvent::DropAll { why } => {
+                for id in self.engines.keys().cloned().collect::<Vec<_>>() {
+                    self.drop_task(&id, why);
+                }
+            }
+        }
+    }
+
+    /// Takes the lease of a task just created here and loads it.
+    async fn take(&mut self, id: &str, now: i64) -> Result<bool, CoordinatorError> {
+        if self.store.acquire_lease(id, &self.replica.id, now, now + LEASE_TTL_MS).await?.is_none() {
+            return Ok(false);
+        }
+        match load(&self.store, id).await {
+            Ok(engine) => {
+                self.apply(LeaseEvent::Adopt { id: id.to_string(), engine: Box::new(engine) });
+                Ok(true)
+            }
+            Err(error) => {
+                let _ = self.store.release_lease(id, &self.replica.id).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Stops leading `id`: its round in progress is abandoned.
+    fn drop_task(&mut self, id: &str, why: &str) {
+        if self.engines.remove(id).is_some() {
+            tracing::warn!(task = id, why, "no longer leading the task");
+        }
+        self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).here.remove(id);
+    }
+
+    async fn give_up_leases(&mut self) {
+        self.apply(LeaseEvent::DropAll { why: "the replica is stopping" });
+        if let Err(error) = self.store.remove_replica(&self.replica.id).await {
+            tracing::warn!(%error, "could not give up the leases; they lapse by themselves");
+        }
+    }
+
     fn engine(&mut self, id: &str) -> Result<&mut TaskEngine, CoordinatorError> {
         self.engines.get_mut(id).ok_or(CoordinatorError::UnknownTask)
     }
@@ -287,11 +603,10 @@ impl Actor {
     async fn handle(&mut self, request: Request) {
         match request {
             Request::Load { id, reply } => {
-                let result = match load(&self.store, &id).await {
-                    Ok(engine) => {
-                        self.engines.insert(id, engine);
-                        Ok(())
-                    }
+                // A task just created: this replica leads it.
+                let result = match self.take(&id, now_ms()).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(CoordinatorError::UnknownTask),
                     Err(e) => Err(e),
                 };
                 let _ = reply.send(result);
@@ -353,13 +668,22 @@ impl Actor {
                     self.engine(&task).and_then(|e| e.may_report(&participant, round).map_err(Into::into));
                 let _ = reply.send(result);
             }
-            Request::LoadedParameters { reply } => {
-                let _ = reply.send(Ok(self.engines.values().map(TaskEngine::parameters).sum()));
-            }
             Request::Security { task, reply } => {
                 let _ = reply.send(self.engine(&task).map(|engine| engine.security()));
             }
-            Request::Unmasked { task, round, result } => self.finish_round(&task, round, result).await,
+            Request::Shutdown { reply } => {
+                let _ = reply.send(());
+            }
+            Request::Lease(event) => self.apply(event),
+            Request::Unmasked { task, round, group, result } => {
+                let now = now_ms();
+                if let Ok(engine) = self.engine(&task)
+                    && let Err(error) = engine.unmasked(round, group, result, now)
+                {
+                    tracing::warn!(task, round, group, %error, "a group could not be unmasked; the round goes on without it");
+                }
+                self.tick(&task).await;
+            }
         }
     }
 
@@ -369,17 +693,31 @@ impl Actor {
             engine.set_status(status);
         }
         if status.is_final() {
-            self.engines.remove(id);
+            self.drop_task(id, "it was stopped");
+            let _ = self.store.release_lease(id, &self.replica.id).await;
         }
         Ok(())
     }
 
+    /// Ticks a task's engine and acts on every outcome it hands out.
     async fn tick(&mut self, id: &str) {
         let now = now_ms();
         let Ok(engine) = self.engine(id) else { return };
         let before = engine.status();
-        let outcome = engine.tick(now);
-        let after = engine.status();
+        loop {
+            let Ok(engine) = self.engine(id) else { return };
+            match engine.tick(now) {
+                TickOutcome::Idle => break,
+                outcome => self.act(id, outcome, now).await,
+            }
+        }
+        let Ok(engine) = self.engine(id) else { return };
+        if before != engine.status() && engine.status() == TaskStatus::Completed {
+            self.complete_task(id).await;
+        }
+    }
+
+    async fn act(&mut self, id: &str, outcome: TickOutcome, now: i64) {
         match outcome {
             TickOutcome::Idle => {}
             TickOutcome::Started(round) => {
@@ -399,35 +737,32 @@ impl Actor {
                     }
                 }
             }
+            TickOutcome::GroupAborted { round, group, stage } => {
+                tracing::warn!(task = id, round, group, %stage, "group given up: too few clients; the round goes on without it");
+            }
             TickOutcome::Aborted { round, stage } => {
                 self.metrics.round_aborted();
                 tracing::warn!(task = id, round, %stage, "round aborted: too few clients");
             }
+            TickOutcome::Abandoned { round, error } => {
+                self.metrics.round_aborted();
+                tracing::warn!(task = id, round, %error, "round abandoned");
+            }
             TickOutcome::Unmask(job) => {
                 let tx = self.tx.clone();
-                let (task, round) = (job.task_id.clone(), job.round);
+                let (task, round, group) = (job.task_id.clone(), job.round, job.group);
                 tokio::task::spawn_blocking(move || {
                     let result = job.run();
-                    let _ = tx.blocking_send(Request::Unmasked { task, round, result });
+                    let _ = tx.blocking_send(Request::Unmasked { task, round, group, result });
                 });
             }
-        }
-        if before != after && after == TaskStatus::Completed {
-            self.complete_task(id).await;
+            TickOutcome::Completed(completion) => self.store_round(id, *completion).await,
         }
     }
 
-    async fn finish_round(&mut self, id: &str, round: u64, result: Result<Aggregate, ProtocolError>) {
-        let now = now_ms();
-        let Ok(engine) = self.engine(id) else { return };
-        let completion = match engine.complete(round, result, now) {
-            Ok(completion) => completion,
-            Err(error) => {
-                self.metrics.round_aborted();
-                tracing::warn!(task = id, round, %error, "round abandoned");
-                return;
-            }
-        };
+    /// Persists a completed round, then lets the engine adopt it.
+    async fn store_round(&mut self, id: &str, completion: Completion) {
+        let round = completion.round.round as u64;
         for (owner, holder) in completion.faulty_shares() {
             tracing::warn!(
                 task = id,
@@ -437,6 +772,7 @@ impl Actor {
                 "a revealed share did not match its owner's commitment; the round was unmasked without it"
             );
         }
+        let Ok(engine) = self.engine(id) else { return };
         let retention = engine.retention();
         match self.store.complete_round(&completion.round, &completion.checkpoint, retention).await {
             Ok(()) => {
@@ -446,12 +782,26 @@ impl Actor {
                 let means = completion.client_means().clone();
                 if let Ok(engine) = self.engine(id) {
                     engine.commit(completion);
-                    let completed = engine.status() == TaskStatus::Completed;
                     self.metrics.round_completed(selected, survivors, &stages, &means);
                     tracing::info!(task = id, round, survivors, "round completed");
-                    if completed {
-                        self.complete_task(id).await;
+                }
+            }
+            Err(StoreError::Conflict(reason)) => {
+                // Another replica recorded this round while it led the
+                // task: this engine's model is stale. Reload it from the
+                // store (the lease keeper drops it if the lease is lost).
+                self.metrics.round_aborted();
+                tracing::warn!(
+                    task = id,
+                    round,
+                    reason,
+                    "the round was recorded elsewhere; reloading the task"
+                );
+                match load(&self.store, id).await {
+                    Ok(engine) => {
+                        self.engines.insert(id.to_string(), engine);
                     }
+                    Err(_) => self.drop_task(id, "its round was recorded by another replica"),
                 }
             }
             Err(error) => {
@@ -468,6 +818,7 @@ impl Actor {
         if let Err(error) = self.store.set_task_status(id, TaskStatus::Completed, now_ms()).await {
             tracing::error!(task = id, %error, "could not mark the task completed");
         }
+        let _ = self.store.release_lease(id, &self.replica.id).await;
         tracing::info!(task = id, "task completed");
     }
 }

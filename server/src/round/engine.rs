@@ -10,12 +10,14 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
+use cohort_crypto::metrics::MetricSums;
 use cohort_crypto::policy::TaskSecurity;
+use cohort_crypto::quantize::QuantizeError;
 use cohort_crypto::{Advanced, Aggregate, ClientId, ClientMessage, ProtocolError, Stage, Variant};
 
-use super::active::{ActiveRound, RoundState, deadline_for, select};
+use super::active::{ActiveRound, Group, GroupState, GroupSum, deadline_for, select};
 use super::completion::{Completion, PendingUnmask, encode_model};
-use super::records::{CheckIn, ClientMean, EngineError, Poll, RoundProgress, StageMetrics, TaskError};
+use super::records::{CheckIn, ClientMean, EngineError, Poll, RoundProgress, TaskError};
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
 use crate::spec::TaskSpec;
@@ -27,24 +29,38 @@ pub const CHECK_IN_TTL_MS: i64 = 60_000;
 /// Completed rounds whose members may still report metrics.
 pub const REPORTABLE_ROUNDS: usize = 2;
 
-/// What [`TaskEngine::tick`] did.
+/// What [`TaskEngine::tick`] did. One tick may have several outcomes (one
+/// per group); `tick` hands them out one per call, so the caller ticks
+/// until it gets [`TickOutcome::Idle`].
 #[derive(Debug)]
 pub enum TickOutcome {
     /// Nothing the caller must act on (a stage may have advanced).
     Idle,
     /// Round `.0` was started.
     Started(u64),
-    /// The masked-input stage of `round` opened: `participants` are about
-    /// to be asked for their masked input. Each of them refuses every
-    /// later attempt of this round number (a client sends one masked
+    /// The masked-input stage of a group of `round` opened: `participants`
+    /// are about to be asked for their masked input. Each of them refuses
+    /// every later attempt of this round number (a client sends one masked
     /// input per round), so the caller records them durably before the
     /// stage is served, and [`withdraw`](TaskEngine::withdraw)s the round
     /// if it cannot.
     MaskedInputRequested { round: u64, participants: Vec<String> },
-    /// The round was aborted (too few clients) in `stage`.
+    /// A group of a round of several was given up in `stage` (too few
+    /// clients, or its unmasking failed); the round goes on with the others.
+    GroupAborted { round: u64, group: usize, stage: Stage },
+    /// The round was aborted: none of its groups completed (the last gave
+    /// up in `stage`).
     Aborted { round: u64, stage: Stage },
-    /// The final stage is ready to be unmasked.
+    /// A group's final stage is ready to be unmasked; its result goes to
+    /// [`TaskEngine::unmasked`].
     Unmask(Box<PendingUnmask>),
+    /// Every group settled and some completed: the next model, to persist
+    /// and then [`commit`](TaskEngine::commit) (or
+    /// [`abandon`](TaskEngine::abandon) if it cannot be stored).
+    Completed(Box<Completion>),
+    /// Every group settled but the next model could not be computed; the
+    /// round was abandoned.
+    Abandoned { round: u64, error: TaskError },
 }
 
 /// One task's coordinator state.
@@ -70,6 +86,8 @@ pub struct TaskEngine {
     pub(super) round: Option<ActiveRound>,
     /// The rosters of the last completed rounds, newest last.
     recent: VecDeque<(u64, HashSet<String>)>,
+    /// Outcomes of the last tick not handed out yet.
+    pending: VecDeque<TickOutcome>,
     rng: rand_chacha::ChaCha20Rng,
 }
 
@@ -105,6 +123,7 @@ impl TaskEngine {
             contributed: contributed.into_iter().collect(),
             round: None,
             recent: VecDeque::new(),
+            pending: VecDeque::new(),
             rng: rand_core::SeedableRng::from_seed(seed),
             spec,
         })
@@ -148,41 +167,58 @@ impl TaskEngine {
         &self.checkpoint_bytes
     }
 
-    /// Parameters of the task's model.
-    pub fn parameters(&self) -> usize {
-        self.weights.len()
-    }
-
     /// The current global weights.
     pub fn weights(&self) -> &[f32] {
         &self.weights
     }
 
-    /// The round in progress and its stage, if any.
+    /// The round in progress and its stage (its earliest group's), if any.
     pub fn current_round(&self) -> Option<(u64, Stage)> {
-        self.round.as_ref().map(|r| (r.number, r.state.stage()))
+        self.round.as_ref().map(|r| (r.number, r.stage()))
     }
 
-    /// The round in progress, for the admin API.
+    /// The round in progress, for the admin API: the stage of its earliest
+    /// groups, with their answers, times and deadlines.
     pub fn progress(&self) -> Option<RoundProgress> {
         let round = self.round.as_ref()?;
-        let (stage, eligible, received) = match &round.state {
-            RoundState::Collecting(server) => (server.stage(), server.eligible().len(), server.received()),
-            RoundState::Unmasking => (Stage::Unmasking, 0, 0),
+        let stage = round.stage();
+        let in_stage: Vec<&Group> =
+            round.groups.iter().filter(|g| !g.is_settled() && g.stage() == stage).collect();
+        let (mut eligible, mut received) = (0, 0);
+        for group in &in_stage {
+            if let GroupState::Collecting(server) = &group.state {
+                eligible += server.eligible().len();
+                received += server.received();
+            }
+        }
+        let (bytes_up, bytes_down) = round.bytes();
+        let count = |done: bool| {
+            round
+                .groups
+                .iter()
+                .filter(|g| match g.state {
+                    GroupState::Done(_) => done,
+                    GroupState::Failed(_) => !done,
+                    _ => false,
+                })
+                .count()
         };
         Some(RoundProgress {
             round: round.number,
             attempt: round.metrics.attempt,
             stage,
-            selected: round.roster.len(),
+            selected: round.selected(),
             eligible,
             received,
             started_at: round.started_at,
-            stage_started_at: round.stage_started_at,
-            deadline: round.deadline,
-            stages: round.metrics.stages.clone(),
-            bytes_up: round.bytes_up,
-            bytes_down: round.bytes_down,
+            stage_started_at: in_stage.iter().map(|g| g.stage_started_at).min().unwrap_or(round.started_at),
+            deadline: in_stage.iter().map(|g| g.deadline).min().unwrap_or(round.started_at),
+            stages: round.stages(),
+            bytes_up,
+            bytes_down,
+            groups: round.groups.len(),
+            groups_completed: count(true),
+            groups_failed: count(false),
         })
     }
 
@@ -233,12 +269,12 @@ impl TaskEngine {
             self.checked_in.insert(participant.to_string(), (now, identity));
         }
         match &self.round {
-            Some(round) => match round.ids.get(participant) {
-                Some(id) => CheckIn::Selected {
+            Some(round) => match round.members.get(participant) {
+                Some((group, id)) => CheckIn::Selected {
                     round: round.number,
                     client_id: id.get(),
                     attempt: round.metrics.attempt,
-                    session: Some(hex::encode(round.session)),
+                    session: Some(hex::encode(round.groups[*group].session)),
                     plaintext_metrics: self.spec.client_metrics.plaintext,
                 },
                 None => CheckIn::Wait { retry_after_ms: 2_000 },
@@ -247,20 +283,24 @@ impl TaskEngine {
         }
     }
 
-    fn selected(&self, participant: &str) -> Result<(&ActiveRound, ClientId), EngineError> {
+    /// The group of the round in progress that `participant` is in, and
+    /// its client id there.
+    fn selected(&mut self, participant: &str) -> Result<(&mut Group, ClientId), EngineError> {
         if self.status != TaskStatus::Active {
             return Err(EngineError::Inactive(self.status));
         }
-        let round = self.round.as_ref().ok_or(EngineError::NotSelected)?;
-        let id = *round.ids.get(participant).ok_or(EngineError::NotSelected)?;
-        Ok((round, id))
+        let round = self.round.as_mut().ok_or(EngineError::NotSelected)?;
+        let (group, id) = *round.members.get(participant).ok_or(EngineError::NotSelected)?;
+        Ok((&mut round.groups[group], id))
     }
 
     /// The message a selected client should act on now.
     pub fn poll(&mut self, participant: &str) -> Result<Poll, EngineError> {
-        let (round, id) = self.selected(participant)?;
-        let RoundState::Collecting(server) = &round.state else {
-            return Ok(Poll::Wait);
+        let (group, id) = self.selected(participant)?;
+        let server = match &group.state {
+            GroupState::Collecting(server) => server,
+            GroupState::Unmasking | GroupState::Done(_) => return Ok(Poll::Wait),
+            GroupState::Failed(_) => return Ok(Poll::Dropped),
         };
         if server.has_received(id) {
             return Ok(Poll::Wait);
@@ -269,9 +309,7 @@ impl TaskEngine {
             return Ok(Poll::Dropped);
         };
         let bytes = message.encode();
-        if let Some(round) = self.round.as_mut() {
-            round.bytes_down += bytes.len() as u64;
-        }
+        group.bytes_down += bytes.len() as u64;
         Ok(Poll::Message(bytes))
     }
 
@@ -279,9 +317,9 @@ impl TaskEngine {
     /// body it may send: checked before the body is read, so a client that
     /// is not selected, not eligible for the stage or already answered is
     /// refused without the server reading (or holding) its message.
-    pub fn admit(&self, participant: &str) -> Result<usize, EngineError> {
-        let (round, id) = self.selected(participant)?;
-        let RoundState::Collecting(server) = &round.state else {
+    pub fn admit(&mut self, participant: &str) -> Result<usize, EngineError> {
+        let (group, id) = self.selected(participant)?;
+        let GroupState::Collecting(server) = &group.state else {
             return Err(ProtocolError::OutOfPhase { expected: Stage::Finished, got: Stage::Unmasking }.into());
         };
         if !server.is_eligible(id) {
@@ -301,7 +339,7 @@ impl TaskEngine {
             return Err(EngineError::PlaintextMetricsOff);
         }
         let current =
-            self.round.as_ref().is_some_and(|r| r.number == round && r.ids.contains_key(participant));
+            self.round.as_ref().is_some_and(|r| r.number == round && r.members.contains_key(participant));
         let recent =
             self.recent.iter().any(|(number, roster)| *number == round && roster.contains(participant));
         if current || recent { Ok(()) } else { Err(EngineError::NotInRound(round)) }
@@ -309,20 +347,24 @@ impl TaskEngine {
 
     /// Accepts a client's encoded stage message.
     pub fn receive(&mut self, participant: &str, bytes: &[u8]) -> Result<(), EngineError> {
-        let (_, id) = self.selected(participant)?;
+        let (group, id) = self.selected(participant)?;
         let message = ClientMessage::decode(bytes).map_err(ProtocolError::from)?;
-        let round = self.round.as_mut().ok_or(EngineError::NotSelected)?;
-        let RoundState::Collecting(server) = &mut round.state else {
+        let GroupState::Collecting(server) = &mut group.state else {
             return Err(ProtocolError::OutOfPhase { expected: Stage::Finished, got: message.stage() }.into());
         };
         server.receive(id, message)?;
-        round.bytes_up += bytes.len() as u64;
+        group.bytes_up += bytes.len() as u64;
         Ok(())
     }
 
-    /// Starts a round when enough clients checked in recently, and closes a
-    /// stage when every eligible client answered or its deadline passed.
+    /// Starts a round when enough clients checked in recently, closes a
+    /// group's stage when every eligible client answered or its deadline
+    /// passed, and hands out what the caller must act on, one outcome per
+    /// call (see [`TickOutcome`]).
     pub fn tick(&mut self, now: i64) -> TickOutcome {
+        if let Some(outcome) = self.pending.pop_front() {
+            return outcome;
+        }
         if self.status != TaskStatus::Active {
             return TickOutcome::Idle;
         }
@@ -334,71 +376,108 @@ impl TaskEngine {
             }
             return TickOutcome::Idle;
         }
-        let wanted = self.spec.clients_per_round as usize;
-        let Some(round) = self.round.as_mut() else { return TickOutcome::Idle };
-        // A stage closes when every eligible client answered or its deadline
-        // passed; the masked-input stage also closes once enough inputs
-        // arrived, so that over-selected stragglers do not hold it up.
-        let ready = round.state.collecting().is_some_and(|s| {
-            s.is_complete()
-                || now >= round.deadline
-                || (s.stage() == Stage::MaskedInputCollection && s.received() >= wanted)
-        });
-        if !ready {
-            return TickOutcome::Idle;
-        }
-        let RoundState::Collecting(server) = std::mem::replace(&mut round.state, RoundState::Unmasking)
-        else {
-            return TickOutcome::Idle;
-        };
-        let stage = server.stage();
-        round.metrics.stages.push(StageMetrics {
-            stage,
-            eligible: server.eligible().len(),
-            received: server.received(),
-            dropouts: server.eligible().len() - server.received(),
-            duration_ms: now - round.stage_started_at,
-        });
-        round.stage_started_at = now;
-        if stage == Stage::Unmasking {
-            if server.has_quorum() {
-                return TickOutcome::Unmask(Box::new(PendingUnmask {
-                    task_id: self.task_id.clone(),
-                    round: round.number,
-                    server,
-                }));
+        self.advance_groups(now);
+        self.settle(now);
+        self.pending.pop_front().unwrap_or(TickOutcome::Idle)
+    }
+
+    /// Closes every group's stage that is ready: when every eligible client
+    /// answered, its deadline passed or, for the masked-input stage, the
+    /// group's share of `clients_per_round` arrived (so that over-selected
+    /// stragglers do not hold it up).
+    fn advance_groups(&mut self, now: i64) {
+        let wanted = self.spec.inputs_per_group() as usize;
+        let Self { round, spec, contributed, pending, task_id, .. } = self;
+        let Some(round) = round.as_mut() else { return };
+        let several = round.groups.len() > 1;
+        for (index, group) in round.groups.iter_mut().enumerate() {
+            let ready = match &group.state {
+                GroupState::Collecting(s) => {
+                    s.is_complete()
+                        || now >= group.deadline
+                        || (s.stage() == Stage::MaskedInputCollection && s.received() >= wanted)
+                }
+                _ => false,
+            };
+            if !ready {
+                continue;
             }
-            let aborted = TickOutcome::Aborted { round: round.number, stage };
-            self.round = None;
-            return aborted;
-        }
-        match server.advance() {
-            Ok(Advanced::Next(next)) => {
-                round.deadline = now + deadline_for(&self.spec, next.stage());
-                let asked = (next.stage() == Stage::MaskedInputCollection).then(|| {
-                    let name = |id: &ClientId| round.roster.get(id.get() as usize - 1).cloned();
-                    next.eligible().iter().filter_map(name).collect::<Vec<_>>()
-                });
-                round.state = RoundState::Collecting(next);
-                match asked {
-                    Some(participants) => {
-                        self.contributed.extend(participants.iter().cloned());
-                        TickOutcome::MaskedInputRequested { round: round.number, participants }
+            let GroupState::Collecting(server) = std::mem::replace(&mut group.state, GroupState::Unmasking)
+            else {
+                continue;
+            };
+            group.close_stage(&server, now);
+            let stage = server.stage();
+            let give_up = |group: &mut Group, pending: &mut VecDeque<TickOutcome>| {
+                group.state = GroupState::Failed(stage);
+                if several {
+                    pending.push_back(TickOutcome::GroupAborted { round: round.number, group: index, stage });
+                }
+            };
+            if stage == Stage::Unmasking {
+                if server.has_quorum() {
+                    pending.push_back(TickOutcome::Unmask(Box::new(PendingUnmask {
+                        task_id: task_id.clone(),
+                        round: round.number,
+                        group: index,
+                        server,
+                    })));
+                } else {
+                    give_up(group, pending);
+                }
+                continue;
+            }
+            match server.advance() {
+                Ok(Advanced::Next(next)) => {
+                    group.deadline = now + deadline_for(spec, next.stage());
+                    if next.stage() == Stage::MaskedInputCollection {
+                        let participants: Vec<String> =
+                            next.eligible().iter().filter_map(|id| group.name(*id).cloned()).collect();
+                        contributed.extend(participants.iter().cloned());
+                        pending.push_back(TickOutcome::MaskedInputRequested {
+                            round: round.number,
+                            participants,
+                        });
                     }
-                    None => TickOutcome::Idle,
+                    group.state = GroupState::Collecting(next);
+                }
+                Ok(Advanced::Done(_)) | Err(_) => give_up(group, pending),
+            }
+        }
+    }
+
+    /// Once every group of the round is done or given up: the round's
+    /// completion when some completed, else the round is aborted.
+    fn settle(&mut self, now: i64) {
+        let Some(round) = self.round.as_mut() else { return };
+        if round.finishing || !round.groups.iter().all(Group::is_settled) {
+            return;
+        }
+        let number = round.number;
+        if round.groups.iter().any(|g| matches!(g.state, GroupState::Done(_))) {
+            round.finishing = true;
+            match self.compute(now) {
+                Ok(completion) => self.pending.push_back(TickOutcome::Completed(Box::new(completion))),
+                Err(error) => {
+                    self.round = None;
+                    self.pending.push_back(TickOutcome::Abandoned { round: number, error });
                 }
             }
-            Ok(Advanced::Done(_)) | Err(_) => {
-                let aborted = TickOutcome::Aborted { round: round.number, stage };
-                self.round = None;
-                aborted
-            }
+        } else {
+            let failed = |g: &Group| match g.state {
+                GroupState::Failed(stage) => Some(stage),
+                _ => None,
+            };
+            let stage = round.groups.iter().filter_map(failed).max().unwrap_or(Stage::AdvertiseKeys);
+            self.round = None;
+            self.pending.push_back(TickOutcome::Aborted { round: number, stage });
         }
     }
 
     fn start_round(&mut self, now: i64) -> Option<u64> {
         self.checked_in.retain(|_, (seen, _)| now - *seen <= CHECK_IN_TTL_MS);
-        let n = self.spec.selected_per_round() as usize;
+        let groups = self.spec.groups();
+        let n = groups.selected() as usize;
         let candidates: Vec<_> = self.selectable(now).map(|(id, identity)| (id.clone(), identity)).collect();
         if candidates.len() < n {
             return None;
@@ -406,64 +485,126 @@ impl TaskEngine {
         let selected = select(candidates, n, &mut self.rng);
         let number = self.completed + 1;
         let attempt = self.attempts + 1;
-        let round =
-            ActiveRound::open(number, attempt, selected, &self.spec, &self.security, &mut self.rng, now)?;
+        let round = ActiveRound::open(
+            number,
+            attempt,
+            selected,
+            groups,
+            &self.spec,
+            &self.security,
+            &mut self.rng,
+            now,
+        )?;
         self.attempts = attempt;
         self.round = Some(round);
         Some(number)
     }
 
-    /// Turns the unmasked sum into the next model. Nothing changes until
-    /// [`commit`](Self::commit); on error the round is abandoned.
-    pub fn complete(
+    /// Takes a group's unmasking result: the group's sum is decoded and
+    /// kept for the round, or, if unmasking or decoding failed, the group
+    /// is given up (the error is returned to be reported). When it was the
+    /// last group to settle, the next [`tick`](Self::tick) hands out the
+    /// round's completion.
+    pub fn unmasked(
         &mut self,
         round_number: u64,
+        group: usize,
         result: Result<Aggregate, ProtocolError>,
         now: i64,
-    ) -> Result<Completion, TaskError> {
-        let outcome = self.compute(round_number, result, now);
-        if outcome.is_err() {
-            self.abandon(round_number);
-        }
+    ) -> Result<(), TaskError> {
+        let dimension = self.spec.model.layout.len();
+        let round = self
+            .round
+            .as_mut()
+            .filter(|r| r.number == round_number && !r.finishing)
+            .ok_or(TaskError::NoSuchRound(round_number))?;
+        let several = round.groups.len() > 1;
+        let target = round
+            .groups
+            .get_mut(group)
+            .filter(|g| matches!(g.state, GroupState::Unmasking))
+            .ok_or(TaskError::NoSuchRound(round_number))?;
+        let decoded = result.map_err(TaskError::from).and_then(|aggregate| {
+            let survivors = aggregate.contributors.len() as u32;
+            let mean = target.quantizer.decode(&aggregate.sum, survivors, dimension)?;
+            let name = |id: ClientId| target.name(id).cloned().unwrap_or_default();
+            let faulty_shares =
+                aggregate.faulty_shares.iter().map(|fault| (name(fault.owner), name(fault.holder))).collect();
+            Ok(GroupSum { mean, survivors, faulty_shares })
+        });
+        let outcome = match decoded {
+            Ok(sum) => {
+                target.state = GroupState::Done(sum);
+                Ok(())
+            }
+            Err(error) => {
+                target.state = GroupState::Failed(Stage::Unmasking);
+                if several {
+                    let stage = Stage::Unmasking;
+                    self.pending.push_back(TickOutcome::GroupAborted { round: round_number, group, stage });
+                }
+                Err(error)
+            }
+        };
+        self.settle(now);
         outcome
     }
 
-    fn compute(
-        &self,
-        round_number: u64,
-        result: Result<Aggregate, ProtocolError>,
-        now: i64,
-    ) -> Result<Completion, TaskError> {
-        let round = self
-            .round
-            .as_ref()
-            .filter(|r| r.number == round_number)
-            .ok_or(TaskError::NoSuchRound(round_number))?;
-        let aggregate = result?;
-        let survivors = aggregate.contributors.len() as u32;
-        let dimension = self.spec.model.layout.len();
-        let mean = round.quantizer.decode(&aggregate.sum, survivors, dimension)?;
+    /// The next model from the completed groups' sums: their weighted
+    /// means added with their example counts as weights, the optimizer
+    /// step, and the round's records.
+    fn compute(&self, now: i64) -> Result<Completion, TaskError> {
+        let round = self.round.as_ref().ok_or(TaskError::NoSuchRound(self.completed + 1))?;
+        let round_number = round.number;
+        let done: Vec<&GroupSum> = round
+            .groups
+            .iter()
+            .filter_map(|g| match &g.state {
+                GroupState::Done(sum) => Some(sum),
+                _ => None,
+            })
+            .collect();
+        let total_weight: u64 = done.iter().map(|g| g.mean.total_weight).sum();
+        if total_weight == 0 {
+            return Err(QuantizeError::NoExamples.into());
+        }
+        let mean: Vec<f32> = match done.as_slice() {
+            [only] => only.mean.mean.clone(),
+            _ => {
+                let mut sum = vec![0f64; self.spec.model.layout.len()];
+                for group in &done {
+                    let weight = group.mean.total_weight as f64;
+                    for (s, m) in sum.iter_mut().zip(&group.mean.mean) {
+                        *s += f64::from(*m) * weight;
+                    }
+                }
+                sum.iter().map(|s| (s / total_weight as f64) as f32).collect()
+            }
+        };
+        let mut client_metrics = MetricSums::default();
+        done.iter().for_each(|g| client_metrics.merge(&g.mean.metrics));
+        let survivors: u32 = done.iter().map(|g| g.survivors).sum();
         let mut weights = self.weights.clone();
         let mut state = self.optimizer_state.clone();
-        self.spec.optimizer.step(&mut weights, &mean.mean, &mut state)?;
-        let selected = round.roster.len() as f64;
+        self.spec.optimizer.step(&mut weights, &mean, &mut state)?;
+        let dimension = self.spec.model.layout.len();
+        let selected = round.selected() as f64;
+        let (bytes_up, bytes_down) = round.bytes();
         let mut metrics = round.metrics.clone();
-        metrics.bytes_up_per_client = round.bytes_up as f64 / selected;
-        metrics.bytes_down_per_client = round.bytes_down as f64 / selected;
+        metrics.stages = round.stages();
+        metrics.groups = round.group_metrics();
+        metrics.bytes_up_per_client = bytes_up as f64 / selected;
+        metrics.bytes_down_per_client = bytes_down as f64 / selected;
         metrics.compression_ratio = metrics.bytes_up_per_client / (4.0 * dimension as f64);
-        metrics.total_examples = mean.total_weight;
-        metrics.update_norm = mean.mean.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
-        metrics.faulty_shares = aggregate.faulty_shares.len() as u32;
-        metrics.client_means = mean
-            .metrics
+        metrics.total_examples = total_weight;
+        metrics.update_norm = mean.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+        let faulty_shares: Vec<(String, String)> =
+            done.iter().flat_map(|g| g.faulty_shares.iter().cloned()).collect();
+        metrics.faulty_shares = faulty_shares.len() as u32;
+        metrics.client_means = client_metrics
             .means()
             .map(|(metric, mean, clients)| (metric.name().to_string(), ClientMean { mean, clients }))
             .collect();
-        let name = |id: cohort_crypto::ClientId| {
-            round.roster.get(id.get() as usize - 1).cloned().unwrap_or_default()
-        };
-        let faulty_shares =
-            aggregate.faulty_shares.iter().map(|fault| (name(fault.owner), name(fault.holder))).collect();
         let model = encode_model(&self.task_id, &self.spec.model.layout, &weights, round_number)?;
         Ok(Completion {
             round: RoundRecord {
@@ -471,7 +612,7 @@ impl TaskEngine {
                 round: round_number as i64,
                 started_at: round.started_at,
                 finished_at: now,
-                selected: round.roster.len() as i64,
+                selected: round.selected() as i64,
                 survivors: i64::from(survivors),
                 metrics: serde_json::to_string(&metrics)?,
             },
@@ -499,7 +640,7 @@ impl TaskEngine {
         self.attempts = 0;
         self.contributed.clear();
         if let Some(round) = self.round.take() {
-            self.recent.push_back((round.number, round.roster.into_iter().collect()));
+            self.recent.push_back((round.number, round.members.into_keys().collect()));
             while self.recent.len() > REPORTABLE_ROUNDS {
                 self.recent.pop_front();
             }

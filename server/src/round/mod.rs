@@ -5,12 +5,13 @@
 //!
 //! * [`engine`]: [`TaskEngine`], one task's state, synchronous and given
 //!   the time, so that every rule is testable without sockets or timers;
-//! * `active`: the round in progress: selection, its state and its stage
+//! * `active`: the round in progress: selection, its secure-aggregation
+//!   groups (each its own protocol instance), their state and their stage
 //!   deadlines;
 //! * [`builder`]: [`RoundBuilder`], the one place a round's public
 //!   parameters are built from task settings;
-//! * `completion`: the final stage unmasked off the runtime, and the
-//!   aggregate turned into a checkpoint and round record;
+//! * `completion`: a group's final stage unmasked off the runtime, and the
+//!   groups' sums turned into a checkpoint and round record;
 //! * [`records`]: what the engine answers clients and shows the admin API;
 //! * [`coordinator`]: the single-owner actor over all tasks' engines.
 
@@ -28,5 +29,6 @@ pub use completion::{Completion, PendingUnmask};
 pub use coordinator::{Coordinator, CoordinatorError};
 pub use engine::{CHECK_IN_TTL_MS, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};
 pub use records::{
-    CheckIn, ClientMean, EngineError, Poll, RoundMetrics, RoundProgress, StageMetrics, TaskError,
+    CheckIn, ClientMean, EngineError, GroupMetrics, Poll, RoundMetrics, RoundProgress, StageMetrics,
+    TaskError,
 };

@@ -129,6 +129,22 @@ pub struct RoundMetrics {
     /// sum under the masks: never one client's value.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub client_means: BTreeMap<String, ClientMean>,
+    /// The round's secure-aggregation groups, each its own protocol
+    /// instance; `stages` adds theirs up.
+    pub groups: Vec<GroupMetrics>,
+}
+
+/// One secure-aggregation group of a round.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GroupMetrics {
+    /// Clients in the group.
+    pub selected: usize,
+    /// Survivors whose inputs are in the group's sum (0 unless it completed).
+    pub survivors: u32,
+    /// The stage the group was given up in, if it was: its clients count as
+    /// dropouts and nothing of it is in the round's sum.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_at: Option<Stage>,
 }
 
 /// A metric's mean over a round's survivors.
@@ -152,15 +168,15 @@ pub struct RoundProgress {
     pub stage: Stage,
     /// Clients selected.
     pub selected: usize,
-    /// Clients allowed to send in the current stage.
+    /// Clients allowed to send in the current stage, over the groups in it.
     pub eligible: usize,
     /// Of those, clients that sent.
     pub received: usize,
     /// Round start (Unix ms).
     pub started_at: i64,
-    /// Current stage's start (Unix ms).
+    /// Current stage's start (Unix ms; the earliest group's).
     pub stage_started_at: i64,
-    /// Current stage's deadline (Unix ms).
+    /// Current stage's deadline (Unix ms; the earliest group's).
     pub deadline: i64,
     /// Stages closed so far.
     pub stages: Vec<StageMetrics>,
@@ -168,4 +184,13 @@ pub struct RoundProgress {
     pub bytes_up: u64,
     /// Bytes sent to clients so far.
     pub bytes_down: u64,
+    /// Secure-aggregation groups of the round.
+    #[serde(default)]
+    pub groups: usize,
+    /// Of those, groups unmasked so far.
+    #[serde(default)]
+    pub groups_completed: usize,
+    /// Of those, groups given up (too few clients).
+    #[serde(default)]
+    pub groups_failed: usize,
 }

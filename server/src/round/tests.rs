@@ -81,6 +81,17 @@ fn run_round(
     }
 }
 
+/// Unmasks the round's only group and takes the completion the engine
+/// hands out.
+fn complete(engine: &mut TaskEngine, round: u64, job: PendingUnmask, now: i64) -> Completion {
+    assert_eq!((job.round, job.group), (round, 0));
+    engine.unmasked(round, job.group, job.run(), now).unwrap();
+    match engine.tick(now) {
+        TickOutcome::Completed(completion) => *completion,
+        other => panic!("no completion: {other:?}"),
+    }
+}
+
 /// The weighted mean update of the `included` clients.
 fn weighted_mean(clients: &[NamedClient], included: &[usize]) -> Vec<f32> {
     cohort_crypto::testing::weighted_mean(&included.iter().map(|&i| &clients[i].protocol).collect::<Vec<_>>())
@@ -97,7 +108,7 @@ fn a_round_updates_the_model_with_the_weighted_mean() {
     assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
     let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
     assert_eq!(job.round, 1);
-    let completion = engine.complete(1, job.run(), now).unwrap();
+    let completion = complete(&mut engine, 1, job, now);
     assert_eq!(completion.round.survivors, 6);
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     assert_eq!(metrics["stages"].as_array().unwrap().len(), 4);
@@ -141,7 +152,7 @@ fn an_active_round_binds_the_selected_identity_keys() {
     assert_eq!(roster, expected);
     assert_eq!(engine.check_in("keyless", None, now), CheckIn::Wait { retry_after_ms: 2_000 });
     let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
-    let completion = engine.complete(1, job.run(), now).unwrap();
+    let completion = complete(&mut engine, 1, job, now);
     assert_eq!(completion.round.survivors, 6);
     let stages: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     // The consistency check is the active variant's fifth stage.
@@ -163,7 +174,7 @@ fn a_client_that_vanishes_is_recovered_after_the_deadline() {
     }
     engine.tick(now);
     let job = run_round(&mut engine, &mut clients, &[2], &mut now).unwrap();
-    let completion = engine.complete(1, job.run(), now).unwrap();
+    let completion = complete(&mut engine, 1, job, now);
     assert_eq!(completion.round.survivors, 5);
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     assert_eq!(metrics["stages"][2]["dropouts"], 1);
@@ -199,7 +210,7 @@ fn a_round_below_threshold_is_aborted_and_retried_without_changing_the_model() {
     }
     assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
     let job = run_round(&mut engine, &mut fresh, &[], &mut now).unwrap();
-    let completion = engine.complete(1, job.run(), now).unwrap();
+    let completion = complete(&mut engine, 1, job, now);
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     assert_eq!(metrics["attempt"], 2);
 }
@@ -236,7 +247,7 @@ fn the_task_completes_after_its_rounds() {
         }
         assert!(matches!(engine.tick(now), TickOutcome::Started(r) if r == round));
         let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
-        let completion = engine.complete(round, job.run(), now).unwrap();
+        let completion = complete(&mut engine, round, job, now);
         engine.commit(completion);
     }
     assert_eq!(engine.status(), TaskStatus::Completed);
@@ -277,7 +288,7 @@ fn over_selection_closes_the_masked_input_stage_without_waiting_for_stragglers()
     }
     now += 10;
     let TickOutcome::Unmask(job) = engine.tick(now) else { panic!("no unmasking job") };
-    let completion = engine.complete(1, job.run(), now).unwrap();
+    let completion = complete(&mut engine, 1, *job, now);
     assert_eq!(completion.round.survivors, 5);
     assert_eq!(completion.round.selected, 6);
     engine.commit(completion);
@@ -300,7 +311,10 @@ fn stage_messages_are_admitted_only_from_eligible_senders_within_the_round_size(
     let (round, _) = engine.round.as_ref().map(|r| (r.number, ())).unwrap();
     assert_eq!(round, 1);
     let keys = engine.admit("p0").unwrap();
-    let config = engine.round.as_ref().unwrap().state.collecting().unwrap().config().clone();
+    let config = match &engine.round.as_ref().unwrap().groups[0].state {
+        super::active::GroupState::Collecting(server) => server.config().clone(),
+        _ => panic!("the round is not collecting"),
+    };
     assert_eq!(keys, ClientMessage::max_encoded_len(&config, Stage::AdvertiseKeys));
     assert!(clients[0].step(&mut engine));
     assert!(matches!(engine.admit("p0"), Err(EngineError::Protocol(ProtocolError::Duplicate(_)))));
@@ -344,7 +358,7 @@ fn only_members_of_a_recent_round_may_report() {
         let other = if prefix == "p" { "q0" } else { "p0" };
         assert_eq!(engine.may_report(other, round), Err(EngineError::NotInRound(round)));
         let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
-        let completion = engine.complete(round, job.run(), now).unwrap();
+        let completion = complete(&mut engine, round, job, now);
         engine.commit(completion);
         assert_eq!(engine.may_report(&format!("{prefix}3"), round), Ok(()), "just finished");
         assert_eq!(
@@ -426,11 +440,11 @@ fn a_rerun_of_a_round_selects_none_that_an_earlier_attempt_asked_for_a_masked_in
     }
     assert_eq!(engine.available(now), 6);
     assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
-    let mut roster = engine.round.as_ref().unwrap().roster.clone();
+    let mut roster: Vec<String> = engine.round.as_ref().unwrap().members.keys().cloned().collect();
     roster.sort();
     assert_eq!(roster, ["p10", "p11", "p6", "p7", "p8", "p9"]);
     let job = run_round(&mut engine, rest, &[], &mut now).unwrap();
-    let completion = engine.complete(1, job.run(), now).unwrap();
+    let completion = complete(&mut engine, 1, job, now);
     engine.commit(completion);
     let expected = weighted_mean(&clients, &[6, 7, 8, 9, 10, 11]);
     for (w, e) in engine.weights().iter().zip(&expected) {
@@ -457,7 +471,7 @@ fn a_restored_engine_excludes_the_recorded_contributors_of_the_next_round() {
     assert!(matches!(engine.tick(0), TickOutcome::Idle));
     engine.check_in("p6", Some(clients[6].protocol.identity.public_key()), 0);
     assert!(matches!(engine.tick(0), TickOutcome::Started(1)));
-    assert!(!engine.round.as_ref().unwrap().roster.contains(&"p0".to_string()));
+    assert!(!engine.round.as_ref().unwrap().members.contains_key("p0"));
 }
 
 #[test]
@@ -478,4 +492,186 @@ fn an_unrecorded_masked_input_request_is_withdrawn_and_its_participants_stay_sel
     assert_eq!(engine.current_round(), None);
     assert_eq!(engine.available(now), 6);
     assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
+}
+
+/// A spec whose rounds select 12 clients in 3 groups of 4 (complete graph,
+/// t = 3 in each).
+fn grouped_spec() -> TaskSpec {
+    let mut spec = small_spec();
+    spec.clients_per_round = 12;
+    spec.secure_aggregation.group_size = Some(5);
+    spec
+}
+
+/// Twelve participants whose updates lie within the clip.
+fn twelve() -> Vec<NamedClient> {
+    (0..12)
+        .map(|i| NamedClient::new(i, vec![0.08 * i as f32 - 0.4, -0.2, 0.3, 0.05], 10 * (i as u32 + 1)))
+        .collect()
+}
+
+/// An engine of [`grouped_spec`] whose round 1 started with [`twelve`]
+/// clients checked in, and the time.
+fn grouped_round() -> (TaskEngine, Vec<NamedClient>, i64) {
+    let mut engine = engine(grouped_spec());
+    let clients = twelve();
+    for c in &clients {
+        engine.check_in(&c.name, None, 0);
+    }
+    assert!(matches!(engine.tick(0), TickOutcome::Started(1)));
+    (engine, clients, 0)
+}
+
+/// The model (from zeros, FedAvg) moved by the weighted mean of `included`.
+#[track_caller]
+fn assert_model_is_the_mean_of(engine: &TaskEngine, clients: &[NamedClient], included: &[usize]) {
+    let expected = weighted_mean(clients, included);
+    for (w, e) in engine.weights().iter().zip(&expected) {
+        assert!((w - e).abs() < 1e-4, "{:?} vs {expected:?}", engine.weights());
+    }
+}
+
+/// What a round of several groups came to.
+#[derive(Default)]
+struct GroupedRun {
+    jobs: Vec<PendingUnmask>,
+    given_up: Vec<(usize, Stage)>,
+    aborted: Option<Stage>,
+}
+
+/// Runs every group of the round in progress until each is ready to
+/// unmask or given up; the clients in `vanish` stop answering after
+/// ShareKeys.
+fn run_groups(
+    engine: &mut TaskEngine,
+    clients: &mut [NamedClient],
+    vanish: &[usize],
+    now: &mut i64,
+) -> GroupedRun {
+    let groups = engine.round.as_ref().unwrap().groups.len();
+    let mut run = GroupedRun::default();
+    for step in 0..10 {
+        for (i, client) in clients.iter_mut().enumerate() {
+            if !(step >= 2 && vanish.contains(&i)) {
+                client.step(engine);
+            }
+        }
+        *now += 10;
+        let mut drain = |engine: &mut TaskEngine, now: i64| loop {
+            match engine.tick(now) {
+                TickOutcome::Idle => break,
+                TickOutcome::Unmask(job) => run.jobs.push(*job),
+                TickOutcome::GroupAborted { group, stage, .. } => run.given_up.push((group, stage)),
+                TickOutcome::Aborted { stage, .. } => run.aborted = Some(stage),
+                TickOutcome::MaskedInputRequested { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        drain(engine, *now);
+        if step >= 3 {
+            // Somebody is missing: let the deadlines pass.
+            *now += 400_000;
+            drain(engine, *now);
+        }
+        if run.aborted.is_some() || run.jobs.len() + run.given_up.len() == groups {
+            return run;
+        }
+    }
+    panic!("the groups do not progress");
+}
+
+/// The clients of group `group` of the round in progress, by index.
+fn group_members(engine: &TaskEngine, clients: &[NamedClient], group: usize) -> Vec<usize> {
+    let members = &engine.round.as_ref().unwrap().members;
+    (0..clients.len()).filter(|&i| members.get(&clients[i].name).is_some_and(|(g, _)| *g == group)).collect()
+}
+
+/// A round of 12 in groups of at most 5 runs three protocol instances of
+/// four, each with its own session and client ids 1 to 4, and applies
+/// the sum of all three: the same mean as one group of twelve.
+#[test]
+fn a_round_of_several_groups_applies_the_sum_of_their_sums() {
+    let spec = grouped_spec();
+    assert_eq!((spec.groups().count, spec.groups().size), (3, 4));
+    let (mut engine, mut clients, mut now) = grouped_round();
+    let mut sessions = std::collections::HashSet::new();
+    for group in 0..3 {
+        let members = group_members(&engine, &clients, group);
+        assert_eq!(members.len(), 4, "group {group}");
+        let mut ids = Vec::new();
+        for &i in &members {
+            let CheckIn::Selected { client_id, session, .. } = engine.check_in(&clients[i].name, None, now)
+            else {
+                panic!("not selected")
+            };
+            ids.push(client_id);
+            sessions.insert(session.unwrap());
+        }
+        ids.sort_unstable();
+        assert_eq!(ids, [1, 2, 3, 4]);
+    }
+    assert_eq!(sessions.len(), 3, "one session per group");
+    let progress = engine.progress().unwrap();
+    assert_eq!((progress.groups, progress.selected, progress.eligible), (3, 12, 12));
+    let run = run_groups(&mut engine, &mut clients, &[], &mut now);
+    assert!(run.given_up.is_empty() && run.aborted.is_none());
+    let mut groups: Vec<usize> = run.jobs.iter().map(|j| j.group).collect();
+    groups.sort_unstable();
+    assert_eq!(groups, [0, 1, 2]);
+    for job in run.jobs {
+        // Nothing is handed out before the last group is in.
+        assert!(matches!(engine.tick(now), TickOutcome::Idle));
+        engine.unmasked(1, job.group, job.run(), now).unwrap();
+    }
+    let TickOutcome::Completed(completion) = engine.tick(now) else { panic!("no completion") };
+    assert!(matches!(engine.tick(now), TickOutcome::Idle), "one completion per round");
+    assert_eq!((completion.round.selected, completion.round.survivors), (12, 12));
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    let groups = metrics["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 3);
+    assert!(groups.iter().all(|g| g["selected"] == 4 && g["survivors"] == 4 && g.get("failed_at").is_none()));
+    // Stages add up over the groups.
+    assert_eq!(metrics["stages"][0]["eligible"], 12);
+    assert_eq!(metrics["total_examples"], (1..=12).map(|k| 10 * k).sum::<u64>());
+    engine.commit(*completion);
+    assert_model_is_the_mean_of(&engine, &clients, &(0..12).collect::<Vec<_>>());
+}
+
+/// A group that falls below its threshold is given up: its clients are
+/// told they dropped, nothing of it is unmasked, and the round completes
+/// from the other groups alone.
+#[test]
+fn a_group_below_its_threshold_is_given_up_and_the_others_complete_the_round() {
+    let (mut engine, mut clients, mut now) = grouped_round();
+    let failing = group_members(&engine, &clients, 1);
+    // Two of its four vanish after sharing keys: two inputs, below t = 3.
+    let run = run_groups(&mut engine, &mut clients, &failing[..2], &mut now);
+    assert_eq!(run.given_up, [(1, Stage::MaskedInputCollection)]);
+    assert_eq!(run.jobs.len(), 2);
+    assert_eq!(engine.poll(&clients[failing[2]].name), Ok(Poll::Dropped));
+    for job in run.jobs {
+        engine.unmasked(1, job.group, job.run(), now).unwrap();
+    }
+    let TickOutcome::Completed(completion) = engine.tick(now) else { panic!("no completion") };
+    assert_eq!((completion.round.selected, completion.round.survivors), (12, 8));
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    assert_eq!(metrics["groups"][1]["failed_at"], "masked-input-collection");
+    assert_eq!(metrics["groups"][1]["survivors"], 0);
+    engine.commit(*completion);
+    let included: Vec<usize> = (0..12).filter(|i| !failing.contains(i)).collect();
+    assert_model_is_the_mean_of(&engine, &clients, &included);
+}
+
+/// A round whose every group fails is aborted, and the model stays.
+#[test]
+fn a_round_whose_groups_all_fail_is_aborted() {
+    let (mut engine, mut clients, mut now) = grouped_round();
+    let vanish: Vec<usize> = (0..3).flat_map(|g| group_members(&engine, &clients, g)[..2].to_vec()).collect();
+    let run = run_groups(&mut engine, &mut clients, &vanish, &mut now);
+    assert_eq!(run.given_up.len(), 3);
+    assert_eq!(run.aborted, Some(Stage::MaskedInputCollection));
+    assert!(run.jobs.is_empty());
+    assert_eq!(engine.current_round(), None);
+    assert_eq!(engine.completed_rounds(), 0);
+    assert!(engine.weights().iter().all(|w| *w == 0.0));
 }

@@ -14,7 +14,7 @@
 
 mod sql;
 
-pub use sql::SqlStore;
+pub use sql::{Backend, SqlStore};
 
 use std::future::Future;
 
@@ -78,6 +78,19 @@ pub struct TaskRecord {
     pub created_at: i64,
     /// Last status change.
     pub updated_at: i64,
+}
+
+/// A `cohort serve` process sharing the database.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaRecord {
+    /// Random identifier, fresh per process.
+    pub id: String,
+    /// Where the other replicas reach it (`http://host:port`).
+    pub url: String,
+    /// Start time.
+    pub started_at: i64,
+    /// Last heartbeat.
+    pub heartbeat_at: i64,
 }
 
 /// A client enrolled in a task.
@@ -325,4 +338,31 @@ pub trait Store: Send + Sync {
         task_id: &str,
         round: i64,
     ) -> impl Future<Output = StoreResult<Vec<ClientMetricsRecord>>> + Send;
+    /// Registers a starting replica. Another registered at the same URL
+    /// is removed with its leases (the new one bound its address, so it is
+    /// gone), and on SQLite, which one process serves at a time, every
+    /// other one is.
+    fn register_replica(&self, replica: &ReplicaRecord) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Registers a replica, or beats its heart (`heartbeat_at`) if it is.
+    fn heartbeat(&self, replica: &ReplicaRecord) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Removes a replica that stops, with the leases it holds.
+    fn remove_replica(&self, id: &str) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Replicas whose last heartbeat is at or after `since`.
+    fn replicas(&self, since: i64) -> impl Future<Output = StoreResult<Vec<ReplicaRecord>>> + Send;
+    /// Takes or renews `replica`'s lease on a task until `expires_at`: taken
+    /// when nobody holds it or its holder's lease ended before `now`,
+    /// renewed when `replica` holds it. Returns the lease's generation
+    /// (raised at every change of holder), or `None` when another replica
+    /// holds it.
+    fn acquire_lease(
+        &self,
+        task_id: &str,
+        replica: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> impl Future<Output = StoreResult<Option<i64>>> + Send;
+    /// Gives a lease up (if `replica` holds it).
+    fn release_lease(&self, task_id: &str, replica: &str) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Every lease that holds at `now`: (task, holder).
+    fn leases(&self, now: i64) -> impl Future<Output = StoreResult<Vec<(String, ReplicaRecord)>>> + Send;
 }

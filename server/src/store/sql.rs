@@ -7,8 +7,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
 use super::{
-    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, ParticipantRecord, RoundRecord, Store,
-    StoreError, StoreResult, TaskRecord, TaskStatus,
+    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, ParticipantRecord, ReplicaRecord,
+    RoundRecord, Store, StoreError, StoreResult, TaskRecord, TaskStatus,
 };
 
 /// Longest wait for a pooled PostgreSQL connection.
@@ -123,6 +123,15 @@ fn round_from(row: &AnyRow) -> StoreResult<RoundRecord> {
         selected: row.try_get("selected")?,
         survivors: row.try_get("survivors")?,
         metrics: row.try_get("metrics")?,
+    })
+}
+
+fn replica_from(row: &AnyRow) -> StoreResult<ReplicaRecord> {
+    Ok(ReplicaRecord {
+        id: row.try_get("id")?,
+        url: row.try_get("url")?,
+        started_at: row.try_get("started_at")?,
+        heartbeat_at: row.try_get("heartbeat_at")?,
     })
 }
 
@@ -628,6 +637,117 @@ impl Store for SqlStore {
                 })
             })
             .collect()
+    }
+
+    async fn register_replica(&self, replica: &ReplicaRecord) -> StoreResult<()> {
+        // A replica that took over another's address replaces it: that one
+        // is gone (the address was free to bind), and its leases with it.
+        // On SQLite, which one process serves at a time, every other
+        // replica is gone.
+        let others = match self.backend {
+            Backend::Sqlite => "SELECT id FROM replicas WHERE id <> $2 OR url = $1",
+            Backend::Postgres => "SELECT id FROM replicas WHERE id <> $2 AND url = $1",
+        };
+        let mut tx = self.pool.begin().await?;
+        let gone: Vec<String> = sqlx::query(others)
+            .bind(&replica.url)
+            .bind(&replica.id)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|row| row.try_get("id"))
+            .collect::<Result<_, _>>()?;
+        for id in &gone {
+            sqlx::query("DELETE FROM task_leases WHERE replica_id = $1").bind(id).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM replicas WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        self.heartbeat(replica).await
+    }
+
+    async fn heartbeat(&self, replica: &ReplicaRecord) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO replicas (id, url, started_at, heartbeat_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (id) DO UPDATE SET url = excluded.url, heartbeat_at = excluded.heartbeat_at",
+        )
+        .bind(&replica.id)
+        .bind(&replica.url)
+        .bind(replica.started_at)
+        .bind(replica.heartbeat_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn remove_replica(&self, id: &str) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM task_leases WHERE replica_id = $1").bind(id).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM replicas WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn replicas(&self, since: i64) -> StoreResult<Vec<ReplicaRecord>> {
+        sqlx::query(
+            "SELECT id, url, started_at, heartbeat_at FROM replicas WHERE heartbeat_at >= $1 ORDER BY id",
+        )
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(replica_from)
+        .collect()
+    }
+
+    async fn acquire_lease(
+        &self,
+        task_id: &str,
+        replica: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> StoreResult<Option<i64>> {
+        // One statement, so that two replicas racing for an expired lease
+        // cannot both win: the row lock (PostgreSQL) or the single writer
+        // (SQLite) orders them, and the loser's condition fails.
+        let row = sqlx::query(
+            "INSERT INTO task_leases (task_id, replica_id, generation, expires_at) VALUES ($1, $2, 1, $3) \
+             ON CONFLICT (task_id) DO UPDATE SET \
+                 generation = CASE WHEN task_leases.replica_id = excluded.replica_id \
+                     THEN task_leases.generation ELSE task_leases.generation + 1 END, \
+                 replica_id = excluded.replica_id, \
+                 expires_at = excluded.expires_at \
+             WHERE task_leases.replica_id = excluded.replica_id OR task_leases.expires_at < $4 \
+             RETURNING generation",
+        )
+        .bind(task_id)
+        .bind(replica)
+        .bind(expires_at)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| classify(e, "lease", "task"))?;
+        Ok(row.map(|row| row.try_get("generation")).transpose()?)
+    }
+
+    async fn release_lease(&self, task_id: &str, replica: &str) -> StoreResult<()> {
+        sqlx::query("DELETE FROM task_leases WHERE task_id = $1 AND replica_id = $2")
+            .bind(task_id)
+            .bind(replica)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn leases(&self, now: i64) -> StoreResult<Vec<(String, ReplicaRecord)>> {
+        let rows = sqlx::query(
+            "SELECT l.task_id, r.id, r.url, r.started_at, r.heartbeat_at \
+             FROM task_leases l JOIN replicas r ON r.id = l.replica_id \
+             WHERE l.expires_at >= $1 ORDER BY l.task_id",
+        )
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|row| Ok((row.try_get("task_id")?, replica_from(row)?))).collect()
     }
 }
 

@@ -32,6 +32,11 @@ pub struct LoadArgs {
     /// Rounds to run.
     #[arg(long, default_value_t = 2)]
     rounds: u32,
+    /// Clients per secure-aggregation group (default: all of them, one
+    /// group, as the numbers in docs/BENCHMARKS.md were measured; a new
+    /// task's default is 500).
+    #[arg(long)]
+    group_size: Option<u32>,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
@@ -50,6 +55,8 @@ struct StageLatency {
 #[derive(Debug, Serialize)]
 struct LoadReport {
     clients: usize,
+    /// Clients per secure-aggregation group.
+    group_size: u32,
     dim: usize,
     rounds: u32,
     /// Mean wall time of a round, selection to stored checkpoint.
@@ -60,6 +67,11 @@ struct LoadReport {
     p99_ms: f64,
     stages: BTreeMap<&'static str, StageLatency>,
     server_peak_rss_bytes: u64,
+    /// CPU time of the server process over the whole run (enrollment
+    /// included), user and system.
+    server_cpu_seconds: f64,
+    /// The same per client and round.
+    server_cpu_ms_per_client_round: f64,
     survivors: Vec<u64>,
 }
 
@@ -135,6 +147,21 @@ fn peak_rss(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// CPU time a process has used, user and system, all its threads (those
+/// that exited included), in seconds: fields 14 and 15 of
+/// `/proc/PID/stat`, in clock ticks of `USER_HZ`, which Linux fixes at 100
+/// in its ABI on every architecture.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    parse_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn parse_cpu_seconds(stat: &str) -> Option<f64> {
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
+    let ticks = |field: usize| fields.get(field - 3)?.parse::<u64>().ok();
+    Some((ticks(14)? + ticks(15)?) as f64 / 100.0)
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -177,10 +204,11 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     }
     // SecAgg+ with derived k and t where they exist (large cohorts); the
     // complete graph with a majority threshold for small ones.
-    let secure_aggregation = if args.clients > 200 {
-        json!({ "graph": "sparse" })
+    let group_size = args.group_size.unwrap_or(args.clients as u32);
+    let secure_aggregation = if group_size > 200 {
+        json!({ "graph": "sparse", "group_size": group_size })
     } else {
-        json!({ "graph": "complete", "threshold": args.clients / 2 + 1 })
+        json!({ "graph": "complete", "threshold": group_size / 2 + 1, "group_size": group_size })
     };
     let spec = json!({
         "name": "load",
@@ -248,6 +276,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         bail!("{} of {} rounds completed", rounds.len(), args.rounds);
     }
     let server_peak_rss_bytes = peak_rss(server.0.id()).unwrap_or(0);
+    let server_cpu_seconds = cpu_seconds(server.0.id()).unwrap_or(0.0);
     drop(server);
     let _ = std::fs::remove_dir_all(&work);
 
@@ -276,6 +305,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         .collect();
     let report = LoadReport {
         clients: args.clients,
+        group_size,
         dim: args.dim,
         rounds: args.rounds,
         round_seconds,
@@ -284,14 +314,17 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         p99_ms: percentile(&all, 99.0),
         stages,
         server_peak_rss_bytes,
+        server_cpu_seconds,
+        server_cpu_ms_per_client_round: server_cpu_seconds * 1e3
+            / (args.clients as f64 * f64::from(args.rounds)),
         survivors: rounds.iter().map(|r| r["survivors"].as_u64().unwrap_or(0)).collect(),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "cohort bench load: {} clients, {} coordinates, {} rounds",
-            report.clients, report.dim, report.rounds
+            "cohort bench load: {} clients in groups of {}, {} coordinates, {} rounds",
+            report.clients, report.group_size, report.dim, report.rounds
         );
         println!(
             "  round time        {:.2} s (mean), {:.3} rounds/s overall",
@@ -305,7 +338,28 @@ pub fn load(args: &LoadArgs) -> Result<()> {
             );
         }
         println!("  server peak RSS   {:.1} MiB", report.server_peak_rss_bytes as f64 / (1 << 20) as f64);
+        println!(
+            "  server CPU        {:.2} s ({:.2} ms per client and round)",
+            report.server_cpu_seconds, report.server_cpu_ms_per_client_round
+        );
         println!("  survivors         {:?}", report.survivors);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_is_read_after_the_command_name() {
+        // A line of /proc/PID/stat whose command name holds a space and a
+        // parenthesis: utime 1234 and stime 56 ticks.
+        let stat = "4242 (cohort (x) y) S 1 4242 4242 0 -1 4194304 9 0 0 0 1234 56 0 0 20 0 9 0 77 0 0";
+        assert_eq!(parse_cpu_seconds(stat), Some(12.9));
+        assert_eq!(parse_cpu_seconds("4242 (cohort) S 1 2"), None);
+        assert_eq!(parse_cpu_seconds("garbage"), None);
+        // This process has used some CPU time.
+        assert!(cpu_seconds(std::process::id()).is_some_and(|s| s >= 0.0));
+    }
 }

