@@ -193,7 +193,14 @@ impl Service {
             url: config.public_url.clone().unwrap_or_else(|| default_public_url(scheme, address)),
             started_at: crate::round::coordinator::now_ms(),
         };
-        let coordinator = Coordinator::start(store.clone(), metrics.clone(), replica).await?;
+        // On PostgreSQL the leases are renewed on a connection of their
+        // own: requests queued for the pool under load must not hold a
+        // renewal up until the replica gives its tasks away.
+        let lease_store = match store.backend() {
+            crate::store::Backend::Postgres => SqlStore::connect_dedicated(&config.database_url).await?,
+            crate::store::Backend::Sqlite => store.clone(),
+        };
+        let coordinator = Coordinator::start(store.clone(), lease_store, metrics.clone(), replica).await?;
         let demo_task = if config.demo {
             Some(crate::api::pages::start_demo_task(&store, &coordinator).await?)
         } else {

@@ -40,7 +40,8 @@ impl Api {
         let store = SqlStore::connect(&format!("sqlite://{}", path.display())).await.unwrap();
         let metrics = Metrics::default();
         let replica = Replica { id: format!("api-{name}"), url: "http://127.0.0.1:9".into(), started_at: 0 };
-        let coordinator = Coordinator::start(store.clone(), metrics.clone(), replica).await.unwrap();
+        let coordinator =
+            Coordinator::start(store.clone(), store.clone(), metrics.clone(), replica).await.unwrap();
         let config = ApiConfig {
             admin_token_hash: token_hash(ADMIN),
             max_message_bytes: 1 << 16,

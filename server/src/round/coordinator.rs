@@ -210,8 +210,13 @@ impl Coordinator {
     /// store and starts the actor. Rounds that were in flight when their
     /// leader stopped are not resumed: their tasks restart from the last
     /// completed round.
+    ///
+    /// The leases are kept through `lease_store`: on PostgreSQL a
+    /// connection of its own ([`SqlStore::connect_dedicated`]), so that
+    /// renewals never queue behind requests.
     pub async fn start(
         store: SqlStore,
+        lease_store: SqlStore,
         metrics: Metrics,
         replica: Replica,
     ) -> Result<Self, CoordinatorError> {
@@ -219,7 +224,7 @@ impl Coordinator {
         let routes = Arc::new(RwLock::new(Routes::default()));
         let replica = Arc::new(replica);
         let mut actor = Actor {
-            store: store.clone(),
+            store,
             engines: HashMap::new(),
             metrics,
             tx: tx.clone(),
@@ -227,7 +232,7 @@ impl Coordinator {
             replica: replica.clone(),
         };
         let mut keeper = LeaseKeeper {
-            store,
+            store: lease_store,
             replica: replica.clone(),
             routes: routes.clone(),
             held: HashMap::new(),

@@ -176,6 +176,21 @@ impl SqlStore {
     /// Connects to `url` and applies pending migrations. A SQLite file is
     /// created if missing.
     pub async fn connect(url: &str) -> StoreResult<Self> {
+        Self::open(url, None).await
+    }
+
+    /// A PostgreSQL connection of its own, for work that must not queue
+    /// behind requests for the shared pool (the lease renewals of
+    /// [`crate::round::coordinator`]); `url` was [`connect`](Self::connect)ed
+    /// (and migrated) first. SQLite is one process and one connection: it
+    /// has no such second store.
+    pub async fn connect_dedicated(url: &str) -> StoreResult<Self> {
+        Self::open(url, Some(1)).await
+    }
+
+    /// The pool for `url`, of `dedicated` connections (not migrating) or
+    /// the backend's default (migrating).
+    async fn open(url: &str, dedicated: Option<u32>) -> StoreResult<Self> {
         sqlx::any::install_default_drivers();
         let backend = Backend::of(url)
             .ok_or(StoreError::Conflict("the database URL must start with sqlite: or postgres://"))?;
@@ -183,10 +198,14 @@ impl SqlStore {
             Backend::Sqlite if !url.contains('?') && !url.contains(":memory:") => format!("{url}?mode=rwc"),
             _ => url.to_string(),
         };
-        let connections = match backend {
+        let connections = match (backend, dedicated) {
+            (Backend::Sqlite, Some(_)) => {
+                return Err(StoreError::Conflict("SQLite has one connection, the shared one"));
+            }
             // SQLite serialises writers anyway; one connection avoids "database is locked".
-            Backend::Sqlite => 1,
-            Backend::Postgres => 8,
+            (Backend::Sqlite, None) => 1,
+            (Backend::Postgres, None) => 8,
+            (Backend::Postgres, Some(connections)) => connections,
         };
         // A PostgreSQL server that went away fails requests within seconds
         // (a 503 with Retry-After) rather than after sqlx's default 30 s.
@@ -201,9 +220,10 @@ impl SqlStore {
             .acquire_timeout(acquire_timeout)
             .connect(&url)
             .await?;
-        match backend {
-            Backend::Sqlite => sqlx::migrate!("migrations/sqlite").run(&pool).await?,
-            Backend::Postgres => sqlx::migrate!("migrations/postgres").run(&pool).await?,
+        match (backend, dedicated) {
+            (_, Some(_)) => {}
+            (Backend::Sqlite, None) => sqlx::migrate!("migrations/sqlite").run(&pool).await?,
+            (Backend::Postgres, None) => sqlx::migrate!("migrations/postgres").run(&pool).await?,
         }
         Ok(Self { pool, backend })
     }
