@@ -5,6 +5,7 @@
 //! the `cohort-cli` crate, on top of this one.
 
 pub mod api;
+pub mod balancer;
 pub mod metrics;
 pub mod optimizer;
 pub mod round;

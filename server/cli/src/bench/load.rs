@@ -1,7 +1,8 @@
 //! `cohort bench load`: N concurrent HTTP clients of the client library
 //! drive full secure rounds against a real `cohort serve` process on
-//! loopback; reports round times, per-stage upload latencies and the
-//! server's peak resident memory.
+//! loopback, or against R replicas on one PostgreSQL database behind
+//! HAProxy; reports round times, per-stage upload latencies, and each
+//! server process's CPU time and peak resident memory.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -37,6 +38,14 @@ pub struct LoadArgs {
     /// task's default is 500).
     #[arg(long)]
     group_size: Option<u32>,
+    /// `cohort serve` replicas sharing the database, behind HAProxy.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// The database the servers use: a fresh SQLite file by default; a
+    /// PostgreSQL URL (of a fresh database: `createdb -h 127.0.0.1 NAME`)
+    /// for replicas, which are then started behind HAProxy, one included.
+    #[arg(long)]
+    database_url: Option<String>,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
@@ -66,14 +75,36 @@ struct LoadReport {
     p50_ms: f64,
     p99_ms: f64,
     stages: BTreeMap<&'static str, StageLatency>,
+    /// The largest of the replicas'.
     server_peak_rss_bytes: u64,
-    /// CPU time of the server process over the whole run (enrollment
-    /// included), user and system.
+    /// CPU time of the server processes over the whole run (enrollment
+    /// included), user and system, all replicas together.
     server_cpu_seconds: f64,
     /// The same per client and round.
     server_cpu_ms_per_client_round: f64,
+    /// Each replica's share (one entry for a single server).
+    replicas: Vec<ReplicaUsage>,
+    /// HAProxy's CPU time, when the replicas are behind it.
+    balancer_cpu_seconds: Option<f64>,
+    /// The clients' nice value (they share the servers' cores), or `None`
+    /// when it could not be lowered.
+    clients_nice: Option<i32>,
     survivors: Vec<u64>,
 }
+
+/// What one `cohort serve` process used.
+#[derive(Debug, Serialize)]
+struct ReplicaUsage {
+    url: String,
+    /// Whether it led the task (ran every group of its rounds).
+    leader: bool,
+    cpu_seconds: f64,
+    cpu_ms_per_client_round: f64,
+    peak_rss_bytes: u64,
+}
+
+/// The nice value of the client threads.
+const CLIENT_NICE: i32 = 19;
 
 /// Upload latencies by stage, shared by the client threads.
 type Latencies = Arc<Mutex<BTreeMap<&'static str, Vec<f64>>>>;
@@ -130,6 +161,7 @@ impl Trainer for Synthetic {
     }
 }
 
+/// A child process (a server or the balancer), killed on drop.
 struct ServerProcess(Child);
 
 impl Drop for ServerProcess {
@@ -176,14 +208,22 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     }
     let work = std::env::temp_dir().join(format!("cohort-load-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let database_url =
+        args.database_url.clone().unwrap_or_else(|| format!("sqlite://{}", work.join("load.db").display()));
+    let postgres = database_url.starts_with("postgres:") || database_url.starts_with("postgresql:");
+    if args.replicas == 0 || (args.replicas > 1 && !postgres) {
+        bail!("replicas share one PostgreSQL database: pass --database-url postgres://… (a fresh database)");
+    }
     let admin_token = new_token();
     let exe = std::env::current_exe().context("locating the cohort binary")?;
-    let server = ServerProcess(
-        Command::new(exe)
+    let free_port = || -> Result<u16> { Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
+    let mut servers = Vec::with_capacity(args.replicas);
+    for _ in 0..args.replicas {
+        let port = free_port()?;
+        let child = Command::new(&exe)
             .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
             .arg("--database-url")
-            .arg(format!("sqlite://{}", work.join("load.db").display()))
+            .arg(&database_url)
             .env("COHORT_ADMIN_TOKEN", &admin_token)
             // Under this load every request waits for a pooled SQLite
             // connection (the credential lookup); sqlx warns about each one.
@@ -191,17 +231,56 @@ pub fn load(args: &LoadArgs) -> Result<()> {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .context("starting cohort serve")?,
-    );
-    let url = format!("http://127.0.0.1:{port}");
-    let mut transport = HttpTransport::new(&url);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while admin(&mut transport, &admin_token, Method::Get, "/healthz", None).is_err() {
-        if Instant::now() > deadline {
-            bail!("cohort serve did not start");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+            .context("starting cohort serve")?;
+        servers.push((format!("http://127.0.0.1:{port}"), ServerProcess(child)));
     }
+    let up = |url: &str, path: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut transport = HttpTransport::new(url);
+        while admin(&mut transport, &admin_token, Method::Get, path, None).is_err() {
+            if Instant::now() > deadline {
+                bail!("{url}{path} did not answer");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    };
+    for (url, process) in &mut servers {
+        // A replica that could not start (a bad URL, say) says why on
+        // stderr and exits: no need to wait for it.
+        while admin(&mut HttpTransport::new(url), &admin_token, Method::Get, "/healthz", None).is_err() {
+            if let Some(status) = process.0.try_wait()? {
+                bail!("cohort serve exited ({status}) before it answered");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        up(url, "/readyz")?;
+    }
+    // On PostgreSQL the clients reach the replicas through HAProxy, one
+    // replica included, so that the numbers of R = 1, 2, 3 compare.
+    let balancer = if postgres {
+        let port = free_port()?;
+        let backends: Vec<u16> =
+            servers.iter().filter_map(|(url, _)| url.rsplit(':').next()?.parse().ok()).collect();
+        let config = work.join("haproxy.cfg");
+        std::fs::write(&config, cohort_server::balancer::haproxy_config(port, &backends))?;
+        let binary = cohort_server::balancer::haproxy_binary();
+        let child = Command::new(binary)
+            .args(["-db", "-f"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting HAProxy ({binary}; scripts/setup.sh installs it)"))?;
+        let balancer = ServerProcess(child);
+        let url = format!("http://127.0.0.1:{port}");
+        up(&url, "/readyz")?;
+        Some((url, balancer))
+    } else {
+        None
+    };
+    let url = balancer.as_ref().map_or_else(|| servers[0].0.clone(), |(url, _)| url.clone());
+    let mut transport = HttpTransport::new(&url);
     // SecAgg+ with derived k and t where they exist (large cohorts); the
     // complete graph with a majority threshold for small ones.
     let group_size = args.group_size.unwrap_or(args.clients as u32);
@@ -233,7 +312,32 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     )?)?;
     let task = created["id"].as_str().context("task id")?.to_string();
     let token = created["enrollment_token"].as_str().context("token")?.to_string();
+    // The replica that created the task leads it.
+    let view: Value = serde_json::from_slice(&admin(
+        &mut transport,
+        &admin_token,
+        Method::Get,
+        &format!("/admin/tasks/{task}"),
+        None,
+    )?)?;
+    let leader = view["leader"].as_str().unwrap_or_default().to_string();
 
+    // The clients share this machine's cores with the servers; in a
+    // deployment they are elsewhere. Their threads run at the lowest
+    // priority (threads inherit the nice value of the thread that spawns
+    // them, and `renice -p` sets the main thread's), so that a thousand
+    // busy clients cannot starve a server of the CPU it needs to keep its
+    // leases and its deadlines.
+    let clients_niced = Command::new("renice")
+        .args(["-n", &CLIENT_NICE.to_string(), "-p", &std::process::id().to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !clients_niced {
+        eprintln!(
+            "cohort bench load: could not lower the clients' priority (renice); they compete with the servers"
+        );
+    }
     let latencies: Latencies = Arc::default();
     let started = Instant::now();
     let config = ParticipantConfig {
@@ -275,10 +379,26 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     if rounds.len() != args.rounds as usize {
         bail!("{} of {} rounds completed", rounds.len(), args.rounds);
     }
-    let server_peak_rss_bytes = peak_rss(server.0.id()).unwrap_or(0);
-    let server_cpu_seconds = cpu_seconds(server.0.id()).unwrap_or(0.0);
-    drop(server);
+    let per_client_round = |seconds: f64| seconds * 1e3 / (args.clients as f64 * f64::from(args.rounds));
+    let replicas: Vec<ReplicaUsage> = servers
+        .iter()
+        .map(|(url, process)| {
+            let cpu_seconds = cpu_seconds(process.0.id()).unwrap_or(0.0);
+            ReplicaUsage {
+                leader: *url == leader || servers.len() == 1,
+                url: url.clone(),
+                cpu_seconds,
+                cpu_ms_per_client_round: per_client_round(cpu_seconds),
+                peak_rss_bytes: peak_rss(process.0.id()).unwrap_or(0),
+            }
+        })
+        .collect();
+    let balancer_cpu_seconds = balancer.as_ref().and_then(|(_, process)| cpu_seconds(process.0.id()));
+    drop(balancer);
+    drop(servers);
     let _ = std::fs::remove_dir_all(&work);
+    let server_cpu_seconds: f64 = replicas.iter().map(|r| r.cpu_seconds).sum();
+    let server_peak_rss_bytes = replicas.iter().map(|r| r.peak_rss_bytes).max().unwrap_or(0);
 
     let durations: Vec<f64> = rounds
         .iter()
@@ -315,16 +435,22 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         stages,
         server_peak_rss_bytes,
         server_cpu_seconds,
-        server_cpu_ms_per_client_round: server_cpu_seconds * 1e3
-            / (args.clients as f64 * f64::from(args.rounds)),
+        server_cpu_ms_per_client_round: per_client_round(server_cpu_seconds),
+        replicas,
+        balancer_cpu_seconds,
+        clients_nice: clients_niced.then_some(CLIENT_NICE),
         survivors: rounds.iter().map(|r| r["survivors"].as_u64().unwrap_or(0)).collect(),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "cohort bench load: {} clients in groups of {}, {} coordinates, {} rounds",
-            report.clients, report.group_size, report.dim, report.rounds
+            "cohort bench load: {} clients in groups of {}, {} coordinates, {} rounds, {} replica(s)",
+            report.clients,
+            report.group_size,
+            report.dim,
+            report.rounds,
+            report.replicas.len()
         );
         println!(
             "  round time        {:.2} s (mean), {:.3} rounds/s overall",
@@ -342,6 +468,21 @@ pub fn load(args: &LoadArgs) -> Result<()> {
             "  server CPU        {:.2} s ({:.2} ms per client and round)",
             report.server_cpu_seconds, report.server_cpu_ms_per_client_round
         );
+        if report.replicas.len() > 1 || report.balancer_cpu_seconds.is_some() {
+            for replica in &report.replicas {
+                println!(
+                    "    {:<22} CPU {:.2} s ({:.2} ms per client and round), peak RSS {:.1} MiB{}",
+                    replica.url,
+                    replica.cpu_seconds,
+                    replica.cpu_ms_per_client_round,
+                    replica.peak_rss_bytes as f64 / (1 << 20) as f64,
+                    if replica.leader { ", leader" } else { "" }
+                );
+            }
+        }
+        if let Some(seconds) = report.balancer_cpu_seconds {
+            println!("  HAProxy CPU       {seconds:.2} s");
+        }
         println!("  survivors         {:?}", report.survivors);
     }
     Ok(())

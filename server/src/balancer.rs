@@ -1,0 +1,49 @@
+//! The HAProxy configuration for replicas of `cohort serve` behind one
+//! address: round robin, health checks on readiness (so that a replica
+//! that cannot reach the database leaves the rotation), and retries of
+//! requests that never reached a replica. docs/DEPLOYMENT.md shows it; the
+//! replica tests and `cohort bench load --replicas` start HAProxy with it.
+
+use std::fmt::Write;
+
+/// The configuration of a balancer on `127.0.0.1:port` in front of
+/// replicas on the loopback `backends` ports.
+pub fn haproxy_config(port: u16, backends: &[u16]) -> String {
+    let mut config = format!(
+        "global\n    maxconn 4096\n\n\
+         defaults\n    mode http\n    timeout connect 2s\n    timeout client 120s\n    timeout server 120s\n    \
+         option redispatch\n    retries 3\n    retry-on conn-failure empty-response 503\n\n\
+         frontend cohort\n    bind 127.0.0.1:{port}\n    default_backend replicas\n\n\
+         backend replicas\n    balance roundrobin\n    option httpchk GET /readyz\n    http-check expect status 200\n    \
+         default-server inter 300ms fall 2 rise 2\n"
+    );
+    for (i, backend) in backends.iter().enumerate() {
+        let _ = writeln!(config, "    server replica{i} 127.0.0.1:{backend} check");
+    }
+    config
+}
+
+/// Where Debian's `haproxy` package installs the binary (`scripts/setup.sh`
+/// installs it), else whatever `haproxy` is on `PATH`.
+pub fn haproxy_binary() -> &'static str {
+    ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
+        .into_iter()
+        .find(|path| std::path::Path::new(path).exists())
+        .unwrap_or("haproxy")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deployment_guide_shows_the_configuration_the_tests_use() {
+        let guide = include_str!("../../docs/DEPLOYMENT.md");
+        let shown = guide
+            .split("```text\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("docs/DEPLOYMENT.md shows a configuration");
+        assert_eq!(shown, haproxy_config(8000, &[8081, 8082, 8083]));
+    }
+}
