@@ -5,6 +5,8 @@
 //! replica tests and `cohort bench load --replicas` start HAProxy with it.
 
 use std::fmt::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 
 /// The configuration of a balancer on `127.0.0.1:port` in front of
 /// replicas on the loopback `backends` ports.
@@ -23,12 +25,24 @@ pub fn haproxy_config(port: u16, backends: &[u16]) -> String {
     config
 }
 
+/// Writes [`haproxy_config`] to `config` and starts HAProxy on it in the
+/// foreground (`-db`), its output discarded; the caller stops it.
+pub fn spawn_haproxy(config: &Path, port: u16, backends: &[u16]) -> std::io::Result<Child> {
+    std::fs::write(config, haproxy_config(port, backends))?;
+    Command::new(haproxy_binary())
+        .args(["-db", "-f"])
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
 /// Where Debian's `haproxy` package installs the binary (`scripts/setup.sh`
 /// installs it), else whatever `haproxy` is on `PATH`.
-pub fn haproxy_binary() -> &'static str {
+fn haproxy_binary() -> &'static str {
     ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
         .into_iter()
-        .find(|path| std::path::Path::new(path).exists())
+        .find(|path| Path::new(path).exists())
         .unwrap_or("haproxy")
 }
 

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cohort_server::balancer::{haproxy_binary, haproxy_config};
+use cohort_server::balancer::spawn_haproxy;
 use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port};
 use cohort_tests::process::{ServeProcess, json_call};
 use serde_json::{Value, json};
@@ -32,15 +32,8 @@ impl Balancer {
     fn start(scratch: &Path, backends: &[u16]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let config = scratch.join("haproxy.cfg");
-        std::fs::write(&config, haproxy_config(port, backends)).unwrap();
-        let binary = haproxy_binary();
-        let child = Command::new(binary)
-            .args(["-db", "-f"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting HAProxy ({binary}; scripts/setup.sh installs it): {e}"));
+        let child = spawn_haproxy(&config, port, backends)
+            .unwrap_or_else(|e| panic!("starting HAProxy (scripts/setup.sh installs it): {e}"));
         let balancer = Self { child, port, config };
         let deadline = Instant::now() + Duration::from_secs(20);
         let up = || {

@@ -27,3 +27,13 @@ pub(crate) fn admin(
     }
     Ok(response.body)
 }
+
+/// A `GET` of the admin API, its JSON reply parsed.
+pub(crate) fn admin_get<T: serde::de::DeserializeOwned>(
+    transport: &mut HttpTransport,
+    token: &str,
+    path: &str,
+) -> Result<T> {
+    let body = admin(transport, token, Method::Get, path, None)?;
+    serde_json::from_slice(&body).map_err(|e| anyhow!("admin API {path}: {e}"))
+}

@@ -21,7 +21,7 @@ use cohort_server::service::{Service, ServiceConfig};
 use cohort_server::spec::{GraphChoice, SecAggSpec, TaskSpec, VariantChoice};
 use serde_json::Value;
 
-use crate::admin::admin;
+use crate::admin::{admin, admin_get};
 use crate::datasets::write_shard;
 use crate::experiment::Experiment;
 use crate::progress::Progress;
@@ -215,20 +215,9 @@ fn run_coordinator_and_clients(
     )?;
     while (rows.len() as u64) < training.rounds {
         std::thread::sleep(Duration::from_millis(200));
-        let rounds: Vec<Value> = serde_json::from_slice(&admin(
-            &mut transport,
-            &admin_token,
-            Method::Get,
-            &format!("/admin/tasks/{task}/rounds"),
-            None,
-        )?)?;
-        let view: Value = serde_json::from_slice(&admin(
-            &mut transport,
-            &admin_token,
-            Method::Get,
-            &format!("/admin/tasks/{task}"),
-            None,
-        )?)?;
+        let rounds: Vec<Value> =
+            admin_get(&mut transport, &admin_token, &format!("/admin/tasks/{task}/rounds"))?;
+        let view: Value = admin_get(&mut transport, &admin_token, &format!("/admin/tasks/{task}"))?;
         if last_finished.is_none() {
             last_finished = view["created_at"].as_i64();
         }

@@ -20,7 +20,7 @@ use cohort_server::spec::TaskSpec;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::admin::admin;
+use crate::admin::{admin, admin_get};
 
 #[derive(Debug, Args)]
 pub struct LoadArgs {
@@ -262,16 +262,8 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         let port = free_port()?;
         let backends: Vec<u16> =
             servers.iter().filter_map(|(url, _)| url.rsplit(':').next()?.parse().ok()).collect();
-        let config = work.join("haproxy.cfg");
-        std::fs::write(&config, cohort_server::balancer::haproxy_config(port, &backends))?;
-        let binary = cohort_server::balancer::haproxy_binary();
-        let child = Command::new(binary)
-            .args(["-db", "-f"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting HAProxy ({binary}; scripts/setup.sh installs it)"))?;
+        let child = cohort_server::balancer::spawn_haproxy(&work.join("haproxy.cfg"), port, &backends)
+            .context("starting HAProxy (scripts/setup.sh installs it)")?;
         let balancer = ServerProcess(child);
         let url = format!("http://127.0.0.1:{port}");
         up(&url, "/readyz")?;
@@ -313,13 +305,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     let task = created["id"].as_str().context("task id")?.to_string();
     let token = created["enrollment_token"].as_str().context("token")?.to_string();
     // The replica that created the task leads it.
-    let view: Value = serde_json::from_slice(&admin(
-        &mut transport,
-        &admin_token,
-        Method::Get,
-        &format!("/admin/tasks/{task}"),
-        None,
-    )?)?;
+    let view: Value = admin_get(&mut transport, &admin_token, &format!("/admin/tasks/{task}"))?;
     let leader = view["leader"].as_str().unwrap_or_default().to_string();
 
     // The clients share this machine's cores with the servers; in a
@@ -374,8 +360,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         bail!("{} clients failed; the first: {first}", failures.len());
     }
     let path = format!("/admin/tasks/{task}/rounds");
-    let rounds: Vec<Value> =
-        serde_json::from_slice(&admin(&mut transport, &admin_token, Method::Get, &path, None)?)?;
+    let rounds: Vec<Value> = admin_get(&mut transport, &admin_token, &path)?;
     if rounds.len() != args.rounds as usize {
         bail!("{} of {} rounds completed", rounds.len(), args.rounds);
     }
