@@ -225,9 +225,9 @@ impl SecAggSpec {
         self.variant.unwrap_or(VariantChoice::SemiHonest)
     }
 
-    /// Fills in the variant of a task being created: one that does not name
-    /// it runs the active variant.
-    /// and is aggregated in groups of at most [`DEFAULT_GROUP_SIZE`].
+    /// Fills in what a task being created does not name: it runs the
+    /// active variant and is aggregated in groups of at most
+    /// [`DEFAULT_GROUP_SIZE`].
     pub fn default_for_new_task(&mut self) {
         self.variant.get_or_insert(VariantChoice::Active);
         self.group_size.get_or_insert(DEFAULT_GROUP_SIZE);

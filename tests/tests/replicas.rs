@@ -172,19 +172,16 @@ fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leade
 
     // After round 1, a replica that does not lead the task dies: only
     // requests it was forwarding are lost, and clients retry them.
+    let leads = |replica: &Option<ServeProcess>| {
+        replica.as_ref().map(|r| first_leader.ends_with(&format!(":{}", r.port)))
+    };
     wait_for(Duration::from_secs(120), "round 1", || !rounds(lb, &task).is_empty());
-    let bystander = replicas
-        .iter()
-        .position(|r| r.as_ref().is_some_and(|r| !first_leader.ends_with(&format!(":{}", r.port))))
-        .unwrap();
+    let bystander = replicas.iter().position(|r| leads(r) == Some(false)).unwrap();
     replicas[bystander].take().unwrap().kill();
     // After round 3, the leader dies: another replica takes its lease and
     // the task goes on from the last stored round.
     wait_for(Duration::from_secs(120), "round 3", || rounds(lb, &task).len() >= 3);
-    let leading = replicas
-        .iter()
-        .position(|r| r.as_ref().is_some_and(|r| first_leader.ends_with(&format!(":{}", r.port))))
-        .unwrap();
+    let leading = replicas.iter().position(|r| leads(r) == Some(true)).unwrap();
     replicas[leading].take().unwrap().kill();
     let survivor = replicas.iter().flatten().next().unwrap().port;
     wait_for(Duration::from_secs(30), "a new leader", || {

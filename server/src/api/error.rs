@@ -29,7 +29,6 @@ impl ApiError {
         Self { status, code, message: message.into(), retry_after: None }
     }
 
-    /// A `429`: the caller should wait `wait`.
     /// Tells the client to retry after `wait` (`Retry-After` and
     /// `retry_after_ms`).
     pub(super) fn retry_after(mut self, wait: Duration) -> Self {
@@ -37,24 +36,20 @@ impl ApiError {
         self
     }
 
+    /// A `429`: the caller should wait `wait`.
     pub(super) fn rate_limited(wait: Duration) -> Self {
         let message = format!("too many requests; retry in {} ms", wait.as_millis().max(1));
-        Self {
-            retry_after: Some(wait),
-            ..Self::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, message)
-        }
+        Self::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, message).retry_after(wait)
     }
 
     /// A `503`: the database cannot be reached.
     fn database_unavailable() -> Self {
-        Self {
-            retry_after: Some(DATABASE_RETRY),
-            ..Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::Unavailable,
-                "the database is unavailable or overloaded; retry later",
-            )
-        }
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Unavailable,
+            "the database is unavailable or overloaded; retry later",
+        )
+        .retry_after(DATABASE_RETRY)
     }
 
     /// The HTTP status.

@@ -76,6 +76,14 @@ impl Forwarder {
         Self { client, key: std::sync::Arc::new(key) }
     }
 
+    /// The key as the header a forwarded request carries (hex, so always
+    /// a valid value), marked sensitive.
+    fn key_header(&self) -> HeaderValue {
+        let mut value = HeaderValue::from_str(&self.key).unwrap_or(HeaderValue::from_static(""));
+        value.set_sensitive(true);
+        value
+    }
+
     /// Whether `headers` carry this deployment's replica key.
     pub fn vouched(&self, headers: &HeaderMap) -> bool {
         headers.get(REPLICA_KEY).is_some_and(|value| bool::from(value.as_bytes().ct_eq(self.key.as_bytes())))
@@ -93,7 +101,7 @@ impl Forwarder {
     async fn forward(&self, base: &str, client: Option<IpAddr>, request: Request) -> Response {
         let (mut parts, body) = request.into_parts();
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let Ok(uri) = format!("{}{path}", base.trim_end_matches('/')).parse::<Uri>() else {
+        let Some(uri) = at(base, path) else {
             return unavailable("the task's replica has an unusable address");
         };
         parts.uri = uri;
@@ -101,9 +109,7 @@ impl Forwarder {
         for hop in [header::HOST, header::CONNECTION, header::TRANSFER_ENCODING, header::UPGRADE] {
             parts.headers.remove(hop);
         }
-        parts
-            .headers
-            .insert(REPLICA_KEY, HeaderValue::from_str(&self.key).unwrap_or(HeaderValue::from_static("")));
+        parts.headers.insert(REPLICA_KEY, self.key_header());
         if let Some(address) = client.and_then(|a| HeaderValue::from_str(&a.to_string()).ok()) {
             parts.headers.insert(CLIENT_ADDRESS, address);
         }
@@ -127,12 +133,11 @@ impl Forwarder {
         path: &str,
         authorization: Option<&HeaderValue>,
     ) -> Option<T> {
-        let uri: Uri = format!("{}{path}", base.trim_end_matches('/')).parse().ok()?;
-        let mut request = Request::get(uri).body(Body::empty()).ok()?;
+        let mut request = Request::get(at(base, path)?).body(Body::empty()).ok()?;
         if let Some(value) = authorization {
             request.headers_mut().insert(header::AUTHORIZATION, value.clone());
         }
-        request.headers_mut().insert(REPLICA_KEY, HeaderValue::from_str(&self.key).ok()?);
+        request.headers_mut().insert(REPLICA_KEY, self.key_header());
         let response =
             tokio::time::timeout(Duration::from_secs(5), self.client.request(request)).await.ok()?.ok()?;
         if !response.status().is_success() {
@@ -141,6 +146,11 @@ impl Forwarder {
         let body = http_body_util::BodyExt::collect(response.into_body()).await.ok()?.to_bytes();
         serde_json::from_slice(&body).ok()
     }
+}
+
+/// `path` (with its query) at the replica whose URL is `base`.
+fn at(base: &str, path: &str) -> Option<Uri> {
+    format!("{}{path}", base.trim_end_matches('/')).parse().ok()
 }
 
 /// A `503` with `Retry-After` in the API's error form.
@@ -274,5 +284,8 @@ mod tests {
         // The key is not the admin token, nor its hash as the API stores it.
         assert!(!ours.key.contains("admin-token"));
         assert_ne!(*ours.key, hex::encode(token_hash("admin-token-of-this-deployment")));
+        // It is sent as itself, and kept out of logs.
+        assert!(ours.vouched(&HeaderMap::from_iter([(REPLICA_KEY.parse().unwrap(), ours.key_header())])));
+        assert!(ours.key_header().is_sensitive());
     }
 }

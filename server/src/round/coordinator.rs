@@ -22,6 +22,7 @@
 
 use cohort_crypto::policy::TaskSecurity;
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -534,12 +535,11 @@ impl Actor {
         loop {
             tokio::select! {
                 request = rx.recv() => match request {
-                    Some(Request::Shutdown { reply }) => {
-                        self.give_up_leases().await;
-                        let _ = reply.send(());
-                        return;
+                    Some(request) => {
+                        if self.handle(request).await.is_break() {
+                            return;
+                        }
                     }
-                    Some(request) => self.handle(request).await,
                     None => return,
                 },
                 _ = ticker.tick() => {
@@ -605,7 +605,8 @@ impl Actor {
         self.engines.get_mut(id).ok_or(CoordinatorError::UnknownTask)
     }
 
-    async fn handle(&mut self, request: Request) {
+    /// Serves one request; `Break` once the actor must stop (shutdown).
+    async fn handle(&mut self, request: Request) -> ControlFlow<()> {
         match request {
             Request::Load { id, reply } => {
                 // A task just created: this replica leads it.
@@ -677,7 +678,9 @@ impl Actor {
                 let _ = reply.send(self.engine(&task).map(|engine| engine.security()));
             }
             Request::Shutdown { reply } => {
+                self.give_up_leases().await;
                 let _ = reply.send(());
+                return ControlFlow::Break(());
             }
             Request::Lease(event) => self.apply(event),
             Request::Unmasked { task, round, group, result } => {
@@ -690,6 +693,7 @@ impl Actor {
                 self.tick(&task).await;
             }
         }
+        ControlFlow::Continue(())
     }
 
     async fn set_status(&mut self, id: &str, status: TaskStatus) -> Result<(), CoordinatorError> {

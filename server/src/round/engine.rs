@@ -555,6 +555,7 @@ impl TaskEngine {
     /// step, and the round's records.
     fn compute(&self, now: i64) -> Result<Completion, TaskError> {
         let round = self.round.as_ref().ok_or(TaskError::NoSuchRound(self.completed + 1))?;
+        let dimension = self.spec.model.layout.len();
         let round_number = round.number;
         let done: Vec<&GroupSum> = round
             .groups
@@ -571,7 +572,7 @@ impl TaskEngine {
         let mean: Vec<f32> = match done.as_slice() {
             [only] => only.mean.mean.clone(),
             _ => {
-                let mut sum = vec![0f64; self.spec.model.layout.len()];
+                let mut sum = vec![0f64; dimension];
                 for group in &done {
                     let weight = group.mean.total_weight as f64;
                     for (s, m) in sum.iter_mut().zip(&group.mean.mean) {
@@ -587,7 +588,6 @@ impl TaskEngine {
         let mut weights = self.weights.clone();
         let mut state = self.optimizer_state.clone();
         self.spec.optimizer.step(&mut weights, &mean, &mut state)?;
-        let dimension = self.spec.model.layout.len();
         let selected = round.selected() as f64;
         let (bytes_up, bytes_down) = round.bytes();
         let mut metrics = round.metrics.clone();

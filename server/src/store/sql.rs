@@ -678,8 +678,7 @@ impl Store for SqlStore {
             .map(|row| row.try_get("id"))
             .collect::<Result<_, _>>()?;
         for id in &gone {
-            sqlx::query("DELETE FROM task_leases WHERE replica_id = $1").bind(id).execute(&mut *tx).await?;
-            sqlx::query("DELETE FROM replicas WHERE id = $1").bind(id).execute(&mut *tx).await?;
+            delete_replica(&mut tx, id).await?;
         }
         tx.commit().await?;
         self.heartbeat(replica).await
@@ -701,8 +700,7 @@ impl Store for SqlStore {
 
     async fn remove_replica(&self, id: &str) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("DELETE FROM task_leases WHERE replica_id = $1").bind(id).execute(&mut *tx).await?;
-        sqlx::query("DELETE FROM replicas WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        delete_replica(&mut tx, id).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -769,6 +767,13 @@ impl Store for SqlStore {
         .await?;
         rows.iter().map(|row| Ok((row.try_get("task_id")?, replica_from(row)?))).collect()
     }
+}
+
+/// Deletes a replica and the leases it holds, within `tx`.
+async fn delete_replica(tx: &mut sqlx::Transaction<'_, sqlx::Any>, id: &str) -> StoreResult<()> {
+    sqlx::query("DELETE FROM task_leases WHERE replica_id = $1").bind(id).execute(&mut **tx).await?;
+    sqlx::query("DELETE FROM replicas WHERE id = $1").bind(id).execute(&mut **tx).await?;
+    Ok(())
 }
 
 async fn insert_token(

@@ -234,27 +234,25 @@ pub fn load(args: &LoadArgs) -> Result<()> {
             .context("starting cohort serve")?;
         servers.push((format!("http://127.0.0.1:{port}"), ServerProcess(child)));
     }
-    let up = |url: &str, path: &str| {
+    // Ready: the process answers /readyz (its database too). One that
+    // could not start (a bad URL, say) says why on stderr and exits: no
+    // need to wait out the deadline for it.
+    let ready = |url: &str, process: &mut ServerProcess| -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut transport = HttpTransport::new(url);
-        while admin(&mut transport, &admin_token, Method::Get, path, None).is_err() {
+        while admin(&mut transport, &admin_token, Method::Get, "/readyz", None).is_err() {
+            if let Some(status) = process.0.try_wait()? {
+                bail!("{url} exited ({status}) before it was ready");
+            }
             if Instant::now() > deadline {
-                bail!("{url}{path} did not answer");
+                bail!("{url} was not ready within 30 s");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(())
     };
     for (url, process) in &mut servers {
-        // A replica that could not start (a bad URL, say) says why on
-        // stderr and exits: no need to wait for it.
-        while admin(&mut HttpTransport::new(url), &admin_token, Method::Get, "/healthz", None).is_err() {
-            if let Some(status) = process.0.try_wait()? {
-                bail!("cohort serve exited ({status}) before it answered");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        up(url, "/readyz")?;
+        ready(url, process)?;
     }
     // On PostgreSQL the clients reach the replicas through HAProxy, one
     // replica included, so that the numbers of R = 1, 2, 3 compare.
@@ -264,9 +262,9 @@ pub fn load(args: &LoadArgs) -> Result<()> {
             servers.iter().filter_map(|(url, _)| url.rsplit(':').next()?.parse().ok()).collect();
         let child = cohort_server::balancer::spawn_haproxy(&work.join("haproxy.cfg"), port, &backends)
             .context("starting HAProxy (scripts/setup.sh installs it)")?;
-        let balancer = ServerProcess(child);
+        let mut balancer = ServerProcess(child);
         let url = format!("http://127.0.0.1:{port}");
-        up(&url, "/readyz")?;
+        ready(&url, &mut balancer)?;
         Some((url, balancer))
     } else {
         None
