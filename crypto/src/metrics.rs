@@ -236,7 +236,10 @@ impl<'de> serde::Deserialize<'de> for MetricValues {
 pub struct MetricSums([Option<(f64, u32)>; Metric::ALL.len()]);
 
 impl MetricSums {
-    pub(crate) fn insert(&mut self, metric: Metric, sum: f64, reporters: u32) {
+    /// Sets `metric`'s sum and its number of reporters: how a sum that
+    /// was decoded elsewhere (a group's, on another coordinator replica)
+    /// is put back together.
+    pub fn insert(&mut self, metric: Metric, sum: f64, reporters: u32) {
         self.0[metric.index()] = Some((sum, reporters));
     }
 

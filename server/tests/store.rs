@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use cohort_server::api::auth::token_hash;
 use cohort_server::store::Backend;
 use cohort_server::store::{
-    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, ParticipantRecord, ReplicaRecord,
-    RoundRecord, SqlStore, Store, StoreError, TaskRecord, TaskStatus,
+    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, GroupKey, GroupRecord, GroupRowState,
+    ParticipantRecord, ReplicaRecord, RoundRecord, SqlStore, Store, StoreError, TaskRecord, TaskStatus,
 };
 use sqlx::Connection;
 
@@ -354,6 +354,88 @@ async fn replicas_and_task_leases(store: &SqlStore) {
     assert_eq!(store.acquire_lease("t", "a2", 310, 410).await.unwrap(), Some(1), "free at once");
 }
 
+fn group(task: &str, round: u64, attempt: u32, group: u32, owner: &str, expires_at: i64) -> GroupRecord {
+    GroupRecord {
+        key: GroupKey { task: task.into(), round, attempt, group },
+        leader_id: "lead".into(),
+        owner_id: owner.into(),
+        owner_url: format!("http://{owner}:8080"),
+        assignment: format!("{{\"roster\": [\"{owner}-{group}\"]}}"),
+        state: GroupRowState::Assigned,
+        stage: "advertise-keys".into(),
+        expires_at,
+        report: None,
+    }
+}
+
+/// The leader hands groups out; each owner claims, renews, reports and
+/// settles its own; a lapsed one is marked lost once, and an owner cannot
+/// settle a group that is no longer its.
+async fn round_groups_between_leader_and_owners(store: &SqlStore) {
+    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    let key = |g: u32| GroupKey { task: "t".into(), round: 1, attempt: 1, group: g };
+    // An earlier round's rows are replaced by the next assignment.
+    store.assign_groups(&[group("t", 1, 1, 0, "old", 50)]).await.unwrap();
+    let handed =
+        [group("t", 1, 2, 0, "a", 200), group("t", 1, 2, 1, "b", 200), group("t", 1, 2, 2, "c", 200)];
+    store.assign_groups(&handed).await.unwrap();
+    let key = |g: u32| GroupKey { attempt: 2, ..key(g) };
+    let routes = store.group_routes(100).await.unwrap();
+    assert_eq!(routes.iter().map(|r| r.key.clone()).collect::<Vec<_>>(), [key(0), key(1), key(2)]);
+    assert_eq!(routes[1], handed[1]);
+    // Each owner claims its own, once, while it holds.
+    let claimed = store.claim_groups("a", 100, 300).await.unwrap();
+    assert_eq!(
+        claimed.iter().map(|r| (r.key.clone(), r.state, r.expires_at)).collect::<Vec<_>>(),
+        [(key(0), GroupRowState::Running, 300)]
+    );
+    assert!(store.claim_groups("a", 110, 310).await.unwrap().is_empty());
+    assert_eq!(store.claim_groups("b", 120, 320).await.unwrap().len(), 1);
+    assert!(store.claim_groups("c", 250, 350).await.unwrap().is_empty(), "c's assignment lapsed at 200");
+    // a renews and reports its stage; b does not renew.
+    assert_eq!(store.renew_groups("a", 290, 400).await.unwrap(), [key(0)]);
+    store.group_stage(&key(0), "a", "share-keys").await.unwrap();
+    store.group_stage(&key(0), "b", "unmasking").await.unwrap();
+    // At 350 the leader finds b's and c's lapsed: lost, and no longer routed.
+    let led = store.led_groups("lead", 350).await.unwrap();
+    let states: Vec<(u32, GroupRowState, &str)> =
+        led.iter().map(|r| (r.key.group, r.state, r.stage.as_str())).collect();
+    assert_eq!(
+        states,
+        [
+            (0, GroupRowState::Running, "share-keys"),
+            (1, GroupRowState::Lost, "advertise-keys"),
+            (2, GroupRowState::Lost, "advertise-keys")
+        ]
+    );
+    assert!(store.led_groups("another", 350).await.unwrap().is_empty());
+    assert_eq!(store.group_routes(350).await.unwrap().len(), 1);
+    // b cannot renew or settle a lost group; a settles its own once.
+    assert!(store.renew_groups("b", 360, 460).await.unwrap().is_empty());
+    assert!(!store.settle_group(&key(1), "b", 360, "{}", None).await.unwrap());
+    assert!(!store.settle_group(&key(0), "b", 360, "{}", Some(&[1, 2])).await.unwrap(), "not b's");
+    assert!(store.settle_group(&key(0), "a", 360, "{\"survivors\": 4}", Some(&[1, 2, 3, 4])).await.unwrap());
+    assert!(!store.settle_group(&key(0), "a", 370, "{}", None).await.unwrap(), "settled once");
+    let led = store.led_groups("lead", 380).await.unwrap();
+    assert_eq!((led[0].state, led[0].report.as_deref()), (GroupRowState::Done, Some("{\"survivors\": 4}")));
+    assert_eq!(store.group_mean(&key(0)).await.unwrap(), [1, 2, 3, 4]);
+    assert!(matches!(store.group_mean(&key(1)).await, Err(StoreError::NotFound(_))));
+    // A replica that stops gives its groups up at once.
+    store.assign_groups(&[group("t", 2, 1, 0, "d", 1000)]).await.unwrap();
+    assert_eq!(store.claim_groups("d", 500, 1000).await.unwrap().len(), 1);
+    store.heartbeat(&replica("d", 500)).await.unwrap();
+    store.remove_replica("d").await.unwrap();
+    assert!(store.renew_groups("d", 510, 1000).await.unwrap().is_empty());
+    assert_eq!(store.led_groups("lead", 510).await.unwrap()[0].state, GroupRowState::Lost);
+    // The leader forgets a task's groups.
+    store.delete_groups("t").await.unwrap();
+    assert!(store.led_groups("lead", 520).await.unwrap().is_empty());
+    assert!(matches!(
+        store.assign_groups(&[group("nope", 1, 1, 0, "a", 100)]).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
 async fn data_survives_reconnection(url: &str) {
     let store = SqlStore::connect(url).await.unwrap();
     store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
@@ -395,6 +477,7 @@ on_both_backends!(
     client_metrics_once_per_round,
     round_contributors_last_until_their_round_completes,
     replicas_and_task_leases,
+    round_groups_between_leader_and_owners,
 );
 
 #[tokio::test]

@@ -1,8 +1,10 @@
 //! Replicas of `cohort serve` on one PostgreSQL database behind HAProxy:
 //! `cohort participate` processes talk to the load balancer only, a replica
 //! and then the leader of the task are SIGKILLed between rounds, and every
-//! round still completes exactly once; a second replica on a SQLite file is
-//! refused. All traffic stays on 127.0.0.1.
+//! round still completes exactly once; a round's groups run on different
+//! replicas, and one killed mid-round costs only its group's clients; a
+//! second replica on a SQLite file is refused. All traffic stays on
+//! 127.0.0.1.
 //!
 //! HAProxy is Debian's (`scripts/setup.sh` installs it), started by the
 //! test with its own configuration on a free loopback port.
@@ -69,22 +71,30 @@ fn spec(rounds: u32) -> Value {
     })
 }
 
-/// Eight `cohort participate` processes on IID shards of the `mnist`
+/// A task of twelve clients a round in three groups of four, each with
+/// threshold 3.
+fn grouped_spec(rounds: u32) -> Value {
+    let mut spec = spec(rounds);
+    spec["clients_per_round"] = json!(12);
+    spec["secure_aggregation"]["group_size"] = json!(4);
+    spec
+}
+
+/// `n` `cohort participate` processes on IID shards of the `mnist`
 /// digits, talking to the balancer only.
-fn participants(scratch: &Path, lb: u16, task: &str, token: &str, spec: &Value) -> Vec<Child> {
+fn participants(scratch: &Path, n: usize, lb: u16, task: &str, token: &str, policy: &str) -> Vec<Child> {
     let shards = scratch.join("shards");
     let output = Command::new(&cohort_tests::artifacts().cohort)
-        .args(["partition", "--dataset", "mnist", "--clients", "8", "--partition", "iid", "--out"])
+        .args(["partition", "--dataset", "mnist", "--clients", &n.to_string(), "--partition", "iid", "--out"])
         .arg(&shards)
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let policy = cohort_tests::policy_json(spec);
-    (0..8)
+    (0..n)
         .map(|i| {
             Command::new(&cohort_tests::artifacts().cohort)
                 .args(["participate", "--server", &format!("http://127.0.0.1:{lb}"), "--task", task])
-                .args(["--index", &i.to_string(), "--model", "logreg", "--epochs", "1", "--policy", &policy])
+                .args(["--index", &i.to_string(), "--model", "logreg", "--epochs", "1", "--policy", policy])
                 .args(["--max-attempts", "20"])
                 .arg("--shard")
                 .arg(shards.join(i.to_string()))
@@ -133,11 +143,21 @@ fn create_task(lb: u16, spec: &Value) -> (String, String) {
 }
 
 fn rounds(port: u16, task: &str) -> Vec<i64> {
+    round_records(port, task).iter().map(|r| r["round"].as_i64().unwrap()).collect()
+}
+
+fn round_records(port: u16, task: &str) -> Vec<Value> {
     let (status, body) = json_call(port, "GET", &format!("/admin/tasks/{task}/rounds"), Some(ADMIN), None);
     if status != 200 {
         return Vec::new();
     }
-    body.as_array().unwrap().iter().map(|r| r["round"].as_i64().unwrap()).collect()
+    body.as_array().unwrap().clone()
+}
+
+/// The round in progress, as the task's view shows it.
+fn current_round(port: u16, task: &str) -> Option<i64> {
+    let (status, body) = json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
+    (status == 200).then(|| body["current_round"].as_i64()).flatten()
 }
 
 fn leader(port: u16, task: &str) -> Option<String> {
@@ -168,7 +188,7 @@ fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leade
     let (task, token) = create_task(lb, &spec);
     let first_leader = leader(lb, &task).expect("a replica leads the new task");
 
-    let mut clients = participants(&scratch, lb, &task, &token, &spec);
+    let mut clients = participants(&scratch, 8, lb, &task, &token, &cohort_tests::policy_json(&spec));
 
     // After round 1, a replica that does not lead the task dies: only
     // requests it was forwarding are lost, and clients retry them.
@@ -194,6 +214,64 @@ fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leade
     std::fs::remove_dir_all(&scratch).unwrap();
 }
 
+/// Three replicas divide each round's three groups between them: the
+/// leader hands groups to the others, which run them and store their sums.
+/// A replica killed in the middle of round 2 costs only its group: those
+/// four clients count as dropouts, the round completes from the other two
+/// groups, and the next round runs on the two replicas left.
+#[test]
+fn a_round_s_groups_run_on_different_replicas_and_a_dead_one_costs_only_its_group() {
+    let scratch = cohort_tests::scratch("replicas-groups");
+    let (url, admin) = postgres_database("replicas_groups");
+    let mut replicas: Vec<Option<ServeProcess>> =
+        (0..3).map(|_| Some(ServeProcess::start(0, &url, ADMIN, None))).collect();
+    let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
+    let balancer = Balancer::start(&scratch, &ports);
+    let lb = balancer.port;
+    // Every replica has seen the others (they beat every second).
+    std::thread::sleep(Duration::from_secs(2));
+    let spec = grouped_spec(3);
+    let (task, token) = create_task(lb, &spec);
+    let first_leader = leader(lb, &task).expect("a replica leads the new task");
+    // A client's policy holds for its group: four clients, threshold 3.
+    let policy = json!({ "min_clients": 4, "min_threshold": 3 }).to_string();
+    let mut clients = participants(&scratch, 12, lb, &task, &token, &policy);
+
+    wait_for(Duration::from_secs(120), "round 1", || !rounds(lb, &task).is_empty());
+    let first = &round_records(lb, &task)[0];
+    assert_eq!((first["selected"].as_i64(), first["survivors"].as_i64()), (Some(12), Some(12)), "{first}");
+    let owners: Vec<Option<&str>> =
+        first["metrics"]["groups"].as_array().unwrap().iter().map(|g| g["owner"].as_str()).collect();
+    assert_eq!(owners.len(), 3, "{first}");
+    let handed: std::collections::HashSet<&str> = owners.iter().flatten().copied().collect();
+    assert!(handed.len() >= 2 && !handed.contains(first_leader.as_str()), "groups ran elsewhere: {owners:?}");
+
+    // As soon as round 2 is under way, a replica that does not lead it
+    // (and so runs one of its groups) dies.
+    wait_for(Duration::from_secs(60), "round 2 to start", || current_round(lb, &task) == Some(2));
+    let leads = |replica: &Option<ServeProcess>| {
+        replica.as_ref().map(|r| first_leader.ends_with(&format!(":{}", r.port)))
+    };
+    let victim = replicas.iter().position(|r| leads(r) == Some(false)).unwrap();
+    let victim_url = format!("http://127.0.0.1:{}", replicas[victim].as_ref().unwrap().port);
+    replicas[victim].take().unwrap().kill();
+
+    assert_completed_once(lb, &task, 3, &mut clients);
+    let records = round_records(lb, &task);
+    let second = &records[1];
+    assert_eq!((second["selected"].as_i64(), second["survivors"].as_i64()), (Some(12), Some(8)), "{second}");
+    let groups = second["metrics"]["groups"].as_array().unwrap();
+    let failed: Vec<&Value> = groups.iter().filter(|g| g.get("failed_at").is_some()).collect();
+    assert_eq!(failed.len(), 1, "{second}");
+    assert_eq!(failed[0]["owner"].as_str(), Some(victim_url.as_str()), "{second}");
+    assert_eq!(failed[0]["survivors"], 0);
+    assert_eq!(records[2]["survivors"].as_i64(), Some(12), "{}", records[2]);
+    drop(balancer);
+    drop(replicas);
+    drop_postgres_database(&url, &admin);
+    std::fs::remove_dir_all(&scratch).unwrap();
+}
+
 /// PostgreSQL goes away for 20 s in the middle of a round (every
 /// replica's connections reset, new ones refused): the replicas stop
 /// leading and report not ready, the balancer answers 503, and once the
@@ -211,7 +289,7 @@ fn a_database_outage_mid_round_loses_nothing() {
     let lb = balancer.port;
     let spec = spec(4);
     let (task, token) = create_task(lb, &spec);
-    let mut clients = participants(&scratch, lb, &task, &token, &spec);
+    let mut clients = participants(&scratch, 8, lb, &task, &token, &cohort_tests::policy_json(&spec));
     wait_for(Duration::from_secs(120), "round 1", || !rounds(lb, &task).is_empty());
     relay.cut();
     let cut_at = Instant::now();

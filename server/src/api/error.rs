@@ -139,6 +139,12 @@ impl From<CoordinatorError> for ApiError {
                 ErrorCode::TaskInactive,
                 format!("the task is {}", status.as_str()),
             ),
+            CoordinatorError::Engine(EngineError::Elsewhere(_)) => ApiError::new(
+                S::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                "this client's group is run by another replica that is not reachable yet; retry",
+            )
+            .retry_after(std::time::Duration::from_millis(500)),
             CoordinatorError::Engine(EngineError::Protocol(p)) => {
                 let (status, code) = match &p {
                     ProtocolError::Decode(_) => (S::BAD_REQUEST, ErrorCode::MalformedMessage),

@@ -15,6 +15,13 @@
 //! leader died and its lease has not lapsed yet) its requests get a `503`
 //! with `Retry-After`.
 //!
+//! A round's groups may run on other replicas than its leader (see
+//! [`crate::round::owned`]): a client's stage messages go to its group's
+//! owner. A replica that knows the owner forwards them there directly;
+//! one that does not yet passes them to the leader, which does. A request
+//! is forwarded to a group's owner at most once (it is marked
+//! [`GROUP_HOP`]), so stale routes never send it round in circles.
+//!
 //! Replicas reach each other over plain HTTP at the URL each advertises
 //! (`--public-url`): in a replica deployment, TLS ends at the balancer and
 //! the replicas sit on a private network.
@@ -44,6 +51,8 @@ use cohort_client::api::routes;
 pub const REPLICA_KEY: &str = "x-cohort-replica-key";
 /// Header carrying the client's address on a forwarded request.
 pub const CLIENT_ADDRESS: &str = "x-cohort-client-address";
+/// Header marking a request forwarded to its group's owner.
+pub const GROUP_HOP: &str = "x-cohort-group-hop";
 /// Longest wait for the leader's answer to a forwarded request.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 /// What a client is told to wait while a task is between leaders.
@@ -229,6 +238,32 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
         Err(error) => return ApiError::from(error).into_response(),
     };
     let task = subject.task().to_string();
+    if let Subject::Participant(known) = &subject
+        && request.uri().path() == routes::ROUND_MESSAGE
+        && let Some(group) = state.coordinator.group_whereabouts(&known.participant.id)
+    {
+        match group {
+            Whereabouts::At(url) if !request.headers().contains_key(GROUP_HOP) => {
+                let client = match state.forwarder.vouched(request.headers()) {
+                    true => state.forwarder.client_address(request.headers()),
+                    false => super::extract::peer_of(request.extensions()),
+                };
+                let mut request = request;
+                request.headers_mut().insert(GROUP_HOP, HeaderValue::from_static("1"));
+                return state.forwarder.forward(&url, client, request).await;
+            }
+            Whereabouts::Here => {
+                let mut request = request;
+                if let Subject::Participant(known) = subject {
+                    request.extensions_mut().insert(known);
+                }
+                return next.run(request).await;
+            }
+            // Forwarded to an owner that no longer runs the group: its
+            // task's routes say what happened to it.
+            Whereabouts::At(_) | Whereabouts::Nowhere => {}
+        }
+    }
     match state.coordinator.whereabouts(&task) {
         Whereabouts::Here => {
             let mut request = request;

@@ -14,12 +14,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use cohort_crypto::policy::TaskSecurity;
 use cohort_crypto::quantize::WeightedMean;
-use cohort_crypto::{ClientId, Quantizer, ServerRound, Stage, Variant};
+use cohort_crypto::{Advanced, Aggregate, ClientId, ProtocolError, Quantizer, ServerRound, Stage, Variant};
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 
-use super::builder::{BuiltRound, RoundBuilder};
-use super::records::{GroupMetrics, RoundMetrics, StageMetrics};
+use super::builder::{BuiltRound, RoundBuilder, RoundSeeds};
+use super::records::{EngineError, GroupMetrics, Poll, RoundMetrics, StageMetrics, TaskError};
 use crate::spec::{Groups, TaskSpec};
 
 /// Where one group of the round in progress is.
@@ -35,6 +35,37 @@ pub(super) enum GroupState {
     /// Given up in this stage: too few clients, or its unmasking failed.
     /// Nothing of the group is in the round's sum.
     Failed(Stage),
+    /// Run by another replica, its owner: settled from what the owner
+    /// stores (see [`super::owned`]).
+    Remote(RemoteGroup),
+}
+
+/// A group of the round that another replica runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RemoteGroup {
+    /// The owner's URL, where the group's clients' stage messages go.
+    pub(super) owner: String,
+    /// Whether the owner has taken the group up: its clients are told
+    /// they are selected only then, so that their first stage message
+    /// finds the group.
+    pub(super) adopted: bool,
+    /// The stage the owner last reported.
+    pub(super) stage: Stage,
+}
+
+/// What closing a group's stage ([`Group::advance`]) came to.
+pub(super) enum GroupStep {
+    /// The next stage is collecting.
+    Next(Stage),
+    /// The masked-input stage opened: these participants are about to be
+    /// asked for their masked input (see
+    /// [`TickOutcome::MaskedInputRequested`](super::TickOutcome::MaskedInputRequested)).
+    MaskedInputRequested(Vec<String>),
+    /// The final stage closed with a quorum: its server state, to unmask
+    /// off the runtime (the group stays `Unmasking`).
+    Unmask(Box<ServerRound>),
+    /// The group was given up in this stage.
+    Failed(Stage),
 }
 
 /// What a completed group contributes: the decoded sum of its survivors'
@@ -48,7 +79,11 @@ pub(super) struct GroupSum {
 
 /// One secure-aggregation instance of the round.
 pub(super) struct Group {
-    pub(super) session: [u8; 16],
+    /// The round's public randomness for this group (its session id is
+    /// `seeds.session`).
+    pub(super) seeds: RoundSeeds,
+    /// The roster's identity keys, in roster order (active variant only).
+    pub(super) identities: Vec<[u8; 32]>,
     pub(super) stage_started_at: i64,
     pub(super) deadline: i64,
     /// Participants in client-id order (id = position + 1).
@@ -59,15 +94,51 @@ pub(super) struct Group {
     pub(super) quantizer: Quantizer,
     pub(super) bytes_up: u64,
     pub(super) bytes_down: u64,
+    /// The replica the group was handed to, if it was.
+    pub(super) owner: Option<String>,
 }
 
 impl Group {
+    /// Opens the group of the `roster` (with its `identities` in the
+    /// active variant) as round `number` with `seeds`; `None` when the
+    /// task's parameters make no valid round of its size.
+    pub(super) fn open(
+        builder: &RoundBuilder<'_>,
+        number: u64,
+        roster: Vec<String>,
+        identities: Vec<[u8; 32]>,
+        seeds: RoundSeeds,
+        deadline: i64,
+        now: i64,
+    ) -> Option<(Self, u8)> {
+        let n = u32::try_from(roster.len()).ok()?;
+        let BuiltRound { config, quantizer } =
+            builder.build_with(number, n, identities.clone(), seeds).ok()?;
+        let modulus_bits = config.modulus_bits;
+        let server = ServerRound::new(config).ok()?;
+        let group = Group {
+            seeds,
+            identities,
+            stage_started_at: now,
+            deadline,
+            roster,
+            state: GroupState::Collecting(server),
+            stages: Vec::new(),
+            quantizer,
+            bytes_up: 0,
+            bytes_down: 0,
+            owner: None,
+        };
+        Some((group, modulus_bits))
+    }
+
     /// The stage the group is in (`Finished` once done or failed).
     pub(super) fn stage(&self) -> Stage {
         match &self.state {
             GroupState::Collecting(server) => server.stage(),
             GroupState::Unmasking => Stage::Unmasking,
             GroupState::Done(_) | GroupState::Failed(_) => Stage::Finished,
+            GroupState::Remote(remote) => remote.stage,
         }
     }
 
@@ -93,13 +164,129 @@ impl Group {
         self.stage_started_at = now;
     }
 
+    /// The message client `id` should act on now.
+    pub(super) fn poll(&mut self, id: ClientId) -> Result<Poll, EngineError> {
+        let server = match &self.state {
+            GroupState::Collecting(server) => server,
+            GroupState::Unmasking | GroupState::Done(_) => return Ok(Poll::Wait),
+            GroupState::Failed(_) => return Ok(Poll::Dropped),
+            GroupState::Remote(remote) => return Err(EngineError::Elsewhere(remote.owner.clone())),
+        };
+        if server.has_received(id) {
+            return Ok(Poll::Wait);
+        }
+        let Some(message) = server.message_for(id) else {
+            return Ok(Poll::Dropped);
+        };
+        let bytes = message.encode();
+        self.bytes_down += bytes.len() as u64;
+        Ok(Poll::Message(bytes))
+    }
+
+    /// Whether client `id` may post a stage message now, and the largest
+    /// body it may send.
+    pub(super) fn admit(&self, id: ClientId) -> Result<usize, EngineError> {
+        let server = match &self.state {
+            GroupState::Collecting(server) => server,
+            GroupState::Remote(remote) => return Err(EngineError::Elsewhere(remote.owner.clone())),
+            _ => {
+                return Err(
+                    ProtocolError::OutOfPhase { expected: Stage::Finished, got: Stage::Unmasking }.into()
+                );
+            }
+        };
+        if !server.is_eligible(id) {
+            return Err(ProtocolError::NotEligible { client: id, stage: server.stage() }.into());
+        }
+        if server.has_received(id) {
+            return Err(ProtocolError::Duplicate(id).into());
+        }
+        Ok(server.max_message_len())
+    }
+
+    /// Accepts client `id`'s encoded stage message.
+    pub(super) fn receive(&mut self, id: ClientId, bytes: &[u8]) -> Result<(), EngineError> {
+        let message = cohort_crypto::ClientMessage::decode(bytes).map_err(ProtocolError::from)?;
+        let server = match &mut self.state {
+            GroupState::Collecting(server) => server,
+            GroupState::Remote(remote) => return Err(EngineError::Elsewhere(remote.owner.clone())),
+            _ => {
+                return Err(
+                    ProtocolError::OutOfPhase { expected: Stage::Finished, got: message.stage() }.into()
+                );
+            }
+        };
+        server.receive(id, message)?;
+        self.bytes_up += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Closes the collecting stage when it is ready: every eligible client
+    /// answered, its deadline passed or, in the masked-input stage,
+    /// `wanted` inputs arrived (so that over-selected stragglers do not
+    /// hold it up). `None` when it is not ready.
+    pub(super) fn advance(&mut self, spec: &TaskSpec, wanted: usize, now: i64) -> Option<GroupStep> {
+        let ready = match &self.state {
+            GroupState::Collecting(s) => {
+                s.is_complete()
+                    || now >= self.deadline
+                    || (s.stage() == Stage::MaskedInputCollection && s.received() >= wanted)
+            }
+            _ => false,
+        };
+        if !ready {
+            return None;
+        }
+        let GroupState::Collecting(server) = std::mem::replace(&mut self.state, GroupState::Unmasking) else {
+            return None;
+        };
+        self.close_stage(&server, now);
+        let stage = server.stage();
+        if stage == Stage::Unmasking {
+            if server.has_quorum() {
+                return Some(GroupStep::Unmask(Box::new(server)));
+            }
+            self.state = GroupState::Failed(stage);
+            return Some(GroupStep::Failed(stage));
+        }
+        match server.advance() {
+            Ok(Advanced::Next(next)) => {
+                self.deadline = now + deadline_for(spec, next.stage());
+                let step = if next.stage() == Stage::MaskedInputCollection {
+                    let participants =
+                        next.eligible().iter().filter_map(|id| self.name(*id).cloned()).collect();
+                    GroupStep::MaskedInputRequested(participants)
+                } else {
+                    GroupStep::Next(next.stage())
+                };
+                self.state = GroupState::Collecting(next);
+                Some(step)
+            }
+            Ok(Advanced::Done(_)) | Err(_) => {
+                self.state = GroupState::Failed(stage);
+                Some(GroupStep::Failed(stage))
+            }
+        }
+    }
+
+    /// The group's sum from its unmasked aggregate: decoded with the
+    /// group's quantizer, with the shares that failed their check named.
+    pub(super) fn decode(&self, aggregate: Aggregate, dimension: usize) -> Result<GroupSum, TaskError> {
+        let survivors = aggregate.contributors.len() as u32;
+        let mean = self.quantizer.decode(&aggregate.sum, survivors, dimension)?;
+        let name = |id: ClientId| self.name(id).cloned().unwrap_or_default();
+        let faulty_shares =
+            aggregate.faulty_shares.iter().map(|fault| (name(fault.owner), name(fault.holder))).collect();
+        Ok(GroupSum { mean, survivors, faulty_shares })
+    }
+
     fn metrics(&self) -> GroupMetrics {
         let (survivors, failed_at) = match &self.state {
             GroupState::Done(sum) => (sum.survivors, None),
             GroupState::Failed(stage) => (0, Some(*stage)),
             _ => (0, None),
         };
-        GroupMetrics { selected: self.roster.len(), survivors, failed_at }
+        GroupMetrics { selected: self.roster.len(), survivors, failed_at, owner: self.owner.clone() }
     }
 }
 
@@ -136,30 +323,19 @@ impl ActiveRound {
         let mut opened = Vec::with_capacity(groups.count as usize);
         let mut modulus_bits = 0;
         for (index, chunk) in selected.chunks(groups.size as usize).enumerate() {
-            let n = chunk.len() as u32;
             let identities = match security.variant {
                 Variant::Active => chunk.iter().filter_map(|(_, identity)| *identity).collect(),
                 Variant::SemiHonest => Vec::new(),
             };
-            let BuiltRound { config, quantizer } = builder.build(number, n, identities, rng).ok()?;
-            let session = config.session;
-            modulus_bits = config.modulus_bits;
-            let server = ServerRound::new(config).ok()?;
             let roster: Vec<String> = chunk.iter().map(|(id, _)| id.clone()).collect();
             for (i, participant) in roster.iter().enumerate() {
                 members.insert(participant.clone(), (index, ClientId::new(i as u32 + 1)?));
             }
-            opened.push(Group {
-                session,
-                stage_started_at: now,
-                deadline: now + deadline_for(spec, Stage::AdvertiseKeys),
-                roster,
-                state: GroupState::Collecting(server),
-                stages: Vec::new(),
-                quantizer,
-                bytes_up: 0,
-                bytes_down: 0,
-            });
+            let deadline = now + deadline_for(spec, Stage::AdvertiseKeys);
+            let seeds = RoundSeeds::draw(rng);
+            let (group, bits) = Group::open(&builder, number, roster, identities, seeds, deadline, now)?;
+            modulus_bits = bits;
+            opened.push(group);
         }
         Some(Self {
             number,

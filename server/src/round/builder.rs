@@ -26,6 +26,30 @@ pub struct RoundBuilder<'a> {
     pub dimension: usize,
 }
 
+/// A round's public randomness: its session id and the seed of its
+/// quantizer's transform. Both are announced to every client of the round;
+/// with the task's settings and the roster they fix the round, so that
+/// another coordinator replica builds the same round from them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RoundSeeds {
+    /// The session id.
+    #[serde(with = "hex::serde")]
+    pub session: [u8; 16],
+    /// The transform seed.
+    #[serde(with = "hex::serde")]
+    pub transform: [u8; 32],
+}
+
+impl RoundSeeds {
+    /// Fresh seeds drawn from `rng`.
+    pub fn draw(rng: &mut impl Rng) -> Self {
+        let mut seeds = Self { session: [0; 16], transform: [0; 32] };
+        rng.fill_bytes(&mut seeds.session);
+        rng.fill_bytes(&mut seeds.transform);
+        seeds
+    }
+}
+
 /// A built round: its public parameters and the quantizer that encodes and
 /// decodes under them.
 #[derive(Debug)]
@@ -63,10 +87,19 @@ impl<'a> RoundBuilder<'a> {
         identities: Vec<[u8; 32]>,
         rng: &mut impl Rng,
     ) -> Result<BuiltRound, SpecError> {
-        let mut session = [0u8; 16];
-        rng.fill_bytes(&mut session);
-        let mut transform_seed = [0u8; 32];
-        rng.fill_bytes(&mut transform_seed);
+        self.build_with(round, clients, identities, RoundSeeds::draw(rng))
+    }
+
+    /// Round `round` with the given `seeds`: the same round wherever it is
+    /// built from the same task settings, roster and seeds.
+    pub fn build_with(
+        &self,
+        round: u64,
+        clients: u32,
+        identities: Vec<[u8; 32]>,
+        seeds: RoundSeeds,
+    ) -> Result<BuiltRound, SpecError> {
+        let RoundSeeds { session, transform: transform_seed } = seeds;
         let q = self.quantization;
         let quantizer = q.quantizer(clients, transform_seed, self.metrics)?;
         let config = RoundConfig {
@@ -113,5 +146,23 @@ mod tests {
             RoundConfig { session: one.config.session, quantization: one.config.quantization, ..two.config },
             one.config
         );
+    }
+
+    #[test]
+    fn the_same_seeds_build_the_same_round_anywhere() {
+        let mut spec = small_spec();
+        spec.quantization.rotate = true;
+        let security = spec.security().unwrap();
+        let builder = RoundBuilder::for_task(&spec, &security);
+        let seeds = RoundSeeds::draw(&mut rand_chacha::ChaCha20Rng::seed_from_u64(9));
+        let here = builder.build_with(4, 6, Vec::new(), seeds).unwrap();
+        // As another replica rebuilds it from the seeds it was sent as JSON.
+        let sent: RoundSeeds = serde_json::from_str(&serde_json::to_string(&seeds).unwrap()).unwrap();
+        let there = RoundBuilder::for_task(&spec, &security).build_with(4, 6, Vec::new(), sent).unwrap();
+        assert_eq!(here.config, there.config);
+        assert_eq!(here.config.session, seeds.session);
+        // One seed changed is another round.
+        let other = RoundSeeds { transform: [1; 32], ..seeds };
+        assert_ne!(builder.build_with(4, 6, Vec::new(), other).unwrap().config, here.config);
     }
 }

@@ -19,6 +19,16 @@
 //! replica to forward a task's requests to. On SQLite one process holds
 //! the database (its file is locked) and so every task: it takes the
 //! leases once at start and never renews them.
+//!
+//! A round of several groups is divided between the live replicas: its
+//! leader hands each group it does not run itself to another replica as a
+//! row in the store ([`crate::round::owned`]); the owner claims it (a
+//! [`GroupWatcher`] looks for new ones every [`GROUP_TICK`]), holds it
+//! with a lease renewed beside its task leases, serves the group's stage
+//! messages (the API forwards them there, see
+//! [`Coordinator::group_whereabouts`]) and stores the group's report; the
+//! leader's watcher reads the reports back and settles the groups. A group
+//! whose owner's lease lapses is given up: its clients count as dropouts.
 
 use cohort_crypto::policy::TaskSecurity;
 use std::collections::{HashMap, HashSet};
@@ -30,11 +40,12 @@ use cohort_crypto::{Aggregate, ProtocolError, Stage};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
+use crate::round::owned::{GroupAssignment, GroupKey, GroupReport, OwnedGroup, OwnedStep};
 use crate::round::{
     CheckIn, Completion, EngineError, Poll, RoundProgress, TaskEngine, TaskError, TickOutcome,
 };
 use crate::spec::TaskSpec;
-use crate::store::{ReplicaRecord, SqlStore, Store, StoreError, TaskStatus};
+use crate::store::{GroupRecord, GroupRowState, ReplicaRecord, SqlStore, Store, StoreError, TaskStatus};
 
 /// Requests waiting for the actor at most.
 const QUEUE: usize = 1024;
@@ -48,6 +59,13 @@ pub const LEASE_TTL_MS: i64 = 5_000;
 /// tasks: two seconds before the leases lapse and another replica may take
 /// them.
 pub const RENEWAL_MARGIN_MS: i64 = 3_000;
+/// Groups are handed only to replicas that beat their heart this
+/// recently: one that just died is still live for the task leases' fair
+/// share for a while, but must not be given a group.
+pub const PEER_FRESH_MS: i64 = 2_500;
+/// How often a replica looks for groups handed to it, for the reports of
+/// the groups it handed out, and refreshes where groups' clients go.
+pub const GROUP_TICK: Duration = Duration::from_millis(200);
 
 /// This process as the other replicas sharing the database see it.
 #[derive(Debug, Clone)]
@@ -78,6 +96,14 @@ pub enum Whereabouts {
 struct Routes {
     here: HashSet<String>,
     elsewhere: HashMap<String, String>,
+    /// Participants of the groups this replica runs for other replicas'
+    /// rounds.
+    group_members_here: HashSet<String>,
+    /// Participants of groups that other replicas run, with the owner's URL.
+    group_members_elsewhere: HashMap<String, String>,
+    /// The live replicas (id, URL, last heartbeat), this one included, as
+    /// of the last lease tick.
+    peers: Vec<(String, String, i64)>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -178,6 +204,13 @@ enum Request {
         group: usize,
         result: Result<Aggregate, ProtocolError>,
     },
+    /// A group run here for another replica's round was unmasked.
+    OwnedUnmasked {
+        key: GroupKey,
+        result: Result<Aggregate, ProtocolError>,
+    },
+    /// From the group watcher.
+    Groups(GroupEvent),
     Shutdown {
         reply: oneshot::Sender<()>,
     },
@@ -191,8 +224,21 @@ enum LeaseEvent {
     Adopt { id: String, engine: Box<TaskEngine> },
     /// Stop leading this task.
     Drop { id: String, why: &'static str },
-    /// Stop leading every task.
+    /// Stop leading every task (and running every group).
     DropAll { why: &'static str },
+    /// The groups run here whose leases were renewed at `since`: those
+    /// claimed before then and missing were given up or lost.
+    KeepGroups { keys: HashSet<GroupKey>, since: i64 },
+}
+
+/// What the group watcher tells the actor.
+enum GroupEvent {
+    /// Run this group, just claimed (with its task's spec, or why it could
+    /// not be read).
+    Own { record: Box<GroupRecord>, spec: Box<Result<TaskSpec, String>> },
+    /// Groups of rounds led here changed state (settled ones with their
+    /// stored sum, when they completed).
+    Changed(Vec<(GroupRecord, Option<Vec<u8>>)>),
 }
 
 /// A handle to the coordinator actor; cheap to clone.
@@ -201,8 +247,8 @@ pub struct Coordinator {
     tx: mpsc::Sender<Request>,
     routes: Arc<RwLock<Routes>>,
     replica: Arc<Replica>,
-    /// The lease keeper (PostgreSQL only).
-    keeper: Option<tokio::task::AbortHandle>,
+    /// The lease keeper and the group watcher (PostgreSQL only).
+    keeper: Option<[tokio::task::AbortHandle; 2]>,
 }
 
 impl Coordinator {
@@ -225,12 +271,16 @@ impl Coordinator {
         let routes = Arc::new(RwLock::new(Routes::default()));
         let replica = Arc::new(replica);
         let mut actor = Actor {
-            store,
+            store: store.clone(),
             engines: HashMap::new(),
             metrics,
             tx: tx.clone(),
             routes: routes.clone(),
             replica: replica.clone(),
+            owned: HashMap::new(),
+            owned_members: HashMap::new(),
+            contributors_read: HashSet::new(),
+            divides: store.backend() == crate::store::Backend::Postgres,
         };
         let mut keeper = LeaseKeeper {
             store: lease_store,
@@ -251,7 +301,18 @@ impl Coordinator {
         // first renewal's leases are kept without renewing them (the
         // keeper would only queue for the one connection under load).
         let keeper = match keeper.store.backend() {
-            crate::store::Backend::Postgres => Some(tokio::spawn(keeper.run(tx.clone())).abort_handle()),
+            crate::store::Backend::Postgres => {
+                let watcher = GroupWatcher {
+                    store,
+                    replica: replica.clone(),
+                    routes: routes.clone(),
+                    seen: HashMap::new(),
+                    rosters: HashMap::new(),
+                };
+                let watcher = tokio::spawn(watcher.run(tx.clone())).abort_handle();
+                let keeper = tokio::spawn(keeper.run(tx.clone())).abort_handle();
+                Some([keeper, watcher])
+            }
             crate::store::Backend::Sqlite => None,
         };
         Ok(Self { tx, routes, replica, keeper })
@@ -274,11 +335,27 @@ impl Coordinator {
         }
     }
 
+    /// Where the group of `participant` runs, when it is in a group of a
+    /// round in progress that is not run by the round's leader: here, or
+    /// at another replica. `None` for every other participant (its
+    /// requests go where its task's are).
+    pub fn group_whereabouts(&self, participant: &str) -> Option<Whereabouts> {
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if routes.group_members_here.contains(participant) {
+            return Some(Whereabouts::Here);
+        }
+        routes
+            .group_members_elsewhere
+            .get(participant)
+            .filter(|url| **url != self.replica.url)
+            .map(|url| Whereabouts::At(url.clone()))
+    }
+
     /// Gives up every lease and stops the actor, so that the other
     /// replicas take the tasks over at once.
     pub async fn shutdown(&self) {
-        if let Some(keeper) = &self.keeper {
-            keeper.abort();
+        for task in self.keeper.iter().flatten() {
+            task.abort();
         }
         let (reply, done) = oneshot::channel();
         if self.tx.send(Request::Shutdown { reply }).await.is_ok() {
@@ -474,8 +551,14 @@ impl LeaseKeeper {
                 }
             }
         }
+        // Keep the groups run here for other replicas' rounds.
+        let keys = self.store.renew_groups(&self.replica.id, now, until).await?;
+        events.push(LeaseEvent::KeepGroups { keys: keys.into_iter().collect(), since: now });
         // Take unheld tasks up to a fair share of them.
-        let live = self.store.replicas(now - LEASE_TTL_MS).await?.len().max(1);
+        let peers = self.store.replicas(now - LEASE_TTL_MS).await?;
+        let live = peers.len().max(1);
+        self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).peers =
+            peers.into_iter().map(|r| (r.id, r.url, r.heartbeat_at)).collect();
         let fair = unfinished.len().div_ceil(live);
         let holders: HashMap<String, String> =
             self.store.leases(now).await?.into_iter().map(|(task, holder)| (task, holder.url)).collect();
@@ -491,7 +574,7 @@ impl LeaseKeeper {
             let Some(generation) = self.store.acquire_lease(id, &self.replica.id, now, until).await? else {
                 continue;
             };
-            match load(&self.store, id).await {
+            match adopt(&self.store, id).await {
                 Ok(engine) => {
                     self.held.insert(id.clone(), generation);
                     events.push(LeaseEvent::Adopt { id: id.clone(), engine: Box::new(engine) });
@@ -511,6 +594,14 @@ impl LeaseKeeper {
     }
 }
 
+/// Loads a task whose lease was just taken: the groups that an earlier
+/// leader handed out are deleted first (their owners stop running them),
+/// since the task restarts from its last stored round.
+async fn adopt(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError> {
+    store.delete_groups(id).await?;
+    load(store, id).await
+}
+
 async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError> {
     let task = store.task(id).await?;
     let spec: TaskSpec = serde_json::from_str(&task.spec).map_err(TaskError::from)?;
@@ -526,6 +617,14 @@ struct Actor {
     tx: mpsc::Sender<Request>,
     routes: Arc<RwLock<Routes>>,
     replica: Arc<Replica>,
+    /// The groups this replica runs for other replicas' rounds.
+    owned: HashMap<GroupKey, OwnedGroup>,
+    /// Their participants.
+    owned_members: HashMap<String, GroupKey>,
+    /// Remote groups whose masked-input requests were read back.
+    contributors_read: HashSet<GroupKey>,
+    /// Whether rounds are divided between replicas (PostgreSQL).
+    divides: bool,
 }
 
 impl Actor {
@@ -547,6 +646,10 @@ impl Actor {
                     for id in ids {
                         self.tick(&id).await;
                     }
+                    let keys: Vec<GroupKey> = self.owned.keys().cloned().collect();
+                    for key in keys {
+                        self.tick_owned(&key).await;
+                    }
                 }
             }
         }
@@ -565,7 +668,268 @@ impl Actor {
                 for id in self.engines.keys().cloned().collect::<Vec<_>>() {
                     self.drop_task(&id, why);
                 }
+                for key in self.owned.keys().cloned().collect::<Vec<_>>() {
+                    self.disown(&key, why);
+                }
             }
+            LeaseEvent::KeepGroups { keys, since } => {
+                let gone: Vec<GroupKey> = self
+                    .owned
+                    .iter()
+                    .filter(|(key, group)| group.claimed_at < since && !keys.contains(*key))
+                    .map(|(key, _)| key.clone())
+                    .collect();
+                for key in gone {
+                    self.disown(&key, "its lease lapsed, or its round was given up or taken over");
+                }
+            }
+        }
+    }
+
+    /// Stops running group `key` for another replica's round.
+    fn disown(&mut self, key: &GroupKey, why: &str) {
+        let Some(group) = self.owned.remove(key) else { return };
+        tracing::info!(task = %key.task, round = key.round, group = key.group, why, "no longer running the group");
+        let mut routes = self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for participant in group.roster() {
+            self.owned_members.remove(participant);
+            routes.group_members_here.remove(participant);
+        }
+    }
+
+    /// Starts running a group claimed for another replica's round.
+    async fn own(&mut self, record: GroupRecord, spec: Result<TaskSpec, String>, now: i64) {
+        let key = record.key.clone();
+        let opened = spec
+            .map_err(|error| {
+                tracing::error!(task = %key.task, %error, "could not read the spec of a group's task");
+                TaskError::GroupReport("the task's spec could not be read")
+            })
+            .and_then(|spec| {
+                let assignment: GroupAssignment = serde_json::from_str(&record.assignment)?;
+                OwnedGroup::open(key.clone(), assignment, spec, now)
+            });
+        match opened {
+            Ok(group) => {
+                let mut routes = self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+                for participant in group.roster() {
+                    self.owned_members.insert(participant.clone(), key.clone());
+                    routes.group_members_here.insert(participant.clone());
+                }
+                drop(routes);
+                tracing::info!(task = %key.task, round = key.round, group = key.group, "running a group for the round's leader");
+                self.owned.insert(key, group);
+            }
+            Err(error) => {
+                tracing::error!(task = %key.task, round = key.round, group = key.group, %error, "could not run a group handed here; giving it up");
+                let report = GroupReport::unbuilt();
+                self.settle_owned(&key, &report, None).await;
+            }
+        }
+    }
+
+    /// Closes the stages of a group run here that are ready and acts on
+    /// what that comes to.
+    async fn tick_owned(&mut self, key: &GroupKey) {
+        let now = now_ms();
+        while let Some(step) = self.owned.get_mut(key).and_then(|group| group.tick(now)) {
+            match step {
+                OwnedStep::Stage(stage) => self.report_stage(key, stage).await,
+                OwnedStep::MaskedInputRequested(participants) => {
+                    let round = key.round as i64;
+                    match self.store.record_contributors(&key.task, round, &participants, now).await {
+                        Ok(()) => self.report_stage(key, Stage::MaskedInputCollection).await,
+                        Err(error) => {
+                            tracing::error!(task = %key.task, round, %error, "could not record the group's contributors; the group is given up");
+                            if let Some(report) = self.owned.get_mut(key).map(OwnedGroup::fail) {
+                                self.settle_owned(key, &report, None).await;
+                            }
+                        }
+                    }
+                }
+                OwnedStep::Unmask(job) => {
+                    let tx = self.tx.clone();
+                    let key = key.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let result = job.run();
+                        let _ = tx.blocking_send(Request::OwnedUnmasked { key, result });
+                    });
+                }
+                OwnedStep::Settled(report, mean) => {
+                    self.settle_owned(key, &report, mean.as_deref()).await;
+                }
+            }
+        }
+    }
+
+    /// Tells the round's leader which stage a group run here is in.
+    async fn report_stage(&mut self, key: &GroupKey, stage: Stage) {
+        if let Err(error) = self.store.group_stage(key, &self.replica.id, &stage_name(stage)).await {
+            tracing::debug!(%error, "could not record a group's stage");
+        }
+    }
+
+    /// Stores a settled group's report (and sum) for the round's leader and
+    /// stops running it.
+    async fn settle_owned(&mut self, key: &GroupKey, report: &GroupReport, mean: Option<&[f32]>) {
+        let stored = match serde_json::to_string(report) {
+            Ok(json) => {
+                let bytes = mean.map(GroupReport::encode_mean);
+                self.store.settle_group(key, &self.replica.id, now_ms(), &json, bytes.as_deref()).await
+            }
+            Err(_) => Err(StoreError::Corrupt("group report")),
+        };
+        match stored {
+            Ok(true) => {
+                tracing::info!(task = %key.task, round = key.round, group = key.group, survivors = report.survivors, "group settled")
+            }
+            Ok(false) => {
+                tracing::warn!(task = %key.task, round = key.round, group = key.group, "the group was no longer this replica's to settle")
+            }
+            Err(error) => {
+                tracing::error!(task = %key.task, round = key.round, group = key.group, %error, "could not store the group's report; its lease lapses and the leader gives it up")
+            }
+        }
+        self.disown(key, "it settled");
+    }
+
+    /// Hands the groups of a round just started to the live replicas, in
+    /// turn from this one's place (rotated by the round number so that
+    /// every replica leads its share): the groups this replica does not
+    /// run are stored for their owners to claim, then marked remote in
+    /// the engine. When they cannot be stored, this replica runs them all.
+    async fn divide(&mut self, id: &str, round: u64, now: i64) {
+        let me = self.replica.id.clone();
+        let peers: Vec<(String, String)> = {
+            let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let fresh =
+                |(id, _, heartbeat): &&(String, String, i64)| *id == me || now - heartbeat <= PEER_FRESH_MS;
+            routes.peers.iter().filter(fresh).map(|(id, url, _)| (id.clone(), url.clone())).collect()
+        };
+        let divides = self.divides;
+        let Some(engine) = self.engines.get(id) else { return };
+        let count = engine.group_count();
+        if !divides || count < 2 || peers.len() < 2 {
+            return;
+        }
+        let start = peers.iter().position(|(peer, _)| *peer == me).unwrap_or(0);
+        let mut records = Vec::new();
+        for group in 0..count {
+            let (owner_id, owner_url) = &peers[(start + group + round as usize) % peers.len()];
+            if *owner_id == me {
+                continue;
+            }
+            let Some((key, assignment)) = engine.assignment(group) else { continue };
+            let Ok(assignment) = serde_json::to_string(&assignment) else { continue };
+            records.push(GroupRecord {
+                key,
+                leader_id: me.clone(),
+                owner_id: owner_id.clone(),
+                owner_url: owner_url.clone(),
+                assignment,
+                state: GroupRowState::Assigned,
+                stage: stage_name(Stage::AdvertiseKeys),
+                expires_at: now + LEASE_TTL_MS,
+                report: None,
+            });
+        }
+        if records.is_empty() {
+            return;
+        }
+        if let Err(error) = self.store.assign_groups(&records).await {
+            tracing::warn!(task = id, round, %error, "could not hand groups to other replicas; running them here");
+            return;
+        }
+        let Ok(engine) = self.engine(id) else { return };
+        for record in &records {
+            engine.hand_off(&record.key, &record.owner_url);
+        }
+        let members = engine.remote_members();
+        self.routes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .group_members_elsewhere
+            .extend(members);
+        tracing::info!(
+            task = id,
+            round,
+            handed = records.len(),
+            groups = count,
+            "groups handed to other replicas"
+        );
+    }
+
+    /// Acts on the watcher's news of the groups of rounds led here.
+    async fn groups_changed(&mut self, changed: Vec<(GroupRecord, Option<Vec<u8>>)>) {
+        let now = now_ms();
+        let mut ticked = HashSet::new();
+        for (record, mean) in changed {
+            let key = record.key.clone();
+            if !self.engines.contains_key(&key.task) {
+                continue;
+            }
+            match record.state {
+                GroupRowState::Assigned => {}
+                GroupRowState::Running => {
+                    let stage = parse_stage(&record.stage).unwrap_or(Stage::AdvertiseKeys);
+                    if let Ok(engine) = self.engine(&key.task) {
+                        engine.remote_adopted(&key, stage);
+                    }
+                    if stage >= Stage::MaskedInputCollection && self.contributors_read.insert(key.clone()) {
+                        self.read_contributors(&key).await;
+                    }
+                }
+                GroupRowState::Done | GroupRowState::Failed => {
+                    let report: Option<GroupReport> =
+                        record.report.as_deref().and_then(|json| serde_json::from_str(json).ok());
+                    let mean = mean.and_then(|bytes| GroupReport::decode_mean(&bytes).ok());
+                    if self.contributors_read.insert(key.clone()) {
+                        self.read_contributors(&key).await;
+                    }
+                    let Ok(engine) = self.engine(&key.task) else { continue };
+                    match report {
+                        Some(report) => engine.remote_settled(&key, &report, mean, now),
+                        None => engine.remote_lost(&key, now),
+                    }
+                }
+                GroupRowState::Lost => {
+                    tracing::warn!(task = %key.task, round = key.round, group = key.group, owner = %record.owner_url, "the replica running a group stopped renewing it; the group is given up");
+                    if self.contributors_read.insert(key.clone()) {
+                        self.read_contributors(&key).await;
+                    }
+                    if let Ok(engine) = self.engine(&key.task) {
+                        engine.remote_lost(&key, now);
+                    }
+                }
+            }
+            ticked.insert(key.task);
+        }
+        for task in ticked {
+            self.tick(&task).await;
+        }
+    }
+
+    /// Reads back who a remote group asked for its masked input.
+    async fn read_contributors(&mut self, key: &GroupKey) {
+        match self.store.contributors(&key.task, key.round as i64).await {
+            Ok(participants) => {
+                if let Ok(engine) = self.engine(&key.task) {
+                    engine.add_contributors(key.round, participants);
+                }
+            }
+            Err(error) => tracing::warn!(task = %key.task, %error, "could not read a group's contributors"),
+        }
+    }
+
+    /// Deletes a task's group rows once its round ended (PostgreSQL): the
+    /// groups' sums do not outlive the round.
+    async fn forget_groups(&mut self, id: &str) {
+        if !self.divides {
+            return;
+        }
+        self.contributors_read.retain(|key| key.task != id);
+        if let Err(error) = self.store.delete_groups(id).await {
+            tracing::warn!(task = id, %error, "could not delete the round's group rows; the next round replaces them");
         }
     }
 
@@ -574,7 +938,7 @@ impl Actor {
         if self.store.acquire_lease(id, &self.replica.id, now, now + LEASE_TTL_MS).await?.is_none() {
             return Ok(false);
         }
-        match load(&self.store, id).await {
+        match adopt(&self.store, id).await {
             Ok(engine) => {
                 self.apply(LeaseEvent::Adopt { id: id.to_string(), engine: Box::new(engine) });
                 Ok(true)
@@ -603,6 +967,13 @@ impl Actor {
 
     fn engine(&mut self, id: &str) -> Result<&mut TaskEngine, CoordinatorError> {
         self.engines.get_mut(id).ok_or(CoordinatorError::UnknownTask)
+    }
+
+    /// The group run here for another replica's round that `participant`
+    /// of `task` is in.
+    fn owned_group(&mut self, task: &str, participant: &str) -> Option<&mut OwnedGroup> {
+        let key = self.owned_members.get(participant).filter(|key| key.task == task)?;
+        self.owned.get_mut(key)
     }
 
     /// Serves one request; `Break` once the actor must stop (shutdown).
@@ -643,7 +1014,10 @@ impl Actor {
                 self.tick(&task).await;
             }
             Request::Poll { task, participant, reply } => {
-                let result = self.engine(&task).and_then(|e| e.poll(&participant).map_err(Into::into));
+                let result = match self.owned_group(&task, &participant) {
+                    Some(group) => group.poll(&participant).map_err(Into::into),
+                    None => self.engine(&task).and_then(|e| e.poll(&participant).map_err(Into::into)),
+                };
                 if let Ok(Poll::Message(bytes)) = &result {
                     self.metrics.bytes_out(bytes.len());
                 }
@@ -651,18 +1025,29 @@ impl Actor {
             }
             Request::Receive { task, participant, body, reply } => {
                 let size = body.len();
-                let result =
-                    self.engine(&task).and_then(|e| e.receive(&participant, &body).map_err(Into::into));
+                let owned = self.owned_group(&task, &participant).map(|group| group.key().clone());
+                let result = match owned.as_ref().and_then(|key| self.owned.get_mut(key)) {
+                    Some(group) => group.receive(&participant, &body).map_err(Into::into),
+                    None => {
+                        self.engine(&task).and_then(|e| e.receive(&participant, &body).map_err(Into::into))
+                    }
+                };
                 self.metrics.client_message(size, result.is_ok());
                 let _ = reply.send(result);
-                self.tick(&task).await;
+                match owned {
+                    Some(key) => self.tick_owned(&key).await,
+                    None => self.tick(&task).await,
+                }
             }
             Request::Model { task, reply } => {
                 let result = self.engine(&task).map(|e| (e.completed_rounds(), e.model().to_vec()));
                 let _ = reply.send(result);
             }
             Request::Admit { task, participant, reply } => {
-                let result = self.engine(&task).and_then(|e| e.admit(&participant).map_err(Into::into));
+                let result = match self.owned_group(&task, &participant) {
+                    Some(group) => group.admit(&participant).map_err(Into::into),
+                    None => self.engine(&task).and_then(|e| e.admit(&participant).map_err(Into::into)),
+                };
                 if result.is_err() {
                     // Refused before its body was read: a rejected message all the same.
                     self.metrics.client_message(0, false);
@@ -683,6 +1068,13 @@ impl Actor {
                 return ControlFlow::Break(());
             }
             Request::Lease(event) => self.apply(event),
+            Request::Groups(GroupEvent::Own { record, spec }) => self.own(*record, *spec, now_ms()).await,
+            Request::Groups(GroupEvent::Changed(changed)) => self.groups_changed(changed).await,
+            Request::OwnedUnmasked { key, result } => {
+                if let Some((report, mean)) = self.owned.get(&key).map(|group| group.unmasked(result)) {
+                    self.settle_owned(&key, &report, mean.as_deref()).await;
+                }
+            }
             Request::Unmasked { task, round, group, result } => {
                 let now = now_ms();
                 if let Ok(engine) = self.engine(&task)
@@ -700,6 +1092,9 @@ impl Actor {
         self.store.set_task_status(id, status, now_ms()).await?;
         if let Ok(engine) = self.engine(id) {
             engine.set_status(status);
+        }
+        if status != TaskStatus::Active {
+            self.forget_groups(id).await;
         }
         if status.is_final() {
             self.drop_task(id, "it was stopped");
@@ -732,6 +1127,7 @@ impl Actor {
             TickOutcome::Started(round) => {
                 self.metrics.round_started();
                 tracing::info!(task = id, round, "round started");
+                self.divide(id, round, now).await;
             }
             TickOutcome::MaskedInputRequested { round, participants } => {
                 // Recorded before any of them can fetch the stage (this
@@ -752,10 +1148,12 @@ impl Actor {
             TickOutcome::Aborted { round, stage } => {
                 self.metrics.round_aborted();
                 tracing::warn!(task = id, round, %stage, "round aborted: too few clients");
+                self.forget_groups(id).await;
             }
             TickOutcome::Abandoned { round, error } => {
                 self.metrics.round_aborted();
                 tracing::warn!(task = id, round, %error, "round abandoned");
+                self.forget_groups(id).await;
             }
             TickOutcome::Unmask(job) => {
                 let tx = self.tx.clone();
@@ -794,6 +1192,7 @@ impl Actor {
                     self.metrics.round_completed(selected, survivors, &stages, &means);
                     tracing::info!(task = id, round, survivors, "round completed");
                 }
+                self.forget_groups(id).await;
             }
             Err(StoreError::Conflict(reason)) => {
                 // Another replica recorded this round while it led the
@@ -829,5 +1228,95 @@ impl Actor {
         }
         let _ = self.store.release_lease(id, &self.replica.id).await;
         tracing::info!(task = id, "task completed");
+    }
+}
+
+/// A stage's stored name (as the API writes it).
+fn stage_name(stage: Stage) -> String {
+    serde_json::to_value(stage).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+}
+
+/// The stage of a stored name.
+fn parse_stage(name: &str) -> Option<Stage> {
+    serde_json::from_value(serde_json::Value::String(name.to_string())).ok()
+}
+
+/// Looks for the groups other replicas hand to this one and for the
+/// reports of the groups this one handed out, and refreshes where the
+/// clients of groups run elsewhere go: every [`GROUP_TICK`], on the
+/// request pool (PostgreSQL only).
+struct GroupWatcher {
+    store: SqlStore,
+    replica: Arc<Replica>,
+    routes: Arc<RwLock<Routes>>,
+    /// The state and stage last told the actor, per group of a round led here.
+    seen: HashMap<GroupKey, (GroupRowState, String)>,
+    /// The rosters of the groups routed, parsed once.
+    rosters: HashMap<GroupKey, Vec<String>>,
+}
+
+impl GroupWatcher {
+    async fn run(mut self, tx: mpsc::Sender<Request>) {
+        let mut ticker = tokio::time::interval(GROUP_TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            match self.tick().await {
+                Ok(events) => {
+                    for event in events {
+                        if tx.send(Request::Groups(event)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(error) => tracing::debug!(%error, "could not read the round groups"),
+            }
+        }
+    }
+
+    async fn tick(&mut self) -> Result<Vec<GroupEvent>, StoreError> {
+        let now = now_ms();
+        let mut events = Vec::new();
+        for record in self.store.claim_groups(&self.replica.id, now, now + LEASE_TTL_MS).await? {
+            let spec = match self.store.task(&record.key.task).await {
+                Ok(task) => serde_json::from_str::<TaskSpec>(&task.spec).map_err(|e| e.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            events.push(GroupEvent::Own { record: Box::new(record), spec: Box::new(spec) });
+        }
+        let mut changed = Vec::new();
+        let led = self.store.led_groups(&self.replica.id, now).await?;
+        let keys: HashSet<GroupKey> = led.iter().map(|r| r.key.clone()).collect();
+        self.seen.retain(|key, _| keys.contains(key));
+        for record in led {
+            let now_seen = (record.state, record.stage.clone());
+            if self.seen.get(&record.key) == Some(&now_seen) {
+                continue;
+            }
+            let mean = match record.state {
+                GroupRowState::Done => Some(self.store.group_mean(&record.key).await?),
+                _ => None,
+            };
+            self.seen.insert(record.key.clone(), now_seen);
+            changed.push((record, mean));
+        }
+        if !changed.is_empty() {
+            events.push(GroupEvent::Changed(changed));
+        }
+        let routed = self.store.group_routes(now).await?;
+        let live: HashSet<&GroupKey> = routed.iter().map(|r| &r.key).collect();
+        self.rosters.retain(|key, _| live.contains(key));
+        let mut elsewhere = HashMap::new();
+        for record in routed.iter().filter(|r| r.owner_id != self.replica.id) {
+            let roster = self.rosters.entry(record.key.clone()).or_insert_with(|| {
+                serde_json::from_str::<GroupAssignment>(&record.assignment)
+                    .map(|a| a.roster)
+                    .unwrap_or_default()
+            });
+            elsewhere.extend(roster.iter().map(|p| (p.clone(), record.owner_url.clone())));
+        }
+        self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).group_members_elsewhere =
+            elsewhere;
+        Ok(events)
     }
 }

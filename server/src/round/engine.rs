@@ -13,10 +13,11 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use cohort_crypto::metrics::MetricSums;
 use cohort_crypto::policy::TaskSecurity;
 use cohort_crypto::quantize::QuantizeError;
-use cohort_crypto::{Advanced, Aggregate, ClientId, ClientMessage, ProtocolError, Stage, Variant};
+use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage, Variant};
 
-use super::active::{ActiveRound, Group, GroupState, GroupSum, deadline_for, select};
+use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, RemoteGroup, select};
 use super::completion::{Completion, PendingUnmask, encode_model};
+use super::owned::{GroupAssignment, GroupKey, GroupReport};
 use super::records::{CheckIn, ClientMean, EngineError, Poll, RoundProgress, TaskError};
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
@@ -270,11 +271,15 @@ impl TaskEngine {
         }
         match &self.round {
             Some(round) => match round.members.get(participant) {
+                // Its owner has not taken the group up yet: soon.
+                Some((group, _)) if matches!(&round.groups[*group].state, GroupState::Remote(r) if !r.adopted) => {
+                    CheckIn::Wait { retry_after_ms: 250 }
+                }
                 Some((group, id)) => CheckIn::Selected {
                     round: round.number,
                     client_id: id.get(),
                     attempt: round.metrics.attempt,
-                    session: Some(hex::encode(round.groups[*group].session)),
+                    session: Some(hex::encode(round.groups[*group].seeds.session)),
                     plaintext_metrics: self.spec.client_metrics.plaintext,
                 },
                 None => CheckIn::Wait { retry_after_ms: 2_000 },
@@ -297,20 +302,7 @@ impl TaskEngine {
     /// The message a selected client should act on now.
     pub fn poll(&mut self, participant: &str) -> Result<Poll, EngineError> {
         let (group, id) = self.selected(participant)?;
-        let server = match &group.state {
-            GroupState::Collecting(server) => server,
-            GroupState::Unmasking | GroupState::Done(_) => return Ok(Poll::Wait),
-            GroupState::Failed(_) => return Ok(Poll::Dropped),
-        };
-        if server.has_received(id) {
-            return Ok(Poll::Wait);
-        }
-        let Some(message) = server.message_for(id) else {
-            return Ok(Poll::Dropped);
-        };
-        let bytes = message.encode();
-        group.bytes_down += bytes.len() as u64;
-        Ok(Poll::Message(bytes))
+        group.poll(id)
     }
 
     /// Whether `participant` may post a stage message now, and the largest
@@ -319,16 +311,7 @@ impl TaskEngine {
     /// refused without the server reading (or holding) its message.
     pub fn admit(&mut self, participant: &str) -> Result<usize, EngineError> {
         let (group, id) = self.selected(participant)?;
-        let GroupState::Collecting(server) = &group.state else {
-            return Err(ProtocolError::OutOfPhase { expected: Stage::Finished, got: Stage::Unmasking }.into());
-        };
-        if !server.is_eligible(id) {
-            return Err(ProtocolError::NotEligible { client: id, stage: server.stage() }.into());
-        }
-        if server.has_received(id) {
-            return Err(ProtocolError::Duplicate(id).into());
-        }
-        Ok(server.max_message_len())
+        group.admit(id)
     }
 
     /// Whether `participant` may report metrics for `round`: it must be in
@@ -348,13 +331,7 @@ impl TaskEngine {
     /// Accepts a client's encoded stage message.
     pub fn receive(&mut self, participant: &str, bytes: &[u8]) -> Result<(), EngineError> {
         let (group, id) = self.selected(participant)?;
-        let message = ClientMessage::decode(bytes).map_err(ProtocolError::from)?;
-        let GroupState::Collecting(server) = &mut group.state else {
-            return Err(ProtocolError::OutOfPhase { expected: Stage::Finished, got: message.stage() }.into());
-        };
-        server.receive(id, message)?;
-        group.bytes_up += bytes.len() as u64;
-        Ok(())
+        group.receive(id, bytes)
     }
 
     /// Starts a round when enough clients checked in recently, closes a
@@ -381,67 +358,37 @@ impl TaskEngine {
         self.pending.pop_front().unwrap_or(TickOutcome::Idle)
     }
 
-    /// Closes every group's stage that is ready: when every eligible client
-    /// answered, its deadline passed or, for the masked-input stage, the
-    /// group's share of `clients_per_round` arrived (so that over-selected
-    /// stragglers do not hold it up).
+    /// Closes every group's stage that is ready (see [`Group::advance`]).
     fn advance_groups(&mut self, now: i64) {
         let wanted = self.spec.inputs_per_group() as usize;
         let Self { round, spec, contributed, pending, task_id, .. } = self;
         let Some(round) = round.as_mut() else { return };
         let several = round.groups.len() > 1;
         for (index, group) in round.groups.iter_mut().enumerate() {
-            let ready = match &group.state {
-                GroupState::Collecting(s) => {
-                    s.is_complete()
-                        || now >= group.deadline
-                        || (s.stage() == Stage::MaskedInputCollection && s.received() >= wanted)
+            match group.advance(spec, wanted, now) {
+                None | Some(GroupStep::Next(_)) => {}
+                Some(GroupStep::MaskedInputRequested(participants)) => {
+                    contributed.extend(participants.iter().cloned());
+                    pending
+                        .push_back(TickOutcome::MaskedInputRequested { round: round.number, participants });
                 }
-                _ => false,
-            };
-            if !ready {
-                continue;
-            }
-            let GroupState::Collecting(server) = std::mem::replace(&mut group.state, GroupState::Unmasking)
-            else {
-                continue;
-            };
-            group.close_stage(&server, now);
-            let stage = server.stage();
-            let give_up = |group: &mut Group, pending: &mut VecDeque<TickOutcome>| {
-                group.state = GroupState::Failed(stage);
-                if several {
-                    pending.push_back(TickOutcome::GroupAborted { round: round.number, group: index, stage });
-                }
-            };
-            if stage == Stage::Unmasking {
-                if server.has_quorum() {
+                Some(GroupStep::Unmask(server)) => {
                     pending.push_back(TickOutcome::Unmask(Box::new(PendingUnmask {
                         task_id: task_id.clone(),
                         round: round.number,
                         group: index,
-                        server,
+                        server: *server,
                     })));
-                } else {
-                    give_up(group, pending);
                 }
-                continue;
-            }
-            match server.advance() {
-                Ok(Advanced::Next(next)) => {
-                    group.deadline = now + deadline_for(spec, next.stage());
-                    if next.stage() == Stage::MaskedInputCollection {
-                        let participants: Vec<String> =
-                            next.eligible().iter().filter_map(|id| group.name(*id).cloned()).collect();
-                        contributed.extend(participants.iter().cloned());
-                        pending.push_back(TickOutcome::MaskedInputRequested {
+                Some(GroupStep::Failed(stage)) => {
+                    if several {
+                        pending.push_back(TickOutcome::GroupAborted {
                             round: round.number,
-                            participants,
+                            group: index,
+                            stage,
                         });
                     }
-                    group.state = GroupState::Collecting(next);
                 }
-                Ok(Advanced::Done(_)) | Err(_) => give_up(group, pending),
             }
         }
     }
@@ -524,14 +471,8 @@ impl TaskEngine {
             .get_mut(group)
             .filter(|g| matches!(g.state, GroupState::Unmasking))
             .ok_or(TaskError::NoSuchRound(round_number))?;
-        let decoded = result.map_err(TaskError::from).and_then(|aggregate| {
-            let survivors = aggregate.contributors.len() as u32;
-            let mean = target.quantizer.decode(&aggregate.sum, survivors, dimension)?;
-            let name = |id: ClientId| target.name(id).cloned().unwrap_or_default();
-            let faulty_shares =
-                aggregate.faulty_shares.iter().map(|fault| (name(fault.owner), name(fault.holder))).collect();
-            Ok(GroupSum { mean, survivors, faulty_shares })
-        });
+        let decoded =
+            result.map_err(TaskError::from).and_then(|aggregate| target.decode(aggregate, dimension));
         let outcome = match decoded {
             Ok(sum) => {
                 target.state = GroupState::Done(sum);
@@ -548,6 +489,166 @@ impl TaskEngine {
         };
         self.settle(now);
         outcome
+    }
+
+    /// What another replica needs to run group `group` of the round in
+    /// progress, while nothing of it has happened yet (just started, no
+    /// client told it is selected); `None` otherwise.
+    pub fn assignment(&self, group: usize) -> Option<(GroupKey, GroupAssignment)> {
+        let round = self.round.as_ref()?;
+        let target = round.groups.get(group)?;
+        match &target.state {
+            GroupState::Collecting(server)
+                if server.stage() == Stage::AdvertiseKeys && server.received() == 0 => {}
+            _ => return None,
+        }
+        let key = GroupKey {
+            task: self.task_id.clone(),
+            round: round.number,
+            attempt: round.metrics.attempt,
+            group: u32::try_from(group).ok()?,
+        };
+        let assignment = GroupAssignment {
+            roster: target.roster.clone(),
+            identities: target.identities.clone(),
+            seeds: target.seeds,
+        };
+        Some((key, assignment))
+    }
+
+    /// Hands group `key.group` of the round in progress to the replica at
+    /// `owner`, once its [`assignment`](Self::assignment) is stored: the
+    /// group's clients are told they are selected when the owner has taken
+    /// it up ([`remote_adopted`](Self::remote_adopted)), their stage
+    /// messages go to the owner, and the group settles from the owner's
+    /// report ([`remote_settled`](Self::remote_settled)).
+    pub fn hand_off(&mut self, key: &GroupKey, owner: &str) -> bool {
+        if self.assignment(key.group as usize).is_none_or(|(k, _)| k != *key) {
+            return false;
+        }
+        let Some(group) = self.remote_group(key) else { return false };
+        group.owner = Some(owner.to_string());
+        group.state = GroupState::Remote(RemoteGroup {
+            owner: owner.to_string(),
+            adopted: false,
+            stage: Stage::AdvertiseKeys,
+        });
+        true
+    }
+
+    /// The group `key` of the round in progress (this attempt).
+    fn remote_group(&mut self, key: &GroupKey) -> Option<&mut Group> {
+        let round =
+            self.round.as_mut().filter(|r| r.number == key.round && r.metrics.attempt == key.attempt)?;
+        round.groups.get_mut(key.group as usize)
+    }
+
+    /// The participants of the round in progress in groups that other
+    /// replicas run, with the owner's URL.
+    pub fn remote_members(&self) -> Vec<(String, String)> {
+        let Some(round) = &self.round else { return Vec::new() };
+        round
+            .members
+            .iter()
+            .filter_map(|(participant, (group, _))| match &round.groups[*group].state {
+                GroupState::Remote(remote) => Some((participant.clone(), remote.owner.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The owner of remote group `key` took it up (and reports its stage).
+    pub fn remote_adopted(&mut self, key: &GroupKey, stage: Stage) {
+        if let Some(Group { state: GroupState::Remote(remote), .. }) = self.remote_group(key) {
+            remote.adopted = true;
+            remote.stage = stage;
+        }
+    }
+
+    /// Participants that earlier stages of remote groups asked for their
+    /// masked input (read back from the store): they refuse a re-run of
+    /// this round, like those of the groups run here.
+    pub fn add_contributors(&mut self, round: u64, participants: impl IntoIterator<Item = String>) {
+        if self.completed + 1 == round {
+            self.contributed.extend(participants);
+        }
+    }
+
+    /// Settles remote group `key` from its owner's `report` (with its
+    /// stored sum when it completed): it completed, or it was given up in
+    /// the report's stage. A report that does not fit the round gives the
+    /// group up. When it was the last group to settle, the next
+    /// [`tick`](Self::tick) hands out the round's outcome.
+    pub fn remote_settled(&mut self, key: &GroupKey, report: &GroupReport, mean: Option<Vec<f32>>, now: i64) {
+        let dimension = self.spec.model.layout.len();
+        let several = self.round.as_ref().is_some_and(|r| r.groups.len() > 1);
+        let Some(group) = self.remote_group(key) else { return };
+        if !matches!(group.state, GroupState::Remote(_)) {
+            return;
+        }
+        group.stages = report.stages.clone();
+        group.bytes_up = report.bytes_up;
+        group.bytes_down = report.bytes_down;
+        let settled = match (report.failed_at, mean) {
+            (None, Some(mean)) => report.sum(mean, dimension).map_err(|e| (e, Stage::Unmasking)),
+            (Some(stage), _) => Err((TaskError::GroupReport("given up by its owner"), stage)),
+            (None, None) => {
+                Err((TaskError::GroupReport("a completed group without its sum"), Stage::Unmasking))
+            }
+        };
+        match settled {
+            Ok(sum) => group.state = GroupState::Done(sum),
+            Err((error, stage)) => {
+                tracing::debug!(%error, "remote group given up");
+                group.state = GroupState::Failed(stage);
+                if several {
+                    let (round, group) = (key.round, key.group as usize);
+                    self.pending.push_back(TickOutcome::GroupAborted { round, group, stage });
+                }
+            }
+        }
+        self.settle(now);
+    }
+
+    /// Gives up remote group `key`: its owner's lease lapsed (the owner
+    /// died or was cut off) before it reported; its clients count as
+    /// dropouts, from the stage it last reported.
+    pub fn remote_lost(&mut self, key: &GroupKey, now: i64) {
+        let several = self.round.as_ref().is_some_and(|r| r.groups.len() > 1);
+        let Some(group) = self.remote_group(key) else { return };
+        let GroupState::Remote(remote) = &group.state else { return };
+        let stage = remote.stage;
+        group.state = GroupState::Failed(stage);
+        if several {
+            self.pending.push_back(TickOutcome::GroupAborted {
+                round: key.round,
+                group: key.group as usize,
+                stage,
+            });
+        }
+        self.settle(now);
+    }
+
+    /// The remote groups of the round in progress that have not settled.
+    pub fn remote_groups(&self) -> Vec<GroupKey> {
+        let Some(round) = &self.round else { return Vec::new() };
+        round
+            .groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| matches!(g.state, GroupState::Remote(_)))
+            .map(|(i, _)| GroupKey {
+                task: self.task_id.clone(),
+                round: round.number,
+                attempt: round.metrics.attempt,
+                group: i as u32,
+            })
+            .collect()
+    }
+
+    /// The number of groups of the round in progress.
+    pub fn group_count(&self) -> usize {
+        self.round.as_ref().map_or(0, |r| r.groups.len())
     }
 
     /// The next model from the completed groups' sums: their weighted

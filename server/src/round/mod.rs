@@ -10,6 +10,8 @@
 //!   deadlines;
 //! * [`builder`]: [`RoundBuilder`], the one place a round's public
 //!   parameters are built from task settings;
+//! * [`owned`]: a group of another replica's round, run here (replicas
+//!   on PostgreSQL), and what leader and owner exchange through the store;
 //! * `completion`: a group's final stage unmasked off the runtime, and the
 //!   groups' sums turned into a checkpoint and round record;
 //! * [`records`]: what the engine answers clients and shows the admin API;
@@ -20,11 +22,12 @@ pub mod builder;
 mod completion;
 pub mod coordinator;
 pub mod engine;
+pub mod owned;
 pub mod records;
 #[cfg(test)]
 mod tests;
 
-pub use builder::{BuiltRound, RoundBuilder};
+pub use builder::{BuiltRound, RoundBuilder, RoundSeeds};
 pub use completion::{Completion, PendingUnmask};
 pub use coordinator::{Coordinator, CoordinatorError};
 pub use engine::{CHECK_IN_TTL_MS, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};

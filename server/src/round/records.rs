@@ -47,6 +47,10 @@ pub enum TaskError {
     /// The server optimizer refused the step.
     #[error("optimizer: {0}")]
     Optimizer(#[from] crate::optimizer::OptimizerError),
+    /// A group run by another replica could not be built from its
+    /// assignment, or its stored report does not fit the round.
+    #[error("group of another replica: {0}")]
+    GroupReport(&'static str),
 }
 
 /// What a selected client should do now.
@@ -81,6 +85,10 @@ pub enum EngineError {
     /// The task takes clients' metrics only in aggregate.
     #[error("this task takes clients' metrics only in aggregate, inside the masked inputs")]
     PlaintextMetricsOff,
+    /// The client's group is run by the replica at this URL (the request
+    /// reached this one before its routes caught up; a retry finds it).
+    #[error("this client's group is run by another replica")]
+    Elsewhere(String),
 }
 
 /// One stage's record in the round metrics.
@@ -135,7 +143,7 @@ pub struct RoundMetrics {
 }
 
 /// One secure-aggregation group of a round.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GroupMetrics {
     /// Clients in the group.
     pub selected: usize,
@@ -145,6 +153,9 @@ pub struct GroupMetrics {
     /// dropouts and nothing of it is in the round's sum.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failed_at: Option<Stage>,
+    /// The replica that ran the group, when not the round's leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// A metric's mean over a round's survivors.

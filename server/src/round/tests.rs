@@ -548,7 +548,15 @@ fn run_groups(
     vanish: &[usize],
     now: &mut i64,
 ) -> GroupedRun {
-    let groups = engine.round.as_ref().unwrap().groups.len();
+    // Groups run by other replicas settle from their reports.
+    let groups = engine
+        .round
+        .as_ref()
+        .unwrap()
+        .groups
+        .iter()
+        .filter(|g| !matches!(g.state, active::GroupState::Remote(_)))
+        .count();
     let mut run = GroupedRun::default();
     for step in 0..10 {
         for (i, client) in clients.iter_mut().enumerate() {
@@ -674,4 +682,117 @@ fn a_round_whose_groups_all_fail_is_aborted() {
     assert_eq!(engine.current_round(), None);
     assert_eq!(engine.completed_rounds(), 0);
     assert!(engine.weights().iter().all(|w| *w == 0.0));
+}
+
+/// Runs group `key` as its owner would, with the `clients` of its roster,
+/// to its unmasking, and returns the report and sum it stores (through
+/// their stored forms).
+fn run_owned(
+    owned: &mut owned::OwnedGroup,
+    clients: &mut [NamedClient],
+    now: &mut i64,
+) -> (owned::GroupReport, Option<Vec<f32>>) {
+    let roster = owned.roster().to_vec();
+    for _ in 0..10 {
+        for (position, name) in roster.iter().enumerate() {
+            let client = clients.iter_mut().find(|c| c.name == *name).unwrap();
+            if let Ok(Poll::Message(bytes)) = owned.poll(name) {
+                let reply = client.protocol.respond(position as u32 + 1, &bytes);
+                owned.receive(name, &reply).unwrap();
+            }
+        }
+        *now += 10;
+        while let Some(step) = owned.tick(*now) {
+            let (report, mean) = match step {
+                owned::OwnedStep::Unmask(job) => owned.unmasked(job.run()),
+                owned::OwnedStep::Settled(report, mean) => (report, mean),
+                owned::OwnedStep::Stage(_) | owned::OwnedStep::MaskedInputRequested(_) => continue,
+            };
+            let stored: owned::GroupReport =
+                serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
+            let mean =
+                mean.map(|m| owned::GroupReport::decode_mean(&owned::GroupReport::encode_mean(&m)).unwrap());
+            return (stored, mean);
+        }
+    }
+    panic!("the owned group does not progress");
+}
+
+/// A group handed to another replica is built there from its assignment
+/// alone (the same session and client ids), its clients are told they are
+/// selected once the owner took it up and are sent there meanwhile, and
+/// the owner's report completes the round: the same mean as if the leader
+/// had run every group.
+#[test]
+fn a_group_run_by_another_replica_completes_the_round_from_its_report() {
+    let (mut engine, mut clients, mut now) = grouped_round();
+    let (key, assignment) = engine.assignment(2).unwrap();
+    assert_eq!((key.task.as_str(), key.round, key.attempt, key.group), ("t", 1, 1, 2));
+    let sent: owned::GroupAssignment =
+        serde_json::from_str(&serde_json::to_string(&assignment).unwrap()).unwrap();
+    assert_eq!(sent, assignment);
+    assert!(engine.hand_off(&key, "http://owner:1"));
+    assert!(!engine.hand_off(&key, "http://owner:1"), "a group is handed off once");
+    let remote = group_members(&engine, &clients, 2);
+    let name = clients[remote[0]].name.clone();
+    assert_eq!(engine.check_in(&name, None, now), CheckIn::Wait { retry_after_ms: 250 });
+    assert_eq!(engine.poll(&name), Err(EngineError::Elsewhere("http://owner:1".into())));
+    assert_eq!(engine.remote_members().len(), 4);
+    let mut owned = owned::OwnedGroup::open(key.clone(), sent, grouped_spec(), now).unwrap();
+    engine.remote_adopted(&key, Stage::AdvertiseKeys);
+    let CheckIn::Selected { session, .. } = engine.check_in(&name, None, now) else { panic!("not selected") };
+    assert_eq!(session, Some(hex::encode(assignment.seeds.session)));
+    // Clients of the leader's groups answer it; the owner's, the owner.
+    let run = run_groups(&mut engine, &mut clients, &[], &mut now);
+    assert_eq!(run.jobs.len(), 2);
+    // A group that has begun is not handed off.
+    assert!(engine.assignment(0).is_none());
+    for job in run.jobs {
+        engine.unmasked(1, job.group, job.run(), now).unwrap();
+    }
+    assert!(matches!(engine.tick(now), TickOutcome::Idle), "the remote group is still out");
+    let (report, mean) = run_owned(&mut owned, &mut clients, &mut now);
+    assert_eq!((report.survivors, report.failed_at, report.stages.len()), (4, None, 4));
+    engine.remote_settled(&key, &report, mean, now);
+    let TickOutcome::Completed(completion) = engine.tick(now) else { panic!("no completion") };
+    assert_eq!((completion.round.selected, completion.round.survivors), (12, 12));
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    assert_eq!(metrics["groups"][2]["survivors"], 4);
+    assert_eq!(metrics["groups"][2]["owner"], "http://owner:1");
+    assert!(metrics["groups"][0].get("owner").is_none(), "run by the leader");
+    assert_eq!(metrics["stages"][0]["eligible"], 12, "the owner's stages add in");
+    assert_eq!(metrics["total_examples"], (1..=12).map(|k| 10 * k).sum::<u64>());
+    engine.commit(*completion);
+    assert_model_is_the_mean_of(&engine, &clients, &(0..12).collect::<Vec<_>>());
+}
+
+/// A group whose owner's lease lapsed, or whose report does not fit the
+/// round, is given up: its clients count as dropouts and the round
+/// completes from the other groups.
+#[test]
+fn a_group_lost_with_its_owner_or_misreported_is_given_up() {
+    let (mut engine, mut clients, mut now) = grouped_round();
+    let kept = group_members(&engine, &clients, 0);
+    let (lost, _) = engine.assignment(1).unwrap();
+    let (bad, _) = engine.assignment(2).unwrap();
+    assert!(engine.hand_off(&lost, "http://owner:1") && engine.hand_off(&bad, "http://owner:2"));
+    engine.remote_adopted(&lost, Stage::ShareKeys);
+    engine.remote_adopted(&bad, Stage::Unmasking);
+    let run = run_groups(&mut engine, &mut clients, &[], &mut now);
+    for job in run.jobs {
+        engine.unmasked(1, job.group, job.run(), now).unwrap();
+    }
+    engine.remote_lost(&lost, now);
+    assert!(matches!(engine.tick(now), TickOutcome::GroupAborted { group: 1, stage: Stage::ShareKeys, .. }));
+    // A completed group's report whose sum has the wrong length.
+    let report = owned::GroupReport { failed_at: None, survivors: 4, ..owned::GroupReport::unbuilt() };
+    engine.remote_settled(&bad, &report, Some(vec![0.5; 3]), now);
+    assert!(matches!(engine.tick(now), TickOutcome::GroupAborted { group: 2, stage: Stage::Unmasking, .. }));
+    let TickOutcome::Completed(completion) = engine.tick(now) else { panic!("no completion") };
+    assert_eq!((completion.round.selected, completion.round.survivors), (12, 4));
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    assert_eq!(metrics["groups"][1]["failed_at"], "share-keys");
+    assert_eq!(metrics["groups"][2]["failed_at"], "unmasking");
+    engine.commit(*completion);
+    assert_model_is_the_mean_of(&engine, &clients, &kept);
 }

@@ -80,6 +80,79 @@ pub struct TaskRecord {
     pub updated_at: i64,
 }
 
+/// Which group of which attempt of a task's round.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupKey {
+    /// The task.
+    pub task: String,
+    /// The round number.
+    pub round: u64,
+    /// The attempt of the round.
+    pub attempt: u32,
+    /// The group's index in the round.
+    pub group: u32,
+}
+
+/// Where a group handed to another replica is (see
+/// [`crate::round::owned`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupRowState {
+    /// Written by the leader; its owner has not taken it up yet.
+    Assigned,
+    /// Its owner runs it.
+    Running,
+    /// Completed: the owner's report and the group's sum are stored.
+    Done,
+    /// Given up by its owner (its report says in which stage).
+    Failed,
+    /// Its owner's lease lapsed before it settled.
+    Lost,
+}
+
+impl GroupRowState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupRowState::Assigned => "assigned",
+            GroupRowState::Running => "running",
+            GroupRowState::Done => "done",
+            GroupRowState::Failed => "failed",
+            GroupRowState::Lost => "lost",
+        }
+    }
+
+    /// The state of a stored name.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Assigned, Self::Running, Self::Done, Self::Failed, Self::Lost]
+            .into_iter()
+            .find(|state| state.as_str() == name)
+    }
+}
+
+/// A group of a round that its leader handed to another replica, its
+/// owner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupRecord {
+    /// The group.
+    pub key: GroupKey,
+    /// The replica leading the round.
+    pub leader_id: String,
+    /// The replica running the group.
+    pub owner_id: String,
+    /// Where the group's clients' stage messages go.
+    pub owner_url: String,
+    /// What the owner builds the group from, as JSON.
+    pub assignment: String,
+    /// Where the group is.
+    pub state: GroupRowState,
+    /// The stage the owner last reported.
+    pub stage: String,
+    /// When the owner's lease on the group lapses.
+    pub expires_at: i64,
+    /// The owner's report once settled, as JSON.
+    pub report: Option<String>,
+}
+
 /// A `cohort serve` process sharing the database.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplicaRecord {
@@ -365,4 +438,56 @@ pub trait Store: Send + Sync {
     fn release_lease(&self, task_id: &str, replica: &str) -> impl Future<Output = StoreResult<()>> + Send;
     /// Every lease that holds at `now`: (task, holder).
     fn leases(&self, now: i64) -> impl Future<Output = StoreResult<Vec<(String, ReplicaRecord)>>> + Send;
+    /// Stores the groups a leader hands to other replicas for a round, in
+    /// place of every group row of their tasks.
+    fn assign_groups(&self, groups: &[GroupRecord]) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Takes up the groups assigned to `owner` whose lease holds at `now`:
+    /// they run, held until `until`.
+    fn claim_groups(
+        &self,
+        owner: &str,
+        now: i64,
+        until: i64,
+    ) -> impl Future<Output = StoreResult<Vec<GroupRecord>>> + Send;
+    /// Renews `owner`'s leases on the groups it runs that still hold at
+    /// `now`, until `until`; returns those groups. A group missing from the
+    /// answer was given up, lost or deleted: the owner stops running it.
+    fn renew_groups(
+        &self,
+        owner: &str,
+        now: i64,
+        until: i64,
+    ) -> impl Future<Output = StoreResult<Vec<GroupKey>>> + Send;
+    /// Records the stage a running group of `owner` is in.
+    fn group_stage(
+        &self,
+        key: &GroupKey,
+        owner: &str,
+        stage: &str,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Settles a running group of `owner` whose lease holds at `now`: done
+    /// with its `report` and its sum's bytes, or failed (no `mean`).
+    /// `false` when the group was not `owner`'s to settle any more.
+    fn settle_group(
+        &self,
+        key: &GroupKey,
+        owner: &str,
+        now: i64,
+        report: &str,
+        mean: Option<&[u8]>,
+    ) -> impl Future<Output = StoreResult<bool>> + Send;
+    /// The groups of the rounds `leader` leads, after marking lost those
+    /// whose owner's lease lapsed before `now`.
+    fn led_groups(
+        &self,
+        leader: &str,
+        now: i64,
+    ) -> impl Future<Output = StoreResult<Vec<GroupRecord>>> + Send;
+    /// The stored sum of a completed group.
+    fn group_mean(&self, key: &GroupKey) -> impl Future<Output = StoreResult<Vec<u8>>> + Send;
+    /// The groups assigned or running whose lease holds at `now`, for
+    /// routing their clients' requests to their owners.
+    fn group_routes(&self, now: i64) -> impl Future<Output = StoreResult<Vec<GroupRecord>>> + Send;
+    /// Deletes every group row of a task.
+    fn delete_groups(&self, task_id: &str) -> impl Future<Output = StoreResult<()>> + Send;
 }

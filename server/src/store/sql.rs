@@ -7,8 +7,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
 use super::{
-    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, ParticipantRecord, ReplicaRecord,
-    RoundRecord, Store, StoreError, StoreResult, TaskRecord, TaskStatus,
+    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, GroupKey, GroupRecord, GroupRowState,
+    ParticipantRecord, ReplicaRecord, RoundRecord, Store, StoreError, StoreResult, TaskRecord, TaskStatus,
 };
 
 /// Longest wait for a pooled PostgreSQL connection.
@@ -132,6 +132,40 @@ fn replica_from(row: &AnyRow) -> StoreResult<ReplicaRecord> {
         url: row.try_get("url")?,
         started_at: row.try_get("started_at")?,
         heartbeat_at: row.try_get("heartbeat_at")?,
+    })
+}
+
+/// The columns of a [`GroupRecord`].
+macro_rules! group_columns {
+    () => {
+        "task_id, round, attempt, group_index, leader_id, owner_id, owner_url, assignment, state, stage, \
+         expires_at, report"
+    };
+}
+
+fn group_key_from(row: &AnyRow) -> StoreResult<GroupKey> {
+    let number = |column: &str| -> StoreResult<i64> { Ok(row.try_get(column)?) };
+    let corrupt = |_| StoreError::Corrupt("group key");
+    Ok(GroupKey {
+        task: row.try_get("task_id")?,
+        round: u64::try_from(number("round")?).map_err(corrupt)?,
+        attempt: u32::try_from(number("attempt")?).map_err(corrupt)?,
+        group: u32::try_from(number("group_index")?).map_err(corrupt)?,
+    })
+}
+
+fn group_from(row: &AnyRow) -> StoreResult<GroupRecord> {
+    let state: String = row.try_get("state")?;
+    Ok(GroupRecord {
+        key: group_key_from(row)?,
+        leader_id: row.try_get("leader_id")?,
+        owner_id: row.try_get("owner_id")?,
+        owner_url: row.try_get("owner_url")?,
+        assignment: row.try_get("assignment")?,
+        state: GroupRowState::parse(&state).ok_or(StoreError::Corrupt("group state"))?,
+        stage: row.try_get("stage")?,
+        expires_at: row.try_get("expires_at")?,
+        report: row.try_get("report")?,
     })
 }
 
@@ -767,11 +801,185 @@ impl Store for SqlStore {
         .await?;
         rows.iter().map(|row| Ok((row.try_get("task_id")?, replica_from(row)?))).collect()
     }
+
+    async fn assign_groups(&self, groups: &[GroupRecord]) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        let mut tasks: Vec<&str> = groups.iter().map(|g| g.key.task.as_str()).collect();
+        tasks.dedup();
+        for task in tasks {
+            sqlx::query("DELETE FROM round_groups WHERE task_id = $1").bind(task).execute(&mut *tx).await?;
+        }
+        for g in groups {
+            sqlx::query(concat!(
+                "INSERT INTO round_groups (",
+                group_columns!(),
+                ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, NULL)"
+            ))
+            .bind(&g.key.task)
+            .bind(g.key.round as i64)
+            .bind(i64::from(g.key.attempt))
+            .bind(i64::from(g.key.group))
+            .bind(&g.leader_id)
+            .bind(&g.owner_id)
+            .bind(&g.owner_url)
+            .bind(&g.assignment)
+            .bind(g.state.as_str())
+            .bind(&g.stage)
+            .bind(g.expires_at)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| classify(e, "group", "task"))?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn claim_groups(&self, owner: &str, now: i64, until: i64) -> StoreResult<Vec<GroupRecord>> {
+        sqlx::query(concat!(
+            "UPDATE round_groups SET state = 'running', expires_at = $1 \
+             WHERE owner_id = $2 AND state = 'assigned' AND expires_at >= $3 RETURNING ",
+            group_columns!()
+        ))
+        .bind(until)
+        .bind(owner)
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(group_from)
+        .collect()
+    }
+
+    async fn renew_groups(&self, owner: &str, now: i64, until: i64) -> StoreResult<Vec<GroupKey>> {
+        sqlx::query(
+            "UPDATE round_groups SET expires_at = $1 \
+             WHERE owner_id = $2 AND state = 'running' AND expires_at >= $3 \
+             RETURNING task_id, round, attempt, group_index",
+        )
+        .bind(until)
+        .bind(owner)
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(group_key_from)
+        .collect()
+    }
+
+    async fn group_stage(&self, key: &GroupKey, owner: &str, stage: &str) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE round_groups SET stage = $1 WHERE owner_id = $2 AND state = 'running' \
+             AND task_id = $3 AND round = $4 AND attempt = $5 AND group_index = $6",
+        )
+        .bind(stage)
+        .bind(owner)
+        .bind(&key.task)
+        .bind(key.round as i64)
+        .bind(i64::from(key.attempt))
+        .bind(i64::from(key.group))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn settle_group(
+        &self,
+        key: &GroupKey,
+        owner: &str,
+        now: i64,
+        report: &str,
+        mean: Option<&[u8]>,
+    ) -> StoreResult<bool> {
+        let state = if mean.is_some() { GroupRowState::Done } else { GroupRowState::Failed };
+        let done = sqlx::query(
+            "UPDATE round_groups SET state = $1, report = $2, mean = $3 \
+             WHERE owner_id = $4 AND state = 'running' AND expires_at >= $5 \
+             AND task_id = $6 AND round = $7 AND attempt = $8 AND group_index = $9",
+        )
+        .bind(state.as_str())
+        .bind(report)
+        .bind(mean.unwrap_or_default().to_vec())
+        .bind(owner)
+        .bind(now)
+        .bind(&key.task)
+        .bind(key.round as i64)
+        .bind(i64::from(key.attempt))
+        .bind(i64::from(key.group))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn led_groups(&self, leader: &str, now: i64) -> StoreResult<Vec<GroupRecord>> {
+        // One statement each: an owner's settle and the leader's marking
+        // lost cannot both win (the row lock orders them).
+        sqlx::query(
+            "UPDATE round_groups SET state = 'lost' \
+             WHERE leader_id = $1 AND state IN ('assigned', 'running') AND expires_at < $2",
+        )
+        .bind(leader)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        sqlx::query(concat!(
+            "SELECT ",
+            group_columns!(),
+            " FROM round_groups WHERE leader_id = $1 ORDER BY task_id, round, attempt, group_index"
+        ))
+        .bind(leader)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(group_from)
+        .collect()
+    }
+
+    async fn group_mean(&self, key: &GroupKey) -> StoreResult<Vec<u8>> {
+        let row = sqlx::query(
+            "SELECT mean FROM round_groups WHERE state = 'done' \
+             AND task_id = $1 AND round = $2 AND attempt = $3 AND group_index = $4",
+        )
+        .bind(&key.task)
+        .bind(key.round as i64)
+        .bind(i64::from(key.attempt))
+        .bind(i64::from(key.group))
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound("group"))?;
+        Ok(row.try_get("mean")?)
+    }
+
+    async fn group_routes(&self, now: i64) -> StoreResult<Vec<GroupRecord>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            group_columns!(),
+            " FROM round_groups WHERE state IN ('assigned', 'running') AND expires_at >= $1 \
+             ORDER BY task_id, round, attempt, group_index"
+        ))
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(group_from)
+        .collect()
+    }
+
+    async fn delete_groups(&self, task_id: &str) -> StoreResult<()> {
+        sqlx::query("DELETE FROM round_groups WHERE task_id = $1").bind(task_id).execute(&self.pool).await?;
+        Ok(())
+    }
 }
 
-/// Deletes a replica and the leases it holds, within `tx`.
+/// Deletes a replica and the leases it holds, within `tx`; the groups it
+/// runs lapse at once.
 async fn delete_replica(tx: &mut sqlx::Transaction<'_, sqlx::Any>, id: &str) -> StoreResult<()> {
     sqlx::query("DELETE FROM task_leases WHERE replica_id = $1").bind(id).execute(&mut **tx).await?;
+    sqlx::query(
+        "UPDATE round_groups SET expires_at = 0 WHERE owner_id = $1 AND state IN ('assigned', 'running')",
+    )
+    .bind(id)
+    .execute(&mut **tx)
+    .await?;
     sqlx::query("DELETE FROM replicas WHERE id = $1").bind(id).execute(&mut **tx).await?;
     Ok(())
 }

@@ -1,0 +1,294 @@
+//! Groups of a round run by a replica that does not lead the round.
+//!
+//! With several replicas on one PostgreSQL database, the leader of a
+//! task's rounds selects a round's clients and splits them into groups
+//! (see `active`); it runs some groups itself and hands each other one to
+//! a replica, its owner, as a [`GroupAssignment`] row in the store. The
+//! owner builds the same protocol instance from it (the task's settings,
+//! the roster and the round's public seeds fix it: see
+//! [`RoundBuilder::build_with`]), serves the group's clients, closes its
+//! stages at their deadlines, unmasks it and stores a [`GroupReport`]: the
+//! group's decoded sum, never one client's. The leader adds the reports of
+//! the groups that completed into the round, as it does with its own.
+//!
+//! The owner holds each group through a lease in the store, renewed with
+//! its task leases; a group whose lease lapses (its owner died or was cut
+//! off from the database) is given up by the leader, and its clients
+//! count as dropouts. Privacy holds per group exactly as in one process:
+//! the owner's instance unmasks nothing below the group's threshold.
+
+use std::collections::HashMap;
+
+use cohort_crypto::metrics::{Metric, MetricSums};
+use cohort_crypto::quantize::WeightedMean;
+use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage};
+use serde::{Deserialize, Serialize};
+
+use super::active::{Group, GroupStep, GroupSum, deadline_for};
+use super::builder::{RoundBuilder, RoundSeeds};
+use super::completion::PendingUnmask;
+use super::records::{EngineError, Poll, StageMetrics, TaskError};
+use crate::spec::TaskSpec;
+pub use crate::store::GroupKey;
+
+/// What an owner needs to run a group: with the task's settings, the same
+/// protocol instance that the leader would have run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupAssignment {
+    /// The group's participants in client-id order (id = position + 1).
+    pub roster: Vec<String>,
+    /// Their Ed25519 identity keys, in the same order (active variant only).
+    #[serde(with = "hex_keys")]
+    pub identities: Vec<[u8; 32]>,
+    /// The group's public seeds (session id, transform seed).
+    pub seeds: RoundSeeds,
+}
+
+/// What an owner stores when its group settles: for a completed group its
+/// decoded sum's weight, metric sums and survivors (the sum itself goes
+/// beside it, see [`GroupReport::mean`]), for a failed one the stage it
+/// was given up in; for both the stage records and traffic, so that the
+/// round's metrics add every group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupReport {
+    /// Survivors whose inputs are in the sum (0 when failed).
+    pub survivors: u32,
+    /// Σ of their weights.
+    pub total_weight: u64,
+    /// Per metric: its name, the sum over the survivors that reported it
+    /// and their number.
+    pub metrics: Vec<(String, f64, u32)>,
+    /// Revealed shares that did not match their owner's commitment, as
+    /// (owner, holder) participants.
+    pub faulty_shares: Vec<(String, String)>,
+    /// The group's closed stages.
+    pub stages: Vec<StageMetrics>,
+    /// Bytes received from the group's clients.
+    pub bytes_up: u64,
+    /// Bytes sent to them.
+    pub bytes_down: u64,
+    /// The stage the group was given up in, if it was.
+    pub failed_at: Option<Stage>,
+}
+
+impl GroupReport {
+    /// The report of a completed group and its weighted mean, as stored.
+    fn completed(group: &Group, sum: GroupSum) -> (Self, Vec<f32>) {
+        let metrics = Metric::ALL
+            .iter()
+            .filter_map(|m| sum.mean.metrics.sum(*m).map(|(total, n)| (m.name().to_string(), total, n)))
+            .collect();
+        let report = Self {
+            survivors: sum.survivors,
+            total_weight: sum.mean.total_weight,
+            metrics,
+            faulty_shares: sum.faulty_shares,
+            stages: group.stages.clone(),
+            bytes_up: group.bytes_up,
+            bytes_down: group.bytes_down,
+            failed_at: None,
+        };
+        (report, sum.mean.mean)
+    }
+
+    /// The report of a group given up in `stage`.
+    fn failed(group: &Group, stage: Stage) -> Self {
+        Self {
+            survivors: 0,
+            total_weight: 0,
+            metrics: Vec::new(),
+            faulty_shares: Vec::new(),
+            stages: group.stages.clone(),
+            bytes_up: group.bytes_up,
+            bytes_down: group.bytes_down,
+            failed_at: Some(stage),
+        }
+    }
+
+    /// The report of a group that could not be built from its assignment.
+    pub fn unbuilt() -> Self {
+        Self {
+            survivors: 0,
+            total_weight: 0,
+            metrics: Vec::new(),
+            faulty_shares: Vec::new(),
+            stages: Vec::new(),
+            bytes_up: 0,
+            bytes_down: 0,
+            failed_at: Some(Stage::AdvertiseKeys),
+        }
+    }
+
+    /// The group's sum again, from this report and its stored `mean` of
+    /// `dimension` coordinates; an error when they do not fit together.
+    pub(super) fn sum(&self, mean: Vec<f32>, dimension: usize) -> Result<GroupSum, TaskError> {
+        if mean.len() != dimension || self.failed_at.is_some() {
+            return Err(TaskError::GroupReport("a completed group's sum does not fit the model"));
+        }
+        let mut metrics = MetricSums::default();
+        for (name, total, reporters) in &self.metrics {
+            let metric = Metric::from_name(name).ok_or(TaskError::GroupReport("unknown metric"))?;
+            metrics.insert(metric, *total, *reporters);
+        }
+        Ok(GroupSum {
+            mean: WeightedMean { mean, total_weight: self.total_weight, metrics },
+            survivors: self.survivors,
+            faulty_shares: self.faulty_shares.clone(),
+        })
+    }
+
+    /// The weighted mean as stored: little-endian `f32`s.
+    pub fn encode_mean(mean: &[f32]) -> Vec<u8> {
+        mean.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// The weighted mean from its stored bytes.
+    pub fn decode_mean(bytes: &[u8]) -> Result<Vec<f32>, TaskError> {
+        if bytes.len() % 4 != 0 {
+            return Err(TaskError::GroupReport("a stored sum is not a whole number of f32s"));
+        }
+        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
+/// What the owner must act on after a [`OwnedGroup::tick`].
+pub enum OwnedStep {
+    /// The group moved to this stage (to show the leader).
+    Stage(Stage),
+    /// Record these participants as asked for their masked input before
+    /// the stage is served (see
+    /// [`TickOutcome::MaskedInputRequested`](super::TickOutcome::MaskedInputRequested)),
+    /// or [`fail`](OwnedGroup::fail) the group if they cannot be recorded.
+    MaskedInputRequested(Vec<String>),
+    /// Unmask off the runtime and hand the result to
+    /// [`OwnedGroup::unmasked`].
+    Unmask(Box<PendingUnmask>),
+    /// The group settled: store this report (and the sum, when it completed).
+    Settled(GroupReport, Option<Vec<f32>>),
+}
+
+/// A group this replica runs for another replica's round.
+pub struct OwnedGroup {
+    key: GroupKey,
+    spec: TaskSpec,
+    group: Group,
+    members: HashMap<String, ClientId>,
+    /// When this replica took the group up (its lease renewals that began
+    /// earlier may not list it yet).
+    pub claimed_at: i64,
+}
+
+impl OwnedGroup {
+    /// Builds the group's protocol instance from its assignment and the
+    /// task's spec.
+    pub fn open(
+        key: GroupKey,
+        assignment: GroupAssignment,
+        spec: TaskSpec,
+        now: i64,
+    ) -> Result<Self, TaskError> {
+        let security = spec.security()?;
+        let builder = RoundBuilder::for_task(&spec, &security);
+        let deadline = now + deadline_for(&spec, Stage::AdvertiseKeys);
+        let GroupAssignment { roster, identities, seeds } = assignment;
+        let (group, _) = Group::open(&builder, key.round, roster, identities, seeds, deadline, now)
+            .ok_or(TaskError::GroupReport("the assignment makes no valid round"))?;
+        let members = group
+            .roster
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| Some((p.clone(), ClientId::new(i as u32 + 1)?)))
+            .collect();
+        Ok(Self { key, spec, group, members, claimed_at: now })
+    }
+
+    /// The group's key.
+    pub fn key(&self) -> &GroupKey {
+        &self.key
+    }
+
+    /// The group's participants.
+    pub fn roster(&self) -> &[String] {
+        &self.group.roster
+    }
+
+    fn id(&self, participant: &str) -> Result<ClientId, EngineError> {
+        self.members.get(participant).copied().ok_or(EngineError::NotSelected)
+    }
+
+    /// The message `participant` should act on now.
+    pub fn poll(&mut self, participant: &str) -> Result<Poll, EngineError> {
+        let id = self.id(participant)?;
+        self.group.poll(id)
+    }
+
+    /// Whether `participant` may post a stage message now, and its limit.
+    pub fn admit(&self, participant: &str) -> Result<usize, EngineError> {
+        self.group.admit(self.id(participant)?)
+    }
+
+    /// Accepts `participant`'s encoded stage message.
+    pub fn receive(&mut self, participant: &str, bytes: &[u8]) -> Result<(), EngineError> {
+        let id = self.id(participant)?;
+        self.group.receive(id, bytes)
+    }
+
+    /// Closes the stage when it is ready (see [`Group::advance`]).
+    pub fn tick(&mut self, now: i64) -> Option<OwnedStep> {
+        let wanted = self.spec.inputs_per_group() as usize;
+        Some(match self.group.advance(&self.spec, wanted, now)? {
+            GroupStep::Next(stage) => OwnedStep::Stage(stage),
+            GroupStep::MaskedInputRequested(participants) => OwnedStep::MaskedInputRequested(participants),
+            GroupStep::Unmask(server) => OwnedStep::Unmask(Box::new(PendingUnmask {
+                task_id: self.key.task.clone(),
+                round: self.key.round,
+                group: self.key.group as usize,
+                server: *server,
+            })),
+            GroupStep::Failed(stage) => OwnedStep::Settled(GroupReport::failed(&self.group, stage), None),
+        })
+    }
+
+    /// Gives the group up in its current stage (its masked-input request
+    /// could not be recorded): the report to store.
+    pub fn fail(&mut self) -> GroupReport {
+        let stage = self.group.stage();
+        GroupReport::failed(&self.group, stage)
+    }
+
+    /// The report of the group's unmasking `result`: its decoded sum, or a
+    /// failure in the unmasking stage.
+    pub fn unmasked(&self, result: Result<Aggregate, ProtocolError>) -> (GroupReport, Option<Vec<f32>>) {
+        let dimension = self.spec.model.layout.len();
+        match result.map_err(TaskError::from).and_then(|aggregate| self.group.decode(aggregate, dimension)) {
+            Ok(sum) => {
+                let (report, mean) = GroupReport::completed(&self.group, sum);
+                (report, Some(mean))
+            }
+            Err(error) => {
+                tracing::warn!(task = %self.key.task, round = self.key.round, group = self.key.group, %error, "a group could not be unmasked");
+                (GroupReport::failed(&self.group, Stage::Unmasking), None)
+            }
+        }
+    }
+}
+
+/// Identity keys as a list of hex strings.
+mod hex_keys {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(keys: &[[u8; 32]], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(keys.iter().map(hex::encode))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<[u8; 32]>, D::Error> {
+        Vec::<String>::deserialize(deserializer)?
+            .iter()
+            .map(|key| {
+                let mut bytes = [0u8; 32];
+                hex::decode_to_slice(key, &mut bytes).map_err(serde::de::Error::custom)?;
+                Ok(bytes)
+            })
+            .collect()
+    }
+}
