@@ -1140,6 +1140,7 @@ impl Actor {
                     if let Ok(engine) = self.engine(id) {
                         engine.withdraw(round, &participants);
                     }
+                    self.forget_groups(id).await;
                 }
             }
             TickOutcome::GroupAborted { round, group, stage } => {
