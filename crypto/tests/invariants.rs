@@ -140,8 +140,7 @@ fn an_honest_client_never_reveals_both_shares_of_a_neighbour() {
     driver.vanish(5);
     driver.stage(); // masked inputs
     let (self_mask, mask_key) = unmasking_shares(driver.outbox[0].as_ref().unwrap());
-    // Its own seed share with its surviving neighbours': it survives.
-    assert_eq!(self_mask, ids(&[1, 2, 4, 6, 7, 8]));
+    assert_eq!(self_mask, ids(&[2, 4, 6, 7, 8]));
     assert_eq!(mask_key, ids(&[3, 5]));
     // Asking again, with a different survivor list, gets nothing: the state is spent.
     let other_list = ServerMessage::Survivors { context: config.context(), survivors: ids(&[1, 2, 4, 6]) };
@@ -441,47 +440,6 @@ fn honest_messages_fit_the_stage_size_bound() {
 /// Re-encodes `holder`'s unmasking message with its share of `owner`'s
 /// secret altered by `delta` (the seed share if `owner` survived, else the
 /// key share).
-/// A survivor's unmasking message must hold its own seed share with its
-/// surviving neighbours' (so that a survivor needs only t − 1 of them):
-/// one without it, or with a seed share of a client that dropped, is
-/// refused, and the round completes from the others.
-#[test]
-fn a_survivor_reveals_exactly_its_own_and_its_surviving_neighbours_seed_shares() {
-    let config = config(6, 3, GraphSpec::Complete, 8, 32);
-    let mut driver = Driver::start(&config, &[], 21);
-    driver.stage(); // keys
-    driver.stage(); // shares
-    driver.vanish(6);
-    driver.stage(); // masked inputs: clients 1 to 5 survive
-    let take = |driver: &mut Driver, holder: usize| match ClientMessage::decode(
-        driver.outbox[holder - 1].take().unwrap().as_slice(),
-    ) {
-        Ok(ClientMessage::Unmasking { context, shares }) => (context, shares),
-        other => panic!("no unmasking message: {other:?}"),
-    };
-    // Client 1 leaves its own share out.
-    let (context, mut shares) = take(&mut driver, 1);
-    assert_eq!(shares.self_mask.first().map(|(owner, _)| *owner), Some(id(1)));
-    shares.self_mask.remove(0);
-    let refused = driver.send(1, &ClientMessage::Unmasking { context, shares }.encode());
-    assert!(
-        matches!(refused, Err(ProtocolError::InvalidMessage { reason, .. }) if reason.contains("shares must cover")),
-        "{refused:?}"
-    );
-    // Client 2 moves its seed share to the list of the dropped client.
-    let (context, mut shares) = take(&mut driver, 2);
-    let own = shares.self_mask.iter().position(|(owner, _)| *owner == id(2)).unwrap();
-    let (_, share) = shares.self_mask.remove(own);
-    shares.mask_key.insert(0, (id(2), share));
-    let refused = driver.send(2, &ClientMessage::Unmasking { context, shares }.encode());
-    assert!(matches!(refused, Err(ProtocolError::InvalidMessage { .. })), "{refused:?}");
-    // Clients 3 to 5 answer as they should: t = 3 is enough.
-    driver.flush();
-    let aggregate = driver.advance().unwrap().unwrap();
-    assert_eq!(aggregate.contributors, ids(&[1, 2, 3, 4, 5]));
-    check_sum(&driver, &aggregate);
-}
-
 fn alter_revealed_share(driver: &mut Driver, holder: u32, owner: u32, delta: u64) {
     let slot = &mut driver.outbox[holder as usize - 1];
     let Ok(ClientMessage::Unmasking { context, mut shares }) = ClientMessage::decode(slot.as_ref().unwrap())
@@ -552,7 +510,7 @@ fn too_many_wrong_shares_end_the_round_without_a_sum() {
     driver.flush();
     assert!(matches!(
         driver.advance(),
-        Err(ProtocolError::UnverifiableSecret { owner, shares: 7 }) if owner == id(2)
+        Err(ProtocolError::UnverifiableSecret { owner, shares: 6 }) if owner == id(2)
     ));
 }
 

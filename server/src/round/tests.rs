@@ -185,28 +185,6 @@ fn a_client_that_vanishes_is_recovered_after_the_deadline() {
     }
 }
 
-/// The demo's shape: three clients, threshold 2. One that vanishes after
-/// sharing its keys is recovered, and the round completes with the other
-/// two (each survivor's seed from its one surviving neighbour and itself).
-#[test]
-fn three_clients_with_threshold_two_complete_a_round_without_one() {
-    let mut spec = small_spec();
-    spec.clients_per_round = 3;
-    spec.secure_aggregation.threshold = Some(2);
-    let mut engine = engine(spec);
-    let mut clients = participants(3);
-    let mut now = 0;
-    for c in &clients {
-        engine.check_in(&c.name, None, now);
-    }
-    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
-    let job = run_round(&mut engine, &mut clients, &[2], &mut now).unwrap();
-    let completion = complete(&mut engine, 1, job, now);
-    assert_eq!((completion.round.selected, completion.round.survivors), (3, 2));
-    engine.commit(completion);
-    assert_model_is_the_mean_of(&engine, &clients, &[0, 1]);
-}
-
 #[test]
 fn a_round_below_threshold_is_aborted_and_retried_without_changing_the_model() {
     let mut spec = small_spec();
