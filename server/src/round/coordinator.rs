@@ -60,9 +60,12 @@ pub const LEASE_TTL_MS: i64 = 5_000;
 /// them.
 pub const RENEWAL_MARGIN_MS: i64 = 3_000;
 /// Groups are handed only to replicas that beat their heart this
-/// recently: one that just died is still live for the task leases' fair
-/// share for a while, but must not be given a group.
-pub const PEER_FRESH_MS: i64 = 2_500;
+/// recently (the leader reads the heartbeats once a second, each a second
+/// apart, so a live replica's is up to about two seconds old, more on a
+/// busy machine): one that died is still live for the task leases' fair
+/// share for a while, but is not given groups once it missed two or three
+/// beats, before a round whose group it lost (at [`LEASE_TTL_MS`]) ends.
+pub const PEER_FRESH_MS: i64 = 3_500;
 /// How often a replica looks for groups handed to it, for the reports of
 /// the groups it handed out, and refreshes where groups' clients go.
 pub const GROUP_TICK: Duration = Duration::from_millis(200);
