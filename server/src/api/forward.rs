@@ -244,34 +244,24 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     {
         match group {
             Whereabouts::At(url) if !request.headers().contains_key(GROUP_HOP) => {
-                let client = match state.forwarder.vouched(request.headers()) {
-                    true => state.forwarder.client_address(request.headers()),
-                    false => super::extract::peer_of(request.extensions()),
-                };
+                // The client is the one a replica vouched for, else the
+                // connection's peer.
+                let client = state
+                    .forwarder
+                    .client_address(request.headers())
+                    .or_else(|| super::extract::peer_of(request.extensions()));
                 let mut request = request;
                 request.headers_mut().insert(GROUP_HOP, HeaderValue::from_static("1"));
                 return state.forwarder.forward(&url, client, request).await;
             }
-            Whereabouts::Here => {
-                let mut request = request;
-                if let Subject::Participant(known) = subject {
-                    request.extensions_mut().insert(known);
-                }
-                return next.run(request).await;
-            }
+            Whereabouts::Here => return serve_here(request, subject, next).await,
             // Forwarded to an owner that no longer runs the group: its
             // task's routes say what happened to it.
             Whereabouts::At(_) | Whereabouts::Nowhere => {}
         }
     }
     match state.coordinator.whereabouts(&task) {
-        Whereabouts::Here => {
-            let mut request = request;
-            if let Subject::Participant(known) = subject {
-                request.extensions_mut().insert(known);
-            }
-            next.run(request).await
-        }
+        Whereabouts::Here => serve_here(request, subject, next).await,
         Whereabouts::At(url) if !state.forwarder.vouched(request.headers()) => {
             // Not vouched for: the client is the connection's peer.
             let client = super::extract::peer_of(request.extensions());
@@ -287,6 +277,15 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
             Err(error) => ApiError::from(error).into_response(),
         },
     }
+}
+
+/// Serves a request here, handing the participant the routing looked up
+/// to the handler.
+async fn serve_here(mut request: Request, subject: Subject, next: Next) -> Response {
+    if let Subject::Participant(known) = subject {
+        request.extensions_mut().insert(known);
+    }
+    next.run(request).await
 }
 
 #[cfg(test)]

@@ -40,11 +40,10 @@ pub(super) enum GroupState {
     Remote(RemoteGroup),
 }
 
-/// A group of the round that another replica runs.
+/// A group of the round that another replica runs (its URL is the
+/// group's `owner`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct RemoteGroup {
-    /// The owner's URL, where the group's clients' stage messages go.
-    pub(super) owner: String,
     /// Whether the owner has taken the group up: its clients are told
     /// they are selected only then, so that their first stage message
     /// finds the group.
@@ -94,7 +93,9 @@ pub(super) struct Group {
     pub(super) quantizer: Quantizer,
     pub(super) bytes_up: u64,
     pub(super) bytes_down: u64,
-    /// The replica the group was handed to, if it was.
+    /// The URL of the replica the group was handed to, if it was: where
+    /// its clients' stage messages go while it is remote, and what the
+    /// round's metrics name.
     pub(super) owner: Option<String>,
 }
 
@@ -170,7 +171,7 @@ impl Group {
             GroupState::Collecting(server) => server,
             GroupState::Unmasking | GroupState::Done(_) => return Ok(Poll::Wait),
             GroupState::Failed(_) => return Ok(Poll::Dropped),
-            GroupState::Remote(remote) => return Err(EngineError::Elsewhere(remote.owner.clone())),
+            GroupState::Remote(_) => return Err(self.elsewhere()),
         };
         if server.has_received(id) {
             return Ok(Poll::Wait);
@@ -183,12 +184,17 @@ impl Group {
         Ok(Poll::Message(bytes))
     }
 
+    /// The answer to a client of a group another replica runs.
+    fn elsewhere(&self) -> EngineError {
+        EngineError::Elsewhere(self.owner.clone().unwrap_or_default())
+    }
+
     /// Whether client `id` may post a stage message now, and the largest
     /// body it may send.
     pub(super) fn admit(&self, id: ClientId) -> Result<usize, EngineError> {
         let server = match &self.state {
             GroupState::Collecting(server) => server,
-            GroupState::Remote(remote) => return Err(EngineError::Elsewhere(remote.owner.clone())),
+            GroupState::Remote(_) => return Err(self.elsewhere()),
             _ => {
                 return Err(
                     ProtocolError::OutOfPhase { expected: Stage::Finished, got: Stage::Unmasking }.into()
@@ -209,7 +215,7 @@ impl Group {
         let message = cohort_crypto::ClientMessage::decode(bytes).map_err(ProtocolError::from)?;
         let server = match &mut self.state {
             GroupState::Collecting(server) => server,
-            GroupState::Remote(remote) => return Err(EngineError::Elsewhere(remote.owner.clone())),
+            GroupState::Remote(_) => return Err(self.elsewhere()),
             _ => {
                 return Err(
                     ProtocolError::OutOfPhase { expected: Stage::Finished, got: message.stage() }.into()

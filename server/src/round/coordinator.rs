@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::metrics::Metrics;
 use crate::round::owned::{GroupAssignment, GroupKey, GroupReport, OwnedGroup, OwnedStep};
 use crate::round::{
-    CheckIn, Completion, EngineError, Poll, RoundProgress, TaskEngine, TaskError, TickOutcome,
+    CheckIn, Completion, EngineError, PendingUnmask, Poll, RoundProgress, TaskEngine, TaskError, TickOutcome,
 };
 use crate::spec::TaskSpec;
 use crate::store::{GroupRecord, GroupRowState, ReplicaRecord, SqlStore, Store, StoreError, TaskStatus};
@@ -283,7 +283,6 @@ impl Coordinator {
             owned: HashMap::new(),
             owned_members: HashMap::new(),
             contributors_read: HashSet::new(),
-            divides: store.backend() == crate::store::Backend::Postgres,
         };
         let mut keeper = LeaseKeeper {
             store: lease_store,
@@ -626,8 +625,6 @@ struct Actor {
     owned_members: HashMap<String, GroupKey>,
     /// Remote groups whose masked-input requests were read back.
     contributors_read: HashSet<GroupKey>,
-    /// Whether rounds are divided between replicas (PostgreSQL).
-    divides: bool,
 }
 
 impl Actor {
@@ -689,6 +686,12 @@ impl Actor {
         }
     }
 
+    /// Whether rounds are divided between replicas: on PostgreSQL (on
+    /// SQLite one process runs everything).
+    fn divides(&self) -> bool {
+        self.store.backend() == crate::store::Backend::Postgres
+    }
+
     /// Stops running group `key` for another replica's round.
     fn disown(&mut self, key: &GroupKey, why: &str) {
         let Some(group) = self.owned.remove(key) else { return };
@@ -744,25 +747,34 @@ impl Actor {
                         Ok(()) => self.report_stage(key, Stage::MaskedInputCollection).await,
                         Err(error) => {
                             tracing::error!(task = %key.task, round, %error, "could not record the group's contributors; the group is given up");
-                            if let Some(report) = self.owned.get_mut(key).map(OwnedGroup::fail) {
+                            if let Some(report) = self.owned.get(key).map(OwnedGroup::fail) {
                                 self.settle_owned(key, &report, None).await;
                             }
                         }
                     }
                 }
                 OwnedStep::Unmask(job) => {
-                    let tx = self.tx.clone();
                     let key = key.clone();
-                    tokio::task::spawn_blocking(move || {
-                        let result = job.run();
-                        let _ = tx.blocking_send(Request::OwnedUnmasked { key, result });
-                    });
+                    self.unmask(*job, move |result| Request::OwnedUnmasked { key, result });
                 }
                 OwnedStep::Settled(report, mean) => {
                     self.settle_owned(key, &report, mean.as_deref()).await;
                 }
             }
         }
+    }
+
+    /// Unmasks `job` on the blocking thread pool and hands its result back
+    /// to the actor as the request `answer` makes of it.
+    fn unmask(
+        &self,
+        job: PendingUnmask,
+        answer: impl FnOnce(Result<Aggregate, ProtocolError>) -> Request + Send + 'static,
+    ) {
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = tx.blocking_send(answer(job.run()));
+        });
     }
 
     /// Tells the round's leader which stage a group run here is in.
@@ -809,7 +821,7 @@ impl Actor {
                 |(id, _, heartbeat): &&(String, String, i64)| *id == me || now - heartbeat <= PEER_FRESH_MS;
             routes.peers.iter().filter(fresh).map(|(id, url, _)| (id.clone(), url.clone())).collect()
         };
-        let divides = self.divides;
+        let divides = self.divides();
         let Some(engine) = self.engines.get(id) else { return };
         let count = engine.group_count();
         if !divides || count < 2 || peers.len() < 2 {
@@ -871,25 +883,25 @@ impl Actor {
             if !self.engines.contains_key(&key.task) {
                 continue;
             }
+            let stage = parse_stage(&record.stage).unwrap_or(Stage::AdvertiseKeys);
+            // Once a group may have asked for masked inputs (it reached that
+            // stage, or settled or was lost), who it asked is read back once.
+            let asked = match record.state {
+                GroupRowState::Assigned => false,
+                GroupRowState::Running => stage >= Stage::MaskedInputCollection,
+                GroupRowState::Done | GroupRowState::Failed | GroupRowState::Lost => true,
+            };
+            if asked && self.contributors_read.insert(key.clone()) {
+                self.read_contributors(&key).await;
+            }
+            let Ok(engine) = self.engine(&key.task) else { continue };
             match record.state {
                 GroupRowState::Assigned => {}
-                GroupRowState::Running => {
-                    let stage = parse_stage(&record.stage).unwrap_or(Stage::AdvertiseKeys);
-                    if let Ok(engine) = self.engine(&key.task) {
-                        engine.remote_adopted(&key, stage);
-                    }
-                    if stage >= Stage::MaskedInputCollection && self.contributors_read.insert(key.clone()) {
-                        self.read_contributors(&key).await;
-                    }
-                }
+                GroupRowState::Running => engine.remote_adopted(&key, stage),
                 GroupRowState::Done | GroupRowState::Failed => {
                     let report: Option<GroupReport> =
                         record.report.as_deref().and_then(|json| serde_json::from_str(json).ok());
                     let mean = mean.and_then(|bytes| GroupReport::decode_mean(&bytes).ok());
-                    if self.contributors_read.insert(key.clone()) {
-                        self.read_contributors(&key).await;
-                    }
-                    let Ok(engine) = self.engine(&key.task) else { continue };
                     match report {
                         Some(report) => engine.remote_settled(&key, &report, mean, now),
                         None => engine.remote_lost(&key, now),
@@ -897,12 +909,7 @@ impl Actor {
                 }
                 GroupRowState::Lost => {
                     tracing::warn!(task = %key.task, round = key.round, group = key.group, owner = %record.owner_url, "the replica running a group stopped renewing it; the group is given up");
-                    if self.contributors_read.insert(key.clone()) {
-                        self.read_contributors(&key).await;
-                    }
-                    if let Ok(engine) = self.engine(&key.task) {
-                        engine.remote_lost(&key, now);
-                    }
+                    engine.remote_lost(&key, now);
                 }
             }
             ticked.insert(key.task);
@@ -927,7 +934,7 @@ impl Actor {
     /// Deletes a task's group rows once its round ended (PostgreSQL): the
     /// groups' sums do not outlive the round.
     async fn forget_groups(&mut self, id: &str) {
-        if !self.divides {
+        if !self.divides() {
             return;
         }
         self.contributors_read.retain(|key| key.task != id);
@@ -1028,12 +1035,14 @@ impl Actor {
             }
             Request::Receive { task, participant, body, reply } => {
                 let size = body.len();
-                let owned = self.owned_group(&task, &participant).map(|group| group.key().clone());
-                let result = match owned.as_ref().and_then(|key| self.owned.get_mut(key)) {
-                    Some(group) => group.receive(&participant, &body).map_err(Into::into),
-                    None => {
-                        self.engine(&task).and_then(|e| e.receive(&participant, &body).map_err(Into::into))
+                let (result, owned) = match self.owned_group(&task, &participant) {
+                    Some(group) => {
+                        (group.receive(&participant, &body).map_err(Into::into), Some(group.key().clone()))
                     }
+                    None => (
+                        self.engine(&task).and_then(|e| e.receive(&participant, &body).map_err(Into::into)),
+                        None,
+                    ),
                 };
                 self.metrics.client_message(size, result.is_ok());
                 let _ = reply.send(result);
@@ -1160,12 +1169,8 @@ impl Actor {
                 self.forget_groups(id).await;
             }
             TickOutcome::Unmask(job) => {
-                let tx = self.tx.clone();
                 let (task, round, group) = (job.task_id.clone(), job.round, job.group);
-                tokio::task::spawn_blocking(move || {
-                    let result = job.run();
-                    let _ = tx.blocking_send(Request::Unmasked { task, round, group, result });
-                });
+                self.unmask(*job, move |result| Request::Unmasked { task, round, group, result });
             }
             TickOutcome::Completed(completion) => self.store_round(id, *completion).await,
         }

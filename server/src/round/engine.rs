@@ -465,7 +465,6 @@ impl TaskEngine {
             .as_mut()
             .filter(|r| r.number == round_number && !r.finishing)
             .ok_or(TaskError::NoSuchRound(round_number))?;
-        let several = round.groups.len() > 1;
         let target = round
             .groups
             .get_mut(group)
@@ -480,10 +479,7 @@ impl TaskEngine {
             }
             Err(error) => {
                 target.state = GroupState::Failed(Stage::Unmasking);
-                if several {
-                    let stage = Stage::Unmasking;
-                    self.pending.push_back(TickOutcome::GroupAborted { round: round_number, group, stage });
-                }
+                self.given_up(round_number, group, Stage::Unmasking);
                 Err(error)
             }
         };
@@ -491,23 +487,37 @@ impl TaskEngine {
         outcome
     }
 
-    /// What another replica needs to run group `group` of the round in
-    /// progress, while nothing of it has happened yet (just started, no
-    /// client told it is selected); `None` otherwise.
-    pub fn assignment(&self, group: usize) -> Option<(GroupKey, GroupAssignment)> {
+    /// A round of several groups reports group `group` of round `round`,
+    /// just given up in `stage`, and goes on without it.
+    fn given_up(&mut self, round: u64, group: usize, stage: Stage) {
+        if self.round.as_ref().is_some_and(|r| r.groups.len() > 1) {
+            self.pending.push_back(TickOutcome::GroupAborted { round, group, stage });
+        }
+    }
+
+    /// The key of group `group` of the round in progress while nothing of
+    /// it has happened yet (just started, no client told it is selected),
+    /// so that it can still be handed to another replica.
+    fn untouched(&self, group: usize) -> Option<GroupKey> {
         let round = self.round.as_ref()?;
-        let target = round.groups.get(group)?;
-        match &target.state {
+        match &round.groups.get(group)?.state {
             GroupState::Collecting(server)
                 if server.stage() == Stage::AdvertiseKeys && server.received() == 0 => {}
             _ => return None,
         }
-        let key = GroupKey {
+        Some(GroupKey {
             task: self.task_id.clone(),
             round: round.number,
             attempt: round.metrics.attempt,
             group: u32::try_from(group).ok()?,
-        };
+        })
+    }
+
+    /// What another replica needs to run group `group` of the round in
+    /// progress, while nothing of it has happened yet; `None` otherwise.
+    pub fn assignment(&self, group: usize) -> Option<(GroupKey, GroupAssignment)> {
+        let key = self.untouched(group)?;
+        let target = &self.round.as_ref()?.groups[group];
         let assignment = GroupAssignment {
             roster: target.roster.clone(),
             identities: target.identities.clone(),
@@ -523,16 +533,12 @@ impl TaskEngine {
     /// messages go to the owner, and the group settles from the owner's
     /// report ([`remote_settled`](Self::remote_settled)).
     pub fn hand_off(&mut self, key: &GroupKey, owner: &str) -> bool {
-        if self.assignment(key.group as usize).is_none_or(|(k, _)| k != *key) {
+        if self.untouched(key.group as usize).as_ref() != Some(key) {
             return false;
         }
         let Some(group) = self.remote_group(key) else { return false };
         group.owner = Some(owner.to_string());
-        group.state = GroupState::Remote(RemoteGroup {
-            owner: owner.to_string(),
-            adopted: false,
-            stage: Stage::AdvertiseKeys,
-        });
+        group.state = GroupState::Remote(RemoteGroup { adopted: false, stage: Stage::AdvertiseKeys });
         true
     }
 
@@ -550,9 +556,10 @@ impl TaskEngine {
         round
             .members
             .iter()
-            .filter_map(|(participant, (group, _))| match &round.groups[*group].state {
-                GroupState::Remote(remote) => Some((participant.clone(), remote.owner.clone())),
-                _ => None,
+            .filter_map(|(participant, (group, _))| {
+                let group = &round.groups[*group];
+                let owner = group.owner.as_ref().filter(|_| matches!(group.state, GroupState::Remote(_)))?;
+                Some((participant.clone(), owner.clone()))
             })
             .collect()
     }
@@ -581,7 +588,6 @@ impl TaskEngine {
     /// [`tick`](Self::tick) hands out the round's outcome.
     pub fn remote_settled(&mut self, key: &GroupKey, report: &GroupReport, mean: Option<Vec<f32>>, now: i64) {
         let dimension = self.spec.model.layout.len();
-        let several = self.round.as_ref().is_some_and(|r| r.groups.len() > 1);
         let Some(group) = self.remote_group(key) else { return };
         if !matches!(group.state, GroupState::Remote(_)) {
             return;
@@ -601,10 +607,7 @@ impl TaskEngine {
             Err((error, stage)) => {
                 tracing::debug!(%error, "remote group given up");
                 group.state = GroupState::Failed(stage);
-                if several {
-                    let (round, group) = (key.round, key.group as usize);
-                    self.pending.push_back(TickOutcome::GroupAborted { round, group, stage });
-                }
+                self.given_up(key.round, key.group as usize, stage);
             }
         }
         self.settle(now);
@@ -614,36 +617,12 @@ impl TaskEngine {
     /// died or was cut off) before it reported; its clients count as
     /// dropouts, from the stage it last reported.
     pub fn remote_lost(&mut self, key: &GroupKey, now: i64) {
-        let several = self.round.as_ref().is_some_and(|r| r.groups.len() > 1);
         let Some(group) = self.remote_group(key) else { return };
         let GroupState::Remote(remote) = &group.state else { return };
         let stage = remote.stage;
         group.state = GroupState::Failed(stage);
-        if several {
-            self.pending.push_back(TickOutcome::GroupAborted {
-                round: key.round,
-                group: key.group as usize,
-                stage,
-            });
-        }
+        self.given_up(key.round, key.group as usize, stage);
         self.settle(now);
-    }
-
-    /// The remote groups of the round in progress that have not settled.
-    pub fn remote_groups(&self) -> Vec<GroupKey> {
-        let Some(round) = &self.round else { return Vec::new() };
-        round
-            .groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| matches!(g.state, GroupState::Remote(_)))
-            .map(|(i, _)| GroupKey {
-                task: self.task_id.clone(),
-                round: round.number,
-                attempt: round.metrics.attempt,
-                group: i as u32,
-            })
-            .collect()
     }
 
     /// The number of groups of the round in progress.

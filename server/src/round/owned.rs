@@ -83,25 +83,20 @@ impl GroupReport {
             total_weight: sum.mean.total_weight,
             metrics,
             faulty_shares: sum.faulty_shares,
-            stages: group.stages.clone(),
-            bytes_up: group.bytes_up,
-            bytes_down: group.bytes_down,
-            failed_at: None,
+            ..Self::of(group, None)
         };
         (report, sum.mean.mean)
     }
 
-    /// The report of a group given up in `stage`.
-    fn failed(group: &Group, stage: Stage) -> Self {
+    /// The report of `group`'s stages and traffic, with nothing summed,
+    /// given up at `failed_at` (`None` for a completed group's base).
+    fn of(group: &Group, failed_at: Option<Stage>) -> Self {
         Self {
-            survivors: 0,
-            total_weight: 0,
-            metrics: Vec::new(),
-            faulty_shares: Vec::new(),
             stages: group.stages.clone(),
             bytes_up: group.bytes_up,
             bytes_down: group.bytes_down,
-            failed_at: Some(stage),
+            failed_at,
+            ..Self::unbuilt()
         }
     }
 
@@ -245,15 +240,15 @@ impl OwnedGroup {
                 group: self.key.group as usize,
                 server: *server,
             })),
-            GroupStep::Failed(stage) => OwnedStep::Settled(GroupReport::failed(&self.group, stage), None),
+            GroupStep::Failed(stage) => OwnedStep::Settled(GroupReport::of(&self.group, Some(stage)), None),
         })
     }
 
     /// Gives the group up in its current stage (its masked-input request
     /// could not be recorded): the report to store.
-    pub fn fail(&mut self) -> GroupReport {
+    pub fn fail(&self) -> GroupReport {
         let stage = self.group.stage();
-        GroupReport::failed(&self.group, stage)
+        GroupReport::of(&self.group, Some(stage))
     }
 
     /// The report of the group's unmasking `result`: its decoded sum, or a
@@ -267,7 +262,7 @@ impl OwnedGroup {
             }
             Err(error) => {
                 tracing::warn!(task = %self.key.task, round = self.key.round, group = self.key.group, %error, "a group could not be unmasked");
-                (GroupReport::failed(&self.group, Stage::Unmasking), None)
+                (GroupReport::of(&self.group, Some(Stage::Unmasking)), None)
             }
         }
     }

@@ -154,6 +154,15 @@ fn group_key_from(row: &AnyRow) -> StoreResult<GroupKey> {
     })
 }
 
+/// A query over the `Any` driver.
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
+
+/// Binds a group's key (task, round, attempt, group) to the next four
+/// placeholders of `query`.
+fn bind_group<'q>(query: AnyQuery<'q>, key: &'q GroupKey) -> AnyQuery<'q> {
+    query.bind(&key.task).bind(key.round as i64).bind(i64::from(key.attempt)).bind(i64::from(key.group))
+}
+
 fn group_from(row: &AnyRow) -> StoreResult<GroupRecord> {
     let state: String = row.try_get("state")?;
     Ok(GroupRecord {
@@ -810,25 +819,22 @@ impl Store for SqlStore {
             sqlx::query("DELETE FROM round_groups WHERE task_id = $1").bind(task).execute(&mut *tx).await?;
         }
         for g in groups {
-            sqlx::query(concat!(
+            let insert = sqlx::query(concat!(
                 "INSERT INTO round_groups (",
                 group_columns!(),
                 ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, NULL)"
-            ))
-            .bind(&g.key.task)
-            .bind(g.key.round as i64)
-            .bind(i64::from(g.key.attempt))
-            .bind(i64::from(g.key.group))
-            .bind(&g.leader_id)
-            .bind(&g.owner_id)
-            .bind(&g.owner_url)
-            .bind(&g.assignment)
-            .bind(g.state.as_str())
-            .bind(&g.stage)
-            .bind(g.expires_at)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| classify(e, "group", "task"))?;
+            ));
+            bind_group(insert, &g.key)
+                .bind(&g.leader_id)
+                .bind(&g.owner_id)
+                .bind(&g.owner_url)
+                .bind(&g.assignment)
+                .bind(g.state.as_str())
+                .bind(&g.stage)
+                .bind(g.expires_at)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| classify(e, "group", "task"))?;
         }
         tx.commit().await?;
         Ok(())
@@ -867,18 +873,13 @@ impl Store for SqlStore {
     }
 
     async fn group_stage(&self, key: &GroupKey, owner: &str, stage: &str) -> StoreResult<()> {
-        sqlx::query(
+        let update = sqlx::query(
             "UPDATE round_groups SET stage = $1 WHERE owner_id = $2 AND state = 'running' \
              AND task_id = $3 AND round = $4 AND attempt = $5 AND group_index = $6",
         )
         .bind(stage)
-        .bind(owner)
-        .bind(&key.task)
-        .bind(key.round as i64)
-        .bind(i64::from(key.attempt))
-        .bind(i64::from(key.group))
-        .execute(&self.pool)
-        .await?;
+        .bind(owner);
+        bind_group(update, key).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -891,7 +892,7 @@ impl Store for SqlStore {
         mean: Option<&[u8]>,
     ) -> StoreResult<bool> {
         let state = if mean.is_some() { GroupRowState::Done } else { GroupRowState::Failed };
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE round_groups SET state = $1, report = $2, mean = $3 \
              WHERE owner_id = $4 AND state = 'running' AND expires_at >= $5 \
              AND task_id = $6 AND round = $7 AND attempt = $8 AND group_index = $9",
@@ -900,13 +901,8 @@ impl Store for SqlStore {
         .bind(report)
         .bind(mean.unwrap_or_default().to_vec())
         .bind(owner)
-        .bind(now)
-        .bind(&key.task)
-        .bind(key.round as i64)
-        .bind(i64::from(key.attempt))
-        .bind(i64::from(key.group))
-        .execute(&self.pool)
-        .await?;
+        .bind(now);
+        let done = bind_group(update, key).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -935,17 +931,12 @@ impl Store for SqlStore {
     }
 
     async fn group_mean(&self, key: &GroupKey) -> StoreResult<Vec<u8>> {
-        let row = sqlx::query(
+        let select = sqlx::query(
             "SELECT mean FROM round_groups WHERE state = 'done' \
              AND task_id = $1 AND round = $2 AND attempt = $3 AND group_index = $4",
-        )
-        .bind(&key.task)
-        .bind(key.round as i64)
-        .bind(i64::from(key.attempt))
-        .bind(i64::from(key.group))
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or(StoreError::NotFound("group"))?;
+        );
+        let row =
+            bind_group(select, key).fetch_optional(&self.pool).await?.ok_or(StoreError::NotFound("group"))?;
         Ok(row.try_get("mean")?)
     }
 

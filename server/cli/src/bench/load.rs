@@ -17,6 +17,7 @@ use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, Runner, Trainer, Transport};
 use cohort_server::api::auth::new_token;
 use cohort_server::spec::TaskSpec;
+use cohort_server::store::Backend;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -96,7 +97,8 @@ struct LoadReport {
 #[derive(Debug, Serialize)]
 struct ReplicaUsage {
     url: String,
-    /// Whether it led the task (ran every group of its rounds).
+    /// Whether it led the task (selected its rounds' clients, handed out
+    /// their groups and added the groups' sums).
     leader: bool,
     cpu_seconds: f64,
     cpu_ms_per_client_round: f64,
@@ -210,7 +212,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     std::fs::create_dir_all(&work)?;
     let database_url =
         args.database_url.clone().unwrap_or_else(|| format!("sqlite://{}", work.join("load.db").display()));
-    let postgres = database_url.starts_with("postgres:") || database_url.starts_with("postgresql:");
+    let postgres = Backend::of(&database_url) == Some(Backend::Postgres);
     if args.replicas == 0 || (args.replicas > 1 && !postgres) {
         bail!("replicas share one PostgreSQL database: pass --database-url postgres://… (a fresh database)");
     }
