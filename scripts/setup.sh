@@ -13,8 +13,10 @@
 #   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain);
 #   - wasm-bindgen-cli, at the version of Cargo.lock: the browser client;
 #   - a running PostgreSQL server on 127.0.0.1:5432 (the store tests);
-#   - a Python venv with safetensors and NumPy (COHORT_VENV, default
-#     /var/tmp/cohort-venv): the test that Python loads our checkpoints;
+#   - a Python venv with safetensors, NumPy and Google's dp-accounting
+#     (COHORT_VENV, default /var/tmp/cohort-venv): the tests that Python
+#     loads our checkpoints and that our privacy accountant agrees with
+#     Google's;
 #   - a Python venv with PyTorch 2.13.0 (COHORT_TORCH_VENV, default
 #     /var/tmp/cohort-torch-venv, about 4.7 GB): libtorch for the `tch`
 #     feature of cohort-client.
@@ -75,10 +77,12 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
 fi
 
 venv="${COHORT_VENV:-/var/tmp/cohort-venv}"
-if ! "$venv/bin/python" -c "import safetensors.numpy, numpy" >/dev/null 2>&1; then
-    log "creating the Python venv $venv (safetensors, numpy)"
+if ! "$venv/bin/python" -c "import safetensors.numpy, numpy, dp_accounting" >/dev/null 2>&1; then
+    log "creating the Python venv $venv (safetensors, numpy, dp-accounting)"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "safetensors==0.7.*" "numpy<3"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "safetensors==0.7.*" "numpy<3" "dp-accounting==0.6.*"
+else
+    log "the Python venv $venv is ready (skipped)"
 fi
 
 torch_venv="${COHORT_TORCH_VENV:-/var/tmp/cohort-torch-venv}"

@@ -91,6 +91,7 @@ fn config(clients: u32, degree: u32, threshold: u32, dim: u32) -> RoundConfig {
             max_weight: 1,
             transform: cohort_crypto::Transform::None,
             metrics: cohort_crypto::MetricSet::NONE,
+            privacy: None,
         },
     }
 }

@@ -173,8 +173,12 @@ impl Client {
         if input.len() != config.vector_len as usize {
             return Err(ProtocolError::InputLength { expected: config.vector_len, got: input.len() as u32 });
         }
-        // Headroom: no value may exceed ⌊(2^b − 1) / n⌋, or the sum could wrap.
-        let limit = ((1u64 << config.modulus_bits) - 1) / u64::from(config.clients);
+        // Headroom: no value may exceed ⌊(2^b − 1) / n⌋, or the sum could
+        // wrap; under differential privacy the sum wraps by design (modular
+        // clipping), so any value of the ring is an input.
+        let ring = (1u64 << config.modulus_bits) - 1;
+        let limit =
+            if config.quantization.privacy.is_some() { ring } else { ring / u64::from(config.clients) };
         if input.values().iter().any(|&v| u64::from(v) > limit) {
             return Err(ProtocolError::InvalidMessage {
                 client: me,

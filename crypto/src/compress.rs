@@ -88,6 +88,18 @@ impl Rotation {
         out
     }
 
+    /// Undoes [`forward`](Self::forward) of a vector padded with zeros to
+    /// `y.len()` coordinates, returning its first `len`.
+    pub fn inverse_padded(&self, y: &[f32], len: usize) -> Vec<f32> {
+        let mut out = y.to_vec();
+        self.transform_blocks(&mut out);
+        out.truncate(len);
+        for (o, s) in out.iter_mut().zip(self.signs(len)) {
+            *o *= s;
+        }
+        out
+    }
+
     /// H/√B on every block; H is symmetric and H·H = B·I, so this map is
     /// its own inverse.
     fn transform_blocks(&self, buffer: &mut [f32]) {

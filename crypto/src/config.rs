@@ -1,6 +1,7 @@
 //! The public parameters of one aggregation round, and the round context
 //! that binds every key, signature and message to them.
 
+use crate::dp::{DpParams, Mechanism};
 use crate::error::ConfigError;
 use crate::graph::{CommunicationGraph, GraphSpec};
 use crate::kdf::{LABEL_GRAPH_PLACEMENT, hkdf_sha256};
@@ -96,6 +97,15 @@ impl RoundConfig {
             }
             _ => {}
         }
+        // The noise is split so that any `noise_shares` inputs carry all of
+        // it; the coordinator can only unmask sums of more than t.
+        if let Some(privacy) = &self.quantization.privacy
+            && privacy.noise_shares > self.threshold
+        {
+            return Err(ConfigError::BadQuantization(
+                "the noise must be split into at most threshold shares: a sum of fewer would carry too little",
+            ));
+        }
         // Also checks the ring width (2 to 32 bits) against the clients.
         self.quantization.validate(self.modulus_bits, self.clients)
     }
@@ -170,6 +180,19 @@ impl RoundConfig {
             }
         }
         w.u8(self.quantization.metrics.bits());
+        match &self.quantization.privacy {
+            None => {
+                w.u8(0);
+            }
+            Some(p) => {
+                w.u8(1)
+                    .u8(p.mechanism.code())
+                    .u32(p.clip_norm.to_bits())
+                    .u64(p.noise_multiplier.to_bits())
+                    .u64(p.scale.to_bits())
+                    .u32(p.noise_shares);
+            }
+        }
     }
 
     pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -200,6 +223,17 @@ impl RoundConfig {
             _ => return Err(DecodeError::Invalid("transform")),
         };
         let metrics = MetricSet::from_bits(r.u8()?).ok_or(DecodeError::Invalid("metric set"))?;
+        let privacy = match r.u8()? {
+            0 => None,
+            1 => Some(DpParams {
+                mechanism: Mechanism::from_code(r.u8()?).ok_or(DecodeError::Invalid("DP mechanism"))?,
+                clip_norm: f32::from_bits(r.u32()?),
+                noise_multiplier: f64::from_bits(r.u64()?),
+                scale: f64::from_bits(r.u64()?),
+                noise_shares: r.u32()?,
+            }),
+            _ => return Err(DecodeError::Invalid("privacy")),
+        };
         let config = RoundConfig {
             session,
             round,
@@ -210,7 +244,7 @@ impl RoundConfig {
             threshold,
             vector_len,
             modulus_bits,
-            quantization: QuantizationSpec { clip, max_weight, transform, metrics },
+            quantization: QuantizationSpec { clip, max_weight, transform, metrics, privacy },
         };
         config.validate().map_err(|_| DecodeError::Invalid("round configuration"))?;
         Ok(config)
@@ -240,6 +274,7 @@ mod tests {
                 max_weight: 1,
                 transform: Transform::None,
                 metrics: crate::MetricSet::NONE,
+                privacy: None,
             },
         }
     }
@@ -353,6 +388,44 @@ mod tests {
     /// The metrics a round's vectors carry are part of the round: they
     /// travel in the setup, change the context, and a bit that names no
     /// metric is refused.
+    /// The DP parameters travel in the setup bit for bit, change the
+    /// context, and an unknown mechanism is refused.
+    #[test]
+    fn the_privacy_parameters_are_part_of_the_round() {
+        let mut config = base();
+        config.quantization = QuantizationSpec {
+            clip: 1.0,
+            max_weight: 1,
+            transform: Transform::Rotate { block: 8, seed: [2; 32] },
+            metrics: MetricSet::NONE,
+            privacy: Some(DpParams {
+                mechanism: Mechanism::DiscreteGaussian,
+                clip_norm: 0.5,
+                noise_multiplier: 1.234_567_890_123,
+                scale: 777.25,
+                noise_shares: 3,
+            }),
+        };
+        assert_eq!(config.validate(), Ok(()));
+        let bytes = ServerMessage::Setup(config.clone()).encode();
+        assert_eq!(ServerMessage::decode(&bytes), Ok(ServerMessage::Setup(config.clone())));
+        let mut other = config.clone();
+        if let Some(p) = other.quantization.privacy.as_mut() {
+            p.noise_multiplier = 1.234_567_890_124;
+        }
+        assert_ne!(config.context(), other.context());
+        // The mechanism byte follows the metric set and the privacy flag.
+        let at = bytes.len() - (4 + 8 + 8 + 4) - 1;
+        let mut bad = bytes.clone();
+        bad[at] = 9;
+        assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("DP mechanism")));
+        // More noise shares than the threshold: invalid.
+        if let Some(p) = config.quantization.privacy.as_mut() {
+            p.noise_shares = 4;
+        }
+        assert!(config.validate().is_err());
+    }
+
     #[test]
     fn the_metric_set_is_part_of_the_round() {
         let mut config = base();
@@ -360,8 +433,10 @@ mod tests {
         let bytes = ServerMessage::Setup(config.clone()).encode();
         assert_eq!(ServerMessage::decode(&bytes), Ok(ServerMessage::Setup(config.clone())));
         assert_ne!(config.context(), base().context());
+        // The metric set is the byte before the privacy flag.
         let mut bad = bytes.clone();
-        *bad.last_mut().unwrap() = 0x40;
+        let at = bad.len() - 2;
+        bad[at] = 0x40;
         assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("metric set")));
     }
 }

@@ -253,6 +253,19 @@ pub enum QuantizeError {
     /// The summed example count is zero: there is nothing to average.
     #[error("the aggregate carries no examples")]
     NoExamples,
+    /// A noisy sum of fewer inputs than the noise was split into: it
+    /// carries less noise than the round promised, so it is not decoded.
+    #[error("a sum of {summands} inputs carries less than the full noise of {shares} shares")]
+    TooLittleNoise {
+        /// Inputs in the sum.
+        summands: u32,
+        /// The shares the noise was split into.
+        shares: u32,
+    },
+    /// Conditional randomized rounding kept overshooting the sensitivity
+    /// bound (it succeeds with probability above 0.39 per try).
+    #[error("randomized rounding did not meet the sensitivity bound")]
+    Rounding,
     /// A metric's value is out of its range.
     #[error("metric {metric} {reason}")]
     Metric {

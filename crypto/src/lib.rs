@@ -84,6 +84,7 @@ pub mod client;
 pub mod compress;
 pub mod config;
 mod derive;
+pub mod dp;
 pub mod envelope;
 pub mod error;
 pub mod graph;

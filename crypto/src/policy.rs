@@ -17,6 +17,7 @@
 //! ([`PolicyViolation::rule`]), before any key is drawn.
 
 use crate::config::{RoundConfig, Variant, active_threshold_holds};
+use crate::dp::DpParams;
 use crate::graph::GraphSpec;
 use crate::params::{Adversary, private_threshold};
 use crate::quantize::Transform;
@@ -112,6 +113,12 @@ pub struct TaskSecurity {
     pub max_weight: u32,
     /// Transform applied before quantization (its seed is per round).
     pub transform: TransformKind,
+    /// Distributed differential privacy: the noise every round must carry
+    /// at least ([`TaskSecurity::compare`] refuses a round whose noise
+    /// multiplier is lower, or whose clip norm, scale, mechanism or noise
+    /// split differ). Absent: no DP.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub privacy: Option<DpParams>,
 }
 
 /// The shape of the communication graph.
@@ -221,6 +228,16 @@ pub enum PolicyViolation {
         /// In this round.
         announced: String,
     },
+    /// A noise multiplier below the one the task promised at enrollment.
+    #[error(
+        "the round's noise multiplier {announced} is below the {promised} the task promised at enrollment"
+    )]
+    TooLittleNoise {
+        /// At enrollment.
+        promised: f64,
+        /// In this round.
+        announced: f64,
+    },
     /// The round's setup is not the round the client was selected for.
     #[error("the setup is for round {got}, the client was selected for round {expected}")]
     WrongRound {
@@ -260,6 +277,7 @@ impl PolicyViolation {
             PolicyViolation::Ring { .. } => "ring",
             PolicyViolation::Transform(_) => "transform",
             PolicyViolation::Changed { .. } => "pinned",
+            PolicyViolation::TooLittleNoise { .. } => "noise",
             PolicyViolation::WrongRound { .. } => "round",
             PolicyViolation::WrongSession => "session",
             PolicyViolation::Replayed { .. } => "replay",
@@ -421,6 +439,7 @@ impl TaskSecurity {
             clip: config.quantization.clip,
             max_weight: config.quantization.max_weight,
             transform: TransformKind::from(&config.quantization.transform),
+            privacy: config.quantization.privacy,
         })
     }
 
@@ -477,7 +496,32 @@ impl TaskSecurity {
                 format!("{:?}", announced.transform),
             ));
         }
-        Ok(())
+        match (&self.privacy, &announced.privacy) {
+            (None, None) => Ok(()),
+            (Some(_), None) => Err(differ("differential privacy", "on", "off")),
+            (None, Some(_)) => Err(differ("differential privacy", "off", "on")),
+            (Some(pinned), Some(now)) => {
+                if pinned.mechanism != now.mechanism {
+                    return Err(differ("DP mechanism", pinned.mechanism.as_str(), now.mechanism.as_str()));
+                }
+                if pinned.clip_norm.to_bits() != now.clip_norm.to_bits() {
+                    return Err(differ("DP clip norm", pinned.clip_norm, now.clip_norm));
+                }
+                if pinned.scale.to_bits() != now.scale.to_bits() {
+                    return Err(differ("DP scale", pinned.scale, now.scale));
+                }
+                if pinned.noise_shares != now.noise_shares {
+                    return Err(differ("DP noise shares", pinned.noise_shares, now.noise_shares));
+                }
+                if now.noise_multiplier < pinned.noise_multiplier {
+                    return Err(PolicyViolation::TooLittleNoise {
+                        promised: pinned.noise_multiplier,
+                        announced: now.noise_multiplier,
+                    });
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -505,6 +549,7 @@ mod tests {
                 max_weight: 64,
                 transform: Transform::None,
                 metrics: crate::MetricSet::NONE,
+                privacy: None,
             },
         }
     }
@@ -656,5 +701,69 @@ mod tests {
         config.threshold = 6;
         config.identities.pop();
         assert!(matches!(TaskSecurity::of_round(&config), Err(PolicyViolation::Invalid(_))));
+    }
+
+    /// A round under differential privacy, as a coordinator announces it.
+    fn private_round(noise_multiplier: f64) -> RoundConfig {
+        let mut config = round(Variant::Active, 10, GraphSpec::Complete, 6);
+        config.modulus_bits = 16;
+        config.quantization = QuantizationSpec {
+            clip: 1.0,
+            max_weight: 1,
+            transform: Transform::Rotate { block: 8, seed: [1; 32] },
+            metrics: crate::MetricSet::NONE,
+            privacy: Some(DpParams {
+                mechanism: crate::dp::Mechanism::Skellam,
+                clip_norm: 1.0,
+                noise_multiplier,
+                scale: 300.0,
+                noise_shares: 6,
+            }),
+        };
+        config
+    }
+
+    /// A client refuses a round whose noise is below what the task
+    /// promised at enrollment, and any other change to the pinned DP
+    /// parameters; more noise is fine.
+    #[test]
+    fn a_round_with_less_noise_than_promised_is_refused() {
+        let pinned = security(&private_round(1.0));
+        assert_eq!(pinned.compare(&security(&private_round(1.0))), Ok(()));
+        assert_eq!(pinned.compare(&security(&private_round(1.5))), Ok(()));
+        let less = pinned.compare(&security(&private_round(0.9)));
+        assert_eq!(less, Err(PolicyViolation::TooLittleNoise { promised: 1.0, announced: 0.9 }));
+        assert_eq!(less.unwrap_err().rule(), "noise");
+        let change = |f: fn(&mut DpParams)| {
+            let mut config = private_round(1.0);
+            if let Some(p) = config.quantization.privacy.as_mut() {
+                f(p);
+            }
+            pinned.compare(&security(&config))
+        };
+        for (f, parameter) in [
+            ((|p| p.mechanism = crate::dp::Mechanism::DiscreteGaussian) as fn(&mut DpParams), "DP mechanism"),
+            (|p| p.clip_norm = 2.0, "DP clip norm"),
+            (|p| p.scale = 301.0, "DP scale"),
+            (|p| p.noise_shares = 5, "DP noise shares"),
+        ] {
+            assert!(
+                matches!(change(f), Err(PolicyViolation::Changed { parameter: named, .. }) if named == parameter),
+                "{parameter}"
+            );
+        }
+        let mut plain = private_round(1.0);
+        plain.quantization.privacy = None;
+        assert!(matches!(
+            pinned.compare(&security(&plain)),
+            Err(PolicyViolation::Changed { parameter: "differential privacy", .. })
+        ));
+        // A split into more shares than the threshold would let a sum of
+        // threshold + 1 inputs carry less than the full noise: invalid.
+        let mut split = private_round(1.0);
+        if let Some(p) = split.quantization.privacy.as_mut() {
+            p.noise_shares = 7;
+        }
+        assert!(matches!(TaskSecurity::of_round(&split), Err(PolicyViolation::Invalid(_))));
     }
 }

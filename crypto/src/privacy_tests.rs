@@ -64,6 +64,7 @@ fn run_round_in_ring(seed: u64, bits: u8) -> Transcript {
             max_weight: 1,
             transform: crate::Transform::None,
             metrics: crate::MetricSet::NONE,
+            privacy: None,
         },
     };
     // A highly structured input: a ramp, far from uniform.

@@ -28,6 +28,7 @@ use rand_core::CryptoRng;
 use zeroize::Zeroizing;
 
 use crate::compress::{CountSketch, Rotation};
+use crate::dp::{DpParams, padded_len};
 use crate::error::ConfigError;
 pub use crate::error::QuantizeError;
 use crate::metrics::{MetricSet, MetricSums, MetricValues};
@@ -81,6 +82,11 @@ pub struct QuantizationSpec {
     pub transform: Transform,
     /// Metrics every client's vector has room for, after the example count.
     pub metrics: MetricSet,
+    /// Distributed differential privacy ([`crate::dp`]): each client clips
+    /// its update in L2 norm, adds its share of noise and wraps modulo the
+    /// ring; `clip` and the level headroom then play no part, the transform
+    /// must be the rotation, and there are no weights or metrics.
+    pub privacy: Option<DpParams>,
 }
 
 impl QuantizationSpec {
@@ -91,6 +97,21 @@ impl QuantizationSpec {
         }
         if !(2..=32).contains(&modulus_bits) {
             return Err(ConfigError::BadModulusBits(modulus_bits));
+        }
+        if let Some(privacy) = &self.privacy {
+            privacy.validate(modulus_bits, clients)?;
+            if !matches!(self.transform, Transform::Rotate { block, .. } if (2..=MAX_BLOCK).contains(&block) && block.is_power_of_two())
+            {
+                return Err(ConfigError::BadQuantization(
+                    "differential privacy needs the rotation, in blocks of a power of two up to 2^16",
+                ));
+            }
+            if !self.metrics.is_empty() || self.max_weight != 1 {
+                return Err(ConfigError::BadQuantization(
+                    "under differential privacy every client counts once and reports no metrics",
+                ));
+            }
+            return Ok(());
         }
         let levels = levels(modulus_bits, clients);
         if levels < 2 {
@@ -177,20 +198,37 @@ pub struct Quantizer {
     spec: QuantizationSpec,
     clients: u32,
     levels: u64,
+    modulus_bits: u8,
 }
 
 impl Quantizer {
     /// A quantizer for `clients` summands in Z_{2^modulus_bits}.
     pub fn new(spec: QuantizationSpec, modulus_bits: u8, clients: u32) -> Result<Self, ConfigError> {
         spec.validate(modulus_bits, clients)?;
-        Ok(Self { spec, clients, levels: levels(modulus_bits, clients) })
+        Ok(Self { spec, clients, levels: levels(modulus_bits, clients), modulus_bits })
     }
 
     /// Length of an encoded vector for an update of `dimension`
     /// coordinates: the transformed length, the weight's digits and the
     /// metrics' digits and presence coordinates.
     pub fn encoded_len(&self, dimension: usize) -> usize {
+        if self.spec.privacy.is_some() {
+            return padded_len(dimension, self.block());
+        }
         self.transformed_len(dimension) + self.weight_digits() + self.metric_coordinates()
+    }
+
+    /// The rotation's block (0 without one).
+    fn block(&self) -> u32 {
+        match self.spec.transform {
+            Transform::Rotate { block, .. } => block,
+            _ => 0,
+        }
+    }
+
+    /// The round's differential-privacy parameters, if it has them.
+    pub fn privacy(&self) -> Option<&DpParams> {
+        self.spec.privacy.as_ref()
     }
 
     fn metric_coordinates(&self) -> usize {
@@ -275,6 +313,11 @@ impl Quantizer {
         metrics: &MetricValues,
         rng: &mut R,
     ) -> Result<QuantizedInput, QuantizeError> {
+        if let (Some(privacy), Some(rotation)) = (&self.spec.privacy, self.rotation()) {
+            // Every client counts once; weights and metrics stay home.
+            let values = privacy.encode(&rotation, self.block(), update, self.modulus_bits, rng)?;
+            return Ok(QuantizedInput(values));
+        }
         if weight > self.spec.max_weight {
             return Err(QuantizeError::WeightTooLarge { max: self.spec.max_weight, got: weight });
         }
@@ -322,6 +365,17 @@ impl Quantizer {
         }
         if sum.len() != self.encoded_len(dimension) {
             return Err(QuantizeError::Length { expected: self.encoded_len(dimension), got: sum.len() });
+        }
+        if let (Some(privacy), Some(rotation)) = (&self.spec.privacy, self.rotation()) {
+            if summands < privacy.noise_shares {
+                return Err(QuantizeError::TooLittleNoise { summands, shares: privacy.noise_shares });
+            }
+            let mean = privacy.decode(&rotation, sum, summands, self.modulus_bits, dimension);
+            return Ok(WeightedMean {
+                mean,
+                total_weight: u64::from(summands),
+                metrics: MetricSums::default(),
+            });
         }
         let (coordinates, rest) = sum.split_at(self.transformed_len(dimension));
         let (weight, mut rest) = rest.split_at(self.weight_digits());
@@ -372,6 +426,7 @@ mod tests {
             max_weight: 1_000,
             transform: Transform::None,
             metrics: crate::MetricSet::NONE,
+            privacy: None,
         }
     }
 
@@ -411,6 +466,7 @@ mod tests {
                 max_weight: 1,
                 transform: Transform::None,
                 metrics: crate::MetricSet::NONE,
+                privacy: None,
             };
             let q = Quantizer::new(spec, bits, clients).unwrap();
             let mut rng = ChaCha20Rng::seed_from_u64(u64::from(bits));
@@ -428,6 +484,7 @@ mod tests {
                 max_weight: 1,
                 transform: Transform::None,
                 metrics: crate::MetricSet::NONE,
+                privacy: None,
             },
             8,
             2,
@@ -466,6 +523,7 @@ mod tests {
             max_weight: 1,
             transform,
             metrics: crate::MetricSet::NONE,
+            privacy: None,
         };
         let none = Transform::None;
         for clip in [0.0, -1.0, f32::NAN, f32::INFINITY] {
@@ -508,7 +566,8 @@ mod tests {
                     clip: 1.0,
                     max_weight: 10,
                     transform: Transform::None,
-                    metrics: crate::MetricSet::NONE
+                    metrics: crate::MetricSet::NONE,
+                    privacy: None,
                 },
                 8,
                 200
@@ -522,7 +581,8 @@ mod tests {
                     clip: 1.0,
                     max_weight: 1,
                     transform: bad_block,
-                    metrics: crate::MetricSet::NONE
+                    metrics: crate::MetricSet::NONE,
+                    privacy: None,
                 },
                 16,
                 4
@@ -645,6 +705,7 @@ mod tests {
             max_weight: 10_000,
             transform: Transform::None,
             metrics: crate::MetricSet::NONE,
+            privacy: None,
         };
         let q = Quantizer::new(spec, bits, clients).unwrap();
         assert_eq!(q.encoded_len(5), 5 + 3);
@@ -673,12 +734,14 @@ mod tests {
             max_weight: 100,
             transform: Transform::None,
             metrics: crate::MetricSet::NONE,
+            privacy: None,
         };
         let rotated = QuantizationSpec {
             clip: 0.2,
             max_weight: 100,
             transform: Transform::Rotate { block: 1_024, seed: [9; 32] },
             metrics: crate::MetricSet::NONE,
+            privacy: None,
         };
         let a = aggregate(&Quantizer::new(plain, bits, clients).unwrap(), &updates, &weights, 2);
         let b = aggregate(&Quantizer::new(rotated, bits, clients).unwrap(), &updates, &weights, 2);
@@ -698,7 +761,13 @@ mod tests {
         }
         let weights = vec![10u32; clients as usize];
         let transform = Transform::Sketch { rows: 5, columns: 500, top_k: 2, seed: [4; 32] };
-        let spec = QuantizationSpec { clip: 1.0, max_weight: 10, transform, metrics: crate::MetricSet::NONE };
+        let spec = QuantizationSpec {
+            clip: 1.0,
+            max_weight: 10,
+            transform,
+            metrics: crate::MetricSet::NONE,
+            privacy: None,
+        };
         let q = Quantizer::new(spec, 32, clients).unwrap();
         assert_eq!(q.encoded_len(10_000), 2_500 + 1);
         let decoded = aggregate(&q, &updates, &weights, 3);
@@ -712,7 +781,8 @@ mod tests {
                     clip: 1.0,
                     max_weight: 1,
                     transform: even,
-                    metrics: crate::MetricSet::NONE
+                    metrics: crate::MetricSet::NONE,
+                    privacy: None,
                 },
                 32,
                 2

@@ -8,6 +8,7 @@ pub mod api;
 pub mod balancer;
 pub mod metrics;
 pub mod optimizer;
+pub mod privacy;
 pub mod round;
 pub mod service;
 pub mod spec;

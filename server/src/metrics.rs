@@ -24,6 +24,8 @@ struct Counters {
     stage_dropouts: BTreeMap<String, u64>,
     /// metric → its mean over the last completed round's survivors
     client_means: BTreeMap<String, f64>,
+    /// task → ε spent, for tasks under differential privacy
+    epsilon_spent: BTreeMap<String, f64>,
 }
 
 /// Shared, cheaply cloned metrics registry.
@@ -74,6 +76,13 @@ impl Metrics {
                 entry.1 += 1;
                 *c.stage_dropouts.entry(stage.stage.to_string()).or_default() += stage.dropouts as u64;
             }
+        });
+    }
+
+    /// A task under differential privacy has spent `epsilon` so far.
+    pub fn privacy_spent(&self, task: &str, epsilon: f64) {
+        self.with(|c| {
+            c.epsilon_spent.insert(task.to_string(), epsilon);
         });
     }
 
@@ -163,6 +172,13 @@ impl Metrics {
         for (metric, mean) in &c.client_means {
             let _ = writeln!(out, "cohort_round_client_metric_mean{{metric=\"{metric}\"}} {mean}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP cohort_privacy_epsilon_spent The privacy budget a task under differential privacy has spent (its accountant's epsilon at the task's delta).\n# TYPE cohort_privacy_epsilon_spent gauge"
+        );
+        for (task, epsilon) in &c.epsilon_spent {
+            let _ = writeln!(out, "cohort_privacy_epsilon_spent{{task=\"{task}\"}} {epsilon}");
+        }
         out
     }
 }
@@ -194,5 +210,7 @@ mod tests {
         assert!(text.contains("cohort_stage_duration_seconds_sum{stage=\"share-keys\"} 1.5\n"));
         assert!(text.contains("cohort_stage_dropouts_total{stage=\"share-keys\"} 1\n"));
         assert!(text.contains("cohort_round_client_metric_mean{metric=\"train_loss\"} 0.5\n"));
+        metrics.privacy_spent("t1", 1.25);
+        assert!(metrics.render().contains("cohort_privacy_epsilon_spent{task=\"t1\"} 1.25\n"));
     }
 }

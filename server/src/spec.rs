@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::ModelLayout;
 use crate::optimizer::ServerOptimizer;
+use crate::privacy::{PrivacyPlan, PrivacySpec};
 
 /// A federated training task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,6 +46,13 @@ pub struct TaskSpec {
     /// What the coordinator learns of the clients' training metrics.
     #[serde(default)]
     pub client_metrics: ClientMetricsSpec,
+    /// Distributed differential privacy: each client clips its update and
+    /// adds its share of noise before masking, so every sum the coordinator
+    /// unmasks is noisy; the coordinator accounts ε and stops the task at
+    /// its budget. Under it clients report no metrics and no example
+    /// counts (each counts once), and `quantization` plays no part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privacy: Option<PrivacySpec>,
 }
 
 /// The clients' training metrics (loss, accuracy): summed under the masks
@@ -308,7 +316,13 @@ impl QuantizationConfig {
                 return Err(SpecError::field("quantization", "choose either rotate or sketch"));
             }
         };
-        Ok(QuantizationSpec { clip: self.clip, max_weight: self.max_weight, transform, metrics })
+        Ok(QuantizationSpec {
+            clip: self.clip,
+            max_weight: self.max_weight,
+            transform,
+            metrics,
+            privacy: None,
+        })
     }
 
     /// The quantizer of a round of `clients` with transform seed `seed`
@@ -480,9 +494,31 @@ impl TaskSpec {
 
         self.optimizer.validate()?;
         let n = self.groups().size;
-        let quantizer = self.quantization.quantizer(n, [0; 32], self.client_metrics.aggregate)?;
-        if quantizer.encoded_len(self.model.layout.len()) > cohort_crypto::config::MAX_VECTOR_LEN as usize {
-            return Err(SpecError::field("model.layout", "the model is too large for secure aggregation"));
+        if let Some(privacy) = &self.privacy {
+            privacy.validate()?;
+            if self.client_metrics.plaintext {
+                return Err(SpecError::field(
+                    "client_metrics.plaintext",
+                    "client_metrics.plaintext would release clients' metrics without noise: not with privacy",
+                ));
+            }
+            let dimension = self.model.layout.len();
+            let padded = cohort_crypto::dp::padded_len(dimension, cohort_crypto::dp::block_for(dimension));
+            if padded > cohort_crypto::config::MAX_VECTOR_LEN as usize {
+                return Err(SpecError::field(
+                    "model.layout",
+                    "the model is too large for secure aggregation",
+                ));
+            }
+        } else {
+            let quantizer = self.quantization.quantizer(n, [0; 32], self.client_metrics.aggregate)?;
+            if quantizer.encoded_len(self.model.layout.len()) > cohort_crypto::config::MAX_VECTOR_LEN as usize
+            {
+                return Err(SpecError::field(
+                    "model.layout",
+                    "the model is too large for secure aggregation",
+                ));
+            }
         }
         let sa = &self.secure_aggregation;
         let active = sa.variant() == VariantChoice::Active;
@@ -548,18 +584,49 @@ impl TaskSpec {
     pub fn security(&self) -> Result<TaskSecurity, SpecError> {
         let derived = self.validate()?;
         let n = self.groups().size;
+        let variant = self.secure_aggregation.variant().into();
+        let graph = if derived.complete { GraphKind::Complete } else { GraphKind::Sparse };
+        if let Some(plan) = self.plan_privacy(&derived)? {
+            return Ok(TaskSecurity {
+                variant,
+                clients: n,
+                graph,
+                degree: derived.degree,
+                threshold: derived.threshold,
+                modulus_bits: plan.modulus_bits,
+                clip: plan.params.clip_norm,
+                max_weight: 1,
+                transform: TransformKind::Rotate { block: plan.block },
+                privacy: Some(plan.params),
+            });
+        }
         let round = self.quantization.round_spec([0; 32], MetricSet::NONE)?;
         Ok(TaskSecurity {
-            variant: self.secure_aggregation.variant().into(),
+            variant,
             clients: n,
-            graph: if derived.complete { GraphKind::Complete } else { GraphKind::Sparse },
+            graph,
             degree: derived.degree,
             threshold: derived.threshold,
             modulus_bits: self.quantization.ring_bits(n)?,
             clip: round.clip,
             max_weight: round.max_weight,
             transform: TransformKind::from(&round.transform),
+            privacy: None,
         })
+    }
+
+    /// The task's differential-privacy plan (noise, scale, ring and
+    /// accountant), if it asks for privacy.
+    pub fn privacy_plan(&self) -> Result<Option<PrivacyPlan>, SpecError> {
+        let derived = self.validate()?;
+        self.plan_privacy(&derived)
+    }
+
+    fn plan_privacy(&self, derived: &DerivedRoundParameters) -> Result<Option<PrivacyPlan>, SpecError> {
+        let Some(privacy) = &self.privacy else { return Ok(None) };
+        let plan =
+            privacy.plan(self.groups().size, derived.threshold, self.model.layout.len(), self.rounds)?;
+        Ok(Some(plan))
     }
 
     /// The client policy that accepts this task, weaker than
@@ -643,6 +710,7 @@ pub(crate) mod tests {
             optimizer: ServerOptimizer::default(),
             checkpoint_retention: 2,
             client_metrics: ClientMetricsSpec::default(),
+            privacy: None,
         }
     }
 

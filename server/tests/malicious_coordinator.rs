@@ -71,6 +71,7 @@ fn honest_security() -> TaskSecurity {
         clip: 1.0,
         max_weight: 1 << 14,
         transform: cohort_crypto::policy::TransformKind::None,
+        privacy: None,
     }
 }
 

@@ -175,6 +175,28 @@ function renderRounds(rounds) {
   lineChart($("chart-loss").querySelector(".plot"), [{ name: "training loss", points: points("loss") }], { xLabel: "round" });
 }
 
+// Statuses after which no round runs again.
+const FINAL = ["stopped", "completed", "budget_spent"];
+
+function renderPrivacy(task, rounds) {
+  const p = task.privacy;
+  const chart = $("chart-epsilon");
+  if (!p) {
+    $("detail-privacy").textContent = "off: sums are exact";
+    $("detail-epsilon").textContent = "—";
+    chart.classList.add("hidden");
+    return;
+  }
+  const sampling = p.sample_rate < 1 ? `, sampling ${number(p.sample_rate, 4)}` : "";
+  $("detail-privacy").textContent =
+    `${p.mechanism.replace("_", " ")} noise ×${number(p.noise_multiplier, 3)}, clip ${p.clip_norm}${sampling}`;
+  const budget = p.budget == null ? "no budget" : `of ${p.budget}`;
+  $("detail-epsilon").textContent = `${number(p.epsilon_spent, 3)} ${budget} (δ = ${p.delta})`;
+  chart.classList.remove("hidden");
+  const points = rounds.map((r) => [r.round, r.metrics?.epsilon]).filter(([, y]) => Number.isFinite(y));
+  lineChart(chart.querySelector(".plot"), [{ name: "ε spent", points }], { xLabel: "round", yMax: p.budget ?? undefined });
+}
+
 function renderDetail(task, rounds) {
   $("detail").classList.remove("hidden");
   $("detail").dataset.task = task.id;
@@ -193,12 +215,13 @@ function renderDetail(task, rounds) {
   $("detail-available").textContent = task.available_clients;
   $("detail-groups").textContent = secagg.group_size ?? "one group per round";
   $("detail-leader").textContent = task.leader ?? "—";
-  const final = task.status === "stopped" || task.status === "completed";
+  const final = FINAL.includes(task.status);
   $("pause").disabled = final || task.status === "paused";
   $("resume").disabled = final || task.status !== "paused";
   $("stop").disabled = final;
   renderLive(task);
   renderRounds(rounds);
+  renderPrivacy(task, rounds);
 }
 
 async function refresh() {
@@ -246,7 +269,7 @@ for (const action of ["pause", "resume", "stop"]) $(action).addEventListener("cl
 // --- enrollment tokens ---------------------------------------------------
 
 function renderTokens(task, tokens) {
-  const final = task.status === "stopped" || task.status === "completed";
+  const final = FINAL.includes(task.status);
   $("token-form").querySelector("button").disabled = final;
   $("tokens").tBodies[0].replaceChildren(...tokens.map((t) => {
     const row = document.createElement("tr");

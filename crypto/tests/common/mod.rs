@@ -38,6 +38,7 @@ pub fn config(clients: u32, threshold: u32, graph: GraphSpec, vector_len: u32, b
             max_weight: 1,
             transform: cohort_crypto::Transform::None,
             metrics: cohort_crypto::MetricSet::NONE,
+            privacy: None,
         },
     }
 }

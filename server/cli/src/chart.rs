@@ -95,9 +95,15 @@ impl Canvas {
     }
 }
 
-/// Writes the chart of `series` (values in [0, 1], shown as percent) to
-/// `path`.
+/// Writes the chart of `series` (values in [0, 1], shown as percent, per
+/// round) to `path`.
 pub fn write_accuracy_chart(path: &Path, title: &str, series: &[Series<'_>]) -> Result<()> {
+    write_chart(path, title, "ROUND", series)
+}
+
+/// Writes the chart of `series` (values in [0, 1], shown as percent; x from
+/// 0, ticks at whole numbers) to `path`, the x axis named `x_label`.
+pub fn write_chart(path: &Path, title: &str, x_label: &str, series: &[Series<'_>]) -> Result<()> {
     let mut canvas = Canvas::new();
     let rounds = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(1.0f64, f64::max);
     let values = series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
@@ -132,7 +138,7 @@ pub fn write_accuracy_chart(path: &Path, title: &str, series: &[Series<'_>]) -> 
     canvas.line((left, TOP as i64), (left, bottom), BLACK, 2);
     canvas.line((left, bottom), ((WIDTH - RIGHT) as i64, bottom), BLACK, 2);
     canvas.text((WIDTH as i64 - Canvas::text_width(title)) / 2, 10, title, BLACK);
-    canvas.text((WIDTH as i64 - Canvas::text_width("ROUND")) / 2, (HEIGHT - 22) as i64, "ROUND", BLACK);
+    canvas.text((WIDTH as i64 - Canvas::text_width(x_label)) / 2, (HEIGHT - 22) as i64, x_label, BLACK);
     for (i, s) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         for pair in s.points.windows(2) {

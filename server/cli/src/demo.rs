@@ -26,7 +26,7 @@ use crate::datasets::write_shard;
 use crate::experiment::Experiment;
 use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
-use crate::simulate::{in_process, threads};
+use crate::simulate::{in_process, privacy_json, threads};
 use crate::training::{TrainingArgs, evaluate, prepare, quantization, threshold};
 
 #[derive(Debug, Args)]
@@ -45,14 +45,14 @@ pub struct DemoArgs {
 pub fn demo(args: &DemoArgs) -> Result<()> {
     let experiment = prepare(&args.training)?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
-    let rows = if args.plain {
+    let (rows, privacy) = if args.plain {
         println!("Plaintext FedAvg in process (baseline), {} rounds:", args.training.rounds);
-        in_process(&experiment, &args.training, args.training.clients, false, threads())?
+        (in_process(&experiment, &args.training, args.training.clients, false, threads())?, None)
     } else {
         secure_over_http(&experiment, &args.training)?
     };
     let mode = if args.plain { "plain" } else { "secure" };
-    write_results(&args.out, mode, &args.training, &rows)
+    write_results(&args.out, mode, &args.training, &rows, privacy)
 }
 
 /// The task the demo's coordinator runs.
@@ -95,6 +95,8 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
         optimizer: ServerOptimizer::default(),
         checkpoint_retention: training.rounds as u32 + 1,
         client_metrics: Default::default(),
+        // Every client takes part in every round: no amplification.
+        privacy: training.dp.spec(1.0),
     };
     spec.validate().map_err(|e| anyhow!("{e}"))?;
     Ok(spec)
@@ -113,7 +115,10 @@ impl Drop for Clients {
 }
 
 /// The demo proper: a coordinator and N client processes over loopback.
-fn secure_over_http(experiment: &Experiment, training: &TrainingArgs) -> Result<Vec<RoundRow>> {
+fn secure_over_http(
+    experiment: &Experiment,
+    training: &TrainingArgs,
+) -> Result<(Vec<RoundRow>, Option<Value>)> {
     let work = std::env::temp_dir().join(format!("cohort-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
@@ -130,7 +135,7 @@ fn run_coordinator_and_clients(
     experiment: &Experiment,
     training: &TrainingArgs,
     work: &Path,
-) -> Result<Vec<RoundRow>> {
+) -> Result<(Vec<RoundRow>, Option<Value>)> {
     for (k, shard) in experiment.shards.iter().enumerate() {
         write_shard(&work.join(format!("shard-{k}")), shard)?;
     }
@@ -215,9 +220,10 @@ fn run_coordinator_and_clients(
     )?;
     while (rows.len() as u64) < training.rounds {
         std::thread::sleep(Duration::from_millis(200));
+        // The task before its rounds: a task seen final has stored all of them.
+        let view: Value = admin_get(&mut transport, &admin_token, &format!("/admin/tasks/{task}"))?;
         let rounds: Vec<Value> =
             admin_get(&mut transport, &admin_token, &format!("/admin/tasks/{task}/rounds"))?;
-        let view: Value = admin_get(&mut transport, &admin_token, &format!("/admin/tasks/{task}"))?;
         if last_finished.is_none() {
             last_finished = view["created_at"].as_i64();
         }
@@ -245,6 +251,8 @@ fn run_coordinator_and_clients(
                     + previous_model.len() as f64,
                 survivors: record["survivors"].as_u64().unwrap_or_default(),
                 compression_ratio: metrics["compression_ratio"].as_f64().unwrap_or_default(),
+                masked_input_ratio: None,
+                epsilon: metrics["epsilon"].as_f64(),
             };
             progress.row(&row);
             rows.push(row);
@@ -257,6 +265,14 @@ fn run_coordinator_and_clients(
             _ => String::new(),
         };
         progress.bar(rows.len() as u64, &stage);
+        if view["status"].as_str() == Some("budget_spent") && rounds.len() <= rows.len() {
+            progress.finish();
+            println!(
+                "The privacy budget is spent: the coordinator stopped the task after {} rounds.",
+                rows.len()
+            );
+            break;
+        }
         for (k, child) in clients.0.iter_mut().enumerate() {
             if let Some(status) = child.try_wait()? {
                 if !status.success() {
@@ -284,5 +300,9 @@ fn run_coordinator_and_clients(
     }
     drop(clients);
     runtime.block_on(service.stop())?;
-    Ok(rows)
+    let privacy = match (&spec.privacy, spec.privacy_plan().map_err(|e| anyhow!("{e}"))?) {
+        (Some(asked), Some(plan)) => Some(privacy_json(asked, &plan)?),
+        _ => None,
+    };
+    Ok((rows, privacy))
 }

@@ -1,5 +1,5 @@
 //! `cohort`: the Cohort command-line tool, one module per command
-//! (`serve`, `demo`, `simulate`, `participate`, `partition`, `bench`) on top of the
+//! (`serve`, `demo`, `simulate`, `participate`, `partition`, `privacy`, `chart`, `bench`) on top of the
 //! coordinator library (`cohort-server`) and the client library
 //! (`cohort-client`). The pieces the commands share have modules of their
 //! own: the run's flags and experiment (`training`, `experiment`), the
@@ -9,11 +9,13 @@
 mod admin;
 mod bench;
 mod chart;
+mod compare;
 mod datasets;
 mod demo;
 mod experiment;
 mod participate;
 mod partition;
+mod privacy;
 mod progress;
 mod results;
 mod secure_mean;
@@ -46,6 +48,12 @@ enum Command {
     /// Splits a dataset among N clients, one shard directory each, for
     /// `participate --shard`.
     Partition(partition::PartitionArgs),
+    /// The privacy accountant: ε of the Poisson-sampled Gaussian mechanism
+    /// over rounds, or the noise multiplier for a budget.
+    Privacy(privacy::PrivacyArgs),
+    /// Several runs' results.json in one chart: accuracy per round, or
+    /// final accuracy against the privacy budget.
+    Chart(compare::ChartArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -62,6 +70,8 @@ fn main() -> Result<()> {
         Command::Simulate(args) => simulate::simulate(&args),
         Command::Participate(args) => participate::participate(&args),
         Command::Partition(args) => partition::run(&args),
+        Command::Privacy(args) => privacy::run(&args),
+        Command::Chart(args) => compare::run(&args),
         Command::Serve(args) => {
             init_logging("info");
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -27,7 +27,7 @@ impl Progress {
             print!("\r\x1b[2K");
         }
         println!(
-            "{:>5}  {:>7.2}%  {:>7.4}  {:>11}  {:>8.1}  {:>12}  {:>12}  {:>9}",
+            "{:>5}  {:>7.2}%  {:>7.4}  {:>11}  {:>8.1}  {:>12}  {:>12}  {:>9}{}",
             row.round,
             row.accuracy * 100.0,
             row.loss,
@@ -35,7 +35,8 @@ impl Progress {
             row.seconds,
             human_bytes(row.bytes_up_per_client),
             human_bytes(row.bytes_down_per_client),
-            row.survivors
+            row.survivors,
+            row.epsilon.map_or_else(String::new, |epsilon| format!("  ε {epsilon:.3}"))
         );
         self.bar(row.round, "");
     }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::chart::{Series, write_accuracy_chart};
 use crate::training::TrainingArgs;
@@ -24,15 +24,25 @@ pub(crate) struct RoundRow {
     pub(crate) survivors: u64,
     /// Upload per client over the float32 update's size.
     pub(crate) compression_ratio: f64,
+    /// The masked input alone (bit-packed, without key shares) over the
+    /// float32 update's size, where measured (`simulate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) masked_input_ratio: Option<f64>,
+    /// Under differential privacy, ε spent up to and including this round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) epsilon: Option<f64>,
 }
 
+/// Writes results.json (with `privacy`, the noise and budget of a run under
+/// differential privacy, in its config) and the chart.
 pub(crate) fn write_results(
     out: &Path,
     mode: &str,
     training: &TrainingArgs,
     rows: &[RoundRow],
+    privacy: Option<Value>,
 ) -> Result<()> {
-    let results = json!({
+    let mut results = json!({
         "config": {
             "aggregation": mode,
             "dataset": training.dataset,
@@ -53,6 +63,9 @@ pub(crate) fn write_results(
         },
         "rounds": rows,
     });
+    if let Some(privacy) = privacy {
+        results["config"]["privacy"] = privacy;
+    }
     let json_path = out.join("results.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&results)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
@@ -62,6 +75,9 @@ pub(crate) fn write_results(
     write_accuracy_chart(&png_path, &title, &[Series { label: mode, points }])?;
     if let Some(last) = rows.last() {
         println!("Final test accuracy {:.2}% after {} rounds.", last.accuracy * 100.0, last.round);
+        if let Some(epsilon) = last.epsilon {
+            println!("Privacy spent: ε = {epsilon:.3} at δ = {}.", results["config"]["privacy"]["delta"]);
+        }
     }
     println!("Wrote {} and {}", json_path.display(), png_path.display());
     Ok(())

@@ -3,9 +3,11 @@
 
 use anyhow::{Result, anyhow};
 use cohort_client::runtime::LocalUpdate;
+use cohort_crypto::dp::accountant;
 use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
 use cohort_crypto::{ClientId, Metric, QuantizedInput, Variant};
 use cohort_server::optimizer::ServerOptimizer;
+use cohort_server::privacy::{PrivacyPlan, PrivacySpec};
 use cohort_server::round::{BuiltRound, RoundBuilder};
 use cohort_server::spec::{GraphChoice, QuantizationConfig, SecAggSpec, TaskSpec};
 use rand_chacha::ChaCha20Rng;
@@ -13,18 +15,31 @@ use rand_core::SeedableRng;
 
 use crate::training::threshold;
 
-/// One secure-aggregation round in process over the clients' updates
-/// (the `dropped` ones vanish after ShareKeys); returns the weighted mean
-/// and the mean upload per surviving client.
-pub(crate) fn secure_mean(
-    updates: &[LocalUpdate],
-    dropped: &[usize],
+/// What one in-process round produced.
+pub(crate) struct SecureMean {
+    /// The weighted mean (under DP: the mean of the clipped, noised updates).
+    pub(crate) mean: Vec<f32>,
+    /// The mean upload per surviving client, in bytes (every stage).
+    pub(crate) bytes_up: f64,
+    /// The masked input's bit-packed size, in bytes.
+    pub(crate) masked_input_bytes: usize,
+    /// The clients' mean training loss (none under DP).
+    pub(crate) client_loss: Option<f64>,
+    /// Under DP, the round's privacy plan (for the accountant).
+    pub(crate) privacy: Option<PrivacyPlan>,
+}
+
+/// The task an in-process round of `n` clients runs: `vanishing` of them
+/// drop, `rounds` rounds in all (for the privacy plan).
+pub(crate) fn simulation_spec(
+    n: u32,
+    vanishing: u32,
     q: QuantizationConfig,
-    seed: u64,
     dimension: usize,
-) -> Result<(Vec<f32>, f64, Option<f64>)> {
-    let n = updates.len() as u32;
-    let spec = TaskSpec {
+    privacy: Option<PrivacySpec>,
+    rounds: u32,
+) -> TaskSpec {
+    TaskSpec {
         name: "simulation".into(),
         model: cohort_server::spec::ModelSpec {
             architecture: "any".into(),
@@ -36,12 +51,12 @@ pub(crate) fn secure_mean(
             },
             init: Default::default(),
         },
-        rounds: 1,
+        rounds,
         clients_per_round: n,
         over_selection: 0.0,
         secure_aggregation: SecAggSpec {
             graph: if n <= 100 { GraphChoice::Complete } else { GraphChoice::Sparse },
-            threshold: (n <= 100).then_some(threshold(n, dropped.len() as u32)),
+            threshold: (n <= 100).then_some(threshold(n, vanishing)),
             ..SecAggSpec::default()
         },
         quantization: q,
@@ -49,7 +64,20 @@ pub(crate) fn secure_mean(
         optimizer: ServerOptimizer::default(),
         checkpoint_retention: 1,
         client_metrics: Default::default(),
-    };
+        privacy,
+    }
+}
+
+/// One secure-aggregation round in process over the clients' updates
+/// (the `dropped` ones vanish after ShareKeys) of the task `spec`.
+pub(crate) fn secure_mean(
+    updates: &[LocalUpdate],
+    dropped: &[usize],
+    spec: &TaskSpec,
+    seed: u64,
+    dimension: usize,
+) -> Result<SecureMean> {
+    let n = updates.len() as u32;
     // A semi-honest round: the simulated clients have no identity keys.
     let security = cohort_crypto::policy::TaskSecurity {
         variant: Variant::SemiHonest,
@@ -57,7 +85,7 @@ pub(crate) fn secure_mean(
     };
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let BuiltRound { config, quantizer } =
-        RoundBuilder::for_task(&spec, &security).build(1, n, Vec::new(), &mut rng)?;
+        RoundBuilder::for_task(spec, &security).build(1, n, Vec::new(), &mut rng)?;
     // Stochastic rounding draws from a per-client generator, so that the
     // simulation may ask for an input any number of times.
     let encode = |i: usize| {
@@ -74,6 +102,7 @@ pub(crate) fn secure_mean(
     let input = |id: ClientId| -> QuantizedInput {
         encode(id.get() as usize - 1).unwrap_or_else(|_| unreachable!("every input was encoded once above"))
     };
+    let masked_input_bytes = cohort_crypto::wire::packed_len(config.vector_len as usize, config.modulus_bits);
     let simulation = Simulation { config, identities: Vec::new(), plan, inputs: &input, seed };
     let outcome = simulation.run(&NoStopwatch)?;
     let survivors = outcome.aggregate.contributors.len() as u32;
@@ -81,5 +110,35 @@ pub(crate) fn secure_mean(
     let finished: Vec<_> = outcome.clients.iter().filter(|c| c.finished).collect();
     let bytes_up = finished.iter().map(|c| c.bytes_up as f64).sum::<f64>() / finished.len().max(1) as f64;
     let client_loss = mean.metrics.mean(Metric::TrainLoss);
-    Ok((mean.mean, bytes_up, client_loss))
+    let privacy = spec.privacy_plan().map_err(|e| anyhow!("{e}"))?;
+    Ok(SecureMean { mean: mean.mean, bytes_up, masked_input_bytes, client_loss, privacy })
+}
+
+/// The privacy spent by a run's rounds: each released noisy sum adds its
+/// round's RDP at every order; ε is read off at the plans' δ.
+#[derive(Debug, Default)]
+pub(crate) struct Accountant {
+    rdp: Vec<f64>,
+    delta: Option<f64>,
+}
+
+impl Accountant {
+    /// One more noisy sum released under `plan`.
+    pub(crate) fn release(&mut self, plan: &PrivacyPlan) {
+        let orders = accountant::orders();
+        let round = plan.round.rdp(&orders);
+        if self.rdp.is_empty() {
+            self.rdp = vec![0.0; orders.len()];
+        }
+        for (total, r) in self.rdp.iter_mut().zip(round) {
+            *total += r;
+        }
+        self.delta = Some(plan.delta);
+    }
+
+    /// ε spent so far, once anything was released.
+    pub(crate) fn epsilon(&self) -> Option<f64> {
+        let delta = self.delta?;
+        Some(accountant::epsilon_from_rdp(&accountant::orders(), &self.rdp, delta).epsilon)
+    }
 }

@@ -12,6 +12,7 @@ use cohort_client::data::Dataset;
 use cohort_client::runtime::LocalUpdate;
 use cohort_crypto::Metric;
 use cohort_server::optimizer::ServerOptimizer;
+use cohort_server::privacy::{PrivacyPlan, PrivacySpec, PrivacyView};
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
@@ -19,7 +20,7 @@ use rand_core::SeedableRng;
 use crate::experiment::Experiment;
 use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
-use crate::secure_mean::secure_mean;
+use crate::secure_mean::{Accountant, secure_mean, simulation_spec};
 use crate::training::{TrainingArgs, evaluate, prepare, quantization};
 
 #[derive(Debug, Args)]
@@ -56,7 +57,37 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
         !args.plain,
         args.threads.unwrap_or_else(threads),
     )?;
-    write_results(&args.out, mode, &args.training, &rows)
+    let privacy = match args.training.dp.spec(per_round as f64 / args.training.clients as f64) {
+        Some(privacy) => {
+            let vanishing = (per_round as f64 * args.training.dropout).ceil() as u32;
+            let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);
+            let spec = simulation_spec(
+                per_round as u32,
+                vanishing,
+                quantization(&args.training, largest),
+                experiment.model.len(),
+                Some(privacy),
+                args.training.rounds as u32,
+            );
+            let plan = spec.privacy_plan().map_err(|e| anyhow!("{e}"))?;
+            plan.map(|plan| privacy_json(&privacy, &plan)).transpose()?
+        }
+        None => None,
+    };
+    write_results(&args.out, mode, &args.training, &rows, privacy)
+}
+
+/// The privacy of a run as results.json records it: what was asked and
+/// the noise the coordinator derived.
+pub(crate) fn privacy_json(spec: &PrivacySpec, plan: &PrivacyPlan) -> Result<serde_json::Value> {
+    let mut value = serde_json::to_value(PrivacyView::of(plan, 0))?;
+    value["epsilon_budget"] = serde_json::json!(spec.epsilon);
+    value["bits"] = serde_json::json!(plan.modulus_bits);
+    if let Some(view) = value.as_object_mut() {
+        view.remove("epsilon_spent");
+        view.remove("budget");
+    }
+    Ok(value)
 }
 
 pub(crate) fn threads() -> usize {
@@ -78,6 +109,11 @@ pub(crate) fn in_process(
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);
     let q = quantization(training, largest);
     let mut rng = ChaCha20Rng::seed_from_u64(training.seed() ^ 0x5e1e_c7ed);
+    let privacy = training.dp.spec(per_round as f64 / training.clients as f64);
+    if privacy.is_some() && !secure {
+        bail!("differential privacy needs secure aggregation: drop --plain");
+    }
+    let mut accountant = Accountant::default();
     let progress = Progress::new(training.rounds);
     let mut rows = Vec::new();
     for round in 1..=training.rounds {
@@ -101,8 +137,20 @@ pub(crate) fn in_process(
             .map_err(|e| anyhow!("local training: {e}"))?;
         progress.bar(round - 1, if secure { "secure aggregation" } else { "aggregation" });
         let survivors: Vec<usize> = (0..per_round).filter(|i| !dropped.contains(i)).collect();
-        let (mean, bytes_up, client_loss) = if secure {
-            secure_mean(&updates, &dropped, q, training.seed() ^ round, layout.len())?
+        let (mean, bytes_up, client_loss, masked) = if secure {
+            let spec = simulation_spec(
+                per_round as u32,
+                vanishing as u32,
+                q,
+                layout.len(),
+                privacy,
+                training.rounds as u32,
+            );
+            let round = secure_mean(&updates, &dropped, &spec, training.seed() ^ round, layout.len())?;
+            if let Some(plan) = round.privacy {
+                accountant.release(&plan);
+            }
+            (round.mean, round.bytes_up, round.client_loss, Some(round.masked_input_bytes))
         } else {
             let losses: Vec<f64> =
                 survivors.iter().filter_map(|&i| updates[i].metrics.get(Metric::TrainLoss)).collect();
@@ -117,7 +165,7 @@ pub(crate) fn in_process(
                     (sum / total) as f32
                 })
                 .collect::<Vec<_>>();
-            (mean, 4.0 * layout.len() as f64 + 4.0, client_loss)
+            (mean, 4.0 * layout.len() as f64 + 4.0, client_loss, None)
         };
         let mut state = ServerOptimizer::default().initial_state(weights.len());
         ServerOptimizer::default().step(&mut weights, &mean, &mut state)?;
@@ -132,6 +180,8 @@ pub(crate) fn in_process(
             bytes_down_per_client: model_bytes.len() as f64,
             survivors: survivors.len() as u64,
             compression_ratio: bytes_up / (4.0 * layout.len() as f64),
+            masked_input_ratio: masked.map(|bytes| bytes as f64 / (4.0 * layout.len() as f64)),
+            epsilon: accountant.epsilon(),
         };
         progress.row(&row);
         rows.push(row);

@@ -10,6 +10,8 @@ use clap::Args;
 use cohort_client::data::Dataset;
 use cohort_client::partition::Scheme;
 use cohort_client::train::TrainConfig;
+use cohort_crypto::dp::Mechanism;
+use cohort_server::privacy::PrivacySpec;
 use cohort_server::spec::QuantizationConfig;
 
 use crate::experiment::{Experiment, ExperimentSetup};
@@ -52,6 +54,53 @@ pub struct TrainingArgs {
     /// sending their key shares, before their masked input).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) dropout: f64,
+    #[command(flatten)]
+    pub(crate) dp: DpArgs,
+}
+
+/// Distributed differential privacy: each client clips its update in L2
+/// norm and adds its share of integer noise before masking.
+#[derive(Debug, Clone, Args)]
+pub struct DpArgs {
+    /// The privacy budget ε over all rounds (turns DP on); the noise is
+    /// solved for it.
+    #[arg(long)]
+    pub(crate) dp_epsilon: Option<f64>,
+    /// The noise multiplier instead of (or with) a budget.
+    #[arg(long)]
+    pub(crate) dp_noise_multiplier: Option<f64>,
+    /// δ of the (ε, δ) guarantee.
+    #[arg(long, default_value_t = 1e-5)]
+    pub(crate) dp_delta: f64,
+    /// Updates are clipped to this L2 norm.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) clip_norm: f32,
+    /// The noise: skellam or discrete-gaussian.
+    #[arg(long, default_value = "skellam", value_parser = parse_mechanism)]
+    pub(crate) mechanism: Mechanism,
+    /// Bits of the ring the noisy updates live in.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) dp_bits: u8,
+}
+
+fn parse_mechanism(name: &str) -> Result<Mechanism, String> {
+    Mechanism::parse(name).ok_or_else(|| format!("unknown mechanism {name:?}: skellam or discrete-gaussian"))
+}
+
+impl DpArgs {
+    /// The task's privacy for rounds that sample each client with
+    /// probability `sample_rate`, or `None` without DP flags.
+    pub(crate) fn spec(&self, sample_rate: f64) -> Option<PrivacySpec> {
+        (self.dp_epsilon.is_some() || self.dp_noise_multiplier.is_some()).then(|| PrivacySpec {
+            mechanism: self.mechanism,
+            epsilon: self.dp_epsilon,
+            delta: self.dp_delta,
+            clip_norm: self.clip_norm,
+            noise_multiplier: self.dp_noise_multiplier,
+            sample_rate: (sample_rate < 1.0).then_some(sample_rate),
+            bits: self.dp_bits,
+        })
+    }
 }
 
 /// Local training, shared by the demo, the simulator and a participant.

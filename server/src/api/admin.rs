@@ -259,6 +259,10 @@ pub struct TaskView {
     /// task is finished or between leaders).
     #[serde(default)]
     pub leader: Option<String>,
+    /// Differential privacy: the noise every round carries and the ε the
+    /// task spent (absent for a task without DP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub privacy: Option<crate::privacy::PrivacyView>,
 }
 
 async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
@@ -270,14 +274,22 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
     let rounds = spec["rounds"].as_u64().unwrap_or(0) as u32;
     let live = match state.coordinator.live(&task.id).await {
         Ok(live) => live,
-        Err(CoordinatorError::UnknownTask) => LiveState {
-            status: task.status,
-            completed_rounds: state.store.rounds(&task.id).await?.len() as u64,
-            current_round: None,
-            stage: None,
-            progress: None,
-            available_clients: 0,
-        },
+        Err(CoordinatorError::UnknownTask) => {
+            let completed_rounds = state.store.rounds(&task.id).await?.len() as u64;
+            let privacy = serde_json::from_str::<crate::spec::TaskSpec>(&task.spec)
+                .ok()
+                .and_then(|spec| spec.privacy_plan().ok().flatten())
+                .map(|plan| crate::privacy::PrivacyView::of(&plan, completed_rounds));
+            LiveState {
+                status: task.status,
+                completed_rounds,
+                current_round: None,
+                stage: None,
+                progress: None,
+                available_clients: 0,
+                privacy,
+            }
+        }
         Err(e) => return Err(e.into()),
     };
     let leader = match state.coordinator.whereabouts(&task.id) {
@@ -298,6 +310,7 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
         created_at: task.created_at,
         spec,
         leader,
+        privacy: live.privacy,
     })
 }
 

@@ -2,9 +2,10 @@
 //! [`Quantizer`] are built from task settings: the coordinator's rounds,
 //! the command-line tool's in-process secure mean and the benchmarks.
 
+use cohort_crypto::dp::{DpParams, block_for};
 use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::policy::{GraphKind, TaskSecurity};
-use cohort_crypto::{MetricSet, Quantizer, RoundConfig, Variant};
+use cohort_crypto::{MetricSet, QuantizationSpec, Quantizer, RoundConfig, Transform, Variant};
 use rand_core::Rng;
 
 use crate::spec::{QuantizationConfig, SpecError, TaskSpec};
@@ -24,6 +25,10 @@ pub struct RoundBuilder<'a> {
     pub threshold: u32,
     /// Parameters of the model (the update's length before encoding).
     pub dimension: usize,
+    /// Distributed differential privacy, with the ring's bits: rounds then
+    /// rotate in blocks of [`block_for`] the dimension and carry no
+    /// weights or metrics.
+    pub privacy: Option<(DpParams, u8)>,
 }
 
 /// A round's public randomness: its session id and the seed of its
@@ -74,6 +79,7 @@ impl<'a> RoundBuilder<'a> {
             },
             threshold: security.threshold,
             dimension: spec.model.layout.len(),
+            privacy: security.privacy.map(|params| (params, security.modulus_bits)),
         }
     }
 
@@ -101,6 +107,29 @@ impl<'a> RoundBuilder<'a> {
     ) -> Result<BuiltRound, SpecError> {
         let RoundSeeds { session, transform: transform_seed } = seeds;
         let q = self.quantization;
+        if let Some((params, modulus_bits)) = self.privacy {
+            let quantization = QuantizationSpec {
+                clip: params.clip_norm,
+                max_weight: 1,
+                transform: Transform::Rotate { block: block_for(self.dimension), seed: transform_seed },
+                metrics: MetricSet::NONE,
+                privacy: Some(params),
+            };
+            let quantizer = Quantizer::new(quantization, modulus_bits, clients)?;
+            let config = RoundConfig {
+                session,
+                round,
+                variant: self.variant,
+                clients,
+                identities,
+                graph: self.graph.clone(),
+                threshold: self.threshold,
+                vector_len: quantizer.encoded_len(self.dimension) as u32,
+                modulus_bits,
+                quantization,
+            };
+            return Ok(BuiltRound { config, quantizer });
+        }
         let quantizer = q.quantizer(clients, transform_seed, self.metrics)?;
         let config = RoundConfig {
             session,

@@ -149,6 +149,8 @@ pub struct LiveState {
     pub progress: Option<RoundProgress>,
     /// Clients that checked in recently enough to be selected.
     pub available_clients: usize,
+    /// Differential privacy: the noise and ε spent.
+    pub privacy: Option<crate::privacy::PrivacyView>,
 }
 
 enum Request {
@@ -1012,6 +1014,7 @@ impl Actor {
                         stage: progress.as_ref().map(|p| p.stage),
                         progress,
                         available_clients: engine.available(now_ms()),
+                        privacy: engine.privacy(),
                     }
                 });
                 let _ = reply.send(result);
@@ -1128,8 +1131,9 @@ impl Actor {
             }
         }
         let Ok(engine) = self.engine(id) else { return };
-        if before != engine.status() && engine.status() == TaskStatus::Completed {
-            self.complete_task(id).await;
+        let status = engine.status();
+        if before != status && matches!(status, TaskStatus::Completed | TaskStatus::BudgetSpent) {
+            self.complete_task(id, status).await;
         }
     }
 
@@ -1198,6 +1202,9 @@ impl Actor {
                 let means = completion.client_means().clone();
                 if let Ok(engine) = self.engine(id) {
                     engine.commit(completion);
+                    if let Some(epsilon) = engine.epsilon_spent() {
+                        self.metrics.privacy_spent(id, epsilon);
+                    }
                     self.metrics.round_completed(selected, survivors, &stages, &means);
                     tracing::info!(task = id, round, survivors, "round completed");
                 }
@@ -1231,12 +1238,17 @@ impl Actor {
         }
     }
 
-    async fn complete_task(&mut self, id: &str) {
-        if let Err(error) = self.store.set_task_status(id, TaskStatus::Completed, now_ms()).await {
-            tracing::error!(task = id, %error, "could not mark the task completed");
+    async fn complete_task(&mut self, id: &str, status: TaskStatus) {
+        if let Err(error) = self.store.set_task_status(id, status, now_ms()).await {
+            tracing::error!(task = id, %error, status = status.as_str(), "could not mark the task final");
         }
         let _ = self.store.release_lease(id, &self.replica.id).await;
-        tracing::info!(task = id, "task completed");
+        match status {
+            TaskStatus::BudgetSpent => {
+                tracing::info!(task = id, "the next round would exceed the privacy budget: task stopped")
+            }
+            _ => tracing::info!(task = id, "task completed"),
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use super::owned::{GroupAssignment, GroupKey, GroupReport};
 use super::records::{CheckIn, ClientMean, EngineError, Poll, RoundProgress, TaskError};
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
+use crate::privacy::{PrivacyPlan, PrivacyView};
 use crate::spec::TaskSpec;
 use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
 
@@ -70,6 +71,11 @@ pub struct TaskEngine {
     spec: TaskSpec,
     /// The security parameters every round repeats (derived once, at load).
     security: TaskSecurity,
+    /// The task's differential privacy: the accountant and its budget.
+    privacy: Option<PrivacyPlan>,
+    /// Noisy sums released by rounds that were then not stored (their
+    /// completion failed): they spent privacy all the same.
+    unstored_releases: u64,
     status: TaskStatus,
     weights: Vec<f32>,
     optimizer_state: OptimizerState,
@@ -104,6 +110,7 @@ impl TaskEngine {
         contributed: impl IntoIterator<Item = String>,
     ) -> Result<Self, TaskError> {
         let security = spec.security()?;
+        let privacy = spec.privacy_plan()?;
         let decoded = checkpoint::decode(&latest.model)?;
         if decoded.layout != spec.model.layout {
             return Err(TaskError::LayoutMismatch);
@@ -114,6 +121,8 @@ impl TaskEngine {
         Ok(Self {
             task_id,
             security,
+            privacy,
+            unstored_releases: 0,
             status,
             weights: decoded.weights,
             optimizer_state,
@@ -161,6 +170,22 @@ impl TaskEngine {
     /// Rounds completed so far.
     pub fn completed_rounds(&self) -> u64 {
         self.completed
+    }
+
+    /// Noisy sums released so far: every stored round and every round
+    /// unmasked but then not stored.
+    fn releases(&self) -> u64 {
+        self.completed + self.unstored_releases
+    }
+
+    /// ε spent so far, under differential privacy.
+    pub fn epsilon_spent(&self) -> Option<f64> {
+        self.privacy.as_ref().map(|plan| plan.epsilon_after(self.releases()))
+    }
+
+    /// The task's privacy and what it spent, under differential privacy.
+    pub fn privacy(&self) -> Option<PrivacyView> {
+        self.privacy.as_ref().map(|plan| PrivacyView::of(plan, self.releases()))
     }
 
     /// The current global model, as a safetensors checkpoint.
@@ -348,6 +373,8 @@ impl TaskEngine {
         if self.round.is_none() {
             if self.completed >= u64::from(self.spec.rounds) {
                 self.status = TaskStatus::Completed;
+            } else if self.privacy.as_ref().is_some_and(|plan| !plan.allows(self.releases())) {
+                self.status = TaskStatus::BudgetSpent;
             } else if let Some(number) = self.start_round(now) {
                 return TickOutcome::Started(number);
             }
@@ -407,6 +434,8 @@ impl TaskEngine {
                 Ok(completion) => self.pending.push_back(TickOutcome::Completed(Box::new(completion))),
                 Err(error) => {
                     self.round = None;
+                    // Its groups' sums were unmasked: privacy is spent.
+                    self.unstored_releases += 1;
                     self.pending.push_back(TickOutcome::Abandoned { round: number, error });
                 }
             }
@@ -678,6 +707,7 @@ impl TaskEngine {
         metrics.compression_ratio = metrics.bytes_up_per_client / (4.0 * dimension as f64);
         metrics.total_examples = total_weight;
         metrics.update_norm = mean.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+        metrics.epsilon = self.privacy.as_ref().map(|plan| plan.epsilon_after(self.releases() + 1));
         let faulty_shares: Vec<(String, String)> =
             done.iter().flat_map(|g| g.faulty_shares.iter().cloned()).collect();
         metrics.faulty_shares = faulty_shares.len() as u32;
@@ -733,6 +763,10 @@ impl TaskEngine {
     /// Gives up on a round (its completion could not be computed or stored).
     pub fn abandon(&mut self, round_number: u64) {
         if self.round.as_ref().is_some_and(|r| r.number == round_number) {
+            if self.round.as_ref().is_some_and(|r| r.finishing) {
+                // Its completion was computed from unmasked sums.
+                self.unstored_releases += 1;
+            }
             self.round = None;
         }
     }

@@ -140,6 +140,10 @@ pub struct RoundMetrics {
     /// The round's secure-aggregation groups, each its own protocol
     /// instance; `stages` adds theirs up.
     pub groups: Vec<GroupMetrics>,
+    /// Under differential privacy, ε spent by the task up to and including
+    /// this round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
 }
 
 /// One secure-aggregation group of a round.

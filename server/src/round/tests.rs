@@ -796,3 +796,62 @@ fn a_group_lost_with_its_owner_or_misreported_is_given_up() {
     engine.commit(*completion);
     assert_model_is_the_mean_of(&engine, &clients, &kept);
 }
+
+/// A task under differential privacy: each round's noisy mean moves the
+/// model, its record carries ε spent so far, and the task stops with
+/// `budget_spent` when the next round would exceed the budget.
+#[test]
+fn a_private_task_accounts_each_round_and_stops_at_its_budget() {
+    use crate::privacy::PrivacySpec;
+    use cohort_crypto::dp::Mechanism;
+    let mut spec = small_spec();
+    spec.rounds = 10;
+    let privacy = PrivacySpec {
+        mechanism: Mechanism::Skellam,
+        epsilon: Some(100.0),
+        delta: 1e-5,
+        clip_norm: 1.0,
+        noise_multiplier: Some(2.0),
+        sample_rate: None,
+        bits: 16,
+    };
+    spec.privacy = Some(privacy);
+    let plan = spec.privacy_plan().unwrap().unwrap();
+    // A budget that fits two rounds and not three.
+    let budget = (plan.epsilon_after(2) + plan.epsilon_after(3)) / 2.0;
+    spec.privacy = Some(PrivacySpec { epsilon: Some(budget), ..privacy });
+    let security = spec.security().unwrap();
+    assert_eq!(security.privacy, Some(plan.params));
+    assert_eq!((security.max_weight, security.modulus_bits), (1, 16));
+    let mut engine = engine(spec);
+    let mut clients = participants(6);
+    let mut now = 0;
+    for round in 1..=2u64 {
+        let before = engine.weights().to_vec();
+        for c in &clients {
+            engine.check_in(&c.name, None, now);
+        }
+        assert!(
+            matches!(tick_until_not_idle(&mut engine, &mut clients, &mut now), TickOutcome::Started(r) if r == round)
+        );
+        let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+        let completion = complete(&mut engine, round, job, now);
+        let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+        let epsilon = metrics["epsilon"].as_f64().unwrap();
+        assert!((epsilon - plan.epsilon_after(round)).abs() < 1e-12, "round {round}: {epsilon}");
+        // Every client counts once; no metrics travel.
+        assert_eq!(metrics["total_examples"], 6);
+        assert!(metrics.get("client_means").is_none());
+        engine.commit(completion);
+        assert_ne!(engine.weights(), before.as_slice());
+        assert!(engine.weights().iter().all(|w| w.is_finite()));
+        assert_eq!(engine.epsilon_spent(), Some(plan.epsilon_after(round)));
+    }
+    for c in &clients {
+        engine.check_in(&c.name, None, now);
+    }
+    assert!(matches!(engine.tick(now), TickOutcome::Idle));
+    assert_eq!(engine.status(), TaskStatus::BudgetSpent);
+    assert_eq!(engine.current_round(), None);
+    assert!(engine.privacy().unwrap().epsilon_spent <= budget);
+}

@@ -20,7 +20,7 @@ use std::future::Future;
 
 /// Lifecycle of a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum TaskStatus {
     /// Rounds are being run.
     Active,
@@ -30,6 +30,9 @@ pub enum TaskStatus {
     Stopped,
     /// All rounds done; final.
     Completed,
+    /// Stopped because the next round would exceed the task's privacy
+    /// budget; final.
+    BudgetSpent,
 }
 
 impl TaskStatus {
@@ -40,6 +43,7 @@ impl TaskStatus {
             TaskStatus::Paused => "paused",
             TaskStatus::Stopped => "stopped",
             TaskStatus::Completed => "completed",
+            TaskStatus::BudgetSpent => "budget_spent",
         }
     }
 
@@ -50,13 +54,14 @@ impl TaskStatus {
             "paused" => TaskStatus::Paused,
             "stopped" => TaskStatus::Stopped,
             "completed" => TaskStatus::Completed,
+            "budget_spent" => TaskStatus::BudgetSpent,
             _ => return None,
         })
     }
 
     /// Whether no further change of status is possible.
     pub fn is_final(self) -> bool {
-        matches!(self, TaskStatus::Stopped | TaskStatus::Completed)
+        matches!(self, TaskStatus::Stopped | TaskStatus::Completed | TaskStatus::BudgetSpent)
     }
 }
 

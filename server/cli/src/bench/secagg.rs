@@ -185,6 +185,7 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         graph,
         threshold: params.threshold,
         dimension: args.dim as usize,
+        privacy: None,
     };
     let public_keys = identities.iter().map(|key| key.public_key()).collect();
     let BuiltRound { config, quantizer } = builder.build(1, args.clients, public_keys, &mut seed_rng)?;
