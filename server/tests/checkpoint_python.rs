@@ -8,18 +8,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 
 use cohort_server::checkpoint::{ModelLayout, TensorSpec, encode};
-
-fn python() -> PathBuf {
-    let path = std::env::var_os("COHORT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/tmp/cohort-venv/bin/python"));
-    assert!(path.exists(), "{} is missing: run scripts/setup.sh (or set COHORT_PYTHON)", path.display());
-    path
-}
 
 #[test]
 fn python_safetensors_loads_a_checkpoint() {
@@ -50,7 +41,7 @@ print(json.dumps({
     "round": meta["round"],
 }))
 "#;
-    let output = Command::new(python()).arg("-c").arg(script).arg(&file).output().unwrap();
+    let output = Command::new(cohort_tests::python()).arg("-c").arg(script).arg(&file).output().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let seen: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();

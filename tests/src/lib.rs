@@ -84,6 +84,16 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
+/// The Python of the venv `scripts/setup.sh` makes (safetensors, NumPy,
+/// dp-accounting), or `COHORT_PYTHON`.
+pub fn python() -> PathBuf {
+    let path = std::env::var_os("COHORT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/cohort-venv/bin/python"));
+    assert!(path.exists(), "{} is missing: run scripts/setup.sh (or set COHORT_PYTHON)", path.display());
+    path
+}
+
 /// A fresh scratch directory under the system's temporary directory.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("cohort-e2e-{name}-{}", std::process::id()));

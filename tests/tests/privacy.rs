@@ -4,18 +4,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
-
-fn python() -> PathBuf {
-    let path = std::env::var_os("COHORT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/tmp/cohort-venv/bin/python"));
-    assert!(path.exists(), "{} is missing: run scripts/setup.sh (or set COHORT_PYTHON)", path.display());
-    path
-}
 
 /// ε of `cohort privacy --json`.
 fn ours(z: f64, q: f64, rounds: u64, delta: f64) -> f64 {
@@ -62,7 +53,7 @@ print(json.dumps(out))
 "#;
     let arg =
         serde_json::to_string(&points.iter().map(|&(z, q, t, d)| (z, q, t, d)).collect::<Vec<_>>()).unwrap();
-    let output = Command::new(python()).arg("-c").arg(script).arg(&arg).output().unwrap();
+    let output = Command::new(cohort_tests::python()).arg("-c").arg(script).arg(&arg).output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let theirs: Vec<f64> = serde_json::from_slice(&output.stdout).unwrap();
     for (&(z, q, rounds, delta), &expected) in points.iter().zip(&theirs) {

@@ -107,30 +107,20 @@ impl<'a> RoundBuilder<'a> {
     ) -> Result<BuiltRound, SpecError> {
         let RoundSeeds { session, transform: transform_seed } = seeds;
         let q = self.quantization;
-        if let Some((params, modulus_bits)) = self.privacy {
-            let quantization = QuantizationSpec {
-                clip: params.clip_norm,
-                max_weight: 1,
-                transform: Transform::Rotate { block: block_for(self.dimension), seed: transform_seed },
-                metrics: MetricSet::NONE,
-                privacy: Some(params),
-            };
-            let quantizer = Quantizer::new(quantization, modulus_bits, clients)?;
-            let config = RoundConfig {
-                session,
-                round,
-                variant: self.variant,
-                clients,
-                identities,
-                graph: self.graph.clone(),
-                threshold: self.threshold,
-                vector_len: quantizer.encoded_len(self.dimension) as u32,
+        let (quantization, modulus_bits) = match self.privacy {
+            Some((params, modulus_bits)) => (
+                QuantizationSpec {
+                    clip: params.clip_norm,
+                    max_weight: 1,
+                    transform: Transform::Rotate { block: block_for(self.dimension), seed: transform_seed },
+                    metrics: MetricSet::NONE,
+                    privacy: Some(params),
+                },
                 modulus_bits,
-                quantization,
-            };
-            return Ok(BuiltRound { config, quantizer });
-        }
-        let quantizer = q.quantizer(clients, transform_seed, self.metrics)?;
+            ),
+            None => (q.round_spec(transform_seed, self.metrics)?, q.ring_bits(clients)?),
+        };
+        let quantizer = Quantizer::new(quantization, modulus_bits, clients)?;
         let config = RoundConfig {
             session,
             round,
@@ -140,8 +130,8 @@ impl<'a> RoundBuilder<'a> {
             graph: self.graph.clone(),
             threshold: self.threshold,
             vector_len: quantizer.encoded_len(self.dimension) as u32,
-            modulus_bits: q.ring_bits(clients)?,
-            quantization: q.round_spec(transform_seed, self.metrics)?,
+            modulus_bits,
+            quantization,
         };
         Ok(BuiltRound { config, quantizer })
     }
