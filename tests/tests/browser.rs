@@ -217,12 +217,15 @@ fn a_tab_closed_mid_round_is_a_dropout_and_the_round_completes() {
 }
 
 /// Also: the dashboard creates an enrollment token for an application,
-/// shows it once, and revokes it.
+/// shows it once, and revokes it; and it shows the task's differential
+/// privacy (the noise and ε spent of its budget).
 #[test]
 fn the_dashboard_pauses_resumes_and_stops_a_task() {
     let _one = exclusive();
     let (dir, serve) = start("browser-controls");
-    let (task, token) = serve.create_task(task_spec(60_000));
+    let mut spec = task_spec(60_000);
+    spec["privacy"] = json!({ "mechanism": "skellam", "epsilon": 8.0, "delta": 1e-5, "clip_norm": 1.0 });
+    let (task, token) = serve.create_task(spec);
     let seen = browser(
         "dashboard",
         json!({ "url": serve.url, "adminToken": ADMIN_TOKEN, "task": task, "controls": true,
@@ -233,6 +236,10 @@ fn the_dashboard_pauses_resumes_and_stops_a_task() {
         controls.iter().map(|c| (c["button"].as_str().unwrap(), c["api"].as_str().unwrap())).collect();
     assert_eq!(applied, [("pause", "paused"), ("resume", "active"), ("stop", "stopped")], "{seen}");
     assert_eq!(seen["stop_disabled"], true, "a stopped task cannot be stopped again");
+    let view = serve.admin_json(&format!("/admin/tasks/{task}"));
+    let z = view["privacy"]["noise_multiplier"].as_f64().unwrap();
+    assert_eq!(seen["privacy"], format!("skellam noise ×{z:.3}, clip 1"), "{seen}");
+    assert_eq!(seen["epsilon"], "0.000 of 8 (δ = 0.00001)", "{seen}");
     assert_eq!(serve.admin_json(&format!("/admin/tasks/{task}"))["status"], "stopped");
     // The token panel: created with its rate, shown once, listed, revoked.
     let shown = seen["token"]["shown"].as_str().unwrap();

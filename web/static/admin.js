@@ -192,9 +192,11 @@ function renderPrivacy(task, rounds) {
     `${p.mechanism.replace("_", " ")} noise ×${number(p.noise_multiplier, 3)}, clip ${p.clip_norm}${sampling}`;
   const budget = p.budget == null ? "no budget" : `of ${p.budget}`;
   $("detail-epsilon").textContent = `${number(p.epsilon_spent, 3)} ${budget} (δ = ${p.delta})`;
-  chart.classList.remove("hidden");
   const points = rounds.map((r) => [r.round, r.metrics?.epsilon]).filter(([, y]) => Number.isFinite(y));
-  lineChart(chart.querySelector(".plot"), [{ name: "ε spent", points }], { xLabel: "round", yMax: p.budget ?? undefined });
+  chart.classList.toggle("hidden", points.length === 0);
+  if (points.length) {
+    lineChart(chart.querySelector(".plot"), [{ name: "ε spent", points }], { xLabel: "round", yMax: p.budget ?? undefined });
+  }
 }
 
 function renderDetail(task, rounds) {

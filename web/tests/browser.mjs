@@ -180,6 +180,8 @@ async function dashboard() {
     seen.loss_points = await page.$$eval("#chart-loss circle", (c) => c.map((p) => [Number(p.dataset.x), Number(p.dataset.y)]));
   }
   seen.status = await page.textContent("#detail-status");
+  seen.privacy = await page.textContent("#detail-privacy");
+  seen.epsilon = await page.textContent("#detail-epsilon");
   await shot(page, config.name);
   if (config.controls) {
     await page.fill("#token-name", "android");
