@@ -80,18 +80,18 @@ impl Rotation {
     pub fn inverse(&self, y: &[f32], len: usize) -> Vec<f32> {
         let mut out = y.to_vec();
         out.resize(self.rotated_len(len), 0.0);
-        self.transform_blocks(&mut out);
-        out.truncate(len);
-        for (o, s) in out.iter_mut().zip(self.signs(len)) {
-            *o *= s;
-        }
-        out
+        self.unrotate(out, len)
     }
 
     /// Undoes [`forward`](Self::forward) of a vector padded with zeros to
     /// `y.len()` coordinates, returning its first `len`.
     pub fn inverse_padded(&self, y: &[f32], len: usize) -> Vec<f32> {
-        let mut out = y.to_vec();
+        self.unrotate(y.to_vec(), len)
+    }
+
+    /// The blocks' transform over all of `out`, then the first `len`
+    /// coordinates with their signs undone.
+    fn unrotate(&self, mut out: Vec<f32>, len: usize) -> Vec<f32> {
         self.transform_blocks(&mut out);
         out.truncate(len);
         for (o, s) in out.iter_mut().zip(self.signs(len)) {

@@ -99,22 +99,17 @@ impl QuantizationSpec {
             return Err(ConfigError::BadModulusBits(modulus_bits));
         }
         if let Some(privacy) = &self.privacy {
+            // The sum wraps by design (modular clipping): no level headroom.
             privacy.validate(modulus_bits, clients)?;
-            if !matches!(self.transform, Transform::Rotate { block, .. } if (2..=MAX_BLOCK).contains(&block) && block.is_power_of_two())
-            {
-                return Err(ConfigError::BadQuantization(
-                    "differential privacy needs the rotation, in blocks of a power of two up to 2^16",
-                ));
+            if !matches!(self.transform, Transform::Rotate { .. }) {
+                return Err(ConfigError::BadQuantization("differential privacy needs the rotation"));
             }
             if !self.metrics.is_empty() || self.max_weight != 1 {
                 return Err(ConfigError::BadQuantization(
                     "under differential privacy every client counts once and reports no metrics",
                 ));
             }
-            return Ok(());
-        }
-        let levels = levels(modulus_bits, clients);
-        if levels < 2 {
+        } else if levels(modulus_bits, clients) < 2 {
             return Err(ConfigError::BadQuantization("the ring is too small for this many clients"));
         }
         if self.max_weight == 0 {
@@ -224,11 +219,6 @@ impl Quantizer {
             Transform::Rotate { block, .. } => block,
             _ => 0,
         }
-    }
-
-    /// The round's differential-privacy parameters, if it has them.
-    pub fn privacy(&self) -> Option<&DpParams> {
-        self.spec.privacy.as_ref()
     }
 
     fn metric_coordinates(&self) -> usize {
