@@ -16,8 +16,16 @@ pub const SECAGG_CONTENT_TYPE: &str = "application/x-cohort-secagg";
 pub mod routes {
     /// `POST`: enroll in a task (`{id}` is the task's id).
     pub const ENROLL: &str = "/v1/tasks/{id}/enroll";
-    /// `POST`: check in; the reply is a [`CheckIn`](super::CheckIn).
+    /// `POST`: check in; the reply is a [`CheckIn`](super::CheckIn). In an
+    /// async task, a client with a finished update checks in with
+    /// `?trained_on=VERSION`, the model version it trained from.
     pub const CHECK_IN: &str = "/v1/checkin";
+
+    /// The check-in path of a client whose update, trained from model
+    /// version `base`, is ready for an async task's next group.
+    pub fn check_in_trained(base: u64) -> String {
+        format!("{CHECK_IN}?trained_on={base}")
+    }
     /// `GET`: the current global model (safetensors).
     pub const MODEL: &str = "/v1/model";
     /// `GET`: the server message of the client's current stage; `POST`:
@@ -47,7 +55,7 @@ pub struct Enrolled {
 }
 
 /// What a client is told when it checks in.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum CheckIn {
     /// Not selected (yet); check in again after this long.
@@ -74,6 +82,27 @@ pub enum CheckIn {
         /// the clear.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         plaintext_metrics: bool,
+        /// An async task's group: the weight, in (0, 1], the client
+        /// multiplies its update by before it is masked (its staleness
+        /// discount, (1 + s)^−a for an update s versions stale).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        staleness_weight: Option<f64>,
+    },
+    /// An async task: download the global model and train on it, then
+    /// check in with `?trained_on=` the version downloaded.
+    Train {
+        /// The current model version (the model endpoint may already serve
+        /// a newer one; the version downloaded is the one that counts).
+        version: u64,
+    },
+    /// An async task refused the finished update: it is more than the
+    /// task's staleness bound behind the current model. Drop it and check
+    /// in again to train on the current model.
+    Stale {
+        /// The current model version.
+        version: u64,
+        /// The task's bound on staleness, in versions.
+        max_staleness: u32,
     },
     /// The task is over; stop checking in.
     Finished,
@@ -233,6 +262,7 @@ mod tests {
             attempt: 1,
             session: Some("ab".into()),
             plaintext_metrics: false,
+            staleness_weight: None,
         };
         let json = serde_json::to_value(&selected).unwrap();
         assert_eq!(
@@ -244,8 +274,21 @@ mod tests {
             serde_json::from_str(r#"{"status": "selected", "round": 1, "client_id": 4}"#).unwrap();
         assert_eq!(
             older,
-            CheckIn::Selected { round: 1, client_id: 4, attempt: 0, session: None, plaintext_metrics: false }
+            CheckIn::Selected {
+                round: 1,
+                client_id: 4,
+                attempt: 0,
+                session: None,
+                plaintext_metrics: false,
+                staleness_weight: None
+            }
         );
+        let train = serde_json::to_value(CheckIn::Train { version: 7 }).unwrap();
+        assert_eq!(train, serde_json::json!({"status": "train", "version": 7}));
+        let stale: CheckIn =
+            serde_json::from_str(r#"{"status": "stale", "version": 9, "max_staleness": 2}"#).unwrap();
+        assert_eq!(stale, CheckIn::Stale { version: 9, max_staleness: 2 });
+        assert_eq!(routes::check_in_trained(4), "/v1/checkin?trained_on=4");
         assert_eq!(routes::enroll("t-1"), "/v1/tasks/t-1/enroll");
     }
 }

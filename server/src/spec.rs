@@ -53,7 +53,111 @@ pub struct TaskSpec {
     /// counts (each counts once), and `quantization` plays no part.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub privacy: Option<PrivacySpec>,
+    /// Synchronous rounds (the default) or buffered asynchronous
+    /// aggregation, whose parameters are in [`asynchronous`](Self::asynchronous).
+    #[serde(default)]
+    pub mode: TaskMode,
+    /// Buffered asynchronous aggregation (FedBuff): required with
+    /// `mode: "async"`, refused otherwise. Its buffer is the
+    /// secure-aggregation group, so `clients_per_round` must equal its
+    /// `buffer_size`, and `rounds` counts model updates (applied buffers).
+    #[serde(default, rename = "async", skip_serializing_if = "Option::is_none")]
+    pub asynchronous: Option<AsyncSpec>,
 }
+
+/// How a task's clients are scheduled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskMode {
+    /// Rounds: the selected clients train on the same model and the round
+    /// waits for them (up to its deadlines).
+    #[default]
+    Sync,
+    /// Clients train at their own pace; every `buffer_size` finished
+    /// updates form one secure-aggregation group whose sum is applied as
+    /// soon as it is unmasked.
+    Async,
+}
+
+/// Buffered asynchronous aggregation (Nguyen et al., FedBuff, AISTATS
+/// 2022), one secure-aggregation group per buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AsyncSpec {
+    /// Clients training at once (C).
+    pub concurrency: u32,
+    /// Updates per buffer (K): each buffer is one secure-aggregation group
+    /// of K clients and one model update.
+    pub buffer_size: u32,
+    /// The most model versions an update may lag behind its base (S); a
+    /// staler update is refused and its client re-bases on the current
+    /// model. At least 1.
+    pub max_staleness: u32,
+    /// An update s versions stale is weighted (1 + s)^−a by its client
+    /// before masking; 0.5 (the default) is FedBuff's 1/√(1 + s), 0 weighs
+    /// every update alike.
+    #[serde(default = "default_staleness_exponent")]
+    pub staleness_exponent: f64,
+}
+
+fn default_staleness_exponent() -> f64 {
+    0.5
+}
+
+impl AsyncSpec {
+    /// Checks the schedule on its own: a buffer the concurrency can fill,
+    /// a staleness bound of at least one version.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.concurrency == 0 || self.concurrency > MAX_CONCURRENCY {
+            return Err(SpecError::field(
+                "async.concurrency",
+                format!("concurrency must be between 1 and {MAX_CONCURRENCY}"),
+            ));
+        }
+        if self.buffer_size < 3 {
+            return Err(SpecError::field(
+                "async.buffer_size",
+                "buffer_size must be at least 3: each buffer is a secure-aggregation group",
+            ));
+        }
+        if self.buffer_size > self.concurrency {
+            return Err(SpecError::field(
+                "async.buffer_size",
+                format!(
+                    "a buffer of {} never fills with {} clients training at once: buffer_size must be at most \
+                     concurrency",
+                    self.buffer_size, self.concurrency
+                ),
+            ));
+        }
+        if self.max_staleness == 0 || self.max_staleness > MAX_STALENESS {
+            return Err(SpecError::field(
+                "async.max_staleness",
+                format!(
+                    "max_staleness must be between 1 and {MAX_STALENESS}: with 0, an update finished while \
+                     another buffer was applied would always be refused"
+                ),
+            ));
+        }
+        if !(self.staleness_exponent.is_finite() && (0.0..=4.0).contains(&self.staleness_exponent)) {
+            return Err(SpecError::field(
+                "async.staleness_exponent",
+                "staleness_exponent must be between 0 and 4",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The weight of an update `staleness` versions behind: (1 + s)^−a.
+    pub fn weight(&self, staleness: u64) -> f32 {
+        (1.0 + staleness as f64).powf(-self.staleness_exponent) as f32
+    }
+}
+
+/// Most clients an async task may have training at once.
+pub const MAX_CONCURRENCY: u32 = 100_000;
+/// Largest staleness bound.
+pub const MAX_STALENESS: u32 = 1_000;
 
 /// The clients' training metrics (loss, accuracy): summed under the masks
 /// with the updates, so that the coordinator learns only their means over
@@ -492,6 +596,7 @@ impl TaskSpec {
             ));
         }
 
+        self.validate_mode()?;
         self.optimizer.validate()?;
         let n = self.groups().size;
         if let Some(privacy) = &self.privacy {
@@ -575,6 +680,49 @@ impl TaskSpec {
             ));
         }
         Ok(DerivedRoundParameters { degree, threshold, complete: degree >= n - 1 })
+    }
+
+    /// The mode's own rules: an async task's buffer is its only group.
+    fn validate_mode(&self) -> Result<(), SpecError> {
+        match (self.mode, &self.asynchronous) {
+            (TaskMode::Sync, None) => Ok(()),
+            (TaskMode::Sync, Some(_)) => {
+                Err(SpecError::field("async", "async parameters need mode \"async\""))
+            }
+            (TaskMode::Async, None) => Err(SpecError::field(
+                "async",
+                "mode \"async\" needs async: {concurrency, buffer_size, max_staleness}",
+            )),
+            (TaskMode::Async, Some(schedule)) => {
+                schedule.validate()?;
+                if self.clients_per_round != schedule.buffer_size {
+                    return Err(SpecError::field(
+                        "clients_per_round",
+                        "in an async task each buffer is one group: clients_per_round must equal \
+                         async.buffer_size",
+                    ));
+                }
+                if self.over_selection != 0.0 {
+                    return Err(SpecError::field(
+                        "over_selection",
+                        "an async task selects no rounds: over_selection must be 0",
+                    ));
+                }
+                if self.secure_aggregation.group_size.is_some_and(|size| size < schedule.buffer_size) {
+                    return Err(SpecError::field(
+                        "secure_aggregation.group_size",
+                        "in an async task each buffer is one group: group_size must be at least buffer_size",
+                    ));
+                }
+                if self.privacy.is_some() {
+                    return Err(SpecError::field(
+                        "privacy",
+                        "differential privacy is accounted for synchronous rounds only",
+                    ));
+                }
+                Ok(())
+            }
+        }
     }
 
     /// The security parameters every round of this task announces: what a
@@ -711,6 +859,8 @@ pub(crate) mod tests {
             checkpoint_retention: 2,
             client_metrics: ClientMetricsSpec::default(),
             privacy: None,
+            mode: TaskMode::Sync,
+            asynchronous: None,
         }
     }
 

@@ -68,18 +68,33 @@ enum Protocol {
     Running(Box<Client>),
 }
 
+/// What the model being downloaded and trained is for.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    /// The round the client was selected for, and its id in the roster.
+    Round { round: u64, client_id: u32 },
+    /// An async task: the update joins the next group that forms; `base`
+    /// is the version of the model downloaded (0 until it is).
+    Buffer { base: u64 },
+}
+
 enum Phase {
     Enroll,
     CheckIn,
     Model {
-        round: u64,
-        client_id: u32,
+        slot: Slot,
     },
     Training {
-        round: u64,
-        client_id: u32,
+        slot: Slot,
         model: Option<Box<Checkpoint>>,
         parameters: usize,
+    },
+    /// An async task's finished update, trained from version `base`,
+    /// waiting for a group: the client checks in with it until a group
+    /// takes it or the coordinator says it is too stale.
+    Ready {
+        base: u64,
+        protocol: Protocol,
     },
     Fetch {
         round: u64,
@@ -261,10 +276,15 @@ impl Participant {
                 post_json(routes::enroll(&self.task_id), body.into_bytes(), None)
             }
             Phase::CheckIn => post_json(routes::CHECK_IN.into(), Vec::new(), bearer),
+            Phase::Ready { base, .. } => post_json(routes::check_in_trained(*base), Vec::new(), bearer),
             Phase::Model { .. } => get(routes::MODEL, bearer),
-            Phase::Training { round, model, .. } => {
+            Phase::Training { slot, model, .. } => {
+                let round = match *slot {
+                    Slot::Round { round, .. } => round,
+                    Slot::Buffer { base } => base,
+                };
                 return match model.take() {
-                    Some(model) => Action::Train { round: *round, model },
+                    Some(model) => Action::Train { round, model },
                     // Waiting for `submit`.
                     None => Action::Wait(self.config.poll_interval_ms),
                 };
@@ -384,7 +404,7 @@ impl Participant {
                         self.wait_until = now + retry_after_ms;
                         self.phase = Phase::CheckIn;
                     }
-                    CheckIn::Selected { round, client_id, attempt, session, plaintext_metrics } => {
+                    CheckIn::Selected { round, client_id, attempt, session, plaintext_metrics, .. } => {
                         let instance = session.unwrap_or_else(|| format!("{round}/{attempt}"));
                         if self.last_joined.as_deref() == Some(instance.as_str()) {
                             // This round is over for us; wait for the next.
@@ -395,21 +415,45 @@ impl Participant {
                             self.selected_session = session_id(&instance);
                             self.plaintext_metrics = plaintext_metrics;
                             self.last_joined = Some(instance);
-                            self.phase = Phase::Model { round, client_id };
+                            self.phase = Phase::Model { slot: Slot::Round { round, client_id } };
                         }
                     }
+                    CheckIn::Train { .. } => self.phase = Phase::Model { slot: Slot::Buffer { base: 0 } },
+                    // Only a client with an update hears this; this one has none.
+                    CheckIn::Stale { .. } => self.phase = Phase::CheckIn,
                     CheckIn::Finished => {}
                 },
                 404 => return Err(ParticipantError::TaskNotFound(self.task_id.clone())),
                 _ => return Err(rejected(status, error())),
             },
-            Phase::Model { round, client_id } => match status {
+            Phase::Ready { base, protocol } => match status {
+                200 => self.on_ready_reply(now, base, protocol, parse_json::<CheckIn>(&response.body)?)?,
+                404 => return Err(ParticipantError::TaskNotFound(self.task_id.clone())),
+                _ => return Err(rejected(status, error())),
+            },
+            Phase::Model { slot } => match status {
                 200 => {
                     let model = checkpoint::decode(&response.body)
                         .map_err(|e| ParticipantError::UnexpectedReply(format!("global model: {e}")))?;
+                    let slot = match slot {
+                        Slot::Round { .. } => slot,
+                        // The version it trains from is the one it got.
+                        Slot::Buffer { .. } => Slot::Buffer {
+                            base: model
+                                .metadata
+                                .get("cohort.round")
+                                .and_then(|v| v.parse().ok())
+                                .ok_or_else(|| {
+                                    ParticipantError::UnexpectedReply("a model without its version".into())
+                                })?,
+                        },
+                    };
+                    if let Slot::Buffer { base } = slot {
+                        self.report = RoundReport { round: base, ..RoundReport::default() };
+                    }
                     let parameters = model.weights.len();
                     let model = Some(Box::new(model));
-                    self.phase = Phase::Training { round, client_id, model, parameters };
+                    self.phase = Phase::Training { slot, model, parameters };
                 }
                 _ => self.abandon(error().message),
             },
@@ -474,7 +518,7 @@ impl Participant {
         metrics: MetricValues,
     ) -> Result<(), ParticipantError> {
         let update = Zeroizing::new(update);
-        let Phase::Training { round, client_id, model: None, parameters } = self.phase else {
+        let Phase::Training { slot, model: None, parameters } = self.phase else {
             return Err(ParticipantError::OutOfOrder("submit comes after a Train action"));
         };
         if update.len() != parameters {
@@ -488,7 +532,68 @@ impl Participant {
         }
         self.metrics = metrics;
         let protocol = Protocol::Pending { update, examples };
-        self.phase = Phase::Fetch { round, client_id, protocol, since: None };
+        self.phase = match slot {
+            Slot::Round { round, client_id } => Phase::Fetch { round, client_id, protocol, since: None },
+            Slot::Buffer { base } => Phase::Ready { base, protocol },
+        };
+        Ok(())
+    }
+
+    /// An async task's reply to a check-in with a finished update: a group
+    /// took it (weighted for its staleness), wait for one, or it is stale.
+    fn on_ready_reply(
+        &mut self,
+        now: u64,
+        base: u64,
+        protocol: Protocol,
+        reply: CheckIn,
+    ) -> Result<(), ParticipantError> {
+        match reply {
+            CheckIn::Wait { retry_after_ms } => {
+                self.wait_until = now + retry_after_ms;
+                self.phase = Phase::Ready { base, protocol };
+            }
+            CheckIn::Selected { round, client_id, attempt, session, plaintext_metrics, staleness_weight } => {
+                let instance = session.unwrap_or_else(|| format!("{round}/{attempt}"));
+                let Protocol::Pending { mut update, examples } = protocol else {
+                    return Err(ParticipantError::OutOfOrder("an update already in a protocol"));
+                };
+                let weight = staleness_weight.unwrap_or(1.0);
+                if self.last_joined.as_deref() == Some(instance.as_str()) || !(weight > 0.0 && weight <= 1.0)
+                {
+                    // A group it already took part in, or a weight that is
+                    // no discount: nothing of this update is sent.
+                    self.metrics = MetricValues::new();
+                    let reason =
+                        format!("the coordinator offered group {round} with staleness weight {weight}");
+                    self.end_round(RoundOutcome::Abandoned { report: self.report, reason });
+                    return Ok(());
+                }
+                update.iter_mut().for_each(|v| *v *= weight as f32);
+                // The model's download counts towards this group.
+                self.report.round = round;
+                self.selected_session = session_id(&instance);
+                self.plaintext_metrics = plaintext_metrics;
+                self.last_joined = Some(instance);
+                let protocol = Protocol::Pending { update, examples };
+                self.phase = Phase::Fetch { round, client_id, protocol, since: None };
+            }
+            CheckIn::Stale { version, max_staleness } => {
+                drop(protocol);
+                self.metrics = MetricValues::new();
+                let reason = format!(
+                    "the update trained from version {base} is more than {max_staleness} behind version {version}"
+                );
+                self.end_round(RoundOutcome::Abandoned { report: self.report, reason });
+            }
+            CheckIn::Train { .. } => {
+                // The coordinator no longer waits for this update: train again.
+                drop(protocol);
+                self.metrics = MetricValues::new();
+                self.phase = Phase::Model { slot: Slot::Buffer { base: 0 } };
+            }
+            CheckIn::Finished => {}
+        }
         Ok(())
     }
 

@@ -26,7 +26,8 @@ use crate::datasets::write_shard;
 use crate::experiment::Experiment;
 use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
-use crate::simulate::{in_process, privacy_json, threads};
+use crate::schedule::Clock;
+use crate::simulate::{Timing, in_process, privacy_json, threads};
 use crate::training::{TrainingArgs, evaluate, prepare, quantization, threshold};
 
 #[derive(Debug, Args)]
@@ -47,12 +48,19 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let (rows, privacy) = if args.plain {
         println!("Plaintext FedAvg in process (baseline), {} rounds:", args.training.rounds);
-        (in_process(&experiment, &args.training, args.training.clients, false, threads())?, None)
+        let sizes: Vec<usize> = experiment.shards.iter().map(Dataset::len).collect();
+        let timing =
+            Timing { clock: Clock::uniform(&sizes, args.training.local.epochs), over_selection: 0.0 };
+        (in_process(&experiment, &args.training, args.training.clients, false, threads(), &timing)?, None)
     } else {
         secure_over_http(&experiment, &args.training)?
     };
     let mode = if args.plain { "plain" } else { "secure" };
-    write_results(&args.out, mode, &args.training, &rows, privacy)
+    let mut config = serde_json::Map::new();
+    if let Some(privacy) = privacy {
+        config.insert("privacy".into(), privacy);
+    }
+    write_results(&args.out, mode, &args.training, &rows, config)
 }
 
 /// The task the demo's coordinator runs.
@@ -97,6 +105,8 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
         client_metrics: Default::default(),
         // Every client takes part in every round: no amplification.
         privacy: training.dp.spec(1.0),
+        mode: Default::default(),
+        asynchronous: None,
     };
     spec.validate().map_err(|e| anyhow!("{e}"))?;
     Ok(spec)
@@ -246,6 +256,7 @@ fn run_coordinator_and_clients(
                 loss,
                 client_loss: metrics["client_means"]["train_loss"]["mean"].as_f64(),
                 seconds: (finished - last_finished.unwrap_or(finished)) as f64 / 1e3,
+                sim_seconds: None,
                 bytes_up_per_client: metrics["bytes_up_per_client"].as_f64().unwrap_or_default(),
                 bytes_down_per_client: metrics["bytes_down_per_client"].as_f64().unwrap_or_default()
                     + previous_model.len() as f64,
@@ -253,6 +264,7 @@ fn run_coordinator_and_clients(
                 compression_ratio: metrics["compression_ratio"].as_f64().unwrap_or_default(),
                 masked_input_ratio: None,
                 epsilon: metrics["epsilon"].as_f64(),
+                staleness: None,
             };
             progress.row(&row);
             rows.push(row);

@@ -90,17 +90,26 @@ impl Experiment {
         selected: &[usize],
         threads: usize,
     ) -> Vec<Result<LocalUpdate, UpdateError>> {
-        let threads = threads.clamp(1, selected.len().max(1));
-        let mut results: Vec<Option<Result<LocalUpdate, UpdateError>>> =
-            selected.iter().map(|_| None).collect();
+        let jobs: Vec<(usize, &Checkpoint)> = selected.iter().map(|&k| (k, global)).collect();
+        self.local_updates_from(round, &jobs, threads)
+    }
+
+    /// Trains each client `k` of `jobs` from its own base model, for
+    /// `round`, on up to `threads` threads; returns the updates in the
+    /// order given.
+    pub fn local_updates_from(
+        &self,
+        round: u64,
+        jobs: &[(usize, &Checkpoint)],
+        threads: usize,
+    ) -> Vec<Result<LocalUpdate, UpdateError>> {
+        let chunk = jobs.len().div_ceil(threads.clamp(1, jobs.len().max(1))).max(1);
+        let mut results: Vec<Option<Result<LocalUpdate, UpdateError>>> = jobs.iter().map(|_| None).collect();
         std::thread::scope(|scope| {
-            for (chunk, out) in selected
-                .chunks(selected.len().div_ceil(threads).max(1))
-                .zip(results.chunks_mut(selected.len().div_ceil(threads).max(1)))
-            {
+            for (chunk, out) in jobs.chunks(chunk).zip(results.chunks_mut(chunk)) {
                 scope.spawn(move || {
-                    for (&k, slot) in chunk.iter().zip(out) {
-                        *slot = Some(self.update(k, round, global));
+                    for (&(k, base), slot) in chunk.iter().zip(out) {
+                        *slot = Some(self.update(k, round, base));
                     }
                 });
             }

@@ -18,6 +18,7 @@ mod partition;
 mod privacy;
 mod progress;
 mod results;
+mod schedule;
 mod secure_mean;
 mod serve;
 mod simulate;

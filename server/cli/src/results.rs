@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::chart::{Series, write_accuracy_chart};
 use crate::training::TrainingArgs;
@@ -19,6 +19,9 @@ pub(crate) struct RoundRow {
     /// The clients' mean training loss, from its sum under the masks.
     pub(crate) client_loss: Option<f64>,
     pub(crate) seconds: f64,
+    /// The simulated time at which this round's model existed (`simulate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) sim_seconds: Option<f64>,
     pub(crate) bytes_up_per_client: f64,
     pub(crate) bytes_down_per_client: f64,
     pub(crate) survivors: u64,
@@ -31,16 +34,21 @@ pub(crate) struct RoundRow {
     /// Under differential privacy, ε spent up to and including this round.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) epsilon: Option<f64>,
+    /// Async: how many of the applied buffer's updates were 0, 1, 2, …
+    /// versions stale.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) staleness: Option<Vec<u64>>,
 }
 
-/// Writes results.json (with `privacy`, the noise and budget of a run under
-/// differential privacy, in its config) and the chart.
+/// Writes results.json (with `extra` in its config: `privacy`, the noise
+/// and budget of a run under differential privacy; `schedule`, the
+/// simulated clock's) and the chart.
 pub(crate) fn write_results(
     out: &Path,
     mode: &str,
     training: &TrainingArgs,
     rows: &[RoundRow],
-    privacy: Option<Value>,
+    extra: Map<String, Value>,
 ) -> Result<()> {
     let mut results = json!({
         "config": {
@@ -63,8 +71,8 @@ pub(crate) fn write_results(
         },
         "rounds": rows,
     });
-    if let Some(privacy) = privacy {
-        results["config"]["privacy"] = privacy;
+    for (key, value) in extra {
+        results["config"][key] = value;
     }
     let json_path = out.join("results.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&results)?)

@@ -3,11 +3,10 @@
 
 use anyhow::{Result, anyhow};
 use cohort_client::runtime::LocalUpdate;
-use cohort_crypto::dp::accountant;
 use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
 use cohort_crypto::{ClientId, Metric, QuantizedInput, Variant};
 use cohort_server::optimizer::ServerOptimizer;
-use cohort_server::privacy::{PrivacyPlan, PrivacySpec};
+use cohort_server::privacy::PrivacySpec;
 use cohort_server::round::{BuiltRound, RoundBuilder};
 use cohort_server::spec::{GraphChoice, QuantizationConfig, SecAggSpec, TaskSpec};
 use rand_chacha::ChaCha20Rng;
@@ -25,8 +24,6 @@ pub(crate) struct SecureMean {
     pub(crate) masked_input_bytes: usize,
     /// The clients' mean training loss (none under DP).
     pub(crate) client_loss: Option<f64>,
-    /// Under DP, the round's privacy plan (for the accountant).
-    pub(crate) privacy: Option<PrivacyPlan>,
 }
 
 /// The task an in-process round of `n` clients runs: `vanishing` of them
@@ -65,6 +62,8 @@ pub(crate) fn simulation_spec(
         checkpoint_retention: 1,
         client_metrics: Default::default(),
         privacy,
+        mode: Default::default(),
+        asynchronous: None,
     }
 }
 
@@ -110,35 +109,5 @@ pub(crate) fn secure_mean(
     let finished: Vec<_> = outcome.clients.iter().filter(|c| c.finished).collect();
     let bytes_up = finished.iter().map(|c| c.bytes_up as f64).sum::<f64>() / finished.len().max(1) as f64;
     let client_loss = mean.metrics.mean(Metric::TrainLoss);
-    let privacy = spec.privacy_plan().map_err(|e| anyhow!("{e}"))?;
-    Ok(SecureMean { mean: mean.mean, bytes_up, masked_input_bytes, client_loss, privacy })
-}
-
-/// The privacy spent by a run's rounds: each released noisy sum adds its
-/// round's RDP at every order; ε is read off at the plans' δ.
-#[derive(Debug, Default)]
-pub(crate) struct Accountant {
-    rdp: Vec<f64>,
-    delta: Option<f64>,
-}
-
-impl Accountant {
-    /// One more noisy sum released under `plan`.
-    pub(crate) fn release(&mut self, plan: &PrivacyPlan) {
-        let orders = accountant::orders();
-        let round = plan.round.rdp(&orders);
-        if self.rdp.is_empty() {
-            self.rdp = vec![0.0; orders.len()];
-        }
-        for (total, r) in self.rdp.iter_mut().zip(round) {
-            *total += r;
-        }
-        self.delta = Some(plan.delta);
-    }
-
-    /// ε spent so far, once anything was released.
-    pub(crate) fn epsilon(&self) -> Option<f64> {
-        let delta = self.delta?;
-        Some(accountant::epsilon_from_rdp(&accountant::orders(), &self.rdp, delta).epsilon)
-    }
+    Ok(SecureMean { mean: mean.mean, bytes_up, masked_input_bytes, client_loss })
 }

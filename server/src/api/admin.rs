@@ -263,6 +263,10 @@ pub struct TaskView {
     /// task spent (absent for a task without DP).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub privacy: Option<crate::privacy::PrivacyView>,
+    /// An async task's schedule: the model version, the groups in flight
+    /// and how stale the applied updates were (absent for a sync task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<crate::round::BufferView>,
 }
 
 async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
@@ -288,6 +292,7 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
                 progress: None,
                 available_clients: 0,
                 privacy,
+                buffer: None,
             }
         }
         Err(e) => return Err(e.into()),
@@ -311,6 +316,7 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
         spec,
         leader,
         privacy: live.privacy,
+        buffer: live.buffer,
     })
 }
 

@@ -3,7 +3,7 @@
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cohort_crypto::signature::{SIGNATURE_LEN, enrollment_statement, verify};
@@ -118,10 +118,12 @@ pub(super) async fn check_in(
     PeerAddress(address): PeerAddress,
     Authenticated(p): Authenticated,
     State(state): State<AppState>,
+    RawQuery(query): RawQuery,
 ) -> ApiResult<Json<CheckIn>> {
     limit(&state, Call::CheckIn, address, Some(&p.id))?;
+    let trained_on = trained_on(query.as_deref())?;
     state.store.touch_participant(&p.id, now_ms()).await?;
-    match state.coordinator.check_in(&p.task_id, &p.id, p.identity_key).await {
+    match state.coordinator.check_in(&p.task_id, &p.id, p.identity_key, trained_on).await {
         Ok(check_in) => Ok(Json(check_in)),
         // A stopped or completed task is no longer loaded: its clients are
         // told it is over, so that they exit cleanly.
@@ -130,6 +132,24 @@ pub(super) async fn check_in(
         }
         Err(error) => Err(error.into()),
     }
+}
+
+/// The check-in's query: nothing, or `trained_on=VERSION` (an async
+/// task's finished update).
+fn trained_on(query: Option<&str>) -> ApiResult<Option<u64>> {
+    let Some(query) = query.filter(|q| !q.is_empty()) else { return Ok(None) };
+    query
+        .strip_prefix("trained_on=")
+        .and_then(|version| version.parse::<u64>().ok())
+        .filter(|version| *version <= i64::MAX as u64)
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRound,
+                "the check-in takes one parameter, trained_on: the model version a finished update was trained from",
+            )
+        })
 }
 
 pub(super) async fn model(
@@ -326,4 +346,26 @@ pub(super) async fn report_metrics(
         })
         .await?;
     Ok(StatusCode::CREATED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trained_on;
+
+    #[test]
+    fn the_check_in_query_is_a_version_or_nothing() {
+        assert_eq!(trained_on(None).unwrap(), None);
+        assert_eq!(trained_on(Some("")).unwrap(), None);
+        assert_eq!(trained_on(Some("trained_on=12")).unwrap(), Some(12));
+        for bad in [
+            "trained_on=",
+            "trained_on=-1",
+            "trained_on=x",
+            "round=3",
+            "trained_on=1&x=2",
+            "trained_on=99999999999999999999",
+        ] {
+            assert!(trained_on(Some(bad)).is_err(), "{bad}");
+        }
+    }
 }

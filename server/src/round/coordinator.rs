@@ -151,6 +151,10 @@ pub struct LiveState {
     pub available_clients: usize,
     /// Differential privacy: the noise and ε spent.
     pub privacy: Option<crate::privacy::PrivacyView>,
+    /// An async task's schedule: its version, groups in flight and the
+    /// staleness of the updates applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<super::BufferView>,
 }
 
 enum Request {
@@ -171,6 +175,7 @@ enum Request {
         task: String,
         participant: String,
         identity: Option<[u8; 32]>,
+        trained_on: Option<u64>,
         reply: oneshot::Sender<Result<CheckIn, CoordinatorError>>,
     },
     Poll {
@@ -391,17 +396,20 @@ impl Coordinator {
         self.ask(|reply| Request::Live { id: id.to_string(), reply }).await
     }
 
-    /// A client checks in.
+    /// A client checks in; in an async task, `trained_on` is the model
+    /// version its finished update was trained from.
     pub async fn check_in(
         &self,
         task: &str,
         participant: &str,
         identity: Option<[u8; 32]>,
+        trained_on: Option<u64>,
     ) -> Result<CheckIn, CoordinatorError> {
         self.ask(|reply| Request::CheckIn {
             task: task.into(),
             participant: participant.into(),
             identity,
+            trained_on,
             reply,
         })
         .await
@@ -1015,13 +1023,16 @@ impl Actor {
                         progress,
                         available_clients: engine.available(now_ms()),
                         privacy: engine.privacy(),
+                        buffer: engine.buffer(now_ms()),
                     }
                 });
                 let _ = reply.send(result);
             }
-            Request::CheckIn { task, participant, identity, reply } => {
+            Request::CheckIn { task, participant, identity, trained_on, reply } => {
                 let now = now_ms();
-                let result = self.engine(&task).map(|engine| engine.check_in(&participant, identity, now));
+                let result = self
+                    .engine(&task)
+                    .map(|engine| engine.check_in_trained(&participant, identity, trained_on, now));
                 let _ = reply.send(result);
                 // A check-in may complete the cohort: start the round now.
                 self.tick(&task).await;

@@ -16,13 +16,14 @@ use cohort_crypto::quantize::QuantizeError;
 use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage, Variant};
 
 use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, RemoteGroup, select};
+use super::buffered::BufferState;
 use super::completion::{Completion, PendingUnmask, encode_model};
 use super::owned::{GroupAssignment, GroupKey, GroupReport};
-use super::records::{CheckIn, ClientMean, EngineError, Poll, RoundProgress, TaskError};
+use super::records::{BufferMetrics, CheckIn, ClientMean, EngineError, Poll, RoundProgress, TaskError};
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
 use crate::privacy::{PrivacyPlan, PrivacyView};
-use crate::spec::TaskSpec;
+use crate::spec::{TaskMode, TaskSpec};
 use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
 
 /// A check-in counts towards selection for this long.
@@ -67,20 +68,20 @@ pub enum TickOutcome {
 
 /// One task's coordinator state.
 pub struct TaskEngine {
-    task_id: String,
-    spec: TaskSpec,
+    pub(super) task_id: String,
+    pub(super) spec: TaskSpec,
     /// The security parameters every round repeats (derived once, at load).
-    security: TaskSecurity,
+    pub(super) security: TaskSecurity,
     /// The task's differential privacy: the accountant and its budget.
     privacy: Option<PrivacyPlan>,
     /// Noisy sums released by rounds that were then not stored (their
     /// completion failed): they spent privacy all the same.
     unstored_releases: u64,
-    status: TaskStatus,
+    pub(super) status: TaskStatus,
     weights: Vec<f32>,
     optimizer_state: OptimizerState,
     checkpoint_bytes: Vec<u8>,
-    completed: u64,
+    pub(super) completed: u64,
     attempts: u32,
     /// Participants that checked in, with the time and the identity key
     /// they enrolled with. In the active variant only those with a key can
@@ -92,10 +93,12 @@ pub struct TaskEngine {
     contributed: HashSet<String>,
     pub(super) round: Option<ActiveRound>,
     /// The rosters of the last completed rounds, newest last.
-    recent: VecDeque<(u64, HashSet<String>)>,
+    pub(super) recent: VecDeque<(u64, HashSet<String>)>,
     /// Outcomes of the last tick not handed out yet.
-    pending: VecDeque<TickOutcome>,
-    rng: rand_chacha::ChaCha20Rng,
+    pub(super) pending: VecDeque<TickOutcome>,
+    pub(super) rng: rand_chacha::ChaCha20Rng,
+    /// An async task's schedule and groups in flight (`None`: sync).
+    pub(super) buffered: Option<BufferState>,
 }
 
 impl TaskEngine {
@@ -135,6 +138,10 @@ impl TaskEngine {
             recent: VecDeque::new(),
             pending: VecDeque::new(),
             rng: rand_core::SeedableRng::from_seed(seed),
+            buffered: match (spec.mode, spec.asynchronous) {
+                (TaskMode::Async, Some(schedule)) => Some(BufferState::new(schedule)),
+                _ => None,
+            },
             spec,
         })
     }
@@ -198,15 +205,16 @@ impl TaskEngine {
         &self.weights
     }
 
-    /// The round in progress and its stage (its earliest group's), if any.
+    /// The round in progress and its stage (its earliest group's), if any;
+    /// in an async task, the oldest group in flight.
     pub fn current_round(&self) -> Option<(u64, Stage)> {
-        self.round.as_ref().map(|r| (r.number, r.stage()))
+        self.round.as_ref().or_else(|| self.oldest_group()).map(|r| (r.number, r.stage()))
     }
 
     /// The round in progress, for the admin API: the stage of its earliest
     /// groups, with their answers, times and deadlines.
     pub fn progress(&self) -> Option<RoundProgress> {
-        let round = self.round.as_ref()?;
+        let round = self.round.as_ref().or_else(|| self.oldest_group())?;
         let stage = round.stage();
         let in_stage: Vec<&Group> =
             round.groups.iter().filter(|g| !g.is_settled() && g.stage() == stage).collect();
@@ -281,6 +289,7 @@ impl TaskEngine {
         self.status = status;
         if status != TaskStatus::Active {
             self.round = None;
+            self.buffered_reset();
         }
     }
 
@@ -288,11 +297,30 @@ impl TaskEngine {
     /// `identity` is the key the participant enrolled with; in the active
     /// variant a participant without one is never selected.
     pub fn check_in(&mut self, participant: &str, identity: Option<[u8; 32]>, now: i64) -> CheckIn {
+        self.check_in_trained(participant, identity, None, now)
+    }
+
+    /// [`check_in`](Self::check_in) of a client that, in an async task,
+    /// has an update trained from model version `trained_on` (ignored in a
+    /// sync task).
+    pub fn check_in_trained(
+        &mut self,
+        participant: &str,
+        identity: Option<[u8; 32]>,
+        trained_on: Option<u64>,
+        now: i64,
+    ) -> CheckIn {
         if self.status.is_final() {
             return CheckIn::Finished;
         }
         if identity.is_some() || self.variant() == Variant::SemiHonest {
             self.checked_in.insert(participant.to_string(), (now, identity));
+        }
+        if self.buffered.is_some() {
+            if self.status != TaskStatus::Active {
+                return CheckIn::Wait { retry_after_ms: 2_000 };
+            }
+            return self.buffered_check_in(participant, identity, trained_on, now);
         }
         match &self.round {
             Some(round) => match round.members.get(participant) {
@@ -306,6 +334,7 @@ impl TaskEngine {
                     attempt: round.metrics.attempt,
                     session: Some(hex::encode(round.groups[*group].seeds.session)),
                     plaintext_metrics: self.spec.client_metrics.plaintext,
+                    staleness_weight: None,
                 },
                 None => CheckIn::Wait { retry_after_ms: 2_000 },
             },
@@ -318,6 +347,9 @@ impl TaskEngine {
     fn selected(&mut self, participant: &str) -> Result<(&mut Group, ClientId), EngineError> {
         if self.status != TaskStatus::Active {
             return Err(EngineError::Inactive(self.status));
+        }
+        if self.buffered.is_some() {
+            return self.buffered_member(participant).ok_or(EngineError::NotSelected);
         }
         let round = self.round.as_mut().ok_or(EngineError::NotSelected)?;
         let (group, id) = *round.members.get(participant).ok_or(EngineError::NotSelected)?;
@@ -349,7 +381,8 @@ impl TaskEngine {
         let current =
             self.round.as_ref().is_some_and(|r| r.number == round && r.members.contains_key(participant));
         let recent =
-            self.recent.iter().any(|(number, roster)| *number == round && roster.contains(participant));
+            self.recent.iter().any(|(number, roster)| *number == round && roster.contains(participant))
+                || self.in_buffered_group(participant, round);
         if current || recent { Ok(()) } else { Err(EngineError::NotInRound(round)) }
     }
 
@@ -369,6 +402,10 @@ impl TaskEngine {
         }
         if self.status != TaskStatus::Active {
             return TickOutcome::Idle;
+        }
+        if self.buffered.is_some() {
+            self.buffered_tick(now);
+            return self.pending.pop_front().unwrap_or(TickOutcome::Idle);
         }
         if self.round.is_none() {
             if self.completed >= u64::from(self.spec.rounds) {
@@ -488,6 +525,9 @@ impl TaskEngine {
         result: Result<Aggregate, ProtocolError>,
         now: i64,
     ) -> Result<(), TaskError> {
+        if self.buffered.is_some() {
+            return self.buffered_unmasked(round_number, result, now);
+        }
         let dimension = self.spec.model.layout.len();
         let round = self
             .round
@@ -664,8 +704,20 @@ impl TaskEngine {
     /// step, and the round's records.
     fn compute(&self, now: i64) -> Result<Completion, TaskError> {
         let round = self.round.as_ref().ok_or(TaskError::NoSuchRound(self.completed + 1))?;
+        self.compute_from(round, round.number, None, now)
+    }
+
+    /// The next model, version `round_number`, from `round`'s completed
+    /// groups; an async task's group also records its number and its
+    /// members' staleness.
+    pub(super) fn compute_from(
+        &self,
+        round: &ActiveRound,
+        round_number: u64,
+        buffer: Option<(u64, Vec<u64>)>,
+        now: i64,
+    ) -> Result<Completion, TaskError> {
         let dimension = self.spec.model.layout.len();
-        let round_number = round.number;
         let done: Vec<&GroupSum> = round
             .groups
             .iter()
@@ -708,6 +760,11 @@ impl TaskEngine {
         metrics.total_examples = total_weight;
         metrics.update_norm = mean.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
         metrics.epsilon = self.privacy.as_ref().map(|plan| plan.epsilon_after(self.releases() + 1));
+        metrics.buffer = buffer.map(|(group, staleness)| {
+            let mut histogram = vec![0; staleness.iter().max().map_or(0, |&s| s as usize + 1)];
+            staleness.iter().for_each(|&s| histogram[s as usize] += 1);
+            BufferMetrics { group, staleness_histogram: histogram }
+        });
         let faulty_shares: Vec<(String, String)> =
             done.iter().flat_map(|g| g.faulty_shares.iter().cloned()).collect();
         metrics.faulty_shares = faulty_shares.len() as u32;
@@ -749,6 +806,13 @@ impl TaskEngine {
         self.completed = completion.round.round as u64;
         self.attempts = 0;
         self.contributed.clear();
+        if self.buffered.is_some() {
+            self.buffered_commit();
+            if self.completed >= u64::from(self.spec.rounds) {
+                self.status = TaskStatus::Completed;
+            }
+            return;
+        }
         if let Some(round) = self.round.take() {
             self.recent.push_back((round.number, round.members.into_keys().collect()));
             while self.recent.len() > REPORTABLE_ROUNDS {
@@ -762,6 +826,10 @@ impl TaskEngine {
 
     /// Gives up on a round (its completion could not be computed or stored).
     pub fn abandon(&mut self, round_number: u64) {
+        if self.buffered.is_some() {
+            self.buffered_abandon();
+            return;
+        }
         if self.round.as_ref().is_some_and(|r| r.number == round_number) {
             if self.round.as_ref().is_some_and(|r| r.finishing) {
                 // Its completion was computed from unmasked sums.
@@ -775,6 +843,10 @@ impl TaskEngine {
     /// recorded (see [`TickOutcome::MaskedInputRequested`]). Nobody was
     /// asked, so those participants stay selectable for the round.
     pub fn withdraw(&mut self, round_number: u64, asked: &[String]) {
+        if self.buffered.is_some() {
+            self.buffered_withdraw(round_number);
+            return;
+        }
         if self.round.as_ref().is_some_and(|r| r.number == round_number) {
             self.round = None;
             for participant in asked {

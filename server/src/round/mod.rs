@@ -18,6 +18,7 @@
 //! * [`coordinator`]: the single-owner actor over all tasks' engines.
 
 mod active;
+mod buffered;
 pub mod builder;
 mod completion;
 pub mod coordinator;
@@ -27,11 +28,12 @@ pub mod records;
 #[cfg(test)]
 mod tests;
 
+pub use buffered::{BufferView, GroupInFlight, READY_TTL_MS};
 pub use builder::{BuiltRound, RoundBuilder, RoundSeeds};
 pub use completion::{Completion, PendingUnmask};
 pub use coordinator::{Coordinator, CoordinatorError};
 pub use engine::{CHECK_IN_TTL_MS, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};
 pub use records::{
-    CheckIn, ClientMean, EngineError, GroupMetrics, Poll, RoundMetrics, RoundProgress, StageMetrics,
-    TaskError,
+    BufferMetrics, CheckIn, ClientMean, EngineError, GroupMetrics, Poll, RoundMetrics, RoundProgress,
+    StageMetrics, TaskError,
 };

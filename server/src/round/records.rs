@@ -144,6 +144,18 @@ pub struct RoundMetrics {
     /// this round.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub epsilon: Option<f64>,
+    /// An async task's applied group: its number and its updates' staleness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<BufferMetrics>,
+}
+
+/// The group an async task applied as one model version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferMetrics {
+    /// The group's number (its protocol instance's round number).
+    pub group: u64,
+    /// How many of its updates were 0, 1, 2, … versions stale.
+    pub staleness_histogram: Vec<u64>,
 }
 
 /// One secure-aggregation group of a round.

@@ -1,0 +1,357 @@
+//! An async task's schedule in the engine: training slots, buffers that
+//! become secure-aggregation groups, overlapping groups applied as they
+//! complete, staleness weights and refusals, groups given up.
+
+use cohort_crypto::testing::ProtocolClient;
+use cohort_crypto::{Stage, Variant};
+
+use crate::round::{CheckIn, Completion, PendingUnmask, Poll, TaskEngine, TickOutcome};
+use crate::spec::tests::small_spec;
+use crate::spec::{AsyncSpec, TaskMode, TaskSpec};
+use crate::store::TaskStatus;
+
+/// Buffers of three (t = 2) with up to `concurrency` clients training and
+/// updates at most `max_staleness` versions stale.
+fn async_spec(concurrency: u32, max_staleness: u32) -> TaskSpec {
+    let mut spec = small_spec();
+    spec.rounds = 10;
+    spec.clients_per_round = 3;
+    spec.secure_aggregation.threshold = Some(2);
+    spec.mode = TaskMode::Async;
+    spec.asynchronous =
+        Some(AsyncSpec { concurrency, buffer_size: 3, max_staleness, staleness_exponent: 0.5 });
+    spec
+}
+
+fn engine(spec: TaskSpec) -> TaskEngine {
+    let initial = TaskEngine::initial_checkpoint("t", &spec, 0).unwrap();
+    TaskEngine::new("t".into(), spec, TaskStatus::Active, &initial, []).unwrap()
+}
+
+/// A client of an async task: trains (its update is fixed) from the
+/// version it was told, then answers its group's stages with its update
+/// scaled by the weight it was given.
+struct AsyncClient {
+    name: String,
+    update: Vec<f32>,
+    base: u64,
+    protocol: ProtocolClient,
+    weight: Option<f64>,
+}
+
+impl AsyncClient {
+    fn new(i: usize) -> Self {
+        let update = vec![0.05 * i as f32 - 0.2, 0.1, -0.3 + 0.02 * i as f32, 0.04];
+        Self {
+            name: format!("a{i}"),
+            protocol: ProtocolClient::new(100 + i as u64, update.clone(), 10),
+            update,
+            base: 0,
+            weight: None,
+        }
+    }
+
+    /// Checks in without an update; returns the reply (and keeps the
+    /// version it is told to train from).
+    fn ask(&mut self, engine: &mut TaskEngine, now: i64) -> CheckIn {
+        let reply = engine.check_in_trained(&self.name, None, None, now);
+        if let CheckIn::Train { version } = reply {
+            self.base = version;
+        }
+        reply
+    }
+
+    /// Checks in with the finished update; a selection sets the weight.
+    fn ready(&mut self, engine: &mut TaskEngine, now: i64) -> CheckIn {
+        let reply = engine.check_in_trained(&self.name, None, Some(self.base), now);
+        if let CheckIn::Selected { staleness_weight, .. } = reply {
+            let weight = staleness_weight.expect("an async group names the weight");
+            self.weight = Some(weight);
+            self.protocol.update = self.update.iter().map(|v| v * weight as f32).collect();
+        }
+        reply
+    }
+
+    /// Polls once and answers; returns whether it sent something.
+    fn step(&mut self, engine: &mut TaskEngine, now: i64) -> bool {
+        let CheckIn::Selected { client_id, .. } = self.ready(engine, now) else {
+            return false;
+        };
+        let Ok(Poll::Message(bytes)) = engine.poll(&self.name) else { return false };
+        let reply = self.protocol.respond(client_id, &bytes);
+        engine.receive(&self.name, &reply).unwrap();
+        true
+    }
+}
+
+/// Ticks until the engine is idle; returns what it handed out.
+fn drain(engine: &mut TaskEngine, now: i64) -> Vec<TickOutcome> {
+    let mut outcomes = Vec::new();
+    loop {
+        match engine.tick(now) {
+            TickOutcome::Idle => return outcomes,
+            outcome => outcomes.push(outcome),
+        }
+    }
+}
+
+/// Runs group `number` with `members` answering (and `vanish` silent after
+/// ShareKeys) until it is handed out for unmasking, or given up.
+fn run_group(
+    engine: &mut TaskEngine,
+    clients: &mut [AsyncClient],
+    members: &[usize],
+    vanish: &[usize],
+    number: u64,
+    now: &mut i64,
+) -> Option<PendingUnmask> {
+    for stage in 0..8 {
+        for &i in members {
+            if !(stage >= 2 && vanish.contains(&i)) {
+                clients[i].step(engine, *now);
+            }
+        }
+        *now += 10;
+        let mut outcomes = drain(engine, *now);
+        if stage >= 2 && !vanish.is_empty() && outcomes.is_empty() {
+            *now += 400_000;
+            outcomes = drain(engine, *now);
+        }
+        for outcome in outcomes {
+            match outcome {
+                TickOutcome::Unmask(job) if job.round == number => return Some(*job),
+                TickOutcome::Aborted { round, .. } if round == number => return None,
+                _ => {}
+            }
+        }
+    }
+    panic!("group {number} does not progress");
+}
+
+/// Unmasks a group and takes the next model the engine hands out.
+fn apply(engine: &mut TaskEngine, job: PendingUnmask, now: i64) -> Completion {
+    let number = job.round;
+    engine.unmasked(number, 0, job.run(), now).unwrap();
+    let completion = drain(engine, now).into_iter().find_map(|outcome| match outcome {
+        TickOutcome::Completed(completion) => Some(*completion),
+        _ => None,
+    });
+    completion.unwrap_or_else(|| panic!("group {number} gave no next model"))
+}
+
+/// The mean of `members`' updates, each scaled by its weight (all
+/// clients have ten examples).
+fn weighted(clients: &[AsyncClient], members: &[usize]) -> Vec<f32> {
+    let mut mean = vec![0f32; 4];
+    for &i in members {
+        let weight = clients[i].weight.unwrap() as f32;
+        for (m, v) in mean.iter_mut().zip(&clients[i].update) {
+            *m += v * weight / members.len() as f32;
+        }
+    }
+    mean
+}
+
+#[track_caller]
+fn assert_close(actual: &[f32], expected: &[f32]) {
+    for (a, e) in actual.iter().zip(expected) {
+        assert!((a - e).abs() < 2e-4, "{actual:?} vs {expected:?}");
+    }
+}
+
+fn selected_round(reply: &CheckIn) -> Option<u64> {
+    match reply {
+        CheckIn::Selected { round, .. } => Some(*round),
+        _ => None,
+    }
+}
+
+#[test]
+fn overlapping_groups_are_applied_as_they_complete_and_stale_updates_are_refused() {
+    let mut engine = engine(async_spec(6, 1));
+    let mut clients: Vec<AsyncClient> = (0..8).map(AsyncClient::new).collect();
+    let mut now = 0;
+    // Six slots: six clients train from version 0, the seventh waits.
+    for client in &mut clients[..6] {
+        assert_eq!(client.ask(&mut engine, now), CheckIn::Train { version: 0 });
+    }
+    assert_eq!(clients[6].ask(&mut engine, now), CheckIn::Wait { retry_after_ms: 1_000 });
+    assert_eq!(engine.buffer(now).unwrap().training, 6);
+    // The first two finished updates wait; the third fills the buffer.
+    assert_eq!(clients[0].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    assert_eq!(clients[1].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    let first = selected_round(&clients[2].ready(&mut engine, now)).expect("the buffer is full");
+    // A freed slot goes to the client that waited.
+    assert_eq!(clients[6].ask(&mut engine, now), CheckIn::Train { version: 0 });
+    // A second group forms while the first is in flight.
+    for i in [3, 4] {
+        assert_eq!(clients[i].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    }
+    let second = selected_round(&clients[5].ready(&mut engine, now)).expect("a second buffer");
+    assert!(second > first);
+    assert!(
+        matches!(drain(&mut engine, now)[..], [TickOutcome::Started(a), TickOutcome::Started(b)] if a == first && b == second)
+    );
+    let view = engine.buffer(now).unwrap();
+    assert_eq!(view.groups.len(), 2);
+    assert!(view.groups.iter().all(|g| g.clients == 3 && g.stage == Stage::AdvertiseKeys));
+
+    // The second group completes first and is applied first: version 1.
+    let job = run_group(&mut engine, &mut clients, &[3, 4, 5], &[], second, &mut now).unwrap();
+    let completion = apply(&mut engine, job, now);
+    assert_eq!(completion.round.round, 1);
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    assert_eq!(metrics["buffer"]["group"], second);
+    assert_eq!(metrics["buffer"]["staleness_histogram"], serde_json::json!([3]));
+    engine.commit(completion);
+    assert_eq!(engine.completed_rounds(), 1);
+    assert_close(engine.weights(), &weighted(&clients, &[3, 4, 5]));
+    assert!(clients[3..6].iter().all(|c| c.weight == Some(1.0)));
+
+    // The first group, formed at version 0, is applied on top: version 2.
+    let after_second = engine.weights().to_vec();
+    let job = run_group(&mut engine, &mut clients, &[0, 1, 2], &[], first, &mut now).unwrap();
+    let completion = apply(&mut engine, job, now);
+    engine.commit(completion);
+    assert_eq!(engine.completed_rounds(), 2);
+    let step = weighted(&clients, &[0, 1, 2]);
+    let expected: Vec<f32> = after_second.iter().zip(&step).map(|(w, s)| w + s).collect();
+    assert_close(engine.weights(), &expected);
+
+    // Client 6 trained from version 0: two versions behind, more than 1.
+    assert_eq!(clients[6].ready(&mut engine, now), CheckIn::Stale { version: 2, max_staleness: 1 });
+    // It re-bases: told to train from version 2.
+    assert_eq!(clients[6].ask(&mut engine, now), CheckIn::Train { version: 2 });
+
+    // A group of updates from versions 2, 2 and 1: the one a version
+    // behind is weighted 1/√2 by its client.
+    for i in [0, 1] {
+        assert_eq!(clients[i].ask(&mut engine, now), CheckIn::Train { version: 2 });
+    }
+    clients[7].base = 1;
+    clients[0].ready(&mut engine, now);
+    clients[7].ready(&mut engine, now);
+    let third = selected_round(&clients[1].ready(&mut engine, now)).unwrap();
+    for i in [0, 7] {
+        clients[i].ready(&mut engine, now);
+    }
+    assert_eq!(clients[7].weight, Some(f64::from(0.5f32.sqrt())));
+    assert_eq!(clients[0].weight, Some(1.0));
+    let before = engine.weights().to_vec();
+    let job = run_group(&mut engine, &mut clients, &[0, 1, 7], &[], third, &mut now).unwrap();
+    let completion = apply(&mut engine, job, now);
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    assert_eq!(metrics["buffer"]["staleness_histogram"], serde_json::json!([2, 1]));
+    engine.commit(completion);
+    let step = weighted(&clients, &[0, 1, 7]);
+    let expected: Vec<f32> = before.iter().zip(&step).map(|(w, s)| w + s).collect();
+    assert_close(engine.weights(), &expected);
+    let view = engine.buffer(now).unwrap();
+    assert_eq!((view.version, view.refused_stale, view.groups_failed), (3, 1, 0));
+    assert_eq!(view.staleness_histogram, vec![8, 1]);
+}
+
+#[test]
+fn a_group_that_cannot_complete_is_discarded_and_applies_nothing() {
+    let mut engine = engine(async_spec(6, 2));
+    let mut clients: Vec<AsyncClient> = (0..3).map(AsyncClient::new).collect();
+    let mut now = 0;
+    for client in &mut clients {
+        client.ask(&mut engine, now);
+    }
+    clients[0].ready(&mut engine, now);
+    clients[1].ready(&mut engine, now);
+    let number = selected_round(&clients[2].ready(&mut engine, now)).unwrap();
+    let initial = engine.weights().to_vec();
+    // Two of three vanish after their key shares: one survivor, below t = 2.
+    assert!(run_group(&mut engine, &mut clients, &[0, 1, 2], &[1, 2], number, &mut now).is_none());
+    assert_eq!(engine.weights(), initial.as_slice());
+    assert_eq!(engine.completed_rounds(), 0);
+    let view = engine.buffer(now).unwrap();
+    assert_eq!((view.groups.len(), view.groups_failed), (0, 1));
+    // The survivor is no longer in a group: it checks in for new work.
+    assert_eq!(clients[0].ask(&mut engine, now), CheckIn::Train { version: 0 });
+}
+
+#[test]
+fn slots_go_to_others_when_a_trainer_falls_behind_or_takes_too_long() {
+    let spec = async_spec(3, 1);
+    let allowance = spec.deadlines.advertise_keys_ms as i64;
+    let mut engine = engine(spec);
+    let mut clients: Vec<AsyncClient> = (0..7).map(AsyncClient::new).collect();
+    let mut now = 0;
+    for client in &mut clients[..3] {
+        assert_eq!(client.ask(&mut engine, now), CheckIn::Train { version: 0 });
+    }
+    assert_eq!(clients[3].ask(&mut engine, now), CheckIn::Wait { retry_after_ms: 1_000 });
+    // A trainer that never reports frees its slot after the allowance.
+    now += allowance + 1;
+    assert_eq!(engine.buffer(now).unwrap().training, 0);
+    for client in &mut clients[3..6] {
+        assert_eq!(client.ask(&mut engine, now), CheckIn::Train { version: 0 });
+    }
+    // Waiting updates of clients that stopped checking in do not form groups.
+    clients[3].ready(&mut engine, now);
+    clients[4].ready(&mut engine, now);
+    now += super::READY_TTL_MS + 1;
+    assert_eq!(clients[5].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    drain(&mut engine, now);
+    assert_eq!(engine.buffer(now).unwrap().waiting, 1);
+    assert!(engine.buffer(now).unwrap().groups.is_empty());
+}
+
+#[test]
+fn an_active_async_task_takes_only_clients_with_identity_keys_and_stops_when_paused() {
+    let mut spec = async_spec(4, 1);
+    spec.secure_aggregation.variant = Some(crate::spec::VariantChoice::Active);
+    let mut engine = engine(spec);
+    assert_eq!(engine.variant(), Variant::Active);
+    assert_eq!(engine.check_in_trained("keyless", None, None, 0), CheckIn::Wait { retry_after_ms: 2_000 });
+    assert_eq!(engine.check_in_trained("keyed", Some([7; 32]), None, 0), CheckIn::Train { version: 0 });
+    engine.set_status(TaskStatus::Paused);
+    assert_eq!(
+        engine.check_in_trained("keyed", Some([7; 32]), Some(0), 0),
+        CheckIn::Wait { retry_after_ms: 2_000 }
+    );
+    engine.set_status(TaskStatus::Stopped);
+    assert_eq!(engine.check_in_trained("keyed", Some([7; 32]), Some(0), 0), CheckIn::Finished);
+}
+
+#[test]
+fn async_specs_are_checked_field_by_field() {
+    let field = |spec: TaskSpec| match spec.validate() {
+        Err(crate::spec::SpecError::Field { field, .. }) => field,
+        other => panic!("accepted: {other:?}"),
+    };
+    let mut spec = async_spec(6, 1);
+    spec.asynchronous.as_mut().unwrap().buffer_size = 8;
+    spec.clients_per_round = 8;
+    assert_eq!(field(spec), "async.buffer_size");
+    let mut spec = async_spec(6, 1);
+    spec.asynchronous.as_mut().unwrap().max_staleness = 0;
+    assert_eq!(field(spec), "async.max_staleness");
+    let mut spec = async_spec(6, 1);
+    spec.clients_per_round = 4;
+    assert_eq!(field(spec), "clients_per_round");
+    let mut spec = async_spec(6, 1);
+    spec.asynchronous = None;
+    assert_eq!(field(spec), "async");
+    let mut spec = small_spec();
+    spec.asynchronous = async_spec(6, 1).asynchronous;
+    assert_eq!(field(spec), "async");
+    let mut spec = async_spec(6, 1);
+    spec.over_selection = 0.5;
+    assert_eq!(field(spec), "over_selection");
+    let mut spec = async_spec(6, 1);
+    spec.asynchronous.as_mut().unwrap().staleness_exponent = f64::NAN;
+    assert_eq!(field(spec), "async.staleness_exponent");
+    let json = serde_json::json!({
+        "name": "a", "rounds": 5, "clients_per_round": 10, "mode": "async",
+        "async": {"concurrency": 20, "buffer_size": 10, "max_staleness": 3},
+        "model": {"architecture": "x", "layout": {"tensors": [{"name": "w", "shape": [4]}]}}
+    });
+    let spec: TaskSpec = serde_json::from_value(json).unwrap();
+    spec.validate().unwrap();
+    assert_eq!(spec.asynchronous.unwrap().staleness_exponent, 0.5);
+    assert_eq!(spec.asynchronous.unwrap().weight(3), 0.5);
+}
