@@ -73,9 +73,8 @@ fn jvm_clients_join_a_secure_round_with_native_clients() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn a_c_client_joins_a_secure_round_through_the_header() {
-    let dir = scratch("c");
+/// Compiles the C round program into `dir`.
+fn compile_c_client(dir: &Path) -> std::path::PathBuf {
     let program = dir.join("round");
     let mobile = workspace_root().join("mobile");
     let compiled = Command::new("cc")
@@ -88,9 +87,15 @@ fn a_c_client_joins_a_secure_round_through_the_header() {
         .args(["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc", "-o"])
         .arg(&program)
         .output()
-        .expect("a C compiler is installed");
+        .unwrap_or_else(|e| panic!("no C compiler: {e}"));
     success("cc", &compiled);
+    program
+}
 
+#[test]
+fn a_c_client_joins_a_secure_round_through_the_header() {
+    let dir = scratch("c");
+    let program = compile_c_client(&dir);
     let serve = Serve::start(&dir, ADMIN);
     let (task, token) = serve.create_task(spec(4, 2));
     let natives = native_clients(&serve, &task, &token, 3);
@@ -114,5 +119,44 @@ fn a_c_client_joins_a_secure_round_through_the_header() {
     updates.push(c_update);
     assert_aggregate(&serve, &task, &updates);
     check_state_file(&dir.join("c-client"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The C binding in an async task: the client trains from version 0 when
+/// given a training slot, waits with its update, and joins the group of
+/// four with three native clients; version 1 is their weighted mean.
+#[test]
+fn a_c_client_takes_part_in_an_async_task() {
+    let dir = scratch("c-async");
+    let program = compile_c_client(&dir);
+    let serve = Serve::start(&dir, ADMIN);
+    let mut spec = spec(4, 2);
+    spec["mode"] = serde_json::json!("async");
+    spec["async"] = serde_json::json!({ "concurrency": 4, "buffer_size": 4, "max_staleness": 1 });
+    let (task, token) = serve.create_task(spec);
+    let natives = native_clients(&serve, &task, &token, 3);
+    let run = Command::new(&program)
+        .args([&serve.url, &task, &token])
+        .arg(dir.join("c-client"))
+        .arg(serve.policy_json(&task))
+        .arg("async")
+        .output()
+        .unwrap();
+    let stdout = success("the C test", &run);
+    assert!(stdout.contains("C OK"), "{stdout}");
+    for native in natives {
+        native.join().unwrap();
+    }
+    // Trained from version 0: the callback's round is the base version.
+    let c_update = LocalUpdate {
+        delta: (0..15).map(|j| 0.03 * (j % 4) as f32).collect(),
+        examples: 9,
+        metrics: cohort_client::participant::MetricValues::new(),
+    };
+    let mut updates: Vec<LocalUpdate> = (0..3).map(native_update).collect();
+    updates.push(c_update);
+    assert_aggregate(&serve, &task, &updates);
+    let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
+    assert_eq!(rounds[0]["metrics"]["buffer"]["staleness_histogram"], serde_json::json!([4]), "{rounds}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -41,3 +41,34 @@ fn wasm_clients_join_a_secure_round_with_native_clients() {
     assert_aggregate(&serve, &task, &updates);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The browser build in an async task: two wasm clients and a native one
+/// fill a buffer of three; version 1 is their weighted mean.
+#[test]
+fn wasm_clients_take_part_in_an_async_task() {
+    let built = Command::new("bash").arg(workspace_root().join("scripts/build-web.sh")).output().unwrap();
+    success("scripts/build-web.sh", &built);
+    let dir = scratch("web-async");
+    let serve = Serve::start(&dir, "web-async-admin-token");
+    let mut spec = spec(3, 2);
+    spec["mode"] = serde_json::json!("async");
+    spec["async"] = serde_json::json!({ "concurrency": 3, "buffer_size": 3, "max_staleness": 1 });
+    let (task, token) = serve.create_task(spec);
+    let natives = native_clients(&serve, &task, &token, 1);
+    let run = Command::new("node")
+        .arg(workspace_root().join("web/tests/async.mjs"))
+        .args([&serve.url, &task, &token, &serve.policy_json(&task)])
+        .output()
+        .expect("node is installed");
+    let stdout = success("the wasm clients", &run);
+    assert!(stdout.contains("ASYNC WEB OK"), "{stdout}");
+    for native in natives {
+        native.join().unwrap();
+    }
+    let wasm = |scale: f32| LocalUpdate {
+        delta: (0..15).map(|j| scale * ((j % 5) as f32 - 2.0)).collect(),
+        examples: 7,
+        metrics: cohort_client::participant::MetricValues::new(),
+    };
+    assert_aggregate(&serve, &task, &[native_update(0), wasm(0.02), wasm(-0.01)]);
+}

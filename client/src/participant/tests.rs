@@ -445,3 +445,75 @@ fn a_response_without_a_request_is_refused() {
     let mut p = Participant::enroll("task", "token", config());
     assert!(matches!(p.handle(0, Response::default()), Err(ParticipantError::OutOfOrder(_))));
 }
+
+/// An async task's participant: trains from the version it downloaded,
+/// checks in with it until a group takes the update, and scales the
+/// update by the staleness weight the group names.
+fn async_trained(p: &mut Participant, served_version: &str) {
+    assert_eq!(send(p, 0).path, "/v1/checkin");
+    p.handle(0, json(200, serde_json::json!({ "status": "train", "version": 4 }))).unwrap();
+    assert_eq!(send(p, 0).path, "/v1/model");
+    let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+    let metadata =
+        std::collections::BTreeMap::from([("cohort.round".to_string(), served_version.to_string())]);
+    let model = checkpoint::encode(&layout, &[0.5, -0.5], &metadata).unwrap();
+    p.handle(0, Response { status: 200, body: model }).unwrap();
+}
+
+#[test]
+fn an_async_participant_trains_waits_with_its_update_and_joins_a_group_weighted() {
+    let mut p = enrolled();
+    // The model served is newer than the version named: it counts.
+    async_trained(&mut p, "5");
+    assert!(matches!(p.next(0), Action::Train { round: 5, .. }));
+    p.submit(vec![0.4, -0.2], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin?trained_on=5");
+    p.handle(0, json(200, serde_json::json!({ "status": "wait", "retry_after_ms": 500 }))).unwrap();
+    assert!(matches!(p.next(0), Action::Wait(500)));
+    assert_eq!(send(&mut p, 500).path, "/v1/checkin?trained_on=5");
+    let selected = serde_json::json!({
+        "status": "selected", "round": 3, "client_id": 2, "session": hex::encode([7u8; 16]),
+        "staleness_weight": 0.5,
+    });
+    p.handle(500, json(200, selected)).unwrap();
+    match &p.phase {
+        Phase::Fetch {
+            round: 3, client_id: 2, protocol: Protocol::Pending { update, examples: 5 }, ..
+        } => {
+            assert_eq!(update.as_slice(), &[0.2, -0.1]);
+        }
+        _ => panic!("not in the group's round"),
+    }
+    assert_eq!(send(&mut p, 500).path, "/v1/round/message");
+    p.handle(500, Response { status: 200, body: setup(3) }).unwrap();
+    assert_eq!(p.posting(), Some(Stage::AdvertiseKeys));
+}
+
+#[test]
+fn an_async_participant_drops_a_stale_update_and_refuses_a_weight_above_one() {
+    let mut p = enrolled();
+    async_trained(&mut p, "4");
+    assert!(matches!(p.next(0), Action::Train { round: 4, .. }));
+    p.submit(vec![0.4, -0.2], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin?trained_on=4");
+    p.handle(0, json(200, serde_json::json!({ "status": "stale", "version": 7, "max_staleness": 2 })))
+        .unwrap();
+    match p.next(0) {
+        Action::RoundEnded(RoundOutcome::Abandoned { reason, .. }) => {
+            assert!(reason.contains("behind"), "{reason}")
+        }
+        other => panic!("expected the update dropped, got {other:?}"),
+    }
+    // It checks in afresh, without an update.
+    async_trained(&mut p, "7");
+    assert!(matches!(p.next(0), Action::Train { round: 7, .. }));
+    p.submit(vec![0.4, -0.2], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin?trained_on=7");
+    let inflated = serde_json::json!({
+        "status": "selected", "round": 9, "client_id": 1, "session": hex::encode([8u8; 16]),
+        "staleness_weight": 2.0,
+    });
+    p.handle(0, json(200, inflated)).unwrap();
+    assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Abandoned { .. })));
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin", "nothing of the update is sent");
+}

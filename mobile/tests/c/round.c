@@ -4,7 +4,10 @@
  * with native clients, with its update computed by a callback; then pause
  * and resume, and the error paths of the ABI.
  *
- * Usage: round URL TASK TOKEN DIR. Exits non-zero on any failed check.
+ * Usage: round URL TASK TOKEN DIR POLICY_JSON [async]. With `async` the task
+ * is an async one: the update is trained from version 0 and the outcome
+ * names the group's number instead of round 1. Exits non-zero on any
+ * failed check.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +45,9 @@ static const char *last_error(void) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 6, "usage: round URL TASK TOKEN DIR POLICY_JSON");
+    CHECK(argc == 6 || (argc == 7 && strcmp(argv[6], "async") == 0),
+          "usage: round URL TASK TOKEN DIR POLICY_JSON [async]");
+    const bool buffered = argc == 7;
     CohortConfig config = {argv[1], argv[2], argv[3], argv[4], NULL, argv[5]};
     CohortClient *client = NULL;
 
@@ -70,7 +75,8 @@ int main(int argc, char **argv) {
     CohortRoundResult result;
     CohortStatus status = cohort_client_participate(client, update, &calls, &result);
     CHECK(status == COHORT_STATUS_OK, "participate: %s: %s", cohort_status_name(status), last_error());
-    CHECK(result.outcome == COHORT_OUTCOME_COMPLETED && result.round == 1, "outcome %d, round %llu",
+    CHECK(result.outcome == COHORT_OUTCOME_COMPLETED && (buffered ? result.round > 0 : result.round == 1),
+          "outcome %d, round %llu",
           (int)result.outcome, (unsigned long long)result.round);
     CHECK(calls == 1 && result.bytes_up > 0 && result.bytes_down > result.bytes_up, "calls %d", calls);
 
