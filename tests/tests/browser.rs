@@ -255,6 +255,35 @@ fn the_dashboard_pauses_resumes_and_stops_a_task() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An async task on the dashboard: its model version, its training slots
+/// and buffer, and the staleness histogram of the updates applied.
+#[test]
+fn the_dashboard_shows_an_async_tasks_buffers() {
+    let _one = exclusive();
+    let (dir, serve) = start("browser-async");
+    let mut spec = cohort_tests::spec(3, 2);
+    spec["mode"] = json!("async");
+    spec["async"] = json!({ "concurrency": 4, "buffer_size": 3, "max_staleness": 2 });
+    let (task, token) = serve.create_task(spec);
+    join(cohort_tests::native_clients(&serve, &task, &token, 3));
+    let seen = browser(
+        "dashboard",
+        json!({ "url": serve.url, "adminToken": ADMIN_TOKEN, "task": task, "buffer": { "version": 1 },
+                "name": "dashboard-async", "secrets": [token] }),
+    );
+    assert_eq!(
+        seen["buffer"],
+        json!({
+            "version": "1", "training": "0 / 4", "waiting": "0 / 3", "bound": "2 versions", "groups": 0,
+            "histogram": [["0 behind", "3", "100%"]], "clients": "3 per buffer (async)",
+        }),
+        "{seen}"
+    );
+    assert_eq!(seen["leaked"], json!([]), "{seen}");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bare_demo_tabs_join_the_public_demo_task_and_complete_a_round() {
     let _one = exclusive();

@@ -199,6 +199,45 @@ function renderPrivacy(task, rounds) {
   }
 }
 
+/**
+ * An async task's schedule: the model version, the training slots and the
+ * buffer, the groups in flight, and how stale the applied updates were.
+ */
+function renderBuffer(task) {
+  const b = task.buffer;
+  $("buffer").classList.toggle("hidden", !b);
+  if (!b) return;
+  $("buffer-version").textContent = b.version;
+  $("buffer-training").textContent = `${b.training} / ${b.concurrency}`;
+  $("buffer-waiting").textContent = `${b.waiting} / ${b.buffer_size}`;
+  $("buffer-bound").textContent = `${b.max_staleness} versions`;
+  $("buffer-refused").textContent = b.refused_stale;
+  $("buffer-failed").textContent = b.groups_failed;
+  const now = Date.now();
+  $("buffer-groups").tBodies[0].replaceChildren(...b.groups.map((g) => {
+    const row = document.createElement("tr");
+    cell(row, g.number, "num");
+    cell(row, g.stage);
+    cell(row, g.clients, "num");
+    cell(row, g.received, "num");
+    cell(row, seconds(now - g.started_at), "num");
+    return row;
+  }));
+  const most = Math.max(1, ...b.staleness_histogram);
+  $("buffer-histogram").replaceChildren(...b.staleness_histogram.flatMap((count, staleness) => {
+    const label = document.createElement("span");
+    label.textContent = `${staleness} behind`;
+    const bar = document.createElement("div");
+    bar.className = "bar";
+    bar.style.width = `${(100 * count) / most}%`;
+    bar.dataset.staleness = staleness;
+    const value = document.createElement("span");
+    value.className = "num";
+    value.textContent = count;
+    return [label, bar, value];
+  }));
+}
+
 function renderDetail(task, rounds) {
   $("detail").classList.remove("hidden");
   $("detail").dataset.task = task.id;
@@ -206,7 +245,8 @@ function renderDetail(task, rounds) {
   $("detail-status").textContent = task.status;
   $("detail-status").className = `value status-${task.status}`;
   $("detail-completed").textContent = `${task.completed_rounds} / ${task.rounds}`;
-  $("detail-clients").textContent = task.spec?.clients_per_round ?? "—";
+  $("detail-clients").textContent =
+    task.spec?.mode === "async" ? `${task.spec.clients_per_round} per buffer (async)` : task.spec?.clients_per_round ?? "—";
   const secagg = task.spec?.secure_aggregation ?? {};
   $("detail-secagg").textContent = `${secagg.threshold ?? "derived"} / ${secagg.graph ?? "complete"}`;
   const active = secagg.variant === "active";
@@ -221,6 +261,7 @@ function renderDetail(task, rounds) {
   $("pause").disabled = final || task.status === "paused";
   $("resume").disabled = final || task.status !== "paused";
   $("stop").disabled = final;
+  renderBuffer(task);
   renderLive(task);
   renderRounds(rounds);
   renderPrivacy(task, rounds);

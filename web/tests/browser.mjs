@@ -15,7 +15,8 @@
 //              its masked input arrives (its third is held back), the other tabs
 //              run until round 1 completes; prints {tabs: [{participant, state, reports}]};
 //              with plain: true the tabs open /demo bare (shards only counts them)
-//   dashboard  {url, adminToken, task, artifacts, name, secrets: [..], controls?: bool}
+//   dashboard  {url, adminToken, task, artifacts, name, secrets: [..], controls?: bool,
+//               buffer?: {version}} (an async task's panel, once at that version)
 //              opens /admin, selects the task, reads its rounds table and
 //              charts; with controls, creates an enrollment token for an
 //              application with the form, reads it once, dismisses it,
@@ -178,6 +179,21 @@ async function dashboard() {
     })));
     seen.accuracy_points = await page.$$eval("#chart-accuracy circle", (c) => c.map((p) => [Number(p.dataset.x), Number(p.dataset.y)]));
     seen.loss_points = await page.$$eval("#chart-loss circle", (c) => c.map((p) => [Number(p.dataset.x), Number(p.dataset.y)]));
+  }
+  if (config.buffer) {
+    await page.waitForSelector("#buffer:not(.hidden)");
+    await page.waitForFunction((v) => document.getElementById("buffer-version").textContent === String(v), config.buffer.version);
+    seen.buffer = await page.evaluate(() => ({
+      version: document.getElementById("buffer-version").textContent,
+      training: document.getElementById("buffer-training").textContent,
+      waiting: document.getElementById("buffer-waiting").textContent,
+      bound: document.getElementById("buffer-bound").textContent,
+      groups: document.querySelectorAll("#buffer-groups tbody tr").length,
+      histogram: [...document.querySelectorAll("#buffer-histogram .bar")].map((bar) => [
+        bar.previousElementSibling.textContent, bar.nextElementSibling.textContent, bar.style.width,
+      ]),
+      clients: document.getElementById("detail-clients").textContent,
+    }));
   }
   seen.status = await page.textContent("#detail-status");
   seen.privacy = await page.textContent("#detail-privacy");

@@ -44,6 +44,18 @@ pub fn document() -> Value {
         o["parameters"] = json!([id.clone()]);
         json!({ "post": o })
     };
+    let mut check_in = op(
+        "Check in; says whether the client is selected for the round in progress, or, in an async task, \
+         whether to train (Train) and whether a finished update joins a group (Selected), waits, or is too stale (Stale)",
+        "client",
+        json_ok("200", "Wait, Selected, Train, Stale or Finished"),
+        &["400", "401", "404", "429", "503"],
+    );
+    check_in["parameters"] = json!([{
+        "name": "trained_on", "in": "query", "required": false,
+        "description": "Async tasks: the model version a finished update was trained from",
+        "schema": { "type": "integer", "format": "int64", "minimum": 0 }
+    }]);
     let pause = task_action("Pause a task");
     let resume = task_action("Resume a task");
     let stop = task_action("Stop a task (final)");
@@ -96,7 +108,7 @@ pub fn document() -> Value {
                 "responses": binary_ok("200", "application/vnd.safetensors", "Checkpoint") } },
             "/v1/tasks/{id}/enroll": { "post": { "parameters": [id], "summary": "Enroll with the task's enrollment token and an Ed25519 identity key (identity_key, identity_proof: its signature over the enrollment); returns a client credential",
                                                  "responses": { "201": { "description": "Enrolled" }, "400": { "$ref": "#/components/responses/Error" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" }, "408": { "$ref": "#/components/responses/Error" }, "409": { "$ref": "#/components/responses/Error" }, "413": { "$ref": "#/components/responses/Error" }, "429": { "$ref": "#/components/responses/Error" }, "503": { "$ref": "#/components/responses/Error" } } } },
-            "/v1/checkin": { "post": op("Check in; says whether the client is selected for the round in progress", "client", json_ok("200", "Wait, Selected or Finished"), &["401", "404", "429", "503"]) },
+            "/v1/checkin": { "post": check_in },
             "/v1/model": { "get": op("The current global model (safetensors)", "client", binary_ok("200", "application/vnd.safetensors", "Model"), &["401", "404"]) },
             "/v1/round/message": {
                 "get": op("The server message for the client's current stage (204: wait, 410: dropped)", "client",
