@@ -139,6 +139,103 @@ fn dropouts_and_the_simulator() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The simulated clock: a sync run with over-selection waits for the
+/// awaited clients only, an async run applies buffers of K with their
+/// staleness, both under stragglers; every row says when its model existed,
+/// and `cohort chart --x sim-seconds` draws them.
+#[test]
+fn the_simulator_schedules_sync_and_async_runs_on_a_simulated_clock() {
+    let common = [
+        "simulate",
+        "--dataset",
+        "mnist",
+        "--model",
+        "logreg",
+        "--clients",
+        "40",
+        "--partition",
+        "dirichlet:0.5",
+        "--epochs",
+        "1",
+        "--speed",
+        "lognormal:1.0",
+        "--stragglers",
+        "0.25:10",
+    ];
+    let sync_dir = scratch("clock-sync");
+    let sync = cohort(
+        &[&common[..], &["--clients-per-round", "10", "--over-selection", "0.3", "--rounds", "4"]].concat(),
+        &sync_dir,
+    );
+    let rounds = sync["rounds"].as_array().unwrap();
+    assert_eq!(sync["config"]["schedule"]["mode"], "sync");
+    assert_eq!(sync["config"]["schedule"]["over_selection"], 0.3);
+    // Thirteen selected, the three slowest cut: ten survivors a round.
+    assert!(rounds.iter().all(|r| r["survivors"] == 10 && r["staleness"].is_null()), "{rounds:?}");
+    let times: Vec<f64> = rounds.iter().map(|r| r["sim_seconds"].as_f64().unwrap()).collect();
+    assert!(times[0] > 0.0 && times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
+    std::fs::remove_dir_all(&sync_dir).unwrap();
+
+    let async_dir = scratch("clock-async");
+    let buffered = cohort(
+        &[
+            &common[..],
+            &[
+                "--mode",
+                "async",
+                "--concurrency",
+                "12",
+                "--buffer-size",
+                "10",
+                "--max-staleness",
+                "2",
+                "--rounds",
+                "5",
+            ],
+        ]
+        .concat(),
+        &async_dir,
+    );
+    let schedule = &buffered["config"]["schedule"];
+    assert_eq!((schedule["mode"].as_str(), schedule["concurrency"].as_u64()), (Some("async"), Some(12)));
+    let versions = buffered["rounds"].as_array().unwrap();
+    assert_eq!(versions.len(), 5);
+    for (i, version) in versions.iter().enumerate() {
+        assert_eq!(version["round"], i as u64 + 1);
+        let histogram: Vec<u64> =
+            version["staleness"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+        assert_eq!(histogram.iter().sum::<u64>(), 10, "a buffer of ten: {version}");
+        assert!(histogram.len() <= 3, "nothing staler than two versions: {version}");
+    }
+    let times: Vec<f64> = versions.iter().map(|r| r["sim_seconds"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    assert!(accuracies(&buffered)[4] > 0.5, "{:?}", accuracies(&buffered));
+
+    let png = async_dir.join("time.png");
+    let charted = Command::new(&cohort_tests::artifacts().cohort)
+        .args(["chart", "--x", "sim-seconds"])
+        .arg(async_dir.join("results.json"))
+        .arg("--out")
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert!(charted.status.success(), "{}", String::from_utf8_lossy(&charted.stderr));
+    assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+    // Bad schedules are refused before anything runs, with the reason.
+    let refused = Command::new(&cohort_tests::artifacts().cohort)
+        .args(&common[..])
+        .args(["--mode", "async", "--concurrency", "5", "--buffer-size", "10"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("never fills"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    std::fs::remove_dir_all(&async_dir).unwrap();
+}
+
 /// `cohort partition` writes one shard per client that `participate`
 /// reads, the same for the same seed, and never over an existing split.
 #[test]

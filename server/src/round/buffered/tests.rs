@@ -355,3 +355,28 @@ fn async_specs_are_checked_field_by_field() {
     assert_eq!(spec.asynchronous.unwrap().staleness_exponent, 0.5);
     assert_eq!(spec.asynchronous.unwrap().weight(3), 0.5);
 }
+
+#[test]
+fn group_numbers_grow_across_a_restart_and_within_one_millisecond() {
+    let spec = async_spec(6, 1);
+    let mut first = engine(spec.clone());
+    let mut clients: Vec<AsyncClient> = (0..6).map(AsyncClient::new).collect();
+    let now = 1_700_000_000_000;
+    for client in &mut clients {
+        client.ask(&mut first, now);
+    }
+    let numbers: Vec<u64> =
+        clients.iter_mut().filter_map(|c| selected_round(&c.ready(&mut first, now))).collect();
+    // Two groups in the same millisecond: the time, then one more.
+    assert_eq!(numbers, [now as u64, now as u64 + 1]);
+    // A restarted coordinator (a new engine from the stored model) numbers
+    // its groups by the time, above every number it gave before.
+    let mut second = engine(spec);
+    let later = now + 5;
+    for client in &mut clients[..3] {
+        client.ask(&mut second, later);
+    }
+    let renumbered: Vec<u64> =
+        clients[..3].iter_mut().filter_map(|c| selected_round(&c.ready(&mut second, later))).collect();
+    assert_eq!(renumbered, [later as u64]);
+}
