@@ -92,17 +92,15 @@ fn compile_c_client(dir: &Path) -> std::path::PathBuf {
     program
 }
 
-#[test]
-fn a_c_client_joins_a_secure_round_through_the_header() {
-    let dir = scratch("c");
-    let program = compile_c_client(&dir);
-    let serve = Serve::start(&dir, ADMIN);
-    let (task, token) = serve.create_task(spec(4, 2));
-    let natives = native_clients(&serve, &task, &token, 3);
-    let run = Command::new(&program)
-        .args([&serve.url, &task, &token])
+/// Runs the C program (with `extra` arguments) beside three native
+/// clients until all of them are done.
+fn run_c_client(program: &Path, serve: &Serve, task: &str, token: &str, dir: &Path, extra: &[&str]) {
+    let natives = native_clients(serve, task, token, 3);
+    let run = Command::new(program)
+        .args([&serve.url, task, token])
         .arg(dir.join("c-client"))
-        .arg(serve.policy_json(&task))
+        .arg(serve.policy_json(task))
+        .args(extra)
         .output()
         .unwrap();
     let stdout = success("the C test", &run);
@@ -110,14 +108,30 @@ fn a_c_client_joins_a_secure_round_through_the_header() {
     for native in natives {
         native.join().unwrap();
     }
+}
+
+/// The three native clients' updates and the C client's, computed by its
+/// callback for `round`.
+fn c_and_natives(round: f32) -> Vec<LocalUpdate> {
     let c_update = LocalUpdate {
-        delta: (0..15).map(|j| 0.03 * (j % 4) as f32 - 0.01).collect(),
+        delta: (0..15).map(|j| 0.03 * (j % 4) as f32 - 0.01 * round).collect(),
         examples: 9,
         metrics: cohort_client::participant::MetricValues::new(),
     };
     let mut updates: Vec<LocalUpdate> = (0..3).map(native_update).collect();
     updates.push(c_update);
-    assert_aggregate(&serve, &task, &updates);
+    updates
+}
+
+#[test]
+fn a_c_client_joins_a_secure_round_through_the_header() {
+    let dir = scratch("c");
+    let program = compile_c_client(&dir);
+    let serve = Serve::start(&dir, ADMIN);
+    let (task, token) = serve.create_task(spec(4, 2));
+    run_c_client(&program, &serve, &task, &token, &dir, &[]);
+    // Round 1: the callback's update for round 1.
+    assert_aggregate(&serve, &task, &c_and_natives(1.0));
     check_state_file(&dir.join("c-client"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -134,28 +148,9 @@ fn a_c_client_takes_part_in_an_async_task() {
     spec["mode"] = serde_json::json!("async");
     spec["async"] = serde_json::json!({ "concurrency": 4, "buffer_size": 4, "max_staleness": 1 });
     let (task, token) = serve.create_task(spec);
-    let natives = native_clients(&serve, &task, &token, 3);
-    let run = Command::new(&program)
-        .args([&serve.url, &task, &token])
-        .arg(dir.join("c-client"))
-        .arg(serve.policy_json(&task))
-        .arg("async")
-        .output()
-        .unwrap();
-    let stdout = success("the C test", &run);
-    assert!(stdout.contains("C OK"), "{stdout}");
-    for native in natives {
-        native.join().unwrap();
-    }
+    run_c_client(&program, &serve, &task, &token, &dir, &["async"]);
     // Trained from version 0: the callback's round is the base version.
-    let c_update = LocalUpdate {
-        delta: (0..15).map(|j| 0.03 * (j % 4) as f32).collect(),
-        examples: 9,
-        metrics: cohort_client::participant::MetricValues::new(),
-    };
-    let mut updates: Vec<LocalUpdate> = (0..3).map(native_update).collect();
-    updates.push(c_update);
-    assert_aggregate(&serve, &task, &updates);
+    assert_aggregate(&serve, &task, &c_and_natives(0.0));
     let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
     assert_eq!(rounds[0]["metrics"]["buffer"]["staleness_histogram"], serde_json::json!([4]), "{rounds}");
     std::fs::remove_dir_all(&dir).unwrap();
