@@ -123,6 +123,45 @@ fn c_and_natives(round: f32) -> Vec<LocalUpdate> {
     updates
 }
 
+/// The JNI binding in an async task: two JVM clients and a native one
+/// fill a buffer of three; version 1 is their weighted mean.
+#[test]
+fn jvm_clients_take_part_in_an_async_task() {
+    let dir = scratch("jvm-async");
+    let classes = dir.join("classes");
+    compile_java(&classes);
+    let serve = Serve::start(&dir, ADMIN);
+    let mut spec = spec(3, 2);
+    spec["mode"] = serde_json::json!("async");
+    spec["async"] = serde_json::json!({ "concurrency": 3, "buffer_size": 3, "max_staleness": 1 });
+    let (task, token) = serve.create_task(spec);
+    let natives = native_clients(&serve, &task, &token, 1);
+    let library_dir = artifacts().mobile_shared.parent().unwrap();
+    let run = Command::new("java")
+        .arg("-Xcheck:jni")
+        .arg(format!("-Djava.library.path={}", library_dir.display()))
+        .arg("-cp")
+        .arg(&classes)
+        .arg("org.cohort.JvmAsyncTest")
+        .args([&serve.url, &task, &token])
+        .arg(dir.join("jvm"))
+        .arg(serve.policy_json(&task))
+        .output()
+        .unwrap();
+    let stdout = success("the JVM async test", &run);
+    assert!(stdout.contains("JVM ASYNC OK"), "{stdout}");
+    for native in natives {
+        native.join().unwrap();
+    }
+    let jvm = |k: usize| LocalUpdate {
+        delta: (0..15).map(|j| 0.01 * (k as f32 + 1.0) * ((j % 3) as f32 - 1.0)).collect(),
+        examples: 8,
+        metrics: cohort_client::participant::MetricValues::new(),
+    };
+    assert_aggregate(&serve, &task, &[native_update(0), jvm(0), jvm(1)]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_c_client_joins_a_secure_round_through_the_header() {
     let dir = scratch("c");
