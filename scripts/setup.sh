@@ -91,6 +91,13 @@ if ! "$torch_venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.
     python3 -m venv "$torch_venv"
     "$torch_venv/bin/pip" install --quiet --disable-pip-version-check "torch==2.13.0"
 fi
+# What the README's PyTorch snippet loads checkpoints and test images with.
+if ! "$torch_venv/bin/python" -c "import safetensors.torch, numpy" >/dev/null 2>&1; then
+    log "adding safetensors and numpy to $torch_venv"
+    "$torch_venv/bin/pip" install --quiet --disable-pip-version-check "safetensors==0.7.*" "numpy<3" packaging
+else
+    log "the PyTorch venv $torch_venv is ready (skipped)"
+fi
 
 if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     echo "error: the fuzz smoke test needs a nightly toolchain (rustup toolchain list shows none)" >&2
