@@ -147,6 +147,10 @@ fn two_tabs_and_three_native_clients_complete_a_secure_round_shown_on_the_dashbo
     for tab in tabs {
         assert!(!tab["address"].as_str().unwrap().contains(token), "the token left the address bar: {tab}");
         assert!(tab["log"].to_string().contains("round 1 completed"), "{tab}");
+        // Round 1 trains from the initial model: its accuracy is round 0's.
+        assert!(tab["log"].to_string().contains("round 1: the initial model scores"), "{tab}");
+        assert_eq!(tab["points"], json!([0, 1]), "{tab}");
+        assert!(tab["traffic"].as_str().unwrap().ends_with("KiB in all"), "{tab}");
     }
 
     // The coordinator's model is the exact weighted mean of the five

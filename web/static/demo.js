@@ -9,12 +9,23 @@ import { lineChart } from "/web/chart.js";
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.hash.slice(1));
 const accuracy = { global: [], local: [] };
+// Long runs stay readable: the newest points and log lines are kept.
+const MAX_POINTS = 500;
+const MAX_LOG = 300;
+// Bytes this tab sent and received, over all its rounds.
+const traffic = { up: 0, down: 0 };
+
+function keep(points, point) {
+  points.push(point);
+  if (points.length > MAX_POINTS) points.shift();
+}
 let worker = null;
 
 function log(text) {
   const item = document.createElement("li");
   item.textContent = `${new Date().toLocaleTimeString()}  ${text}`;
   $("log").append(item);
+  while ($("log").children.length > MAX_LOG) $("log").firstElementChild.remove();
   item.scrollIntoView({ block: "nearest" });
 }
 
@@ -26,9 +37,9 @@ function setState(text, className = "") {
 
 function drawChart() {
   lineChart($("chart").querySelector(".plot"), [
-    { name: "global model", points: accuracy.global },
-    { name: "after local training", points: accuracy.local },
-  ], { xLabel: "round", yMax: 1 });
+    { name: "global model after round n", points: accuracy.global },
+    { name: "this tab's model after its local training in round n", points: accuracy.local },
+  ], { xLabel: "round n", yMax: 1 });
 }
 
 // Weaker than the default policy so that three tabs make a round; the page
@@ -73,11 +84,15 @@ function start(task, token) {
         break;
       case "trained": {
         const r = data.report;
-        if (Number.isFinite(r.global_accuracy)) accuracy.global.push([r.round, r.global_accuracy]);
-        if (Number.isFinite(r.local_accuracy)) accuracy.local.push([r.round, r.local_accuracy]);
+        // Round r trains from the global model of round r − 1 (round 0:
+        // the initial model), so that is where its accuracy belongs.
+        if (Number.isFinite(r.global_accuracy)) keep(accuracy.global, [r.round - 1, r.global_accuracy]);
+        if (Number.isFinite(r.local_accuracy)) keep(accuracy.local, [r.round, r.local_accuracy]);
         drawChart();
-        log(`round ${r.round}: trained on ${r.examples} digits, loss ${Number(r.train_loss).toFixed(3)}, ` +
-          `accuracy ${Number(r.global_accuracy).toFixed(3)} → ${Number(r.local_accuracy).toFixed(3)}`);
+        const from = r.round > 1 ? `the global model after round ${r.round - 1}` : "the initial model";
+        log(`round ${r.round}: ${from} scores ${Number(r.global_accuracy).toFixed(3)} on this tab's ` +
+          `held-out digits; trained on ${r.examples} digits (loss ${Number(r.train_loss).toFixed(3)}), ` +
+          `it scores ${Number(r.local_accuracy).toFixed(3)}`);
         break;
       }
       case "round": {
@@ -90,7 +105,10 @@ function start(task, token) {
           setState(`round ${a.round} ${a.outcome}`);
           log(`round ${a.round} ${a.outcome}${a.reason ? `: ${a.reason}` : ""}`);
         }
-        $("traffic").textContent = `${(a.bytes_up / 1024).toFixed(1)} KiB / ${(a.bytes_down / 1024).toFixed(1)} KiB`;
+        traffic.up += a.bytes_up;
+        traffic.down += a.bytes_down;
+        $("traffic").textContent =
+          `${(traffic.up / 1024).toFixed(1)} KiB / ${(traffic.down / 1024).toFixed(1)} KiB in all`;
         break;
       }
       case "finished":

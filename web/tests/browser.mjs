@@ -145,6 +145,8 @@ async function tabs() {
       state: await page.evaluate(() => document.body.dataset.state),
       data: await page.textContent("#data"),
       log: await page.$$eval("#log li", (items) => items.map((i) => i.textContent)),
+      traffic: await page.textContent("#traffic"),
+      points: await page.$$eval("#chart circle", (c) => c.map((p) => Number(p.dataset.x))),
       address: page.url(),
       problems: page.problems,
     });
