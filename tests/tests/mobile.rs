@@ -33,6 +33,24 @@ fn cohort_mobile_state_file() -> &'static str {
     "cohort-state.json"
 }
 
+/// Runs the JVM test program `main` (with the JNI library, checked) against
+/// the task; its stdout.
+fn run_java(classes: &Path, main: &str, serve: &Serve, task: &str, token: &str, dir: &Path) -> String {
+    let library_dir = artifacts().mobile_shared.parent().unwrap();
+    let run = Command::new("java")
+        .arg("-Xcheck:jni")
+        .arg(format!("-Djava.library.path={}", library_dir.display()))
+        .arg("-cp")
+        .arg(classes)
+        .arg(main)
+        .args([&serve.url, task, token])
+        .arg(dir.join("jvm"))
+        .arg(serve.policy_json(task))
+        .output()
+        .unwrap();
+    success(main, &run)
+}
+
 #[test]
 fn jvm_clients_join_a_secure_round_with_native_clients() {
     let dir = scratch("jvm");
@@ -42,19 +60,7 @@ fn jvm_clients_join_a_secure_round_with_native_clients() {
     let serve = Serve::start(&dir, ADMIN);
     let (task, token) = serve.create_task(spec(5, 3));
     let natives = native_clients(&serve, &task, &token, 3);
-    let library_dir = artifacts().mobile_shared.parent().unwrap();
-    let run = Command::new("java")
-        .arg("-Xcheck:jni")
-        .arg(format!("-Djava.library.path={}", library_dir.display()))
-        .arg("-cp")
-        .arg(&classes)
-        .arg("org.cohort.JvmRoundTest")
-        .args([&serve.url, &task, &token])
-        .arg(dir.join("jvm"))
-        .arg(serve.policy_json(&task))
-        .output()
-        .unwrap();
-    let stdout = success("the JVM test", &run);
+    let stdout = run_java(&classes, "org.cohort.JvmRoundTest", &serve, &task, &token, &dir);
     println!("{stdout}");
     assert!(stdout.contains("JVM OK"), "{stdout}");
     for native in natives {
@@ -136,19 +142,7 @@ fn jvm_clients_take_part_in_an_async_task() {
     spec["async"] = serde_json::json!({ "concurrency": 3, "buffer_size": 3, "max_staleness": 1 });
     let (task, token) = serve.create_task(spec);
     let natives = native_clients(&serve, &task, &token, 1);
-    let library_dir = artifacts().mobile_shared.parent().unwrap();
-    let run = Command::new("java")
-        .arg("-Xcheck:jni")
-        .arg(format!("-Djava.library.path={}", library_dir.display()))
-        .arg("-cp")
-        .arg(&classes)
-        .arg("org.cohort.JvmAsyncTest")
-        .args([&serve.url, &task, &token])
-        .arg(dir.join("jvm"))
-        .arg(serve.policy_json(&task))
-        .output()
-        .unwrap();
-    let stdout = success("the JVM async test", &run);
+    let stdout = run_java(&classes, "org.cohort.JvmAsyncTest", &serve, &task, &token, &dir);
     assert!(stdout.contains("JVM ASYNC OK"), "{stdout}");
     for native in natives {
         native.join().unwrap();
