@@ -148,6 +148,13 @@ impl AsyncSpec {
         Ok(())
     }
 
+    /// Whether an update trained from version `base` may still be applied
+    /// at version `version`: not from the future, at most `max_staleness`
+    /// behind.
+    pub fn fresh(&self, base: u64, version: u64) -> bool {
+        base <= version && version - base <= u64::from(self.max_staleness)
+    }
+
     /// The weight of an update `staleness` versions behind: (1 + s)^−a.
     pub fn weight(&self, staleness: u64) -> f32 {
         (1.0 + staleness as f64).powf(-self.staleness_exponent) as f32

@@ -357,7 +357,7 @@ pub(crate) fn buffered(
     state.fill(concurrency, training.clients, clock, &mut rng);
     while state.version < training.rounds {
         let Some(job) = state.next_finished() else { bail!("no client is training: the schedule stalled") };
-        if state.version - job.base > u64::from(spec.max_staleness) {
+        if !spec.fresh(job.base, state.version) {
             // A stale update is refused; the slot was already given away.
             state.stale += 1;
             continue;
@@ -400,7 +400,7 @@ pub(crate) fn buffered(
         )?;
         state.version += 1;
         bases.insert(state.version, checkpoint_of(&layout, &weights));
-        state.evict(u64::from(spec.max_staleness));
+        state.evict(spec);
         state.fill(concurrency, training.clients, clock, &mut rng);
         // A client whose slot was given away is refused: only the others train.
         let holding = state.jobs.iter().filter(|(_, slot)| *slot).map(|(job, _)| job);
@@ -482,9 +482,9 @@ impl Schedule {
 
     /// Frees the slots of clients whose base is more than `max_staleness`
     /// versions old: their update can no longer be accepted.
-    fn evict(&mut self, max_staleness: u64) {
+    fn evict(&mut self, spec: &AsyncSpec) {
         for (job, slot) in &mut self.jobs {
-            if self.version - job.base > max_staleness {
+            if !spec.fresh(job.base, self.version) {
                 *slot = false;
             }
         }

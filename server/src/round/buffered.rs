@@ -134,12 +134,8 @@ impl BufferState {
     fn slots_held(&self, version: u64, allowance: i64, now: i64) -> usize {
         self.training
             .values()
-            .filter(|(base, since)| self.fresh(*base, version) && now - since <= allowance)
+            .filter(|(base, since)| self.spec.fresh(*base, version) && now - since <= allowance)
             .count()
-    }
-
-    fn fresh(&self, base: u64, version: u64) -> bool {
-        base <= version && version - base <= u64::from(self.spec.max_staleness)
     }
 
     /// The group `number`'s member `participant`, if it is in one.
@@ -182,7 +178,7 @@ impl TaskEngine {
         match trained_on {
             Some(base) => {
                 state.training.remove(participant);
-                if !state.fresh(base, version) {
+                if !state.spec.fresh(base, version) {
                     state.ready.retain(|w| w.participant != participant);
                     state.refused_stale += 1;
                     return CheckIn::Stale { version, max_staleness: state.spec.max_staleness };
@@ -231,10 +227,8 @@ impl TaskEngine {
     fn form_groups(&mut self, now: i64) {
         let version = self.completed;
         let Some(state) = self.buffered.as_mut() else { return };
-        let max_staleness = u64::from(state.spec.max_staleness);
-        state
-            .ready
-            .retain(|w| now - w.seen <= READY_TTL_MS && version - w.base.min(version) <= max_staleness);
+        let spec = state.spec;
+        state.ready.retain(|w| now - w.seen <= READY_TTL_MS && spec.fresh(w.base, version));
         let k = state.spec.buffer_size as usize;
         while state.ready.len() >= k {
             let members: Vec<Waiting> = state.ready.drain(..k).collect();
