@@ -21,6 +21,10 @@ pub mod routes {
     /// `?trained_on=VERSION`, the model version it trained from.
     pub const CHECK_IN: &str = "/v1/checkin";
 
+    /// `POST`: the client leaves: it is no longer selected, and no stage of
+    /// a round it is in waits for it (`204`; enroll again to come back).
+    pub const LEAVE: &str = "/v1/leave";
+
     /// The check-in path of a client whose update, trained from model
     /// version `base`, is ready for an async task's next group.
     pub fn check_in_trained(base: u64) -> String {
@@ -131,6 +135,8 @@ pub enum ErrorCode {
     InvalidMetrics,
     /// A round number that is not valid here.
     InvalidRound,
+    /// A query string the endpoint does not take.
+    InvalidQuery,
     /// An enrollment-token request that is malformed.
     InvalidTokenRequest,
     /// No credential or token, or a wrong one.
@@ -241,7 +247,7 @@ mod tests {
             assert_eq!(serde_json::from_value::<ErrorCode>(json).unwrap(), code);
             assert!(seen.insert(code.as_str()), "{code:?} repeats a name");
         }
-        assert_eq!(seen.len(), 34, "every variant, the unknown one included");
+        assert_eq!(seen.len(), 35, "every variant, the unknown one included");
     }
 
     #[test]

@@ -98,6 +98,10 @@ pub struct AwaitingShares {
     open_keys: Vec<EnvelopeKey>,
     mask: AgreementKey,
     self_mask_seed: Secret32,
+    /// This client's own share of b_u (at its own point): revealed with
+    /// its neighbours' shares if it survives, so that b_u is rebuilt from
+    /// t − 1 surviving neighbours and itself.
+    own_seed_share: Share,
     input: QuantizedInput,
     /// Neighbours that advertised keys (U1 ∩ N(u)), ascending.
     peers: Vec<AdvertisedKeys>,
@@ -115,12 +119,14 @@ pub struct AwaitingSurvivors {
     round: RoundView,
     /// One entry per neighbour in U2, ascending by owner.
     held: Vec<HeldShares>,
+    own_seed_share: Share,
 }
 
 /// Waiting for the other survivors' signatures (active variant).
 pub struct AwaitingSignatures {
     round: RoundView,
     held: Vec<HeldShares>,
+    own_seed_share: Share,
     survivors: Vec<ClientId>,
 }
 
@@ -313,7 +319,14 @@ impl AwaitingPeerKeys {
         }
         let points: Vec<u32> = peers.iter().map(|peer| peer.id.get()).collect();
         let threshold = round.threshold() as usize;
-        let seed_shares = split(&self.self_mask_seed, threshold, &points, rng);
+        // b_u is shared with the neighbours and with this client itself (as
+        // in the original protocol, whose share set includes the sender):
+        // a survivor's seed is rebuilt from t − 1 surviving neighbours and
+        // its own share. s_u is shared with the neighbours only: it is
+        // rebuilt only for a client that dropped, which reveals nothing.
+        let seed_points: Vec<u32> = points.iter().copied().chain([round.me.get()]).collect();
+        let mut seed_shares = split(&self.self_mask_seed, threshold, &seed_points, rng);
+        let own_seed_share = seed_shares.pop().ok_or(server_error("no share of the seed for this client"))?;
         let key_shares = split(&self.mask.export_secret(), threshold, &points, rng);
         let mut envelopes = Vec::with_capacity(peers.len());
         let mut open_keys = Vec::with_capacity(peers.len());
@@ -338,6 +351,7 @@ impl AwaitingPeerKeys {
             open_keys,
             mask: self.mask,
             self_mask_seed: self.self_mask_seed,
+            own_seed_share,
             input: self.input,
             peers,
         };
@@ -399,7 +413,7 @@ impl AwaitingShares {
         };
         // The input, the seed b_u and the mask key s_sk_u are dropped (and
         // zeroized) here: from now on the client only holds peers' shares.
-        let next = AwaitingSurvivors { round: self.round, held };
+        let next = AwaitingSurvivors { round: self.round, held, own_seed_share: self.own_seed_share };
         Ok((Client::AwaitingSurvivors(next), Ok(ClientMessage::MaskedInput { context, vector })))
     }
 }
@@ -425,7 +439,7 @@ impl AwaitingSurvivors {
         }
         match round.config.variant {
             Variant::SemiHonest => {
-                let shares = reveal(self.held, &survivors);
+                let shares = reveal(self.held, (round.me, self.own_seed_share), &survivors);
                 Ok((Client::Finished, Ok(ClientMessage::Unmasking { context, shares })))
             }
             Variant::Active => {
@@ -433,7 +447,12 @@ impl AwaitingSurvivors {
                     return Err(ProtocolError::Inconsistent("missing identity key"));
                 };
                 let signature = identity.sign(&derive::consistency_statement(&context, &survivors));
-                let next = AwaitingSignatures { round: self.round, held: self.held, survivors };
+                let next = AwaitingSignatures {
+                    round: self.round,
+                    held: self.held,
+                    own_seed_share: self.own_seed_share,
+                    survivors,
+                };
                 Ok((Client::AwaitingSignatures(next), Ok(ClientMessage::Consistency { context, signature })))
             }
         }
@@ -467,7 +486,7 @@ impl AwaitingSignatures {
             .collect();
         verify_all(&batch)
             .map_err(|_| ProtocolError::Inconsistent("a survivor signed a different survivor list"))?;
-        let shares = reveal(self.held, &self.survivors);
+        let shares = reveal(self.held, (round.me, self.own_seed_share), &self.survivors);
         Ok((Client::Finished, Ok(ClientMessage::Unmasking { context, shares })))
     }
 }
@@ -475,8 +494,10 @@ impl AwaitingSignatures {
 /// Splits the held shares by the survivor list: the self-mask share of
 /// each surviving neighbour, the mask-key share of each dropped one. Each
 /// neighbour's pair is consumed once, so no neighbour gets both revealed.
-fn reveal(held: Vec<HeldShares>, survivors: &[ClientId]) -> UnmaskingShares {
-    let mut shares = UnmaskingShares { self_mask: Vec::new(), mask_key: Vec::new() };
+/// The client's `own` seed share goes with the self-mask shares: it is in
+/// the survivor list (checked before), so its seed is rebuilt anyway.
+fn reveal(held: Vec<HeldShares>, own: (ClientId, Share), survivors: &[ClientId]) -> UnmaskingShares {
+    let mut shares = UnmaskingShares { self_mask: vec![own], mask_key: Vec::new() };
     for HeldShares { owner, self_mask, mask_key } in held {
         if survivors.binary_search(&owner).is_ok() {
             shares.self_mask.push((owner, self_mask));
@@ -486,5 +507,6 @@ fn reveal(held: Vec<HeldShares>, survivors: &[ClientId]) -> UnmaskingShares {
             drop(self_mask);
         }
     }
+    shares.self_mask.sort_unstable_by_key(|(owner, _)| *owner);
     shares
 }

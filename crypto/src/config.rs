@@ -11,11 +11,12 @@ use crate::wire::{DecodeError, Reader, Writer};
 
 pub use crate::limits::{MAX_CLIENTS, MAX_VECTOR_LEN};
 
-/// Whether `threshold` is a strict majority of a neighbourhood of `degree`
-/// (2t > k), as the active variant requires (see
+/// Whether `threshold` is a strict majority of the k + 1 holders of a
+/// client's self-mask seed shares (its `degree` neighbours and itself):
+/// 2t > k + 1, as the active variant requires (see
 /// [`ConfigError::ThresholdBelowMajority`]).
 pub fn active_threshold_holds(threshold: u32, degree: u32) -> bool {
-    2 * u64::from(threshold) > u64::from(degree)
+    2 * u64::from(threshold) > u64::from(degree) + 1
 }
 
 /// Which adversary the protocol defends against.
@@ -352,6 +353,17 @@ mod tests {
             Err(ThresholdBelowMajority { threshold: 2, degree: 4 })
         );
         assert_eq!(with(active), Ok(()));
+        // The boundary 2t > k + 1 where k + 1 is even: k = 9, t = 5 is a
+        // tie among the ten holders of a seed's shares, t = 6 a majority.
+        let complete_active = |threshold: u32| {
+            move |c: &mut RoundConfig| {
+                active(c);
+                c.graph = GraphSpec::Complete;
+                c.threshold = threshold;
+            }
+        };
+        assert_eq!(with(complete_active(5)), Err(ThresholdBelowMajority { threshold: 5, degree: 9 }));
+        assert_eq!(with(complete_active(6)), Ok(()));
 
         assert_eq!(with(|c| c.modulus_bits = 1), Err(BadModulusBits(1)));
         assert_eq!(with(|c| c.modulus_bits = 5), Ok(()));

@@ -78,12 +78,14 @@ pub enum ConfigError {
         degree: u32,
     },
     /// The active variant needs the threshold to be a strict majority of
-    /// every neighbourhood (2t > k): otherwise a coordinator can show two
-    /// halves of a client's neighbours different survivor lists, collect t
-    /// signatures on each, and obtain both the shares of the client's
-    /// self-mask seed and those of its mask key.
+    /// the holders of a client's seed shares, its k neighbours and itself
+    /// (2t > k + 1): otherwise a coordinator can show the client and part
+    /// of its neighbours a survivor list where it survived and the rest one
+    /// where it dropped, collect t signatures on each, and obtain both the
+    /// shares of the client's self-mask seed (its own among them) and those
+    /// of its mask key.
     #[error(
-        "the active variant needs a threshold above half the neighbourhood: 2 × {threshold} must exceed {degree}"
+        "the active variant needs a threshold above half of the neighbourhood and the client itself: 2 × {threshold} must exceed {degree} + 1"
     )]
     ThresholdBelowMajority {
         /// The requested threshold.

@@ -55,7 +55,7 @@ pub struct Policy {
     /// The threshold must also meet the privacy bound for the announced
     /// clients and degree against this much collusion (`None`: only
     /// [`min_threshold`](Self::min_threshold) and, in the active variant,
-    /// 2t > k). Default: 5 % of the clients, σ = 40, the bound of the
+    /// 2t > k + 1). Default: 5 % of the clients, σ = 40, the bound of the
     /// published SecAgg+ parameters.
     pub collusion: Option<Collusion>,
     /// Narrowest ring accepted, in bits. Default: 2 (any).
@@ -306,7 +306,8 @@ impl Policy {
     pub fn min_threshold_for(&self, variant: Variant, clients: u32, degree: u32) -> u32 {
         let mut min = self.min_threshold.max(1);
         if variant == Variant::Active {
-            min = min.max(degree / 2 + 1);
+            // 2t > k + 1: t ≥ ⌊(k + 1) / 2⌋ + 1.
+            min = min.max(degree.div_ceil(2) + 1);
         }
         if let Some(collusion) = self.collusion {
             let adversary = match variant {
@@ -572,10 +573,12 @@ mod tests {
             policy.check(&low),
             Err(PolicyViolation::ThresholdTooLow { min, got: min - 1, degree: 398 })
         );
-        // The smallest round the default accepts: ten clients, a majority.
-        assert_eq!(policy.check(&security(&round(Variant::Active, 10, GraphSpec::Complete, 5))), Ok(()));
+        // The smallest round the default accepts: ten clients, a strict
+        // majority of the ten holders of each seed's shares (2t > k + 1).
+        assert_eq!(policy.check(&security(&round(Variant::Active, 10, GraphSpec::Complete, 6))), Ok(()));
+        assert!(TaskSecurity::of_round(&round(Variant::Active, 10, GraphSpec::Complete, 5)).is_err());
         assert_eq!(
-            policy.check(&security(&round(Variant::Active, 9, GraphSpec::Complete, 5))),
+            policy.check(&security(&round(Variant::Active, 9, GraphSpec::Complete, 6))),
             Err(PolicyViolation::TooFewClients { min: 10, got: 9 })
         );
         let semi_honest = security(&round(Variant::SemiHonest, 100, GraphSpec::Complete, 60));
@@ -588,7 +591,7 @@ mod tests {
     #[test]
     fn the_absolute_minimum_binds_where_the_bound_is_weaker() {
         let policy = Policy { min_clients: 2, ..Policy::default() };
-        // Four neighbours: 2t > k asks for 3; the policy's floor is 5.
+        // Four neighbours: 2t > k + 1 asks for 3; the policy's floor is 5.
         let sparse = security(&round(Variant::Active, 20, GraphSpec::Harary { degree: 4 }, 3));
         assert_eq!(
             policy.check(&sparse),
@@ -684,11 +687,12 @@ mod tests {
         // Still refuses what the task does not need.
         let semi_honest = security(&round(Variant::SemiHonest, 3, GraphSpec::Complete, 2));
         assert_eq!(policy.check(&semi_honest), Err(PolicyViolation::SemiHonest));
-        let smaller = security(&round(Variant::Active, 2, GraphSpec::Complete, 1));
-        assert!(policy.check(&smaller).is_err());
-        // A complete graph of 100 with a bare majority misses the collusion
-        // bound: only then is the bound dropped.
-        let majority = security(&round(Variant::Active, 100, GraphSpec::Complete, 50));
+        let smaller = security(&round(Variant::SemiHonest, 2, GraphSpec::Complete, 1));
+        let trusting = Policy { allow_semi_honest: true, ..policy };
+        assert_eq!(trusting.check(&smaller), Err(PolicyViolation::TooFewClients { min: 3, got: 2 }));
+        // A complete graph of 100 with a bare majority (2t = k + 3) misses
+        // the collusion bound: only then is the bound dropped.
+        let majority = security(&round(Variant::Active, 100, GraphSpec::Complete, 51));
         let policy = Policy::accepting(&majority);
         assert_eq!((policy.collusion, policy.check(&majority)), (None, Ok(())));
         assert!(policy.relaxations().iter().any(|r| r.contains("colluding")));

@@ -591,9 +591,17 @@ impl CollectingUnmaskingShares {
         let held = self.info.neighbours_in(from, &after.shared);
         let (survived, dropped): (Vec<ClientId>, Vec<ClientId>) =
             held.into_iter().partition(|v| after.survived[v.index()]);
+        // A survivor reveals its own seed share with its surviving
+        // neighbours' (b_u is shared with u itself too).
+        let mut seeds = survived;
+        seeds.push(from);
+        seeds.sort_unstable();
         let owners = |list: &[(ClientId, Share)]| list.iter().map(|(id, _)| *id).collect::<Vec<_>>();
-        if owners(&shares.self_mask) != survived || owners(&shares.mask_key) != dropped {
-            return Err(invalid(from, "shares must cover exactly the surviving and dropped neighbours"));
+        if owners(&shares.self_mask) != seeds || owners(&shares.mask_key) != dropped {
+            return Err(invalid(
+                from,
+                "shares must cover exactly itself and the surviving neighbours, and the dropped neighbours",
+            ));
         }
         let all = shares.self_mask.iter().chain(&shares.mask_key);
         if all.clone().any(|(_, share)| share.point() != from.get()) {

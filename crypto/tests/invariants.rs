@@ -140,7 +140,8 @@ fn an_honest_client_never_reveals_both_shares_of_a_neighbour() {
     driver.vanish(5);
     driver.stage(); // masked inputs
     let (self_mask, mask_key) = unmasking_shares(driver.outbox[0].as_ref().unwrap());
-    assert_eq!(self_mask, ids(&[2, 4, 6, 7, 8]));
+    // Its own seed share with its surviving neighbours': it survives.
+    assert_eq!(self_mask, ids(&[1, 2, 4, 6, 7, 8]));
     assert_eq!(mask_key, ids(&[3, 5]));
     // Asking again, with a different survivor list, gets nothing: the state is spent.
     let other_list = ServerMessage::Survivors { context: config.context(), survivors: ids(&[1, 2, 4, 6]) };
@@ -297,22 +298,24 @@ fn active_clients_refuse_unsigned_or_forged_keys() {
     assert!(matches!(driver.clients[0], Some(Client::Aborted)));
 }
 
-/// The split attack on the consistency check: the coordinator shows two
-/// neighbours of client 1 a survivor list with client 1 in it (so they
-/// reveal shares of its self-mask seed) and the three others a list
-/// without it (so they reveal shares of its mask key), and hands each side
-/// the signatures on its own list. With 2t ≤ k (t = 2 of k = 5) each side
-/// has t signers and client 1 would be unmasked: every client refuses such
-/// a round. At the weakest parameters still accepted (t = 3, 2t = k + 1),
-/// the side that reveals the seed's shares is below t and cannot act.
+/// The split attack on the consistency check: the coordinator shows client
+/// 1 and some of its neighbours a survivor list with client 1 in it (so
+/// they reveal shares of its self-mask seed, client 1 its own among them)
+/// and the others a list without it (so they reveal shares of its mask
+/// key), and hands each side the signatures on its own list. With
+/// 2t ≤ k + 1 (t = 3 of k = 5: client 1 and two neighbours on one side,
+/// three on the other) each side has t signers and client 1 would be
+/// unmasked: every client refuses such a round. At the weakest parameters
+/// still accepted (t = 4, 2t = k + 3), no split gives both sides t
+/// signers: here the seed side (client 1 and one neighbour) cannot act.
 #[test]
 fn a_split_of_the_survivor_lists_recovers_no_secret_at_the_weakest_accepted_threshold() {
     use cohort_crypto::{ConfigError, ServerRound};
 
     // Refused before anything is revealed, by the server and by a client.
-    let mut weak = config(6, 2, GraphSpec::Complete, 8, 32);
+    let mut weak = config(6, 3, GraphSpec::Complete, 8, 32);
     let identities = make_active(&mut weak, 12);
-    assert_eq!(weak.validate(), Err(ConfigError::ThresholdBelowMajority { threshold: 2, degree: 5 }));
+    assert_eq!(weak.validate(), Err(ConfigError::ThresholdBelowMajority { threshold: 3, degree: 5 }));
     assert!(ServerRound::new(weak.clone()).is_err());
     let setup = ServerMessage::Setup(weak.clone());
     let mut rng = <rand_chacha::ChaCha20Rng as rand_core::SeedableRng>::seed_from_u64(12);
@@ -320,8 +323,8 @@ fn a_split_of_the_survivor_lists_recovers_no_secret_at_the_weakest_accepted_thre
         Client::start(setup, id(2), identities.get(1).cloned(), input_for(&weak, 12, id(2)), &mut rng);
     assert!(matches!(refused, Err(ProtocolError::Config(ConfigError::ThresholdBelowMajority { .. }))));
 
-    // t = 3 of k = 5: the split is tried and fails.
-    let mut config = config(6, 3, GraphSpec::Complete, 8, 32);
+    // t = 4 of k = 5: the split is tried and fails.
+    let mut config = config(6, 4, GraphSpec::Complete, 8, 32);
     let identities = make_active(&mut config, 13);
     let mut driver = Driver::start(&config, &identities, 13);
     driver.stage(); // keys
@@ -331,7 +334,7 @@ fn a_split_of_the_survivor_lists_recovers_no_secret_at_the_weakest_accepted_thre
     let context = config.context();
     let with_target: Vec<ClientId> = (1..=6).map(id).collect();
     let without_target: Vec<ClientId> = (2..=6).map(id).collect();
-    let (seed_side, key_side) = ([2u32, 3], [4u32, 5, 6]);
+    let (seed_side, key_side) = ([1u32, 2], [3u32, 4, 5, 6]);
     for &i in &seed_side {
         driver.deliver(i, ServerMessage::Survivors { context, survivors: with_target.clone() }).unwrap();
     }
@@ -365,7 +368,7 @@ fn a_split_of_the_survivor_lists_recovers_no_secret_at_the_weakest_accepted_thre
     }
     let t = config.threshold as usize;
     assert!(revealed.0 < t || revealed.1 < t, "both of client 1's secrets recoverable: {revealed:?}");
-    assert_eq!(revealed, (0, 3), "the seed side is refused, the key side reveals the dropped client's key");
+    assert_eq!(revealed, (0, 4), "the seed side is refused, the key side reveals the dropped client's key");
 }
 
 /// A coordinator that answers for a client's peers could otherwise unmask
@@ -440,6 +443,47 @@ fn honest_messages_fit_the_stage_size_bound() {
 /// Re-encodes `holder`'s unmasking message with its share of `owner`'s
 /// secret altered by `delta` (the seed share if `owner` survived, else the
 /// key share).
+/// A survivor's unmasking message must hold its own seed share with its
+/// surviving neighbours' (so that a survivor needs only t − 1 of them):
+/// one without it, or with a seed share of a client that dropped, is
+/// refused, and the round completes from the others.
+#[test]
+fn a_survivor_reveals_exactly_its_own_and_its_surviving_neighbours_seed_shares() {
+    let config = config(6, 3, GraphSpec::Complete, 8, 32);
+    let mut driver = Driver::start(&config, &[], 21);
+    driver.stage(); // keys
+    driver.stage(); // shares
+    driver.vanish(6);
+    driver.stage(); // masked inputs: clients 1 to 5 survive
+    let take = |driver: &mut Driver, holder: usize| match ClientMessage::decode(
+        driver.outbox[holder - 1].take().unwrap().as_slice(),
+    ) {
+        Ok(ClientMessage::Unmasking { context, shares }) => (context, shares),
+        other => panic!("no unmasking message: {other:?}"),
+    };
+    // Client 1 leaves its own share out.
+    let (context, mut shares) = take(&mut driver, 1);
+    assert_eq!(shares.self_mask.first().map(|(owner, _)| *owner), Some(id(1)));
+    shares.self_mask.remove(0);
+    let refused = driver.send(1, &ClientMessage::Unmasking { context, shares }.encode());
+    assert!(
+        matches!(refused, Err(ProtocolError::InvalidMessage { reason, .. }) if reason.contains("shares must cover")),
+        "{refused:?}"
+    );
+    // Client 2 moves its seed share to the list of the dropped client.
+    let (context, mut shares) = take(&mut driver, 2);
+    let own = shares.self_mask.iter().position(|(owner, _)| *owner == id(2)).unwrap();
+    let (_, share) = shares.self_mask.remove(own);
+    shares.mask_key.insert(0, (id(2), share));
+    let refused = driver.send(2, &ClientMessage::Unmasking { context, shares }.encode());
+    assert!(matches!(refused, Err(ProtocolError::InvalidMessage { .. })), "{refused:?}");
+    // Clients 3 to 5 answer as they should: t = 3 is enough.
+    driver.flush();
+    let aggregate = driver.advance().unwrap().unwrap();
+    assert_eq!(aggregate.contributors, ids(&[1, 2, 3, 4, 5]));
+    check_sum(&driver, &aggregate);
+}
+
 fn alter_revealed_share(driver: &mut Driver, holder: u32, owner: u32, delta: u64) {
     let slot = &mut driver.outbox[holder as usize - 1];
     let Ok(ClientMessage::Unmasking { context, mut shares }) = ClientMessage::decode(slot.as_ref().unwrap())
@@ -510,7 +554,7 @@ fn too_many_wrong_shares_end_the_round_without_a_sum() {
     driver.flush();
     assert!(matches!(
         driver.advance(),
-        Err(ProtocolError::UnverifiableSecret { owner, shares: 6 }) if owner == id(2)
+        Err(ProtocolError::UnverifiableSecret { owner, shares: 7 }) if owner == id(2)
     ));
 }
 

@@ -64,10 +64,13 @@ fn must_succeed(config: &RoundConfig, fates: &[u8]) -> bool {
     if [&u1, &u2, &u3, &u5].iter().any(|set| size(set) < t) {
         return false;
     }
-    // Every survivor's seed and every dropped sharer's key needs t holders in U5.
+    // Every survivor's seed and every dropped sharer's key needs t holders
+    // in U5; a survivor's seed is also shared with itself, so a survivor in
+    // U5 holds one of its own seed's shares.
     ids.iter().all(|&u| {
         let i = u.get() as usize - 1;
-        !u2[i] || count_in(u, &u5) >= t
+        let own = usize::from(u3[i] && u5[i]);
+        !u2[i] || count_in(u, &u5) + own >= t
     })
 }
 

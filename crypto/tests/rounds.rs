@@ -58,6 +58,23 @@ fn active_variant_round_with_dropouts() {
     assert_eq!(outcome.aggregate.contributors.len(), 11);
 }
 
+/// A survivor reveals its own share of its self-mask seed with its
+/// neighbours' (b_u is shared with u itself too), so a round of three with
+/// t = 2 survives a client that drops after sharing keys: each survivor's
+/// seed is rebuilt from its one surviving neighbour and itself, the
+/// dropped client's mask key from both survivors. Both variants.
+#[test]
+fn three_clients_with_threshold_two_survive_a_dropout_after_sharing_keys() {
+    for active in [false, true] {
+        let mut config = config(3, 2, GraphSpec::Complete, 16, 32);
+        let identities = if active { make_active(&mut config, 13) } else { Vec::new() };
+        let plan = DropoutPlan { after_shares: ids(&[3]), ..DropoutPlan::default() };
+        let outcome = run_and_check(&config, identities, plan, 12).unwrap();
+        assert_eq!(outcome.aggregate.contributors, ids(&[1, 2]), "active: {active}");
+        assert!(outcome.aggregate.faulty_shares.is_empty());
+    }
+}
+
 #[test]
 fn small_rings_aggregate_without_wrapping() {
     // 10 clients in Z_{2^8}: each value at most ⌊255 / 10⌋ = 25.

@@ -218,7 +218,7 @@ impl RoundResult {
         let report = *outcome.report();
         let (outcome, reason) = match outcome {
             RoundOutcome::Completed(_) => (Outcome::Completed, None),
-            RoundOutcome::Dropped(_) => (Outcome::Dropped, None),
+            RoundOutcome::Dropped { reason, .. } => (Outcome::Dropped, Some(reason)),
             RoundOutcome::Abandoned { reason, .. } => (Outcome::Abandoned, Some(reason)),
             RoundOutcome::Refused { violation, .. } => {
                 (Outcome::Refused, Some(format!("rule {}: {violation}", violation.rule())))

@@ -461,6 +461,11 @@ pub struct StageDeadlines {
     pub masked_input_ms: u64,
     /// Waiting for unmasking shares.
     pub unmasking_ms: u64,
+    /// How long a client that stopped checking in still counts as
+    /// available for selection (clients waiting for a round check in every
+    /// one to two seconds): a client that went away silently is selected
+    /// again only within this window.
+    pub availability_ms: u64,
 }
 
 impl Default for StageDeadlines {
@@ -470,6 +475,7 @@ impl Default for StageDeadlines {
             share_keys_ms: 30_000,
             masked_input_ms: 300_000,
             unmasking_ms: 30_000,
+            availability_ms: crate::round::CHECK_IN_TTL_MS as u64,
         }
     }
 }
@@ -480,6 +486,8 @@ pub const MAX_NAME_BYTES: usize = 200;
 pub const MAX_ROUNDS: u32 = 1_000_000;
 /// Most completed-round checkpoints a task may keep.
 pub const MAX_RETENTION: u32 = 1_000;
+/// Shortest availability window: a few of a waiting client's check-ins.
+pub const MIN_AVAILABILITY_MS: u64 = 3_000;
 /// Longest stage deadline: a day.
 pub const MAX_DEADLINE_MS: u64 = 86_400_000;
 
@@ -602,6 +610,15 @@ impl TaskSpec {
                 format!("deadlines must be between 1 and {MAX_DEADLINE_MS} ms (a day)"),
             ));
         }
+        if !(MIN_AVAILABILITY_MS..=MAX_DEADLINE_MS).contains(&d.availability_ms) {
+            return Err(SpecError::field(
+                "deadlines.availability_ms",
+                format!(
+                    "availability_ms must be between {MIN_AVAILABILITY_MS} (clients waiting for a round \
+                     check in every one to two seconds) and {MAX_DEADLINE_MS} ms"
+                ),
+            ));
+        }
 
         self.validate_mode()?;
         self.optimizer.validate()?;
@@ -675,7 +692,8 @@ impl TaskSpec {
             return Err(SpecError::field(
                 "secure_aggregation.threshold",
                 format!(
-                    "the active variant needs a threshold above half the degree: 2 × {threshold} must exceed {degree}"
+                    "the active variant needs a threshold above half of the degree plus one (each client's \
+                     neighbours and itself hold its seed's shares): 2 × {threshold} must exceed {degree} + 1"
                 ),
             ));
         }
@@ -894,6 +912,7 @@ pub(crate) mod tests {
             (|s| s.deadlines.unmasking_ms = 0, "deadlines"),
             (|s| s.deadlines.advertise_keys_ms = i64::MAX as u64, "a day"),
             (|s| s.deadlines.masked_input_ms = MAX_DEADLINE_MS + 1, "a day"),
+            (|s| s.deadlines.availability_ms = MIN_AVAILABILITY_MS - 1, "availability_ms"),
             (|s| s.rounds = MAX_ROUNDS + 1, "rounds must be between"),
             (|s| s.checkpoint_retention = MAX_RETENTION + 1, "checkpoint_retention"),
             (|s| s.name = "a\0b".into(), "control characters"),
@@ -967,6 +986,7 @@ pub(crate) mod tests {
         let mut spec = small_spec();
         spec.client_metrics.plaintext = true;
         spec.secure_aggregation.variant = Some(VariantChoice::Active);
+        spec.secure_aggregation.threshold = Some(4);
         let refused = spec.validate().unwrap_err();
         assert!(matches!(refused, SpecError::Field { field: "client_metrics.plaintext", .. }), "{refused:?}");
         assert!(refused.to_string().contains("semi-honest"), "{refused}");

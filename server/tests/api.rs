@@ -150,7 +150,7 @@ fn spec(rounds: u32) -> Value {
         "rounds": rounds,
         "clients_per_round": 6,
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [2, 2] } ] } },
-        "secure_aggregation": { "graph": "complete", "threshold": 3 },
+        "secure_aggregation": { "graph": "complete", "threshold": 4 },
         "deadlines": { "advertise_keys_ms": 20000, "share_keys_ms": 20000, "masked_input_ms": 20000, "unmasking_ms": 20000 }
     })
 }

@@ -323,6 +323,50 @@ fn bare_demo_tabs_join_the_public_demo_task_and_complete_a_round() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The public demo survives tabs that close as people close them. Tab C
+/// closes after its keys and shares were accepted and before its masked
+/// input is sent: it says it leaves (`pagehide`), so round 1 completes
+/// with A and B at once, not at the masked-input deadline, each survivor's
+/// seed rebuilt from its own share and the other's (t = 2 of 3). Tab B
+/// closes between rounds: it is not selected again, so the round that D
+/// and E make possible completes with A, D and E at its first attempt,
+/// instead of waiting for B at advertise-keys.
+#[test]
+fn demo_tabs_that_close_after_sharing_keys_or_between_rounds_do_not_stall_the_demo() {
+    let _one = exclusive();
+    let dir = scratch("browser-demo-dropouts");
+    let serve = Serve::start_with(&dir, ADMIN_TOKEN, &["--demo"]);
+    let demo = demo_task(&serve);
+    let task = demo["task"].as_str().unwrap();
+    let seen = browser("dropouts", json!({ "url": serve.url, "name": "demo-dropouts" }));
+    for tab in ["A", "D", "E"] {
+        assert_eq!(seen["tabs"][tab]["problems"], json!([]), "{seen}");
+    }
+    let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
+    assert_eq!(
+        (rounds[0]["selected"].as_u64(), rounds[0]["survivors"].as_u64()),
+        (Some(3), Some(2)),
+        "{rounds}"
+    );
+    let spec = cohort_server::api::pages::demo_spec();
+    let masked = &rounds[0]["metrics"]["stages"][2];
+    assert_eq!(masked["stage"], "masked-input-collection", "{rounds}");
+    assert_eq!(masked["dropouts"], 1, "{rounds}");
+    assert!(
+        masked["duration_ms"].as_u64().unwrap() < spec.deadlines.masked_input_ms,
+        "the closed tab was waited for until the deadline: {rounds}"
+    );
+    assert_eq!(
+        (rounds[1]["survivors"].as_u64(), rounds[1]["metrics"]["attempt"].as_u64()),
+        (Some(3), Some(1))
+    );
+    let attempts = serve.admin_json(&format!("/admin/tasks/{task}/attempts"));
+    assert_eq!(attempts, json!([]), "no attempt failed");
+    assert_eq!(seen["tabs"]["A"]["rounds"], 2, "{seen}");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `GET /demo/task`, which needs no token.
 fn demo_task(serve: &Serve) -> Value {
     let request = Request {

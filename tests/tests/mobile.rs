@@ -161,7 +161,7 @@ fn a_c_client_joins_a_secure_round_through_the_header() {
     let dir = scratch("c");
     let program = compile_c_client(&dir);
     let serve = Serve::start(&dir, ADMIN);
-    let (task, token) = serve.create_task(spec(4, 2));
+    let (task, token) = serve.create_task(spec(4, 3));
     run_c_client(&program, &serve, &task, &token, &dir, &[]);
     // Round 1: the callback's update for round 1.
     assert_aggregate(&serve, &task, &c_and_natives(1.0));
@@ -177,7 +177,7 @@ fn a_c_client_takes_part_in_an_async_task() {
     let dir = scratch("c-async");
     let program = compile_c_client(&dir);
     let serve = Serve::start(&dir, ADMIN);
-    let mut spec = spec(4, 2);
+    let mut spec = spec(4, 3);
     spec["mode"] = serde_json::json!("async");
     spec["async"] = serde_json::json!({ "concurrency": 4, "buffer_size": 4, "max_staleness": 1 });
     let (task, token) = serve.create_task(spec);

@@ -105,7 +105,7 @@ fn training_survives_a_crash_mid_round() {
         "rounds": 3,
         "clients_per_round": 6,
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [3] } ] } },
-        "secure_aggregation": { "graph": "complete", "threshold": 3 },
+        "secure_aggregation": { "graph": "complete", "threshold": 4 },
         "optimizer": { "kind": "fedavgm", "learning_rate": 1.0, "momentum": 0.5 }
     });
     let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
@@ -290,7 +290,7 @@ fn training_survives_repeated_crashes_at_random_points() {
         "rounds": rounds_wanted,
         "clients_per_round": per_round,
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [8] } ] } },
-        "secure_aggregation": { "graph": "complete", "threshold": 2 },
+        "secure_aggregation": { "graph": "complete", "threshold": 3 },
         "deadlines": { "advertise_keys_ms": 4000, "share_keys_ms": 4000, "masked_input_ms": 4000, "unmasking_ms": 4000 },
         "checkpoint_retention": 20
     });

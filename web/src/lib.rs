@@ -264,7 +264,7 @@ impl Core {
                 let report = *outcome.report();
                 let (name, reason, rule) = match outcome {
                     RoundOutcome::Completed(_) => ("completed", None, None),
-                    RoundOutcome::Dropped(_) => ("dropped", None, None),
+                    RoundOutcome::Dropped { reason, .. } => ("dropped", Some(reason), None),
                     RoundOutcome::Abandoned { reason, .. } => ("abandoned", Some(reason), None),
                     RoundOutcome::Refused { violation, .. } => {
                         ("refused", Some(violation.to_string()), Some(violation.rule()))
@@ -350,6 +350,15 @@ impl Core {
     /// The participant id, once enrolled.
     pub fn participant_id(&self) -> Option<String> {
         self.participant.saved_state().map(|s| s.participant_id.clone())
+    }
+
+    /// The request that tells the coordinator this client is leaving, as
+    /// `{method, path, bearer}` (`None` before enrollment): a closing tab
+    /// sends it with a `keepalive` fetch so that no round waits for it.
+    pub fn leave_request(&self) -> Option<Value> {
+        self.participant
+            .leave_request()
+            .map(|request| json!({ "method": "POST", "path": request.path, "bearer": request.bearer }))
     }
 }
 
@@ -582,6 +591,13 @@ impl WebClient {
     pub fn participant_id(&self) -> Result<Option<String>, JsError> {
         live()?;
         Ok(self.core.participant_id())
+    }
+
+    /// The request that tells the coordinator this client is leaving
+    /// (JSON `{method, path, bearer}`; `undefined` before enrollment).
+    pub fn leave_request(&self) -> Result<Option<String>, JsError> {
+        live()?;
+        Ok(self.core.leave_request().map(|request| request.to_string()))
     }
 }
 

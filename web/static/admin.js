@@ -114,6 +114,7 @@ function renderLive(task) {
   $("live-stage").textContent = progress.stage;
   $("live-selected").textContent = progress.selected;
   $("live-received").textContent = `${progress.received} / ${progress.eligible}`;
+  $("live-waiting").textContent = waitingFor(progress);
   const groups = progress.groups || 1;
   $("live-groups").textContent =
     `${groups} of ${Math.round(progress.selected / groups)} (${progress.groups_completed || 0}, ${progress.groups_failed || 0})`;
@@ -133,6 +134,35 @@ function renderLive(task) {
     cell(row, s.received, "num");
     cell(row, s.dropouts, "num");
     cell(row, seconds(s.duration_ms), "num");
+    return row;
+  }));
+}
+
+/**
+ * How many answers the stage still waits for, how many clients left, and
+ * whether the stage can still reach its threshold.
+ */
+function waitingFor(p) {
+  const left = p.left ? `, ${p.left} left` : "";
+  const needs = p.threshold ? `; needs ${p.threshold}` : "";
+  const doomed = p.threshold && p.received + p.awaited < p.threshold ? " (cannot complete)" : "";
+  return `${p.awaited ?? p.eligible - p.received} more answer${p.awaited === 1 ? "" : "s"}${left}${needs}${doomed}`;
+}
+
+/** The attempts that ended without a new model, newest first, with why. */
+function renderAttempts(attempts) {
+  $("attempts").classList.toggle("hidden", attempts.length === 0);
+  $("attempts-none").classList.toggle("hidden", attempts.length > 0);
+  $("attempts").tBodies[0].replaceChildren(...attempts.map((a) => {
+    const row = document.createElement("tr");
+    row.dataset.round = a.round;
+    cell(row, `${a.round} (${a.attempt})`, "num");
+    cell(row, a.outcome, `outcome-${a.outcome}`);
+    cell(row, a.stage);
+    cell(row, a.reason).dataset.field = "reason";
+    cell(row, a.selected, "num");
+    cell(row, seconds(a.ended_at - a.started_at), "num");
+    cell(row, new Date(a.ended_at).toLocaleTimeString());
     return row;
   }));
 }
@@ -238,7 +268,7 @@ function renderBuffer(task) {
   }));
 }
 
-function renderDetail(task, rounds) {
+function renderDetail(task, rounds, attempts) {
   $("detail").classList.remove("hidden");
   $("detail").dataset.task = task.id;
   $("detail-name").textContent = task.name;
@@ -264,6 +294,7 @@ function renderDetail(task, rounds) {
   renderBuffer(task);
   renderLive(task);
   renderRounds(rounds);
+  renderAttempts(attempts);
   renderPrivacy(task, rounds);
 }
 
@@ -275,7 +306,9 @@ async function refresh() {
     renderTasks(tasks);
     const task = tasks.find((t) => t.id === selected);
     if (task) {
-      renderDetail(task, await api("GET", `/admin/tasks/${encodeURIComponent(task.id)}/rounds`));
+      const base = `/admin/tasks/${encodeURIComponent(task.id)}`;
+      const [rounds, attempts] = await Promise.all([api("GET", `${base}/rounds`), api("GET", `${base}/attempts?limit=20`)]);
+      renderDetail(task, rounds, attempts);
       renderTokens(task, await api("GET", `/admin/tasks/${encodeURIComponent(task.id)}/tokens`));
     } else {
       $("detail").classList.add("hidden");

@@ -20,6 +20,22 @@ function keep(points, point) {
   if (points.length > MAX_POINTS) points.shift();
 }
 let worker = null;
+// POST /v1/leave with this tab's credential, once enrolled.
+let leaveRequest = null;
+
+/**
+ * Tells the coordinator this tab is leaving, so that no round waits for
+ * it and it is not selected again: a `keepalive` request outlives the page.
+ */
+function sayLeaving() {
+  if (!leaveRequest) return;
+  const { path, bearer } = leaveRequest;
+  leaveRequest = null;
+  fetch(path, { method: "POST", keepalive: true, headers: { authorization: `Bearer ${bearer}` } }).catch(() => {});
+}
+// A closed tab (or one navigated away) leaves; a round it was in goes on
+// without it at once instead of at its deadline.
+addEventListener("pagehide", sayLeaving);
 
 function log(text) {
   const item = document.createElement("li");
@@ -75,6 +91,7 @@ function start(task, token) {
       case "enrolled":
         $("participant").textContent = data.participant;
         sessionStorage.setItem(stateKey, data.saved);
+        leaveRequest = data.leave;
         break;
       case "state":
         setState(data.text);
@@ -141,6 +158,7 @@ $("leave").addEventListener("click", () => {
   if (!worker) return;
   worker.terminate();
   worker = null;
+  sayLeaving();
   setState("left");
   log("left: this tab takes part in no further rounds");
   $("leave").disabled = true;

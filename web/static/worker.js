@@ -25,7 +25,11 @@ async function main({ task, token, shard, shards, saved, config, policy }) {
   const announce = () => {
     if (enrolled || !client.participant_id()) return;
     enrolled = client.participant_id();
-    postMessage({ type: "enrolled", participant: enrolled, saved: client.saved_state() });
+    // The request that tells the coordinator this tab left: the page sends
+    // it as it closes (the worker does not outlive it).
+    postMessage({
+      type: "enrolled", participant: enrolled, saved: client.saved_state(), leave: JSON.parse(client.leave_request()),
+    });
     postMessage({ type: "state", text: "waiting for a round" });
   };
   announce();

@@ -15,6 +15,13 @@
 //              its masked input arrives (its third is held back), the other tabs
 //              run until round 1 completes; prints {tabs: [{participant, state, reports}]};
 //              with plain: true the tabs open /demo bare (shards only counts them)
+//   dropouts   {url, artifacts, name}
+//              the public demo task (cohort serve --demo) with tabs that close as
+//              people close them: tabs A, B, C open a bare /demo; C closes (its page,
+//              as a person closes a tab) after its keys and shares were accepted and
+//              before its masked input is sent; once A has completed round 1, B closes
+//              between rounds; D and E open, and the step waits for A, D and E to
+//              complete a round together; prints {tabs: {A, D, E}: {rounds, log}}
 //   dashboard  {url, adminToken, task, artifacts, name, secrets: [..], controls?: bool,
 //               buffer?: {version}} (an async task's panel, once at that version)
 //              opens /admin, selects the task, reads its rounds table and
@@ -230,7 +237,69 @@ async function dashboard() {
   return seen;
 }
 
-const steps = { create, tabs, dashboard };
+/** A bare /demo tab in a context of its own; `holdThird` holds its masked input. */
+async function demoTab(label, holdThird) {
+  const context = await browser.newContext();
+  const page = await newPage(context, label);
+  let held = null;
+  page.reachedHold = new Promise((resolve) => { held = resolve; });
+  if (holdThird) {
+    let posts = 0;
+    await context.route("**/v1/round/message", async (route) => {
+      if (route.request().method() !== "POST") return route.continue();
+      posts += 1;
+      if (posts < 3) return route.continue();
+      held();
+      return undefined; // never sent: the tab closes first
+    });
+  }
+  await page.goto(`${config.url}/demo`);
+  page.context_ = context;
+  return page;
+}
+
+async function roundsDone(page, atLeast, label) {
+  try {
+    await page.waitForFunction((n) => Number(document.getElementById("rounds-done").textContent) >= n, atLeast);
+  } catch (error) {
+    await shot(page, `${config.name}-${label}-failed`);
+    const log = await page.$$eval("#log li", (items) => items.map((i) => i.textContent));
+    throw new Error(`tab ${label}: ${error.message}\nlog: ${log.join("\n")}\n${page.problems.join("\n")}`);
+  }
+}
+
+/** Closes a tab as a person does: the page unloads (pagehide runs). */
+async function closeTab(page) {
+  await page.close({ runBeforeUnload: true });
+}
+
+async function dropouts() {
+  const a = await demoTab("A");
+  const b = await demoTab("B");
+  const c = await demoTab("C", true);
+  await c.reachedHold;
+  await closeTab(c);
+  await roundsDone(a, 1, "A");
+  await roundsDone(b, 1, "B");
+  await closeTab(b);
+  const d = await demoTab("D");
+  const e = await demoTab("E");
+  await roundsDone(a, 2, "A");
+  await roundsDone(d, 1, "D");
+  await roundsDone(e, 1, "E");
+  await shot(a, `${config.name}-A`);
+  const seen = {};
+  for (const [label, page] of Object.entries({ A: a, D: d, E: e })) {
+    seen[label] = {
+      rounds: Number(await page.textContent("#rounds-done")),
+      log: await page.$$eval("#log li", (items) => items.map((i) => i.textContent)),
+      problems: page.problems,
+    };
+  }
+  return { tabs: seen };
+}
+
+const steps = { create, tabs, dashboard, dropouts };
 try {
   if (!steps[step]) throw new Error(`unknown step ${step}`);
   console.log(JSON.stringify(await steps[step]()));

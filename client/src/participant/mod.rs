@@ -463,7 +463,7 @@ impl Participant {
                     self.wait_until = now + self.config.poll_interval_ms;
                     self.phase = Phase::Fetch { round, client_id, protocol, since };
                 }
-                410 => self.end_round(RoundOutcome::Dropped(self.report)),
+                410 => self.end_round(RoundOutcome::Dropped { report: self.report, reason: error().message }),
                 _ => self.abandon(error().message),
             },
             Phase::Post { round, client_id, protocol, body } => match status {
@@ -472,10 +472,10 @@ impl Participant {
                 409 if retried && error().error == ErrorCode::Duplicate => {
                     self.after_post(round, client_id, protocol)
                 }
-                410 => self.end_round(RoundOutcome::Dropped(self.report)),
+                410 => self.end_round(RoundOutcome::Dropped { report: self.report, reason: error().message }),
                 // The message belongs to a stage that closed meanwhile.
                 409 if matches!(error().error, ErrorCode::OutOfPhase | ErrorCode::NotSelected) => {
-                    self.end_round(RoundOutcome::Dropped(self.report))
+                    self.end_round(RoundOutcome::Dropped { report: self.report, reason: error().message })
                 }
                 _ => {
                     drop(body);
@@ -606,6 +606,18 @@ impl Participant {
             self.metrics = MetricValues::new();
             self.abandon(reason.to_string());
         }
+    }
+
+    /// The request that tells the coordinator this participant is leaving
+    /// (`POST /v1/leave`): it is no longer selected, and no stage of a
+    /// round it is in waits for it, so a round it leaves goes on (or is
+    /// given up) at once instead of at its deadline. `None` before it
+    /// enrolled. A driver sends it as it stops for good (a closing browser
+    /// tab: a `keepalive` fetch); the reply does not matter. Checking in
+    /// again makes the participant selectable again.
+    pub fn leave_request(&self) -> Option<Request> {
+        let bearer = self.saved.as_ref().map(|s| s.credential.clone())?;
+        Some(http::post_json(routes::LEAVE.to_string(), Vec::new(), Some(bearer)))
     }
 
     /// Leaves the current round at once, as [`vanish`](Self::vanish) does,

@@ -35,7 +35,13 @@ pub enum RoundOutcome {
     Completed(RoundReport),
     /// The server dropped this client from the round (it was too slow, or
     /// the round ended without it).
-    Dropped(RoundReport),
+    Dropped {
+        /// What the round's numbers were so far.
+        report: RoundReport,
+        /// What the coordinator said: the attempt's failure (answers against
+        /// the threshold, clients that left) when it was aborted.
+        reason: String,
+    },
     /// This client gave up on the round.
     Abandoned {
         /// What the round's numbers were so far.
@@ -60,8 +66,10 @@ impl RoundOutcome {
     /// The round's numbers.
     pub fn report(&self) -> &RoundReport {
         match self {
-            RoundOutcome::Completed(r) | RoundOutcome::Dropped(r) => r,
-            RoundOutcome::Abandoned { report, .. } | RoundOutcome::Refused { report, .. } => report,
+            RoundOutcome::Completed(r) => r,
+            RoundOutcome::Dropped { report, .. }
+            | RoundOutcome::Abandoned { report, .. }
+            | RoundOutcome::Refused { report, .. } => report,
         }
     }
 }

@@ -287,7 +287,7 @@ fn every_round_has_a_fresh_generator_that_ends_with_it() {
     // The coordinator drops this client: the round ends, its generator with it.
     assert_eq!(send(&mut p, 0).path, "/v1/round/message");
     p.handle(0, Response { status: 410, body: Vec::new() }).unwrap();
-    assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Dropped(_))));
+    assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Dropped { .. })));
     assert!(p.round_rng.is_none(), "the round's generator outlived the round");
     // The next round starts from a generator of its own.
     select_and_train(&mut p, 4);

@@ -79,8 +79,8 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
         clients_per_round: n,
         over_selection: 0.0,
         secure_aggregation: SecAggSpec {
-            // The active variant needs a threshold above half the n − 1
-            // neighbours; a dropout rate that leaves fewer survivors than
+            // The active variant needs a threshold above half of the n
+            // holders of a seed's shares; a dropout rate that leaves fewer survivors than
             // that runs semi-honest (the demo's coordinator is this process).
             variant: Some(if active_threshold_holds(threshold, n - 1) {
                 VariantChoice::Active
@@ -99,6 +99,7 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
             // Waits for the vanished clients' inputs that never come.
             masked_input_ms: if training.dropout > 0.0 { 3_000 } else { 60_000 },
             unmasking_ms: 60_000,
+            ..Default::default()
         },
         optimizer: ServerOptimizer::default(),
         checkpoint_retention: training.rounds as u32 + 1,

@@ -107,7 +107,7 @@ pub fn participate(args: &ParticipateArgs) -> Result<()> {
                 let report = outcome.report();
                 let verdict = match &outcome {
                     RoundOutcome::Completed(_) => "completed".to_string(),
-                    RoundOutcome::Dropped(_) => "dropped by the coordinator".to_string(),
+                    RoundOutcome::Dropped { reason, .. } => format!("dropped by the coordinator: {reason}"),
                     RoundOutcome::Abandoned { reason, .. } => format!("abandoned: {reason}"),
                     RoundOutcome::Refused { violation, .. } => {
                         format!("refused (rule {}): {violation}", violation.rule())

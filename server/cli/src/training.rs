@@ -212,10 +212,11 @@ pub(crate) fn evaluate(experiment: &Experiment, weights: &[f32]) -> (f64, f64) {
 }
 
 /// A strict majority of `n` clients, lowered so that the survivors of
-/// `vanishing` dropouts can still unmask: a survivor's self-mask seed is
-/// rebuilt from its neighbours' shares, so `t` ≤ survivors − 1.
+/// `vanishing` dropouts can still unmask: a vanished client's mask key is
+/// rebuilt from the survivors' shares (a survivor's seed from its own and
+/// its surviving neighbours'), so `t` ≤ survivors.
 pub(crate) fn threshold(n: u32, vanishing: u32) -> u32 {
-    (n / 2 + 1).min(n.saturating_sub(vanishing + 1)).max(2)
+    (n / 2 + 1).min(n.saturating_sub(vanishing)).max(2)
 }
 
 /// Quantization as the flags ask, weights up to the largest shard.

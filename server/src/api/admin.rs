@@ -20,7 +20,9 @@ use super::state::AppState;
 use crate::round::coordinator::{Coordinator, CoordinatorError, LiveState, Whereabouts, now_ms};
 use crate::round::{TaskEngine, TaskError};
 use crate::spec::{TaskSpec, VariantChoice};
-use crate::store::{EnrollmentTokenRecord, RoundRecord, SqlStore, Store, TaskRecord, TaskStatus};
+use crate::store::{
+    ATTEMPTS_KEPT, AttemptRecord, EnrollmentTokenRecord, RoundRecord, SqlStore, Store, TaskRecord, TaskStatus,
+};
 
 /// Reply to task creation. The enrollment token is shown only here.
 #[derive(Debug, Serialize, Deserialize)]
@@ -293,6 +295,7 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
                 available_clients: 0,
                 privacy,
                 buffer: None,
+                last_failure: None,
             }
         }
         Err(e) => return Err(e.into()),
@@ -435,6 +438,79 @@ pub(super) async fn list_rounds(
         });
     }
     Ok(Json(views))
+}
+
+/// An attempt of a round that ended without a new model, as the admin API
+/// shows it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct AttemptView {
+    /// Round number (an async task: the group's number).
+    pub round: i64,
+    /// Attempt of that round.
+    pub attempt: i64,
+    /// `aborted` (too few clients) or `abandoned` (the model could not be
+    /// computed).
+    pub outcome: String,
+    /// The stage it stopped in.
+    pub stage: String,
+    /// Why, in words.
+    pub reason: String,
+    /// Clients selected.
+    pub selected: i64,
+    /// Start (Unix ms).
+    pub started_at: i64,
+    /// End (Unix ms).
+    pub ended_at: i64,
+    /// Its closed stages (eligible, received, dropouts, duration).
+    pub stages: serde_json::Value,
+}
+
+/// Query of the attempts list.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AttemptsQuery {
+    limit: Option<i64>,
+}
+
+/// The task's attempts that ended without a new model, newest first (at
+/// most `limit`, default 100; the newest 500 are kept).
+pub(super) async fn list_attempts(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+    query: Result<axum::extract::Query<AttemptsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Vec<AttemptView>>> {
+    let limit = query.ok().map(|q| q.0.limit).ok_or_else(bad_limit)?.unwrap_or(100);
+    if !(1..=ATTEMPTS_KEPT).contains(&limit) {
+        return Err(bad_limit());
+    }
+    state.store.task(&id).await?;
+    let views = state
+        .store
+        .attempts(&id, limit)
+        .await?
+        .into_iter()
+        .map(|a: AttemptRecord| AttemptView {
+            round: a.round,
+            attempt: a.attempt,
+            outcome: a.outcome,
+            stage: a.stage,
+            reason: a.reason,
+            selected: a.selected,
+            started_at: a.started_at,
+            ended_at: a.ended_at,
+            stages: serde_json::from_str(&a.stages).unwrap_or_default(),
+        })
+        .collect();
+    Ok(Json(views))
+}
+
+fn bad_limit() -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        ErrorCode::InvalidQuery,
+        format!("the only query parameter is limit, between 1 and {ATTEMPTS_KEPT}"),
+    )
 }
 
 pub(super) async fn get_checkpoint(

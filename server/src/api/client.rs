@@ -134,6 +134,24 @@ pub(super) async fn check_in(
     }
 }
 
+/// A client says it is leaving: it is no longer selected, and no stage of
+/// a round it is in waits for it (a tab that closes says so). A task that
+/// is over has nothing to leave: `204` as well.
+pub(super) async fn leave(
+    PeerAddress(address): PeerAddress,
+    Authenticated(p): Authenticated,
+    State(state): State<AppState>,
+) -> ApiResult<StatusCode> {
+    limit(&state, Call::CheckIn, address, Some(&p.id))?;
+    match state.coordinator.leave(&p.task_id, &p.id).await {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Err(CoordinatorError::UnknownTask) if state.store.task(&p.task_id).await?.status.is_final() => {
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
 /// The check-in's query: nothing, or `trained_on=VERSION` (an async
 /// task's finished update).
 fn trained_on(query: Option<&str>) -> ApiResult<Option<u64>> {

@@ -124,6 +124,11 @@ impl From<CoordinatorError> for ApiError {
                 ErrorCode::NotSelected,
                 "this client is not part of the round in progress",
             ),
+            // Gone, as a client dropped from a round is told, with the
+            // reason its attempt failed.
+            CoordinatorError::Engine(EngineError::Failed(reason)) => {
+                ApiError::new(S::GONE, ErrorCode::Dropped, reason)
+            }
             CoordinatorError::Engine(EngineError::NotInRound(round)) => ApiError::new(
                 S::CONFLICT,
                 ErrorCode::NotInRound,

@@ -209,7 +209,7 @@ async fn subject_of(
             ["admin", "tasks", id, ..] | ["v1", "tasks", id, "enroll"] => {
                 return Ok(super::extract::is_valid_id(id).then(|| Subject::Task(id.to_string())));
             }
-            _ if [routes::CHECK_IN, routes::MODEL, routes::METRICS, routes::ROUND_MESSAGE]
+            _ if [routes::CHECK_IN, routes::LEAVE, routes::MODEL, routes::METRICS, routes::ROUND_MESSAGE]
                 .contains(&path) =>
             {
                 match super::extract::bearer_of(headers) {

@@ -59,10 +59,10 @@ use cohort_client::api::routes;
 use serde_json::json;
 
 use admin::{
-    create_task, create_token, get_checkpoint, get_task, list_rounds, list_tasks, list_tokens, pause_task,
-    resume_task, revoke_token, stop_task,
+    create_task, create_token, get_checkpoint, get_task, list_attempts, list_rounds, list_tasks, list_tokens,
+    pause_task, resume_task, revoke_token, stop_task,
 };
-use client::{check_in, enroll, fetch_message, model, post_message, report_metrics};
+use client::{check_in, enroll, fetch_message, leave, model, post_message, report_metrics};
 
 /// Content type of secure-aggregation stage messages (one definition, the
 /// client library's).
@@ -88,6 +88,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/tasks/{id}/resume", post(resume_task))
         .route("/admin/tasks/{id}/stop", post(stop_task))
         .route("/admin/tasks/{id}/rounds", get(list_rounds))
+        .route("/admin/tasks/{id}/attempts", get(list_attempts))
         .route("/admin/tasks/{id}/checkpoints/{round}", get(get_checkpoint))
         .route("/admin/tasks/{id}/tokens", post(create_token).get(list_tokens))
         .route("/admin/tasks/{id}/tokens/{token}/revoke", post(revoke_token))
@@ -98,6 +99,7 @@ pub fn app(state: AppState) -> Router {
     let client_json = Router::new()
         .route(routes::ENROLL, post(enroll))
         .route(routes::CHECK_IN, post(check_in))
+        .route(routes::LEAVE, post(leave))
         .route(routes::MODEL, get(model))
         .route(routes::METRICS, post(report_metrics))
         .route_layer(to_leader.clone())

@@ -100,6 +100,9 @@ pub fn document() -> Value {
             "/admin/tasks/{id}/stop": stop,
             "/admin/tasks/{id}/rounds": { "get": { "parameters": [id.clone()], "summary": "Completed rounds with metrics", "security": [{ "admin": [] }],
                                                    "responses": { "200": { "description": "Rounds" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" } } } },
+            "/admin/tasks/{id}/attempts": { "get": { "parameters": [id.clone(), { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 500 } }],
+                                                     "summary": "Attempts that ended without a new model (aborted, abandoned), newest first, with the stage they stopped in and why", "security": [{ "admin": [] }],
+                                                     "responses": { "200": { "description": "Attempts" }, "400": { "$ref": "#/components/responses/Error" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" } } } },
             "/admin/tasks/{id}/tokens": { "post": create_token, "get": list_tokens },
             "/admin/tasks/{id}/tokens/{token}/revoke": { "post": revoke },
             "/admin/tasks/{id}/checkpoints/{round}": { "get": {
@@ -109,6 +112,7 @@ pub fn document() -> Value {
             "/v1/tasks/{id}/enroll": { "post": { "parameters": [id], "summary": "Enroll with the task's enrollment token and an Ed25519 identity key (identity_key, identity_proof: its signature over the enrollment); returns a client credential",
                                                  "responses": { "201": { "description": "Enrolled" }, "400": { "$ref": "#/components/responses/Error" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" }, "408": { "$ref": "#/components/responses/Error" }, "409": { "$ref": "#/components/responses/Error" }, "413": { "$ref": "#/components/responses/Error" }, "429": { "$ref": "#/components/responses/Error" }, "503": { "$ref": "#/components/responses/Error" } } } },
             "/v1/checkin": { "post": check_in },
+            "/v1/leave": { "post": op("Leave: no longer selected, and no stage of a round the client is in waits for it (check in again to come back)", "client", json!({ "204": { "description": "Left" } }), &["401", "404", "429", "503"]) },
             "/v1/model": { "get": op("The current global model (safetensors)", "client", binary_ok("200", "application/vnd.safetensors", "Model"), &["401", "404"]) },
             "/v1/round/message": {
                 "get": op("The server message for the client's current stage (204: wait, 410: dropped)", "client",

@@ -37,7 +37,15 @@ use crate::store::{SqlStore, Store, TaskStatus};
 pub const DEMO_TASK_NAME: &str = "browser demo (cohort serve --demo)";
 
 /// The demo task's specification: MNIST digits (784 inputs, 10 classes),
-/// logistic regression, three tabs per round, a long run of rounds.
+/// logistic regression, three tabs per round, a long run of rounds. The
+/// threshold of 2 survives one tab that closes after sharing its keys (a
+/// survivor's seed is rebuilt from its own share and its other
+/// neighbour's); a closing tab says it leaves, so no stage waits for it,
+/// and one that vanishes silently costs seconds, not minutes: the
+/// deadlines are short, and a tab that stopped checking in is no longer
+/// selected after 6 s. Every tab's update is in every round it completes
+/// (no over-selection: with three tabs it would cut one tab's update from
+/// each round or need a fourth tab).
 pub fn demo_spec() -> TaskSpec {
     let logreg = Model::by_name("logreg", 784, 10).unwrap_or_else(|| unreachable!("logreg is built in"));
     let spec = serde_json::json!({
@@ -51,8 +59,9 @@ pub fn demo_spec() -> TaskSpec {
         },
         "secure_aggregation": { "graph": "complete", "threshold": 2 },
         "deadlines": {
-            "advertise_keys_ms": 120_000, "share_keys_ms": 30_000,
-            "masked_input_ms": 60_000, "unmasking_ms": 30_000,
+            "advertise_keys_ms": 20_000, "share_keys_ms": 8_000,
+            "masked_input_ms": 15_000, "unmasking_ms": 8_000,
+            "availability_ms": 6_000,
         },
         "checkpoint_retention": 5,
     });

@@ -10,7 +10,7 @@
 //! clients, is ever unmasked. The round adds the sums of the groups that
 //! completed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use cohort_crypto::policy::TaskSecurity;
 use cohort_crypto::quantize::WeightedMean;
@@ -19,7 +19,9 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 
 use super::builder::{BuiltRound, RoundBuilder, RoundSeeds};
-use super::records::{EngineError, GroupMetrics, Poll, RoundMetrics, StageMetrics, TaskError};
+use super::records::{
+    AttemptOutcome, EngineError, FailedAttempt, GroupMetrics, Poll, RoundMetrics, StageMetrics, TaskError,
+};
 use crate::spec::{Groups, TaskSpec};
 
 /// Where one group of the round in progress is.
@@ -97,6 +99,11 @@ pub(super) struct Group {
     /// its clients' stage messages go while it is remote, and what the
     /// round's metrics name.
     pub(super) owner: Option<String>,
+    /// Members that said they left ([`TaskEngine::leave`](super::TaskEngine::leave)):
+    /// no stage waits for them.
+    pub(super) left: BTreeSet<ClientId>,
+    /// Why the group was given up, once it was.
+    pub(super) failure: Option<String>,
 }
 
 impl Group {
@@ -129,6 +136,8 @@ impl Group {
             bytes_up: 0,
             bytes_down: 0,
             owner: None,
+            left: BTreeSet::new(),
+            failure: None,
         };
         Some((group, modulus_bits))
     }
@@ -227,14 +236,30 @@ impl Group {
         Ok(())
     }
 
+    /// Eligible clients of the collecting stage that have not answered and
+    /// have not left: the answers the stage may still get.
+    pub(super) fn awaited(&self, server: &ServerRound) -> usize {
+        server
+            .eligible()
+            .into_iter()
+            .filter(|id| !server.has_received(*id) && !self.left.contains(id))
+            .count()
+    }
+
     /// Closes the collecting stage when it is ready: every eligible client
-    /// answered, its deadline passed or, in the masked-input stage,
+    /// answered or left, its deadline passed, in the masked-input stage
     /// `wanted` inputs arrived (so that over-selected stragglers do not
-    /// hold it up). `None` when it is not ready.
+    /// hold it up), or too few clients are left to reach the threshold
+    /// (the group is given up at once instead of at the deadline). `None`
+    /// when it is not ready.
     pub(super) fn advance(&mut self, spec: &TaskSpec, wanted: usize, now: i64) -> Option<GroupStep> {
         let ready = match &self.state {
             GroupState::Collecting(s) => {
+                let awaited = self.awaited(s);
+                let threshold = s.config().threshold as usize;
                 s.is_complete()
+                    || awaited == 0
+                    || s.received() + awaited < threshold
                     || now >= self.deadline
                     || (s.stage() == Stage::MaskedInputCollection && s.received() >= wanted)
             }
@@ -246,16 +271,36 @@ impl Group {
         let GroupState::Collecting(server) = std::mem::replace(&mut self.state, GroupState::Unmasking) else {
             return None;
         };
+        let awaited = self.awaited(&server);
         self.close_stage(&server, now);
         let stage = server.stage();
         if stage == Stage::Unmasking {
             if server.has_quorum() {
                 return Some(GroupStep::Unmask(Box::new(server)));
             }
-            self.state = GroupState::Failed(stage);
-            return Some(GroupStep::Failed(stage));
+            return Some(self.fail(&server, awaited, now));
         }
+        if !server.has_quorum() {
+            return Some(self.fail(&server, awaited, now));
+        }
+        let (answered, eligible) = (server.received(), server.eligible().len());
+        let left = server.eligible().iter().filter(|id| self.left.contains(id)).count();
+        let left = if left > 0 { format!(" ({left} left)") } else { String::new() };
+        let threshold = server.config().threshold as usize;
         match server.advance() {
+            // Too few answered for anyone to go on: in the complete graph
+            // of three, a client that never advertised its keys leaves each
+            // other client one neighbour to share its mask key with, fewer
+            // than t.
+            Ok(Advanced::Next(next)) if next.eligible().len() < threshold => {
+                self.failure = Some(format!(
+                    "{stage}: {answered} of {eligible} clients answered{left}, which leaves {} with the {threshold} \
+                     neighbours (the threshold) the next stage needs",
+                    next.eligible().len()
+                ));
+                self.state = GroupState::Failed(next.stage());
+                Some(GroupStep::Failed(next.stage()))
+            }
             Ok(Advanced::Next(next)) => {
                 self.deadline = now + deadline_for(spec, next.stage());
                 let step = if next.stage() == Stage::MaskedInputCollection {
@@ -268,11 +313,39 @@ impl Group {
                 self.state = GroupState::Collecting(next);
                 Some(step)
             }
-            Ok(Advanced::Done(_)) | Err(_) => {
+            Ok(Advanced::Done(_)) => {
+                self.failure = Some(format!("{stage} closed without a next stage"));
+                self.state = GroupState::Failed(stage);
+                Some(GroupStep::Failed(stage))
+            }
+            Err(error) => {
+                self.failure = Some(format!("{stage} could not close: {error}"));
                 self.state = GroupState::Failed(stage);
                 Some(GroupStep::Failed(stage))
             }
         }
+    }
+
+    /// Gives the group up in `server`'s stage, which closed with fewer
+    /// answers than the threshold, saying why: how many answered, how many
+    /// left, and whether the deadline passed or no one else could answer.
+    fn fail(&mut self, server: &ServerRound, awaited: usize, now: i64) -> GroupStep {
+        let stage = server.stage();
+        let eligible = server.eligible().len();
+        let left = server.eligible().iter().filter(|id| self.left.contains(id)).count();
+        let threshold = server.config().threshold;
+        let when = if awaited > 0 && now >= self.deadline {
+            "by the deadline"
+        } else {
+            "and no one else can answer"
+        };
+        let left = if left > 0 { format!(" ({left} left)") } else { String::new() };
+        self.failure = Some(format!(
+            "{stage}: {} of {eligible} clients answered {when}{left}; the threshold is {threshold}",
+            server.received()
+        ));
+        self.state = GroupState::Failed(stage);
+        GroupStep::Failed(stage)
     }
 
     /// The group's sum from its unmasked aggregate: decoded with the
@@ -396,6 +469,48 @@ impl ActiveRound {
     /// Bytes received from and sent to clients, over every group.
     pub(super) fn bytes(&self) -> (u64, u64) {
         self.groups.iter().fold((0, 0), |(up, down), g| (up + g.bytes_up, down + g.bytes_down))
+    }
+
+    /// Why the round's groups were given up: the one group's reason, or
+    /// each group's.
+    pub(super) fn failures(&self) -> String {
+        let reasons: Vec<(usize, &str)> = self
+            .groups
+            .iter()
+            .enumerate()
+            .filter_map(|(index, g)| g.failure.as_deref().map(|reason| (index, reason)))
+            .collect();
+        match reasons.as_slice() {
+            [] => "every group was given up".to_string(),
+            [(_, reason)] if self.groups.len() == 1 => (*reason).to_string(),
+            _ => reasons
+                .iter()
+                .map(|(index, reason)| format!("group {}: {reason}", index + 1))
+                .collect::<Vec<_>>()
+                .join("; "),
+        }
+    }
+
+    /// The record of this attempt, which ended at `now` in `stage`
+    /// without a new model.
+    pub(super) fn failed(
+        &self,
+        outcome: AttemptOutcome,
+        stage: Stage,
+        reason: String,
+        now: i64,
+    ) -> FailedAttempt {
+        FailedAttempt {
+            round: self.number,
+            attempt: self.metrics.attempt,
+            outcome,
+            stage,
+            reason,
+            selected: self.selected(),
+            started_at: self.started_at,
+            ended_at: now,
+            stages: self.stages(),
+        }
     }
 }
 

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use super::active::{ActiveRound, GroupState, GroupStep, deadline_for};
 use super::completion::PendingUnmask;
 use super::engine::{TaskEngine, TickOutcome};
-use super::records::{CheckIn, TaskError};
+use super::records::{AttemptOutcome, CheckIn, TaskError};
 use crate::spec::{AsyncSpec, Groups};
 
 /// A waiting update counts towards a group while its client checked in
@@ -288,21 +288,24 @@ impl TaskEngine {
             }
         }
         for (number, stage) in failed {
-            self.discard_group(number, stage);
+            self.discard_group(number, stage, None, now);
         }
         self.apply_next(now);
     }
 
-    /// Gives up group `number` in `stage`: nothing of it is applied.
-    fn discard_group(&mut self, number: u64, stage: Stage) {
+    /// Gives up group `number` in `stage` (because of `error`, or too few
+    /// clients): nothing of it is applied.
+    fn discard_group(&mut self, number: u64, stage: Stage, error: Option<&TaskError>, now: i64) {
         if let Some(state) = self.buffered.as_mut()
-            && state.groups.remove(&number).is_some()
+            && let Some(flight) = state.groups.remove(&number)
         {
             state.groups_failed += 1;
             if state.applying == Some(number) {
                 state.applying = None;
             }
-            self.pending.push_back(TickOutcome::Aborted { round: number, stage });
+            let reason = error.map_or_else(|| flight.round.failures(), ToString::to_string);
+            let attempt = Box::new(flight.round.failed(AttemptOutcome::Aborted, stage, reason, now));
+            self.pending.push_back(TickOutcome::Aborted { round: number, stage, attempt });
         }
     }
 
@@ -336,11 +339,19 @@ impl TaskEngine {
                 self.pending.push_back(TickOutcome::Completed(Box::new(completion)));
             }
             Err(error) => {
-                if let Some(state) = self.buffered.as_mut() {
-                    state.groups.remove(&number);
+                let flight = self.buffered.as_mut().and_then(|state| {
                     state.groups_failed += 1;
+                    state.groups.remove(&number)
+                });
+                if let Some(flight) = flight {
+                    let attempt = Box::new(flight.round.failed(
+                        AttemptOutcome::Abandoned,
+                        Stage::Unmasking,
+                        error.to_string(),
+                        now,
+                    ));
+                    self.pending.push_back(TickOutcome::Abandoned { round: number, error, attempt });
                 }
-                self.pending.push_back(TickOutcome::Abandoned { round: number, error });
             }
         }
     }
@@ -391,7 +402,7 @@ impl TaskEngine {
                 Ok(())
             }
             Err(error) => {
-                self.discard_group(number, Stage::Unmasking);
+                self.discard_group(number, Stage::Unmasking, Some(&error), now);
                 Err(error)
             }
         }
@@ -417,6 +428,18 @@ impl TaskEngine {
         let (number, group, id) = state.member(participant)?;
         let flight = state.groups.get_mut(&number)?;
         Some((flight.round.groups.get_mut(group)?, id))
+    }
+
+    /// An async task's part of [`TaskEngine::leave`]: the participant's
+    /// training slot and waiting update are dropped, and no group it is
+    /// in waits for it.
+    pub(super) fn buffered_leave(&mut self, participant: &str) {
+        let Some(state) = self.buffered.as_mut() else { return };
+        state.training.remove(participant);
+        state.ready.retain(|waiting| waiting.participant != participant);
+        if let Some((group, id)) = self.buffered_member(participant) {
+            group.left.insert(id);
+        }
     }
 
     /// The schedule of an async task.

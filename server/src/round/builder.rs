@@ -148,6 +148,8 @@ mod tests {
         let mut spec = small_spec();
         spec.quantization.rotate = true;
         spec.secure_aggregation.variant = Some(crate::spec::VariantChoice::Active);
+        // 2t > k + 1 with k = 5.
+        spec.secure_aggregation.threshold = Some(4);
         let security = spec.security().unwrap();
         let builder = RoundBuilder::for_task(&spec, &security);
         let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);

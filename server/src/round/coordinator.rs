@@ -42,10 +42,13 @@ use tokio::sync::{mpsc, oneshot};
 use crate::metrics::Metrics;
 use crate::round::owned::{GroupAssignment, GroupKey, GroupReport, OwnedGroup, OwnedStep};
 use crate::round::{
-    CheckIn, Completion, EngineError, PendingUnmask, Poll, RoundProgress, TaskEngine, TaskError, TickOutcome,
+    CheckIn, Completion, EngineError, FailedAttempt, PendingUnmask, Poll, RoundProgress, TaskEngine,
+    TaskError, TickOutcome,
 };
 use crate::spec::TaskSpec;
-use crate::store::{GroupRecord, GroupRowState, ReplicaRecord, SqlStore, Store, StoreError, TaskStatus};
+use crate::store::{
+    AttemptRecord, GroupRecord, GroupRowState, ReplicaRecord, SqlStore, Store, StoreError, TaskStatus,
+};
 
 /// Requests waiting for the actor at most.
 const QUEUE: usize = 1024;
@@ -155,6 +158,9 @@ pub struct LiveState {
     /// staleness of the updates applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buffer: Option<super::BufferView>,
+    /// The last attempt that ended without a new model, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<super::FailedAttempt>,
 }
 
 enum Request {
@@ -170,6 +176,11 @@ enum Request {
     Live {
         id: String,
         reply: oneshot::Sender<Result<LiveState, CoordinatorError>>,
+    },
+    Leave {
+        task: String,
+        participant: String,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
     },
     CheckIn {
         task: String,
@@ -413,6 +424,11 @@ impl Coordinator {
             reply,
         })
         .await
+    }
+
+    /// A client says it is leaving (see [`TaskEngine::leave`]).
+    pub async fn leave(&self, task: &str, participant: &str) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::Leave { task: task.into(), participant: participant.into(), reply }).await
     }
 
     /// The server message a selected client should act on.
@@ -1024,6 +1040,7 @@ impl Actor {
                         available_clients: engine.available(now_ms()),
                         privacy: engine.privacy(),
                         buffer: engine.buffer(now_ms()),
+                        last_failure: engine.last_failure().cloned(),
                     }
                 });
                 let _ = reply.send(result);
@@ -1035,6 +1052,13 @@ impl Actor {
                     .map(|engine| engine.check_in_trained(&participant, identity, trained_on, now));
                 let _ = reply.send(result);
                 // A check-in may complete the cohort: start the round now.
+                self.tick(&task).await;
+            }
+            Request::Leave { task, participant, reply } => {
+                let result = self.engine(&task).map(|engine| engine.leave(&participant));
+                let _ = reply.send(result);
+                // The stage may wait for no one else now, or be unable to
+                // reach its threshold: close it at once.
                 self.tick(&task).await;
             }
             Request::Poll { task, participant, reply } => {
@@ -1173,14 +1197,16 @@ impl Actor {
             TickOutcome::GroupAborted { round, group, stage } => {
                 tracing::warn!(task = id, round, group, %stage, "group given up: too few clients; the round goes on without it");
             }
-            TickOutcome::Aborted { round, stage } => {
+            TickOutcome::Aborted { round, stage, attempt } => {
                 self.metrics.round_aborted();
-                tracing::warn!(task = id, round, %stage, "round aborted: too few clients");
+                tracing::warn!(task = id, round, %stage, reason = attempt.reason, "round aborted: too few clients");
+                self.record_attempt(id, &attempt).await;
                 self.forget_groups(id).await;
             }
-            TickOutcome::Abandoned { round, error } => {
+            TickOutcome::Abandoned { round, error, attempt } => {
                 self.metrics.round_aborted();
                 tracing::warn!(task = id, round, %error, "round abandoned");
+                self.record_attempt(id, &attempt).await;
                 self.forget_groups(id).await;
             }
             TickOutcome::Unmask(job) => {
@@ -1188,6 +1214,26 @@ impl Actor {
                 self.unmask(*job, move |result| Request::Unmasked { task, round, group, result });
             }
             TickOutcome::Completed(completion) => self.store_round(id, *completion).await,
+        }
+    }
+
+    /// Keeps a failed attempt for the admin API and the dashboard (best
+    /// effort: a store that fails here loses the record, not the task).
+    async fn record_attempt(&self, id: &str, attempt: &FailedAttempt) {
+        let record = AttemptRecord {
+            task_id: id.to_string(),
+            round: attempt.round as i64,
+            attempt: i64::from(attempt.attempt),
+            outcome: attempt.outcome.as_str().to_string(),
+            stage: attempt.stage.to_string(),
+            reason: attempt.reason.clone(),
+            selected: attempt.selected as i64,
+            started_at: attempt.started_at,
+            ended_at: attempt.ended_at,
+            stages: serde_json::to_string(&attempt.stages).unwrap_or_else(|_| "[]".into()),
+        };
+        if let Err(error) = self.store.record_attempt(&record).await {
+            tracing::warn!(task = id, round = attempt.round, %error, "could not record the failed attempt");
         }
     }
 

@@ -19,14 +19,18 @@ use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, RemoteG
 use super::buffered::BufferState;
 use super::completion::{Completion, PendingUnmask, encode_model};
 use super::owned::{GroupAssignment, GroupKey, GroupReport};
-use super::records::{BufferMetrics, CheckIn, ClientMean, EngineError, Poll, RoundProgress, TaskError};
+use super::records::{
+    AttemptOutcome, BufferMetrics, CheckIn, ClientMean, EngineError, FailedAttempt, Poll, RoundProgress,
+    TaskError,
+};
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
 use crate::privacy::{PrivacyPlan, PrivacyView};
 use crate::spec::{TaskMode, TaskSpec};
 use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
 
-/// A check-in counts towards selection for this long.
+/// A check-in counts towards selection for this long, unless the task
+/// says otherwise (`deadlines.availability_ms`).
 pub const CHECK_IN_TTL_MS: i64 = 60_000;
 
 /// Completed rounds whose members may still report metrics.
@@ -52,8 +56,8 @@ pub enum TickOutcome {
     /// clients, or its unmasking failed); the round goes on with the others.
     GroupAborted { round: u64, group: usize, stage: Stage },
     /// The round was aborted: none of its groups completed (the last gave
-    /// up in `stage`).
-    Aborted { round: u64, stage: Stage },
+    /// up in `stage`); `attempt` says why, to be kept.
+    Aborted { round: u64, stage: Stage, attempt: Box<FailedAttempt> },
     /// A group's final stage is ready to be unmasked; its result goes to
     /// [`TaskEngine::unmasked`].
     Unmask(Box<PendingUnmask>),
@@ -62,8 +66,8 @@ pub enum TickOutcome {
     /// [`abandon`](TaskEngine::abandon) if it cannot be stored).
     Completed(Box<Completion>),
     /// Every group settled but the next model could not be computed; the
-    /// round was abandoned.
-    Abandoned { round: u64, error: TaskError },
+    /// round was abandoned (`attempt` says why, to be kept).
+    Abandoned { round: u64, error: TaskError, attempt: Box<FailedAttempt> },
 }
 
 /// One task's coordinator state.
@@ -99,6 +103,9 @@ pub struct TaskEngine {
     pub(super) rng: rand_chacha::ChaCha20Rng,
     /// An async task's schedule and groups in flight (`None`: sync).
     pub(super) buffered: Option<BufferState>,
+    /// The members of the last attempt that failed, and why it did: they
+    /// are told so when they next ask for a stage.
+    last_failure: Option<(HashSet<String>, FailedAttempt)>,
 }
 
 impl TaskEngine {
@@ -142,6 +149,7 @@ impl TaskEngine {
                 (TaskMode::Async, Some(schedule)) => Some(BufferState::new(schedule)),
                 _ => None,
             },
+            last_failure: None,
             spec,
         })
     }
@@ -218,11 +226,14 @@ impl TaskEngine {
         let stage = round.stage();
         let in_stage: Vec<&Group> =
             round.groups.iter().filter(|g| !g.is_settled() && g.stage() == stage).collect();
-        let (mut eligible, mut received) = (0, 0);
+        let (mut eligible, mut received, mut awaited, mut left, mut threshold) = (0, 0, 0, 0, 0);
         for group in &in_stage {
             if let GroupState::Collecting(server) = &group.state {
                 eligible += server.eligible().len();
                 received += server.received();
+                awaited += group.awaited(server);
+                left += server.eligible().iter().filter(|id| group.left.contains(id)).count();
+                threshold = server.config().threshold as usize;
             }
         }
         let (bytes_up, bytes_down) = round.bytes();
@@ -244,6 +255,9 @@ impl TaskEngine {
             selected: round.selected(),
             eligible,
             received,
+            awaited,
+            left,
+            threshold,
             started_at: round.started_at,
             stage_started_at: in_stage.iter().map(|g| g.stage_started_at).min().unwrap_or(round.started_at),
             deadline: in_stage.iter().map(|g| g.deadline).min().unwrap_or(round.started_at),
@@ -263,13 +277,21 @@ impl TaskEngine {
     }
 
     /// The participants the next round may select, with their identity
-    /// keys: checked in within [`CHECK_IN_TTL_MS`], and not asked for a
+    /// keys: checked in within the task's `deadlines.availability_ms`
+    /// (default [`CHECK_IN_TTL_MS`]), and not asked for a
     /// masked input by an earlier attempt of that round.
     fn selectable(&self, now: i64) -> impl Iterator<Item = (&String, Option<[u8; 32]>)> {
         self.checked_in
             .iter()
-            .filter(move |(id, (seen, _))| now - *seen <= CHECK_IN_TTL_MS && !self.contributed.contains(*id))
+            .filter(move |(id, (seen, _))| {
+                now - *seen <= self.availability_ms() && !self.contributed.contains(*id)
+            })
             .map(|(id, (_, identity))| (id, *identity))
+    }
+
+    /// How long a client that stopped checking in stays selectable.
+    fn availability_ms(&self) -> i64 {
+        i64::try_from(self.spec.deadlines.availability_ms).unwrap_or(CHECK_IN_TTL_MS)
     }
 
     /// The protocol variant of the task's rounds.
@@ -342,6 +364,21 @@ impl TaskEngine {
         }
     }
 
+    /// `participant` says it is leaving: it is no longer selectable, and
+    /// no stage of a round or group it is in waits for it. The next
+    /// [`tick`](Self::tick) closes a stage that waits for no one else, or
+    /// gives the group up at once when too few are left to reach its
+    /// threshold, instead of at the deadline.
+    pub fn leave(&mut self, participant: &str) {
+        self.checked_in.remove(participant);
+        if let Some(round) = self.round.as_mut()
+            && let Some((group, id)) = round.members.get(participant).copied()
+        {
+            round.groups[group].left.insert(id);
+        }
+        self.buffered_leave(participant);
+    }
+
     /// The group of the round in progress that `participant` is in, and
     /// its client id there.
     fn selected(&mut self, participant: &str) -> Result<(&mut Group, ClientId), EngineError> {
@@ -351,8 +388,20 @@ impl TaskEngine {
         if self.buffered.is_some() {
             return self.buffered_member(participant).ok_or(EngineError::NotSelected);
         }
+        let member = self.round.as_ref().and_then(|round| round.members.get(participant).copied());
+        let Some((group, id)) = member else {
+            return Err(match &self.last_failure {
+                Some((members, attempt)) if members.contains(participant) => EngineError::Failed(format!(
+                    "round {} (attempt {}) was {}: {}",
+                    attempt.round,
+                    attempt.attempt,
+                    attempt.outcome.as_str(),
+                    attempt.reason
+                )),
+                _ => EngineError::NotSelected,
+            });
+        };
         let round = self.round.as_mut().ok_or(EngineError::NotSelected)?;
-        let (group, id) = *round.members.get(participant).ok_or(EngineError::NotSelected)?;
         Ok((&mut round.groups[group], id))
     }
 
@@ -470,10 +519,18 @@ impl TaskEngine {
             match self.compute(now) {
                 Ok(completion) => self.pending.push_back(TickOutcome::Completed(Box::new(completion))),
                 Err(error) => {
+                    let Some(round) = self.round.as_ref() else { return };
+                    let attempt = Box::new(round.failed(
+                        AttemptOutcome::Abandoned,
+                        Stage::Unmasking,
+                        error.to_string(),
+                        now,
+                    ));
+                    self.remember_failure(&attempt);
                     self.round = None;
                     // Its groups' sums were unmasked: privacy is spent.
                     self.unstored_releases += 1;
-                    self.pending.push_back(TickOutcome::Abandoned { round: number, error });
+                    self.pending.push_back(TickOutcome::Abandoned { round: number, error, attempt });
                 }
             }
         } else {
@@ -482,13 +539,28 @@ impl TaskEngine {
                 _ => None,
             };
             let stage = round.groups.iter().filter_map(failed).max().unwrap_or(Stage::AdvertiseKeys);
+            let attempt = Box::new(round.failed(AttemptOutcome::Aborted, stage, round.failures(), now));
+            self.remember_failure(&attempt);
             self.round = None;
-            self.pending.push_back(TickOutcome::Aborted { round: number, stage });
+            self.pending.push_back(TickOutcome::Aborted { round: number, stage, attempt });
         }
     }
 
+    /// Keeps who was in the attempt that just failed and why, so that its
+    /// members are told the reason when they next ask for a stage.
+    fn remember_failure(&mut self, attempt: &FailedAttempt) {
+        let members = self.round.as_ref().map(|r| r.members.keys().cloned().collect()).unwrap_or_default();
+        self.last_failure = Some((members, attempt.clone()));
+    }
+
+    /// The last attempt that failed since this engine was loaded.
+    pub fn last_failure(&self) -> Option<&FailedAttempt> {
+        self.last_failure.as_ref().map(|(_, attempt)| attempt)
+    }
+
     fn start_round(&mut self, now: i64) -> Option<u64> {
-        self.checked_in.retain(|_, (seen, _)| now - *seen <= CHECK_IN_TTL_MS);
+        let window = self.availability_ms();
+        self.checked_in.retain(|_, (seen, _)| now - *seen <= window);
         let groups = self.spec.groups();
         let n = groups.selected() as usize;
         let candidates: Vec<_> = self.selectable(now).map(|(id, identity)| (id.clone(), identity)).collect();

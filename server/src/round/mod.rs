@@ -34,6 +34,6 @@ pub use completion::{Completion, PendingUnmask};
 pub use coordinator::{Coordinator, CoordinatorError};
 pub use engine::{CHECK_IN_TTL_MS, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};
 pub use records::{
-    BufferMetrics, CheckIn, ClientMean, EngineError, GroupMetrics, Poll, RoundMetrics, RoundProgress,
-    StageMetrics, TaskError,
+    AttemptOutcome, BufferMetrics, CheckIn, ClientMean, EngineError, FailedAttempt, GroupMetrics, Poll,
+    RoundMetrics, RoundProgress, StageMetrics, TaskError,
 };

@@ -72,6 +72,9 @@ pub enum EngineError {
     /// The client is not in the round in progress.
     #[error("this client is not part of the round in progress")]
     NotSelected,
+    /// The attempt the client was in failed; why, in words.
+    #[error("{0}")]
+    Failed(String),
     /// The task is not running rounds.
     #[error("the task is {}", .0.as_str())]
     Inactive(TaskStatus),
@@ -89,6 +92,58 @@ pub enum EngineError {
     /// reached this one before its routes caught up; a retry finds it).
     #[error("this client's group is run by another replica")]
     Elsewhere(String),
+}
+
+/// How an attempt of a round ended without a new model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// Too few clients: no group of the attempt completed; the round is
+    /// retried with a fresh selection.
+    Aborted,
+    /// Groups completed but the next model could not be computed or
+    /// stored; the round is retried.
+    Abandoned,
+}
+
+impl AttemptOutcome {
+    /// The outcome's name, as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Aborted => "aborted",
+            AttemptOutcome::Abandoned => "abandoned",
+        }
+    }
+
+    /// The outcome a stored name stands for.
+    pub fn parse(name: &str) -> Option<Self> {
+        [AttemptOutcome::Aborted, AttemptOutcome::Abandoned].into_iter().find(|o| o.as_str() == name)
+    }
+}
+
+/// An attempt of a round that did not complete: where it stopped and why
+/// (counts and times only, nothing about any one client).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailedAttempt {
+    /// Round number (an async task: the group's number).
+    pub round: u64,
+    /// Attempt of that round.
+    pub attempt: u32,
+    /// Aborted or abandoned.
+    pub outcome: AttemptOutcome,
+    /// The stage it stopped in.
+    pub stage: Stage,
+    /// Why, in words: answers against the threshold, clients that left,
+    /// whether the deadline passed.
+    pub reason: String,
+    /// Clients selected.
+    pub selected: usize,
+    /// When it started (Unix ms).
+    pub started_at: i64,
+    /// When it ended (Unix ms).
+    pub ended_at: i64,
+    /// Its closed stages.
+    pub stages: Vec<StageMetrics>,
 }
 
 /// One stage's record in the round metrics.
@@ -199,6 +254,16 @@ pub struct RoundProgress {
     pub eligible: usize,
     /// Of those, clients that sent.
     pub received: usize,
+    /// Of those, clients the stage still waits for (neither sent nor left).
+    #[serde(default)]
+    pub awaited: usize,
+    /// Of those, clients that said they left.
+    #[serde(default)]
+    pub left: usize,
+    /// Answers a group needs in each stage (its threshold): a stage with
+    /// fewer than this sent plus awaited gives its group up at once.
+    #[serde(default)]
+    pub threshold: usize,
     /// Round start (Unix ms).
     pub started_at: i64,
     /// Current stage's start (Unix ms; the earliest group's).

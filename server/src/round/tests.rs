@@ -132,6 +132,7 @@ fn a_round_updates_the_model_with_the_weighted_mean() {
 fn an_active_round_binds_the_selected_identity_keys() {
     let mut spec = small_spec();
     spec.secure_aggregation.variant = Some(VariantChoice::Active);
+    spec.secure_aggregation.threshold = Some(4);
     let mut engine = engine(spec);
     let mut clients = participants(6);
     let mut now = 0;
@@ -183,6 +184,28 @@ fn a_client_that_vanishes_is_recovered_after_the_deadline() {
     for (w, e) in engine.weights().iter().zip(&expected) {
         assert!((w - e).abs() < 1e-4);
     }
+}
+
+/// The demo's shape: three clients, threshold 2. One that vanishes after
+/// sharing its keys is recovered, and the round completes with the other
+/// two (each survivor's seed from its one surviving neighbour and itself).
+#[test]
+fn three_clients_with_threshold_two_complete_a_round_without_one() {
+    let mut spec = small_spec();
+    spec.clients_per_round = 3;
+    spec.secure_aggregation.threshold = Some(2);
+    let mut engine = engine(spec);
+    let mut clients = participants(3);
+    let mut now = 0;
+    for c in &clients {
+        engine.check_in(&c.name, None, now);
+    }
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
+    let job = run_round(&mut engine, &mut clients, &[2], &mut now).unwrap();
+    let completion = complete(&mut engine, 1, job, now);
+    assert_eq!((completion.round.selected, completion.round.survivors), (3, 2));
+    engine.commit(completion);
+    assert_model_is_the_mean_of(&engine, &clients, &[0, 1]);
 }
 
 #[test]
@@ -854,4 +877,133 @@ fn a_private_task_accounts_each_round_and_stops_at_its_budget() {
     assert_eq!(engine.status(), TaskStatus::BudgetSpent);
     assert_eq!(engine.current_round(), None);
     assert!(engine.privacy().unwrap().epsilon_spent <= budget);
+}
+
+/// A three-client round (t = 2) as the public demo runs it.
+fn demo_shaped_engine() -> (TaskEngine, Vec<NamedClient>) {
+    let mut spec = small_spec();
+    spec.clients_per_round = 3;
+    spec.secure_aggregation.threshold = Some(2);
+    let mut engine = engine(spec);
+    let clients = participants(3);
+    for c in &clients {
+        engine.check_in(&c.name, None, 0);
+    }
+    assert!(matches!(engine.tick(0), TickOutcome::Started(1)));
+    (engine, clients)
+}
+
+/// A client that leaves after sharing its keys is waited for no longer:
+/// the masked-input stage closes as soon as the other two sent theirs,
+/// long before its deadline, and the round completes with them (each
+/// survivor's seed from its own share and its one surviving neighbour's).
+/// The leaver is not selectable until it checks in again.
+#[test]
+fn a_client_that_leaves_is_not_waited_for_and_not_selected_again() {
+    let (mut engine, mut clients) = demo_shaped_engine();
+    let mut now = 0;
+    for _ in 0..2 {
+        for client in clients.iter_mut() {
+            assert!(client.step(&mut engine));
+        }
+        now += 10;
+        engine.tick(now);
+    }
+    assert_eq!(engine.current_round().map(|r| r.1), Some(Stage::MaskedInputCollection));
+    engine.leave(&clients[2].name);
+    let progress = engine.progress().unwrap();
+    assert_eq!((progress.eligible, progress.awaited, progress.left, progress.threshold), (3, 2, 1, 2));
+    for client in clients.iter_mut().take(2) {
+        assert!(client.step(&mut engine));
+    }
+    now += 10;
+    assert!(matches!(engine.tick(now), TickOutcome::MaskedInputRequested { .. } | TickOutcome::Idle));
+    assert_eq!(engine.current_round().map(|r| r.1), Some(Stage::Unmasking), "closed without its deadline");
+    let job = run_round(&mut engine, &mut clients[..2], &[], &mut now).unwrap();
+    assert!(now < 1_000, "no deadline passed: {now} ms");
+    let completion = complete(&mut engine, 1, job, now);
+    assert_eq!((completion.round.selected, completion.round.survivors), (3, 2));
+    engine.commit(completion);
+    assert_model_is_the_mean_of(&engine, &clients, &[0, 1]);
+    // Round 2 needs three: the leaver is not available until it checks in.
+    engine.check_in(&clients[0].name, None, now);
+    engine.check_in(&clients[1].name, None, now);
+    assert_eq!(engine.available(now), 2);
+    assert!(matches!(engine.tick(now), TickOutcome::Idle));
+    engine.check_in(&clients[2].name, None, now);
+    assert!(matches!(engine.tick(now), TickOutcome::Started(2)));
+}
+
+/// One of three leaving before it advertised its keys leaves each other
+/// client one neighbour to share its mask key with, fewer than t = 2: the
+/// round ends as soon as the others answered, and says so.
+#[test]
+fn a_round_left_before_its_keys_ends_at_once_with_its_reason() {
+    let (mut engine, mut clients) = demo_shaped_engine();
+    engine.leave(&clients[2].name);
+    for client in clients.iter_mut().take(2) {
+        assert!(client.step(&mut engine));
+    }
+    let TickOutcome::Aborted { round: 1, attempt, .. } = engine.tick(10) else {
+        panic!("not aborted at once")
+    };
+    assert!(
+        attempt.reason.starts_with("advertise-keys: 2 of 3 clients answered (1 left), which"),
+        "{}",
+        attempt.reason
+    );
+    assert!(attempt.reason.contains("leaves 0 with the 2 neighbours"), "{}", attempt.reason);
+}
+
+/// When too few clients are left to reach the threshold, the round is
+/// given up at once, not at the deadline, and says why: in the round
+/// record handed out, in the engine's last failure, and to the client
+/// that stayed when it next asks for its stage.
+#[test]
+fn a_round_that_can_no_longer_reach_its_threshold_ends_at_once_with_its_reason() {
+    let (mut engine, mut clients) = demo_shaped_engine();
+    let mut now = 0;
+    for _ in 0..2 {
+        for client in clients.iter_mut() {
+            client.step(&mut engine);
+        }
+        now += 10;
+        engine.tick(now);
+    }
+    assert_eq!(engine.current_round().map(|r| r.1), Some(Stage::MaskedInputCollection));
+    engine.leave(&clients[1].name);
+    assert!(matches!(engine.tick(now), TickOutcome::Idle), "one left: two can still answer");
+    engine.leave(&clients[2].name);
+    let TickOutcome::Aborted { round: 1, stage: Stage::MaskedInputCollection, attempt } = engine.tick(now)
+    else {
+        panic!("not aborted at once");
+    };
+    assert_eq!((attempt.attempt, attempt.outcome, attempt.selected), (1, AttemptOutcome::Aborted, 3));
+    assert_eq!(attempt.ended_at, now);
+    assert!(
+        attempt.reason.contains("0 of 3 clients answered") && attempt.reason.contains("(2 left)"),
+        "{}",
+        attempt.reason
+    );
+    assert!(attempt.reason.contains("the threshold is 2"), "{}", attempt.reason);
+    assert_eq!(attempt.stages.len(), 3, "advertise, share and the masked-input stage it stopped in");
+    assert_eq!(engine.last_failure(), Some(&*attempt));
+    let told = engine.poll(&clients[0].name).err();
+    assert!(
+        matches!(&told, Some(EngineError::Failed(reason)) if reason.starts_with("round 1 (attempt 1) was aborted")),
+        "{told:?}"
+    );
+    assert!(matches!(engine.poll("someone else"), Err(EngineError::NotSelected)));
+}
+
+/// The task's availability window decides how long a silent client stays
+/// selectable.
+#[test]
+fn availability_follows_the_task_window() {
+    let mut spec = small_spec();
+    spec.deadlines.availability_ms = 5_000;
+    let mut engine = engine(spec);
+    engine.check_in("p", None, 0);
+    assert_eq!(engine.available(5_000), 1);
+    assert_eq!(engine.available(5_001), 0);
 }

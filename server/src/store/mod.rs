@@ -233,6 +233,34 @@ pub struct RoundRecord {
     pub metrics: String,
 }
 
+/// An attempt of a round that ended without a new model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    /// The task.
+    pub task_id: String,
+    /// Round number (an async task: the group's number).
+    pub round: i64,
+    /// Attempt of that round.
+    pub attempt: i64,
+    /// `aborted` or `abandoned`.
+    pub outcome: String,
+    /// The stage it stopped in.
+    pub stage: String,
+    /// Why, in words.
+    pub reason: String,
+    /// Clients selected.
+    pub selected: i64,
+    /// Start time.
+    pub started_at: i64,
+    /// End time.
+    pub ended_at: i64,
+    /// Its closed stages, as JSON.
+    pub stages: String,
+}
+
+/// Failed attempts kept per task (the newest).
+pub const ATTEMPTS_KEPT: i64 = 500;
+
 /// A model checkpoint with the optimizer state that goes with it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckpointRecord {
@@ -395,6 +423,15 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = StoreResult<Vec<String>>> + Send;
     /// Completed rounds of a task, in order.
     fn rounds(&self, task_id: &str) -> impl Future<Output = StoreResult<Vec<RoundRecord>>> + Send;
+    /// Records an attempt that ended without a new model; only the newest
+    /// [`ATTEMPTS_KEPT`] of a task are kept.
+    fn record_attempt(&self, attempt: &AttemptRecord) -> impl Future<Output = StoreResult<()>> + Send;
+    /// A task's failed attempts, newest first, at most `limit`.
+    fn attempts(
+        &self,
+        task_id: &str,
+        limit: i64,
+    ) -> impl Future<Output = StoreResult<Vec<AttemptRecord>>> + Send;
     /// The newest checkpoint of a task.
     fn latest_checkpoint(&self, task_id: &str) -> impl Future<Output = StoreResult<CheckpointRecord>> + Send;
     /// The checkpoint of one round.

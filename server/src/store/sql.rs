@@ -7,8 +7,9 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
 use super::{
-    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, GroupKey, GroupRecord, GroupRowState,
-    ParticipantRecord, ReplicaRecord, RoundRecord, Store, StoreError, StoreResult, TaskRecord, TaskStatus,
+    ATTEMPTS_KEPT, AttemptRecord, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, GroupKey,
+    GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, Store, StoreError,
+    StoreResult, TaskRecord, TaskStatus,
 };
 
 /// Longest wait for a pooled PostgreSQL connection.
@@ -123,6 +124,21 @@ fn round_from(row: &AnyRow) -> StoreResult<RoundRecord> {
         selected: row.try_get("selected")?,
         survivors: row.try_get("survivors")?,
         metrics: row.try_get("metrics")?,
+    })
+}
+
+fn attempt_from(row: &AnyRow) -> StoreResult<AttemptRecord> {
+    Ok(AttemptRecord {
+        task_id: row.try_get("task_id")?,
+        round: row.try_get("round")?,
+        attempt: row.try_get("attempt")?,
+        outcome: row.try_get("outcome")?,
+        stage: row.try_get("stage")?,
+        reason: row.try_get("reason")?,
+        selected: row.try_get("selected")?,
+        started_at: row.try_get("started_at")?,
+        ended_at: row.try_get("ended_at")?,
+        stages: row.try_get("stages")?,
     })
 }
 
@@ -623,6 +639,51 @@ impl Store for SqlStore {
             .iter()
             .map(round_from)
             .collect()
+    }
+
+    async fn record_attempt(&self, a: &AttemptRecord) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(concat!(
+            "INSERT INTO round_attempts (task_id, round, attempt, outcome, stage, reason, selected, ",
+            "started_at, ended_at, stages) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+        ))
+        .bind(&a.task_id)
+        .bind(a.round)
+        .bind(a.attempt)
+        .bind(&a.outcome)
+        .bind(&a.stage)
+        .bind(&a.reason)
+        .bind(a.selected)
+        .bind(a.started_at)
+        .bind(a.ended_at)
+        .bind(&a.stages)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| classify(e, "round attempt", "task"))?;
+        sqlx::query(concat!(
+            "DELETE FROM round_attempts WHERE task_id = $1 AND ended_at < (SELECT ended_at FROM ",
+            "round_attempts WHERE task_id = $1 ORDER BY ended_at DESC LIMIT 1 OFFSET $2)"
+        ))
+        .bind(&a.task_id)
+        .bind(ATTEMPTS_KEPT - 1)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn attempts(&self, task_id: &str, limit: i64) -> StoreResult<Vec<AttemptRecord>> {
+        sqlx::query(concat!(
+            "SELECT task_id, round, attempt, outcome, stage, reason, selected, started_at, ended_at, stages ",
+            "FROM round_attempts WHERE task_id = $1 ORDER BY ended_at DESC, round DESC, attempt DESC LIMIT $2"
+        ))
+        .bind(task_id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(attempt_from)
+        .collect()
     }
 
     async fn latest_checkpoint(&self, task_id: &str) -> StoreResult<CheckpointRecord> {
