@@ -174,11 +174,13 @@ async fn service_endpoints() {
         "/admin/tasks/{id}/resume",
         "/admin/tasks/{id}/stop",
         "/admin/tasks/{id}/rounds",
+        "/admin/tasks/{id}/attempts",
         "/admin/tasks/{id}/checkpoints/{round}",
         "/admin/tasks/{id}/tokens",
         "/admin/tasks/{id}/tokens/{token}/revoke",
         "/v1/tasks/{id}/enroll",
         "/v1/checkin",
+        "/v1/leave",
         "/v1/model",
         "/v1/round/message",
         "/v1/metrics",
@@ -187,6 +189,78 @@ async fn service_endpoints() {
     }
     let (status, body) = api.call("GET", "/nowhere", None, None).await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    api.finish().await;
+}
+
+/// Clients that leave: `POST /v1/leave` needs the client's own
+/// credential; two of three selected clients leaving before their keys
+/// end the attempt at once (no deadline passes), and the attempt is kept
+/// with its reason, which the client that stayed is told with a `410`.
+#[tokio::test]
+async fn clients_that_leave_end_an_attempt_at_once_and_it_is_kept_with_its_reason() {
+    let api = Api::new("leave").await;
+    let mut small = spec(3);
+    small["clients_per_round"] = json!(3);
+    small["secure_aggregation"]["threshold"] = json!(2);
+    let (id, token) = api.create_task(small).await;
+    let (status, body) = api.call("POST", "/v1/leave", None, None).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    let (status, attempts) = api.call("GET", &format!("/admin/tasks/{id}/attempts"), Some(ADMIN), None).await;
+    assert_eq!((status, attempts), (StatusCode::OK, json!([])));
+    for query in ["?limit=0", "?limit=501", "?limit=x", "?colour=red"] {
+        let (status, body) =
+            api.call("GET", &format!("/admin/tasks/{id}/attempts{query}"), Some(ADMIN), None).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_query")),
+            "{query}"
+        );
+    }
+    let mut credentials = Vec::new();
+    for _ in 0..3 {
+        credentials.push(api.enroll(&id, &token).await);
+    }
+    for credential in &credentials {
+        api.call("POST", "/v1/checkin", Some(credential), None).await;
+    }
+    let (_, body) = api.call("POST", "/v1/checkin", Some(&credentials[0]), None).await;
+    assert_eq!(body["status"], "selected", "{body}");
+    let started = std::time::Instant::now();
+    for credential in &credentials[1..] {
+        let (status, body) = api.call("POST", "/v1/leave", Some(credential), None).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    }
+    let (status, body) = api.fetch_message(&credentials[0]).await;
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((status, body["error"].as_str()), (StatusCode::GONE, Some("dropped")), "{body}");
+    let told = body["message"].as_str().unwrap();
+    assert!(told.starts_with("round 1 (attempt 1) was aborted: advertise-keys: 0 of 3"), "{told}");
+    assert!(started.elapsed() < Duration::from_secs(20), "the advertise-keys deadline passed");
+    let (_, attempts) =
+        api.call("GET", &format!("/admin/tasks/{id}/attempts?limit=5"), Some(ADMIN), None).await;
+    let attempt = &attempts[0];
+    assert_eq!(
+        (
+            &attempt["round"],
+            &attempt["attempt"],
+            &attempt["outcome"],
+            &attempt["stage"],
+            &attempt["selected"]
+        ),
+        (&json!(1), &json!(1), &json!("aborted"), &json!("advertise-keys"), &json!(3)),
+        "{attempts}"
+    );
+    let reason = attempt["reason"].as_str().unwrap();
+    assert!(told.ends_with(reason), "{told} / {reason}");
+    assert!(reason.contains("(2 left)") && reason.contains("the threshold is 2"), "{reason}");
+    let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    assert_eq!(task["last_failure"]["reason"], reason, "{task}");
+    // The two that left are not selected; checking in again comes back.
+    let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    assert_eq!(task["available_clients"], 1, "{task}");
+    api.call("POST", "/v1/checkin", Some(&credentials[1]), None).await;
+    let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    assert_eq!(task["available_clients"], 2, "{task}");
     api.finish().await;
 }
 
@@ -537,6 +611,7 @@ async fn a_secure_round_through_the_api_updates_the_model() {
             fields,
             [
                 "attempt",
+                "awaited",
                 "bytes_down",
                 "bytes_up",
                 "deadline",
@@ -544,13 +619,15 @@ async fn a_secure_round_through_the_api_updates_the_model() {
                 "groups",
                 "groups_completed",
                 "groups_failed",
+                "left",
                 "received",
                 "round",
                 "selected",
                 "stage",
                 "stage_started_at",
                 "stages",
-                "started_at"
+                "started_at",
+                "threshold"
             ]
         );
         assert_eq!((live["round"].as_u64(), live["selected"].as_u64()), (Some(1), Some(6)));

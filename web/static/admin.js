@@ -12,6 +12,8 @@ const STAGE_LABELS = { "advertise-keys": "keys", "share-keys": "shares", "masked
 
 let token = sessionStorage.getItem(TOKEN_KEY);
 let selected = new URLSearchParams(location.hash.slice(1)).get("task");
+// Statuses after which no round runs again.
+const FINAL = ["stopped", "completed", "budget_spent"];
 let refreshing = false;
 
 class ApiError extends Error {}
@@ -79,9 +81,30 @@ $("logout").addEventListener("click", () => {
 
 // --- task list -------------------------------------------------------------
 
+/**
+ * Running and paused tasks in the main table; stopped, completed and
+ * budget-spent ones (earlier demo tasks among them) folded away under
+ * "Finished tasks". With nothing selected, the newest running task opens.
+ */
 function renderTasks(tasks) {
-  const body = $("tasks").tBodies[0];
-  const rows = tasks.map((task) => {
+  const open = tasks.filter((task) => !FINAL.includes(task.status));
+  const finished = tasks.filter((task) => FINAL.includes(task.status));
+  if (!selected && open.length) {
+    const newest = open.reduce((a, b) => (b.created_at > a.created_at ? b : a));
+    selected = newest.id;
+    history.replaceState(null, "", `#task=${encodeURIComponent(selected)}`);
+  }
+  const none = document.createElement("tr");
+  cell(none, "No running or paused task: create one with New task…").colSpan = 7;
+  $("tasks").tBodies[0].replaceChildren(...(open.length ? taskRows(open) : [none]));
+  $("finished").tBodies[0].replaceChildren(...taskRows(finished));
+  $("finished-tasks").classList.toggle("hidden", finished.length === 0);
+  $("finished-summary").textContent = `Finished tasks (${finished.length})`;
+  if (finished.some((task) => task.id === selected)) $("finished-tasks").open = true;
+}
+
+function taskRows(tasks) {
+  return tasks.map((task) => {
     const row = document.createElement("tr");
     row.className = "selectable" + (task.id === selected ? " selected" : "");
     row.dataset.task = task.id;
@@ -92,14 +115,15 @@ function renderTasks(tasks) {
     cell(row, task.stage ?? "—");
     cell(row, task.available_clients, "num");
     cell(row, new Date(task.created_at).toLocaleString());
+    row.title = "Show this task's rounds";
     row.addEventListener("click", () => {
       selected = task.id;
+      roundsPage = 0;
       history.replaceState(null, "", `#task=${encodeURIComponent(task.id)}`);
       refresh();
     });
     return row;
   });
-  body.replaceChildren(...rows);
 }
 
 // --- one task ------------------------------------------------------------------
@@ -180,8 +204,20 @@ function clientMeans(round) {
   };
 }
 
+// The rounds table shows this many rounds a page, newest first.
+const ROUNDS_PER_PAGE = 20;
+let roundsPage = 0;
+
 function renderRounds(rounds) {
-  const rows = rounds.slice().reverse().map((round) => {
+  const pages = Math.max(1, Math.ceil(rounds.length / ROUNDS_PER_PAGE));
+  roundsPage = Math.min(roundsPage, pages - 1);
+  const newestFirst = rounds.slice().reverse();
+  const shown = newestFirst.slice(roundsPage * ROUNDS_PER_PAGE, (roundsPage + 1) * ROUNDS_PER_PAGE);
+  $("rounds-pager").classList.toggle("hidden", pages === 1);
+  $("rounds-page").textContent = `rounds ${shown.at(-1)?.round ?? 0}–${shown[0]?.round ?? 0} of ${rounds.length} (page ${roundsPage + 1} of ${pages})`;
+  $("rounds-newer").disabled = roundsPage === 0;
+  $("rounds-older").disabled = roundsPage >= pages - 1;
+  const rows = shown.map((round) => {
     const m = round.metrics ?? {};
     const means = clientMeans(round);
     const row = document.createElement("tr");
@@ -205,8 +241,6 @@ function renderRounds(rounds) {
   lineChart($("chart-loss").querySelector(".plot"), [{ name: "training loss", points: points("loss") }], { xLabel: "round" });
 }
 
-// Statuses after which no round runs again.
-const FINAL = ["stopped", "completed", "budget_spent"];
 
 function renderPrivacy(task, rounds) {
   const p = task.privacy;
@@ -481,6 +515,9 @@ $("create-form").addEventListener("submit", async (event) => {
 // --- start -----------------------------------------------------------------------
 
 let timer = null;
+$("rounds-newer").addEventListener("click", () => { roundsPage = Math.max(0, roundsPage - 1); refresh(); });
+$("rounds-older").addEventListener("click", () => { roundsPage += 1; refresh(); });
+
 function start() {
   $("login").classList.add("hidden");
   $("dashboard").classList.remove("hidden");

@@ -169,6 +169,29 @@ $("join-form").addEventListener("submit", (event) => {
   start($("join-task").value.trim(), $("join-token").value.trim());
 });
 
+/**
+ * On the public demo task: how many devices are ready for a round and how
+ * many it needs, with a link that opens another (a new tab is a new device:
+ * `noopener` gives it storage of its own). Refreshed while this tab waits.
+ */
+async function showDevices() {
+  const demo = await publicDemoTask();
+  if (!demo || !Number.isFinite(demo.available)) return;
+  const waiting = document.body.dataset.state === "waiting for a round";
+  const needed = demo.clients_per_round;
+  const here = Math.max(1, demo.available);
+  // Only while waiting: during a round the selected tabs do not check in.
+  $("onboarding").classList.toggle("hidden", !waiting);
+  $("devices").textContent = here >= needed
+    ? `${here} of ${needed} devices here: a round can start`
+    : `${here} of ${needed} devices here — open ${needed - here} more`;
+}
+
+function followDevices() {
+  showDevices();
+  setInterval(showDevices, 2000);
+}
+
 /** The coordinator's public demo task, if it runs one (`cohort serve --demo`). */
 async function publicDemoTask() {
   try {
@@ -181,10 +204,18 @@ async function publicDemoTask() {
 
 const task = params.get("task");
 const token = params.get("token") ?? (task && sessionStorage.getItem(`cohort.demo.${task}.token`));
-if (task && token) start(task, token);
-else {
+if (task && token) {
+  start(task, token);
+  if (sessionStorage.getItem("cohort.demo.public") === task) followDevices();
+} else {
   const demo = task ? null : await publicDemoTask();
-  if (demo) start(demo.task, demo.enrollment_token);
+  if (demo) {
+    // Remembered so that a reload (which finds the task in the address)
+    // still shows the devices line.
+    sessionStorage.setItem("cohort.demo.public", demo.task);
+    start(demo.task, demo.enrollment_token);
+    followDevices();
+  }
   else {
     if (task) $("join-task").value = task;
     $("join").classList.remove("hidden");

@@ -23,7 +23,8 @@
 //              between rounds; D and E open, and the step waits for A, D and E to
 //              complete a round together; prints {tabs: {A, D, E}: {rounds, log}}
 //   dashboard  {url, adminToken, task, artifacts, name, secrets: [..], controls?: bool,
-//               buffer?: {version}} (an async task's panel, once at that version)
+//               buffer?: {version}} (an async task's panel, once at that version),
+//               attempts?: n (waits for n rows of failed attempts and reads them)
 //              opens /admin, selects the task, reads its rounds table and
 //              charts; with controls, creates an enrollment token for an
 //              application with the form, reads it once, dismisses it,
@@ -173,8 +174,10 @@ async function dashboard() {
   const page = await newPage(await browser.newContext(), "admin");
   page.on("dialog", (dialog) => dialog.accept());
   await login(page);
-  await page.waitForSelector(`#tasks tr[data-task="${config.task}"]`);
-  await page.click(`#tasks tr[data-task="${config.task}"]`);
+  // A finished task is listed under "Finished tasks", folded away.
+  await page.waitForSelector(`tr[data-task="${config.task}"]`, { state: "attached" });
+  await page.evaluate(() => { document.getElementById("finished-tasks").open = true; });
+  await page.click(`tr[data-task="${config.task}"]`);
   await page.waitForSelector(`#detail[data-task="${config.task}"]`);
   const seen = { controls: [] };
   if (config.rounds) {
@@ -204,7 +207,13 @@ async function dashboard() {
       clients: document.getElementById("detail-clients").textContent,
     }));
   }
+  if (config.attempts) {
+    await page.waitForFunction((n) => document.querySelectorAll("#attempts tbody tr").length >= n, config.attempts);
+    seen.attempts = await page.$$eval("#attempts tbody tr", (rows) => rows.map((row) => [...row.cells].map((c) => c.textContent)));
+  }
   seen.status = await page.textContent("#detail-status");
+  // Fits the default 1280 px window: nothing wider than the page.
+  seen.overflows = await page.evaluate(() => document.documentElement.scrollWidth > window.innerWidth);
   seen.privacy = await page.textContent("#detail-privacy");
   seen.epsilon = await page.textContent("#detail-epsilon");
   await shot(page, config.name);
@@ -228,6 +237,9 @@ async function dashboard() {
       seen.controls.push({ button, shown: expected, api: await statusOf(config.task) });
     }
     seen.stop_disabled = await page.isDisabled("#stop");
+    // A stopped task goes under "Finished tasks".
+    await page.waitForSelector(`#finished tr[data-task="${config.task}"]`, { state: "attached" });
+    seen.finished = await page.textContent("#finished-summary");
     await shot(page, `${config.name}-stopped`);
   }
   // Nothing secret on the page: not the enrollment token, not a credential.

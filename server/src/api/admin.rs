@@ -269,6 +269,11 @@ pub struct TaskView {
     /// and how stale the applied updates were (absent for a sync task).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buffer: Option<crate::round::BufferView>,
+    /// The last attempt that ended without a new model since the leader
+    /// loaded the task, and why (`GET /admin/tasks/{id}/attempts` lists
+    /// them all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<crate::round::FailedAttempt>,
 }
 
 async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
@@ -320,6 +325,7 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
         leader,
         privacy: live.privacy,
         buffer: live.buffer,
+        last_failure: live.last_failure,
     })
 }
 

@@ -142,10 +142,22 @@ fn not_found(what: &str) -> Response {
     (StatusCode::NOT_FOUND, format!("{what} not found\n")).into_response()
 }
 
+/// The public demo task: its id and enrollment token, how many clients a
+/// round selects and how many are available now (for the page's "2 of 3
+/// devices" line; absent when another replica leads the task).
 async fn demo_task(State(state): State<AppState>) -> Response {
     match &state.config.demo_task {
-        Some(task) => Json(serde_json::json!({ "task": task.id, "enrollment_token": task.enrollment_token }))
-            .into_response(),
+        Some(task) => {
+            let available = state.coordinator.live(&task.id).await.ok().map(|live| live.available_clients);
+            let spec = demo_spec();
+            Json(serde_json::json!({
+                "task": task.id,
+                "enrollment_token": task.enrollment_token,
+                "clients_per_round": spec.groups().selected(),
+                "available": available,
+            }))
+            .into_response()
+        }
         None => (
             StatusCode::NOT_FOUND,
             Json(cohort_client::api::ErrorBody {
