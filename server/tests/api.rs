@@ -195,11 +195,13 @@ async fn service_endpoints() {
 /// Clients that leave: `POST /v1/leave` needs the client's own
 /// credential; two of three selected clients leaving before their keys
 /// end the attempt at once (no deadline passes), and the attempt is kept
-/// with its reason, which the client that stayed is told with a `410`.
+/// with its reason: in the attempts list, the task view, the `410` the
+/// client that stayed gets, and, once the round completes at its next
+/// attempt, beside the round in `/rounds`.
 #[tokio::test]
 async fn clients_that_leave_end_an_attempt_at_once_and_it_is_kept_with_its_reason() {
     let api = Api::new("leave").await;
-    let mut small = spec(3);
+    let mut small = spec(1);
     small["clients_per_round"] = json!(3);
     small["secure_aggregation"]["threshold"] = json!(2);
     let (id, token) = api.create_task(small).await;
@@ -216,21 +218,23 @@ async fn clients_that_leave_end_an_attempt_at_once_and_it_is_kept_with_its_reaso
             "{query}"
         );
     }
-    let mut credentials = Vec::new();
-    for _ in 0..3 {
-        credentials.push(api.enroll(&id, &token).await);
+    let mut clients = Vec::new();
+    for i in 0..3u32 {
+        let participant = ProtocolClient::new(u64::from(i), vec![0.1 * i as f32, -0.25, 0.5, 0.0], i + 1);
+        let credential = api.enroll_with(&id, participant.enrollment(&id, &token)).await;
+        clients.push(HttpClient { credential, participant, selected: Value::Null });
     }
-    for credential in &credentials {
-        api.call("POST", "/v1/checkin", Some(credential), None).await;
+    for client in &clients {
+        api.call("POST", "/v1/checkin", Some(&client.credential), None).await;
     }
-    let (_, body) = api.call("POST", "/v1/checkin", Some(&credentials[0]), None).await;
+    let (_, body) = api.call("POST", "/v1/checkin", Some(&clients[0].credential), None).await;
     assert_eq!(body["status"], "selected", "{body}");
     let started = std::time::Instant::now();
-    for credential in &credentials[1..] {
-        let (status, body) = api.call("POST", "/v1/leave", Some(credential), None).await;
+    for client in &clients[1..] {
+        let (status, body) = api.call("POST", "/v1/leave", Some(&client.credential), None).await;
         assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
     }
-    let (status, body) = api.fetch_message(&credentials[0]).await;
+    let (status, body) = api.fetch_message(&clients[0].credential).await;
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!((status, body["error"].as_str()), (StatusCode::GONE, Some("dropped")), "{body}");
     let told = body["message"].as_str().unwrap();
@@ -255,12 +259,30 @@ async fn clients_that_leave_end_an_attempt_at_once_and_it_is_kept_with_its_reaso
     assert!(reason.contains("(2 left)") && reason.contains("the threshold is 2"), "{reason}");
     let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
     assert_eq!(task["last_failure"]["reason"], reason, "{task}");
-    // The two that left are not selected; checking in again comes back.
-    let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    // The two that left are not selectable until they check in again.
     assert_eq!(task["available_clients"], 1, "{task}");
-    api.call("POST", "/v1/checkin", Some(&credentials[1]), None).await;
-    let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
-    assert_eq!(task["available_clients"], 2, "{task}");
+    // They do, and the round's next attempt completes; /rounds shows the
+    // failed one beside it.
+    let mut rounds = Value::Null;
+    for _ in 0..200 {
+        for client in clients.iter_mut() {
+            client.step(&api).await;
+        }
+        let (_, body) = api.call("GET", &format!("/admin/tasks/{id}/rounds"), Some(ADMIN), None).await;
+        if body.as_array().is_some_and(|r| !r.is_empty()) {
+            rounds = body;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!((&rounds[0]["round"], &rounds[0]["metrics"]["attempt"]), (&json!(1), &json!(2)), "{rounds}");
+    let failed = &rounds[0]["failed_attempts"];
+    assert_eq!(
+        (failed[0]["attempt"].as_i64(), failed[0]["reason"].as_str()),
+        (Some(1), Some(reason)),
+        "{rounds}"
+    );
+    assert_eq!(failed.as_array().unwrap().len(), 1, "{rounds}");
     api.finish().await;
 }
 

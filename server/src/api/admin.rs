@@ -410,6 +410,11 @@ pub struct RoundView {
     /// each client reported in the clear, one entry per client and kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plaintext_client_metrics: Option<Vec<serde_json::Value>>,
+    /// The earlier attempts of this round that ended without a model, each
+    /// with the stage it stopped in and why (a sync task's; the newest 500
+    /// of a task are kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_attempts: Vec<AttemptView>,
 }
 
 pub(super) async fn list_rounds(
@@ -418,8 +423,15 @@ pub(super) async fn list_rounds(
     TaskId(id): TaskId,
 ) -> ApiResult<Json<Vec<RoundView>>> {
     let task = state.store.task(&id).await?;
-    let plaintext =
-        serde_json::from_str::<TaskSpec>(&task.spec).is_ok_and(|spec| spec.client_metrics.plaintext);
+    let spec = serde_json::from_str::<TaskSpec>(&task.spec).ok();
+    let plaintext = spec.as_ref().is_some_and(|spec| spec.client_metrics.plaintext);
+    // An async task's attempts are numbered by group, not by version.
+    let mut failed: HashMap<i64, Vec<AttemptView>> = HashMap::new();
+    if spec.is_some_and(|spec| spec.mode == crate::spec::TaskMode::Sync) {
+        for attempt in state.store.attempts(&id, ATTEMPTS_KEPT).await?.into_iter().rev() {
+            failed.entry(attempt.round).or_default().push(attempt_view(attempt));
+        }
+    }
     let mut views = Vec::new();
     for RoundRecord { round, started_at, finished_at, selected, survivors, metrics, .. } in
         state.store.rounds(&id).await?
@@ -441,6 +453,7 @@ pub(super) async fn list_rounds(
             survivors,
             metrics: serde_json::from_str(&metrics).unwrap_or_default(),
             plaintext_client_metrics,
+            failed_attempts: failed.remove(&round).unwrap_or_default(),
         });
     }
     Ok(Json(views))
@@ -491,24 +504,22 @@ pub(super) async fn list_attempts(
         return Err(bad_limit());
     }
     state.store.task(&id).await?;
-    let views = state
-        .store
-        .attempts(&id, limit)
-        .await?
-        .into_iter()
-        .map(|a: AttemptRecord| AttemptView {
-            round: a.round,
-            attempt: a.attempt,
-            outcome: a.outcome,
-            stage: a.stage,
-            reason: a.reason,
-            selected: a.selected,
-            started_at: a.started_at,
-            ended_at: a.ended_at,
-            stages: serde_json::from_str(&a.stages).unwrap_or_default(),
-        })
-        .collect();
+    let views = state.store.attempts(&id, limit).await?.into_iter().map(attempt_view).collect();
     Ok(Json(views))
+}
+
+fn attempt_view(a: AttemptRecord) -> AttemptView {
+    AttemptView {
+        round: a.round,
+        attempt: a.attempt,
+        outcome: a.outcome,
+        stage: a.stage,
+        reason: a.reason,
+        selected: a.selected,
+        started_at: a.started_at,
+        ended_at: a.ended_at,
+        stages: serde_json::from_str(&a.stages).unwrap_or_default(),
+    }
 }
 
 fn bad_limit() -> ApiError {
