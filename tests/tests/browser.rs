@@ -425,6 +425,18 @@ fn the_dashboard_lists_failed_attempts_with_their_reason() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A bare `/demo` on a coordinator without `--demo` shows the join form,
+/// with nothing in the console (no failed request, no script error).
+#[test]
+fn a_bare_demo_page_without_a_demo_task_shows_the_join_form_cleanly() {
+    let _one = exclusive();
+    let (dir, serve) = start("browser-bare");
+    let seen = browser("bare", json!({ "url": serve.url, "name": "demo-bare" }));
+    assert_eq!(seen, json!({ "join": true, "client": false, "problems": [] }));
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `GET /demo/task`, which needs no token.
 fn demo_task(serve: &Serve) -> Value {
     let request = Request {

@@ -196,7 +196,8 @@ function followDevices() {
 async function publicDemoTask() {
   try {
     const response = await fetch("/demo/task");
-    return response.ok ? await response.json() : null;
+    // 204: this coordinator runs no public demo task.
+    return response.status === 200 ? await response.json() : null;
   } catch {
     return null;
   }

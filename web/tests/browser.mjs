@@ -15,6 +15,9 @@
 //              its masked input arrives (its third is held back), the other tabs
 //              run until round 1 completes; prints {tabs: [{participant, state, reports}]};
 //              with plain: true the tabs open /demo bare (shards only counts them)
+//   bare       {url, artifacts, name}
+//              opens a bare /demo (no task in the address) and prints whether the
+//              join form shows and the page's problems (console errors included)
 //   dropouts   {url, artifacts, name}
 //              the public demo task (cohort serve --demo) with tabs that close as
 //              people close them: tabs A, B, C open a bare /demo; C closes (its page,
@@ -311,7 +314,15 @@ async function dropouts() {
   return { tabs: seen };
 }
 
-const steps = { create, tabs, dashboard, dropouts };
+async function bare() {
+  const page = await newPage(await browser.newContext(), "bare");
+  await page.goto(`${config.url}/demo`);
+  await page.waitForSelector("#join:not(.hidden)");
+  await shot(page, config.name);
+  return { join: await page.isVisible("#join-form"), client: await page.isVisible("#client"), problems: page.problems };
+}
+
+const steps = { create, tabs, dashboard, dropouts, bare };
 try {
   if (!steps[step]) throw new Error(`unknown step ${step}`);
   console.log(JSON.stringify(await steps[step]()));

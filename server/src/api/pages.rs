@@ -144,30 +144,20 @@ fn not_found(what: &str) -> Response {
 
 /// The public demo task: its id and enrollment token, how many clients a
 /// round selects and how many are available now (for the page's "2 of 3
-/// devices" line; absent when another replica leads the task).
+/// devices" line; absent when another replica leads the task). Without
+/// one, `204 No Content`: the page then shows its join form, and a bare
+/// `/demo` logs no failed request in the browser's console.
 async fn demo_task(State(state): State<AppState>) -> Response {
-    match &state.config.demo_task {
-        Some(task) => {
-            let available = state.coordinator.live(&task.id).await.ok().map(|live| live.available_clients);
-            let spec = demo_spec();
-            Json(serde_json::json!({
-                "task": task.id,
-                "enrollment_token": task.enrollment_token,
-                "clients_per_round": spec.groups().selected(),
-                "available": available,
-            }))
-            .into_response()
-        }
-        None => (
-            StatusCode::NOT_FOUND,
-            Json(cohort_client::api::ErrorBody {
-                error: cohort_client::api::ErrorCode::NotFound,
-                message: "this coordinator runs no public demo task (cohort serve --demo)".into(),
-                retry_after_ms: None,
-            }),
-        )
-            .into_response(),
-    }
+    let Some(task) = &state.config.demo_task else { return StatusCode::NO_CONTENT.into_response() };
+    let available = state.coordinator.live(&task.id).await.ok().map(|live| live.available_clients);
+    let spec = demo_spec();
+    Json(serde_json::json!({
+        "task": task.id,
+        "enrollment_token": task.enrollment_token,
+        "clients_per_round": spec.groups().selected(),
+        "available": available,
+    }))
+    .into_response()
 }
 
 async fn static_file(Path(name): Path<String>) -> Response {
