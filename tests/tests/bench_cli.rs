@@ -32,10 +32,11 @@ fn sparse_round_with_dropouts_reports_a_correct_aggregate() {
     assert!(k < 59 && k % 2 == 0 && t >= 1 && t <= k, "k = {k}, t = {t}");
     // A survivor with no dropped neighbours before ShareKeys uploads exactly:
     // AdvertiseKeys 133 bytes (keys and the seed commitment), ShareKeys
-    // 40 + 156k, MaskedInput 41 + 4(dim + 1), Unmasking 44 + 72k (see
+    // 40 + 156k, MaskedInput 41 + 4(dim + 1), Unmasking 44 + 72(k + 1):
+    // a share per neighbour and its own seed share (see
     // crypto/src/messages.rs).
     let up = report["bytes_up_per_client"].as_f64().unwrap();
-    assert_eq!(up, (258 + 4 * 2001 + 228 * k) as f64);
+    assert_eq!(up, (258 + 72 + 4 * 2001 + 228 * k) as f64);
     let expansion = report["expansion"].as_f64().unwrap();
     assert!((expansion - up / 8000.0).abs() < 1e-9);
     for key in ["client_ms_mean", "client_ms_max", "server_ms", "total_ms", "bytes_down_per_client"] {
