@@ -16,7 +16,13 @@ pub use crate::limits::{MAX_CLIENTS, MAX_VECTOR_LEN};
 /// 2t > k + 1, as the active variant requires (see
 /// [`ConfigError::ThresholdBelowMajority`]).
 pub fn active_threshold_holds(threshold: u32, degree: u32) -> bool {
-    2 * u64::from(threshold) > u64::from(degree) + 1
+    threshold >= min_active_threshold(degree)
+}
+
+/// The least threshold the active variant accepts with `degree`
+/// neighbours: ⌊(k + 1) / 2⌋ + 1, the least t with 2t > k + 1.
+pub fn min_active_threshold(degree: u32) -> u32 {
+    degree.div_ceil(2) + 1
 }
 
 /// Which adversary the protocol defends against.

@@ -16,7 +16,7 @@
 //! A round that breaks either gets a [`PolicyViolation`] naming the rule
 //! ([`PolicyViolation::rule`]), before any key is drawn.
 
-use crate::config::{RoundConfig, Variant, active_threshold_holds};
+use crate::config::{RoundConfig, Variant, active_threshold_holds, min_active_threshold};
 use crate::dp::DpParams;
 use crate::graph::GraphSpec;
 use crate::params::{Adversary, private_threshold};
@@ -306,8 +306,7 @@ impl Policy {
     pub fn min_threshold_for(&self, variant: Variant, clients: u32, degree: u32) -> u32 {
         let mut min = self.min_threshold.max(1);
         if variant == Variant::Active {
-            // 2t > k + 1: t ≥ ⌊(k + 1) / 2⌋ + 1.
-            min = min.max(degree.div_ceil(2) + 1);
+            min = min.max(min_active_threshold(degree));
         }
         if let Some(collusion) = self.collusion {
             let adversary = match variant {
