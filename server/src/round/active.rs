@@ -246,6 +246,22 @@ impl Group {
             .count()
     }
 
+    /// Eligible clients of the collecting stage that said they left.
+    pub(super) fn left_of(&self, server: &ServerRound) -> usize {
+        if self.left.is_empty() {
+            return 0;
+        }
+        server.eligible().iter().filter(|id| self.left.contains(id)).count()
+    }
+
+    /// " (N left)" for a failure's reason, or nothing when no one left.
+    fn left_note(&self, server: &ServerRound) -> String {
+        match self.left_of(server) {
+            0 => String::new(),
+            left => format!(" ({left} left)"),
+        }
+    }
+
     /// Closes the collecting stage when it is ready: every eligible client
     /// answered or left, its deadline passed, in the masked-input stage
     /// `wanted` inputs arrived (so that over-selected stragglers do not
@@ -255,11 +271,16 @@ impl Group {
     pub(super) fn advance(&mut self, spec: &TaskSpec, wanted: usize, now: i64) -> Option<GroupStep> {
         let ready = match &self.state {
             GroupState::Collecting(s) => {
-                let awaited = self.awaited(s);
-                let threshold = s.config().threshold as usize;
+                // Only a member that left can cut a stage short: without
+                // one, "no one else to wait for" is `is_complete`, and a
+                // stage never opens below the threshold (see below), so
+                // the stage's eligible list is not walked on every tick.
+                let cut_short = !self.left.is_empty() && {
+                    let awaited = self.awaited(s);
+                    awaited == 0 || s.received() + awaited < s.config().threshold as usize
+                };
                 s.is_complete()
-                    || awaited == 0
-                    || s.received() + awaited < threshold
+                    || cut_short
                     || now >= self.deadline
                     || (s.stage() == Stage::MaskedInputCollection && s.received() >= wanted)
             }
@@ -284,8 +305,7 @@ impl Group {
             return Some(self.fail(&server, awaited, now));
         }
         let (answered, eligible) = (server.received(), server.eligible().len());
-        let left = server.eligible().iter().filter(|id| self.left.contains(id)).count();
-        let left = if left > 0 { format!(" ({left} left)") } else { String::new() };
+        let left = self.left_note(&server);
         let threshold = server.config().threshold as usize;
         match server.advance() {
             // Too few answered for anyone to go on: in the complete graph
@@ -332,14 +352,13 @@ impl Group {
     fn fail(&mut self, server: &ServerRound, awaited: usize, now: i64) -> GroupStep {
         let stage = server.stage();
         let eligible = server.eligible().len();
-        let left = server.eligible().iter().filter(|id| self.left.contains(id)).count();
+        let left = self.left_note(server);
         let threshold = server.config().threshold;
         let when = if awaited > 0 && now >= self.deadline {
             "by the deadline"
         } else {
             "and no one else can answer"
         };
-        let left = if left > 0 { format!(" ({left} left)") } else { String::new() };
         self.failure = Some(format!(
             "{stage}: {} of {eligible} clients answered {when}{left}; the threshold is {threshold}",
             server.received()

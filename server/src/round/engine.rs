@@ -232,7 +232,7 @@ impl TaskEngine {
                 eligible += server.eligible().len();
                 received += server.received();
                 awaited += group.awaited(server);
-                left += server.eligible().iter().filter(|id| group.left.contains(id)).count();
+                left += group.left_of(server);
                 threshold = server.config().threshold as usize;
             }
         }

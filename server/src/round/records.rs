@@ -114,11 +114,6 @@ impl AttemptOutcome {
             AttemptOutcome::Abandoned => "abandoned",
         }
     }
-
-    /// The outcome a stored name stands for.
-    pub fn parse(name: &str) -> Option<Self> {
-        [AttemptOutcome::Aborted, AttemptOutcome::Abandoned].into_iter().find(|o| o.as_str() == name)
-    }
 }
 
 /// An attempt of a round that did not complete: where it stopped and why
