@@ -76,9 +76,11 @@ pub async fn start_demo_task(store: &SqlStore, coordinator: &Coordinator) -> Res
             coordinator.set_status(&task.id, TaskStatus::Stopped).await?;
         }
     }
-    let created = create(store, coordinator, demo_spec()).await?;
+    let spec = demo_spec();
+    let clients_per_round = spec.groups().selected();
+    let created = create(store, coordinator, spec).await?;
     tracing::info!(task = %created.id, "public demo task started");
-    Ok(DemoTask { id: created.id, enrollment_token: created.enrollment_token })
+    Ok(DemoTask { id: created.id, enrollment_token: created.enrollment_token, clients_per_round })
 }
 
 /// Files of `web/static`, served at `/web/{name}`.
@@ -150,11 +152,10 @@ fn not_found(what: &str) -> Response {
 async fn demo_task(State(state): State<AppState>) -> Response {
     let Some(task) = &state.config.demo_task else { return StatusCode::NO_CONTENT.into_response() };
     let available = state.coordinator.live(&task.id).await.ok().map(|live| live.available_clients);
-    let spec = demo_spec();
     Json(serde_json::json!({
         "task": task.id,
         "enrollment_token": task.enrollment_token,
-        "clients_per_round": spec.groups().selected(),
+        "clients_per_round": task.clients_per_round,
         "available": available,
     }))
     .into_response()
@@ -222,7 +223,7 @@ mod tests {
         let derived = spec.validate().unwrap();
         assert_eq!((spec.clients_per_round, derived.threshold), (3, 2));
         assert_eq!(spec.model.layout.len(), 7850);
-        let task = DemoTask { id: "t".into(), enrollment_token: "secret-token".into() };
+        let task = DemoTask { id: "t".into(), enrollment_token: "secret-token".into(), clients_per_round: 3 };
         assert!(!format!("{task:?}").contains("secret-token"));
     }
 }

@@ -56,6 +56,8 @@ pub struct DemoTask {
     pub id: String,
     /// Enrollment token, handed to every page that asks.
     pub enrollment_token: String,
+    /// Clients a round selects (the page's "2 of 3 devices").
+    pub clients_per_round: u32,
 }
 
 impl std::fmt::Debug for DemoTask {
