@@ -280,9 +280,18 @@ pub fn native_clients_with(
         .collect()
 }
 
-/// A checkpoint of the task, from the admin API.
+/// A checkpoint of the task, from the admin API. A client's round ends
+/// when its last stage message is accepted, before the coordinator has
+/// unmasked and stored the round: a round not stored yet is waited for (at
+/// most 30 s).
 pub fn checkpoint(serve: &Serve, task: &str, round: u64) -> Checkpoint {
-    let (status, bytes) = serve.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/{round}"), None);
+    let path = format!("/admin/tasks/{task}/checkpoints/{round}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let (mut status, mut bytes) = serve.admin(Method::Get, &path, None);
+    while status == 404 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        (status, bytes) = serve.admin(Method::Get, &path, None);
+    }
     assert_eq!(status, 200, "checkpoint {round}");
     checkpoint::decode(&bytes).unwrap()
 }
