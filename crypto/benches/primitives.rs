@@ -32,6 +32,22 @@ fn prg_expansion(c: &mut Criterion) {
     group.finish();
 }
 
+/// A client's quantization of a 100 000-coordinate update (clipping,
+/// scaling and stochastic rounding with ChaCha20 randomness), 16-bit levels
+/// in a 32-bit ring as `cohort bench secagg` uses.
+fn quantization(c: &mut Criterion) {
+    use cohort_crypto::quantize::Quantizer;
+    let quantizer = Quantizer::new(config(100, 4, 2, 100_000).quantization, 32, 100).unwrap();
+    let update: Vec<f32> = (0..100_000).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
+    let mut rng = ChaCha20Rng::seed_from_u64(4);
+    let mut group = c.benchmark_group("quantize");
+    group.throughput(Throughput::Elements(100_000));
+    group.bench_function("encode_d100000", |b| {
+        b.iter(|| black_box(quantizer.encode(black_box(&update), 1, &mut rng).unwrap()))
+    });
+    group.finish();
+}
+
 /// The public-key operations a client repeats per neighbour: an X25519
 /// agreement (twice: envelope key and mask key) and an Ed25519 check of
 /// the neighbour's signed key advertisement.
@@ -144,5 +160,5 @@ fn round(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, prg_expansion, public_key, masking, unmasking, round);
+criterion_group!(benches, prg_expansion, quantization, public_key, masking, unmasking, round);
 criterion_main!(benches);

@@ -398,7 +398,9 @@ impl AwaitingShares {
             partners.push(peer);
         }
         // y_u = x_u + PRG(b_u) + Σ_{v ∈ U2, u < v} PRG(s_uv) − Σ_{v ∈ U2, u > v} PRG(s_uv)
-        let mut values = Zeroizing::new(self.input.values().to_vec());
+        // The input is masked in place: no copy of x_u is made, and from the
+        // first mask on the vector no longer holds it.
+        let mut values = self.input.into_values();
         derive::self_mask(&self.self_mask_seed, &context, round.me).apply(&mut values, MaskSign::Add);
         let mask_keys: Vec<PeerKey> = partners.iter().map(|peer| PeerKey::new(&peer.mask_key)).collect();
         let agreed = self.mask.agree_many(&mask_keys.iter().collect::<Vec<_>>());
@@ -407,12 +409,12 @@ impl AwaitingShares {
             prg.apply(&mut values, derive::pairwise_sign(round.me, peer.id));
         }
         let modulus = round.config.modulus_mask();
-        let vector = MaskedVector {
-            bits: round.config.modulus_bits,
-            values: values.iter().map(|v| v & modulus).collect(),
-        };
-        // The input, the seed b_u and the mask key s_sk_u are dropped (and
-        // zeroized) here: from now on the client only holds peers' shares.
+        values.iter_mut().for_each(|v| *v &= modulus);
+        // y_u is what the server receives: it leaves the zeroizing wrapper
+        // (which is left empty) for the message.
+        let vector = MaskedVector { bits: round.config.modulus_bits, values: core::mem::take(&mut *values) };
+        // The seed b_u and the mask key s_sk_u are dropped (and zeroized)
+        // here: from now on the client only holds peers' shares.
         let next = AwaitingSurvivors { round: self.round, held, own_seed_share: self.own_seed_share };
         Ok((Client::AwaitingSurvivors(next), Ok(ClientMessage::MaskedInput { context, vector })))
     }

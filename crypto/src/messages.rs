@@ -11,7 +11,7 @@ use crate::error::Stage;
 use crate::ids::ClientId;
 use crate::shamir::{SHARE_LEN, Share};
 use crate::signature::SIGNATURE_LEN;
-use crate::wire::{DecodeError, Reader, Writer, pack, packed_len, unpack};
+use crate::wire::{DecodeError, Reader, Writer, pack, packed_len, padding_is_zero, unpack};
 
 /// Plaintext of a share envelope: the self-mask share and the key share.
 pub(crate) const ENVELOPE_PLAINTEXT_LEN: usize = 2 * SHARE_LEN;
@@ -392,12 +392,7 @@ impl ClientMessage {
                 ClientMessage::ShareKeys { context, envelopes }
             }
             KIND_MASKED_INPUT => {
-                let bits = r.u8()?;
-                if !(2..=32).contains(&bits) {
-                    return Err(DecodeError::Invalid("bits per coordinate"));
-                }
-                let len = r.count(MAX_VECTOR_LEN as usize, 0, "vector length")?;
-                let packed = r.take(packed_len(len, bits))?;
+                let (bits, len, packed) = read_packed_vector(&mut r)?;
                 let values = unpack(packed, len, bits)?;
                 ClientMessage::MaskedInput { context, vector: MaskedVector { bits, values } }
             }
@@ -412,6 +407,46 @@ impl ClientMessage {
         r.finish()?;
         Ok(message)
     }
+}
+
+/// A masked-input message whose vector stays packed in the message's bytes:
+/// what [`ClientMessage::decode`] would accept, checked the same way, but
+/// never unpacked into a vector of its own (the server adds it straight into
+/// its running sum).
+pub(crate) struct PackedMaskedInput<'a> {
+    pub context: RoundContext,
+    pub bits: u8,
+    pub len: usize,
+    pub packed: &'a [u8],
+}
+
+impl<'a> PackedMaskedInput<'a> {
+    /// The message in `bytes` when it is a masked input (`None` for any
+    /// other kind), with every check of [`ClientMessage::decode`].
+    pub(crate) fn peek(bytes: &'a [u8]) -> Result<Option<Self>, DecodeError> {
+        let (mut r, kind) = Reader::with_header(bytes)?;
+        if kind != KIND_MASKED_INPUT {
+            return Ok(None);
+        }
+        let context = RoundContext(r.array()?);
+        let (bits, len, packed) = read_packed_vector(&mut r)?;
+        if !padding_is_zero(packed, len, bits) {
+            return Err(DecodeError::Invalid("padding bits"));
+        }
+        r.finish()?;
+        Ok(Some(Self { context, bits, len, packed }))
+    }
+}
+
+/// A masked input's width, length and packed values.
+fn read_packed_vector<'a>(r: &mut Reader<'a>) -> Result<(u8, usize, &'a [u8]), DecodeError> {
+    let bits = r.u8()?;
+    if !(2..=32).contains(&bits) {
+        return Err(DecodeError::Invalid("bits per coordinate"));
+    }
+    let len = r.count(MAX_VECTOR_LEN as usize, 0, "vector length")?;
+    let packed = r.take(packed_len(len, bits))?;
+    Ok((bits, len, packed))
 }
 
 /// Reads client ids that must be non-zero and strictly ascending.
@@ -483,4 +518,62 @@ fn decode_share_list(r: &mut Reader<'_>) -> Result<Vec<(ClientId, Share)>, Decod
             Ok((owner, share))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::wire::add_packed;
+
+    fn masked_input(bits: u8, values: &[u32]) -> Vec<u8> {
+        let mask = if bits == 32 { u32::MAX } else { (1u32 << bits) - 1 };
+        ClientMessage::MaskedInput {
+            context: RoundContext([9; 32]),
+            vector: MaskedVector { bits, values: values.iter().map(|v| v & mask).collect() },
+        }
+        .encode()
+    }
+
+    proptest! {
+        /// Reading a masked input in place accepts exactly what decoding
+        /// accepts, with the same error, and its packed values add up to
+        /// the decoded vector; whatever bytes were changed, cut or added.
+        #[test]
+        fn a_masked_input_read_in_place_agrees_with_its_decoding(
+            bits in 2u8..=32,
+            values in proptest::collection::vec(any::<u32>(), 0..40),
+            edit in 0usize..4,
+            at in any::<usize>(),
+            byte in any::<u8>(),
+        ) {
+            let mut bytes = masked_input(bits, &values);
+            let at = at % bytes.len();
+            match edit {
+                0 => bytes[at] ^= byte | 1,
+                1 => bytes.truncate(at),
+                2 => bytes.insert(at, byte),
+                _ => {}
+            }
+            match (ClientMessage::decode(&bytes), PackedMaskedInput::peek(&bytes)) {
+                (Ok(ClientMessage::MaskedInput { context, vector }), Ok(Some(packed))) => {
+                    prop_assert_eq!(packed.context, context);
+                    prop_assert_eq!(packed.bits, vector.bits);
+                    prop_assert_eq!(packed.len, vector.values.len());
+                    let mut sum = vec![0u32; packed.len];
+                    add_packed(packed.packed, packed.bits, &mut sum);
+                    prop_assert_eq!(sum, vector.values);
+                }
+                (Ok(other), Ok(None)) => {
+                    let is_masked_input = matches!(other, ClientMessage::MaskedInput { .. });
+                    prop_assert!(!is_masked_input, "a masked input was not read in place");
+                }
+                (Err(decoded), Err(peeked)) => prop_assert_eq!(decoded, peeked),
+                // Another kind that fails to decode is not the reader's to judge.
+                (Err(_), Ok(None)) => {}
+                (decoded, peeked) => prop_assert!(false, "decode {:?}, in place {:?}", decoded.map(|m| m.stage()), peeked.map(|p| p.is_some())),
+            }
+        }
+    }
 }

@@ -7,18 +7,21 @@
 //! words, is added to or subtracted from a vector modulo 2^32; reducing the
 //! result modulo 2^b afterwards gives the same answer as working in Z_{2^b}
 //! throughout, because 2^b divides 2^32.
+//!
+//! Two implementations give the same key stream: on 64-bit Linux and macOS
+//! servers and clients, AWS-LC's AES-CTR (`aws-lc-rs`, the assembly OpenSSL
+//! also uses, about 1.3x the portable one here); everywhere else (wasm32,
+//! Android), the portable `aes` crate, which still uses AES-NI or the ARMv8
+//! instructions where the target has them. The known-answer tests hold for
+//! both, and `the_backends_give_the_same_key_stream` compares them.
 
-use aes::Aes128;
-use aes::cipher::{BlockCipherEncrypt, KeyInit};
 use zeroize::Zeroizing;
 
 use crate::kdf::hkdf_sha256;
 use crate::secret::Secret32;
 
-/// Blocks encrypted per batch: 1 KiB of key stream, enough for the AES-NI
-/// backend to pipeline while staying in L1.
-const BATCH_BLOCKS: usize = 64;
-const WORDS_PER_BLOCK: usize = 4;
+/// Key-stream words per AES block.
+pub const WORDS_PER_BLOCK: usize = 4;
 
 /// Whether a mask is added to or subtracted from a vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,9 +32,19 @@ pub enum MaskSign {
     Subtract,
 }
 
+impl MaskSign {
+    /// The other sign: what removes a mask applied with this one.
+    pub fn inverse(self) -> Self {
+        match self {
+            MaskSign::Add => MaskSign::Subtract,
+            MaskSign::Subtract => MaskSign::Add,
+        }
+    }
+}
+
 /// An AES-128-CTR key stream generator; its key schedule is zeroized on drop.
 pub struct MaskPrg {
-    cipher: Aes128,
+    cipher: backend::Cipher,
 }
 
 impl MaskPrg {
@@ -44,52 +57,136 @@ impl MaskPrg {
 
     /// Uses `key` directly as the AES-128 key (for known-answer tests).
     pub fn from_key(key: &[u8; 16]) -> Self {
-        match Aes128::new_from_slice(key) {
-            Ok(cipher) => Self { cipher },
-            Err(_) => unreachable!("AES-128 keys are 16 bytes"),
-        }
+        Self { cipher: backend::Cipher::new(key) }
     }
 
     /// Adds (or subtracts) the key stream, starting at counter 0, to `target`
     /// word by word modulo 2^32.
     pub fn apply(&self, target: &mut [u32], sign: MaskSign) {
+        self.apply_from(target, 0, sign);
+    }
+
+    /// Adds (or subtracts) the key stream from block `first_block` on to
+    /// `target`: word `i` of `target` takes key-stream word
+    /// `4 · first_block + i`. A vector cut into pieces whose lengths are
+    /// multiples of [`WORDS_PER_BLOCK`] is masked piece by piece exactly as
+    /// it is whole, so a long vector can be unmasked one cache-sized tile
+    /// at a time.
+    pub fn apply_from(&self, target: &mut [u32], first_block: u64, sign: MaskSign) {
         match sign {
-            MaskSign::Add => self.apply_signed::<true>(target),
-            MaskSign::Subtract => self.apply_signed::<false>(target),
+            MaskSign::Add => self.apply_signed::<true>(target, first_block),
+            MaskSign::Subtract => self.apply_signed::<false>(target, first_block),
         }
     }
 
-    fn apply_signed<const ADD: bool>(&self, target: &mut [u32]) {
-        let mut blocks = [aes::Block::default(); BATCH_BLOCKS];
-        let mut counter: u128 = 0;
-        for chunk in target.chunks_mut(BATCH_BLOCKS * WORDS_PER_BLOCK) {
-            let needed = chunk.len().div_ceil(WORDS_PER_BLOCK);
-            for block in &mut blocks[..needed] {
-                *block = counter.to_be_bytes().into();
-                counter += 1;
-            }
-            self.cipher.encrypt_blocks(&mut blocks[..needed]);
-            let (whole, tail) = chunk.split_at_mut(chunk.len() / WORDS_PER_BLOCK * WORDS_PER_BLOCK);
-            for (block, words) in blocks.iter().zip(whole.chunks_exact_mut(WORDS_PER_BLOCK)) {
-                let stream = block_words(block);
-                for (word, s) in words.iter_mut().zip(stream) {
-                    *word = if ADD { word.wrapping_add(s) } else { word.wrapping_sub(s) };
-                }
-            }
-            if !tail.is_empty() {
-                let stream = block_words(&blocks[whole.len() / WORDS_PER_BLOCK]);
-                for (word, s) in tail.iter_mut().zip(stream) {
-                    *word = if ADD { word.wrapping_add(s) } else { word.wrapping_sub(s) };
-                }
-            }
-        }
-        blocks.iter_mut().for_each(|block| block.fill(0));
+    fn apply_signed<const ADD: bool>(&self, target: &mut [u32], first_block: u64) {
+        self.cipher.add_key_stream::<ADD>(target, u128::from(first_block));
     }
 }
 
-/// The four little-endian words of a key-stream block.
+/// `word ± s` modulo 2^32.
 #[inline(always)]
-fn block_words(block: &aes::Block) -> [u32; WORDS_PER_BLOCK] {
-    let word = |i: usize| u32::from_le_bytes([block[i], block[i + 1], block[i + 2], block[i + 3]]);
-    [word(0), word(4), word(8), word(12)]
+fn combine<const ADD: bool>(word: u32, s: u32) -> u32 {
+    if ADD { word.wrapping_add(s) } else { word.wrapping_sub(s) }
+}
+
+/// AWS-LC's AES-128-CTR.
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    any(target_os = "linux", target_os = "macos")
+))]
+mod backend {
+    use aws_lc_rs::cipher::{AES_128, EncryptingKey, EncryptionContext, UnboundCipherKey};
+    use aws_lc_rs::iv::FixedLength;
+    use zeroize::Zeroize;
+
+    use super::{WORDS_PER_BLOCK, combine};
+
+    /// Words of key stream per call: 8 KiB, enough to amortise a call and
+    /// small enough to stay in L1 beside the words it is added to.
+    const BATCH_WORDS: usize = 2048;
+
+    /// The expanded key (AWS-LC zeroizes it on drop).
+    pub(super) struct Cipher(EncryptingKey);
+
+    impl Cipher {
+        pub(super) fn new(key: &[u8; 16]) -> Self {
+            match UnboundCipherKey::new(&AES_128, key).and_then(EncryptingKey::ctr) {
+                Ok(key) => Self(key),
+                Err(_) => unreachable!("AES-128 takes 16-byte keys in CTR mode"),
+            }
+        }
+
+        /// Adds (or subtracts) the key stream from block `counter` on to
+        /// `target`: AWS-LC writes 8 KiB of it at a time, which is then
+        /// combined with the target's words.
+        pub(super) fn add_key_stream<const ADD: bool>(&self, target: &mut [u32], mut counter: u128) {
+            let mut stream = [0u32; BATCH_WORDS];
+            for chunk in target.chunks_mut(BATCH_WORDS) {
+                let blocks = chunk.len().div_ceil(WORDS_PER_BLOCK);
+                let words = &mut stream[..blocks * WORDS_PER_BLOCK];
+                words.fill(0);
+                let iv = EncryptionContext::Iv128(FixedLength::from(counter.to_be_bytes()));
+                if self.0.less_safe_encrypt(bytemuck::cast_slice_mut(words), iv).is_err() {
+                    unreachable!("CTR mode encrypts any length");
+                }
+                counter += blocks as u128;
+                for (word, s) in chunk.iter_mut().zip(words.iter()) {
+                    *word = combine::<ADD>(*word, u32::from_le(*s));
+                }
+            }
+            stream.zeroize();
+        }
+    }
+}
+
+/// The portable `aes` crate (AES-NI, ARMv8 or constant-time software).
+#[cfg(not(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    any(target_os = "linux", target_os = "macos")
+)))]
+mod backend {
+    use aes::Aes128;
+    use aes::cipher::{BlockCipherEncrypt, KeyInit};
+    use zeroize::Zeroize;
+
+    use super::{WORDS_PER_BLOCK, combine};
+
+    /// Blocks encrypted per batch: 1 KiB of key stream, enough for AES-NI
+    /// to pipeline while staying in L1.
+    const BATCH_BLOCKS: usize = 64;
+
+    /// The expanded key (zeroized on drop by the `aes` crate).
+    pub(super) struct Cipher(Aes128);
+
+    impl Cipher {
+        pub(super) fn new(key: &[u8; 16]) -> Self {
+            match Aes128::new_from_slice(key) {
+                Ok(cipher) => Self(cipher),
+                Err(_) => unreachable!("AES-128 keys are 16 bytes"),
+            }
+        }
+
+        /// Adds (or subtracts) the key stream from block `counter` on to
+        /// `target`, 64 blocks at a time, each block's words combined with
+        /// the target's as soon as it is encrypted.
+        pub(super) fn add_key_stream<const ADD: bool>(&self, target: &mut [u32], mut counter: u128) {
+            let mut blocks = [aes::Block::default(); BATCH_BLOCKS];
+            for chunk in target.chunks_mut(BATCH_BLOCKS * WORDS_PER_BLOCK) {
+                let needed = chunk.len().div_ceil(WORDS_PER_BLOCK);
+                for block in &mut blocks[..needed] {
+                    *block = counter.to_be_bytes().into();
+                    counter += 1;
+                }
+                self.0.encrypt_blocks(&mut blocks[..needed]);
+                for (block, words) in blocks.iter().zip(chunk.chunks_mut(WORDS_PER_BLOCK)) {
+                    for (word, bytes) in words.iter_mut().zip(block.chunks_exact(4)) {
+                        let s = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                        *word = combine::<ADD>(*word, s);
+                    }
+                }
+            }
+            blocks.iter_mut().for_each(|block| block.as_mut_slice().zeroize());
+        }
+    }
 }

@@ -172,6 +172,11 @@ impl QuantizedInput {
     pub(crate) fn values(&self) -> &[u32] {
         &self.0
     }
+
+    /// The values themselves, zeroized when dropped.
+    pub(crate) fn into_values(self) -> Zeroizing<Vec<u32>> {
+        self.0
+    }
 }
 
 /// The decoded aggregate: the weighted mean update, the total weight and
@@ -186,6 +191,9 @@ pub struct WeightedMean {
     /// it and their number.
     pub metrics: MetricSums,
 }
+
+/// Coordinates rounded per draw of random words in [`Quantizer::encode`].
+const ROUNDING_BATCH: usize = 64;
 
 /// Quantizes updates for one round and decodes the aggregate.
 #[derive(Debug, Clone, Copy)]
@@ -325,14 +333,45 @@ impl Quantizer {
         let levels = self.levels as f64;
         let to_unit = levels / (2.0 * clip);
         let mut out = Zeroizing::new(Vec::with_capacity(self.encoded_len(update.len())));
-        for &value in values {
-            let scaled = f64::from(value).clamp(-clip, clip) * scale;
-            let position = ((scaled + clip) * to_unit).clamp(0.0, levels);
-            let floor = position.floor();
-            // 53 random bits give a uniform double in [0, 1).
-            let uniform = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-            let rounded = if uniform < position - floor { floor + 1.0 } else { floor };
-            out.push(rounded.min(levels) as u32);
+        out.resize(values.len(), 0);
+        // The rounding's random words are drawn 64 at a time (the same
+        // words, in the same order, as one draw per coordinate), and each
+        // coordinate is written in place: a loop without calls or pushes.
+        let mut random = Zeroizing::new([0u8; 8 * ROUNDING_BATCH]);
+        for (chunk, rounded) in values.chunks(ROUNDING_BATCH).zip(out.chunks_mut(ROUNDING_BATCH)) {
+            let random = &mut random[..8 * chunk.len()];
+            rng.fill_bytes(random);
+            for ((&value, word), rounded) in chunk.iter().zip(random.chunks_exact(8)).zip(rounded) {
+                // Finite (checked above), so plain comparisons clamp it.
+                let value = f64::from(value);
+                let clipped = if value < -clip {
+                    -clip
+                } else if value > clip {
+                    clip
+                } else {
+                    value
+                };
+                let position = (clipped * scale + clip) * to_unit;
+                let position = if position < 0.0 {
+                    0.0
+                } else if position > levels {
+                    levels
+                } else {
+                    position
+                };
+                // The position is not negative, so truncation is its floor
+                // (one instruction, where `floor` is a libm call on x86-64's
+                // baseline); it and the 53 random bits below fit an i64,
+                // whose conversions are single instructions too.
+                let floor = (position as i64) as f64;
+                // 53 random bits give a uniform double in [0, 1).
+                let bits = u64::from_le_bytes([
+                    word[0], word[1], word[2], word[3], word[4], word[5], word[6], word[7],
+                ]);
+                let uniform = ((bits >> 11) as i64) as f64 * (1.0 / (1u64 << 53) as f64);
+                let up = if uniform < position - floor { floor + 1.0 } else { floor };
+                *rounded = (if up > levels { levels } else { up }) as u32;
+            }
         }
         self.push_digits(&mut out, u64::from(weight), self.weight_digits());
         for metric in self.spec.metrics.iter() {

@@ -12,8 +12,6 @@
 
 use std::sync::Arc;
 
-use zeroize::Zeroizing;
-
 use crate::agreement::is_low_order;
 use crate::config::{RoundConfig, RoundContext, Variant};
 use crate::derive;
@@ -21,12 +19,14 @@ use crate::error::{ProtocolError, Stage};
 use crate::graph::CommunicationGraph;
 use crate::ids::ClientId;
 use crate::messages::{
-    AdvertisedKeys, ClientMessage, ENVELOPE_LEN, Envelope, MaskedVector, ServerMessage, UnmaskingShares,
+    AdvertisedKeys, ClientMessage, ENVELOPE_LEN, Envelope, MaskedVector, PackedMaskedInput, ServerMessage,
+    UnmaskingShares,
 };
 use crate::shamir::Share;
 use crate::signature::{SIGNATURE_LEN, verify};
 pub use crate::unmask::FaultyShare;
 use crate::unmask::{UnmaskJob, unmask};
+use crate::wire::add_packed;
 
 /// The result of a round: Σ x_u over the survivors, in Z_{2^b}.
 #[derive(Clone, PartialEq, Eq)]
@@ -38,6 +38,11 @@ pub struct Aggregate {
     /// Revealed shares that disagreed with the secret their owner committed
     /// to; the round completed without them. Ascending.
     pub faulty_shares: Vec<FaultyShare>,
+    /// Masks the server removed in the unmasking stage (a self mask per
+    /// survivor, a pairwise mask per dropped client and surviving
+    /// neighbour), each a key stream as long as the vector: the server's
+    /// part of the key stream a round expands.
+    pub masks_removed: usize,
 }
 
 impl core::fmt::Debug for Aggregate {
@@ -391,6 +396,26 @@ impl ServerRound {
         }
     }
 
+    /// Accepts one encoded message from `from`, as [`receive`](Self::receive)
+    /// does its decoded form. A masked input is never decoded into a
+    /// vector: its packed values are checked and added straight into the
+    /// running sum (on parallel threads with feature `parallel`), which
+    /// saves a copy of the vector and its allocation for every client.
+    pub fn receive_encoded(&mut self, from: ClientId, bytes: &[u8]) -> Result<(), ProtocolError> {
+        if let Some(input) = PackedMaskedInput::peek(bytes)? {
+            let stage = self.stage();
+            if stage != Stage::MaskedInputCollection {
+                return Err(ProtocolError::OutOfPhase { expected: stage, got: Stage::MaskedInputCollection });
+            }
+            self.info().check_sender(from, &input.context)?;
+            self.inbox().check(from, stage)?;
+            if let ServerRound::CollectingMaskedInputs(s) = self {
+                return s.receive_packed(from, &input);
+            }
+        }
+        self.receive(from, ClientMessage::decode(bytes)?)
+    }
+
     /// Closes the current stage. Fails, ending the round, when fewer than t
     /// clients answered; the last stage reconstructs the dropped clients'
     /// keys and the survivors' seeds, removes the masks and returns the sum.
@@ -519,6 +544,29 @@ impl CollectingMaskedInputs {
         Ok(())
     }
 
+    fn receive_packed(&mut self, from: ClientId, input: &PackedMaskedInput<'_>) -> Result<(), ProtocolError> {
+        let config = &self.info.config;
+        if input.bits != config.modulus_bits {
+            return Err(invalid(from, "masked input uses the wrong modulus"));
+        }
+        if input.len != config.vector_len as usize {
+            return Err(invalid(from, "masked input has the wrong length"));
+        }
+        // Pieces of a multiple of 8 values start at byte boundaries.
+        const PIECE: usize = 1 << 16;
+        let bytes_per_piece = PIECE / 8 * usize::from(input.bits);
+        let add = |(piece, sum): (&[u8], &mut [u32])| add_packed(piece, input.bits, sum);
+        #[cfg(feature = "parallel")]
+        {
+            use rayon::prelude::*;
+            input.packed.par_chunks(bytes_per_piece).zip(self.sum.par_chunks_mut(PIECE)).for_each(add);
+        }
+        #[cfg(not(feature = "parallel"))]
+        input.packed.chunks(bytes_per_piece).zip(self.sum.chunks_mut(PIECE)).for_each(add);
+        self.inbox.mark(from);
+        Ok(())
+    }
+
     fn advance(self) -> Result<ServerRound, ProtocolError> {
         let info = self.info;
         // The invariant that protects individual inputs: fewer than t
@@ -620,7 +668,9 @@ impl CollectingUnmaskingShares {
     fn finish(self) -> Result<Aggregate, ProtocolError> {
         let info = self.info;
         info.require(Stage::Unmasking, self.inbox.count)?;
-        let after = self.after;
+        let mut after = self.after;
+        // The masks come off the running sum in place.
+        let mut sum = core::mem::take(&mut after.sum);
         let dropped: Vec<ClientId> = (0..after.shared.len())
             .filter(|&i| after.shared[i] && !after.survived[i])
             .map(ClientId::from_index)
@@ -637,13 +687,9 @@ impl CollectingUnmaskingShares {
                 info.graph.neighbours(v).into_iter().filter(|u| after.survived[u.index()]).collect()
             },
         };
-        let mut sum = Zeroizing::new(after.sum.clone());
-        let faulty_shares = unmask(&jobs, &mut sum)?;
+        let (faulty_shares, masks_removed) = unmask(&jobs, &mut sum)?;
         let modulus = info.config.modulus_mask();
-        Ok(Aggregate {
-            sum: sum.iter().map(|v| v & modulus).collect(),
-            contributors: after.survivors.clone(),
-            faulty_shares,
-        })
+        sum.iter_mut().for_each(|v| *v &= modulus);
+        Ok(Aggregate { sum, contributors: after.survivors.clone(), faulty_shares, masks_removed })
     }
 }

@@ -14,7 +14,7 @@ use crate::client::Client;
 use crate::config::RoundConfig;
 use crate::error::ProtocolError;
 use crate::ids::ClientId;
-use crate::messages::{ClientMessage, ServerMessage};
+use crate::messages::ServerMessage;
 use crate::quantize::QuantizedInput;
 use crate::server::{Advanced, Aggregate, ServerRound};
 use crate::signature::IdentityKey;
@@ -59,7 +59,8 @@ pub struct ClientReport {
     pub bytes_up: u64,
     /// Encoded bytes received.
     pub bytes_down: u64,
-    /// Time spent decoding, computing and encoding.
+    /// Time spent decoding, computing and encoding, from the client's
+    /// quantized input on (making the input is not counted).
     pub busy_ms: f64,
     /// Whether the client completed the round.
     pub finished: bool,
@@ -74,6 +75,9 @@ pub struct SimulationOutcome {
     pub clients: Vec<ClientReport>,
     /// Server time: decoding, state transitions, unmasking and encoding.
     pub server_ms: f64,
+    /// The part of `server_ms` spent closing the last stage: reconstructing
+    /// the secrets and removing the masks.
+    pub unmasking_ms: f64,
 }
 
 /// A round to simulate.
@@ -160,10 +164,10 @@ impl Simulation<'_> {
                 return;
             }
             let identity = self.identities.get(slot.id.index()).cloned();
+            let input = (self.inputs)(slot.id);
             let (started, ms) = stopwatch.time(|| {
                 let message = ServerMessage::decode(&setup)?;
-                let (state, reply) =
-                    Client::start(message, slot.id, identity, (self.inputs)(slot.id), &mut slot.rng)?;
+                let (state, reply) = Client::start(message, slot.id, identity, input, &mut slot.rng)?;
                 Ok::<_, ProtocolError>((state, reply.encode()))
             });
             slot.report.busy_ms += ms;
@@ -185,17 +189,20 @@ impl Simulation<'_> {
             &self.plan.after_consistency,
         ];
         let mut stage = 0;
-        let aggregate = loop {
+        let (aggregate, unmasking_ms) = loop {
             // The server reads everything that was sent.
+            // The messages are the clients' buffers: freeing them after the
+            // server read them is not the server's work.
+            let outgoing: Vec<(ClientId, Vec<u8>)> =
+                slots.iter_mut().filter_map(|slot| Some((slot.id, slot.outgoing.take()?))).collect();
             let (received, ms) = stopwatch.time(|| {
-                for slot in slots.iter_mut() {
-                    if let Some(bytes) = slot.outgoing.take() {
-                        server.receive(slot.id, ClientMessage::decode(&bytes)?)?;
-                    }
+                for (id, bytes) in &outgoing {
+                    server.receive_encoded(*id, bytes)?;
                 }
                 Ok::<_, ProtocolError>(())
             });
             server_ms += ms;
+            drop(outgoing);
             received?;
             if stop_before_unmasking && server.stage() == crate::error::Stage::Unmasking {
                 return Ok(Stopped::ReadyToUnmask(server));
@@ -209,7 +216,7 @@ impl Simulation<'_> {
             let (advanced, ms) = stopwatch.time(|| server.advance());
             server_ms += ms;
             let next = match advanced? {
-                Advanced::Done(aggregate) => break aggregate,
+                Advanced::Done(aggregate) => break (aggregate, ms),
                 Advanced::Next(next) => next,
             };
             server = next;
@@ -257,6 +264,7 @@ impl Simulation<'_> {
             aggregate,
             clients: slots.into_iter().map(|slot| slot.report).collect(),
             server_ms,
+            unmasking_ms,
         }))
     }
 }

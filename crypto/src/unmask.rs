@@ -4,12 +4,11 @@
 //! advertised commitment and subtracts PRG(b_u); for each client v that
 //! shared keys but sent no masked input it reconstructs s_sk_v, checks it
 //! against v's advertised s_pk, and removes every pairwise mask between v
-//! and a surviving neighbour. The mask expansions are independent, so they
-//! run in parallel (feature `parallel`) into per-thread accumulators that are
-//! summed at the end.
+//! and a surviving neighbour. The masks are removed from the sum one
+//! cache-sized tile at a time, every mask's key stream for that tile's
+//! counter range in turn, tiles on parallel threads (feature `parallel`).
 
 use subtle::ConstantTimeEq;
-use zeroize::Zeroizing;
 
 use crate::agreement::{AgreementKey, PeerKey};
 use crate::config::RoundContext;
@@ -17,7 +16,7 @@ use crate::derive;
 use crate::error::{CryptoError, ProtocolError, Stage};
 use crate::ids::ClientId;
 use crate::messages::AdvertisedKeys;
-use crate::prg::MaskSign;
+use crate::prg::{MaskPrg, MaskSign, WORDS_PER_BLOCK};
 use crate::secret::Secret32;
 use crate::shamir::{Reconstructor, Share};
 
@@ -45,13 +44,9 @@ pub(crate) struct UnmaskJob<'a> {
     pub partners_of_dropped: &'a (dyn Fn(ClientId) -> Vec<ClientId> + Sync),
 }
 
-enum Task<'a> {
-    SelfMask { owner: ClientId, seed: &'a Secret32 },
-    Pairwise { dropped: ClientId, survivor: ClientId, shared: Secret32 },
-}
-
 /// Subtracts every remaining mask from `sum` (modulo 2^32) and returns the
-/// revealed shares that were wrong.
+/// revealed shares that were wrong and how many masks were removed (each a
+/// key stream as long as the vector).
 ///
 /// Every reconstructed secret is checked before it is used: a survivor's
 /// seed against the commitment it advertised, a dropped client's mask key
@@ -60,7 +55,10 @@ enum Task<'a> {
 /// holders of the wrong ones are named, and unmasking goes on without them;
 /// when too many are wrong to correct, the round fails and nothing wrong is
 /// ever subtracted.
-pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<Vec<FaultyShare>, ProtocolError> {
+pub(crate) fn unmask(
+    job: &UnmaskJob<'_>,
+    sum: &mut [u32],
+) -> Result<(Vec<FaultyShare>, usize), ProtocolError> {
     let reconstruct = |reconstructor: &mut Reconstructor,
                        owner: ClientId,
                        shares: &[Share],
@@ -100,8 +98,13 @@ pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<Vec<FaultyS
     let seeds: Vec<(ClientId, Secret32)> = job.survivors.iter().copied().zip(seeds).collect();
     let dropped_keys: Vec<(ClientId, AgreementKey)> =
         job.dropped.iter().zip(&keys).map(|(&v, secret)| (v, AgreementKey::from_secret(secret))).collect();
-    let mut tasks: Vec<Task<'_>> =
-        seeds.iter().map(|(owner, seed)| Task::SelfMask { owner: *owner, seed }).collect();
+    let mut masks: Vec<Mask> = seeds
+        .iter()
+        .map(|(owner, seed)| Mask {
+            prg: derive::self_mask(seed, job.context, *owner),
+            sign: MaskSign::Add.inverse(),
+        })
+        .collect();
     // Each survivor's mask key is prepared once, however many dropped
     // neighbours it has; each dropped client's agreements go as one batch.
     let mut prepared: Vec<Option<PeerKey>> = vec![None; job.keys.len()];
@@ -128,15 +131,17 @@ pub(crate) fn unmask(job: &UnmaskJob<'_>, sum: &mut [u32]) -> Result<Vec<FaultyS
     let agreed: Vec<_> = partners.iter().map(agree).collect();
     for ((v, _, list), shared) in partners.iter().zip(agreed) {
         for (u, shared) in list.iter().zip(shared) {
-            tasks.push(Task::Pairwise { dropped: *v, survivor: *u, shared: shared? });
+            // The survivor u applied PRG(s_uv) with its sign; the server
+            // applies the other.
+            masks.push(Mask {
+                prg: derive::pairwise_mask(&shared?, job.context, *v, *u),
+                sign: derive::pairwise_sign(*u, *v).inverse(),
+            });
         }
     }
-    let masks = total_mask(job.context, &tasks, sum.len());
-    for (value, mask) in sum.iter_mut().zip(masks.iter()) {
-        *value = value.wrapping_sub(*mask);
-    }
+    remove_masks(&masks, sum);
     faulty.sort_unstable();
-    Ok(faulty)
+    Ok((faulty, masks.len()))
 }
 
 /// Each owner's secret by `reconstruct`, every one on its own (in parallel,
@@ -173,48 +178,49 @@ fn reconstruct_each(
         .collect()
 }
 
-/// Applies one task's mask to `acc` exactly as its client applied it.
-fn apply(context: &RoundContext, task: &Task<'_>, acc: &mut [u32]) {
-    match task {
-        Task::SelfMask { owner, seed } => derive::self_mask(seed, context, *owner).apply(acc, MaskSign::Add),
-        Task::Pairwise { dropped, survivor, shared } => {
-            derive::pairwise_mask(shared, context, *dropped, *survivor)
-                .apply(acc, derive::pairwise_sign(*survivor, *dropped))
+/// A mask to remove: its generator and the sign that removes it.
+struct Mask {
+    prg: MaskPrg,
+    sign: MaskSign,
+}
+
+/// Key-stream words per tile, at most: 256 KiB, which stays in a core's L2
+/// cache while every mask is removed from it.
+const MAX_TILE_WORDS: usize = 1 << 16;
+/// Key-stream words per tile, at least: 16 KiB, so that the per-tile work of
+/// each mask (one call, one counter) stays small beside its key stream.
+const MIN_TILE_WORDS: usize = 1 << 12;
+
+/// Words per tile for a vector of `len` words on `threads` threads: about
+/// four tiles per thread (for balance), within the bounds above, and a whole
+/// number of AES blocks (so that each tile starts at a block boundary).
+fn tile_words(len: usize, threads: usize) -> usize {
+    let even = len.div_ceil(threads.max(1) * 4).clamp(MIN_TILE_WORDS, MAX_TILE_WORDS);
+    even.next_multiple_of(WORDS_PER_BLOCK)
+}
+
+/// Removes every mask from `sum`, one tile of the vector at a time: each
+/// tile takes every mask's key stream for its own counter range while it
+/// sits in cache, so the sum is read and written once however many masks
+/// there are, and no vector of masks is ever held. Tiles go to the worker
+/// threads (feature `parallel`).
+fn remove_masks(masks: &[Mask], sum: &mut [u32]) {
+    #[cfg(feature = "parallel")]
+    let threads = rayon::current_num_threads();
+    #[cfg(not(feature = "parallel"))]
+    let threads = 1;
+    let words = tile_words(sum.len(), threads);
+    let remove = |(index, tile): (usize, &mut [u32])| {
+        let first_block = (index * words / WORDS_PER_BLOCK) as u64;
+        for mask in masks {
+            mask.prg.apply_from(tile, first_block, mask.sign);
         }
+    };
+    #[cfg(feature = "parallel")]
+    {
+        use rayon::prelude::*;
+        sum.par_chunks_mut(words).enumerate().for_each(remove);
     }
-}
-
-/// The sum of all the tasks' masks.
-#[cfg(feature = "parallel")]
-fn total_mask(context: &RoundContext, tasks: &[Task<'_>], len: usize) -> Zeroizing<Vec<u32>> {
-    use rayon::prelude::*;
-    tasks
-        .par_iter()
-        .with_min_len(4)
-        .fold(
-            || Zeroizing::new(vec![0u32; len]),
-            |mut acc, task| {
-                apply(context, task, &mut acc);
-                acc
-            },
-        )
-        .reduce(
-            || Zeroizing::new(vec![0u32; len]),
-            |mut a, b| {
-                for (x, y) in a.iter_mut().zip(b.iter()) {
-                    *x = x.wrapping_add(*y);
-                }
-                a
-            },
-        )
-}
-
-/// The sum of all the tasks' masks.
-#[cfg(not(feature = "parallel"))]
-fn total_mask(context: &RoundContext, tasks: &[Task<'_>], len: usize) -> Zeroizing<Vec<u32>> {
-    let mut acc = Zeroizing::new(vec![0u32; len]);
-    for task in tasks {
-        apply(context, task, &mut acc);
-    }
-    acc
+    #[cfg(not(feature = "parallel"))]
+    sum.chunks_mut(words).enumerate().for_each(remove);
 }

@@ -225,9 +225,82 @@ pub(crate) fn unpack(bytes: &[u8], len: usize, bits: u8) -> Result<Vec<u32>, Dec
     Ok(values)
 }
 
+/// Whether the bits after the last of `len` values of `bits` bits in
+/// `bytes` (the rest of the last byte) are zero, as the canonical encoding
+/// requires. `bytes` holds exactly `packed_len(len, bits)` bytes.
+pub(crate) fn padding_is_zero(bytes: &[u8], len: usize, bits: u8) -> bool {
+    let used = (len * usize::from(bits)) % 8;
+    used == 0 || bytes.last().is_none_or(|last| last >> used == 0)
+}
+
+/// Adds the `sum.len()` values of `bits` bits packed in `bytes` to `sum`,
+/// word by word modulo 2^32, without decoding them into a vector first.
+/// `bytes` holds exactly `packed_len(sum.len(), bits)` bytes (callers check
+/// lengths and padding before anything is added); a piece that starts at a
+/// multiple of 8 values starts at a byte boundary, so a long vector can be
+/// added piece by piece.
+pub(crate) fn add_packed(bytes: &[u8], bits: u8, sum: &mut [u32]) {
+    debug_assert_eq!(bytes.len(), packed_len(sum.len(), bits));
+    if bits == 32 {
+        for (total, word) in sum.iter_mut().zip(bytes.chunks_exact(4)) {
+            *total = total.wrapping_add(u32::from_le_bytes([word[0], word[1], word[2], word[3]]));
+        }
+        return;
+    }
+    let mask = (1u64 << bits) - 1;
+    let mut acc: u64 = 0;
+    let mut filled: u32 = 0;
+    let mut input = bytes.iter();
+    for total in sum.iter_mut() {
+        while filled < u32::from(bits) {
+            let Some(byte) = input.next() else { return };
+            acc |= u64::from(*byte) << filled;
+            filled += 8;
+        }
+        *total = total.wrapping_add((acc & mask) as u32);
+        acc >>= bits;
+        filled -= u32::from(bits);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packed_values_add_into_a_sum_as_they_decode_whole_or_in_pieces() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for bits in 2..=32u8 {
+            let len = 1003;
+            let values: Vec<u32> = (0..len)
+                .map(|_| {
+                    rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((rng >> 32) as u32) & (((1u64 << bits) - 1) as u32)
+                })
+                .collect();
+            let mut packed = Vec::new();
+            pack(&values, bits, &mut packed);
+            assert!(padding_is_zero(&packed, len, bits));
+            let start: Vec<u32> = (0..len as u32).map(|i| i.wrapping_mul(0x0101_0101)).collect();
+            let expected: Vec<u32> = start.iter().zip(&values).map(|(a, b)| a.wrapping_add(*b)).collect();
+            let mut whole = start.clone();
+            add_packed(&packed, bits, &mut whole);
+            assert_eq!(whole, expected, "bits = {bits}");
+            // Pieces of 8 values start at byte boundaries.
+            let mut pieces = start.clone();
+            for (index, piece) in pieces.chunks_mut(16).enumerate() {
+                let from = index * 16 * usize::from(bits) / 8;
+                let to = from + packed_len(piece.len(), bits);
+                add_packed(&packed[from..to], bits, piece);
+            }
+            assert_eq!(pieces, expected, "bits = {bits}, in pieces");
+            if (len * usize::from(bits)) % 8 != 0 {
+                let mut dirty = packed.clone();
+                *dirty.last_mut().unwrap() |= 0x80;
+                assert!(!padding_is_zero(&dirty, len, bits), "bits = {bits}");
+            }
+        }
+    }
 
     #[test]
     fn packing_round_trips_for_every_width() {

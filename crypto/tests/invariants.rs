@@ -120,6 +120,65 @@ fn a_masked_input_of_the_wrong_length_is_refused() {
     check_sum(&driver, &aggregate);
 }
 
+/// The server adds a masked input into its sum straight from the message's
+/// bytes (`receive_encoded`); every message it refuses that way is refused
+/// with the error its decoded form gets from `receive`, and refusing it
+/// changes nothing.
+#[test]
+fn a_masked_input_added_from_its_bytes_is_refused_exactly_as_its_decoded_form() {
+    for (bits, len) in [(32u8, 8u32), (20, 9)] {
+        let config = config(4, 3, GraphSpec::Complete, len, bits);
+        let mut driver = Driver::start(&config, &[], 9);
+        driver.stage();
+        driver.stage();
+        let honest = driver.outbox[0].clone().unwrap();
+        let forge = |bits: u8, values: Vec<u32>, context| {
+            ClientMessage::MaskedInput {
+                context,
+                vector: cohort_crypto::messages::MaskedVector { bits, values },
+            }
+            .encode()
+        };
+        let mut other_round = config.clone();
+        other_round.round += 1;
+        let mut trailing = honest.clone();
+        trailing.push(0);
+        let mut cases: Vec<(&str, u32, Vec<u8>)> = vec![
+            ("short", 1, forge(bits, vec![0; len as usize - 1], config.context())),
+            ("long", 1, forge(bits, vec![0; len as usize + 1], config.context())),
+            ("other modulus", 1, forge(bits - 1, vec![0; len as usize], config.context())),
+            ("other round", 1, forge(bits, vec![0; len as usize], other_round.context())),
+            ("unknown client", 9, honest.clone()),
+            ("truncated", 1, honest[..honest.len() - 1].to_vec()),
+            ("trailing byte", 1, trailing),
+            ("bad magic", 1, [&[0u8, 0][..], &honest[2..]].concat()),
+        ];
+        if (len * u32::from(bits)) % 8 != 0 {
+            let mut padded = honest.clone();
+            *padded.last_mut().unwrap() |= 0x80;
+            cases.push(("padding bits", 1, padded));
+        }
+        let check = |driver: &mut Driver, name: &str, from: u32, bytes: &[u8]| {
+            let decoded = ClientMessage::decode(bytes)
+                .map_err(ProtocolError::from)
+                .and_then(|message| driver.server().receive(id(from), message));
+            let direct = driver.server().receive_encoded(id(from), bytes);
+            assert!(direct.is_err(), "{name} (bits {bits}) was accepted");
+            assert_eq!(direct, decoded, "{name} (bits {bits})");
+        };
+        for (name, from, bytes) in &cases {
+            check(&mut driver, name, *from, bytes);
+        }
+        // Accepted once, then refused as a replay either way.
+        driver.server().receive_encoded(id(1), &honest).unwrap();
+        check(&mut driver, "replay", 1, &honest);
+        driver.outbox[0] = None;
+        let aggregate = driver.finish();
+        check_sum(&driver, &aggregate);
+        assert_eq!(aggregate.contributors, ids(&[1, 2, 3, 4]));
+    }
+}
+
 fn unmasking_shares(bytes: &[u8]) -> (Vec<ClientId>, Vec<ClientId>) {
     match ClientMessage::decode(bytes).unwrap() {
         ClientMessage::Unmasking { shares, .. } => (

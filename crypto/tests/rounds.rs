@@ -75,6 +75,24 @@ fn three_clients_with_threshold_two_survive_a_dropout_after_sharing_keys() {
     }
 }
 
+/// Vectors longer than one piece of the server's input summation (2^16
+/// values) and than one tile of its unmasking, with a tail that is no whole
+/// AES block, in a packed ring and in Z_2^32: the sum is added piece by
+/// piece and the masks of survivors and dropped clients removed tile by
+/// tile, and the result is the plain sum.
+#[test]
+fn long_vectors_are_summed_in_pieces_and_unmasked_in_tiles() {
+    for bits in [20u8, 32] {
+        let config = config(10, 6, GraphSpec::Harary { degree: 8 }, 140_001, bits);
+        let plan = DropoutPlan { after_shares: ids(&[2, 7]), ..DropoutPlan::default() };
+        let outcome = run_and_check(&config, Vec::new(), plan, 21).unwrap();
+        assert_eq!(outcome.aggregate.contributors.len(), 8);
+        // 8 self masks and each dropped client's pairwise masks with its
+        // surviving neighbours (every client has 8 of its 9 peers).
+        assert!(outcome.aggregate.masks_removed > 8 + 2 * 6, "{}", outcome.aggregate.masks_removed);
+    }
+}
+
 #[test]
 fn small_rings_aggregate_without_wrapping() {
     // 10 clients in Z_{2^8}: each value at most ⌊255 / 10⌋ = 25.

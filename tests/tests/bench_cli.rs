@@ -39,9 +39,33 @@ fn sparse_round_with_dropouts_reports_a_correct_aggregate() {
     assert_eq!(up, (258 + 72 + 4 * 2001 + 228 * k) as f64);
     let expansion = report["expansion"].as_f64().unwrap();
     assert!((expansion - up / 8000.0).abs() < 1e-9);
-    for key in ["client_ms_mean", "client_ms_max", "server_ms", "total_ms", "bytes_down_per_client"] {
+    for key in ["client_ms_mean", "client_ms_max", "server_ms", "total_ms", "bytes_down_per_client", "inputs_ms"] {
         assert!(report[key].as_f64().unwrap() > 0.0, "{key}");
     }
+    // Without --bound, OpenSSL is not run and no bound is reported.
+    for key in ["openssl_ctr_rate", "keystream_bound_ms", "client_bound_ms"] {
+        assert!(report.get(key).is_none(), "{key}");
+    }
+}
+
+#[test]
+fn the_bound_is_the_servers_key_stream_at_openssls_rate() {
+    let args = ["--clients", "25", "--dim", "300", "--graph", "complete", "--dropout", "0.2", "--bound"];
+    let (ok, report, stderr) = bench(&args);
+    assert!(ok, "{stderr}");
+    assert_eq!(report["correct"], true);
+    // 20 survivors' self masks, and each of the 5 dropped clients' pairwise
+    // masks with the 20 survivors: 120 key streams of 301 words (the update
+    // and the example count).
+    let keystream = report["server_keystream_bytes"].as_f64().unwrap();
+    assert_eq!(keystream, (120 * 301 * 4) as f64);
+    let rate = report["openssl_ctr_rate"].as_f64().unwrap();
+    assert!(rate > 1e8, "OpenSSL's AES-128-CTR at {rate} B/s");
+    let bound = report["keystream_bound_ms"].as_f64().unwrap();
+    assert!((bound - keystream / rate * 1e3).abs() < 1e-9, "{bound}");
+    assert!(report["client_bound_ms"].as_f64().unwrap() > 0.0);
+    let unmasking = report["unmasking_ms"].as_f64().unwrap();
+    assert!(unmasking > 0.0 && unmasking <= report["server_ms"].as_f64().unwrap());
 }
 
 #[test]

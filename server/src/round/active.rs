@@ -221,17 +221,19 @@ impl Group {
 
     /// Accepts client `id`'s encoded stage message.
     pub(super) fn receive(&mut self, id: ClientId, bytes: &[u8]) -> Result<(), EngineError> {
-        let message = cohort_crypto::ClientMessage::decode(bytes).map_err(ProtocolError::from)?;
         let server = match &mut self.state {
             GroupState::Collecting(server) => server,
             GroupState::Remote(_) => return Err(self.elsewhere()),
             _ => {
+                let message = cohort_crypto::ClientMessage::decode(bytes).map_err(ProtocolError::from)?;
                 return Err(
                     ProtocolError::OutOfPhase { expected: Stage::Finished, got: message.stage() }.into()
                 );
             }
         };
-        server.receive(id, message)?;
+        // A masked input is added into the running sum from the body's
+        // bytes, never decoded into a vector of its own.
+        server.receive_encoded(id, bytes)?;
         self.bytes_up += bytes.len() as u64;
         Ok(())
     }

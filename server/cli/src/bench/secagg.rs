@@ -15,6 +15,7 @@ use cohort_crypto::simulation::{DropoutPlan, Simulation, Stopwatch, plain_sum};
 use cohort_crypto::{ClientId, MetricSet, QuantizedInput, Variant};
 use cohort_server::round::{BuiltRound, RoundBuilder};
 use cohort_server::spec::QuantizationConfig;
+use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
@@ -85,6 +86,11 @@ pub struct SecaggArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also measure this machine's AES-128-CTR rate with `openssl speed`
+    /// on the bench's threads and print the time the server's key stream
+    /// takes at that rate: the bound its unmasking works against.
+    #[arg(long)]
+    bound: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -99,9 +105,30 @@ struct Report {
     modulus_bits: u8,
     threads: usize,
     survivors: usize,
+    /// Making and quantizing every client's update, before the round (wall
+    /// time on the bench's threads); not in the client or round times.
+    inputs_ms: f64,
     client_ms_mean: f64,
     client_ms_max: f64,
     server_ms: f64,
+    /// The part of `server_ms` spent unmasking (reconstruction and mask
+    /// removal); the rest is mostly adding the masked inputs into the sum.
+    unmasking_ms: f64,
+    /// Key stream the server expanded to unmask (bytes).
+    server_keystream_bytes: f64,
+    /// `openssl speed -multi THREADS -evp aes-128-ctr` (bytes per second),
+    /// with `--bound`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    openssl_ctr_rate: Option<f64>,
+    /// The server's key stream at that rate (ms), with `--bound`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keystream_bound_ms: Option<f64>,
+    /// A client's own bound (ms), with `--bound`: its key stream (a self
+    /// mask and one pairwise mask per neighbour) at OpenSSL's rate on one
+    /// core, plus its 2k X25519 agreements (envelope and mask keys) at the
+    /// time one takes here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_bound_ms: Option<f64>,
     total_ms: f64,
     bytes_up_per_client: f64,
     bytes_down_per_client: f64,
@@ -204,10 +231,15 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
     let dim = args.dim as usize;
     let seed = args.seed;
     let inputs = move |id: ClientId| -> QuantizedInput {
-        let mut rng = ChaCha20Rng::seed_from_u64(seed ^ (u64::from(id.get()) << 20) ^ 0x1f2e3d);
+        let seed = seed ^ (u64::from(id.get()) << 20) ^ 0x1f2e3d;
+        // The update stands for a client's training: a fast generator makes
+        // it, so the round's time is the protocol's. Its quantization (in the
+        // client's time) draws from a ChaCha20 generator, as a client does.
+        let mut synthetic = SmallRng::seed_from_u64(seed);
         let update: Vec<f32> =
-            (0..dim).map(|_| (rng.next_u32() as f32 / u32::MAX as f32) * 2.0 - 1.0).collect();
-        let weight = 1 + (rng.next_u32() % 600);
+            (0..dim).map(|_| (synthetic.next_u32() as f32 / u32::MAX as f32) * 2.0 - 1.0).collect();
+        let weight = 1 + (synthetic.next_u32() % 600);
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
         match quantizer.encode(&update, weight, &mut rng) {
             Ok(input) => input,
             Err(error) => unreachable!("bench updates are finite and weights in range: {error}"),
@@ -216,13 +248,35 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
 
     let threads = args.threads.unwrap_or_else(rayon::current_num_threads);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    // Every client's quantized input is made before the round starts (as a
+    // client has its update before it checks in); each is taken once.
+    let start = Instant::now();
+    let prepared: Vec<std::sync::Mutex<Option<QuantizedInput>>> = pool.install(|| {
+        use rayon::prelude::*;
+        (1..=args.clients)
+            .into_par_iter()
+            .map(|i| std::sync::Mutex::new(ClientId::new(i).map(&inputs)))
+            .collect()
+    });
+    let inputs_ms = start.elapsed().as_secs_f64() * 1e3;
+    let take_input = |id: ClientId| -> QuantizedInput {
+        let taken = prepared.get(id.get() as usize - 1).and_then(|slot| slot.lock().ok()?.take());
+        taken.unwrap_or_else(|| inputs(id))
+    };
     let simulation =
-        Simulation { config: config.clone(), identities, plan, inputs: &inputs, seed: args.seed };
+        Simulation { config: config.clone(), identities, plan, inputs: &take_input, seed: args.seed };
     let start = Instant::now();
     let outcome = pool.install(|| simulation.run(&WallClock)).context("the round failed")?;
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
 
     let expected = pool.install(|| plain_sum(&config, &outcome.aggregate.contributors, &inputs));
+    let server_keystream_bytes = outcome.aggregate.masks_removed as f64 * f64::from(config.vector_len) * 4.0;
+    let openssl_ctr_rate = if args.bound { Some(openssl_ctr_rate(threads)?) } else { None };
+    let neighbours = if params.is_complete(args.clients) { args.clients - 1 } else { params.degree };
+    let client_bound_ms = openssl_ctr_rate.map(|rate| {
+        let keystream = f64::from(neighbours + 1) * f64::from(config.vector_len) * 4.0;
+        keystream / (rate / threads as f64) * 1e3 + 2.0 * f64::from(neighbours) * agreement_ms()
+    });
     let finished: Vec<_> = outcome.clients.iter().filter(|c| c.finished).collect();
     let count = finished.len().max(1) as f64;
     let bytes_up = finished.iter().map(|c| c.bytes_up as f64).sum::<f64>() / count;
@@ -244,9 +298,15 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         modulus_bits,
         threads,
         survivors: outcome.aggregate.contributors.len(),
+        inputs_ms,
         client_ms_mean: finished.iter().map(|c| c.busy_ms).sum::<f64>() / count,
         client_ms_max: finished.iter().map(|c| c.busy_ms).fold(0.0, f64::max),
         server_ms: outcome.server_ms,
+        unmasking_ms: outcome.unmasking_ms,
+        server_keystream_bytes,
+        openssl_ctr_rate,
+        keystream_bound_ms: openssl_ctr_rate.map(|rate| server_keystream_bytes / rate * 1e3),
+        client_bound_ms,
         total_ms,
         bytes_up_per_client: bytes_up,
         bytes_down_per_client: finished.iter().map(|c| c.bytes_down as f64).sum::<f64>() / count,
@@ -264,18 +324,97 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
     Ok(())
 }
 
+/// This machine's AES-128-CTR rate on `threads` cores, in bytes per second,
+/// as `openssl speed -multi THREADS -evp aes-128-ctr` measures it on 16 KiB
+/// buffers (the last `+F` line of its machine-readable output is the total).
+fn openssl_ctr_rate(threads: usize) -> Result<f64> {
+    let output = std::process::Command::new("openssl")
+        .args(["speed", "-mr", "-seconds", "2", "-bytes", "16384", "-evp", "aes-128-ctr"])
+        .args(["-multi", &threads.to_string()])
+        .output()
+        .context("running `openssl speed` (is OpenSSL installed?)")?;
+    if !output.status.success() {
+        bail!("`openssl speed` failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+    }
+    parse_openssl_rate(&String::from_utf8_lossy(&output.stdout))
+        .context("`openssl speed` printed no +F line for AES-128-CTR")
+}
+
+/// One X25519 agreement's time here (ms), the mean of 1000 after a warm-up.
+fn agreement_ms() -> f64 {
+    use cohort_crypto::agreement::AgreementKey;
+    let mut rng = ChaCha20Rng::seed_from_u64(5);
+    let own = AgreementKey::generate(&mut rng);
+    let peers: Vec<[u8; 32]> = (0..1100).map(|_| AgreementKey::generate(&mut rng).public_key()).collect();
+    let agree_all = |peers: &[[u8; 32]]| {
+        for peer in peers {
+            std::hint::black_box(own.agree(std::hint::black_box(peer)).is_ok());
+        }
+    };
+    agree_all(&peers[..100]);
+    let start = Instant::now();
+    agree_all(&peers[100..]);
+    start.elapsed().as_secs_f64() * 1e3 / 1000.0
+}
+
+/// The total rate in `openssl speed -mr` output: the last line
+/// `+F:<index>:AES-128-CTR:<bytes per second>` (with `-multi`, the children's
+/// lines come first, prefixed `Got:`, then the total).
+fn parse_openssl_rate(output: &str) -> Option<f64> {
+    output
+        .lines()
+        .filter_map(|line| line.strip_prefix("+F:"))
+        .filter_map(|rest| rest.rsplit(':').next()?.trim().parse::<f64>().ok())
+        .next_back()
+}
+
 fn print_table(r: &Report) {
     println!(
         "secure aggregation: {} clients, dim {}, {} graph (k = {}, t = {}), {} variant",
         r.clients, r.dim, r.graph, r.k, r.t, r.variant
     );
     println!("  dropout            {:.1} % ({} survivors)", r.dropout * 100.0, r.survivors);
+    println!(
+        "  inputs             {:.1} ms to make and quantize every update, before the round",
+        r.inputs_ms
+    );
     println!("  client time        mean {:.1} ms, max {:.1} ms", r.client_ms_mean, r.client_ms_max);
-    println!("  server time        {:.1} ms", r.server_ms);
+    println!("  server time        {:.1} ms ({:.1} ms unmasking)", r.server_ms, r.unmasking_ms);
+    println!("  server key stream  {:.2} GB", r.server_keystream_bytes / 1e9);
+    if let (Some(rate), Some(bound)) = (r.openssl_ctr_rate, r.keystream_bound_ms) {
+        println!(
+            "  key-stream bound   {bound:.1} ms at OpenSSL's {:.2} GB/s on {} threads: server time {:.2}x, unmasking {:.2}x",
+            rate / 1e9,
+            r.threads,
+            r.server_ms / bound,
+            r.unmasking_ms / bound
+        );
+    }
+    if let Some(bound) = r.client_bound_ms {
+        println!(
+            "  client bound       {bound:.2} ms (key stream on one core + agreements): client mean {:.2}x",
+            r.client_ms_mean / bound
+        );
+    }
     println!("  total (wall)       {:.1} ms on {} threads", r.total_ms, r.threads);
     println!(
         "  bytes per client   up {:.0}, down {:.0} (expansion {:.3}x over f32)",
         r.bytes_up_per_client, r.bytes_down_per_client, r.expansion
     );
     println!("  aggregate correct  {}", r.correct);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_openssl_rate;
+
+    #[test]
+    fn the_openssl_rate_is_the_total_line_of_its_machine_readable_output() {
+        let multi = "Forked child 0\nGot: +H:16384 from 0\nGot: +F:25:AES-128-CTR:9121628160.00 from 0\n\
+                     Got: +F:25:AES-128-CTR:9350316032.00 from 1\n+H:16384\n+F:25:AES-128-CTR:18471944192.00\n";
+        assert_eq!(parse_openssl_rate(multi), Some(18_471_944_192.0));
+        let single = "+DT:AES-128-CTR:1:16384\n+R:577186:AES-128-CTR:1.000000\n+H:16384\n+F:25:AES-128-CTR:9456615424.00\n";
+        assert_eq!(parse_openssl_rate(single), Some(9_456_615_424.0));
+        assert_eq!(parse_openssl_rate("+H:16384\n"), None);
+    }
 }
