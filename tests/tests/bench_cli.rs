@@ -39,7 +39,9 @@ fn sparse_round_with_dropouts_reports_a_correct_aggregate() {
     assert_eq!(up, (258 + 72 + 4 * 2001 + 228 * k) as f64);
     let expansion = report["expansion"].as_f64().unwrap();
     assert!((expansion - up / 8000.0).abs() < 1e-9);
-    for key in ["client_ms_mean", "client_ms_max", "server_ms", "total_ms", "bytes_down_per_client", "inputs_ms"] {
+    for key in
+        ["client_ms_mean", "client_ms_max", "server_ms", "total_ms", "bytes_down_per_client", "inputs_ms"]
+    {
         assert!(report[key].as_f64().unwrap() > 0.0, "{key}");
     }
     // Without --bound, OpenSSL is not run and no bound is reported.
