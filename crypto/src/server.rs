@@ -371,12 +371,7 @@ impl ServerRound {
     /// Accepts one message from `from`. A refused message leaves the state
     /// unchanged, so the round goes on for everybody else.
     pub fn receive(&mut self, from: ClientId, message: ClientMessage) -> Result<(), ProtocolError> {
-        let stage = self.stage();
-        if message.stage() != stage {
-            return Err(ProtocolError::OutOfPhase { expected: stage, got: message.stage() });
-        }
-        self.info().check_sender(from, message.context())?;
-        self.inbox().check(from, stage)?;
+        let stage = self.admit(from, message.stage(), message.context())?;
         match (self, message) {
             (ServerRound::CollectingKeys(s), message) => s.receive(from, message),
             (ServerRound::CollectingShares(s), ClientMessage::ShareKeys { envelopes, .. }) => {
@@ -403,17 +398,25 @@ impl ServerRound {
     /// saves a copy of the vector and its allocation for every client.
     pub fn receive_encoded(&mut self, from: ClientId, bytes: &[u8]) -> Result<(), ProtocolError> {
         if let Some(input) = PackedMaskedInput::peek(bytes)? {
-            let stage = self.stage();
-            if stage != Stage::MaskedInputCollection {
-                return Err(ProtocolError::OutOfPhase { expected: stage, got: Stage::MaskedInputCollection });
-            }
-            self.info().check_sender(from, &input.context)?;
-            self.inbox().check(from, stage)?;
+            self.admit(from, Stage::MaskedInputCollection, &input.context)?;
             if let ServerRound::CollectingMaskedInputs(s) = self {
                 return s.receive_packed(from, &input);
             }
         }
         self.receive(from, ClientMessage::decode(bytes)?)
+    }
+
+    /// What every message must pass before its content is read: it belongs
+    /// to the stage in progress, comes from a client of the roster for this
+    /// round, and is that client's first in the stage. Returns the stage.
+    fn admit(&self, from: ClientId, got: Stage, context: &RoundContext) -> Result<Stage, ProtocolError> {
+        let stage = self.stage();
+        if got != stage {
+            return Err(ProtocolError::OutOfPhase { expected: stage, got });
+        }
+        self.info().check_sender(from, context)?;
+        self.inbox().check(from, stage)?;
+        Ok(stage)
     }
 
     /// Closes the current stage. Fails, ending the round, when fewer than t
@@ -528,14 +531,20 @@ impl CollectingShares {
 }
 
 impl CollectingMaskedInputs {
-    fn receive(&mut self, from: ClientId, vector: MaskedVector) -> Result<(), ProtocolError> {
+    /// Whether a masked input of `bits` and `len` fits the round.
+    fn check_shape(&self, from: ClientId, bits: u8, len: usize) -> Result<(), ProtocolError> {
         let config = &self.info.config;
-        if vector.bits != config.modulus_bits {
+        if bits != config.modulus_bits {
             return Err(invalid(from, "masked input uses the wrong modulus"));
         }
-        if vector.values.len() != config.vector_len as usize {
+        if len != config.vector_len as usize {
             return Err(invalid(from, "masked input has the wrong length"));
         }
+        Ok(())
+    }
+
+    fn receive(&mut self, from: ClientId, vector: MaskedVector) -> Result<(), ProtocolError> {
+        self.check_shape(from, vector.bits, vector.values.len())?;
         // Only the running sum is kept; the individual vector is dropped here.
         for (total, value) in self.sum.iter_mut().zip(&vector.values) {
             *total = total.wrapping_add(*value);
@@ -545,13 +554,7 @@ impl CollectingMaskedInputs {
     }
 
     fn receive_packed(&mut self, from: ClientId, input: &PackedMaskedInput<'_>) -> Result<(), ProtocolError> {
-        let config = &self.info.config;
-        if input.bits != config.modulus_bits {
-            return Err(invalid(from, "masked input uses the wrong modulus"));
-        }
-        if input.len != config.vector_len as usize {
-            return Err(invalid(from, "masked input has the wrong length"));
-        }
+        self.check_shape(from, input.bits, input.len)?;
         // Pieces of a multiple of 8 values start at byte boundaries.
         const PIECE: usize = 1 << 16;
         let bytes_per_piece = PIECE / 8 * usize::from(input.bits);

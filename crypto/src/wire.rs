@@ -198,30 +198,11 @@ pub(crate) fn unpack(bytes: &[u8], len: usize, bits: u8) -> Result<Vec<u32>, Dec
     if bytes.len() != packed_len(len, bits) {
         return Err(DecodeError::Truncated);
     }
-    if bits == 32 {
-        return Ok(bytes
-            .chunks_exact(4)
-            .map(|chunk| u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]))
-            .collect());
-    }
-    let mask = (1u64 << bits) - 1;
-    let mut values = Vec::with_capacity(len);
-    let mut acc: u64 = 0;
-    let mut filled: u32 = 0;
-    let mut input = bytes.iter();
-    for _ in 0..len {
-        while filled < u32::from(bits) {
-            let byte = input.next().ok_or(DecodeError::Truncated)?;
-            acc |= u64::from(*byte) << filled;
-            filled += 8;
-        }
-        values.push((acc & mask) as u32);
-        acc >>= bits;
-        filled -= u32::from(bits);
-    }
-    if acc != 0 {
+    if !padding_is_zero(bytes, len, bits) {
         return Err(DecodeError::Invalid("padding bits"));
     }
+    let mut values = vec![0u32; len];
+    add_packed(bytes, bits, &mut values);
     Ok(values)
 }
 
