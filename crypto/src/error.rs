@@ -219,6 +219,16 @@ pub enum ProtocolError {
     /// The round already finished or was abandoned.
     #[error("the round is over")]
     Finished,
+    /// Masked inputs are still arriving in pieces: each must be finished
+    /// or retracted before the stage closes (see
+    /// [`crate::ServerRound::begin_input`]).
+    #[error("{0} masked inputs are still arriving")]
+    InputsArriving(u32),
+    /// A masked input that broke off could not be taken back out of the
+    /// running sum (its bytes could not be read back): the round ends
+    /// without unmasking anything.
+    #[error("a masked input that broke off could not be taken back out of the sum")]
+    SumDamaged,
 }
 
 /// Why an update could not be quantized or a sum decoded.

@@ -118,5 +118,5 @@ pub use messages::{ClientMessage, ServerMessage};
 pub use metrics::{Metric, MetricSet, MetricSums, MetricValues};
 pub use quantize::{QuantizationSpec, QuantizedInput, Quantizer, Transform};
 pub use secret::Secret32;
-pub use server::{Advanced, Aggregate, FaultyShare, ServerRound};
+pub use server::{Advanced, Aggregate, FaultyShare, IncomingInput, ServerRound};
 pub use wire::DecodeError;

@@ -438,13 +438,60 @@ impl<'a> PackedMaskedInput<'a> {
     }
 }
 
-/// A masked input's width, length and packed values.
-fn read_packed_vector<'a>(r: &mut Reader<'a>) -> Result<(u8, usize, &'a [u8]), DecodeError> {
+/// Bytes before a masked input's packed values: the message header, the
+/// round context, the width and the length. A server that receives a
+/// masked input in pieces reads these first
+/// ([`crate::ServerRound::begin_input`]).
+pub const MASKED_INPUT_HEADER_LEN: usize = 4 + 32 + 1 + 4;
+
+/// Whether `prefix`, the first bytes of a client message, begins a masked
+/// input (its magic and kind; everything else is checked when it is read).
+pub fn starts_masked_input(prefix: &[u8]) -> bool {
+    prefix.len() >= 4 && prefix[..2] == crate::wire::MAGIC && prefix[3] == KIND_MASKED_INPUT
+}
+
+/// What a masked input's first [`MASKED_INPUT_HEADER_LEN`] bytes say.
+pub(crate) struct MaskedInputHeader {
+    pub context: RoundContext,
+    pub bits: u8,
+    pub len: usize,
+}
+
+impl MaskedInputHeader {
+    /// Reads a masked input's header from exactly
+    /// [`MASKED_INPUT_HEADER_LEN`] bytes, with the checks
+    /// [`ClientMessage::decode`] makes of them.
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Self, DecodeError> {
+        if bytes.len() < MASKED_INPUT_HEADER_LEN {
+            return Err(DecodeError::Truncated);
+        }
+        if bytes.len() > MASKED_INPUT_HEADER_LEN {
+            return Err(DecodeError::TrailingBytes(bytes.len() - MASKED_INPUT_HEADER_LEN));
+        }
+        let (mut r, kind) = Reader::with_header(bytes)?;
+        if kind != KIND_MASKED_INPUT {
+            return Err(DecodeError::Invalid("a masked input was expected"));
+        }
+        let context = RoundContext(r.array()?);
+        let (bits, len) = read_width_and_length(&mut r)?;
+        r.finish()?;
+        Ok(Self { context, bits, len })
+    }
+}
+
+/// A masked input's width and length.
+fn read_width_and_length(r: &mut Reader<'_>) -> Result<(u8, usize), DecodeError> {
     let bits = r.u8()?;
     if !(2..=32).contains(&bits) {
         return Err(DecodeError::Invalid("bits per coordinate"));
     }
     let len = r.count(MAX_VECTOR_LEN as usize, 0, "vector length")?;
+    Ok((bits, len))
+}
+
+/// A masked input's width, length and packed values.
+fn read_packed_vector<'a>(r: &mut Reader<'a>) -> Result<(u8, usize, &'a [u8]), DecodeError> {
+    let (bits, len) = read_width_and_length(r)?;
     let packed = r.take(packed_len(len, bits))?;
     Ok((bits, len, packed))
 }

@@ -19,14 +19,18 @@ use crate::error::{ProtocolError, Stage};
 use crate::graph::CommunicationGraph;
 use crate::ids::ClientId;
 use crate::messages::{
-    AdvertisedKeys, ClientMessage, ENVELOPE_LEN, Envelope, MaskedVector, PackedMaskedInput, ServerMessage,
-    UnmaskingShares,
+    AdvertisedKeys, ClientMessage, ENVELOPE_LEN, Envelope, MaskedInputHeader, MaskedVector,
+    PackedMaskedInput, ServerMessage, UnmaskingShares,
 };
 use crate::shamir::Share;
 use crate::signature::{SIGNATURE_LEN, verify};
 pub use crate::unmask::FaultyShare;
 use crate::unmask::{UnmaskJob, unmask};
-use crate::wire::add_packed;
+use crate::wire::{DecodeError, add_packed, last_byte_padding_is_zero, packed_len, subtract_packed};
+
+/// Values added into the running sum per piece (on the worker threads with
+/// feature `parallel`): a multiple of 8, so every piece starts at a byte.
+const PIECE_VALUES: usize = 1 << 16;
 
 /// The result of a round: Σ x_u over the survivors, in Z_{2^b}.
 #[derive(Clone, PartialEq, Eq)]
@@ -160,6 +164,74 @@ pub struct CollectingMaskedInputs {
     envelopes: Vec<Vec<Envelope>>,
     inbox: Inbox,
     sum: Vec<u32>,
+    /// `arriving[c]`: client c's masked input is arriving in pieces.
+    arriving: Vec<bool>,
+    arriving_count: usize,
+    /// A broken-off input could not be retracted: the sum is wrong.
+    damaged: bool,
+}
+
+/// A masked input that arrives in pieces, as its request body does: begun
+/// with [`ServerRound::begin_input`], added into the running sum piece by
+/// piece with [`ServerRound::continue_input`], then either finished
+/// ([`ServerRound::finish_input`]) or, when its body breaks off, is
+/// malformed at the end, or the stage closes first, taken back out
+/// ([`ServerRound::retract_input`]). The server holds no more of it than
+/// one piece: the caller keeps the bytes it handed over (on disk, say) for
+/// as long as a retraction may need them.
+pub struct IncomingInput {
+    from: ClientId,
+    context: RoundContext,
+    bits: u8,
+    len: usize,
+    /// Packed bytes added into the sum: whole groups of 8 values, or all.
+    added: usize,
+    /// Bytes received but not yet added: less than one group of 8 values.
+    carry: Vec<u8>,
+    finished: bool,
+}
+
+impl core::fmt::Debug for IncomingInput {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        // Never the carried bytes: they are part of one client's input.
+        f.debug_struct("IncomingInput")
+            .field("from", &self.from)
+            .field("bits", &self.bits)
+            .field("len", &self.len)
+            .field("added", &self.added)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IncomingInput {
+    /// The sender.
+    pub fn from(&self) -> ClientId {
+        self.from
+    }
+
+    /// Packed bytes the whole input holds after its header.
+    pub fn expected_bytes(&self) -> usize {
+        packed_len(self.len, self.bits)
+    }
+
+    /// Packed bytes received so far (added, or waiting for the rest of
+    /// their group of 8 values).
+    pub fn received_bytes(&self) -> usize {
+        self.added + self.carry.len()
+    }
+
+    /// Packed bytes already in the running sum: the first this many bytes
+    /// handed to [`ServerRound::continue_input`] are what
+    /// [`ServerRound::retract_input`] reads back.
+    pub fn added_bytes(&self) -> usize {
+        self.added
+    }
+
+    /// Whether [`ServerRound::finish_input`] accepted it.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
 }
 
 /// Collecting consistency signatures (active variant); U3 is known.
@@ -416,7 +488,148 @@ impl ServerRound {
         }
         self.info().check_sender(from, context)?;
         self.inbox().check(from, stage)?;
+        if let ServerRound::CollectingMaskedInputs(s) = self
+            && s.arriving[from.index()]
+        {
+            return Err(ProtocolError::Duplicate(from));
+        }
         Ok(stage)
+    }
+
+    /// Begins a masked input that arrives in pieces (see [`IncomingInput`])
+    /// from its first [`MASKED_INPUT_HEADER_LEN`](crate::messages::MASKED_INPUT_HEADER_LEN) bytes: the same checks as
+    /// a whole message's header (stage, sender, context, first in the
+    /// stage, width and length). Until it is finished or retracted the
+    /// sender may send nothing else and the stage may not close.
+    pub fn begin_input(&mut self, from: ClientId, header: &[u8]) -> Result<IncomingInput, ProtocolError> {
+        let header = MaskedInputHeader::parse(header)?;
+        self.admit(from, Stage::MaskedInputCollection, &header.context)?;
+        let ServerRound::CollectingMaskedInputs(s) = self else {
+            return Err(ProtocolError::OutOfPhase {
+                expected: self.stage(),
+                got: Stage::MaskedInputCollection,
+            });
+        };
+        s.check_shape(from, header.bits, header.len)?;
+        s.arriving[from.index()] = true;
+        s.arriving_count += 1;
+        Ok(IncomingInput {
+            from,
+            context: header.context,
+            bits: header.bits,
+            len: header.len,
+            added: 0,
+            carry: Vec::with_capacity(usize::from(header.bits)),
+            finished: false,
+        })
+    }
+
+    /// Adds the next `bytes` of `input`'s packed values into the running
+    /// sum: every whole group of 8 values (a group is `bits` bytes and
+    /// starts at a byte boundary); up to one group's bytes wait for the
+    /// next piece. Bytes past the input's length, or non-zero padding bits
+    /// in its last byte, are refused before anything of this piece is
+    /// added; what earlier pieces added stays until the input is finished
+    /// or retracted.
+    pub fn continue_input(&mut self, input: &mut IncomingInput, bytes: &[u8]) -> Result<(), ProtocolError> {
+        let s = self.arriving(input)?;
+        let total = input.expected_bytes();
+        let received = input.received_bytes();
+        if bytes.len() > total - received {
+            return Err(DecodeError::TrailingBytes(bytes.len() - (total - received)).into());
+        }
+        let complete = received + bytes.len() == total;
+        if complete
+            && let Some(last) = bytes.last()
+            && !last_byte_padding_is_zero(*last, input.len, input.bits)
+        {
+            return Err(ProtocolError::from(DecodeError::Invalid("padding bits")));
+        }
+        let group = usize::from(input.bits);
+        let mut rest = bytes;
+        if !input.carry.is_empty() {
+            let take = (group - input.carry.len()).min(rest.len());
+            input.carry.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if input.carry.len() == group || (complete && rest.is_empty()) {
+                s.add_region(input.added, &input.carry, input.bits, input.len, true);
+                input.added += input.carry.len();
+                input.carry.clear();
+            }
+        }
+        let whole = if complete { rest.len() } else { rest.len() / group * group };
+        if whole > 0 {
+            s.add_region(input.added, &rest[..whole], input.bits, input.len, true);
+            input.added += whole;
+        }
+        input.carry.extend_from_slice(&rest[whole..]);
+        debug_assert!(input.carry.len() < group);
+        Ok(())
+    }
+
+    /// Accepts `input` once all its bytes are in: the sender now counts as
+    /// having sent its masked input. A short input is refused
+    /// (`Truncated`) and must be retracted.
+    pub fn finish_input(&mut self, input: &mut IncomingInput) -> Result<(), ProtocolError> {
+        let s = self.arriving(input)?;
+        if input.added != input.expected_bytes() {
+            return Err(DecodeError::Truncated.into());
+        }
+        s.arriving[input.from.index()] = false;
+        s.arriving_count -= 1;
+        s.inbox.mark(input.from);
+        input.finished = true;
+        Ok(())
+    }
+
+    /// Takes what `input` added back out of the running sum: `read(offset,
+    /// buffer)` must fill `buffer` with the packed bytes at `offset` of
+    /// those handed to [`continue_input`](Self::continue_input), up to
+    /// [`IncomingInput::added_bytes`]. The sender counts as not having
+    /// sent anything (a dropout, unless it sends again before the stage
+    /// closes). A finished input is never retracted (nothing happens). If
+    /// `read` fails the sum cannot be mended: the stage then refuses to
+    /// close ([`ProtocolError::SumDamaged`]) and the round ends without
+    /// unmasking anything.
+    pub fn retract_input<E>(
+        &mut self,
+        input: IncomingInput,
+        mut read: impl FnMut(usize, &mut [u8]) -> Result<(), E>,
+    ) -> Result<(), ProtocolError> {
+        if input.finished {
+            return Ok(());
+        }
+        let s = self.arriving(&input)?;
+        s.arriving[input.from.index()] = false;
+        s.arriving_count -= 1;
+        let step = PIECE_VALUES / 8 * usize::from(input.bits);
+        let mut buffer = vec![0u8; step.min(input.added)];
+        let mut offset = 0;
+        while offset < input.added {
+            let piece = &mut buffer[..step.min(input.added - offset)];
+            if read(offset, piece).is_err() {
+                s.damaged = true;
+                return Err(ProtocolError::SumDamaged);
+            }
+            s.add_region(offset, piece, input.bits, input.len, false);
+            offset += piece.len();
+        }
+        Ok(())
+    }
+
+    /// The masked-input stage that `input` is arriving in.
+    fn arriving(&mut self, input: &IncomingInput) -> Result<&mut CollectingMaskedInputs, ProtocolError> {
+        let stage = self.stage();
+        let ServerRound::CollectingMaskedInputs(s) = self else {
+            return Err(ProtocolError::OutOfPhase { expected: stage, got: Stage::MaskedInputCollection });
+        };
+        if input.context != s.info.context {
+            return Err(ProtocolError::WrongRound);
+        }
+        if input.finished || !s.arriving[input.from.index()] {
+            return Err(invalid(input.from, "no masked input of this client is arriving"));
+        }
+        Ok(s)
     }
 
     /// Closes the current stage. Fails, ending the round, when fewer than t
@@ -524,6 +737,9 @@ impl CollectingShares {
             keys: self.keys,
             shared,
             envelopes: self.envelopes,
+            arriving: vec![false; eligible.len()],
+            arriving_count: 0,
+            damaged: false,
             inbox: Inbox::new(eligible),
             sum,
         }))
@@ -555,22 +771,44 @@ impl CollectingMaskedInputs {
 
     fn receive_packed(&mut self, from: ClientId, input: &PackedMaskedInput<'_>) -> Result<(), ProtocolError> {
         self.check_shape(from, input.bits, input.len)?;
-        // Pieces of a multiple of 8 values start at byte boundaries.
-        const PIECE: usize = 1 << 16;
-        let bytes_per_piece = PIECE / 8 * usize::from(input.bits);
-        let add = |(piece, sum): (&[u8], &mut [u32])| add_packed(piece, input.bits, sum);
-        #[cfg(feature = "parallel")]
-        {
-            use rayon::prelude::*;
-            input.packed.par_chunks(bytes_per_piece).zip(self.sum.par_chunks_mut(PIECE)).for_each(add);
-        }
-        #[cfg(not(feature = "parallel"))]
-        input.packed.chunks(bytes_per_piece).zip(self.sum.chunks_mut(PIECE)).for_each(add);
+        self.add_region(0, input.packed, input.bits, input.len, true);
         self.inbox.mark(from);
         Ok(())
     }
 
+    /// Adds (or subtracts) the packed values in `bytes`, which start at
+    /// byte `offset` of a vector of `len` values of `bits` bits (a multiple
+    /// of `bits` bytes: a whole number of groups of 8 values), into the
+    /// sum, in pieces of [`PIECE_VALUES`] on the worker threads. `bytes`
+    /// ends at a group boundary or at the vector's end.
+    fn add_region(&mut self, offset: usize, bytes: &[u8], bits: u8, len: usize, add: bool) {
+        let group = usize::from(bits);
+        debug_assert_eq!(offset % group, 0);
+        let first = offset / group * 8;
+        let values =
+            if bytes.len() % group == 0 { (bytes.len() / group * 8).min(len - first) } else { len - first };
+        debug_assert_eq!(packed_len(values, bits), bytes.len());
+        let sum = &mut self.sum[first..first + values];
+        let bytes_per_piece = PIECE_VALUES / 8 * group;
+        let combine = |(piece, sum): (&[u8], &mut [u32])| {
+            if add { add_packed(piece, bits, sum) } else { subtract_packed(piece, bits, sum) }
+        };
+        #[cfg(feature = "parallel")]
+        {
+            use rayon::prelude::*;
+            bytes.par_chunks(bytes_per_piece).zip(sum.par_chunks_mut(PIECE_VALUES)).for_each(combine);
+        }
+        #[cfg(not(feature = "parallel"))]
+        bytes.chunks(bytes_per_piece).zip(sum.chunks_mut(PIECE_VALUES)).for_each(combine);
+    }
+
     fn advance(self) -> Result<ServerRound, ProtocolError> {
+        if self.arriving_count > 0 {
+            return Err(ProtocolError::InputsArriving(self.arriving_count as u32));
+        }
+        if self.damaged {
+            return Err(ProtocolError::SumDamaged);
+        }
         let info = self.info;
         // The invariant that protects individual inputs: fewer than t
         // survivors and the round ends without unmasking anything.

@@ -210,8 +210,14 @@ pub(crate) fn unpack(bytes: &[u8], len: usize, bits: u8) -> Result<Vec<u32>, Dec
 /// `bytes` (the rest of the last byte) are zero, as the canonical encoding
 /// requires. `bytes` holds exactly `packed_len(len, bits)` bytes.
 pub(crate) fn padding_is_zero(bytes: &[u8], len: usize, bits: u8) -> bool {
+    bytes.last().is_none_or(|last| last_byte_padding_is_zero(*last, len, bits))
+}
+
+/// Whether the padding bits in the last byte of `len` packed values of
+/// `bits` bits are zero.
+pub(crate) fn last_byte_padding_is_zero(last: u8, len: usize, bits: u8) -> bool {
     let used = (len * usize::from(bits)) % 8;
-    used == 0 || bytes.last().is_none_or(|last| last >> used == 0)
+    used == 0 || last >> used == 0
 }
 
 /// Adds the `sum.len()` values of `bits` bits packed in `bytes` to `sum`,
@@ -221,10 +227,23 @@ pub(crate) fn padding_is_zero(bytes: &[u8], len: usize, bits: u8) -> bool {
 /// multiple of 8 values starts at a byte boundary, so a long vector can be
 /// added piece by piece.
 pub(crate) fn add_packed(bytes: &[u8], bits: u8, sum: &mut [u32]) {
+    combine_packed::<true>(bytes, bits, sum);
+}
+
+/// Subtracts what [`add_packed`] adds: takes a masked input that was added
+/// in part back out of the running sum.
+pub(crate) fn subtract_packed(bytes: &[u8], bits: u8, sum: &mut [u32]) {
+    combine_packed::<false>(bytes, bits, sum);
+}
+
+fn combine_packed<const ADD: bool>(bytes: &[u8], bits: u8, sum: &mut [u32]) {
     debug_assert_eq!(bytes.len(), packed_len(sum.len(), bits));
+    let combine = |total: &mut u32, value: u32| {
+        *total = if ADD { total.wrapping_add(value) } else { total.wrapping_sub(value) };
+    };
     if bits == 32 {
         for (total, word) in sum.iter_mut().zip(bytes.chunks_exact(4)) {
-            *total = total.wrapping_add(u32::from_le_bytes([word[0], word[1], word[2], word[3]]));
+            combine(total, u32::from_le_bytes([word[0], word[1], word[2], word[3]]));
         }
         return;
     }
@@ -238,7 +257,7 @@ pub(crate) fn add_packed(bytes: &[u8], bits: u8, sum: &mut [u32]) {
             acc |= u64::from(*byte) << filled;
             filled += 8;
         }
-        *total = total.wrapping_add((acc & mask) as u32);
+        combine(total, (acc & mask) as u32);
         acc >>= bits;
         filled -= u32::from(bits);
     }
@@ -275,6 +294,15 @@ mod tests {
                 add_packed(&packed[from..to], bits, piece);
             }
             assert_eq!(pieces, expected, "bits = {bits}, in pieces");
+            // Subtracting takes the values back out, whole or in pieces.
+            subtract_packed(&packed, bits, &mut whole);
+            assert_eq!(whole, start, "bits = {bits}, subtracted");
+            for (index, piece) in pieces.chunks_mut(24).enumerate() {
+                let from = index * 24 * usize::from(bits) / 8;
+                let to = from + packed_len(piece.len(), bits);
+                subtract_packed(&packed[from..to], bits, piece);
+            }
+            assert_eq!(pieces, start, "bits = {bits}, subtracted in pieces");
             if (len * usize::from(bits)) % 8 != 0 {
                 let mut dirty = packed.clone();
                 *dirty.last_mut().unwrap() |= 0x80;

@@ -639,3 +639,146 @@ fn clients_refuse_lists_out_of_order_without_the_decoder() {
     );
     assert!(matches!(driver.clients[0], Some(Client::Aborted)));
 }
+
+/// Hands `bytes[from..to]` of a masked input to the server in pieces of
+/// 1 to 47 bytes, the header in one.
+fn send_pieces(
+    server: &mut cohort_crypto::ServerRound,
+    input: &mut cohort_crypto::IncomingInput,
+    bytes: &[u8],
+    seed: &mut u64,
+) -> Result<(), ProtocolError> {
+    let mut at = 0;
+    while at < bytes.len() {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let step = 1 + (*seed >> 33) as usize % 47;
+        let end = (at + step).min(bytes.len());
+        server.continue_input(input, &bytes[at..end])?;
+        at = end;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_masked_input_in_pieces_is_added_as_it_arrives_and_one_that_breaks_off_is_taken_back_out() {
+    use cohort_crypto::messages::MASKED_INPUT_HEADER_LEN as HEADER;
+    for (bits, len) in [(32u8, 1003u32), (20, 1001), (13, 517)] {
+        let config = config(5, 3, GraphSpec::Complete, len, bits);
+        let mut driver = Driver::start(&config, &[], 21);
+        driver.stage();
+        driver.stage();
+        let message = |driver: &Driver, client: usize| driver.outbox[client - 1].clone().unwrap();
+        let mut seed = u64::from(bits);
+        // 1: in pieces of 1 to 47 bytes, then finished.
+        let bytes = message(&driver, 1);
+        let mut one = driver.server().begin_input(id(1), &bytes[..HEADER]).unwrap();
+        assert_eq!(one.expected_bytes(), bytes.len() - HEADER);
+        // While it arrives, the same client can send nothing else.
+        assert_eq!(driver.server().receive_encoded(id(1), &bytes), Err(ProtocolError::Duplicate(id(1))));
+        assert_eq!(
+            driver.server().begin_input(id(1), &bytes[..HEADER]).unwrap_err(),
+            ProtocolError::Duplicate(id(1))
+        );
+        send_pieces(driver.server(), &mut one, &bytes[HEADER..], &mut seed).unwrap();
+        driver.server().finish_input(&mut one).unwrap();
+        assert!(one.is_finished() && driver.server().has_received(id(1)));
+        // A finished input is never retracted.
+        driver.server().retract_input(one, |_, _| Err::<(), ()>(())).unwrap();
+
+        // 2: breaks off half way and is taken back out (read from what was
+        // handed over), then sent again whole.
+        let bytes = message(&driver, 2);
+        let mut two = driver.server().begin_input(id(2), &bytes[..HEADER]).unwrap();
+        let half = HEADER + (bytes.len() - HEADER) / 2;
+        send_pieces(driver.server(), &mut two, &bytes[HEADER..half], &mut seed).unwrap();
+        assert_eq!(driver.server().finish_input(&mut two), Err(cohort_crypto::DecodeError::Truncated.into()));
+        assert!(two.added_bytes() > 0 && two.added_bytes() <= half - HEADER);
+        let packed = &bytes[HEADER..];
+        driver
+            .server()
+            .retract_input(two, |offset, buffer: &mut [u8]| {
+                buffer.copy_from_slice(&packed[offset..offset + buffer.len()]);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        assert!(!driver.server().has_received(id(2)));
+        driver.server().receive_encoded(id(2), &bytes).unwrap();
+
+        // 3: every byte, but with padding bits set in the last (where the
+        // width leaves any) or one byte too many: refused before that
+        // piece is added, then taken back out; client 3 is a dropout.
+        let bytes = message(&driver, 3);
+        let mut three = driver.server().begin_input(id(3), &bytes[..HEADER]).unwrap();
+        let mut last = bytes[HEADER..].to_vec();
+        let padded = (len * u32::from(bits)) % 8 != 0;
+        if padded {
+            *last.last_mut().unwrap() |= 0x80;
+        } else {
+            last.push(0);
+        }
+        let (body, end) = last.split_at(last.len() - if padded { 1 } else { 2 });
+        send_pieces(driver.server(), &mut three, body, &mut seed).unwrap();
+        let refused = driver.server().continue_input(&mut three, end).unwrap_err();
+        if padded {
+            assert_eq!(refused, cohort_crypto::DecodeError::Invalid("padding bits").into());
+        } else {
+            assert_eq!(refused, cohort_crypto::DecodeError::TrailingBytes(1).into());
+        }
+        driver
+            .server()
+            .retract_input(three, |offset, buffer: &mut [u8]| {
+                buffer.copy_from_slice(&last[offset..offset + buffer.len()]);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        driver.outbox[2] = None;
+
+        // 4 and 5: whole messages, the usual way, and one in a single piece.
+        let bytes = message(&driver, 4);
+        driver.server().receive_encoded(id(4), &bytes).unwrap();
+        let bytes = message(&driver, 5);
+        let mut five = driver.server().begin_input(id(5), &bytes[..HEADER]).unwrap();
+        driver.server().continue_input(&mut five, &bytes[HEADER..]).unwrap();
+        driver.server().finish_input(&mut five).unwrap();
+        // A header cut short, or one of another kind of message, is refused.
+        let short = message(&driver, 1)[..HEADER - 1].to_vec();
+        let refused = driver.server().begin_input(id(3), &short).unwrap_err();
+        assert_eq!(refused, cohort_crypto::DecodeError::Truncated.into());
+        let keys = ClientMessage::Consistency { context: config.context(), signature: [0; 64] }.encode();
+        assert!(driver.server().begin_input(id(3), &keys[..HEADER.min(keys.len())]).is_err());
+
+        for client in [1, 2, 4, 5] {
+            driver.outbox[client - 1] = None;
+        }
+        driver.vanish(3);
+        let aggregate = driver.finish();
+        assert_eq!(aggregate.contributors, ids(&[1, 2, 4, 5]), "bits {bits}");
+        check_sum(&driver, &aggregate);
+    }
+}
+
+#[test]
+fn a_stage_never_closes_on_an_arriving_input_and_a_sum_that_cannot_be_mended_is_never_unmasked() {
+    use cohort_crypto::messages::MASKED_INPUT_HEADER_LEN as HEADER;
+    let config = config(4, 2, GraphSpec::Complete, 64, 20);
+    for read_fails in [false, true] {
+        let mut driver = Driver::start(&config, &[], 5);
+        driver.stage();
+        driver.stage();
+        let bytes = driver.outbox[0].take().unwrap();
+        let mut input = driver.server().begin_input(id(1), &bytes[..HEADER]).unwrap();
+        driver.server().continue_input(&mut input, &bytes[HEADER..HEADER + 40]).unwrap();
+        for client in 2..=4 {
+            let other = driver.outbox[client - 1].take().unwrap();
+            driver.server().receive_encoded(id(client as u32), &other).unwrap();
+        }
+        if !read_fails {
+            // Still arriving: the stage refuses to close.
+            assert_eq!(driver.advance().unwrap_err(), ProtocolError::InputsArriving(1));
+            continue;
+        }
+        let retracted = driver.server().retract_input(input, |_, _| Err::<(), &str>("disk error"));
+        assert_eq!(retracted, Err(ProtocolError::SumDamaged));
+        assert_eq!(driver.advance().unwrap_err(), ProtocolError::SumDamaged);
+    }
+}

@@ -98,6 +98,12 @@ impl Metrics {
         });
     }
 
+    /// `size` bytes of a client message arriving in pieces were read (the
+    /// message is counted, accepted or refused, when it ends).
+    pub fn bytes_in(&self, size: usize) {
+        self.with(|c| c.bytes_in += size as u64);
+    }
+
     /// `size` bytes were sent to a client.
     pub fn bytes_out(&self, size: usize) {
         self.with(|c| c.bytes_out += size as u64);

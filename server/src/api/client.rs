@@ -6,17 +6,18 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use cohort_crypto::messages::{MASKED_INPUT_HEADER_LEN, starts_masked_input};
 use cohort_crypto::signature::{SIGNATURE_LEN, enrollment_statement, verify};
 use serde::{Deserialize, Serialize};
 
 use super::auth::{new_id, new_token, token_hash};
 use super::error::{ApiError, ApiResult};
-use super::extract::{Authenticated, PeerAddress, RawBody, TaskId, limit, read_limited};
+use super::extract::{Authenticated, LimitedBody, PeerAddress, RawBody, TaskId, limit};
 use super::ratelimit::{Call, Rate};
 use super::state::AppState;
 use super::{SAFETENSORS_CONTENT_TYPE, SECAGG_CONTENT_TYPE};
 use crate::round::coordinator::{CoordinatorError, now_ms};
-use crate::round::{CheckIn, Poll};
+use crate::round::{CheckIn, InputStep, Poll};
 use crate::store::{ClientMetricsRecord, ParticipantRecord, Store, StoreError};
 use cohort_client::api::{Enrolled, ErrorCode};
 
@@ -204,10 +205,19 @@ pub(super) async fn fetch_message(
     })
 }
 
+/// Stage messages declared at most this long are read whole and handed to
+/// the coordinator in one piece; a longer masked input is added into the
+/// running sum as it arrives ([`stream_masked_input`]).
+const READ_WHOLE_UP_TO: usize = 1 << 20;
+/// Bytes of a streamed masked input handed to the coordinator at a time.
+const PIECE: usize = 256 << 10;
+
 /// A stage message. Everything that can refuse it without its body is
 /// checked first (credential, media type, the sender's place in the stage
 /// in progress, the declared length against the round's limit); only then
-/// is the body read, and no further than that limit.
+/// is the body read, and no further than that limit. A masked input longer
+/// than [`READ_WHOLE_UP_TO`] (or of undeclared length) is never held whole:
+/// it goes into the running sum a piece at a time as it arrives.
 pub(super) async fn post_message(
     Authenticated(p): Authenticated,
     State(state): State<AppState>,
@@ -223,9 +233,81 @@ pub(super) async fn post_message(
         ));
     }
     let allowed = state.coordinator.admit(&p.task_id, &p.id).await?;
-    let body = read_limited(&headers, body, allowed.min(state.config.max_message_bytes)).await?;
-    state.coordinator.receive(&p.task_id, &p.id, body.to_vec()).await?;
+    let mut body = LimitedBody::new(&headers, body, allowed.min(state.config.max_message_bytes))?;
+    let mut first = Vec::new();
+    let streamed = body.declared().is_none_or(|length| length > READ_WHOLE_UP_TO);
+    let mut ended = false;
+    while streamed && first.len() < MASKED_INPUT_HEADER_LEN && !ended {
+        match body.next().await? {
+            Some(bytes) => first.extend_from_slice(&bytes),
+            None => ended = true,
+        }
+    }
+    if streamed && !ended && starts_masked_input(&first) {
+        stream_masked_input(&state, &p.task_id, &p.id, first, body).await?;
+        return Ok(StatusCode::ACCEPTED);
+    }
+    while let Some(bytes) = body.next().await? {
+        first.extend_from_slice(&bytes);
+    }
+    state.coordinator.receive(&p.task_id, &p.id, first).await?;
     Ok(StatusCode::ACCEPTED)
+}
+
+/// Adds a masked input into the running sum as its body arrives, in
+/// pieces of [`PIECE`] bytes: each is handed to the coordinator, and the
+/// next read only once it was added, so an upload holds about one piece of
+/// memory however long it is and however many arrive at once. A body that
+/// breaks off, or a request dropped mid-body, takes back out what it added
+/// ([`Abandon`]); a refusal by the coordinator has done so already.
+async fn stream_masked_input(
+    state: &AppState,
+    task: &str,
+    participant: &str,
+    mut first: Vec<u8>,
+    mut body: LimitedBody,
+) -> ApiResult<()> {
+    let coordinator = &state.coordinator;
+    let mut piece = first.split_off(MASKED_INPUT_HEADER_LEN);
+    let upload = coordinator.input(task, participant, InputStep::Begin(first)).await?;
+    let mut guard = Abandon { state, task, participant, upload, armed: true };
+    piece.reserve(PIECE);
+    loop {
+        let next = body.next().await?;
+        if piece.len() >= PIECE || (next.is_none() && !piece.is_empty()) {
+            let full = std::mem::replace(&mut piece, Vec::with_capacity(PIECE));
+            let added = coordinator.input(task, participant, InputStep::Piece(upload, full)).await;
+            guard.armed = added.is_ok();
+            added?;
+        }
+        match next {
+            Some(bytes) => piece.extend_from_slice(&bytes),
+            None => break,
+        }
+    }
+    let finished = coordinator.input(task, participant, InputStep::Finish(upload)).await;
+    // Finished, or refused (and taken back out by the coordinator).
+    guard.armed = false;
+    finished.map(drop).map_err(Into::into)
+}
+
+/// Takes an upload's bytes back out of the sum unless it was finished or
+/// refused: its body broke off, or its request was dropped (the client's
+/// connection closed) while it was being read.
+struct Abandon<'a> {
+    state: &'a AppState,
+    task: &'a str,
+    participant: &'a str,
+    upload: u64,
+    armed: bool,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.state.coordinator.abandon_input(self.task, self.participant, self.upload);
+        }
+    }
 }
 
 /// What a client reports for a round: a fixed set of numbers, each

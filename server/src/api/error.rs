@@ -150,6 +150,12 @@ impl From<CoordinatorError> for ApiError {
                 "this client's group is run by another replica that is not reachable yet; retry",
             )
             .retry_after(std::time::Duration::from_millis(500)),
+            CoordinatorError::Engine(EngineError::Spool) => ApiError::new(
+                S::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                "the server could not keep this message's bytes; send it again",
+            )
+            .retry_after(std::time::Duration::from_secs(1)),
             CoordinatorError::Engine(EngineError::Protocol(p)) => {
                 let (status, code) = match &p {
                     ProtocolError::Decode(_) => (S::BAD_REQUEST, ErrorCode::MalformedMessage),

@@ -10,6 +10,7 @@ use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use cohort_client::api::ErrorCode;
+use http_body_util::BodyExt;
 
 use super::auth::{token_hash, verify_token};
 use super::error::{ApiError, ApiResult};
@@ -132,33 +133,61 @@ fn find_source<'a, E: std::error::Error + 'static>(
     None
 }
 
-/// Reads at most `limit` bytes of `body`: a declared length over the limit
-/// is refused before anything is read, a longer body as soon as it passes
-/// the limit.
-pub(super) async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> ApiResult<Bytes> {
-    let too_large = || {
+/// A request body read a frame at a time, no further than its limit: a
+/// declared length over the limit is refused before anything is read, a
+/// longer body as soon as it passes the limit; a body that arrives too
+/// slowly is a `408`.
+pub(super) struct LimitedBody {
+    body: Body,
+    declared: Option<usize>,
+    read: usize,
+    limit: usize,
+}
+
+impl LimitedBody {
+    pub(super) fn new(headers: &HeaderMap, body: Body, limit: usize) -> ApiResult<Self> {
+        let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > limit as u64) {
+            return Err(Self::too_large(limit));
+        }
+        Ok(Self { body, declared: declared.map(|length| length as usize), read: 0, limit })
+    }
+
+    fn too_large(limit: usize) -> ApiError {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::PayloadTooLarge,
             format!("this message may be at most {limit} bytes"),
         )
-    };
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(too_large());
     }
-    axum::body::to_bytes(body, limit).await.map_err(|error| {
-        if find_source::<http_body_util::LengthLimitError>(&error).is_some() {
-            return too_large();
+
+    /// The length the request declared, if it did.
+    pub(super) fn declared(&self) -> Option<usize> {
+        self.declared
+    }
+
+    /// The next bytes of the body, or `None` at its end.
+    pub(super) async fn next(&mut self) -> ApiResult<Option<Bytes>> {
+        loop {
+            let Some(frame) = self.body.frame().await else { return Ok(None) };
+            let frame = frame.map_err(|error| {
+                too_slow(&error).unwrap_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        ErrorCode::InvalidBody,
+                        "the request body could not be read",
+                    )
+                })
+            })?;
+            // Trailers carry nothing a stage message needs.
+            let Ok(data) = frame.into_data() else { continue };
+            self.read += data.len();
+            if self.read > self.limit {
+                return Err(Self::too_large(self.limit));
+            }
+            return Ok(Some(data));
         }
-        too_slow(&error).unwrap_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidBody,
-                "the request body could not be read",
-            )
-        })
-    })
+    }
 }
 
 /// A task id from the path: 32 lowercase hex digits, as [`new_id`] makes

@@ -11,10 +11,15 @@
 //! completed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
 
+use cohort_crypto::messages::MASKED_INPUT_HEADER_LEN;
 use cohort_crypto::policy::TaskSecurity;
 use cohort_crypto::quantize::WeightedMean;
-use cohort_crypto::{Advanced, Aggregate, ClientId, ProtocolError, Quantizer, ServerRound, Stage, Variant};
+use cohort_crypto::{
+    Advanced, Aggregate, ClientId, IncomingInput, ProtocolError, Quantizer, ServerRound, Stage, Variant,
+};
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 
@@ -104,6 +109,60 @@ pub(super) struct Group {
     pub(super) left: BTreeSet<ClientId>,
     /// Why the group was given up, once it was.
     pub(super) failure: Option<String>,
+    /// Masked inputs arriving in pieces, by sender.
+    arriving: HashMap<ClientId, Arriving>,
+    /// The number of the next upload to begin.
+    next_upload: u64,
+}
+
+/// A step of a masked input that arrives in pieces, as its request body
+/// does (see [`ServerRound::begin_input`]): the server holds one piece of
+/// it at a time, never the whole body. `Begin` answers with the upload's
+/// number, which every later step names: a client that sends its input
+/// again while an earlier try is still arriving (a retry after a
+/// connection that broke) replaces that try, whose late steps then find
+/// nothing.
+#[derive(Debug)]
+pub enum InputStep {
+    /// The first [`MASKED_INPUT_HEADER_LEN`] bytes.
+    Begin(Vec<u8>),
+    /// The next bytes of an upload.
+    Piece(u64, Vec<u8>),
+    /// The upload's body ended.
+    Finish(u64),
+    /// The upload's body broke off (or its request was dropped): take back
+    /// out what it added.
+    Abort(u64),
+}
+
+/// A masked input arriving in pieces, and the bytes it was handed so far
+/// in an unlinked temporary file: what taking it back out of the sum reads
+/// (the file goes with it, and holds nothing readable by name meanwhile).
+struct Arriving {
+    upload: u64,
+    input: IncomingInput,
+    spool: std::fs::File,
+}
+
+impl Arriving {
+    /// Takes the input back out of `server`'s running sum. Where its bytes
+    /// cannot be read back the sum is wrong: the stage then refuses to
+    /// close and the group fails without unmasking anything.
+    fn retract(self, server: &mut ServerRound) {
+        let Arriving { input, spool, .. } = self;
+        let client = input.from();
+        let read = |offset: usize, buffer: &mut [u8]| spool.read_exact_at(buffer, offset as u64);
+        if let Err(error) = server.retract_input(input, read) {
+            tracing::error!(client = client.get(), %error, "a masked input that broke off could not be taken back out");
+        }
+    }
+}
+
+/// The refusal of a masked input's bytes that could not be kept for a
+/// retraction.
+fn spool_error(error: std::io::Error) -> EngineError {
+    tracing::error!(%error, "a masked input's bytes could not be written to a temporary file");
+    EngineError::Spool
 }
 
 impl Group {
@@ -138,6 +197,8 @@ impl Group {
             owner: None,
             left: BTreeSet::new(),
             failure: None,
+            arriving: HashMap::new(),
+            next_upload: 1,
         };
         Some((group, modulus_bits))
     }
@@ -238,6 +299,82 @@ impl Group {
         Ok(())
     }
 
+    /// A step of client `id`'s masked input arriving in pieces (see
+    /// [`InputStep`]); `Begin` answers with the upload's number. Any
+    /// refusal takes back out what the input added, so the sum holds whole
+    /// inputs only, and the client may send again while the stage is open.
+    pub(super) fn input(&mut self, id: ClientId, step: InputStep) -> Result<u64, EngineError> {
+        let server = match &mut self.state {
+            GroupState::Collecting(server) => server,
+            GroupState::Remote(_) => return Err(self.elsewhere()),
+            // The stage closed: whatever had arrived was taken back out then.
+            _ if matches!(step, InputStep::Abort(_)) => return Ok(0),
+            _ => {
+                return Err(ProtocolError::OutOfPhase {
+                    expected: Stage::Finished,
+                    got: Stage::MaskedInputCollection,
+                }
+                .into());
+            }
+        };
+        let (upload, piece) = match step {
+            InputStep::Begin(header) => {
+                // A new try replaces one still arriving.
+                if let Some(earlier) = self.arriving.remove(&id) {
+                    earlier.retract(server);
+                }
+                let spool = tempfile::tempfile().map_err(spool_error)?;
+                let input = server.begin_input(id, &header)?;
+                let upload = self.next_upload;
+                self.next_upload += 1;
+                self.arriving.insert(id, Arriving { upload, input, spool });
+                return Ok(upload);
+            }
+            InputStep::Piece(upload, bytes) => (upload, Some(bytes)),
+            InputStep::Finish(upload) => (upload, None),
+            InputStep::Abort(upload) => {
+                let current = self.arriving.get(&id).is_some_and(|a| a.upload == upload);
+                if let Some(arriving) = current.then(|| self.arriving.remove(&id)).flatten() {
+                    arriving.retract(server);
+                }
+                return Ok(upload);
+            }
+        };
+        let current = self.arriving.get(&id).is_some_and(|a| a.upload == upload);
+        let Some(mut arriving) = current.then(|| self.arriving.remove(&id)).flatten() else {
+            if server.stage() != Stage::MaskedInputCollection {
+                return Err(ProtocolError::OutOfPhase {
+                    expected: server.stage(),
+                    got: Stage::MaskedInputCollection,
+                }
+                .into());
+            }
+            return Err(ProtocolError::InvalidMessage {
+                client: id,
+                reason: "this upload of the masked input was replaced by a newer one, or broke off",
+            }
+            .into());
+        };
+        let result = match piece {
+            Some(bytes) => arriving
+                .spool
+                .write_all(&bytes)
+                .map_err(spool_error)
+                .and_then(|()| server.continue_input(&mut arriving.input, &bytes).map_err(Into::into)),
+            None => server.finish_input(&mut arriving.input).map_err(Into::into),
+        };
+        match result {
+            Ok(()) if arriving.input.is_finished() => {
+                self.bytes_up += (MASKED_INPUT_HEADER_LEN + arriving.input.expected_bytes()) as u64;
+            }
+            Ok(()) => {
+                self.arriving.insert(id, arriving);
+            }
+            Err(_) => arriving.retract(server),
+        }
+        result.map(|()| upload)
+    }
+
     /// Eligible clients of the collecting stage that have not answered and
     /// have not left: the answers the stage may still get.
     pub(super) fn awaited(&self, server: &ServerRound) -> usize {
@@ -291,9 +428,15 @@ impl Group {
         if !ready {
             return None;
         }
-        let GroupState::Collecting(server) = std::mem::replace(&mut self.state, GroupState::Unmasking) else {
+        let GroupState::Collecting(mut server) = std::mem::replace(&mut self.state, GroupState::Unmasking)
+        else {
             return None;
         };
+        // Inputs still arriving at the close are taken back out: their
+        // senders count as dropouts.
+        for (_, arriving) in std::mem::take(&mut self.arriving) {
+            arriving.retract(&mut server);
+        }
         let awaited = self.awaited(&server);
         self.close_stage(&server, now);
         let stage = server.stage();

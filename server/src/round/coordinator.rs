@@ -42,8 +42,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::metrics::Metrics;
 use crate::round::owned::{GroupAssignment, GroupKey, GroupReport, OwnedGroup, OwnedStep};
 use crate::round::{
-    CheckIn, Completion, EngineError, FailedAttempt, PendingUnmask, Poll, RoundProgress, TaskEngine,
-    TaskError, TickOutcome,
+    CheckIn, Completion, EngineError, FailedAttempt, InputStep, PendingUnmask, Poll, RoundProgress,
+    TaskEngine, TaskError, TickOutcome,
 };
 use crate::spec::TaskSpec;
 use crate::store::{
@@ -200,9 +200,15 @@ enum Request {
         body: Vec<u8>,
         reply: oneshot::Sender<Result<(), CoordinatorError>>,
     },
+    Input {
+        task: String,
+        participant: String,
+        step: InputStep,
+        reply: oneshot::Sender<Result<u64, CoordinatorError>>,
+    },
     Model {
         task: String,
-        reply: oneshot::Sender<Result<(u64, Vec<u8>), CoordinatorError>>,
+        reply: oneshot::Sender<Result<(u64, bytes::Bytes), CoordinatorError>>,
     },
     Admit {
         task: String,
@@ -447,6 +453,42 @@ impl Coordinator {
             .await
     }
 
+    /// A step of a client's masked input arriving in pieces (see
+    /// [`InputStep`]); `Begin` answers with the upload's number. The reply
+    /// to a piece comes once it is in the sum, so a request body is read
+    /// no faster than the actor adds it.
+    pub async fn input(
+        &self,
+        task: &str,
+        participant: &str,
+        step: InputStep,
+    ) -> Result<u64, CoordinatorError> {
+        self.ask(|reply| Request::Input { task: task.into(), participant: participant.into(), step, reply })
+            .await
+    }
+
+    /// Tells the actor, without waiting for it, that `upload` of a client's
+    /// masked input broke off: what it added is taken back out. For a
+    /// request dropped mid-body (its connection closed), from a guard's
+    /// `drop`.
+    pub fn abandon_input(&self, task: &str, participant: &str, upload: u64) {
+        let (reply, _) = oneshot::channel();
+        let step = InputStep::Abort(upload);
+        let request = Request::Input { task: task.into(), participant: participant.into(), step, reply };
+        let tx = self.tx.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = tx.send(request).await;
+                });
+            }
+            // No runtime (shutting down): the stage's close takes it out.
+            Err(_) => {
+                let _ = tx.try_send(request);
+            }
+        }
+    }
+
     /// Whether a client may post a stage message now, and its size limit
     /// (see [`TaskEngine::admit`]).
     pub async fn admit(&self, task: &str, participant: &str) -> Result<usize, CoordinatorError> {
@@ -477,7 +519,7 @@ impl Coordinator {
     }
 
     /// The current global model (round, safetensors bytes).
-    pub async fn model(&self, task: &str) -> Result<(u64, Vec<u8>), CoordinatorError> {
+    pub async fn model(&self, task: &str) -> Result<(u64, bytes::Bytes), CoordinatorError> {
         self.ask(|reply| Request::Model { task: task.into(), reply }).await
     }
 }
@@ -1089,8 +1131,36 @@ impl Actor {
                     None => self.tick(&task).await,
                 }
             }
+            Request::Input { task, participant, step, reply } => {
+                let (read, finishing) = match &step {
+                    InputStep::Begin(bytes) | InputStep::Piece(_, bytes) => (bytes.len(), false),
+                    InputStep::Finish(_) => (0, true),
+                    InputStep::Abort(_) => (0, false),
+                };
+                let (result, owned) = match self.owned_group(&task, &participant) {
+                    Some(group) => {
+                        (group.input(&participant, step).map_err(Into::into), Some(group.key().clone()))
+                    }
+                    None => (
+                        self.engine(&task).and_then(|e| e.input(&participant, step).map_err(Into::into)),
+                        None,
+                    ),
+                };
+                self.metrics.bytes_in(read);
+                if finishing || result.is_err() {
+                    self.metrics.client_message(0, result.is_ok());
+                }
+                let ended = finishing && result.is_ok();
+                let _ = reply.send(result);
+                if ended {
+                    match owned {
+                        Some(key) => self.tick_owned(&key).await,
+                        None => self.tick(&task).await,
+                    }
+                }
+            }
             Request::Model { task, reply } => {
-                let result = self.engine(&task).map(|e| (e.completed_rounds(), e.model().to_vec()));
+                let result = self.engine(&task).map(|e| (e.completed_rounds(), e.model().clone()));
                 let _ = reply.send(result);
             }
             Request::Admit { task, participant, reply } => {

@@ -15,7 +15,7 @@ use cohort_crypto::policy::TaskSecurity;
 use cohort_crypto::quantize::QuantizeError;
 use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage, Variant};
 
-use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, RemoteGroup, select};
+use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, InputStep, RemoteGroup, select};
 use super::buffered::BufferState;
 use super::completion::{Completion, PendingUnmask, encode_model};
 use super::owned::{GroupAssignment, GroupKey, GroupReport};
@@ -84,7 +84,9 @@ pub struct TaskEngine {
     pub(super) status: TaskStatus,
     weights: Vec<f32>,
     optimizer_state: OptimizerState,
-    checkpoint_bytes: Vec<u8>,
+    /// The current checkpoint, encoded: shared with every download of it
+    /// (a clone is a reference count, not a copy of the model).
+    checkpoint_bytes: bytes::Bytes,
     pub(super) completed: u64,
     attempts: u32,
     /// Participants that checked in, with the time and the identity key
@@ -136,7 +138,7 @@ impl TaskEngine {
             status,
             weights: decoded.weights,
             optimizer_state,
-            checkpoint_bytes: latest.model.clone(),
+            checkpoint_bytes: bytes::Bytes::from(latest.model.clone()),
             completed: latest.round as u64,
             attempts: 0,
             checked_in: BTreeMap::new(),
@@ -204,7 +206,7 @@ impl TaskEngine {
     }
 
     /// The current global model, as a safetensors checkpoint.
-    pub fn model(&self) -> &[u8] {
+    pub fn model(&self) -> &bytes::Bytes {
         &self.checkpoint_bytes
     }
 
@@ -439,6 +441,13 @@ impl TaskEngine {
     pub fn receive(&mut self, participant: &str, bytes: &[u8]) -> Result<(), EngineError> {
         let (group, id) = self.selected(participant)?;
         group.receive(id, bytes)
+    }
+
+    /// A step of a client's masked input arriving in pieces (see
+    /// [`InputStep`]).
+    pub fn input(&mut self, participant: &str, step: InputStep) -> Result<u64, EngineError> {
+        let (group, id) = self.selected(participant)?;
+        group.input(id, step)
     }
 
     /// Starts a round when enough clients checked in recently, closes a
@@ -874,7 +883,7 @@ impl TaskEngine {
     pub fn commit(&mut self, completion: Completion) {
         self.weights = completion.weights;
         self.optimizer_state = completion.optimizer_state;
-        self.checkpoint_bytes = completion.checkpoint.model;
+        self.checkpoint_bytes = bytes::Bytes::from(completion.checkpoint.model);
         self.completed = completion.round.round as u64;
         self.attempts = 0;
         self.contributed.clear();

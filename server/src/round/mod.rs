@@ -28,6 +28,7 @@ pub mod records;
 #[cfg(test)]
 mod tests;
 
+pub use active::InputStep;
 pub use buffered::{BufferView, GroupInFlight, READY_TTL_MS};
 pub use builder::{BuiltRound, RoundBuilder, RoundSeeds};
 pub use completion::{Completion, PendingUnmask};

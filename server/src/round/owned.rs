@@ -24,7 +24,7 @@ use cohort_crypto::quantize::WeightedMean;
 use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage};
 use serde::{Deserialize, Serialize};
 
-use super::active::{Group, GroupStep, GroupSum, deadline_for};
+use super::active::{Group, GroupStep, GroupSum, InputStep, deadline_for};
 use super::builder::{RoundBuilder, RoundSeeds};
 use super::completion::PendingUnmask;
 use super::records::{EngineError, Poll, StageMetrics, TaskError};
@@ -226,6 +226,12 @@ impl OwnedGroup {
     pub fn receive(&mut self, participant: &str, bytes: &[u8]) -> Result<(), EngineError> {
         let id = self.id(participant)?;
         self.group.receive(id, bytes)
+    }
+
+    /// A step of `participant`'s masked input arriving in pieces.
+    pub fn input(&mut self, participant: &str, step: InputStep) -> Result<u64, EngineError> {
+        let id = self.id(participant)?;
+        self.group.input(id, step)
     }
 
     /// Closes the stage when it is ready (see [`Group::advance`]).

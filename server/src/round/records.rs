@@ -92,6 +92,11 @@ pub enum EngineError {
     /// reached this one before its routes caught up; a retry finds it).
     #[error("this client's group is run by another replica")]
     Elsewhere(String),
+    /// A masked input's bytes could not be kept where a retraction could
+    /// read them back (a temporary file): it was refused, and the client
+    /// may send it again.
+    #[error("the server could not keep this message's bytes; send it again")]
+    Spool,
 }
 
 /// How an attempt of a round ended without a new model.

@@ -25,14 +25,19 @@ impl NamedClient {
 
     /// Polls once and answers; returns whether it sent something.
     fn step(&mut self, engine: &mut TaskEngine) -> bool {
-        let identity = Some(self.protocol.identity.public_key());
-        let CheckIn::Selected { client_id, .. } = engine.check_in(&self.name, identity, 0) else {
-            return false;
-        };
-        let Ok(Poll::Message(bytes)) = engine.poll(&self.name) else { return false };
-        let reply = self.protocol.respond(client_id, &bytes);
+        let Some(reply) = self.answer(engine) else { return false };
         engine.receive(&self.name, &reply).unwrap();
         true
+    }
+
+    /// Polls once and makes its answer, without sending it.
+    fn answer(&mut self, engine: &mut TaskEngine) -> Option<Vec<u8>> {
+        let identity = Some(self.protocol.identity.public_key());
+        let CheckIn::Selected { client_id, .. } = engine.check_in(&self.name, identity, 0) else {
+            return None;
+        };
+        let Ok(Poll::Message(bytes)) = engine.poll(&self.name) else { return None };
+        Some(self.protocol.respond(client_id, &bytes))
     }
 }
 
@@ -1006,4 +1011,72 @@ fn availability_follows_the_task_window() {
     engine.check_in("p", None, 0);
     assert_eq!(engine.available(5_000), 1);
     assert_eq!(engine.available(5_001), 0);
+}
+
+/// Begins `bytes` as a masked input arriving in pieces and hands over its
+/// bytes up to `until`, 7 at a time; returns the upload's number.
+fn stream_until(engine: &mut TaskEngine, name: &str, bytes: &[u8], until: usize) -> u64 {
+    use cohort_crypto::messages::MASKED_INPUT_HEADER_LEN as HEADER;
+    let upload = engine.input(name, InputStep::Begin(bytes[..HEADER].to_vec())).unwrap();
+    for piece in bytes[HEADER..until].chunks(7) {
+        engine.input(name, InputStep::Piece(upload, piece.to_vec())).unwrap();
+    }
+    upload
+}
+
+#[test]
+fn masked_inputs_in_pieces_count_only_whole_and_broken_ones_are_taken_back_out() {
+    let mut spec = small_spec();
+    spec.clients_per_round = 4;
+    spec.secure_aggregation.threshold = Some(2);
+    let mut engine = engine(spec);
+    let mut clients = participants(4);
+    let mut now = 0;
+    for c in &clients {
+        engine.check_in(&c.name, None, now);
+    }
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
+    for _ in 0..2 {
+        for client in clients.iter_mut() {
+            assert!(client.step(&mut engine));
+        }
+        now += 10;
+        engine.tick(now);
+    }
+    assert_eq!(engine.current_round().map(|r| r.1), Some(Stage::MaskedInputCollection));
+    let inputs: Vec<Vec<u8>> = clients.iter_mut().map(|c| c.answer(&mut engine).unwrap()).collect();
+    let names: Vec<String> = clients.iter().map(|c| c.name.clone()).collect();
+    let half = |i: usize| inputs[i].len() / 2;
+
+    // p0: whole, in pieces.
+    let upload = stream_until(&mut engine, &names[0], &inputs[0], inputs[0].len());
+    engine.input(&names[0], InputStep::Finish(upload)).unwrap();
+    // p1: breaks off half way, and its retry replaces it; the first try's
+    // late steps find nothing and take nothing out.
+    let first = stream_until(&mut engine, &names[1], &inputs[1], half(1));
+    let retry = stream_until(&mut engine, &names[1], &inputs[1], inputs[1].len());
+    assert_ne!(first, retry);
+    let late = engine.input(&names[1], InputStep::Piece(first, inputs[1][half(1)..].to_vec()));
+    assert!(matches!(late, Err(EngineError::Protocol(ProtocolError::InvalidMessage { .. }))), "{late:?}");
+    engine.input(&names[1], InputStep::Abort(first)).unwrap();
+    engine.input(&names[1], InputStep::Finish(retry)).unwrap();
+    engine.input(&names[1], InputStep::Abort(retry)).unwrap();
+    // p2: breaks off and is abandoned; a finish of a short input is
+    // refused (and takes it back out).
+    let upload = stream_until(&mut engine, &names[2], &inputs[2], half(2));
+    engine.input(&names[2], InputStep::Abort(upload)).unwrap();
+    let upload = stream_until(&mut engine, &names[2], &inputs[2], half(2));
+    let short = engine.input(&names[2], InputStep::Finish(upload));
+    assert!(matches!(short, Err(EngineError::Protocol(ProtocolError::Decode(_)))), "{short:?}");
+    // p3: still arriving when the deadline passes: taken out at the close.
+    stream_until(&mut engine, &names[3], &inputs[3], half(3));
+    now += 400_000;
+    let job = match engine.tick(now) {
+        TickOutcome::Unmask(job) => *job,
+        _ => run_round(&mut engine, &mut clients, &[2, 3], &mut now).unwrap(),
+    };
+    let completion = complete(&mut engine, 1, job, now);
+    assert_eq!((completion.round.selected, completion.round.survivors), (4, 2));
+    engine.commit(completion);
+    assert_model_is_the_mean_of(&engine, &clients, &[0, 1]);
 }
