@@ -450,3 +450,23 @@ fn demo_task(serve: &Serve) -> Value {
     assert_eq!(response.status, 200);
     serde_json::from_slice(&response.body).unwrap()
 }
+
+/// `web/tests/bench.mjs`, the browser half of docs/BENCHMARKS.md's
+/// browser measurement, runs the wasm build's round in Chromium and
+/// reports every client's time (a small round here: the harness, not the
+/// number, is what is tested).
+#[test]
+fn the_browser_bench_times_a_round_of_the_wasm_client_in_chromium() {
+    let _one = exclusive();
+    let output = Command::new("node")
+        .arg(workspace_root().join("web/tests/bench.mjs"))
+        .arg(json!({ "clients": 6, "dim": 5000, "t": 4 }).to_string())
+        .output()
+        .expect("node is installed");
+    let stdout = success("web/tests/bench.mjs", &output);
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+    assert!(report["browser"].as_str().is_some_and(|b| b.starts_with("chromium ")), "{report}");
+    assert_eq!((report["survivors"].as_u64(), report["k"].as_u64()), (Some(6), Some(5)), "{report}");
+    let (mean, max) = (report["client_ms_mean"].as_f64().unwrap(), report["client_ms_max"].as_f64().unwrap());
+    assert!(mean > 0.0 && mean <= max && max <= report["total_ms"].as_f64().unwrap(), "{report}");
+}

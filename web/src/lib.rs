@@ -39,6 +39,7 @@ use std::sync::{Mutex, Once, PoisonError};
 
 use wasm_bindgen::prelude::*;
 
+pub mod bench;
 pub mod demo;
 use demo::digits_shard;
 
