@@ -659,6 +659,14 @@ fn send_pieces(
     Ok(())
 }
 
+/// What a retraction reads: the bytes handed over, from `packed`.
+fn read_back(packed: &[u8]) -> impl FnMut(usize, &mut [u8]) -> Result<(), ()> + '_ {
+    |offset, buffer| {
+        buffer.copy_from_slice(&packed[offset..offset + buffer.len()]);
+        Ok(())
+    }
+}
+
 #[test]
 fn a_masked_input_in_pieces_is_added_as_it_arrives_and_one_that_breaks_off_is_taken_back_out() {
     use cohort_crypto::messages::MASKED_INPUT_HEADER_LEN as HEADER;
@@ -694,13 +702,7 @@ fn a_masked_input_in_pieces_is_added_as_it_arrives_and_one_that_breaks_off_is_ta
         assert_eq!(driver.server().finish_input(&mut two), Err(cohort_crypto::DecodeError::Truncated.into()));
         assert!(two.added_bytes() > 0 && two.added_bytes() <= half - HEADER);
         let packed = &bytes[HEADER..];
-        driver
-            .server()
-            .retract_input(two, |offset, buffer: &mut [u8]| {
-                buffer.copy_from_slice(&packed[offset..offset + buffer.len()]);
-                Ok::<(), ()>(())
-            })
-            .unwrap();
+        driver.server().retract_input(two, read_back(packed)).unwrap();
         assert!(!driver.server().has_received(id(2)));
         driver.server().receive_encoded(id(2), &bytes).unwrap();
 
@@ -724,13 +726,7 @@ fn a_masked_input_in_pieces_is_added_as_it_arrives_and_one_that_breaks_off_is_ta
         } else {
             assert_eq!(refused, cohort_crypto::DecodeError::TrailingBytes(1).into());
         }
-        driver
-            .server()
-            .retract_input(three, |offset, buffer: &mut [u8]| {
-                buffer.copy_from_slice(&last[offset..offset + buffer.len()]);
-                Ok::<(), ()>(())
-            })
-            .unwrap();
+        driver.server().retract_input(three, read_back(&last)).unwrap();
         driver.outbox[2] = None;
 
         // 4 and 5: whole messages, the usual way, and one in a single piece.

@@ -208,3 +208,21 @@ pub fn remove_database(path: &Path) {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
 }
+
+/// One check-in and fetch of a protocol client over HTTP: its answer to
+/// the stage message it was served (to post to `/v1/round/message`), or
+/// `None` when it was not selected or had nothing to answer.
+pub fn stage_answer(
+    port: u16,
+    credential: &str,
+    participant: &mut cohort_crypto::testing::ProtocolClient,
+) -> Option<Vec<u8>> {
+    let (_, body) = json_call(port, "POST", "/v1/checkin", Some(credential), None);
+    if body["status"] != "selected" {
+        return None;
+    }
+    let client_id = body["client_id"].as_u64()? as u32;
+    let (status, message) =
+        http(port, "GET", "/v1/round/message", Some(credential), "application/x-cohort-secagg", &[]);
+    (status == 200).then(|| participant.respond(client_id, &message))
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cohort_crypto::testing::{ProtocolClient, weighted_mean};
 use cohort_tests::identity::Enrollment;
-use cohort_tests::process::{ServeProcess, http, json_call};
+use cohort_tests::process::{ServeProcess, http, json_call, stage_answer};
 use serde_json::{Value, json};
 
 const ADMIN: &str = "restart-test-admin-token-0123456789";
@@ -36,16 +36,7 @@ struct Device {
 impl Device {
     /// One check-in, fetch and answer; returns whether it answered.
     fn step(&mut self, port: u16) -> bool {
-        let (_, body) = json_call(port, "POST", "/v1/checkin", Some(&self.credential), None);
-        if body["status"] != "selected" {
-            return false;
-        }
-        let client_id = body["client_id"].as_u64().unwrap() as u32;
-        let (status, message) = http(port, "GET", "/v1/round/message", Some(&self.credential), SECAGG, &[]);
-        if status != 200 {
-            return false;
-        }
-        let reply = self.participant.respond(client_id, &message);
+        let Some(reply) = stage_answer(port, &self.credential, &mut self.participant) else { return false };
         let (status, body) = http(port, "POST", "/v1/round/message", Some(&self.credential), SECAGG, &reply);
         assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
         true
