@@ -166,7 +166,6 @@ pub struct CollectingMaskedInputs {
     sum: Vec<u32>,
     /// `arriving[c]`: client c's masked input is arriving in pieces.
     arriving: Vec<bool>,
-    arriving_count: usize,
     /// A broken-off input could not be retracted: the sum is wrong.
     damaged: bool,
 }
@@ -512,7 +511,6 @@ impl ServerRound {
         };
         s.check_shape(from, header.bits, header.len)?;
         s.arriving[from.index()] = true;
-        s.arriving_count += 1;
         Ok(IncomingInput {
             from,
             context: header.context,
@@ -576,7 +574,6 @@ impl ServerRound {
             return Err(DecodeError::Truncated.into());
         }
         s.arriving[input.from.index()] = false;
-        s.arriving_count -= 1;
         s.inbox.mark(input.from);
         input.finished = true;
         Ok(())
@@ -601,7 +598,6 @@ impl ServerRound {
         }
         let s = self.arriving(&input)?;
         s.arriving[input.from.index()] = false;
-        s.arriving_count -= 1;
         let step = PIECE_VALUES / 8 * usize::from(input.bits);
         let mut buffer = vec![0u8; step.min(input.added)];
         let mut offset = 0;
@@ -738,7 +734,6 @@ impl CollectingShares {
             shared,
             envelopes: self.envelopes,
             arriving: vec![false; eligible.len()],
-            arriving_count: 0,
             damaged: false,
             inbox: Inbox::new(eligible),
             sum,
@@ -803,8 +798,9 @@ impl CollectingMaskedInputs {
     }
 
     fn advance(self) -> Result<ServerRound, ProtocolError> {
-        if self.arriving_count > 0 {
-            return Err(ProtocolError::InputsArriving(self.arriving_count as u32));
+        let arriving = self.arriving.iter().filter(|&&a| a).count();
+        if arriving > 0 {
+            return Err(ProtocolError::InputsArriving(arriving as u32));
         }
         if self.damaged {
             return Err(ProtocolError::SumDamaged);

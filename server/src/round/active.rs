@@ -10,6 +10,7 @@
 //! clients, is ever unmasked. The round adds the sums of the groups that
 //! completed.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -155,6 +156,15 @@ impl Arriving {
         if let Err(error) = server.retract_input(input, read) {
             tracing::error!(client = client.get(), %error, "a masked input that broke off could not be taken back out");
         }
+    }
+}
+
+/// Client `id`'s arriving input, taken out of `arriving`, if it is upload
+/// number `upload` (a replaced try's steps find nothing).
+fn take_upload(arriving: &mut HashMap<ClientId, Arriving>, id: ClientId, upload: u64) -> Option<Arriving> {
+    match arriving.entry(id) {
+        Entry::Occupied(entry) if entry.get().upload == upload => Some(entry.remove()),
+        _ => None,
     }
 }
 
@@ -333,15 +343,13 @@ impl Group {
             InputStep::Piece(upload, bytes) => (upload, Some(bytes)),
             InputStep::Finish(upload) => (upload, None),
             InputStep::Abort(upload) => {
-                let current = self.arriving.get(&id).is_some_and(|a| a.upload == upload);
-                if let Some(arriving) = current.then(|| self.arriving.remove(&id)).flatten() {
+                if let Some(arriving) = take_upload(&mut self.arriving, id, upload) {
                     arriving.retract(server);
                 }
                 return Ok(upload);
             }
         };
-        let current = self.arriving.get(&id).is_some_and(|a| a.upload == upload);
-        let Some(mut arriving) = current.then(|| self.arriving.remove(&id)).flatten() else {
+        let Some(mut arriving) = take_upload(&mut self.arriving, id, upload) else {
             if server.stage() != Stage::MaskedInputCollection {
                 return Err(ProtocolError::OutOfPhase {
                     expected: server.stage(),

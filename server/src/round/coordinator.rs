@@ -1054,6 +1054,15 @@ impl Actor {
         self.owned.get_mut(key)
     }
 
+    /// Closes what a client's message may have completed: the stage of the
+    /// group run here for another replica (`owned`), or of the task.
+    async fn tick_after(&mut self, task: &str, owned: Option<GroupKey>) {
+        match owned {
+            Some(key) => self.tick_owned(&key).await,
+            None => self.tick(task).await,
+        }
+    }
+
     /// Serves one request; `Break` once the actor must stop (shutdown).
     async fn handle(&mut self, request: Request) -> ControlFlow<()> {
         match request {
@@ -1126,10 +1135,7 @@ impl Actor {
                 };
                 self.metrics.client_message(size, result.is_ok());
                 let _ = reply.send(result);
-                match owned {
-                    Some(key) => self.tick_owned(&key).await,
-                    None => self.tick(&task).await,
-                }
+                self.tick_after(&task, owned).await;
             }
             Request::Input { task, participant, step, reply } => {
                 let (read, finishing) = match &step {
@@ -1153,10 +1159,7 @@ impl Actor {
                 let ended = finishing && result.is_ok();
                 let _ = reply.send(result);
                 if ended {
-                    match owned {
-                        Some(key) => self.tick_owned(&key).await,
-                        None => self.tick(&task).await,
-                    }
+                    self.tick_after(&task, owned).await;
                 }
             }
             Request::Model { task, reply } => {
