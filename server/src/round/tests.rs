@@ -196,16 +196,8 @@ fn a_client_that_vanishes_is_recovered_after_the_deadline() {
 /// two (each survivor's seed from its one surviving neighbour and itself).
 #[test]
 fn three_clients_with_threshold_two_complete_a_round_without_one() {
-    let mut spec = small_spec();
-    spec.clients_per_round = 3;
-    spec.secure_aggregation.threshold = Some(2);
-    let mut engine = engine(spec);
-    let mut clients = participants(3);
+    let (mut engine, mut clients) = started_with_threshold_two(3);
     let mut now = 0;
-    for c in &clients {
-        engine.check_in(&c.name, None, now);
-    }
-    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
     let job = run_round(&mut engine, &mut clients, &[2], &mut now).unwrap();
     let completion = complete(&mut engine, 1, job, now);
     assert_eq!((completion.round.selected, completion.round.survivors), (3, 2));
@@ -884,18 +876,23 @@ fn a_private_task_accounts_each_round_and_stops_at_its_budget() {
     assert!(engine.privacy().unwrap().epsilon_spent <= budget);
 }
 
-/// A three-client round (t = 2) as the public demo runs it.
-fn demo_shaped_engine() -> (TaskEngine, Vec<NamedClient>) {
+/// Round 1 of `n` clients with threshold 2, started at time 0.
+fn started_with_threshold_two(n: usize) -> (TaskEngine, Vec<NamedClient>) {
     let mut spec = small_spec();
-    spec.clients_per_round = 3;
+    spec.clients_per_round = n as u32;
     spec.secure_aggregation.threshold = Some(2);
     let mut engine = engine(spec);
-    let clients = participants(3);
+    let clients = participants(n);
     for c in &clients {
         engine.check_in(&c.name, None, 0);
     }
     assert!(matches!(engine.tick(0), TickOutcome::Started(1)));
     (engine, clients)
+}
+
+/// A three-client round (t = 2) as the public demo runs it.
+fn demo_shaped_engine() -> (TaskEngine, Vec<NamedClient>) {
+    started_with_threshold_two(3)
 }
 
 /// A client that leaves after sharing its keys is waited for no longer:
@@ -1026,16 +1023,8 @@ fn stream_until(engine: &mut TaskEngine, name: &str, bytes: &[u8], until: usize)
 
 #[test]
 fn masked_inputs_in_pieces_count_only_whole_and_broken_ones_are_taken_back_out() {
-    let mut spec = small_spec();
-    spec.clients_per_round = 4;
-    spec.secure_aggregation.threshold = Some(2);
-    let mut engine = engine(spec);
-    let mut clients = participants(4);
+    let (mut engine, mut clients) = started_with_threshold_two(4);
     let mut now = 0;
-    for c in &clients {
-        engine.check_in(&c.name, None, now);
-    }
-    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
     for _ in 0..2 {
         for client in clients.iter_mut() {
             assert!(client.step(&mut engine));
