@@ -13,10 +13,11 @@
 #   - cargo-fuzz: the fuzz smoke runs (with the installed nightly toolchain);
 #   - wasm-bindgen-cli, at the version of Cargo.lock: the browser client;
 #   - a running PostgreSQL server on 127.0.0.1:5432 (the store tests);
-#   - a Python venv with safetensors, NumPy and Google's dp-accounting
-#     (COHORT_VENV, default /var/tmp/cohort-venv): the tests that Python
-#     loads our checkpoints and that our privacy accountant agrees with
-#     Google's;
+#   - a Python venv with safetensors, NumPy, Google's dp-accounting and
+#     the API fuzzer Schemathesis (COHORT_VENV, default
+#     /var/tmp/cohort-venv): the tests that Python loads our checkpoints,
+#     that our privacy accountant agrees with Google's, and that the API
+#     does what its OpenAPI document says;
 #   - a Python venv with PyTorch 2.13.0 (COHORT_TORCH_VENV, default
 #     /var/tmp/cohort-torch-venv, about 4.7 GB): libtorch for the `tch`
 #     feature of cohort-client.
@@ -112,10 +113,11 @@ else
 fi
 
 venv="${COHORT_VENV:-/var/tmp/cohort-venv}"
-if ! "$venv/bin/python" -c "import safetensors.numpy, numpy, dp_accounting" >/dev/null 2>&1; then
-    log "creating the Python venv $venv (safetensors, numpy, dp-accounting)"
+if ! "$venv/bin/python" -c "import safetensors.numpy, numpy, dp_accounting, schemathesis" >/dev/null 2>&1; then
+    log "creating the Python venv $venv (safetensors, numpy, dp-accounting, schemathesis)"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "safetensors==0.7.*" "numpy<3" "dp-accounting==0.6.*"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "safetensors==0.7.*" "numpy<3" "dp-accounting==0.6.*" \
+        "schemathesis==4.32.*"
 else
     log "the Python venv $venv is ready (skipped)"
 fi

@@ -46,6 +46,7 @@ pub mod routes {
 
 /// Reply to enrollment. The credential is shown only here.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Enrolled {
     /// Participant id.
     pub participant_id: String,
@@ -60,6 +61,7 @@ pub struct Enrolled {
 
 /// What a client is told when it checks in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum CheckIn {
     /// Not selected (yet); check in again after this long.
@@ -208,6 +210,24 @@ impl ErrorCode {
     }
 }
 
+/// The codes a coordinator sends: every variant but [`ErrorCode::Unknown`],
+/// which only a client reading a newer coordinator's code ever holds.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for ErrorCode {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(
+                ErrorCode::all().filter(|code| *code != ErrorCode::Unknown).map(ErrorCode::as_str),
+            ))
+            .description(Some("The stable reason: clients match this, never the message"))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for ErrorCode {}
+
 impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -217,6 +237,7 @@ impl std::fmt::Display for ErrorCode {
 /// The body of every refusal: `{"error": code, "message": text}`, with
 /// `retry_after_ms` where the client should come back (a `429` or `503`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// The stable code.
     pub error: ErrorCode,

@@ -15,6 +15,7 @@ const LAYOUT_KEY: &str = "cohort.layout";
 
 /// One named tensor of a model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TensorSpec {
     /// Name, as PyTorch's `state_dict` would have it (e.g. `fc1.weight`).
     pub name: String,
@@ -38,6 +39,7 @@ impl TensorSpec {
 
 /// The tensors of a model, in the order of the flat parameter vector.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelLayout {
     /// The tensors.
     pub tensors: Vec<TensorSpec>,

@@ -28,6 +28,7 @@ pub fn min_active_threshold(degree: u32) -> u32 {
 /// Which adversary the protocol defends against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum Variant {
     /// Honest-but-curious server: no signatures, no consistency check.

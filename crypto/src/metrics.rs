@@ -26,6 +26,7 @@ pub const MAX_LOSS: f64 = 4096.0;
 /// A number a client reports with its update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Metric {
     /// Mean training loss over the local epochs.
@@ -157,6 +158,21 @@ impl<'de> serde::Deserialize<'de> for MetricSet {
         Ok(metrics.into_iter().collect())
     }
 }
+
+/// A set reads and writes as the array of its metrics' names.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for MetricSet {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ArrayBuilder::new()
+            .items(<Metric as utoipa::PartialSchema>::schema())
+            .unique_items(true)
+            .max_items(Some(Metric::ALL.len()))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for MetricSet {}
 
 /// One client's metrics for a round: individual values, so they have no
 /// `Debug` that shows them. With the `serde` feature they read and write

@@ -93,6 +93,7 @@ impl Default for Policy {
 /// per-round randomness (session, transform seeds, roster) may change.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct TaskSecurity {
     /// Adversary model.
@@ -124,6 +125,7 @@ pub struct TaskSecurity {
 /// The shape of the communication graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum GraphKind {
     /// Every client shares with every other (SecAgg).
@@ -135,6 +137,7 @@ pub enum GraphKind {
 /// A [`Transform`] without its per-round seed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "serde", serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields))]
 pub enum TransformKind {
     /// None.

@@ -20,7 +20,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A server optimizer and its hyper-parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum ServerOptimizer {
     /// w ← w + η Δ.

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::spec::SpecError;
 
 /// The differential privacy a task promises (`privacy` in a task spec).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PrivacySpec {
     /// The noise every client adds: `skellam` or `discrete_gaussian`.
@@ -88,7 +88,7 @@ impl PrivacyPlan {
 }
 
 /// A task's privacy as the admin API shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PrivacyView {
     /// The noise.
     pub mechanism: Mechanism,

@@ -12,21 +12,30 @@ use crate::optimizer::ServerOptimizer;
 use crate::privacy::{PrivacyPlan, PrivacySpec};
 
 /// A federated training task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
-    /// Human-readable name.
+    /// Human-readable name: 1 to 200 characters, not all white space, no
+    /// control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F][^\\u0000-\\u001F\\u007F-\\u009F]*$"
+    )]
     pub name: String,
     /// The model: tensor layout and initial weights.
     pub model: ModelSpec,
     /// Rounds to run.
+    #[schema(minimum = 1, maximum = 1_000_000)]
     pub rounds: u32,
     /// Masked inputs wanted per round. The masked-input stage closes as
     /// soon as this many arrived (or at its deadline).
+    #[schema(minimum = 2, maximum = 1_048_576)]
     pub clients_per_round: u32,
     /// Extra clients selected to absorb dropouts, as a fraction: a round
     /// selects ⌈clients_per_round × (1 + over_selection)⌉ clients.
     #[serde(default)]
+    #[schema(minimum = 0.0, maximum = 10.0)]
     pub over_selection: f64,
     /// Secure-aggregation parameters.
     #[serde(default)]
@@ -42,6 +51,7 @@ pub struct TaskSpec {
     pub optimizer: ServerOptimizer,
     /// Completed-round checkpoints to keep (the initial model is always kept).
     #[serde(default = "default_retention")]
+    #[schema(minimum = 1, maximum = 1_000, default = 10)]
     pub checkpoint_retention: u32,
     /// What the coordinator learns of the clients' training metrics.
     #[serde(default)]
@@ -66,7 +76,7 @@ pub struct TaskSpec {
 }
 
 /// How a task's clients are scheduled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskMode {
     /// Rounds: the selected clients train on the same model and the round
@@ -81,22 +91,26 @@ pub enum TaskMode {
 
 /// Buffered asynchronous aggregation (Nguyen et al., FedBuff, AISTATS
 /// 2022), one secure-aggregation group per buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AsyncSpec {
     /// Clients training at once (C).
+    #[schema(minimum = 1, maximum = 100_000)]
     pub concurrency: u32,
     /// Updates per buffer (K): each buffer is one secure-aggregation group
     /// of K clients and one model update.
+    #[schema(minimum = 3, maximum = 100_000)]
     pub buffer_size: u32,
     /// The most model versions an update may lag behind its base (S); a
     /// staler update is refused and its client re-bases on the current
     /// model. At least 1.
+    #[schema(minimum = 1, maximum = 1_000)]
     pub max_staleness: u32,
     /// An update s versions stale is weighted (1 + s)^−a by its client
     /// before masking; 0.5 (the default) is FedBuff's 1/√(1 + s), 0 weighs
     /// every update alike.
     #[serde(default = "default_staleness_exponent")]
+    #[schema(minimum = 0.0, maximum = 4.0, default = 0.5)]
     pub staleness_exponent: f64,
 }
 
@@ -169,7 +183,7 @@ pub const MAX_STALENESS: u32 = 1_000;
 /// The clients' training metrics (loss, accuracy): summed under the masks
 /// with the updates, so that the coordinator learns only their means over
 /// each round's survivors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClientMetricsSpec {
     /// Metrics every masked input has room for (`train_loss`,
@@ -193,10 +207,12 @@ fn default_retention() -> u32 {
 }
 
 /// The model of a task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
-    /// Architecture name, for clients that build the model themselves.
+    /// Architecture name, for clients that build the model themselves: at
+    /// most 200 characters, no control characters.
+    #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")]
     pub architecture: String,
     /// Tensor layout of the flat parameter vector.
     pub layout: ModelLayout,
@@ -206,12 +222,12 @@ pub struct ModelSpec {
 }
 
 /// Initial weights.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ModelInit {
-    /// All zeros.
-    #[default]
-    Zeros,
+    /// All zeros. (A variant with no fields rather than a unit variant, so
+    /// that serde refuses fields it does not know here too.)
+    Zeros {},
     /// PyTorch's default for linear and convolution layers: each weight
     /// tensor (and the bias after it) uniform in ±1/√fan_in, where fan_in
     /// is the product of the weight's dimensions after the first;
@@ -223,14 +239,21 @@ pub enum ModelInit {
     /// Uniform in [−scale, scale], deterministic for the seed.
     Uniform {
         /// Half-width of the interval.
+        #[schema(exclusive_minimum = 0.0)]
         scale: f32,
         /// Seed.
         seed: u64,
     },
 }
 
+impl Default for ModelInit {
+    fn default() -> Self {
+        ModelInit::Zeros {}
+    }
+}
+
 /// Communication graph choice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum GraphChoice {
     /// Everybody shares with everybody (SecAgg).
@@ -241,7 +264,7 @@ pub enum GraphChoice {
 }
 
 /// Secure-aggregation parameters of a task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SecAggSpec {
     /// The adversary the protocol defends against: `"active"` (a coordinator
@@ -269,6 +292,7 @@ pub struct SecAggSpec {
     /// [`DEFAULT_GROUP_SIZE`]; a stored spec without it predates groups
     /// and runs each round as one.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 2, maximum = 1_048_576)]
     pub group_size: Option<u32>,
 }
 
@@ -309,7 +333,7 @@ impl Default for SecAggSpec {
 }
 
 /// Which variant of the protocol a task runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum VariantChoice {
     /// Signed keys and the consistency check: holds against a coordinator
@@ -354,7 +378,7 @@ impl SecAggSpec {
 }
 
 /// Quantization and compression of a task's updates.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct QuantizationConfig {
     /// Update coordinates (after the rotation or sketch) are clipped to
@@ -366,6 +390,7 @@ pub struct QuantizationConfig {
     /// Bits per client value (4 to 16): the ring then has
     /// bits + ⌈log₂ n⌉ bits for n selected clients, and the upload shrinks
     /// accordingly.
+    #[schema(minimum = 4, maximum = 16)]
     pub bits: Option<u8>,
     /// Randomized Hadamard rotation (blocks of 4096, fresh signs each
     /// round) before quantization; the coordinator inverts it.
@@ -377,7 +402,7 @@ pub struct QuantizationConfig {
 }
 
 /// A count sketch's shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SketchConfig {
     /// Rows (odd, at most 15).
@@ -449,22 +474,27 @@ impl QuantizationConfig {
 }
 
 /// How long each stage waits for clients, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StageDeadlines {
     /// Waiting for selected clients to advertise keys (includes their
     /// download of the model and local training start).
+    #[schema(minimum = 1, maximum = 86_400_000)]
     pub advertise_keys_ms: u64,
     /// Waiting for encrypted shares.
+    #[schema(minimum = 1, maximum = 86_400_000)]
     pub share_keys_ms: u64,
     /// Waiting for masked inputs (includes local training).
+    #[schema(minimum = 1, maximum = 86_400_000)]
     pub masked_input_ms: u64,
     /// Waiting for unmasking shares.
+    #[schema(minimum = 1, maximum = 86_400_000)]
     pub unmasking_ms: u64,
     /// How long a client that stopped checking in still counts as
     /// available for selection (clients waiting for a round check in every
     /// one to two seconds): a client that went away silently is selected
     /// again only within this window.
+    #[schema(minimum = 3_000, maximum = 86_400_000)]
     pub availability_ms: u64,
 }
 
@@ -480,8 +510,15 @@ impl Default for StageDeadlines {
     }
 }
 
-/// Longest name, architecture or tensor name, in bytes.
-pub const MAX_NAME_BYTES: usize = 200;
+/// Longest name, architecture or tensor name, in characters (as the
+/// OpenAPI document's `maxLength` counts them).
+pub const MAX_NAME_CHARS: usize = 200;
+
+/// Whether `name` is at most [`MAX_NAME_CHARS`] characters without control
+/// characters.
+pub fn name_fits(name: &str) -> bool {
+    name.chars().count() <= MAX_NAME_CHARS && !name.chars().any(char::is_control)
+}
 /// Most rounds a task may run.
 pub const MAX_ROUNDS: u32 = 1_000_000;
 /// Most completed-round checkpoints a task may keep.
@@ -538,29 +575,22 @@ pub struct DerivedRoundParameters {
 impl TaskSpec {
     /// Validates the spec and derives the round parameters.
     pub fn validate(&self) -> Result<DerivedRoundParameters, SpecError> {
-        if self.name.trim().is_empty() || self.name.len() > MAX_NAME_BYTES {
-            return Err(SpecError::field("name", "name must be 1 to 200 bytes of UTF-8"));
-        }
-        if self.name.chars().any(char::is_control) {
-            return Err(SpecError::field("name", "name must not contain control characters"));
-        }
-        let architecture = &self.model.architecture;
-        if architecture.len() > MAX_NAME_BYTES || architecture.chars().any(char::is_control) {
+        if self.name.trim().is_empty() || !name_fits(&self.name) {
             return Err(SpecError::field(
-                "model.architecture",
-                "model.architecture must be at most 200 bytes without control characters",
+                "name",
+                "name must be 1 to 200 characters, not all white space, without control characters",
             ));
         }
-        if self
-            .model
-            .layout
-            .tensors
-            .iter()
-            .any(|t| t.name.len() > MAX_NAME_BYTES || t.name.chars().any(char::is_control))
-        {
+        if !name_fits(&self.model.architecture) {
+            return Err(SpecError::field(
+                "model.architecture",
+                "model.architecture must be at most 200 characters without control characters",
+            ));
+        }
+        if !self.model.layout.tensors.iter().all(|t| name_fits(&t.name)) {
             return Err(SpecError::field(
                 "model.layout",
-                "tensor names must be at most 200 bytes without control characters",
+                "tensor names must be at most 200 characters without control characters",
             ));
         }
         self.model.layout.validate()?;
@@ -843,7 +873,7 @@ impl TaskSpec {
     pub fn initial_weights(&self) -> Vec<f32> {
         let len = self.model.layout.len();
         match self.model.init {
-            ModelInit::Zeros => vec![0.0; len],
+            ModelInit::Zeros {} => vec![0.0; len],
             ModelInit::FanIn { seed } => self.model.layout.fan_in_init(seed),
             ModelInit::Uniform { scale, seed } => {
                 use rand_core::{Rng, SeedableRng};
@@ -867,7 +897,7 @@ pub(crate) mod tests {
             model: ModelSpec {
                 architecture: "linear".into(),
                 layout: ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![4] }] },
-                init: ModelInit::Zeros,
+                init: ModelInit::Zeros {},
             },
             rounds: 3,
             clients_per_round: 6,
@@ -916,7 +946,7 @@ pub(crate) mod tests {
             (|s| s.rounds = MAX_ROUNDS + 1, "rounds must be between"),
             (|s| s.checkpoint_retention = MAX_RETENTION + 1, "checkpoint_retention"),
             (|s| s.name = "a\0b".into(), "control characters"),
-            (|s| s.name = "é".repeat(101), "200 bytes"),
+            (|s| s.name = "é".repeat(201), "200 characters"),
             (|s| s.model.architecture = "lin\0ear".into(), "model.architecture"),
             (|s| s.model.layout.tensors[0].name = "w\u{7}".into(), "tensor names"),
             // Shapes whose product wraps around a 64-bit count.

@@ -155,6 +155,90 @@ fn spec(rounds: u32) -> Value {
     })
 }
 
+/// What the OpenAPI document promises beyond its paths: every link
+/// names an operation that exists, in OpenAPI's field names; every refusal
+/// code a coordinator sends is listed; the client library's routes are
+/// documented with the methods it calls them with; the enums of a task
+/// spec that refuse unknown fields say so.
+fn the_document_is_whole(doc: &Value) {
+    use cohort_client::api::{ErrorCode, routes};
+    let operations: std::collections::HashSet<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|item| item.as_object().unwrap().values())
+        .filter_map(|operation| operation["operationId"].as_str())
+        .collect();
+    let mut links = 0;
+    for item in doc["paths"].as_object().unwrap().values() {
+        for operation in item.as_object().unwrap().values() {
+            for response in operation["responses"].as_object().unwrap().values() {
+                for (name, link) in response["links"].as_object().into_iter().flatten() {
+                    let target =
+                        link["operationId"].as_str().unwrap_or_else(|| panic!("link {name}: {link}"));
+                    assert!(operations.contains(target), "link {name} names no operation: {target}");
+                    assert!(link.get("operation_id").is_none(), "{link}");
+                    links += 1;
+                }
+            }
+        }
+    }
+    assert!(links >= 12, "a created task links to the operations on it ({links} links)");
+    let created = &doc["paths"]["/admin/tasks"]["post"]["responses"]["201"]["links"];
+    for operation in ["getTask", "pauseTask", "stopTask", "listRounds", "createToken", "enroll"] {
+        assert!(created.as_object().unwrap().values().any(|l| l["operationId"] == operation), "{operation}");
+    }
+    let codes: Vec<&str> = doc["components"]["schemas"]["ErrorCode"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|code| code.as_str().unwrap())
+        .collect();
+    let sent: Vec<&str> =
+        ErrorCode::all().filter(|c| *c != ErrorCode::Unknown).map(ErrorCode::as_str).collect();
+    assert_eq!(codes, sent);
+    for (path, method) in [
+        (routes::ENROLL, "post"),
+        (routes::CHECK_IN, "post"),
+        (routes::LEAVE, "post"),
+        (routes::MODEL, "get"),
+        (routes::ROUND_MESSAGE, "get"),
+        (routes::ROUND_MESSAGE, "post"),
+        (routes::METRICS, "post"),
+    ] {
+        assert!(doc["paths"][path][method].is_object(), "{method} {path} is not documented");
+    }
+    for name in cohort_server::api::openapi::CLOSED_ENUMS {
+        let variants = doc["components"]["schemas"][name]["oneOf"].as_array().unwrap();
+        assert!(variants.iter().all(|v| v["additionalProperties"] == false), "{name}");
+    }
+    // ... and each of them does refuse a field it does not know.
+    let refused = [
+        serde_json::from_value::<cohort_server::optimizer::ServerOptimizer>(
+            json!({"kind": "fedavg", "learning_rate": 1.0, "beta1": 0.9}),
+        )
+        .is_err(),
+        serde_json::from_value::<cohort_server::spec::ModelInit>(json!({"kind": "zeros", "seed": 1}))
+            .is_err(),
+        serde_json::from_value::<cohort_server::spec::ModelInit>(
+            json!({"kind": "fan_in", "seed": 1, "scale": 1}),
+        )
+        .is_err(),
+    ];
+    assert_eq!(refused, [true; 3]);
+    assert_eq!(
+        serde_json::to_value(cohort_server::spec::ModelInit::default()).unwrap(),
+        json!({"kind": "zeros"})
+    );
+    // Binary bodies are bytes, not arrays of numbers.
+    let message = &doc["paths"][routes::ROUND_MESSAGE]["post"]["requestBody"]["content"][SECAGG_CONTENT_TYPE];
+    assert_eq!(message["schema"]["$ref"], "#/components/schemas/Binary");
+    assert_eq!(doc["components"]["schemas"]["Binary"], json!({"type": "string", "format": "binary"}));
+    for scheme in ["admin", "client"] {
+        assert_eq!(doc["components"]["securitySchemes"][scheme]["scheme"], "bearer");
+    }
+}
+
 #[tokio::test]
 async fn service_endpoints() {
     let api = Api::new("service").await;
@@ -166,6 +250,12 @@ async fn service_endpoints() {
     assert!(String::from_utf8(bytes).unwrap().contains("cohort_rounds_completed_total 0"));
     let (status, doc) = api.call("GET", "/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
+    the_document_is_whole(&doc);
+    // The document's example task is one the server creates.
+    let example =
+        doc["paths"]["/admin/tasks"]["post"]["requestBody"]["content"]["application/json"]["example"].clone();
+    let (status, created) = api.call("POST", "/admin/tasks", Some(ADMIN), Some(example)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
     for path in [
         "/readyz",
         "/admin/tasks",

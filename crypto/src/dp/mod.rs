@@ -48,6 +48,7 @@ pub use noise::{sample_discrete_gaussian, sample_skellam};
 /// The noise each client adds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Mechanism {
     /// The difference of two Poisson variates: sums of Skellam shares are
@@ -96,6 +97,7 @@ impl Mechanism {
 /// [`crate::QuantizationSpec`], so of the round context every client checks.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct DpParams {
     /// The noise.

@@ -7,14 +7,15 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use cohort_client::api::ErrorCode;
+use cohort_client::api::{ErrorBody, ErrorCode};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::SAFETENSORS_CONTENT_TYPE;
 use super::auth::{new_id, new_token, token_hash};
 use super::error::{ApiError, ApiResult};
-use super::extract::{Admin, RawBody, TaskId, is_valid_id};
+use super::extract::{Admin, RawBody, TaskId, decimal, is_valid_id, json_body};
+use super::openapi::{Binary, Refused, RetryLater};
 use super::ratelimit::Rate;
 use super::state::AppState;
 use crate::round::coordinator::{Coordinator, CoordinatorError, LiveState, Whereabouts, now_ms};
@@ -25,7 +26,7 @@ use crate::store::{
 };
 
 /// Reply to task creation. The enrollment token is shown only here.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreatedTask {
     /// Task id.
     pub id: String,
@@ -38,13 +39,52 @@ pub struct CreatedTask {
     pub threshold: u32,
 }
 
+/// Creates a task from a [`TaskSpec`].
+#[utoipa::path(
+    post, path = "/admin/tasks", tag = "admin", operation_id = "createTask",
+    security(("admin" = [])),
+    request_body(content = TaskSpec, description = "The task. Fields are checked one by one as the schema says, and \
+        together: e.g. a threshold at most the degree, a model no larger than secure aggregation carries, a \
+        sparse degree that is even; a spec that breaks such a rule is refused with `400 invalid_task` and a \
+        message naming the field.",
+        example = json!({
+            "name": "digits",
+            "rounds": 20,
+            "clients_per_round": 10,
+            "model": {
+                "architecture": "logistic",
+                "layout": { "tensors": [ { "name": "weight", "shape": [10, 784] }, { "name": "bias", "shape": [10] } ] },
+                "init": { "kind": "fan_in", "seed": 7 }
+            },
+            "quantization": { "bits": 8, "rotate": true }
+        })),
+    responses(
+        (status = 201, description = "Created: its id and its first enrollment token", body = CreatedTask,
+            links(
+                ("getTask" = (operation_id = "getTask", parameters(("id" = "$response.body#/id")))),
+                ("pauseTask" = (operation_id = "pauseTask", parameters(("id" = "$response.body#/id")))),
+                ("resumeTask" = (operation_id = "resumeTask", parameters(("id" = "$response.body#/id")))),
+                ("stopTask" = (operation_id = "stopTask", parameters(("id" = "$response.body#/id")))),
+                ("listRounds" = (operation_id = "listRounds", parameters(("id" = "$response.body#/id")))),
+                ("listAttempts" = (operation_id = "listAttempts", parameters(("id" = "$response.body#/id")))),
+                ("getCheckpoint" = (operation_id = "getCheckpoint", parameters(("id" = "$response.body#/id"), ("round" = "latest")))),
+                ("createToken" = (operation_id = "createToken", parameters(("id" = "$response.body#/id")))),
+                ("listTokens" = (operation_id = "listTokens", parameters(("id" = "$response.body#/id")))),
+                ("revokeDefaultToken" = (operation_id = "revokeToken", parameters(("id" = "$response.body#/id"), ("token" = "$response.body#/id")))),
+                ("enroll" = (operation_id = "enroll", parameters(("id" = "$response.body#/id"))))
+            )),
+        (status = 400, response = Refused), (status = 401, response = Refused),
+        (status = 408, response = Refused), (status = 413, response = Refused),
+        (status = 422, description = "The coordinator holds as many parameters as it may (capacity_exceeded)", body = ErrorBody),
+        (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn create_task(
     _: Admin,
     State(state): State<AppState>,
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
-    let mut spec: TaskSpec = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;
+    let mut spec: TaskSpec = json_body(&body)?;
     spec.secure_aggregation.default_for_new_task();
     spec.validate()
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string()))?;
@@ -108,10 +148,17 @@ pub async fn create(
 }
 
 /// A request for an enrollment token.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewToken {
-    /// The application it is for; unique within the task.
+pub(super) struct NewToken {
+    /// The application it is for; unique within the task: 1 to 200
+    /// characters, not all white space, no control characters (kept
+    /// without the white space around it).
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F][^\\u0000-\\u001F\\u007F-\\u009F]*$"
+    )]
     name: String,
     /// Its own enrollment rate (default: the server's `enroll_per_token`).
     #[serde(default)]
@@ -120,7 +167,7 @@ struct NewToken {
 
 /// An enrollment token as the admin API shows it; the token itself only
 /// in the answer that created it.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenView {
     /// Identifier (the first token's is the task's id).
     pub id: String,
@@ -154,6 +201,20 @@ impl TokenView {
 }
 
 /// A new enrollment token for an application of an unfinished task.
+#[utoipa::path(
+    post, path = "/admin/tasks/{id}/tokens", tag = "admin", operation_id = "createToken",
+    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    request_body(content = NewToken),
+    responses(
+        (status = 201, description = "Created; the token is shown only here", body = TokenView,
+            links(("revokeToken" = (operation_id = "revokeToken", parameters(("id" = "$request.path.id"), ("token" = "$response.body#/id")))))),
+        (status = 400, response = Refused), (status = 401, response = Refused),
+        (status = 404, response = Refused), (status = 408, response = Refused),
+        (status = 409, description = "The task is over, or the name is taken", body = ErrorBody),
+        (status = 413, response = Refused), (status = 429, response = RetryLater),
+        (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn create_token(
     _: Admin,
     State(state): State<AppState>,
@@ -162,11 +223,12 @@ pub(super) async fn create_token(
 ) -> ApiResult<(StatusCode, Json<TokenView>)> {
     let invalid =
         |message: &str| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTokenRequest, message);
-    let request: NewToken = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;
+    let request: NewToken = json_body(&body)?;
     let name = request.name.trim();
-    if name.is_empty() || name.len() > crate::spec::MAX_NAME_BYTES || name.chars().any(char::is_control) {
-        return Err(invalid("name must be 1 to 200 bytes without control characters"));
+    if name.is_empty() || !crate::spec::name_fits(&request.name) {
+        return Err(invalid(
+            "name must be 1 to 200 characters, not all white space, without control characters",
+        ));
     }
     if request.rate.is_some_and(|rate| rate.per_minute == 0 || rate.burst == 0) {
         return Err(invalid(
@@ -198,6 +260,14 @@ pub(super) async fn create_token(
 }
 
 /// A task's enrollment tokens (never the tokens themselves).
+#[utoipa::path(
+    get, path = "/admin/tasks/{id}/tokens", tag = "admin", operation_id = "listTokens",
+    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    responses(
+        (status = 200, description = "The tokens, with how many enrolled with each", body = [TokenView]),
+        (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn list_tokens(
     _: Admin,
     State(state): State<AppState>,
@@ -210,6 +280,16 @@ pub(super) async fn list_tokens(
 
 /// Revokes a token: it enrolls nobody more, and the credentials it issued
 /// end now.
+#[utoipa::path(
+    post, path = "/admin/tasks/{id}/tokens/{token}/revoke", tag = "admin", operation_id = "revokeToken",
+    security(("admin" = [])),
+    params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$"),
+        ("token" = String, Path, description = "The token's id (the first token's is the task's)", pattern = "^[0-9a-f]{32}$")),
+    responses(
+        (status = 200, description = "Revoked", body = TokenView),
+        (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn revoke_token(
     _: Admin,
     State(state): State<AppState>,
@@ -232,7 +312,7 @@ pub(super) async fn revoke_token(
 }
 
 /// A task as the admin API shows it.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskView {
     /// Id.
     pub id: String,
@@ -331,6 +411,14 @@ async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
 
 /// Every task; a task another replica leads is shown as that replica
 /// sees it (its live round), or from the store if it does not answer.
+#[utoipa::path(
+    get, path = "/admin/tasks", tag = "admin", operation_id = "listTasks",
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "Every task, with its live state", body = [TaskView]),
+        (status = 401, response = Refused), (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn list_tasks(
     _: Admin,
     headers: HeaderMap,
@@ -351,6 +439,15 @@ pub(super) async fn list_tasks(
     Ok(Json(views))
 }
 
+/// One task with its live state.
+#[utoipa::path(
+    get, path = "/admin/tasks/{id}", tag = "admin", operation_id = "getTask",
+    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    responses(
+        (status = 200, description = "The task", body = TaskView),
+        (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn get_task(
     _: Admin,
     State(state): State<AppState>,
@@ -360,38 +457,80 @@ pub(super) async fn get_task(
     Ok(Json(view(&state, task).await?))
 }
 
-async fn change_status(state: &AppState, id: &str, status: TaskStatus) -> ApiResult<Json<serde_json::Value>> {
-    state.store.task(id).await?;
-    state.coordinator.set_status(id, status).await?;
-    Ok(Json(json!({ "id": id, "status": status })))
+/// A task's new status.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StatusChanged {
+    /// The task's id.
+    pub id: String,
+    /// Its status now.
+    pub status: TaskStatus,
 }
 
+async fn change_status(state: &AppState, id: &str, status: TaskStatus) -> ApiResult<Json<StatusChanged>> {
+    state.store.task(id).await?;
+    state.coordinator.set_status(id, status).await?;
+    Ok(Json(StatusChanged { id: id.to_string(), status }))
+}
+
+/// Pauses a task: no new round starts; the one in progress runs to its end.
+#[utoipa::path(
+    post, path = "/admin/tasks/{id}/pause", tag = "admin", operation_id = "pauseTask",
+    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    responses(
+        (status = 200, description = "The task's new status", body = StatusChanged),
+        (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 409, description = "The task is over (stopped or completed)", body = ErrorBody),
+        (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn pause_task(
     _: Admin,
     State(state): State<AppState>,
     TaskId(id): TaskId,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<StatusChanged>> {
     change_status(&state, &id, TaskStatus::Paused).await
 }
 
+/// Resumes a paused task.
+#[utoipa::path(
+    post, path = "/admin/tasks/{id}/resume", tag = "admin", operation_id = "resumeTask",
+    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    responses(
+        (status = 200, description = "The task's new status", body = StatusChanged),
+        (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 409, description = "The task is over (stopped or completed)", body = ErrorBody),
+        (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn resume_task(
     _: Admin,
     State(state): State<AppState>,
     TaskId(id): TaskId,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<StatusChanged>> {
     change_status(&state, &id, TaskStatus::Active).await
 }
 
+/// Stops a task for good.
+#[utoipa::path(
+    post, path = "/admin/tasks/{id}/stop", tag = "admin", operation_id = "stopTask",
+    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    responses(
+        (status = 200, description = "The task's new status", body = StatusChanged),
+        (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 409, description = "The task is over (stopped or completed)", body = ErrorBody),
+        (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn stop_task(
     _: Admin,
     State(state): State<AppState>,
     TaskId(id): TaskId,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<StatusChanged>> {
     change_status(&state, &id, TaskStatus::Stopped).await
 }
 
 /// A completed round as the admin API shows it.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RoundView {
     /// Round number.
     pub round: i64,
@@ -417,6 +556,15 @@ pub struct RoundView {
     pub failed_attempts: Vec<AttemptView>,
 }
 
+/// The task's completed rounds with their metrics.
+#[utoipa::path(
+    get, path = "/admin/tasks/{id}/rounds", tag = "admin", operation_id = "listRounds",
+    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    responses(
+        (status = 200, description = "Completed rounds, oldest first", body = [RoundView]),
+        (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn list_rounds(
     _: Admin,
     State(state): State<AppState>,
@@ -461,7 +609,7 @@ pub(super) async fn list_rounds(
 
 /// An attempt of a round that ended without a new model, as the admin API
 /// shows it.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AttemptView {
     /// Round number (an async task: the group's number).
     pub round: i64,
@@ -485,14 +633,26 @@ pub struct AttemptView {
 }
 
 /// Query of the attempts list.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct AttemptsQuery {
+    /// The most attempts to list (default 100).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
 }
 
 /// The task's attempts that ended without a new model, newest first (at
 /// most `limit`, default 100; the newest 500 are kept).
+#[utoipa::path(
+    get, path = "/admin/tasks/{id}/attempts", tag = "admin", operation_id = "listAttempts",
+    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$"), AttemptsQuery),
+    responses(
+        (status = 200, description = "Attempts, newest first, with the stage they stopped in and why", body = [AttemptView]),
+        (status = 400, response = Refused), (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn list_attempts(
     _: Admin,
     State(state): State<AppState>,
@@ -530,6 +690,19 @@ fn bad_limit() -> ApiError {
     )
 }
 
+/// A checkpoint: the model after a completed round (0: the initial one).
+#[utoipa::path(
+    get, path = "/admin/tasks/{id}/checkpoints/{round}", tag = "admin", operation_id = "getCheckpoint",
+    security(("admin" = [])),
+    params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$"),
+        ("round" = String, Path, description = "A round number, or `latest`", pattern = "^(latest|0|[1-9][0-9]{0,17})$")),
+    responses(
+        (status = 200, description = "The checkpoint (safetensors)", content_type = "application/vnd.safetensors", body = Binary,
+            headers(("Content-Disposition" = String, description = "attachment; its file name"))),
+        (status = 400, response = Refused), (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn get_checkpoint(
     _: Admin,
     State(state): State<AppState>,
@@ -540,14 +713,14 @@ pub(super) async fn get_checkpoint(
     let record = if round == "latest" {
         state.store.latest_checkpoint(&id).await?
     } else {
-        let number: i64 = round.parse().map_err(|_| {
+        let number = decimal(round).ok_or_else(|| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::InvalidRound,
                 "round must be a number or \"latest\"",
             )
         })?;
-        state.store.checkpoint(&id, number).await?
+        state.store.checkpoint(&id, number as i64).await?
     };
     let disposition = format!("attachment; filename=\"{id}-round-{}.safetensors\"", record.round);
     Ok((

@@ -12,25 +12,32 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::{new_id, new_token, token_hash};
 use super::error::{ApiError, ApiResult};
-use super::extract::{Authenticated, LimitedBody, PeerAddress, RawBody, TaskId, limit};
+use super::extract::{Authenticated, LimitedBody, PeerAddress, RawBody, TaskId, decimal, json_body, limit};
+use super::openapi::{Binary, Refused, RetryLater};
 use super::ratelimit::{Call, Rate};
 use super::state::AppState;
 use super::{SAFETENSORS_CONTENT_TYPE, SECAGG_CONTENT_TYPE};
 use crate::round::coordinator::{CoordinatorError, now_ms};
 use crate::round::{CheckIn, InputStep, Poll};
 use crate::store::{ClientMetricsRecord, ParticipantRecord, Store, StoreError};
-use cohort_client::api::{Enrolled, ErrorCode};
+use cohort_client::api::{Enrolled, ErrorBody, ErrorCode};
 
-#[derive(Deserialize)]
+/// An enrollment: the task's enrollment token and, for an active task (or
+/// any participant that wants to be recognised by its key), an identity
+/// key with its proof; the two come together or not at all.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct EnrollRequest {
+pub(super) struct EnrollRequest {
+    /// The token the task's administrator gave the application.
     enrollment_token: String,
     /// The participant's Ed25519 identity public key (64 hex digits).
     #[serde(default)]
+    #[schema(pattern = "^[0-9a-fA-F]{64}$")]
     identity_key: Option<String>,
-    /// Its signature over [`enrollment_statement`] (128 hex digits): proof
+    /// Its signature over the enrollment statement (128 hex digits): proof
     /// that the participant holds the key.
     #[serde(default)]
+    #[schema(pattern = "^[0-9a-fA-F]{128}$")]
     identity_proof: Option<String>,
 }
 
@@ -52,6 +59,22 @@ fn identity_key(task: &str, request: &EnrollRequest) -> ApiResult<Option<[u8; 32
     Ok(Some(public))
 }
 
+/// Enrolls a participant with the task's enrollment token; an active
+/// task's participant also brings its Ed25519 identity key and proves it
+/// holds it. The reply's credential is shown only here.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/enroll", tag = "client", operation_id = "enroll",
+    params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    request_body(content = EnrollRequest),
+    responses(
+        (status = 201, description = "Enrolled: a credential for the client API and the task's security parameters, which the participant pins", body = Enrolled),
+        (status = 400, response = Refused),
+        (status = 401, description = "The enrollment token is wrong (unauthorized) or revoked (token_revoked)", body = ErrorBody),
+        (status = 404, response = Refused), (status = 408, response = Refused),
+        (status = 409, description = "The task is over", body = ErrorBody),
+        (status = 413, response = Refused), (status = 429, response = RetryLater), (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn enroll(
     State(state): State<AppState>,
     PeerAddress(address): PeerAddress,
@@ -59,8 +82,7 @@ pub(super) async fn enroll(
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<Enrolled>)> {
     limit(&state, Call::Enroll, address, None)?;
-    let request: EnrollRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;
+    let request: EnrollRequest = json_body(&body)?;
     let task = state.store.task(&id).await?;
     // Looked up by the SHA-256 of a 256-bit random token: the hash, not the
     // token, meets the index.
@@ -115,6 +137,22 @@ pub(super) async fn enroll(
     Ok((StatusCode::CREATED, Json(enrolled)))
 }
 
+/// Checks in: says whether the client is selected for the round in
+/// progress or, in an async task, whether to train (`train`), whether a
+/// finished update joins a group (`selected`), waits, or is too stale
+/// (`stale`).
+#[utoipa::path(
+    post, path = "/v1/checkin", tag = "client", operation_id = "checkIn",
+    security(("client" = [])),
+    params(("trained_on" = Option<u64>, Query, minimum = 0, maximum = 9_223_372_036_854_775_807_u64,
+        description = "Async tasks: the model version a finished update was trained from")),
+    responses(
+        (status = 200, description = "What to do next", body = CheckIn),
+        (status = 400, response = Refused), (status = 401, response = Refused),
+        (status = 404, response = Refused), (status = 409, response = Refused),
+        (status = 429, response = RetryLater), (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn check_in(
     PeerAddress(address): PeerAddress,
     Authenticated(p): Authenticated,
@@ -138,6 +176,15 @@ pub(super) async fn check_in(
 /// A client says it is leaving: it is no longer selected, and no stage of
 /// a round it is in waits for it (a tab that closes says so). A task that
 /// is over has nothing to leave: `204` as well.
+#[utoipa::path(
+    post, path = "/v1/leave", tag = "client", operation_id = "leave",
+    security(("client" = [])),
+    responses(
+        (status = 204, description = "Left (check in again to come back)"),
+        (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 429, response = RetryLater), (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn leave(
     PeerAddress(address): PeerAddress,
     Authenticated(p): Authenticated,
@@ -159,8 +206,7 @@ fn trained_on(query: Option<&str>) -> ApiResult<Option<u64>> {
     let Some(query) = query.filter(|q| !q.is_empty()) else { return Ok(None) };
     query
         .strip_prefix("trained_on=")
-        .and_then(|version| version.parse::<u64>().ok())
-        .filter(|version| *version <= i64::MAX as u64)
+        .and_then(decimal)
         .map(Some)
         .ok_or_else(|| {
             ApiError::new(
@@ -171,6 +217,16 @@ fn trained_on(query: Option<&str>) -> ApiResult<Option<u64>> {
         })
 }
 
+/// The current global model.
+#[utoipa::path(
+    get, path = "/v1/model", tag = "client", operation_id = "getModel",
+    security(("client" = [])),
+    responses(
+        (status = 200, description = "The model (safetensors)", content_type = "application/vnd.safetensors", body = Binary,
+            headers(("x-cohort-round" = u64, description = "The rounds the model has seen (an async task: its version)"))),
+        (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn model(
     Authenticated(p): Authenticated,
     State(state): State<AppState>,
@@ -191,6 +247,19 @@ pub(super) async fn model(
         .into_response())
 }
 
+/// The server's message for the client's current stage.
+#[utoipa::path(
+    get, path = "/v1/round/message", tag = "client", operation_id = "fetchMessage",
+    security(("client" = [])),
+    responses(
+        (status = 200, description = "The stage message", content_type = "application/x-cohort-secagg", body = Binary),
+        (status = 204, description = "Nothing yet: ask again shortly"),
+        (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 409, description = "Not part of the round in progress", body = ErrorBody),
+        (status = 410, description = "Dropped from the round (missed a stage, or the attempt failed)", body = ErrorBody),
+        (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn fetch_message(
     Authenticated(p): Authenticated,
     State(state): State<AppState>,
@@ -218,6 +287,22 @@ const PIECE: usize = 256 << 10;
 /// is the body read, and no further than that limit. A masked input longer
 /// than [`READ_WHOLE_UP_TO`] (or of undeclared length) is never held whole:
 /// it goes into the running sum a piece at a time as it arrives.
+#[utoipa::path(
+    post, path = "/v1/round/message", tag = "client", operation_id = "postMessage",
+    security(("client" = [])),
+    request_body(content = Binary, content_type = "application/x-cohort-secagg",
+        description = "The client's message for the stage in progress, at most the size the round's parameters allow"),
+    responses(
+        (status = 202, description = "Accepted"),
+        (status = 400, response = Refused), (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 408, response = Refused),
+        (status = 409, description = "Not selected, another round, out of phase, already sent, or not eligible", body = ErrorBody),
+        (status = 410, description = "Dropped from the round", body = ErrorBody),
+        (status = 413, response = Refused), (status = 415, response = Refused),
+        (status = 422, description = "A message that fails a cryptographic or protocol check", body = ErrorBody),
+        (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn post_message(
     Authenticated(p): Authenticated,
     State(state): State<AppState>,
@@ -312,35 +397,43 @@ impl Drop for Abandon<'_> {
 
 /// What a client reports for a round: a fixed set of numbers, each
 /// optional and each within its range.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClientMetrics {
     /// Mean training loss over the local epochs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 1e9)]
     pub train_loss: Option<f64>,
     /// Training accuracy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub train_accuracy: Option<f64>,
     /// Loss of the global model on local data, before training.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 1e9)]
     pub global_loss: Option<f64>,
     /// Accuracy of the global model on local data, before training.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub global_accuracy: Option<f64>,
     /// Loss on local held-out data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 1e9)]
     pub eval_loss: Option<f64>,
     /// Accuracy on local held-out data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub eval_accuracy: Option<f64>,
     /// Local examples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub examples: Option<u32>,
     /// Bytes the client sent in the round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 1_099_511_627_776_u64)]
     pub bytes_up: Option<u64>,
     /// Bytes the client received in the round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 1_099_511_627_776_u64)]
     pub bytes_down: Option<u64>,
 }
 
@@ -390,23 +483,45 @@ impl ClientMetrics {
 }
 
 /// The kind of a report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum ReportKind {
+pub(super) enum ReportKind {
+    /// After local training.
     Train,
+    /// On local held-out data.
     Eval,
 }
 
-#[derive(Deserialize)]
+/// One report.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct MetricsReport {
+pub(super) struct MetricsReport {
+    /// The round it is about.
+    #[schema(minimum = 1, maximum = 9_223_372_036_854_775_807_u64)]
     round: u64,
+    /// After training, or on held-out data.
     kind: ReportKind,
+    /// The numbers.
     metrics: ClientMetrics,
 }
 
 /// A client's metrics for a round it took part in (the round in progress
-/// or one of the last completed ones), once per round and kind.
+/// or one of the last completed ones), once per round and kind: only for a
+/// semi-honest task with `client_metrics.plaintext` (every task gets the
+/// means from the masked sums).
+#[utoipa::path(
+    post, path = "/v1/metrics", tag = "client", operation_id = "reportMetrics",
+    security(("client" = [])),
+    request_body(content = MetricsReport),
+    responses(
+        (status = 201, description = "Recorded"),
+        (status = 400, response = Refused), (status = 401, response = Refused),
+        (status = 403, description = "The task takes metrics only in aggregate", body = ErrorBody),
+        (status = 404, response = Refused), (status = 408, response = Refused),
+        (status = 409, description = "Not part of that round, or already reported", body = ErrorBody),
+        (status = 413, response = Refused), (status = 429, response = RetryLater), (status = 503, response = RetryLater)
+    )
+)]
 pub(super) async fn report_metrics(
     PeerAddress(address): PeerAddress,
     Authenticated(p): Authenticated,
@@ -414,8 +529,7 @@ pub(super) async fn report_metrics(
     RawBody(body): RawBody,
 ) -> ApiResult<StatusCode> {
     limit(&state, Call::Report, address, Some(&p.id))?;
-    let report: MetricsReport = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;
+    let report: MetricsReport = json_body(&body)?;
     if report.round < 1 || report.round > i64::MAX as u64 {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,

@@ -195,6 +195,50 @@ impl LimitedBody {
 /// query (so bytes no database column takes, such as NUL, never reach one).
 pub struct TaskId(pub String);
 
+/// A JSON request body as `T`, refused with `400 invalid_json` and serde's
+/// reason. A number without a fractional part counts as an integer, as
+/// JSON Schema's `integer` says (`3.0` is the integer 3, as Python's
+/// `json` writes a float that holds one), so a field the document types
+/// `integer` takes it; any other number stays as it was.
+pub fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let invalid =
+        |e: serde_json::Error| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string());
+    let mut value: serde_json::Value = serde_json::from_slice(body).map_err(invalid)?;
+    integral_numbers(&mut value);
+    serde_json::from_value(value).map_err(invalid)
+}
+
+/// Turns every number of `value` that is an integer written as a float
+/// into that integer (where an `i64` or `u64` holds it).
+fn integral_numbers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Number(number) => {
+            if let Some(float) = number.as_f64().filter(|f| number.is_f64() && f.fract() == 0.0) {
+                // Exact: an integral f64 inside either range converts without rounding.
+                // 2^63 and 2^64, exactly.
+                let (two_63, two_64) = (-(i64::MIN as f64), u64::MAX as f64);
+                if (-two_63..two_63).contains(&float) {
+                    *number = (float as i64).into();
+                } else if (0.0..two_64).contains(&float) {
+                    *number = (float as u64).into();
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_numbers),
+        Value::Object(fields) => fields.values_mut().for_each(integral_numbers),
+        Value::Null | Value::Bool(_) | Value::String(_) => {}
+    }
+}
+
+/// A number in a path or a query as the OpenAPI document writes them:
+/// decimal digits without a sign or a leading zero, at most `i64::MAX`
+/// (what the store keeps); `None` for anything else.
+pub fn decimal(text: &str) -> Option<u64> {
+    let canonical = text.bytes().all(|b| b.is_ascii_digit()) && (text == "0" || !text.starts_with('0'));
+    text.parse::<u64>().ok().filter(|number| canonical && *number <= i64::MAX as u64)
+}
+
 /// Whether `id` has the form of the ids [`new_id`] makes.
 pub fn is_valid_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -235,4 +279,48 @@ pub(super) fn limit(
     participant: Option<&str>,
 ) -> ApiResult<()> {
     state.config.limiters.check(call, address, participant).map_err(ApiError::rate_limited)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decimal, json_body};
+
+    #[test]
+    fn numbers_in_paths_and_queries_are_plain_decimals() {
+        assert_eq!(decimal("0"), Some(0));
+        assert_eq!(decimal("42"), Some(42));
+        assert_eq!(decimal("9223372036854775807"), Some(i64::MAX as u64));
+        for bad in ["", "+5", "-1", "05", "00", "1.0", "1e3", " 1", "9223372036854775808", "x"] {
+            assert_eq!(decimal(bad), None, "{bad:?}");
+        }
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        count: u32,
+        big: u64,
+        share: f64,
+        items: Vec<i64>,
+    }
+
+    #[test]
+    fn an_integer_written_as_a_float_is_the_integer_and_nothing_else_changes() {
+        let body: Body =
+            json_body(br#"{"count": 3.0, "big": 1e15, "share": 2.0, "items": [-4.0, 5]}"#).unwrap();
+        assert_eq!(body, Body { count: 3, big: 1_000_000_000_000_000, share: 2.0, items: vec![-4, 5] });
+        let share: Body = json_body(br#"{"count": 1, "big": 2, "share": 0.1, "items": []}"#).unwrap();
+        assert_eq!(share.share, 0.1);
+        for refused in [
+            r#"{"count": 3.5, "big": 1, "share": 0, "items": []}"#,
+            r#"{"count": 4294967296.0, "big": 1, "share": 0, "items": []}"#,
+            r#"{"count": 1, "big": 1e20, "share": 0, "items": []}"#,
+            r#"{"count": -1.0, "big": 1, "share": 0, "items": []}"#,
+            r#"{"count": 1, "big": 1, "share": 0, "items": [], "more": 1}"#,
+            r#"{"count": 1"#,
+        ] {
+            let error = json_body::<Body>(refused.as_bytes()).unwrap_err();
+            assert_eq!(error.status(), axum::http::StatusCode::BAD_REQUEST, "{refused}");
+        }
+    }
 }

@@ -53,16 +53,13 @@ use std::time::Duration;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
-use cohort_client::api::routes;
+
 use serde_json::json;
 
-use admin::{
-    create_task, create_token, get_checkpoint, get_task, list_attempts, list_rounds, list_tasks, list_tokens,
-    pause_task, resume_task, revoke_token, stop_task,
-};
-use client::{check_in, enroll, fetch_message, leave, model, post_message, report_metrics};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// Content type of secure-aggregation stage messages (one definition, the
 /// client library's).
@@ -77,55 +74,86 @@ const READY_TIMEOUT: Duration = Duration::from_secs(2);
 /// What a client is told to wait when the database cannot be reached.
 const DATABASE_RETRY: Duration = Duration::from_secs(5);
 
-/// Builds the router.
+/// Builds the router. Each API handler is registered at the path its
+/// `#[utoipa::path]` attribute names, and the OpenAPI document is put
+/// together from the same attributes ([`openapi`]).
 pub fn app(state: AppState) -> Router {
     // Requests about a task go to the replica that leads it.
     let to_leader = axum::middleware::from_fn_with_state(state.clone(), forward::route);
-    let admin = Router::new()
-        .route("/admin/tasks", post(create_task).get(list_tasks))
-        .route("/admin/tasks/{id}", get(get_task))
-        .route("/admin/tasks/{id}/pause", post(pause_task))
-        .route("/admin/tasks/{id}/resume", post(resume_task))
-        .route("/admin/tasks/{id}/stop", post(stop_task))
-        .route("/admin/tasks/{id}/rounds", get(list_rounds))
-        .route("/admin/tasks/{id}/attempts", get(list_attempts))
-        .route("/admin/tasks/{id}/checkpoints/{round}", get(get_checkpoint))
-        .route("/admin/tasks/{id}/tokens", post(create_token).get(list_tokens))
-        .route("/admin/tasks/{id}/tokens/{token}/revoke", post(revoke_token))
+    let admin = OpenApiRouter::new()
+        .routes(routes!(admin::create_task, admin::list_tasks))
+        .routes(routes!(admin::get_task))
+        .routes(routes!(admin::pause_task))
+        .routes(routes!(admin::resume_task))
+        .routes(routes!(admin::stop_task))
+        .routes(routes!(admin::list_rounds))
+        .routes(routes!(admin::list_attempts))
+        .routes(routes!(admin::get_checkpoint))
+        .routes(routes!(admin::create_token, admin::list_tokens))
+        .routes(routes!(admin::revoke_token))
         .route_layer(to_leader.clone())
         .layer(DefaultBodyLimit::max(JSON_LIMIT));
     // The client API's JSON bodies are small; enrollment's is read before
     // its token is checked, so it gets the small limit too.
-    let client_json = Router::new()
-        .route(routes::ENROLL, post(enroll))
-        .route(routes::CHECK_IN, post(check_in))
-        .route(routes::LEAVE, post(leave))
-        .route(routes::MODEL, get(model))
-        .route(routes::METRICS, post(report_metrics))
+    let client_json = OpenApiRouter::new()
+        .routes(routes!(client::enroll))
+        .routes(routes!(client::check_in))
+        .routes(routes!(client::leave))
+        .routes(routes!(client::model))
+        .routes(routes!(client::report_metrics))
         .route_layer(to_leader.clone())
         .layer(DefaultBodyLimit::max(CLIENT_JSON_LIMIT));
     // Stage messages are read by the handler itself, after the admission
     // check, within the round's own limit.
-    let messages = Router::new()
-        .route(routes::ROUND_MESSAGE, get(fetch_message).post(post_message))
+    let messages = OpenApiRouter::new()
+        .routes(routes!(client::fetch_message, client::post_message))
         .route_layer(to_leader);
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready))
-        .route("/metrics", get(prometheus))
-        .route("/openapi.json", get(|| async { Json(openapi::document()) }))
+    let (api, routes) = OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(ready))
+        .routes(routes!(prometheus))
         .merge(admin)
         .merge(client_json)
         .merge(messages)
-        .merge(pages::routes())
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such endpoint") })
-        .with_state(state)
+        .split_for_parts();
+    let document = bytes::Bytes::from(openapi::document(routes).to_string());
+    api.route(
+        "/openapi.json",
+        get(move || {
+            let document = document.clone();
+            async move { ([(header::CONTENT_TYPE, "application/json")], document) }
+        }),
+    )
+    .merge(pages::routes())
+    .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such endpoint") })
+    .with_state(state)
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "operations", operation_id = "healthz",
+    responses((status = 200, description = "The process answers", content_type = "text/plain", body = String)))]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// The readiness probe's answer.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct Ready {
+    /// `ready`.
+    status: &'static str,
+    /// `ok`.
+    database: &'static str,
 }
 
 /// Readiness: the database answers.
+#[utoipa::path(get, path = "/readyz", tag = "operations", operation_id = "readyz",
+    responses(
+        (status = 200, description = "Ready: the database answers", body = Ready),
+        (status = 503, description = "Not ready: the database does not answer (the refusal, with `status` and `database` beside it)", body = ErrorBody)
+    ))]
 async fn ready(State(state): State<AppState>) -> Response {
     match tokio::time::timeout(READY_TIMEOUT, state.store.ping()).await {
-        Ok(Ok(())) => Json(json!({ "status": "ready", "database": "ok" })).into_response(),
+        Ok(Ok(())) => Json(Ready { status: "ready", database: "ok" }).into_response(),
         Ok(Err(error)) => {
             tracing::warn!(%error, "not ready: the database failed");
             not_ready()
@@ -153,6 +181,9 @@ fn not_ready() -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, retry_after)], Json(body)).into_response()
 }
 
+/// The coordinator's metrics in Prometheus' text format.
+#[utoipa::path(get, path = "/metrics", tag = "operations", operation_id = "metrics",
+    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain; version=0.0.4", body = String)))]
 async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
 }

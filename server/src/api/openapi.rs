@@ -1,138 +1,181 @@
 //! The OpenAPI 3.1 description of the HTTP API, served at `/openapi.json`.
+//!
+//! Generated from the code: every operation comes from the `#[utoipa::path]`
+//! attribute of the handler that serves it (the router registers each
+//! handler at the path its attribute names, see [`super::app`]), and every
+//! schema from the Rust type the handler reads or writes, so a field, a
+//! default or a variant added to a type is in the document. What the
+//! attributes add by hand is what types cannot say: the status codes a
+//! handler answers with, and the links from a created task to the
+//! operations on it (the stateful API fuzzer in `tests/` follows them).
 
-use serde_json::{Value, json};
+use utoipa::openapi::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-fn error_responses(codes: &[&str]) -> Value {
-    let mut map = serde_json::Map::new();
-    for code in codes {
-        map.insert((*code).to_string(), json!({ "$ref": "#/components/responses/Error" }));
+use cohort_client::api::ErrorBody;
+
+/// A refusal: the status says which kind, `error` which reason.
+#[derive(utoipa::ToResponse)]
+#[response(description = "Refused: `error` is the stable reason, `message` explains it")]
+#[allow(dead_code)] // Only its schema is used.
+pub struct Refused(#[to_schema] ErrorBody);
+
+/// A refusal to come back later from: a `429` (rate limited) or a `503`
+/// (the database cannot be reached, or the coordinator is shutting down).
+#[derive(utoipa::ToResponse)]
+#[response(
+    description = "Come back later: `retry_after_ms` (and the `Retry-After` header, in seconds) says when, where known",
+    headers(("Retry-After" = u64, description = "Seconds to wait, where the server knows"))
+)]
+#[allow(dead_code)] // Only its schema is used.
+pub struct RetryLater(#[to_schema] ErrorBody);
+
+/// The body of a binary media type (a stage message, a checkpoint): bytes,
+/// not JSON.
+pub struct Binary;
+
+impl utoipa::PartialSchema for Binary {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .into()
     }
-    Value::Object(map)
 }
 
-fn op(summary: &str, security: &str, ok: Value, errors: &[&str]) -> Value {
-    let mut responses = error_responses(errors);
-    if let (Value::Object(map), Value::Object(ok)) = (&mut responses, ok) {
-        map.extend(ok);
+impl utoipa::ToSchema for Binary {}
+
+/// What the handlers' attributes cannot say: the document's title, its
+/// security schemes and its shared responses.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "Cohort coordinator",
+        description = "Federated learning rounds with secure aggregation. The admin API creates and runs \
+                       tasks; the client API enrolls participants and carries their secure-aggregation \
+                       stage messages (`application/x-cohort-secagg`, the versioned binary encoding of \
+                       `cohort-crypto`)."
+    ),
+    components(responses(Refused, RetryLater)),
+    modifiers(&SecuritySchemes),
+    tags(
+        (name = "admin", description = "Tasks, their enrollment tokens, rounds and checkpoints (the admin token)"),
+        (name = "client", description = "What a participant calls (its credential from enrollment)"),
+        (name = "operations", description = "Liveness, readiness and metrics")
+    )
+)]
+pub struct Document;
+
+struct SecuritySchemes;
+
+impl utoipa::Modify for SecuritySchemes {
+    fn modify(&self, document: &mut OpenApi) {
+        let components = document.components.get_or_insert_with(Default::default);
+        let bearer = |description: &str| {
+            SecurityScheme::Http(
+                HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some(description)).build(),
+            )
+        };
+        components.add_security_scheme("admin", bearer("The coordinator's admin token"));
+        components.add_security_scheme("client", bearer("A credential from /v1/tasks/{id}/enroll"));
     }
-    let mut operation = json!({ "summary": summary, "responses": responses });
-    if !security.is_empty() {
-        operation["security"] = json!([{ security: [] }]);
-    }
-    operation
 }
 
-fn json_ok(status: &str, description: &str) -> Value {
-    json!({ status: { "description": description, "content": { "application/json": {} } } })
-}
+/// The request types that are internally tagged enums refusing unknown
+/// fields (`#[serde(tag = "kind", deny_unknown_fields)]`): utoipa closes a
+/// struct's object schema but not an enum variant's, so [`document`]
+/// closes each variant of these (a test checks each refuses a field it
+/// does not know).
+pub const CLOSED_ENUMS: [&str; 2] = ["ServerOptimizer", "ModelInit"];
 
-fn binary_ok(status: &str, content_type: &str, description: &str) -> Value {
-    json!({ status: { "description": description, "content": { content_type: { "schema": { "type": "string", "format": "binary" } } } } })
-}
-
-/// The document.
-pub fn document() -> Value {
-    // The refusal codes of the shared contract (a newer server's unknown
-    // ones parse as `unknown` on the client; this one sends none).
-    let error_codes: Vec<&str> = cohort_client::api::ErrorCode::all()
-        .filter(|code| *code != cohort_client::api::ErrorCode::Unknown)
-        .map(|code| code.as_str())
-        .collect();
-    let id = json!({ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } });
-    let task_action = |summary: &str| {
-        let mut o = op(summary, "admin", json_ok("200", "New status"), &["401", "404", "409"]);
-        o["parameters"] = json!([id.clone()]);
-        json!({ "post": o })
-    };
-    let mut check_in = op(
-        "Check in; says whether the client is selected for the round in progress, or, in an async task, \
-         whether to train (Train) and whether a finished update joins a group (Selected), waits, or is too stale (Stale)",
-        "client",
-        json_ok("200", "Wait, Selected, Train, Stale or Finished"),
-        &["400", "401", "404", "429", "503"],
-    );
-    check_in["parameters"] = json!([{
-        "name": "trained_on", "in": "query", "required": false,
-        "description": "Async tasks: the model version a finished update was trained from",
-        "schema": { "type": "integer", "format": "int64", "minimum": 0 }
-    }]);
-    let pause = task_action("Pause a task");
-    let resume = task_action("Resume a task");
-    let stop = task_action("Stop a task (final)");
-    let token = json!({ "name": "token", "in": "path", "required": true, "schema": { "type": "string" } });
-    let mut create_token = op(
-        "Create an enrollment token for an application ({name, rate?: {per_minute, burst}}); the token is shown only here",
-        "admin",
-        json_ok("201", "Created"),
-        &["400", "401", "404", "409", "503"],
-    );
-    create_token["parameters"] = json!([id.clone()]);
-    let mut list_tokens = op(
-        "The task's enrollment tokens, with their enrollments (never the tokens)",
-        "admin",
-        json_ok("200", "Tokens"),
-        &["401", "404"],
-    );
-    list_tokens["parameters"] = json!([id.clone()]);
-    let mut revoke = op(
-        "Revoke an enrollment token: it enrolls nobody more, and the credentials it issued end",
-        "admin",
-        json_ok("200", "Revoked"),
-        &["401", "404", "503"],
-    );
-    revoke["parameters"] = json!([id.clone(), token]);
-    json!({
-        "openapi": "3.1.0",
-        "info": { "title": "Cohort coordinator", "version": env!("CARGO_PKG_VERSION"),
-                  "description": "Federated learning rounds with secure aggregation." },
-        "paths": {
-            "/healthz": { "get": op("Liveness: the process answers", "", json!({ "200": { "description": "ok" } }), &[]) },
-            "/readyz": { "get": op("Readiness: the database answers", "", json_ok("200", "Ready"), &["503"]) },
-            "/metrics": { "get": op("Prometheus metrics", "", json!({ "200": { "description": "text exposition" } }), &[]) },
-            "/admin/tasks": {
-                "post": op("Create a task from a TaskSpec; returns its id and enrollment token", "admin", json_ok("201", "Created"), &["400", "401", "408", "413", "422", "503"]),
-                "get": op("List tasks", "admin", json_ok("200", "Tasks"), &["401"]),
-            },
-            "/admin/tasks/{id}": { "get": { "parameters": [id.clone()], "summary": "One task with its live state", "security": [{ "admin": [] }],
-                                            "responses": { "200": { "description": "Task" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" } } } },
-            "/admin/tasks/{id}/pause": pause,
-            "/admin/tasks/{id}/resume": resume,
-            "/admin/tasks/{id}/stop": stop,
-            "/admin/tasks/{id}/rounds": { "get": { "parameters": [id.clone()], "summary": "Completed rounds with metrics", "security": [{ "admin": [] }],
-                                                   "responses": { "200": { "description": "Rounds" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" } } } },
-            "/admin/tasks/{id}/attempts": { "get": { "parameters": [id.clone(), { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 500 } }],
-                                                     "summary": "Attempts that ended without a new model (aborted, abandoned), newest first, with the stage they stopped in and why", "security": [{ "admin": [] }],
-                                                     "responses": { "200": { "description": "Attempts" }, "400": { "$ref": "#/components/responses/Error" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" } } } },
-            "/admin/tasks/{id}/tokens": { "post": create_token, "get": list_tokens },
-            "/admin/tasks/{id}/tokens/{token}/revoke": { "post": revoke },
-            "/admin/tasks/{id}/checkpoints/{round}": { "get": {
-                "parameters": [id.clone(), { "name": "round", "in": "path", "required": true, "schema": { "type": "string" }, "description": "round number or \"latest\"" }],
-                "summary": "Download a checkpoint (safetensors)", "security": [{ "admin": [] }],
-                "responses": binary_ok("200", "application/vnd.safetensors", "Checkpoint") } },
-            "/v1/tasks/{id}/enroll": { "post": { "parameters": [id], "summary": "Enroll with the task's enrollment token and an Ed25519 identity key (identity_key, identity_proof: its signature over the enrollment); returns a client credential",
-                                                 "responses": { "201": { "description": "Enrolled" }, "400": { "$ref": "#/components/responses/Error" }, "401": { "$ref": "#/components/responses/Error" }, "404": { "$ref": "#/components/responses/Error" }, "408": { "$ref": "#/components/responses/Error" }, "409": { "$ref": "#/components/responses/Error" }, "413": { "$ref": "#/components/responses/Error" }, "429": { "$ref": "#/components/responses/Error" }, "503": { "$ref": "#/components/responses/Error" } } } },
-            "/v1/checkin": { "post": check_in },
-            "/v1/leave": { "post": op("Leave: no longer selected, and no stage of a round the client is in waits for it (check in again to come back)", "client", json!({ "204": { "description": "Left" } }), &["401", "404", "429", "503"]) },
-            "/v1/model": { "get": op("The current global model (safetensors)", "client", binary_ok("200", "application/vnd.safetensors", "Model"), &["401", "404"]) },
-            "/v1/round/message": {
-                "get": op("The server message for the client's current stage (204: wait, 410: dropped)", "client",
-                          binary_ok("200", "application/x-cohort-secagg", "Stage message"), &["401", "409", "410"]),
-                "post": op("Send the client's stage message", "client", json!({ "202": { "description": "Accepted" } }),
-                           &["400", "401", "408", "409", "413", "415", "422", "503"]),
-            },
-            "/v1/metrics": { "post": op("Report local metrics in the clear, for a semi-honest task with client_metrics.plaintext only (403 otherwise: every task gets the means from the masked sums), for a round the client took part in (the round in progress or one of the last two): known numeric fields only, at most 4 KiB, once per round and kind", "client", json!({ "201": { "description": "Recorded" } }), &["400", "401", "403", "404", "408", "409", "413", "429", "503"]) },
-        },
-        "components": {
-            "securitySchemes": {
-                "admin": { "type": "http", "scheme": "bearer", "description": "The coordinator's admin token" },
-                "client": { "type": "http", "scheme": "bearer", "description": "A credential from /v1/tasks/{id}/enroll" },
-            },
-            "responses": {
-                "Error": { "description": "Refused", "content": { "application/json": { "schema": {
-                    "type": "object", "required": ["error", "message"],
-                    "properties": { "error": { "type": "string", "enum": error_codes }, "message": { "type": "string" },
-                                    "retry_after_ms": { "type": "integer", "description": "With 429 and 503: wait this long (also in Retry-After, in seconds)" } } } } } }
+/// The document, put together by [`super::app`] from [`Document`] and the
+/// routes.
+pub fn document(routes: OpenApi) -> serde_json::Value {
+    let mut document = <Document as utoipa::OpenApi>::openapi().merge_from(routes);
+    document.info.version = env!("CARGO_PKG_VERSION").to_string();
+    let mut document =
+        serde_json::to_value(&document).unwrap_or_else(|e| panic!("the OpenAPI document serializes: {e}"));
+    link_fields_in_camel_case(&mut document);
+    integer_ranges(&mut document);
+    for name in CLOSED_ENUMS {
+        if let Some(variants) = document["components"]["schemas"][name]["oneOf"].as_array_mut() {
+            for variant in variants.iter_mut().filter(|v| v["type"] == "object") {
+                variant["additionalProperties"] = false.into();
             }
         }
-    })
+    }
+    document
+}
+
+/// Gives every integer schema the range of the Rust integer behind it
+/// (`format`: `uint32` is a `u32`, from utoipa's `non_strict_integers`),
+/// narrowed by any bound a field states itself: JSON Schema knows no
+/// integer widths, and a generator that reads `uint32` as "any integer"
+/// writes numbers a `u32` cannot hold.
+fn integer_ranges(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Object(fields) => {
+            // utoipa 5.5 spells the unsigned formats `u-int32`.
+            let range: Option<(&str, i128, i128)> = match fields.get("format").and_then(Value::as_str) {
+                Some("int8") => Some(("int8", i8::MIN.into(), i8::MAX.into())),
+                Some("int16") => Some(("int16", i16::MIN.into(), i16::MAX.into())),
+                Some("int32") => Some(("int32", i32::MIN.into(), i32::MAX.into())),
+                Some("int64") => Some(("int64", i64::MIN.into(), i64::MAX.into())),
+                Some("uint8" | "u-int8") => Some(("uint8", 0, u8::MAX.into())),
+                Some("uint16" | "u-int16") => Some(("uint16", 0, u16::MAX.into())),
+                Some("uint32" | "u-int32") => Some(("uint32", 0, u32::MAX.into())),
+                Some("uint64" | "u-int64") => Some(("uint64", 0, u64::MAX.into())),
+                _ => None,
+            };
+            if let Some((format, low, high)) = range {
+                fields.insert("format".into(), format.into());
+                let stated = |fields: &serde_json::Map<String, Value>, key: &str| {
+                    fields
+                        .get(key)
+                        .and_then(|v| v.as_i64().map(i128::from).or_else(|| v.as_u64().map(i128::from)))
+                };
+                let low = stated(fields, "minimum").map_or(low, |m| m.max(low));
+                let high = stated(fields, "maximum").map_or(high, |m| m.min(high));
+                let number = |n: i128| {
+                    u64::try_from(n)
+                        .map(Value::from)
+                        .unwrap_or_else(|_| Value::from(i64::try_from(n).unwrap_or(i64::MIN)))
+                };
+                fields.insert("minimum".into(), number(low));
+                fields.insert("maximum".into(), number(high));
+            }
+            fields.values_mut().for_each(integer_ranges);
+        }
+        Value::Array(items) => items.iter_mut().for_each(integer_ranges),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {}
+    }
+}
+
+/// utoipa 5 writes a Link Object's fields as the Rust fields are named
+/// (`operation_id`); OpenAPI names them `operationId`, `operationRef` and
+/// `requestBody`, and a client that follows links reads only those.
+fn link_fields_in_camel_case(document: &mut serde_json::Value) {
+    let Some(paths) = document["paths"].as_object_mut() else { return };
+    let responses = paths
+        .values_mut()
+        .filter_map(|item| item.as_object_mut())
+        .flat_map(|item| item.values_mut())
+        .filter_map(|operation| operation.get_mut("responses")?.as_object_mut())
+        .flat_map(|responses| responses.values_mut());
+    for response in responses {
+        let Some(links) = response.get_mut("links").and_then(|l| l.as_object_mut()) else { continue };
+        for link in links.values_mut().filter_map(|l| l.as_object_mut()) {
+            for (from, to) in [
+                ("operation_id", "operationId"),
+                ("operation_ref", "operationRef"),
+                ("request_body", "requestBody"),
+            ] {
+                if let Some(value) = link.remove(from) {
+                    link.insert(to.to_string(), value);
+                }
+            }
+        }
+    }
 }

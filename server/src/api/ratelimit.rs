@@ -20,12 +20,14 @@ use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLim
 use serde::{Deserialize, Serialize};
 
 /// A sustained rate and the burst allowed above it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Rate {
     /// Calls per minute, sustained.
+    #[schema(minimum = 1)]
     pub per_minute: u32,
     /// Calls allowed at once before the sustained rate applies.
+    #[schema(minimum = 1)]
     pub burst: u32,
 }
 

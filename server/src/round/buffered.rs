@@ -76,7 +76,7 @@ pub(super) struct InFlight {
 }
 
 /// An async task's schedule, for the admin API and the dashboard.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BufferView {
     /// The model version (updates applied).
     pub version: u64,
@@ -101,7 +101,7 @@ pub struct BufferView {
 }
 
 /// One group in flight.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GroupInFlight {
     /// The group's number (its protocol instance's round number).
     pub number: u64,

@@ -100,7 +100,7 @@ pub enum EngineError {
 }
 
 /// How an attempt of a round ended without a new model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AttemptOutcome {
     /// Too few clients: no group of the attempt completed; the round is
@@ -123,7 +123,7 @@ impl AttemptOutcome {
 
 /// An attempt of a round that did not complete: where it stopped and why
 /// (counts and times only, nothing about any one client).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FailedAttempt {
     /// Round number (an async task: the group's number).
     pub round: u64,
@@ -147,7 +147,7 @@ pub struct FailedAttempt {
 }
 
 /// One stage's record in the round metrics.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StageMetrics {
     /// The stage.
     pub stage: Stage,
@@ -240,7 +240,7 @@ pub struct ClientMean {
 
 /// What the admin API shows of the round in progress: counts, times and
 /// traffic only; nothing about any one client.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RoundProgress {
     /// Round number.
     pub round: u64,

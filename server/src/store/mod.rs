@@ -19,7 +19,7 @@ pub use sql::{Backend, SqlStore};
 use std::future::Future;
 
 /// Lifecycle of a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskStatus {
     /// Rounds are being run.
