@@ -15,7 +15,7 @@ use super::SAFETENSORS_CONTENT_TYPE;
 use super::auth::{new_id, new_token, token_hash};
 use super::error::{ApiError, ApiResult};
 use super::extract::{Admin, RawBody, TaskId, decimal, is_valid_id, json_body};
-use super::openapi::{Binary, Refused, RetryLater};
+use super::openapi::{Binary, Refused, RetryLater, TaskPath};
 use super::ratelimit::Rate;
 use super::state::AppState;
 use crate::round::coordinator::{Coordinator, CoordinatorError, LiveState, Whereabouts, now_ms};
@@ -203,7 +203,7 @@ impl TokenView {
 /// A new enrollment token for an application of an unfinished task.
 #[utoipa::path(
     post, path = "/admin/tasks/{id}/tokens", tag = "admin", operation_id = "createToken",
-    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    security(("admin" = [])), params(TaskPath),
     request_body(content = NewToken),
     responses(
         (status = 201, description = "Created; the token is shown only here", body = TokenView,
@@ -262,7 +262,7 @@ pub(super) async fn create_token(
 /// A task's enrollment tokens (never the tokens themselves).
 #[utoipa::path(
     get, path = "/admin/tasks/{id}/tokens", tag = "admin", operation_id = "listTokens",
-    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    security(("admin" = [])), params(TaskPath),
     responses(
         (status = 200, description = "The tokens, with how many enrolled with each", body = [TokenView]),
         (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
@@ -283,7 +283,7 @@ pub(super) async fn list_tokens(
 #[utoipa::path(
     post, path = "/admin/tasks/{id}/tokens/{token}/revoke", tag = "admin", operation_id = "revokeToken",
     security(("admin" = [])),
-    params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$"),
+    params(TaskPath,
         ("token" = String, Path, description = "The token's id (the first token's is the task's)", pattern = "^[0-9a-f]{32}$")),
     responses(
         (status = 200, description = "Revoked", body = TokenView),
@@ -442,7 +442,7 @@ pub(super) async fn list_tasks(
 /// One task with its live state.
 #[utoipa::path(
     get, path = "/admin/tasks/{id}", tag = "admin", operation_id = "getTask",
-    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    security(("admin" = [])), params(TaskPath),
     responses(
         (status = 200, description = "The task", body = TaskView),
         (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
@@ -475,7 +475,7 @@ async fn change_status(state: &AppState, id: &str, status: TaskStatus) -> ApiRes
 /// Pauses a task: no new round starts; the one in progress runs to its end.
 #[utoipa::path(
     post, path = "/admin/tasks/{id}/pause", tag = "admin", operation_id = "pauseTask",
-    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    security(("admin" = [])), params(TaskPath),
     responses(
         (status = 200, description = "The task's new status", body = StatusChanged),
         (status = 401, response = Refused), (status = 404, response = Refused),
@@ -494,7 +494,7 @@ pub(super) async fn pause_task(
 /// Resumes a paused task.
 #[utoipa::path(
     post, path = "/admin/tasks/{id}/resume", tag = "admin", operation_id = "resumeTask",
-    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    security(("admin" = [])), params(TaskPath),
     responses(
         (status = 200, description = "The task's new status", body = StatusChanged),
         (status = 401, response = Refused), (status = 404, response = Refused),
@@ -513,7 +513,7 @@ pub(super) async fn resume_task(
 /// Stops a task for good.
 #[utoipa::path(
     post, path = "/admin/tasks/{id}/stop", tag = "admin", operation_id = "stopTask",
-    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    security(("admin" = [])), params(TaskPath),
     responses(
         (status = 200, description = "The task's new status", body = StatusChanged),
         (status = 401, response = Refused), (status = 404, response = Refused),
@@ -559,7 +559,7 @@ pub struct RoundView {
 /// The task's completed rounds with their metrics.
 #[utoipa::path(
     get, path = "/admin/tasks/{id}/rounds", tag = "admin", operation_id = "listRounds",
-    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    security(("admin" = [])), params(TaskPath),
     responses(
         (status = 200, description = "Completed rounds, oldest first", body = [RoundView]),
         (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
@@ -646,7 +646,7 @@ pub(super) struct AttemptsQuery {
 /// most `limit`, default 100; the newest 500 are kept).
 #[utoipa::path(
     get, path = "/admin/tasks/{id}/attempts", tag = "admin", operation_id = "listAttempts",
-    security(("admin" = [])), params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$"), AttemptsQuery),
+    security(("admin" = [])), params(TaskPath, AttemptsQuery),
     responses(
         (status = 200, description = "Attempts, newest first, with the stage they stopped in and why", body = [AttemptView]),
         (status = 400, response = Refused), (status = 401, response = Refused), (status = 404, response = Refused),
@@ -694,7 +694,7 @@ fn bad_limit() -> ApiError {
 #[utoipa::path(
     get, path = "/admin/tasks/{id}/checkpoints/{round}", tag = "admin", operation_id = "getCheckpoint",
     security(("admin" = [])),
-    params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$"),
+    params(TaskPath,
         ("round" = String, Path, description = "A round number, or `latest`", pattern = "^(latest|0|[1-9][0-9]{0,17})$")),
     responses(
         (status = 200, description = "The checkpoint (safetensors)", content_type = "application/vnd.safetensors", body = Binary,

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::auth::{new_id, new_token, token_hash};
 use super::error::{ApiError, ApiResult};
 use super::extract::{Authenticated, LimitedBody, PeerAddress, RawBody, TaskId, decimal, json_body, limit};
-use super::openapi::{Binary, Refused, RetryLater};
+use super::openapi::{Binary, Refused, RetryLater, TaskPath};
 use super::ratelimit::{Call, Rate};
 use super::state::AppState;
 use super::{SAFETENSORS_CONTENT_TYPE, SECAGG_CONTENT_TYPE};
@@ -64,7 +64,7 @@ fn identity_key(task: &str, request: &EnrollRequest) -> ApiResult<Option<[u8; 32
 /// holds it. The reply's credential is shown only here.
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/enroll", tag = "client", operation_id = "enroll",
-    params(("id" = String, Path, description = "The task's id", pattern = "^[0-9a-f]{32}$")),
+    params(TaskPath),
     request_body(content = EnrollRequest),
     responses(
         (status = 201, description = "Enrolled: a credential for the client API and the task's security parameters, which the participant pins", body = Enrolled),

@@ -30,6 +30,17 @@ pub struct Refused(#[to_schema] ErrorBody);
 #[allow(dead_code)] // Only its schema is used.
 pub struct RetryLater(#[to_schema] ErrorBody);
 
+/// The `{id}` of a path about a task: as [`super::extract::TaskId`] takes
+/// it (any other form is an unknown task, `404`).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // Only its description is used.
+pub struct TaskPath {
+    /// The task's id.
+    #[param(pattern = "^[0-9a-f]{32}$")]
+    id: String,
+}
+
 /// The body of a binary media type (a stage message, a checkpoint): bytes,
 /// not JSON.
 pub struct Binary;
