@@ -196,21 +196,66 @@ pub fn histogram(labels: &[u8], indices: &[usize], classes: usize) -> Vec<usize>
     counts
 }
 
-/// A table of each client's label histogram.
+/// Clients listed one line each in a [`summary`]; a larger population is
+/// summarised.
+pub const SUMMARY_LISTS_UP_TO: usize = 20;
+
+/// A table of each client's label histogram; beyond
+/// [`SUMMARY_LISTS_UP_TO`] clients, the first ten, then the spread over
+/// all of them (examples per client, classes a client holds, its largest
+/// class's share, and how many clients hold each class).
 pub fn summary(labels: &[u8], parts: &[Vec<usize>], classes: usize) -> String {
     let mut out = format!("{:>6} {:>7} |", "client", "total");
     for class in 0..classes {
         out.push_str(&format!(" {class:>5}"));
     }
     out.push('\n');
-    for (client, part) in parts.iter().enumerate() {
+    let listed = if parts.len() <= SUMMARY_LISTS_UP_TO { parts.len() } else { 10 };
+    let histograms: Vec<Vec<usize>> = parts.iter().map(|part| histogram(labels, part, classes)).collect();
+    for (client, (part, counts)) in parts.iter().zip(&histograms).enumerate().take(listed) {
         out.push_str(&format!("{client:>6} {:>7} |", part.len()));
-        for count in histogram(labels, part, classes) {
+        for count in counts {
             out.push_str(&format!(" {count:>5}"));
         }
         out.push('\n');
     }
+    if listed == parts.len() {
+        return out;
+    }
+    out.push_str(&format!("   … {} more clients. Over all {}:\n", parts.len() - listed, parts.len()));
+    let sizes: Vec<f64> = parts.iter().map(|part| part.len() as f64).collect();
+    let held: Vec<f64> =
+        histograms.iter().map(|counts| counts.iter().filter(|&&c| c > 0).count() as f64).collect();
+    let largest: Vec<f64> = histograms
+        .iter()
+        .zip(&sizes)
+        .map(|(counts, &size)| counts.iter().copied().max().unwrap_or(0) as f64 / size.max(1.0))
+        .collect();
+    out.push_str(&spread("examples per client", &sizes, |v| format!("{v:.0}")));
+    out.push_str(&spread("classes per client", &held, |v| format!("{v:.0}")));
+    out.push_str(&spread("largest class's share", &largest, |v| format!("{:.0}%", v * 100.0)));
+    out.push_str(&format!("{:>23}:", "clients holding class"));
+    for class in 0..classes {
+        let holders = histograms.iter().filter(|counts| counts[class] > 0).count();
+        out.push_str(&format!(" {class}:{holders}"));
+    }
+    out.push('\n');
     out
+}
+
+/// One line of a summary: the minimum, quartiles and maximum of `values`.
+fn spread(name: &str, values: &[f64], show: impl Fn(f64) -> String) -> String {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "{name:>23}: min {}, quartiles {} / {} / {}, max {}\n",
+        show(at(0.0)),
+        show(at(0.25)),
+        show(at(0.5)),
+        show(at(0.75)),
+        show(at(1.0))
+    )
 }
 
 fn permutation(n: usize, rng: &mut ChaCha20Rng) -> Vec<usize> {
@@ -398,5 +443,26 @@ mod tests {
         let text = summary(&labels, &parts, 10);
         assert_eq!(text.lines().count(), 4);
         assert!(text.lines().nth(1).unwrap().trim_start().starts_with("0     334"));
+    }
+
+    #[test]
+    fn a_large_population_is_summarised() {
+        // Client k holds k + 1 examples, all of class k mod 10, and client 0 two classes.
+        let mut labels = Vec::new();
+        let mut parts = Vec::new();
+        for k in 0..1000usize {
+            let first = labels.len();
+            labels.extend(std::iter::repeat_n((k % 10) as u8, k + 1));
+            parts.push((first..labels.len()).collect::<Vec<usize>>());
+        }
+        labels.push(3);
+        parts[0].push(labels.len() - 1);
+        let text = summary(&labels, &parts, 10);
+        assert_eq!(text.lines().count(), 1 + 10 + 5, "{text}");
+        assert!(text.contains("990 more clients. Over all 1000"), "{text}");
+        assert!(text.contains("examples per client: min 2, quartiles 251 / 501 / 750, max 1000"), "{text}");
+        assert!(text.contains("classes per client: min 1, quartiles 1 / 1 / 1, max 2"), "{text}");
+        assert!(text.contains("largest class's share: min 50%,"), "{text}");
+        assert!(text.contains(" 0:100 1:100 2:100 3:101 4:100"), "{text}");
     }
 }

@@ -1,37 +1,179 @@
-//! Prometheus metrics of the coordinator, rendered in the text exposition
-//! format at `/metrics`.
+//! Prometheus metrics of the coordinator (`prometheus-client`), exposed in
+//! the OpenMetrics text format at `/metrics`. Every value is an aggregate
+//! over clients: counts, byte totals, durations and means of the masked
+//! sums; nothing about one client.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
 
 use crate::round::{ClientMean, StageMetrics as StageRecord};
 
-#[derive(Default)]
-struct Counters {
-    rounds_started: u64,
-    rounds_completed: u64,
-    rounds_aborted: u64,
-    client_messages_accepted: u64,
-    client_messages_rejected: u64,
-    bytes_in: u64,
-    bytes_out: u64,
-    last_selected: i64,
-    last_survivors: i64,
-    /// stage → (sum of durations in seconds, count)
-    stage_seconds: BTreeMap<String, (f64, u64)>,
-    /// stage → eligible clients that did not answer
-    stage_dropouts: BTreeMap<String, u64>,
-    /// metric → its mean over the last completed round's survivors
-    client_means: BTreeMap<String, f64>,
-    /// task → ε spent, for tasks under differential privacy
-    epsilon_spent: BTreeMap<String, f64>,
+/// The media type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabel {
+    stage: String,
+}
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+enum Outcome {
+    accepted,
+    rejected,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: Outcome,
+}
+
+/// What an upload carried.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Upload {
+    /// A masked input streamed into the running sum.
+    masked_input,
+    /// Any other stage message (keys, shares, consistency, unmasking).
+    stage_message,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UploadLabel {
+    kind: Upload,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MetricLabel {
+    metric: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabel {
+    task: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// A stage lasts from milliseconds (keys among clients on loopback) to the
+/// deadlines of minutes: 5 ms to about 11 minutes.
+fn stage_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 18))
+}
+
+/// An upload takes from a millisecond (a key advertisement) to minutes (a
+/// large masked input on a slow link): 1 ms to about 4 minutes.
+fn upload_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 19))
+}
+
+struct Instruments {
+    registry: Registry,
+    rounds_started: Counter,
+    rounds_completed: Counter,
+    rounds_aborted: Counter,
+    client_messages: Family<ResultLabel, Counter>,
+    bytes_in: Counter,
+    bytes_out: Counter,
+    selected: Gauge,
+    survivors: Gauge,
+    stage_seconds: Histograms<StageLabel>,
+    stage_dropouts: Family<StageLabel, Counter>,
+    upload_seconds: Histograms<UploadLabel>,
+    client_means: Family<MetricLabel, FloatGauge>,
+    epsilon_spent: Family<TaskLabel, FloatGauge>,
+}
+
+impl Default for Instruments {
+    fn default() -> Self {
+        let mut instruments = Self {
+            registry: Registry::default(),
+            rounds_started: Counter::default(),
+            rounds_completed: Counter::default(),
+            rounds_aborted: Counter::default(),
+            client_messages: Family::default(),
+            bytes_in: Counter::default(),
+            bytes_out: Counter::default(),
+            selected: Gauge::default(),
+            survivors: Gauge::default(),
+            stage_seconds: Family::new_with_constructor(stage_buckets),
+            stage_dropouts: Family::default(),
+            upload_seconds: Family::new_with_constructor(upload_buckets),
+            client_means: Family::default(),
+            epsilon_spent: Family::default(),
+        };
+        let r = &mut instruments.registry;
+        r.register("cohort_rounds_started", "Rounds started", instruments.rounds_started.clone());
+        r.register("cohort_rounds_completed", "Rounds completed", instruments.rounds_completed.clone());
+        r.register(
+            "cohort_rounds_aborted",
+            "Rounds aborted or abandoned",
+            instruments.rounds_aborted.clone(),
+        );
+        r.register(
+            "cohort_round_selected_clients",
+            "Clients selected in the last completed round",
+            instruments.selected.clone(),
+        );
+        r.register(
+            "cohort_round_surviving_clients",
+            "Clients in the last completed round's aggregate",
+            instruments.survivors.clone(),
+        );
+        r.register("cohort_client_messages", "Client stage messages", instruments.client_messages.clone());
+        r.register(
+            "cohort_bytes_in",
+            "Bytes of client stage messages received",
+            instruments.bytes_in.clone(),
+        );
+        r.register("cohort_bytes_out", "Bytes of server stage messages sent", instruments.bytes_out.clone());
+        r.register_with_unit(
+            "cohort_stage_duration",
+            "Duration of completed rounds' stages",
+            Unit::Seconds,
+            instruments.stage_seconds.clone(),
+        );
+        r.register(
+            "cohort_stage_dropouts",
+            "Eligible clients that did not answer a stage",
+            instruments.stage_dropouts.clone(),
+        );
+        r.register_with_unit(
+            "cohort_upload_duration",
+            "Time from an accepted upload's arrival to its acceptance (its body read, checked and, for a \
+             masked input, added into the running sum)",
+            Unit::Seconds,
+            instruments.upload_seconds.clone(),
+        );
+        r.register(
+            "cohort_round_client_metric_mean",
+            "A client metric's mean over the last completed round's survivors (from its sum under the masks)",
+            instruments.client_means.clone(),
+        );
+        r.register(
+            "cohort_privacy_epsilon_spent",
+            "The privacy budget a task under differential privacy has spent (its accountant's epsilon at the \
+             task's delta)",
+            instruments.epsilon_spent.clone(),
+        );
+        instruments
+    }
 }
 
 /// Shared, cheaply cloned metrics registry.
 #[derive(Clone, Default)]
 pub struct Metrics {
-    inner: Arc<Mutex<Counters>>,
+    inner: Arc<Instruments>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -41,20 +183,14 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    fn with(&self, f: impl FnOnce(&mut Counters)) {
-        if let Ok(mut counters) = self.inner.lock() {
-            f(&mut counters);
-        }
-    }
-
     /// A round started.
     pub fn round_started(&self) {
-        self.with(|c| c.rounds_started += 1);
+        self.inner.rounds_started.inc();
     }
 
     /// A round was aborted or abandoned.
     pub fn round_aborted(&self) {
-        self.with(|c| c.rounds_aborted += 1);
+        self.inner.rounds_aborted.inc();
     }
 
     /// A round completed.
@@ -65,126 +201,55 @@ impl Metrics {
         stages: &[StageRecord],
         means: &BTreeMap<String, ClientMean>,
     ) {
-        self.with(|c| {
-            c.rounds_completed += 1;
-            c.last_selected = selected;
-            c.last_survivors = survivors;
-            c.client_means = means.iter().map(|(metric, mean)| (metric.clone(), mean.mean)).collect();
-            for stage in stages {
-                let entry = c.stage_seconds.entry(stage.stage.to_string()).or_default();
-                entry.0 += stage.duration_ms as f64 / 1e3;
-                entry.1 += 1;
-                *c.stage_dropouts.entry(stage.stage.to_string()).or_default() += stage.dropouts as u64;
-            }
-        });
+        let m = &self.inner;
+        m.rounds_completed.inc();
+        m.selected.set(selected);
+        m.survivors.set(survivors);
+        // The last round's means only: a metric it did not carry is gone.
+        m.client_means.clear();
+        for (metric, mean) in means {
+            m.client_means.get_or_create(&MetricLabel { metric: metric.clone() }).set(mean.mean);
+        }
+        for stage in stages {
+            let label = StageLabel { stage: stage.stage.to_string() };
+            m.stage_seconds.get_or_create(&label).observe(stage.duration_ms as f64 / 1e3);
+            m.stage_dropouts.get_or_create(&label).inc_by(stage.dropouts as u64);
+        }
     }
 
     /// A task under differential privacy has spent `epsilon` so far.
     pub fn privacy_spent(&self, task: &str, epsilon: f64) {
-        self.with(|c| {
-            c.epsilon_spent.insert(task.to_string(), epsilon);
-        });
+        self.inner.epsilon_spent.get_or_create(&TaskLabel { task: task.to_string() }).set(epsilon);
     }
 
     /// A client message of `size` bytes was accepted or refused.
     pub fn client_message(&self, size: usize, accepted: bool) {
-        self.with(|c| {
-            c.bytes_in += size as u64;
-            if accepted {
-                c.client_messages_accepted += 1;
-            } else {
-                c.client_messages_rejected += 1;
-            }
-        });
+        self.bytes_in(size);
+        let result = if accepted { Outcome::accepted } else { Outcome::rejected };
+        self.inner.client_messages.get_or_create(&ResultLabel { result }).inc();
     }
 
     /// `size` bytes of a client message arriving in pieces were read (the
     /// message is counted, accepted or refused, when it ends).
     pub fn bytes_in(&self, size: usize) {
-        self.with(|c| c.bytes_in += size as u64);
+        self.inner.bytes_in.inc_by(size as u64);
     }
 
     /// `size` bytes were sent to a client.
     pub fn bytes_out(&self, size: usize) {
-        self.with(|c| c.bytes_out += size as u64);
+        self.inner.bytes_out.inc_by(size as u64);
     }
 
-    /// The text exposition.
+    /// An upload of `kind` was accepted `took` after it arrived.
+    pub fn upload(&self, kind: Upload, took: Duration) {
+        self.inner.upload_seconds.get_or_create(&UploadLabel { kind }).observe(took.as_secs_f64());
+    }
+
+    /// The OpenMetrics text exposition ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let Ok(c) = self.inner.lock() else { return out };
-        let plain: [(&str, &str, &str, String); 7] = [
-            ("cohort_rounds_started_total", "counter", "Rounds started.", c.rounds_started.to_string()),
-            ("cohort_rounds_completed_total", "counter", "Rounds completed.", c.rounds_completed.to_string()),
-            (
-                "cohort_rounds_aborted_total",
-                "counter",
-                "Rounds aborted or abandoned.",
-                c.rounds_aborted.to_string(),
-            ),
-            (
-                "cohort_round_selected_clients",
-                "gauge",
-                "Clients selected in the last completed round.",
-                c.last_selected.to_string(),
-            ),
-            (
-                "cohort_round_surviving_clients",
-                "gauge",
-                "Clients in the last completed round's aggregate.",
-                c.last_survivors.to_string(),
-            ),
-            (
-                "cohort_bytes_in_total",
-                "counter",
-                "Bytes of client stage messages received.",
-                c.bytes_in.to_string(),
-            ),
-            (
-                "cohort_bytes_out_total",
-                "counter",
-                "Bytes of server stage messages sent.",
-                c.bytes_out.to_string(),
-            ),
-        ];
-        for (name, kind, help, value) in plain {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP cohort_client_messages_total Client stage messages.\n# TYPE cohort_client_messages_total counter\n\
-             cohort_client_messages_total{{result=\"accepted\"}} {}\ncohort_client_messages_total{{result=\"rejected\"}} {}",
-            c.client_messages_accepted, c.client_messages_rejected
-        );
-        let _ = writeln!(
-            out,
-            "# HELP cohort_stage_duration_seconds Duration of completed rounds' stages.\n# TYPE cohort_stage_duration_seconds summary"
-        );
-        for (stage, (sum, count)) in &c.stage_seconds {
-            let _ = writeln!(out, "cohort_stage_duration_seconds_sum{{stage=\"{stage}\"}} {sum}");
-            let _ = writeln!(out, "cohort_stage_duration_seconds_count{{stage=\"{stage}\"}} {count}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP cohort_stage_dropouts_total Eligible clients that did not answer a stage.\n# TYPE cohort_stage_dropouts_total counter"
-        );
-        for (stage, dropouts) in &c.stage_dropouts {
-            let _ = writeln!(out, "cohort_stage_dropouts_total{{stage=\"{stage}\"}} {dropouts}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP cohort_round_client_metric_mean A client metric's mean over the last completed round's survivors (from its sum under the masks).\n# TYPE cohort_round_client_metric_mean gauge"
-        );
-        for (metric, mean) in &c.client_means {
-            let _ = writeln!(out, "cohort_round_client_metric_mean{{metric=\"{metric}\"}} {mean}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP cohort_privacy_epsilon_spent The privacy budget a task under differential privacy has spent (its accountant's epsilon at the task's delta).\n# TYPE cohort_privacy_epsilon_spent gauge"
-        );
-        for (task, epsilon) in &c.epsilon_spent {
-            let _ = writeln!(out, "cohort_privacy_epsilon_spent{{task=\"{task}\"}} {epsilon}");
-        }
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
         out
     }
 }
@@ -208,15 +273,41 @@ mod tests {
         };
         let means = BTreeMap::from([("train_loss".to_string(), ClientMean { mean: 0.5, clients: 9 })]);
         metrics.round_completed(10, 9, &[stage], &means);
+        metrics.upload(Upload::masked_input, Duration::from_millis(3));
         let text = metrics.render();
-        assert!(text.contains("cohort_rounds_completed_total 1\n"));
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(text.contains("# TYPE cohort_rounds_completed counter\ncohort_rounds_completed_total 1\n"));
         assert!(text.contains("cohort_bytes_in_total 107\n"));
         assert!(text.contains("cohort_client_messages_total{result=\"rejected\"} 1\n"));
         assert!(text.contains("cohort_round_surviving_clients 9\n"));
-        assert!(text.contains("cohort_stage_duration_seconds_sum{stage=\"share-keys\"} 1.5\n"));
+        assert!(text.contains("# TYPE cohort_stage_duration_seconds histogram\n"), "{text}");
+        assert!(text.contains("cohort_stage_duration_seconds_sum{stage=\"share-keys\"} 1.5\n"), "{text}");
+        assert!(text.contains("cohort_stage_duration_seconds_count{stage=\"share-keys\"} 1\n"), "{text}");
+        // 1.5 s falls in the bucket up to 0.005 · 2⁹ = 2.56 s, not in the one up to 1.28 s.
+        assert!(
+            text.contains("cohort_stage_duration_seconds_bucket{le=\"1.28\",stage=\"share-keys\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cohort_stage_duration_seconds_bucket{le=\"2.56\",stage=\"share-keys\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cohort_upload_duration_seconds_bucket{le=\"0.004\",kind=\"masked_input\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cohort_upload_duration_seconds_bucket{le=\"0.002\",kind=\"masked_input\"} 0\n"),
+            "{text}"
+        );
         assert!(text.contains("cohort_stage_dropouts_total{stage=\"share-keys\"} 1\n"));
         assert!(text.contains("cohort_round_client_metric_mean{metric=\"train_loss\"} 0.5\n"));
         metrics.privacy_spent("t1", 1.25);
         assert!(metrics.render().contains("cohort_privacy_epsilon_spent{task=\"t1\"} 1.25\n"));
+        // A later round without the metric no longer shows its mean.
+        metrics.round_completed(10, 10, &[], &BTreeMap::new());
+        let text = metrics.render();
+        assert!(!text.contains("cohort_round_client_metric_mean{"), "{text}");
+        assert!(text.contains("cohort_rounds_completed_total 2\n"), "{text}");
     }
 }

@@ -162,6 +162,10 @@ fn spec(rounds: u32) -> Value {
 /// spec that refuse unknown fields say so.
 fn the_document_is_whole(doc: &Value) {
     use cohort_client::api::{ErrorCode, routes};
+    // Every schema-valid enrollment fits the client API's 4 KiB JSON limit
+    // (a fuzzer's long token drew 413, not the 401 it is).
+    let token = &doc["components"]["schemas"]["EnrollRequest"]["properties"]["enrollment_token"];
+    assert_eq!((&token["maxLength"], &token["pattern"]), (&json!(64), &json!("^[0-9a-f]{64}$")), "{token}");
     let operations: std::collections::HashSet<&str> = doc["paths"]
         .as_object()
         .unwrap()
@@ -246,11 +250,16 @@ async fn service_endpoints() {
     assert_eq!((status, bytes.as_slice()), (StatusCode::OK, b"ok".as_slice()));
     let (status, bytes, headers) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(headers[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/plain"));
-    assert!(String::from_utf8(bytes).unwrap().contains("cohort_rounds_completed_total 0"));
+    assert_eq!(headers[header::CONTENT_TYPE], cohort_server::metrics::CONTENT_TYPE);
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.contains("cohort_rounds_completed_total 0") && text.ends_with("# EOF\n"), "{text}");
+
     let (status, doc) = api.call("GET", "/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
     the_document_is_whole(&doc);
+    // The document names the media type /metrics answers with.
+    let content = doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"].as_object().unwrap();
+    assert_eq!(content.keys().collect::<Vec<_>>(), [cohort_server::metrics::CONTENT_TYPE]);
     // The document's example task is one the server creates.
     let example =
         doc["paths"]["/admin/tasks"]["post"]["requestBody"]["content"]["application/json"]["example"].clone();
@@ -792,6 +801,17 @@ async fn a_secure_round_through_the_api_updates_the_model() {
     // message and one repeat.
     assert!(text.contains("cohort_client_messages_total{result=\"rejected\"} 60"), "{text}");
     assert!(text.contains("cohort_stage_dropouts_total{stage=\"unmasking\"} 0"), "{text}");
+    // Histograms: one observation per stage of the round, one per accepted
+    // upload (six clients' masked inputs; keys, shares, and the rest).
+    for stage in ["advertise-keys", "share-keys", "masked-input-collection", "unmasking"] {
+        let count = format!("cohort_stage_duration_seconds_count{{stage=\"{stage}\"}} 1\n");
+        assert!(text.contains(&count), "{count}: {text}");
+    }
+    assert!(text.contains("cohort_upload_duration_seconds_count{kind=\"masked_input\"} 6\n"), "{text}");
+    assert!(
+        text.contains("cohort_upload_duration_seconds_bucket{le=\"+Inf\",kind=\"masked_input\"} 6\n"),
+        "{text}"
+    );
     api.finish().await;
 }
 

@@ -44,13 +44,13 @@ const SMALL: [&str; 12] = [
     "dirichlet:0.5",
 ];
 
-/// Secure aggregation over HTTP learns, and stays within 0.5 accuracy
-/// points of plaintext FedAvg at every round: only quantization separates
-/// them.
+/// Secure aggregation of float updates over HTTP learns, and stays within
+/// 0.5 accuracy points of plaintext FedAvg at every round: only the 32-bit
+/// ring's fixed point separates them.
 #[test]
 fn the_demo_matches_plaintext_fedavg() {
     let (secure_dir, plain_dir) = (scratch("secure"), scratch("plain"));
-    let secure = cohort(&[&["demo"][..], &SMALL].concat(), &secure_dir);
+    let secure = cohort(&[&["demo", "--full-precision"][..], &SMALL].concat(), &secure_dir);
     let plain = cohort(&[&["demo", "--plain"][..], &SMALL].concat(), &plain_dir);
     assert_eq!(secure["config"]["aggregation"], "secure");
     assert_eq!(plain["config"]["aggregation"], "plain");
@@ -80,16 +80,37 @@ fn the_demo_matches_plaintext_fedavg() {
     std::fs::remove_dir_all(&plain_dir).unwrap();
 }
 
-/// 8-bit values with rotation over HTTP: the upload drops to about
-/// (8 + ⌈log₂ 4⌉) / 32 of float32 and the model still learns.
+/// By default the demo sends 8-bit values with rotation over HTTP: the
+/// upload drops to about (8 + ⌈log₂ 4⌉) / 32 of float32, the table shows
+/// that ratio, and the model still learns.
 #[test]
-fn compressed_demo_learns_with_a_third_of_the_upload() {
+fn the_demo_compresses_by_default_and_learns_with_a_third_of_the_upload() {
     let dir = scratch("bits");
-    let results = cohort(&[&["demo", "--bits", "8", "--rotate", "--clip", "0.1"][..], &SMALL].concat(), &dir);
+    let output = Command::new(&cohort_tests::artifacts().cohort)
+        .args([&["demo"][..], &SMALL].concat())
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("Updates: 8-bit values, rotated, clip 0.1."), "{stdout}");
+    let results: Value = serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
     assert_eq!(results["config"]["bits"], 8);
+    assert_eq!(results["config"]["rotate"], true);
+    assert_eq!(results["config"]["clip"].to_string(), "0.1");
+    let mut table = stdout.lines().skip_while(|l| !l.trim_start().starts_with("round "));
+    let header = table.next().unwrap();
+    let rows: Vec<&str> = table.collect();
+    let column = header.find("of f32").unwrap() + "of f32".len();
     for round in results["rounds"].as_array().unwrap() {
         let ratio = round["compression_ratio"].as_f64().unwrap();
         assert!(ratio > 10.0 / 32.0 && ratio < 0.36, "{ratio}");
+        // The row shows the same ratio, right-aligned under its heading.
+        let row =
+            rows.iter().find(|l| l.split_whitespace().next() == Some(&round["round"].to_string())).unwrap();
+        let shown = row[..column].rsplit(' ').next().unwrap();
+        assert_eq!(shown, format!("{:.1}%", ratio * 100.0), "{row}");
     }
     assert!(accuracies(&results)[2] > 0.8, "{:?}", accuracies(&results));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -137,6 +158,63 @@ fn dropouts_and_the_simulator() {
     assert!(rounds.iter().all(|r| r["survivors"] == 18), "{rounds:?}");
     assert!(accuracies(&results)[2] > 0.5, "{:?}", accuracies(&results));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--threads` sets the cores that local training and secure aggregation
+/// use, and the result does not depend on it; a population of more than
+/// twenty clients has its label histograms summarised, not listed.
+#[test]
+fn the_simulator_gives_the_same_result_on_any_number_of_threads() {
+    let run = |threads: &str| {
+        let dir = scratch(&format!("threads-{threads}"));
+        let args = [
+            "simulate",
+            "--dataset",
+            "mnist",
+            "--model",
+            "logreg",
+            "--clients",
+            "30",
+            "--rounds",
+            "2",
+            "--epochs",
+            "1",
+            "--dropout",
+            "0.1",
+            "--threads",
+            threads,
+        ];
+        let output = Command::new(&cohort_tests::artifacts().cohort)
+            .args(args)
+            .arg("--out")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+        let results: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        (stdout, results)
+    };
+    let (one_out, one) = run("1");
+    let (_, two) = run("2");
+    let same = |r: &Value| -> Vec<(String, String, String)> {
+        r["rounds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["accuracy"].to_string(), r["loss"].to_string(), r["bytes_up_per_client"].to_string()))
+            .collect()
+    };
+    assert_eq!(same(&one), same(&two));
+    assert!(one_out.contains("… 20 more clients. Over all 30:"), "{one_out}");
+    assert!(one_out.contains("classes per client: min"), "{one_out}");
+    let zero = Command::new(&cohort_tests::artifacts().cohort)
+        .args(["simulate", "--threads", "0"])
+        .output()
+        .unwrap();
+    assert!(!zero.status.success());
 }
 
 /// The simulated clock: a sync run with over-selection waits for the

@@ -31,7 +31,7 @@ pub struct ChartArgs {
     #[arg(long, value_enum, default_value = "round")]
     x: Axis,
     /// The chart's title.
-    #[arg(long, default_value = "TEST ACCURACY")]
+    #[arg(long, default_value = "Test accuracy")]
     title: String,
     /// The PNG to write.
     #[arg(long)]
@@ -64,16 +64,16 @@ fn load(path: &PathBuf) -> Result<Run> {
     let budget = results["config"]["privacy"]["epsilon_budget"].as_f64();
     let schedule = &results["config"]["schedule"];
     let label = match (budget, schedule["mode"].as_str()) {
-        (Some(epsilon), _) => format!("EPSILON = {epsilon}"),
+        (Some(epsilon), _) => format!("ε = {epsilon}"),
         (None, Some("async")) => format!(
-            "ASYNC, {} AT ONCE, BUFFERS OF {}",
+            "async, {} at once, buffers of {}",
             schedule["concurrency"].as_u64().unwrap_or(0),
             schedule["buffer_size"].as_u64().unwrap_or(0)
         ),
         (None, Some(_)) if schedule["over_selection"].as_f64().is_some_and(|f| f > 0.0) => {
-            format!("SYNC, {:.0}% OVER-SELECTION", schedule["over_selection"].as_f64().unwrap_or(0.0) * 100.0)
+            format!("sync, {:.0}% over-selection", schedule["over_selection"].as_f64().unwrap_or(0.0) * 100.0)
         }
-        (None, _) => format!("NO DP ({})", results["config"]["aggregation"].as_str().unwrap_or("run")),
+        (None, _) => format!("no DP ({})", results["config"]["aggregation"].as_str().unwrap_or("run")),
     };
     Ok(Run { label, budget, accuracy, timed })
 }
@@ -93,7 +93,7 @@ pub fn run(args: &ChartArgs) -> Result<()> {
             }
             private.sort_by(|a, b| a.0.total_cmp(&b.0));
             let top = private.iter().map(|p| p.0).fold(0.0, f64::max);
-            let mut series = vec![Series { label: "UNDER DP", points: private }];
+            let mut series = vec![Series { label: "final accuracy under DP", points: private }];
             series.extend(
                 runs.iter().filter(|run| run.budget.is_none()).map(|run| Series {
                     label: &run.label,
@@ -110,11 +110,11 @@ pub fn run(args: &ChartArgs) -> Result<()> {
         }
     };
     let x_label = match args.x {
-        Axis::Round => "ROUND",
-        Axis::Epsilon => "PRIVACY BUDGET (EPSILON)",
-        Axis::SimSeconds => "SIMULATED TIME (S)",
+        Axis::Round => "round",
+        Axis::Epsilon => "privacy budget ε",
+        Axis::SimSeconds => "simulated seconds",
     };
-    write_chart(&args.out, &args.title, x_label, &series)?;
+    write_chart(&args.out, &args.title, x_label, series)?;
     println!("Wrote {}", args.out.display());
     Ok(())
 }

@@ -28,7 +28,7 @@ use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
 use crate::schedule::Clock;
 use crate::simulate::{Timing, in_process, privacy_json, threads};
-use crate::training::{TrainingArgs, evaluate, prepare, quantization, threshold};
+use crate::training::{TrainingArgs, announce_updates, evaluate, prepare, quantization, threshold};
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -45,6 +45,7 @@ pub struct DemoArgs {
 
 pub fn demo(args: &DemoArgs) -> Result<()> {
     let experiment = prepare(&args.training)?;
+    announce_updates(&args.training, !args.plain);
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let (rows, privacy) = if args.plain {
         println!("Plaintext FedAvg in process (baseline), {} rounds:", args.training.rounds);

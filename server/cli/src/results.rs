@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::chart::{Series, write_accuracy_chart};
-use crate::training::TrainingArgs;
+use crate::chart::{Panel, Scale, Series, write_panels};
+use crate::training::{CompressionArgs, TrainingArgs};
 
 /// One row of the per-round table and of results.json.
 #[derive(Debug, Clone, Serialize)]
@@ -50,6 +50,9 @@ pub(crate) fn write_results(
     rows: &[RoundRow],
     extra: Map<String, Value>,
 ) -> Result<()> {
+    // Compression applies to secure aggregation without DP (whose plan,
+    // under `privacy`, sets its own clip, rotation and ring).
+    let compression = (mode == "secure" && training.dp.spec(1.0).is_none()).then_some(&training.compression);
     let mut results = json!({
         "config": {
             "aggregation": mode,
@@ -64,9 +67,9 @@ pub(crate) fn write_results(
             "momentum": decimal(training.local.momentum),
             "prox_mu": decimal(training.local.prox_mu),
             "dropout": training.dropout,
-            "bits": training.bits,
-            "rotate": training.rotate,
-            "clip": decimal(training.clip),
+            "bits": compression.and_then(CompressionArgs::bits),
+            "rotate": compression.map(CompressionArgs::rotate),
+            "clip": compression.map(|c| decimal(c.clip())),
             "seed": training.seed(),
         },
         "rounds": rows,
@@ -78,9 +81,11 @@ pub(crate) fn write_results(
     std::fs::write(&json_path, serde_json::to_vec_pretty(&results)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
     let png_path = out.join("accuracy.png");
-    let points = rows.iter().map(|r| (r.round as f64, r.accuracy)).collect();
-    let title = format!("{} {} - TEST ACCURACY", training.dataset, training.model);
-    write_accuracy_chart(&png_path, &title, &[Series { label: mode, points }])?;
+    let title = format!(
+        "{} {}, {} clients, {} aggregation",
+        training.dataset, training.model, training.clients, mode
+    );
+    write_panels(&png_path, &title, &panels(rows))?;
     if let Some(last) = rows.last() {
         println!("Final test accuracy {:.2}% after {} rounds.", last.accuracy * 100.0, last.round);
         if let Some(epsilon) = last.epsilon {
@@ -89,6 +94,61 @@ pub(crate) fn write_results(
     }
     println!("Wrote {} and {}", json_path.display(), png_path.display());
     Ok(())
+}
+
+/// The run's chart: the global model's test accuracy and loss per round,
+/// the clients' mean training loss where measured, ε spent under
+/// differential privacy, and accuracy against simulated time where the
+/// run has a clock.
+fn panels(rows: &[RoundRow]) -> Vec<Panel<'static>> {
+    let per_round = |value: fn(&RoundRow) -> Option<f64>| -> Vec<(f64, f64)> {
+        rows.iter().filter_map(|r| Some((r.round as f64, value(r)?))).collect()
+    };
+    let mut panels = vec![Panel {
+        title: "Global model on the held-out test set",
+        x_label: "round",
+        y_label: "test accuracy",
+        scale: Scale::Percent,
+        series: vec![Series {
+            label: "test accuracy after the round",
+            points: per_round(|r| Some(r.accuracy)),
+        }],
+    }];
+    let mut losses =
+        vec![Series { label: "test loss of the global model", points: per_round(|r| Some(r.loss)) }];
+    let client_loss = per_round(|r| r.client_loss);
+    if !client_loss.is_empty() {
+        losses
+            .push(Series { label: "clients' mean training loss (from the masked sum)", points: client_loss });
+    }
+    panels.push(Panel {
+        title: "Loss",
+        x_label: "round",
+        y_label: "loss",
+        scale: Scale::FromZero,
+        series: losses,
+    });
+    let epsilon = per_round(|r| r.epsilon);
+    if !epsilon.is_empty() {
+        panels.push(Panel {
+            title: "Privacy spent",
+            x_label: "round",
+            y_label: "ε",
+            scale: Scale::FromZero,
+            series: vec![Series { label: "ε spent up to the round", points: epsilon }],
+        });
+    }
+    let timed: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r.sim_seconds?, r.accuracy))).collect();
+    if !timed.is_empty() {
+        panels.push(Panel {
+            title: "Test accuracy against simulated time",
+            x_label: "simulated seconds",
+            y_label: "test accuracy",
+            scale: Scale::Percent,
+            series: vec![Series { label: "test accuracy when the model existed", points: timed }],
+        });
+    }
+    panels
 }
 
 /// An `f32` flag as the user wrote it (0.05, not 0.05000000074505806):

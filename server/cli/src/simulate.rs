@@ -27,7 +27,7 @@ use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
 use crate::schedule::{Clock, ScheduleArgs};
 use crate::secure_mean::{secure_mean, simulation_spec};
-use crate::training::{TrainingArgs, evaluate, prepare, quantization};
+use crate::training::{TrainingArgs, announce_updates, evaluate, prepare, quantization};
 
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
@@ -41,9 +41,10 @@ pub struct SimulateArgs {
     plain: bool,
     #[command(flatten)]
     schedule: ScheduleArgs,
-    /// Worker threads for local training (default: one per core).
+    /// Worker threads for local training and for secure aggregation's
+    /// clients and unmasking (default: one per core).
     #[arg(long)]
-    threads: Option<usize>,
+    threads: Option<std::num::NonZeroUsize>,
     /// Where results.json and accuracy.png go.
     #[arg(long, default_value = "cohort-simulate")]
     out: PathBuf,
@@ -52,57 +53,63 @@ pub struct SimulateArgs {
 pub fn simulate(args: &SimulateArgs) -> Result<()> {
     let buffered_spec = args.schedule.async_spec(args.training.clients)?;
     let experiment = prepare(&args.training)?;
+    announce_updates(&args.training, !args.plain);
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let sizes: Vec<usize> = experiment.shards.iter().map(Dataset::len).collect();
     let clock = Clock::new(&args.schedule, &sizes, args.training.local.epochs, args.training.seed());
     let mode = if args.plain { "plain" } else { "secure" };
-    let threads = args.threads.unwrap_or_else(threads);
+    let threads = args.threads.map_or_else(threads, std::num::NonZeroUsize::get);
     let mut config = Map::new();
-    let rows = match buffered_spec {
-        Some(spec) => {
-            if args.clients_per_round.is_some() {
-                bail!("--clients-per-round is for --mode sync: an async buffer is --buffer-size clients");
-            }
-            if args.training.dp.spec(1.0).is_some() {
-                bail!("differential privacy is accounted for synchronous rounds only: drop --mode async");
-            }
-            println!(
-                "{mode} buffered asynchronous aggregation in process: {} of {} clients training at once, \
-                 buffers of {}, staleness at most {}:",
-                spec.concurrency, args.training.clients, spec.buffer_size, spec.max_staleness
-            );
-            let run = buffered(&experiment, &args.training, &spec, !args.plain, threads, &clock)?;
-            println!(
-                "{} updates refused as staler than {} versions (their clients re-based).",
-                run.stale, spec.max_staleness
-            );
-            config.insert("schedule".into(), schedule_json(&args.schedule, Some(&spec), Some(run.stale)));
-            run.rows
-        }
-        None => {
-            let per_round = args.clients_per_round.unwrap_or(args.training.clients);
-            if per_round < 2 || per_round > args.training.clients {
-                bail!("--clients-per-round must be between 2 and --clients");
-            }
-            let timing = Timing { clock, over_selection: args.schedule.over_selection };
-            let selected = timing.selected(per_round, args.training.clients)?;
-            println!(
-                "{mode} aggregation in process, {selected} of {} clients selected per round, {per_round} awaited:",
-                args.training.clients
-            );
-            let rows = in_process(&experiment, &args.training, per_round, !args.plain, threads, &timing)?;
-            if let Some(asked) = &args.training.dp.spec(selected as f64 / args.training.clients as f64) {
-                let plan = round_task(&experiment, &args.training, selected, selected - per_round)
-                    .privacy_plan()
-                    .map_err(|e| anyhow!("{e}"))?;
-                if let Some(plan) = plan {
-                    config.insert("privacy".into(), privacy_json(asked, &plan)?);
+    // Secure aggregation's data-parallel steps (rayon) run on this pool, local
+    // training on as many scoped threads.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let rows = pool.install(|| -> Result<Vec<RoundRow>> {
+        Ok(match buffered_spec {
+            Some(spec) => {
+                if args.clients_per_round.is_some() {
+                    bail!("--clients-per-round is for --mode sync: an async buffer is --buffer-size clients");
                 }
+                if args.training.dp.spec(1.0).is_some() {
+                    bail!("differential privacy is accounted for synchronous rounds only: drop --mode async");
+                }
+                println!(
+                    "{mode} buffered asynchronous aggregation in process: {} of {} clients training at once, \
+                     buffers of {}, staleness at most {}:",
+                    spec.concurrency, args.training.clients, spec.buffer_size, spec.max_staleness
+                );
+                let run = buffered(&experiment, &args.training, &spec, !args.plain, threads, &clock)?;
+                println!(
+                    "{} updates refused as staler than {} versions (their clients re-based).",
+                    run.stale, spec.max_staleness
+                );
+                config.insert("schedule".into(), schedule_json(&args.schedule, Some(&spec), Some(run.stale)));
+                run.rows
             }
-            config.insert("schedule".into(), schedule_json(&args.schedule, None, None));
-            rows
-        }
-    };
+            None => {
+                let per_round = args.clients_per_round.unwrap_or(args.training.clients);
+                if per_round < 2 || per_round > args.training.clients {
+                    bail!("--clients-per-round must be between 2 and --clients");
+                }
+                let timing = Timing { clock, over_selection: args.schedule.over_selection };
+                let selected = timing.selected(per_round, args.training.clients)?;
+                println!(
+                    "{mode} aggregation in process, {selected} of {} clients selected per round, {per_round} awaited:",
+                    args.training.clients
+                );
+                let rows = in_process(&experiment, &args.training, per_round, !args.plain, threads, &timing)?;
+                if let Some(asked) = &args.training.dp.spec(selected as f64 / args.training.clients as f64) {
+                    let plan = round_task(&experiment, &args.training, selected, selected - per_round)
+                        .privacy_plan()
+                        .map_err(|e| anyhow!("{e}"))?;
+                    if let Some(plan) = plan {
+                        config.insert("privacy".into(), privacy_json(asked, &plan)?);
+                    }
+                }
+                config.insert("schedule".into(), schedule_json(&args.schedule, None, None));
+                rows
+            }
+        })
+    })?;
     write_results(&args.out, mode, &args.training, &rows, config)
 }
 

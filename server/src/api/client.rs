@@ -1,6 +1,8 @@
 //! The client API: enrollment, check-in, the global model, the stage
 //! messages and the plaintext metric reports of semi-honest tasks.
 
+use std::time::Instant;
+
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
@@ -17,6 +19,7 @@ use super::openapi::{Binary, Refused, RetryLater, TaskPath};
 use super::ratelimit::{Call, Rate};
 use super::state::AppState;
 use super::{SAFETENSORS_CONTENT_TYPE, SECAGG_CONTENT_TYPE};
+use crate::metrics::Upload;
 use crate::round::coordinator::{CoordinatorError, now_ms};
 use crate::round::{CheckIn, InputStep, Poll};
 use crate::store::{ClientMetricsRecord, ParticipantRecord, Store, StoreError};
@@ -28,7 +31,10 @@ use cohort_client::api::{Enrolled, ErrorBody, ErrorCode};
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct EnrollRequest {
-    /// The token the task's administrator gave the application.
+    /// The token the task's administrator gave the application (64 hex
+    /// digits; any other string is simply not a token: `401`). Bounded, so
+    /// that every schema-valid request fits the client API's JSON limit.
+    #[schema(pattern = "^[0-9a-f]{64}$", max_length = 64)]
     enrollment_token: String,
     /// The participant's Ed25519 identity public key (64 hex digits).
     #[serde(default)]
@@ -309,6 +315,7 @@ pub(super) async fn post_message(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<StatusCode> {
+    let arrived = Instant::now();
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if content_type != SECAGG_CONTENT_TYPE {
         return Err(ApiError::new(
@@ -330,12 +337,15 @@ pub(super) async fn post_message(
     }
     if streamed && !ended && starts_masked_input(&first) {
         stream_masked_input(&state, &p.task_id, &p.id, first, body).await?;
+        state.metrics.upload(Upload::masked_input, arrived.elapsed());
         return Ok(StatusCode::ACCEPTED);
     }
     while let Some(bytes) = body.next().await? {
         first.extend_from_slice(&bytes);
     }
+    let kind = if starts_masked_input(&first) { Upload::masked_input } else { Upload::stage_message };
     state.coordinator.receive(&p.task_id, &p.id, first).await?;
+    state.metrics.upload(kind, arrived.elapsed());
     Ok(StatusCode::ACCEPTED)
 }
 

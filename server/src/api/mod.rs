@@ -181,9 +181,11 @@ fn not_ready() -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, retry_after)], Json(body)).into_response()
 }
 
-/// The coordinator's metrics in Prometheus' text format.
+/// The coordinator's metrics in the OpenMetrics text format (which
+/// Prometheus scrapes), with histograms of stage durations and uploads.
 #[utoipa::path(get, path = "/metrics", tag = "operations", operation_id = "metrics",
-    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain; version=0.0.4", body = String)))]
+    responses((status = 200, description = "OpenMetrics text exposition",
+        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String)))]
 async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], state.metrics.render())
 }

@@ -333,9 +333,11 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         policy,
         ..ParticipantConfig::default()
     };
+    let done = crate::progress::counter(args.clients as u64, "clients done");
     let clients: Vec<_> = (0..args.clients)
         .map(|k| {
             let (url, task, token, latencies) = (url.clone(), task.clone(), token.clone(), latencies.clone());
+            let done = done.clone();
             let delta =
                 (0..args.dim).map(|i| (((i * 31 + k * 17) % 1000) as f32 / 1000.0 - 0.5) * 0.2).collect();
             std::thread::Builder::new().stack_size(1 << 20).spawn(move || -> Result<(), String> {
@@ -343,6 +345,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
                 let mut runner = Runner::new(Participant::enroll(&task, &token, config), transport, None);
                 let mut trainer = Synthetic { delta };
                 while runner.run_round(&mut trainer).map_err(|e| e.to_string())?.is_some() {}
+                done.inc(1);
                 Ok(())
             })
         })
@@ -356,6 +359,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
+    done.finish_and_clear();
     if let Some(first) = failures.first() {
         bail!("{} clients failed; the first: {first}", failures.len());
     }
