@@ -26,9 +26,12 @@ cargo test --locked -p cohort-crypto --no-default-features --tests 2>&1 | tee -a
 log "cohort-client on libtorch (feature tch)"
 # tch builds against the venv's PyTorch and loads its libraries at run time.
 torch_venv="${COHORT_TORCH_VENV:-/var/tmp/cohort-torch-venv}"
-LIBTORCH_USE_PYTORCH=1 PATH="$torch_venv/bin:$PATH" \
-    LD_LIBRARY_PATH="$(echo "$torch_venv"/lib/python3*/site-packages/torch/lib)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --locked -p cohort-client --features tch 2>&1 | tee -a "$scratch/cargo-test.log"
+with_libtorch=(env LIBTORCH_USE_PYTORCH=1 PATH="$torch_venv/bin:$PATH"
+    LD_LIBRARY_PATH="$(echo "$torch_venv"/lib/python3*/site-packages/torch/lib)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+"${with_libtorch[@]}" cargo test --locked -p cohort-client --features tch 2>&1 | tee -a "$scratch/cargo-test.log"
+log "TorchScript participants end to end (cohort built with libtorch)"
+"${with_libtorch[@]}" cargo test --locked -p cohort-tests --features tch --test torchscript 2>&1 |
+    tee -a "$scratch/cargo-test.log"
 
 log "crypto/ for wasm32-unknown-unknown (Debian rustc-web, -Zbuild-std)"
 # Debian's toolchain must come first on PATH; it gets its own target

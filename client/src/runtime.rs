@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::Checkpoint;
 use crate::data::Dataset;
-use crate::model::Model;
+use crate::model::{Differentiable, Model};
 use crate::participant::{
     Action, Participant, ParticipantError, Request, Response, RoundOutcome, SavedState,
 };
@@ -111,18 +111,20 @@ pub trait Trainer {
     fn train(&mut self, round: u64, model: &Checkpoint) -> Result<LocalUpdate, UpdateError>;
 }
 
-/// The built-in trainer: one of the [`Model`]s on a local [`Dataset`].
+/// The built-in trainer: one of the [`Model`]s (or, with the `tch`
+/// feature, a `TorchModel` or a user's `TorchScriptModel`) on a local
+/// [`Dataset`].
 #[derive(Debug, Clone)]
-pub struct LocalTrainer {
+pub struct LocalTrainer<M = Model> {
     /// Architecture; must match the task's layout.
-    pub model: Model,
+    pub model: M,
     /// Local examples.
     pub data: Dataset,
     /// Hyper-parameters; the seed is mixed with the round number.
     pub config: TrainConfig,
 }
 
-impl Trainer for LocalTrainer {
+impl<M: Differentiable> Trainer for LocalTrainer<M> {
     fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
         local_update(&self.model, &self.data, &self.config, round, global)
     }
@@ -130,8 +132,8 @@ impl Trainer for LocalTrainer {
 
 /// What the built-in trainer computes: `model` trained on `data` from the
 /// global model, with the seed of `config` mixed with the round number.
-pub fn local_update(
-    model: &Model,
+pub fn local_update<M: Differentiable + ?Sized>(
+    model: &M,
     data: &Dataset,
     config: &TrainConfig,
     round: u64,

@@ -49,6 +49,8 @@ pub fn artifacts() -> &'static Artifacts {
             .current_dir(workspace_root())
             .args(["build", "--locked", "--profile", "test", "--message-format", "json-render-diagnostics"])
             .args(["-p", "cohort-cli", "--bin", "cohort", "-p", "cohort-mobile", "--lib"])
+            // With libtorch: `participate --model net.pt` (tests/tests/torchscript.rs).
+            .args(if cfg!(feature = "tch") { &["--features", "cohort-cli/tch"][..] } else { &[] })
             .stderr(Stdio::inherit())
             .output()
             .expect("cargo runs");

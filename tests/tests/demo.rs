@@ -383,3 +383,40 @@ fn a_missing_dataset_says_how_to_get_it() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("apt-get install dataset-fashion-mnist"), "{stderr}");
 }
+
+/// `cohort layout` prints the `model` object of a task spec; a build
+/// without libtorch refuses a TorchScript module, in `layout` and
+/// `participate` alike, saying how to get one that takes it.
+#[test]
+fn layout_prints_a_task_model_and_torchscript_needs_libtorch() {
+    let cohort = &cohort_tests::artifacts().cohort;
+    let output = Command::new(cohort).args(["layout", "2nn", "--seed", "5"]).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let printed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let expected = cohort_client::model::Model::by_name("2nn", 784, 10).unwrap().layout();
+    assert_eq!(printed["architecture"], "2nn");
+    assert_eq!(printed["layout"], serde_json::to_value(&expected).unwrap());
+    assert_eq!(printed["init"], serde_json::json!({ "kind": "fan_in", "seed": 5 }));
+    for args in [
+        &["layout", "model.pt"][..],
+        &[
+            "participate",
+            "--server",
+            "http://127.0.0.1:9",
+            "--task",
+            "t",
+            "--token",
+            "x",
+            "--shard",
+            ".",
+            "--index",
+            "0",
+            "--model",
+            "model.pt",
+        ][..],
+    ] {
+        let output = Command::new(cohort).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains("--features tch"), "{args:?}: {stderr}");
+    }
+}

@@ -20,13 +20,19 @@ mod cnn;
 mod mlp;
 #[cfg(feature = "tch")]
 mod torch;
+#[cfg(feature = "tch")]
+mod torchscript;
 
 use ndarray::{Array2, ArrayView1, ArrayView2, Axis, Slice};
 
 pub use cnn::Cnn;
 pub use mlp::Mlp;
 #[cfg(feature = "tch")]
+pub use tch::Device as TorchDevice;
+#[cfg(feature = "tch")]
 pub use torch::TorchModel;
+#[cfg(feature = "tch")]
+pub use torchscript::{TorchScriptError, TorchScriptModel};
 
 use crate::checkpoint::{ModelLayout, TensorSpec};
 
@@ -59,6 +65,8 @@ pub trait Differentiable {
     fn parameters(&self) -> usize;
     /// Input features per example.
     fn inputs(&self) -> usize;
+    /// The tensors of the flat vector: what a task's layout must equal.
+    fn layout(&self) -> ModelLayout;
     /// Mean cross-entropy of a batch; its gradient is written to `grad`.
     fn loss_and_gradient(
         &self,
@@ -76,6 +84,10 @@ impl Differentiable for Model {
 
     fn inputs(&self) -> usize {
         Model::inputs(self)
+    }
+
+    fn layout(&self) -> ModelLayout {
+        Model::layout(self)
     }
 
     fn loss_and_gradient(

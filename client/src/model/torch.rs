@@ -94,6 +94,10 @@ impl Differentiable for TorchModel {
         self.model.inputs()
     }
 
+    fn layout(&self) -> crate::checkpoint::ModelLayout {
+        self.model.layout()
+    }
+
     fn loss_and_gradient(
         &self,
         params: &[f32],

@@ -133,6 +133,6 @@ pub fn client_trainer(
 }
 
 /// Client `k`'s local training settings: its own seed.
-fn client_config(train: &TrainConfig, seed: u64, k: usize) -> TrainConfig {
+pub(crate) fn client_config(train: &TrainConfig, seed: u64, k: usize) -> TrainConfig {
     TrainConfig { seed: seed ^ (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15), ..*train }
 }

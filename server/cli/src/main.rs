@@ -1,5 +1,5 @@
 //! `cohort`: the Cohort command-line tool, one module per command
-//! (`serve`, `demo`, `simulate`, `participate`, `partition`, `privacy`, `chart`, `bench`) on top of the
+//! (`serve`, `demo`, `simulate`, `participate`, `partition`, `layout`, `privacy`, `chart`, `bench`) on top of the
 //! coordinator library (`cohort-server`) and the client library
 //! (`cohort-client`). The pieces the commands share have modules of their
 //! own: the run's flags and experiment (`training`, `experiment`), the
@@ -13,6 +13,7 @@ mod compare;
 mod datasets;
 mod demo;
 mod experiment;
+mod layout;
 mod participate;
 mod partition;
 mod privacy;
@@ -49,6 +50,9 @@ enum Command {
     /// Splits a dataset among N clients, one shard directory each, for
     /// `participate --shard`.
     Partition(partition::PartitionArgs),
+    /// The `model` object of a task spec for a built-in architecture or a
+    /// TorchScript module (its named parameters).
+    Layout(layout::LayoutArgs),
     /// The privacy accountant: ε of the Poisson-sampled Gaussian mechanism
     /// over rounds, or the noise multiplier for a budget.
     Privacy(privacy::PrivacyArgs),
@@ -71,6 +75,7 @@ fn main() -> Result<()> {
         Command::Simulate(args) => simulate::simulate(&args),
         Command::Participate(args) => participate::participate(&args),
         Command::Partition(args) => partition::run(&args),
+        Command::Layout(args) => layout::run(&args),
         Command::Privacy(args) => privacy::run(&args),
         Command::Chart(args) => compare::run(&args),
         Command::Serve(args) => {

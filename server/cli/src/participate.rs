@@ -6,14 +6,21 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use cohort_client::model::Model;
+#[cfg(feature = "tch")]
+use cohort_client::model::TorchScriptModel;
 use cohort_client::participant::{Participant, ParticipantConfig, RoundOutcome, Stage};
+#[cfg(feature = "tch")]
+use cohort_client::runtime::LocalTrainer;
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{Runner, load_state};
+use cohort_client::runtime::{Runner, Trainer, load_state};
+use cohort_client::train::TrainConfig;
 use cohort_crypto::policy::Policy;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 
 use crate::datasets::read_shard;
+#[cfg(feature = "tch")]
+use crate::experiment::client_config;
 use crate::experiment::client_trainer;
 use crate::training::LocalArgs;
 
@@ -41,7 +48,10 @@ pub struct ParticipateArgs {
     /// This client's index (seeds its local training).
     #[arg(long)]
     index: usize,
-    /// Model: logreg, 2nn or cnn.
+    /// Model: logreg, 2nn, cnn, or a TorchScript module saved with
+    /// `torch.jit.save` (a path ending in .pt; needs the `tch` feature):
+    /// its `forward` maps a batch [N, D] of flattened examples to logits
+    /// [N, C], and the task's layout must be its named parameters.
     #[arg(long)]
     model: String,
     #[command(flatten)]
@@ -66,11 +76,33 @@ pub struct ParticipateArgs {
 }
 
 pub fn participate(args: &ParticipateArgs) -> Result<()> {
-    let data = read_shard(&args.shard)?;
-    let model = Model::by_name(&args.model, data.features.ncols(), data.classes)
-        .ok_or_else(|| anyhow!("unknown model {}", args.model))?;
     let train = args.local.config();
-    let mut trainer = client_trainer(&model, data, &train, train.seed, args.index);
+    if args.model.ends_with(".pt") {
+        return torchscript(args, &train);
+    }
+    let data = read_shard(&args.shard)?;
+    let model = Model::by_name(&args.model, data.features.ncols(), data.classes).ok_or_else(|| {
+        anyhow!("unknown model {}: logreg, 2nn, cnn or a TorchScript file (.pt)", args.model)
+    })?;
+    run(args, client_trainer(&model, data, &train, train.seed, args.index))
+}
+
+/// A TorchScript module saved with `torch.jit.save`, trained on libtorch.
+#[cfg(feature = "tch")]
+fn torchscript(args: &ParticipateArgs, train: &TrainConfig) -> Result<()> {
+    let data = read_shard(&args.shard)?;
+    let model = TorchScriptModel::load_best_available(&args.model, data.features.ncols(), data.classes)
+        .with_context(|| format!("loading {}", args.model))?;
+    run(args, LocalTrainer { model, data, config: client_config(train, train.seed, args.index) })
+}
+
+#[cfg(not(feature = "tch"))]
+fn torchscript(args: &ParticipateArgs, _: &TrainConfig) -> Result<()> {
+    Err(crate::layout::no_libtorch(&args.model))
+}
+
+/// Takes part in rounds until the task is over.
+fn run(args: &ParticipateArgs, mut trainer: impl Trainer) -> Result<()> {
     let transport = match &args.ca_cert {
         Some(path) => HttpTransport::with_root_certificates(&args.server, &std::fs::read(path)?)?,
         None => HttpTransport::new(&args.server),
