@@ -8,15 +8,21 @@ use std::process::Command;
 
 use serde_json::Value;
 
-fn cohort(args: &[&str], out: &Path) -> Value {
+/// Runs a `cohort` command that writes results to `out`: what it printed
+/// and its results.json.
+fn cohort_printing(args: &[&str], out: &Path) -> (String, Value) {
     let output =
         Command::new(&cohort_tests::artifacts().cohort).args(args).arg("--out").arg(out).output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{args:?}:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("Final test accuracy"), "{stdout}");
     let png = std::fs::read(out.join("accuracy.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap()
+    (stdout, serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap())
+}
+
+fn cohort(args: &[&str], out: &Path) -> Value {
+    cohort_printing(args, out).1
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -86,16 +92,8 @@ fn the_demo_matches_plaintext_fedavg() {
 #[test]
 fn the_demo_compresses_by_default_and_learns_with_a_third_of_the_upload() {
     let dir = scratch("bits");
-    let output = Command::new(&cohort_tests::artifacts().cohort)
-        .args([&["demo"][..], &SMALL].concat())
-        .arg("--out")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let (stdout, results) = cohort_printing(&[&["demo"][..], &SMALL].concat(), &dir);
     assert!(stdout.contains("Updates: 8-bit values, rotated, clip 0.1."), "{stdout}");
-    let results: Value = serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
     assert_eq!(results["config"]["bits"], 8);
     assert_eq!(results["config"]["rotate"], true);
     assert_eq!(results["config"]["clip"].to_string(), "0.1");
@@ -184,16 +182,7 @@ fn the_simulator_gives_the_same_result_on_any_number_of_threads() {
             "--threads",
             threads,
         ];
-        let output = Command::new(&cohort_tests::artifacts().cohort)
-            .args(args)
-            .arg("--out")
-            .arg(&dir)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-        let results: Value =
-            serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
+        let (stdout, results) = cohort_printing(&args, &dir);
         std::fs::remove_dir_all(&dir).unwrap();
         (stdout, results)
     };
