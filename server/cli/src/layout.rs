@@ -30,18 +30,28 @@ pub struct LayoutArgs {
 }
 
 pub fn run(args: &LayoutArgs) -> Result<()> {
-    let (architecture, layout) = if args.model.ends_with(".pt") {
+    let (architecture, layout) = if is_torchscript(&args.model) {
         let name = std::path::Path::new(&args.model).file_stem().and_then(|s| s.to_str()).unwrap_or("module");
         (format!("torchscript:{name}"), torchscript_layout(args)?)
     } else {
-        let model = Model::by_name(&args.model, args.inputs, args.classes).ok_or_else(|| {
-            anyhow!("unknown model {}: logreg, 2nn, cnn or a TorchScript file (.pt)", args.model)
-        })?;
-        (args.model.clone(), model.layout())
+        (args.model.clone(), built_in(&args.model, args.inputs, args.classes)?.layout())
     };
     let spec = ModelSpec { architecture, layout, init: ModelInit::FanIn { seed: args.seed } };
     println!("{}", serde_json::to_string_pretty(&spec)?);
     Ok(())
+}
+
+/// Whether `--model` names a TorchScript module (a `.pt` file) rather
+/// than a built-in architecture.
+pub(crate) fn is_torchscript(model: &str) -> bool {
+    model.ends_with(".pt")
+}
+
+/// The built-in architecture `name` for `inputs` features and `classes`
+/// classes, or an error listing what `--model` takes.
+pub(crate) fn built_in(name: &str, inputs: usize, classes: usize) -> Result<Model> {
+    Model::by_name(name, inputs, classes)
+        .ok_or_else(|| anyhow!("unknown model {name}: logreg, 2nn, cnn or a TorchScript file (.pt)"))
 }
 
 #[cfg(feature = "tch")]

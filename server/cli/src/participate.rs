@@ -3,9 +3,8 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use clap::Args;
-use cohort_client::model::Model;
 #[cfg(feature = "tch")]
 use cohort_client::model::TorchScriptModel;
 use cohort_client::participant::{Participant, ParticipantConfig, RoundOutcome, Stage};
@@ -22,6 +21,7 @@ use crate::datasets::read_shard;
 #[cfg(feature = "tch")]
 use crate::experiment::client_config;
 use crate::experiment::client_trainer;
+use crate::layout::{built_in, is_torchscript};
 use crate::training::LocalArgs;
 
 #[derive(Debug, Args)]
@@ -77,13 +77,11 @@ pub struct ParticipateArgs {
 
 pub fn participate(args: &ParticipateArgs) -> Result<()> {
     let train = args.local.config();
-    if args.model.ends_with(".pt") {
+    if is_torchscript(&args.model) {
         return torchscript(args, &train);
     }
     let data = read_shard(&args.shard)?;
-    let model = Model::by_name(&args.model, data.features.ncols(), data.classes).ok_or_else(|| {
-        anyhow!("unknown model {}: logreg, 2nn, cnn or a TorchScript file (.pt)", args.model)
-    })?;
+    let model = built_in(&args.model, data.features.ncols(), data.classes)?;
     run(args, client_trainer(&model, data, &train, train.seed, args.index))
 }
 
