@@ -466,6 +466,24 @@ pub struct StatusChanged {
     pub status: TaskStatus,
 }
 
+/// What pause, resume and stop answer (for the document).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // Only its description is used.
+enum StatusChangeResponses {
+    /// The task's new status
+    #[response(status = 200)]
+    Changed(StatusChanged),
+    #[response(status = 401)]
+    Unauthorized(#[ref_response] Refused),
+    #[response(status = 404)]
+    NotFound(#[ref_response] Refused),
+    /// The task is over (stopped or completed)
+    #[response(status = 409)]
+    Over(ErrorBody),
+    #[response(status = 503)]
+    Unavailable(#[ref_response] RetryLater),
+}
+
 async fn change_status(state: &AppState, id: &str, status: TaskStatus) -> ApiResult<Json<StatusChanged>> {
     state.store.task(id).await?;
     state.coordinator.set_status(id, status).await?;
@@ -476,12 +494,7 @@ async fn change_status(state: &AppState, id: &str, status: TaskStatus) -> ApiRes
 #[utoipa::path(
     post, path = "/admin/tasks/{id}/pause", tag = "admin", operation_id = "pauseTask",
     security(("admin" = [])), params(TaskPath),
-    responses(
-        (status = 200, description = "The task's new status", body = StatusChanged),
-        (status = 401, response = Refused), (status = 404, response = Refused),
-        (status = 409, description = "The task is over (stopped or completed)", body = ErrorBody),
-        (status = 503, response = RetryLater)
-    )
+    responses(StatusChangeResponses)
 )]
 pub(super) async fn pause_task(
     _: Admin,
@@ -495,12 +508,7 @@ pub(super) async fn pause_task(
 #[utoipa::path(
     post, path = "/admin/tasks/{id}/resume", tag = "admin", operation_id = "resumeTask",
     security(("admin" = [])), params(TaskPath),
-    responses(
-        (status = 200, description = "The task's new status", body = StatusChanged),
-        (status = 401, response = Refused), (status = 404, response = Refused),
-        (status = 409, description = "The task is over (stopped or completed)", body = ErrorBody),
-        (status = 503, response = RetryLater)
-    )
+    responses(StatusChangeResponses)
 )]
 pub(super) async fn resume_task(
     _: Admin,
@@ -514,12 +522,7 @@ pub(super) async fn resume_task(
 #[utoipa::path(
     post, path = "/admin/tasks/{id}/stop", tag = "admin", operation_id = "stopTask",
     security(("admin" = [])), params(TaskPath),
-    responses(
-        (status = 200, description = "The task's new status", body = StatusChanged),
-        (status = 401, response = Refused), (status = 404, response = Refused),
-        (status = 409, description = "The task is over (stopped or completed)", body = ErrorBody),
-        (status = 503, response = RetryLater)
-    )
+    responses(StatusChangeResponses)
 )]
 pub(super) async fn stop_task(
     _: Admin,

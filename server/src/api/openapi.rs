@@ -68,7 +68,9 @@ impl utoipa::ToSchema for Binary {}
                        stage messages (`application/x-cohort-secagg`, the versioned binary encoding of \
                        `cohort-crypto`)."
     ),
-    components(responses(Refused, RetryLater)),
+    // StatusChanged: named by `admin::StatusChangeResponses`, whose schemas
+    // the router does not collect as it does a handler's `body`.
+    components(responses(Refused, RetryLater), schemas(super::admin::StatusChanged)),
     modifiers(&SecuritySchemes),
     tags(
         (name = "admin", description = "Tasks, their enrollment tokens, rounds and checkpoints (the admin token)"),
