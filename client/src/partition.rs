@@ -10,6 +10,11 @@
 //!   concentrates each class on few clients.
 //! * `quantity:ALPHA`: quantity skew: client sizes drawn from Dir(α), labels
 //!   IID.
+//! * `covering:ALPHA`: label skew in which every client still holds every
+//!   class: [`COVERING_EVEN_SHARE`] of each class is dealt out evenly and
+//!   the rest by Dir(α) shares, so any few clients together see all the
+//!   classes (the browser demo's split: three tabs must be able to learn
+//!   all ten digits).
 
 use std::str::FromStr;
 
@@ -37,14 +42,27 @@ pub enum Scheme {
         /// Concentration α.
         alpha: f64,
     },
+    /// Dirichlet label skew over the part of each class that is not dealt
+    /// out evenly ([`COVERING_EVEN_SHARE`]): every client holds every class
+    /// that has at least `clients / COVERING_EVEN_SHARE` examples.
+    Covering {
+        /// Concentration α.
+        alpha: f64,
+    },
 }
+
+/// The share of each class that `covering:ALPHA` deals out evenly: every
+/// client holds at least this fraction of its equal share of each class.
+pub const COVERING_EVEN_SHARE: f64 = 0.25;
 
 /// Why a dataset could not be partitioned.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PartitionError {
     /// The scheme string is not understood.
-    #[error("unknown partition {0:?} (expected iid, shards[:S], dirichlet:ALPHA or quantity:ALPHA)")]
+    #[error(
+        "unknown partition {0:?} (expected iid, shards[:S], dirichlet:ALPHA, quantity:ALPHA or covering:ALPHA)"
+    )]
     Unknown(String),
     /// A parameter is out of range.
     #[error("invalid partition parameter: {0}")]
@@ -90,6 +108,7 @@ impl FromStr for Scheme {
             }
             "dirichlet" => Ok(Scheme::Dirichlet { alpha: float(arg)? }),
             "quantity" => Ok(Scheme::Quantity { alpha: float(arg)? }),
+            "covering" => Ok(Scheme::Covering { alpha: float(arg)? }),
             _ => Err(unknown()),
         }
     }
@@ -104,6 +123,7 @@ impl std::fmt::Display for Scheme {
             Scheme::Shards { per_client } => write!(f, "shards:{per_client}"),
             Scheme::Dirichlet { alpha } => write!(f, "dirichlet:{alpha}"),
             Scheme::Quantity { alpha } => write!(f, "quantity:{alpha}"),
+            Scheme::Covering { alpha } => write!(f, "covering:{alpha}"),
         }
     }
 }
@@ -150,7 +170,8 @@ pub fn partition(
                 })
                 .collect()
         }
-        Scheme::Dirichlet { alpha } => {
+        Scheme::Dirichlet { alpha } | Scheme::Covering { alpha } => {
+            let even = if matches!(scheme, Scheme::Covering { .. }) { COVERING_EVEN_SHARE } else { 0.0 };
             let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); classes];
             for i in permutation(n, &mut rng) {
                 by_class[usize::from(labels[i])].push(i);
@@ -159,7 +180,10 @@ pub fn partition(
             for _ in 0..1_000 {
                 let mut parts = vec![Vec::new(); clients];
                 for members in &by_class {
-                    let shares = dirichlet(alpha, clients, &mut rng);
+                    let shares: Vec<f64> = dirichlet(alpha, clients, &mut rng)
+                        .into_iter()
+                        .map(|share| even / clients as f64 + (1.0 - even) * share)
+                        .collect();
                     for (part, chunk) in parts
                         .iter_mut()
                         .zip(split_by_sizes(members, &sizes_from_shares(members.len(), &shares)))
@@ -356,13 +380,32 @@ mod tests {
         assert_eq!("shards:3".parse(), Ok(Scheme::Shards { per_client: 3 }));
         assert_eq!("dirichlet:0.5".parse(), Ok(Scheme::Dirichlet { alpha: 0.5 }));
         assert_eq!("quantity:2".parse(), Ok(Scheme::Quantity { alpha: 2.0 }));
-        for text in ["iid", "shards:3", "dirichlet:0.5", "dirichlet:0.1", "quantity:2", "quantity:1e-7"] {
+        assert_eq!("covering:0.3".parse(), Ok(Scheme::Covering { alpha: 0.3 }));
+        for text in [
+            "covering:0.3",
+            "iid",
+            "shards:3",
+            "dirichlet:0.5",
+            "dirichlet:0.1",
+            "quantity:2",
+            "quantity:1e-7",
+        ] {
             let scheme: Scheme = text.parse().unwrap();
             assert_eq!(scheme.to_string().parse::<Scheme>(), Ok(scheme), "{text}");
         }
         assert_eq!(Scheme::Dirichlet { alpha: 0.5 }.to_string(), "dirichlet:0.5");
         assert_eq!(Scheme::Shards { per_client: 2 }.to_string(), "shards:2");
-        for bad in ["", "iid:1", "dirichlet", "dirichlet:-1", "dirichlet:x", "shards:0", "zipf:1"] {
+        for bad in [
+            "",
+            "iid:1",
+            "covering",
+            "covering:0",
+            "dirichlet",
+            "dirichlet:-1",
+            "dirichlet:x",
+            "shards:0",
+            "zipf:1",
+        ] {
             assert!(bad.parse::<Scheme>().is_err(), "{bad}");
         }
     }
@@ -406,6 +449,29 @@ mod tests {
         let (skewed, mild, flat) = (dominance(0.1), dominance(1.0), dominance(100.0));
         assert!(skewed > mild && mild > flat, "{skewed} {mild} {flat}");
         assert!(flat < 0.2, "α = 100 should be close to IID: {flat}");
+    }
+
+    #[test]
+    fn covering_skews_labels_but_every_client_holds_every_class() {
+        let labels = labels();
+        let share_of_largest = |scheme| {
+            let parts = partition(&labels, 10, 10, scheme, 3).unwrap();
+            assert_disjoint_within_range(&parts, 1000);
+            assert_eq!(parts.iter().map(Vec::len).sum::<usize>(), 1000);
+            let histograms: Vec<Vec<usize>> = parts.iter().map(|p| histogram(&labels, p, 10)).collect();
+            let covered = histograms.iter().all(|h| h.iter().all(|&c| c >= 2));
+            let largest =
+                parts.iter().zip(&histograms).map(|(p, h)| *h.iter().max().unwrap() as f64 / p.len() as f64);
+            (covered, largest.sum::<f64>() / 10.0)
+        };
+        // 100 examples of each class, a quarter dealt evenly: 2 or 3 each.
+        let (covered, covering) = share_of_largest(Scheme::Covering { alpha: 0.3 });
+        let (dirichlet_covered, dirichlet) = share_of_largest(Scheme::Dirichlet { alpha: 0.3 });
+        let (_, iid) = share_of_largest(Scheme::Iid);
+        assert!(covered, "a client lacks a class");
+        assert!(!dirichlet_covered, "plain Dirichlet at α = 0.3 should leave some client without a class");
+        assert!(covering > 1.5 * iid, "covering:0.3 should still be skewed: {covering} against IID {iid}");
+        assert!(covering < dirichlet, "{covering} {dirichlet}");
     }
 
     #[test]

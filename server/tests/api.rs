@@ -991,3 +991,177 @@ async fn enrollment_tokens_per_application_are_rate_limited_and_revocable() {
     assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("task_inactive")));
     api.finish().await;
 }
+
+/// An open `text/event-stream` answer, read event by event.
+struct Events {
+    body: Body,
+    buffer: String,
+    ended: bool,
+}
+
+impl Events {
+    async fn open(api: &Api, path: &str) -> Self {
+        let request = Request::get(path)
+            .header(header::AUTHORIZATION, format!("Bearer {ADMIN}"))
+            .body(Body::empty())
+            .unwrap();
+        let response = api.router.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "text/event-stream", "{path}");
+        Self { body: response.into_body(), buffer: String::new(), ended: false }
+    }
+
+    /// The next event (name and JSON data) within `wait`; `None` if none
+    /// came or the stream ended (then `ended`).
+    async fn next(&mut self, wait: Duration) -> Option<(String, Value)> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut name = String::from("message");
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(value) = line.strip_prefix("event: ") {
+                        name = value.to_string();
+                    } else if let Some(value) = line.strip_prefix("data: ") {
+                        data.push_str(value);
+                    }
+                }
+                if data.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                return Some((name, serde_json::from_str(&data).unwrap()));
+            }
+            match tokio::time::timeout_at(deadline, self.body.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buffer.push_str(std::str::from_utf8(&data).unwrap());
+                    }
+                }
+                Ok(_) => {
+                    self.ended = true;
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Every event that comes within `wait` of the one before.
+    async fn drain(&mut self, wait: Duration) -> Vec<(String, Value)> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next(wait).await {
+            events.push(event);
+        }
+        events
+    }
+}
+
+/// The admin API's server push: a task's stream sends its view, its
+/// rounds and its attempts at once, then each change as the round runs
+/// (every stage in order, each with the stages closed before it), and the
+/// completed round on its own; the task list's stream follows along;
+/// refusals come before a stream starts; a store that goes away ends the
+/// stream with an `unavailable` event.
+#[tokio::test]
+async fn the_event_streams_push_a_round_as_it_happens() {
+    let api = Api::new("events").await;
+    let (id, token) = api.create_task(spec(1)).await;
+    let (status, body) = api.call("GET", &format!("/admin/tasks/{id}/events"), None, None).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    let (status, _) = api.call("GET", "/admin/events", Some("wrong-token-0123456789"), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let unknown = "0123456789abcdef0123456789abcdef";
+    let (status, _) = api.call("GET", &format!("/admin/tasks/{unknown}/events"), Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let mut list = Events::open(&api, "/admin/events").await;
+    let (name, tasks) = list.next(Duration::from_secs(5)).await.unwrap();
+    assert_eq!((name.as_str(), tasks[0]["id"].as_str()), ("tasks", Some(id.as_str())), "{tasks}");
+    let mut events = Events::open(&api, &format!("/admin/tasks/{id}/events")).await;
+    let first = events.drain(Duration::from_millis(300)).await;
+    let names: Vec<&str> = first.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["task", "rounds", "attempts", "tokens"], "{first:?}");
+    assert_eq!(
+        (first[3].1[0]["name"].as_str(), first[3].1[0]["enrolled"].as_u64()),
+        (Some("default"), Some(0))
+    );
+    assert!(first[3].1[0].get("token").is_none(), "never a token: {}", first[3].1);
+    assert_eq!(
+        (first[0].1["id"].as_str(), first[0].1["status"].as_str()),
+        (Some(id.as_str()), Some("active"))
+    );
+    assert_eq!((&first[1].1, &first[2].1), (&json!([]), &json!([])));
+
+    let mut clients = Vec::new();
+    for i in 0..6u32 {
+        let participant =
+            ProtocolClient::new(u64::from(i), vec![0.1 * i as f32, -0.25, 0.5, 0.0], 5 * (i + 1));
+        let credential = api.enroll_with(&id, participant.enrollment(&id, &token)).await;
+        clients.push(HttpClient { credential, participant, selected: Value::Null });
+    }
+    let mut seen = Vec::new();
+    let mut rounds = None;
+    let mut tokens = Vec::new();
+    for _ in 0..100 {
+        for client in clients.iter_mut() {
+            client.step(&api).await;
+        }
+        // Each stage lasts longer than the stream's coalescing: none is missed.
+        for (name, data) in events.drain(Duration::from_millis(300)).await {
+            match name.as_str() {
+                "task" => seen.push(data),
+                "rounds" => rounds = Some(data),
+                "tokens" => tokens.push(data),
+                other => panic!("unexpected {other} event: {data}"),
+            }
+        }
+        if rounds.is_some() {
+            break;
+        }
+    }
+    let rounds = rounds.expect("the round's event");
+    assert_eq!(rounds.as_array().unwrap().len(), 1, "only the new round: {rounds}");
+    assert_eq!((rounds[0]["round"].as_i64(), rounds[0]["survivors"].as_i64()), (Some(1), Some(6)));
+    // The stages as the stream showed them: in order, each one, and with
+    // the stages closed before it.
+    let mut stages: Vec<&str> = seen.iter().filter_map(|task| task["progress"]["stage"].as_str()).collect();
+    stages.dedup();
+    assert_eq!(
+        stages,
+        ["advertise-keys", "share-keys", "masked-input-collection", "consistency-check", "unmasking"],
+        "{seen:?}"
+    );
+    for task in seen.iter().filter(|task| !task["progress"].is_null()) {
+        let closed = task["progress"]["stages"].as_array().unwrap().len();
+        let at = stages.iter().position(|s| *s == task["progress"]["stage"]).unwrap();
+        assert_eq!(closed, at, "{task}");
+    }
+    let last = seen.last().unwrap();
+    assert_eq!((last["status"].as_str(), last["completed_rounds"].as_u64()), (Some("completed"), Some(1)));
+    assert!(last["progress"].is_null());
+    // Nothing is sent twice: consecutive views differ.
+    assert!(seen.windows(2).all(|pair| pair[0] != pair[1]));
+    // The enrollments, as they changed.
+    assert_eq!(tokens.last().map(|t| t[0]["enrolled"].clone()), Some(json!(6)), "{tokens:?}");
+
+    // The list's stream saw the task complete.
+    let mut listed = Value::Null;
+    while let Some((name, tasks)) = list.next(Duration::from_secs(3)).await {
+        assert_eq!(name, "tasks");
+        listed = tasks;
+        if listed[0]["status"] == "completed" {
+            break;
+        }
+    }
+    assert_eq!(listed[0]["completed_rounds"], 1, "{listed}");
+
+    // Without its database, a stream says so and ends (its reader connects
+    // again after the hint).
+    api.store.close().await;
+    let (name, body) = events.next(Duration::from_secs(10)).await.expect("an event before the stream ends");
+    assert_eq!(name, "unavailable", "{body}");
+    assert!(body["retry_after_ms"].as_u64().unwrap() >= 1, "{body}");
+    assert!(events.next(Duration::from_secs(2)).await.is_none() && events.ended);
+    api.finish().await;
+}

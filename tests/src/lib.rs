@@ -261,6 +261,18 @@ pub fn native_clients_with(
     token: &str,
     updates: Vec<LocalUpdate>,
 ) -> Vec<std::thread::JoinHandle<()>> {
+    native_clients_polling(serve, task, token, updates, 50)
+}
+
+/// [`native_clients_with`], each client asking for its next message every
+/// `poll_interval_ms` (slow clients make each stage last that long).
+pub fn native_clients_polling(
+    serve: &Serve,
+    task: &str,
+    token: &str,
+    updates: Vec<LocalUpdate>,
+    poll_interval_ms: u64,
+) -> Vec<std::thread::JoinHandle<()>> {
     updates
         .into_iter()
         .enumerate()
@@ -268,8 +280,7 @@ pub fn native_clients_with(
             let (url, task, token) = (serve.url.clone(), task.to_string(), token.to_string());
             let policy = serde_json::from_str(&serve.policy_json(&task)).unwrap();
             std::thread::spawn(move || {
-                let config =
-                    ParticipantConfig { poll_interval_ms: 50, policy, ..ParticipantConfig::default() };
+                let config = ParticipantConfig { poll_interval_ms, policy, ..ParticipantConfig::default() };
                 let participant = Participant::enroll(&task, &token, config);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
                 let outcome = runner.run_round(&mut Fixed(update)).unwrap();

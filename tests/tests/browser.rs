@@ -10,7 +10,10 @@
 //!    input) is a dropout, and the round completes without it;
 //! 3. the dashboard's pause, resume and stop buttons change the task;
 //! 4. with `cohort serve --demo`, three tabs that open a bare `/demo` join
-//!    the public demo task and complete a round; a restart replaces it.
+//!    the public demo task and complete a round; a restart replaces it;
+//! 5. the public demo's three tabs, dealt different skewed shards that each
+//!    hold every digit, take the global model past 85 % on held-out digits
+//!    within 30 rounds, as plain FedAvg on the same shards does.
 //!
 //! Screenshots land in `$CARGO_TARGET_DIR/artifacts/browser/`.
 
@@ -27,8 +30,8 @@ use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{self, LocalUpdate, Transport};
 use cohort_client::train::TrainConfig;
 use cohort_tests::{
-    Serve, artifact_dir, assert_aggregate, checkpoint, native_clients_with, native_update_of, scratch,
-    success, workspace_root,
+    Serve, artifact_dir, assert_aggregate, checkpoint, native_clients_polling, native_clients_with,
+    native_update_of, scratch, success, workspace_root,
 };
 use serde_json::{Value, json};
 
@@ -261,6 +264,94 @@ fn the_dashboard_pauses_resumes_and_stops_a_task() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The dashboard follows a round as it happens, pushed by the server: each
+/// stage of the active protocol in turn, with a timeline bar per closed
+/// stage, then the completed round with its traffic and compression, and
+/// the task's privacy facts on top, and the enrollments as they happen. It
+/// never polls: the only requests are the token check and the two event
+/// streams.
+#[test]
+fn the_dashboard_follows_a_round_live_without_polling() {
+    let _one = exclusive();
+    let (dir, serve) = start("browser-live");
+    let mut spec = task_spec(60_000);
+    spec["clients_per_round"] = json!(3);
+    spec["secure_aggregation"]["threshold"] = json!(2);
+    let (task, token) = serve.create_task(spec);
+    let ready = dir.join("dashboard-ready");
+    let step = {
+        let config = json!({ "url": serve.url, "adminToken": ADMIN_TOKEN, "task": task, "name": "dashboard-live",
+                             "ready": ready, "rounds": 1 });
+        std::thread::spawn(move || browser("live", config))
+    };
+    while !ready.exists() {
+        assert!(!step.is_finished(), "the dashboard step ended early");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Clients that ask every 700 ms: each stage lasts about that long.
+    let updates = (0..3).map(|k| native_update_of(k, logreg().len())).collect();
+    join(native_clients_polling(&serve, &task, &token, updates, 700));
+    let seen = step.join().unwrap();
+
+    let stages: Vec<&str> =
+        seen["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
+    assert_eq!(
+        stages,
+        ["advertise-keys", "share-keys", "masked-input-collection", "consistency-check", "unmasking"],
+        "{seen}"
+    );
+    // The timeline: the stages before the current one are closed bars,
+    // each with its duration.
+    for (at, snapshot) in seen["stages"].as_array().unwrap().iter().enumerate() {
+        let bars = snapshot["bars"].as_array().unwrap();
+        assert_eq!(bars.len(), 5, "{snapshot}");
+        for (i, bar) in bars.iter().enumerate() {
+            let (class, text) = (bar[0].as_str().unwrap(), bar[1].as_str().unwrap());
+            let expected = if i < at {
+                "done"
+            } else if i == at {
+                "current"
+            } else {
+                ""
+            };
+            assert_eq!(class, expected, "{snapshot}");
+            assert_eq!(text.ends_with(" s"), i <= at, "{snapshot}");
+        }
+    }
+    let mut requests: Vec<String> =
+        seen["requests"].as_array().unwrap().iter().map(|r| r.as_str().unwrap().to_string()).collect();
+    requests.sort();
+    assert_eq!(
+        requests,
+        [
+            "GET /admin".to_string(),
+            "GET /admin/events".into(),
+            "GET /admin/tasks".into(),
+            format!("GET /admin/tasks/{task}/events"),
+        ],
+        "{seen}"
+    );
+    assert_eq!(seen["live_hidden"], true, "no round in progress after the task's only round");
+    assert_eq!(seen["enrolled"], "3", "the three enrollments, pushed: {seen}");
+    let banner: Vec<&str> = seen["banner"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    assert_eq!(
+        banner,
+        [
+            "Active secure aggregation: updates stay hidden even from this coordinator",
+            "The coordinator only ever learns sums of at least 2 clients' updates.",
+            "No differential privacy: the sums are exact.",
+        ]
+    );
+    let round = &serve.admin_json(&format!("/admin/tasks/{task}/rounds"))[0]["metrics"];
+    let ratio = round["compression_ratio"].as_f64().unwrap();
+    let bits = round["modulus_bits"].as_u64().unwrap();
+    assert_eq!(seen["ratio"], format!("{:.1} % ({bits}-bit ring)", 100.0 * ratio), "{seen}");
+    assert_eq!(seen["bytes_points"], 2, "up and down for the one round: {seen}");
+    assert!(seen["connection"].as_str().unwrap().starts_with("live since"), "{seen}");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// An async task on the dashboard: its model version, its training slots
 /// and buffer, and the staleness histogram of the updates applied.
 #[test]
@@ -321,6 +412,94 @@ fn bare_demo_tabs_join_the_public_demo_task_and_complete_a_round() {
     assert_ne!(fresh["task"], demo["task"]);
     let old = serve.admin_json(&format!("/admin/tasks/{}", demo["task"].as_str().unwrap()));
     assert_eq!(old["status"], "stopped");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Rounds the public demo has to reach [`DEMO_TARGET`] in (issue 18).
+const DEMO_ROUNDS: u64 = 30;
+/// Accuracy on the held-out digits the public demo's three tabs reach.
+const DEMO_TARGET: f64 = 0.85;
+
+/// The accuracy after each of `rounds` rounds of plain FedAvg (the
+/// weighted mean of the updates, no masks, no quantization) of the demo's
+/// tabs on `shards` of as many, from the demo task's initial model.
+fn plain_fedavg(initial: &Checkpoint, shards: usize, rounds: u64) -> Vec<f64> {
+    let (images, labels) = digits();
+    let data: Vec<_> = (0..shards)
+        .map(|shard| cohort_web::demo::digits_shard(&images, &labels, shard, shards).unwrap())
+        .collect();
+    let test = &data[0].1;
+    let mut global = initial.clone();
+    (1..=rounds)
+        .map(|round| {
+            let updates: Vec<LocalUpdate> = data
+                .iter()
+                .map(|(train, _)| {
+                    runtime::local_update(&logreg(), train, &TrainConfig::default(), round, &global).unwrap()
+                })
+                .collect();
+            let examples: f32 = updates.iter().map(|u| u.examples as f32).sum();
+            for (i, weight) in global.weights.iter_mut().enumerate() {
+                *weight += updates.iter().map(|u| u.delta[i] * u.examples as f32).sum::<f32>() / examples;
+            }
+            f64::from(logreg().evaluate(&global.weights, test.features.view(), &test.labels).1)
+        })
+        .collect()
+}
+
+/// The public demo learns all ten digits: three bare tabs are dealt the
+/// three shards of the demo's split (skewed, each holding every digit),
+/// and the global model they measure passes 85 % on the held-out digits
+/// within 30 rounds. Plain FedAvg on the same shards is the reference: the
+/// secure rounds (quantized, masked, summed) stay within two points of it.
+#[test]
+fn the_public_demos_three_tabs_learn_every_digit_within_30_rounds() {
+    let _one = exclusive();
+    let dir = scratch("browser-demo-learns");
+    let serve = Serve::start_with(&dir, ADMIN_TOKEN, &["--demo"]);
+    let demo = demo_task(&serve);
+    let task = demo["task"].as_str().unwrap();
+    let initial = checkpoint(&serve, task, 0);
+    let seen = browser("learn", json!({ "url": serve.url, "name": "demo-learns", "rounds": DEMO_ROUNDS }));
+    let tabs = seen["tabs"].as_array().unwrap();
+
+    // Three different shards of three, each with all ten digits.
+    let mut shards: Vec<String> = tabs
+        .iter()
+        .map(|tab| {
+            let data = tab["data"].as_str().unwrap();
+            assert_eq!(data.matches('×').count(), 10, "every digit in every tab: {data}");
+            data.split(" of 3").next().unwrap().rsplit("shard ").next().unwrap().to_string()
+        })
+        .collect();
+    shards.sort();
+    assert_eq!(shards, ["0", "1", "2"], "{seen}");
+
+    // Every tab measures the same global model on the same held-out digits.
+    let global_after = |tab: &Value, round: u64| {
+        tab["global"].as_array().unwrap().iter().find(|p| p[0] == round).map(|p| p[1].as_f64().unwrap())
+    };
+    let reference = plain_fedavg(&initial, 3, DEMO_ROUNDS);
+    for tab in tabs {
+        let reached =
+            global_after(tab, DEMO_ROUNDS).unwrap_or_else(|| panic!("no round {DEMO_ROUNDS}: {tab}"));
+        assert!(reached >= DEMO_TARGET, "the global model after round {DEMO_ROUNDS}: {reached}");
+        assert!(
+            (reached - global_after(&tabs[0], DEMO_ROUNDS).unwrap()).abs() < 1e-6,
+            "the tabs measured different global models"
+        );
+        let plain = reference[DEMO_ROUNDS as usize - 1];
+        assert!((reached - plain).abs() < 0.02, "secure {reached} against plain FedAvg {plain}");
+        // The chart names both lines and says what each is.
+        let legend = tab["legend"].as_array().unwrap();
+        assert_eq!(legend.len(), 2, "{tab}");
+        assert!(legend[0].as_str().unwrap().starts_with("global model after round n: "), "{tab}");
+        assert!(
+            legend[1].as_str().unwrap().contains("trained from the global model on this tab's own digits")
+        );
+    }
+    println!("plain FedAvg on the demo's shards, accuracy after each round: {reference:?}");
     drop(serve);
     std::fs::remove_dir_all(&dir).unwrap();
 }

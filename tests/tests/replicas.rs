@@ -165,6 +165,52 @@ fn leader(port: u16, task: &str) -> Option<String> {
     (status == 200).then(|| body["leader"].as_str().map(str::to_string)).flatten()
 }
 
+/// An admin event stream opened straight at one replica (not through the
+/// balancer), read as raw HTTP/1.1: each event is one chunk, so its lines
+/// arrive whole.
+struct RawEvents {
+    stream: std::net::TcpStream,
+    text: String,
+}
+
+impl RawEvents {
+    fn open(port: u16, path: &str) -> Self {
+        use std::io::Write;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN}\r\nAccept: text/event-stream\r\n\r\n"
+        )
+        .unwrap();
+        stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        Self { stream, text: String::new() }
+    }
+
+    /// Reads for at most `limit`; `true` once the stream has ended.
+    fn read_for(&mut self, limit: Duration) -> bool {
+        use std::io::Read;
+        let deadline = Instant::now() + limit;
+        let mut buffer = [0u8; 16384];
+        while Instant::now() < deadline {
+            match self.stream.read(&mut buffer) {
+                Ok(0) => return true,
+                Ok(n) => self.text.push_str(&String::from_utf8_lossy(&buffer[..n])),
+                Err(e)
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+
+    /// The data of the last `task` event read so far.
+    fn last_task(&self) -> Option<Value> {
+        let at = self.text.rfind("event: task\ndata: ")?;
+        let data = &self.text[at + "event: task\ndata: ".len()..];
+        serde_json::from_str(data.lines().next()?).ok()
+    }
+}
+
 /// Waits until `done` holds, at most `limit`.
 fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
@@ -198,15 +244,34 @@ fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leade
     wait_for(Duration::from_secs(120), "round 1", || !rounds(lb, &task).is_empty());
     let bystander = replicas.iter().position(|r| leads(r) == Some(false)).unwrap();
     replicas[bystander].take().unwrap().kill();
+    // The task's event stream, asked of the replica that does not lead it,
+    // is the leader's, forwarded as it comes.
+    let survivor =
+        replicas.iter().flatten().find(|r| !first_leader.ends_with(&format!(":{}", r.port))).unwrap().port;
+    let events_path = format!("/admin/tasks/{task}/events");
+    let mut events = RawEvents::open(survivor, &events_path);
+    assert!(!events.read_for(Duration::from_secs(2)), "the stream ended: {}", events.text);
+    assert!(events.text.starts_with("HTTP/1.1 200"), "{}", events.text);
+    let streamed = events.last_task().unwrap_or_else(|| panic!("no task event: {}", events.text));
+    assert_eq!(streamed["leader"].as_str(), Some(first_leader.as_str()), "{streamed}");
     // After round 3, the leader dies: another replica takes its lease and
     // the task goes on from the last stored round.
     wait_for(Duration::from_secs(120), "round 3", || rounds(lb, &task).len() >= 3);
     let leading = replicas.iter().position(|r| leads(r) == Some(true)).unwrap();
     replicas[leading].take().unwrap().kill();
-    let survivor = replicas.iter().flatten().next().unwrap().port;
     wait_for(Duration::from_secs(30), "a new leader", || {
         leader(lb, &task).is_some_and(|url| url.ends_with(&format!(":{survivor}")))
     });
+    // The forwarded stream ended with its leader; opened again, it comes
+    // from the new one.
+    assert!(events.read_for(Duration::from_secs(10)), "the stream outlived its leader");
+    let mut events = RawEvents::open(survivor, &events_path);
+    events.read_for(Duration::from_secs(2));
+    let streamed = events.last_task().unwrap_or_else(|| panic!("no task event: {}", events.text));
+    assert!(
+        streamed["leader"].as_str().is_some_and(|url| url.ends_with(&format!(":{survivor}"))),
+        "{streamed}"
+    );
     assert_completed_once(lb, &task, 5, &mut clients);
     drop(balancer);
     drop(replicas);

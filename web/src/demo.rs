@@ -11,12 +11,16 @@ use crate::WebError;
 /// tests that recompute a tab's update, cut the same shards.
 pub const DIGITS_PARTITION_SEED: u64 = 2017;
 
+/// How the demo splits the digits among tabs: label skew (each tab has
+/// a few digits in plenty and the others rarely) in which every tab still
+/// holds every digit, so that any three tabs can learn all ten.
+pub const DIGITS_SCHEME: Scheme = Scheme::Covering { alpha: 0.3 };
+
 /// The demo's data for tab `shard` of `shards`: the digits (IDX images and
 /// labels, as `scripts/build-web.sh` packs them) with the last seventh of
-/// each digit held out as the test set, and the rest split non-IID the way
-/// McMahan et al. (2017) do: sorted by label, cut into 2 × `shards`
-/// pieces, two pieces per tab, so most tabs see two digits. Returns (this
-/// tab's training examples, the whole test set).
+/// each digit held out as the test set, and the rest split non-IID by
+/// [`DIGITS_SCHEME`]. Returns (this tab's training examples, the whole
+/// test set).
 pub fn digits_shard(
     images: &[u8],
     labels: &[u8],
@@ -28,7 +32,6 @@ pub fn digits_shard(
     }
     let all = dataset_from_idx(parse_idx(images)?, parse_idx(labels)?, 10)?;
     let (train, test) = hold_out_per_class(&all, 7);
-    let parts =
-        partition(&train.labels, 10, shards, Scheme::Shards { per_client: 2 }, DIGITS_PARTITION_SEED)?;
+    let parts = partition(&train.labels, 10, shards, DIGITS_SCHEME, DIGITS_PARTITION_SEED)?;
     Ok((train.subset(&parts[shard]), test))
 }

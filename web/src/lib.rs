@@ -805,20 +805,26 @@ mod tests {
     }
 
     #[test]
-    fn tabs_get_disjoint_non_iid_shards_and_the_same_test_set() {
+    fn tabs_get_disjoint_skewed_shards_that_hold_every_digit_and_the_same_test_set() {
         let (images, labels) = digits(700);
-        let (a, test_a) = digits_shard(&images, &labels, 0, 5).unwrap();
-        let (b, test_b) = digits_shard(&images, &labels, 1, 5).unwrap();
-        assert_eq!(test_a, test_b);
+        let shards: Vec<(Dataset, Dataset)> =
+            (0..5).map(|shard| digits_shard(&images, &labels, shard, 5).unwrap()).collect();
+        let (a, test_a) = &shards[0];
+        let b = &shards[1].0;
+        assert!(shards.iter().all(|(_, test)| test == test_a));
         assert_eq!(test_a.len(), 100, "a seventh of each digit is held out");
-        assert_eq!(a.len() + b.len(), 2 * 600 / 5);
-        for shard in [&a, &b] {
-            let mut seen: Vec<u8> = shard.labels.clone();
-            seen.sort_unstable();
-            seen.dedup();
-            assert!(seen.len() <= 2, "two shards of sorted labels: {seen:?}");
+        assert_eq!(shards.iter().map(|(train, _)| train.len()).sum::<usize>(), 600, "all of the rest, once");
+        let mut largest_shares = Vec::new();
+        for (train, _) in &shards {
+            let mut per_digit = [0usize; 10];
+            train.labels.iter().for_each(|&l| per_digit[usize::from(l)] += 1);
+            assert!(per_digit.iter().all(|&n| n >= 3), "every tab holds every digit: {per_digit:?}");
+            largest_shares.push(*per_digit.iter().max().unwrap() as f64 / train.len() as f64);
         }
-        assert_eq!(digits_shard(&images, &labels, 0, 5).unwrap().0, a, "deterministic");
+        // Label skew: a tab's commonest digit is well above a tenth.
+        let mean_largest = largest_shares.iter().sum::<f64>() / 5.0;
+        assert!(mean_largest > 0.2, "{largest_shares:?}");
+        assert_eq!(&digits_shard(&images, &labels, 0, 5).unwrap().0, a, "deterministic");
         assert!(matches!(
             digits_shard(&images, &labels, 5, 5),
             Err(WebError::NoShard { shard: 5, shards: 5 })

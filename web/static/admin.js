@@ -1,5 +1,8 @@
-// The coordinator dashboard: a view over the admin API, polled every
-// second. The admin token stays in this tab's sessionStorage and travels
+// The coordinator dashboard: a view over the admin API, pushed by the
+// server as it changes (Server-Sent Events: /admin/events for the task
+// list, /admin/tasks/{id}/events for the selected task), never polled.
+// The streams are read with fetch, since EventSource cannot send the
+// admin token. The token stays in this tab's sessionStorage and travels
 // only in the Authorization header. Everything the server returns is
 // written as text (textContent), never parsed as markup.
 
@@ -7,14 +10,21 @@ import { lineChart } from "/web/chart.js";
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "cohort.admin-token";
-const STAGES = ["advertise-keys", "share-keys", "masked-input-collection", "unmasking"];
-const STAGE_LABELS = { "advertise-keys": "keys", "share-keys": "shares", "masked-input-collection": "inputs", unmasking: "unmask" };
+// A round's stages in order; the consistency check only in the active protocol.
+const STAGES = ["advertise-keys", "share-keys", "masked-input-collection", "consistency-check", "unmasking"];
+const STAGE_LABELS = {
+  "advertise-keys": "keys", "share-keys": "shares", "masked-input-collection": "inputs", "consistency-check": "check",
+  unmasking: "unmask",
+};
+// The rounds table's dropouts column.
+const DROPOUT_STAGES = ["advertise-keys", "share-keys", "masked-input-collection", "unmasking"];
 
 let token = sessionStorage.getItem(TOKEN_KEY);
 let selected = new URLSearchParams(location.hash.slice(1)).get("task");
 // Statuses after which no round runs again.
 const FINAL = ["stopped", "completed", "budget_spent"];
-let refreshing = false;
+// What the selected task's stream sent last: its view, rounds, attempts.
+let current = { task: null, rounds: [], attempts: [] };
 
 class ApiError extends Error {}
 
@@ -76,8 +86,140 @@ $("login-form").addEventListener("submit", async (event) => {
 $("logout").addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
   token = null;
+  stopStreams();
   showLogin();
 });
+
+// --- server push ----------------------------------------------------------
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * Calls `onEvent(name, data)` for each event of a `text/event-stream`
+ * body (the SSE wire format: `event:` and `data:` lines, a blank line
+ * ending each event, `:` lines comments), until the stream ends.
+ */
+async function readEvents(body, onEvent) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value.replace(/\r\n?/g, "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let name = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith(":")) continue;
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+        if (field === "event") name = text;
+        else if (field === "data") data.push(text);
+      }
+      if (data.length) onEvent(name, JSON.parse(data.join("\n")));
+    }
+  }
+}
+
+/**
+ * Follows the event stream at `path` until `stop()` is called: each event
+ * goes to `handlers[name]`; a stream that ends or fails is opened again
+ * (after `retry_after_ms` when the server said, at once when the task
+ * moved to another replica, else after a second). Returns `stop`.
+ */
+function follow(path, handlers) {
+  const controller = new AbortController();
+  (async () => {
+    while (!controller.signal.aborted) {
+      let wait = 1000;
+      try {
+        const response = await fetch(path, {
+          headers: { authorization: `Bearer ${token}`, accept: "text/event-stream" }, signal: controller.signal,
+        });
+        if (response.status === 401) {
+          refused();
+          return;
+        }
+        if (!response.ok) throw new ApiError(`${response.status} ${response.statusText}`);
+        connection(`live since ${new Date().toLocaleTimeString()}`);
+        await readEvents(response.body, (name, data) => {
+          if (name === "moved") wait = 0;
+          else if (name === "unavailable") wait = data.retry_after_ms ?? wait;
+          handlers[name]?.(data);
+        });
+      } catch (error) {
+        if (controller.signal.aborted) return;
+        connection(`coordinator unreachable: ${error.message}; reconnecting`, true);
+      }
+      await sleep(wait);
+    }
+  })();
+  return () => controller.abort();
+}
+
+function connection(text, failed = false) {
+  $("connection").textContent = text;
+  $("connection").className = failed ? "note error" : "note";
+}
+
+function refused() {
+  stopStreams();
+  sessionStorage.removeItem(TOKEN_KEY);
+  token = null;
+  showLogin("The token was refused.");
+}
+
+let stopList = null;
+let stopTask = null;
+
+function stopStreams() {
+  stopList?.();
+  stopTask?.();
+  stopList = stopTask = null;
+}
+
+/** Follows the selected task (none: hides its panel). */
+function followSelected() {
+  stopTask?.();
+  stopTask = null;
+  current = { task: null, rounds: [], attempts: [] };
+  $("detail").classList.add("hidden");
+  if (!selected) return;
+  const base = `/admin/tasks/${encodeURIComponent(selected)}`;
+  stopTask = follow(`${base}/events`, {
+    task(task) {
+      const first = !current.task;
+      current.task = task;
+      renderDetail();
+      if (first) renderHistory();
+    },
+    rounds(rounds) {
+      // The first event of a connection lists every round, then new ones.
+      const last = current.rounds.at(-1)?.round ?? 0;
+      const fresh = rounds.length && rounds[0].round <= last;
+      current.rounds = fresh ? rounds : current.rounds.concat(rounds);
+      renderHistory();
+    },
+    attempts(attempts) {
+      current.attempts = attempts;
+      renderAttempts(attempts);
+    },
+    tokens: renderTokens,
+  });
+}
+
+function select(id) {
+  if (id === selected) return;
+  selected = id;
+  roundsPage = 0;
+  history.replaceState(null, "", `#task=${encodeURIComponent(id)}`);
+  for (const row of document.querySelectorAll("tr.selectable")) row.classList.toggle("selected", row.dataset.task === id);
+  followSelected();
+}
 
 // --- task list -------------------------------------------------------------
 
@@ -91,8 +233,7 @@ function renderTasks(tasks) {
   const finished = tasks.filter((task) => FINAL.includes(task.status));
   if (!selected && open.length) {
     const newest = open.reduce((a, b) => (b.created_at > a.created_at ? b : a));
-    selected = newest.id;
-    history.replaceState(null, "", `#task=${encodeURIComponent(selected)}`);
+    select(newest.id);
   }
   const none = document.createElement("tr");
   cell(none, "No running or paused task: create one with New task…").colSpan = 7;
@@ -116,12 +257,7 @@ function taskRows(tasks) {
     cell(row, task.available_clients, "num");
     cell(row, new Date(task.created_at).toLocaleString());
     row.title = "Show this task's rounds";
-    row.addEventListener("click", () => {
-      selected = task.id;
-      roundsPage = 0;
-      history.replaceState(null, "", `#task=${encodeURIComponent(task.id)}`);
-      refresh();
-    });
+    row.addEventListener("click", () => select(task.id));
     return row;
   });
 }
@@ -133,7 +269,6 @@ function renderLive(task) {
   $("live").classList.toggle("hidden", !progress);
   $("live-none").classList.toggle("hidden", Boolean(progress));
   if (!progress) return;
-  const now = Date.now();
   $("live-round").textContent = `${progress.round} (${progress.attempt})`;
   $("live-stage").textContent = progress.stage;
   $("live-selected").textContent = progress.selected;
@@ -142,15 +277,8 @@ function renderLive(task) {
   const groups = progress.groups || 1;
   $("live-groups").textContent =
     `${groups} of ${Math.round(progress.selected / groups)} (${progress.groups_completed || 0}, ${progress.groups_failed || 0})`;
-  $("live-deadline").textContent = seconds(Math.max(0, progress.deadline - now));
-  $("live-elapsed").textContent = seconds(now - progress.started_at);
-  const closed = new Set(progress.stages.map((s) => s.stage));
-  $("live-stages").replaceChildren(...STAGES.map((stage) => {
-    const span = document.createElement("span");
-    span.textContent = stage;
-    span.className = stage === progress.stage ? "current" : closed.has(stage) ? "done" : "";
-    return span;
-  }));
+  $("live-traffic").textContent = `${bytes(progress.bytes_up)} up, ${bytes(progress.bytes_down)} down`;
+  tickLive();
   $("live-stage-table").tBodies[0].replaceChildren(...progress.stages.map((s) => {
     const row = document.createElement("tr");
     cell(row, s.stage);
@@ -161,6 +289,38 @@ function renderLive(task) {
     return row;
   }));
 }
+
+/**
+ * The live round's clocks and stage timeline: one bar per stage, as wide
+ * as it lasted (the stage in progress so far), redrawn by this page's own
+ * clock between the server's events.
+ */
+function tickLive() {
+  const progress = current.task?.progress;
+  if (!progress) return;
+  const now = Date.now();
+  $("live-deadline").textContent = seconds(Math.max(0, progress.deadline - now));
+  $("live-elapsed").textContent = seconds(now - progress.started_at);
+  const closed = new Map(progress.stages.map((s) => [s.stage, s]));
+  const active = current.task.spec?.secure_aggregation?.variant === "active";
+  const stages = STAGES.filter((stage) => active || stage !== "consistency-check");
+  const spans = stages.map((stage) => {
+    const done = closed.get(stage);
+    const running = stage === progress.stage;
+    const ms = done ? done.duration_ms : running ? Math.max(0, now - progress.stage_started_at) : 0;
+    const span = document.createElement("span");
+    span.dataset.stage = stage;
+    span.className = running ? "current" : done ? "done" : "";
+    span.style.flexGrow = String(Math.max(ms, 1));
+    span.textContent = done || running ? `${STAGE_LABELS[stage]} ${seconds(ms)}` : STAGE_LABELS[stage];
+    span.title = done
+      ? `${stage}: ${done.received} of ${done.eligible} answered, ${done.dropouts} dropped out, ${seconds(ms)}`
+      : running ? `${stage}: ${progress.received} of ${progress.eligible} answered so far` : `${stage}: not yet`;
+    return span;
+  });
+  $("live-stages").replaceChildren(...spans);
+}
+setInterval(tickLive, 500);
 
 /**
  * How many answers the stage still waits for, how many clients left, and
@@ -225,11 +385,13 @@ function renderRounds(rounds) {
     cell(row, round.round, "num");
     cell(row, round.selected, "num");
     cell(row, round.survivors, "num").dataset.field = "survivors";
-    const dropouts = STAGES.map((stage) => (m.stages ?? []).find((s) => s.stage === stage)?.dropouts ?? "—");
+    const dropouts = DROPOUT_STAGES.map((stage) => (m.stages ?? []).find((s) => s.stage === stage)?.dropouts ?? "—");
     cell(row, dropouts.join(" · ")).dataset.field = "dropouts";
     cell(row, seconds(round.finished_at - round.started_at), "num");
     cell(row, bytes(m.bytes_up_per_client), "num");
     cell(row, bytes(m.bytes_down_per_client), "num");
+    const ratio = Number.isFinite(m.compression_ratio) ? `${(100 * m.compression_ratio).toFixed(1)} %` : "—";
+    cell(row, m.modulus_bits ? `${ratio} (${m.modulus_bits}-bit ring)` : ratio, "num").dataset.field = "ratio";
     cell(row, m.total_examples ?? "—", "num");
     cell(row, number(means.accuracy, 3), "num");
     cell(row, number(means.loss, 3), "num");
@@ -239,16 +401,44 @@ function renderRounds(rounds) {
   const points = (key) => rounds.map((r) => [r.round, clientMeans(r)[key]]).filter(([, y]) => Number.isFinite(y));
   lineChart($("chart-accuracy").querySelector(".plot"), [{ name: "accuracy", points: points("accuracy") }], { xLabel: "round", yMax: 1 });
   lineChart($("chart-loss").querySelector(".plot"), [{ name: "training loss", points: points("loss") }], { xLabel: "round" });
+  const traffic = (key) => rounds.map((r) => [r.round, r.metrics?.[key] / 1024]).filter(([, y]) => Number.isFinite(y));
+  lineChart($("chart-bytes").querySelector(".plot"), [
+    { name: "up per client", points: traffic("bytes_up_per_client") },
+    { name: "down per client", points: traffic("bytes_down_per_client") },
+  ], { xLabel: "round" });
 }
 
 
-function renderPrivacy(task, rounds) {
+/**
+ * What protects the clients of this task, at the top of its panel: the
+ * protocol and what this coordinator can learn, the threshold, and the
+ * differential privacy spent.
+ */
+function renderBanner(task) {
+  const secagg = task.spec?.secure_aggregation ?? {};
+  const active = secagg.variant === "active";
+  const threshold = task.progress?.threshold || secagg.threshold;
+  $("privacy-banner").className = `panel banner variant-${active ? "active" : "semi-honest"}`;
+  $("banner-variant").textContent = active
+    ? "Active secure aggregation: updates stay hidden even from this coordinator"
+    : "Semi-honest secure aggregation: this coordinator is trusted to follow the protocol";
+  // A round larger than a group is summed group by group.
+  const grouped = secagg.group_size && task.spec?.clients_per_round > secagg.group_size;
+  $("banner-threshold").textContent = threshold
+    ? `The coordinator only ever learns sums of at least ${threshold} clients' updates${grouped ? `, in groups of at most ${secagg.group_size}` : ""}.`
+    : "The coordinator only ever learns sums over the round's threshold of clients.";
   const p = task.privacy;
-  const chart = $("chart-epsilon");
+  $("banner-dp").textContent = p
+    ? `Differential privacy: ε = ${number(p.epsilon_spent, 3)} spent${p.budget == null ? "" : ` of a budget of ${p.budget}`} (δ = ${p.delta}).`
+    : "No differential privacy: the sums are exact.";
+}
+
+function renderPrivacy(task) {
+  const p = task.privacy;
+  renderBanner(task);
   if (!p) {
     $("detail-privacy").textContent = "off: sums are exact";
     $("detail-epsilon").textContent = "—";
-    chart.classList.add("hidden");
     return;
   }
   const sampling = p.sample_rate < 1 ? `, sampling ${number(p.sample_rate, 4)}` : "";
@@ -256,10 +446,15 @@ function renderPrivacy(task, rounds) {
     `${p.mechanism.replace("_", " ")} noise ×${number(p.noise_multiplier, 3)}, clip ${p.clip_norm}${sampling}`;
   const budget = p.budget == null ? "no budget" : `of ${p.budget}`;
   $("detail-epsilon").textContent = `${number(p.epsilon_spent, 3)} ${budget} (δ = ${p.delta})`;
+}
+
+/** ε after each round, against the budget (hidden without DP). */
+function renderEpsilon(task, rounds) {
+  const chart = $("chart-epsilon");
   const points = rounds.map((r) => [r.round, r.metrics?.epsilon]).filter(([, y]) => Number.isFinite(y));
-  chart.classList.toggle("hidden", points.length === 0);
-  if (points.length) {
-    lineChart(chart.querySelector(".plot"), [{ name: "ε spent", points }], { xLabel: "round", yMax: p.budget ?? undefined });
+  chart.classList.toggle("hidden", !task.privacy || points.length === 0);
+  if (task.privacy && points.length) {
+    lineChart(chart.querySelector(".plot"), [{ name: "ε spent", points }], { xLabel: "round", yMax: task.privacy.budget ?? undefined });
   }
 }
 
@@ -302,7 +497,10 @@ function renderBuffer(task) {
   }));
 }
 
-function renderDetail(task, rounds, attempts) {
+/** The selected task as its last `task` event showed it. */
+function renderDetail() {
+  const { task } = current;
+  if (!task || task.id !== selected) return;
   $("detail").classList.remove("hidden");
   $("detail").dataset.task = task.id;
   $("detail-name").textContent = task.name;
@@ -325,42 +523,18 @@ function renderDetail(task, rounds, attempts) {
   $("pause").disabled = final || task.status === "paused";
   $("resume").disabled = final || task.status !== "paused";
   $("stop").disabled = final;
+  $("token-form").querySelector("button").disabled = final;
   renderBuffer(task);
   renderLive(task);
-  renderRounds(rounds);
-  renderAttempts(attempts);
-  renderPrivacy(task, rounds);
+  renderPrivacy(task);
 }
 
-async function refresh() {
-  if (refreshing || !token) return;
-  refreshing = true;
-  try {
-    const tasks = await api("GET", "/admin/tasks");
-    renderTasks(tasks);
-    const task = tasks.find((t) => t.id === selected);
-    if (task) {
-      const base = `/admin/tasks/${encodeURIComponent(task.id)}`;
-      const [rounds, attempts] = await Promise.all([api("GET", `${base}/rounds`), api("GET", `${base}/attempts?limit=20`)]);
-      renderDetail(task, rounds, attempts);
-      renderTokens(task, await api("GET", `/admin/tasks/${encodeURIComponent(task.id)}/tokens`));
-    } else {
-      $("detail").classList.add("hidden");
-    }
-    $("connection").textContent = `updated ${new Date().toLocaleTimeString()}`;
-    $("connection").className = "note";
-  } catch (error) {
-    if (error.status === 401) {
-      sessionStorage.removeItem(TOKEN_KEY);
-      token = null;
-      showLogin("The token was refused.");
-    } else {
-      $("connection").textContent = `coordinator unreachable: ${error.message}`;
-      $("connection").className = "note error";
-    }
-  } finally {
-    refreshing = false;
-  }
+/** The selected task's completed rounds: the table's page and the charts. */
+function renderHistory() {
+  const { task, rounds } = current;
+  if (!task || task.id !== selected) return;
+  renderRounds(rounds);
+  renderEpsilon(task, rounds);
 }
 
 async function control(action) {
@@ -372,15 +546,28 @@ async function control(action) {
   } catch (error) {
     $("action-error").textContent = `${action}: ${error.message}`;
   }
-  refresh();
 }
 for (const action of ["pause", "resume", "stop"]) $(action).addEventListener("click", () => control(action));
 
 // --- enrollment tokens ---------------------------------------------------
 
-function renderTokens(task, tokens) {
-  const final = FINAL.includes(task.status);
-  $("token-form").querySelector("button").disabled = final;
+/**
+ * The selected task's tokens again, after this page changed them (the
+ * stream sends them when enrollments change them).
+ */
+async function loadTokens() {
+  const task = selected;
+  if (!task) return;
+  try {
+    const tokens = await api("GET", `/admin/tasks/${encodeURIComponent(task)}/tokens`);
+    if (task === selected) renderTokens(tokens);
+  } catch (error) {
+    if (error.status === 401) refused();
+    else $("token-error").textContent = `tokens: ${error.message}`;
+  }
+}
+
+function renderTokens(tokens) {
   $("tokens").tBodies[0].replaceChildren(...tokens.map((t) => {
     const row = document.createElement("tr");
     row.dataset.token = t.id;
@@ -411,7 +598,7 @@ async function revokeToken(t) {
   } catch (error) {
     $("token-error").textContent = `revoke: ${error.message}`;
   }
-  refresh();
+  loadTokens();
 }
 
 $("token-form").addEventListener("submit", async (event) => {
@@ -431,7 +618,7 @@ $("token-form").addEventListener("submit", async (event) => {
   } catch (error) {
     $("token-error").textContent = `new token: ${error.message}`;
   }
-  refresh();
+  loadTokens();
 });
 $("token-new-done").addEventListener("click", () => {
   $("token-new-value").textContent = "";
@@ -504,9 +691,7 @@ $("create-form").addEventListener("submit", async (event) => {
     $("created-token").textContent = created.enrollment_token;
     const fragment = new URLSearchParams({ task: created.id, token: created.enrollment_token });
     $("created-demo").href = `/demo#${fragment}`;
-    selected = created.id;
-    history.replaceState(null, "", `#task=${encodeURIComponent(created.id)}`);
-    refresh();
+    select(created.id);
   } catch (error) {
     $("create-error").textContent = error.message;
   }
@@ -514,15 +699,15 @@ $("create-form").addEventListener("submit", async (event) => {
 
 // --- start -----------------------------------------------------------------------
 
-let timer = null;
-$("rounds-newer").addEventListener("click", () => { roundsPage = Math.max(0, roundsPage - 1); refresh(); });
-$("rounds-older").addEventListener("click", () => { roundsPage += 1; refresh(); });
+$("rounds-newer").addEventListener("click", () => { roundsPage = Math.max(0, roundsPage - 1); renderHistory(); });
+$("rounds-older").addEventListener("click", () => { roundsPage += 1; renderHistory(); });
 
 function start() {
   $("login").classList.add("hidden");
   $("dashboard").classList.remove("hidden");
-  refresh();
-  if (!timer) timer = setInterval(refresh, 1000);
+  stopStreams();
+  stopList = follow("/admin/events", { tasks: renderTasks });
+  followSelected();
 }
 
 if (token) start(); else showLogin();

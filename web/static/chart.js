@@ -23,8 +23,10 @@ function niceMax(value) {
 }
 
 /**
- * Draws `series` ([{name, points: [[x, y], ...]}]) into `container`,
- * replacing what was there. Options: xLabel, yMax (fixed top of the y axis).
+ * Draws `series` ([{name, description?, points: [[x, y], ...]}]) into
+ * `container`, replacing what was there. Options: xLabel, yMax (fixed top
+ * of the y axis), legend (a list under the chart naming each line, with
+ * its description, instead of the names inside the plot).
  */
 export function lineChart(container, series, options = {}) {
   const svg = el("svg", { viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: "img" });
@@ -68,8 +70,29 @@ export function lineChart(container, series, options = {}) {
       group.append(dot);
     }
     svg.append(group);
-    svg.append(el("text", { x: PAD.left + 8 + index * 150, y: PAD.top + 10, class: `series-${index}`, stroke: "none" }, s.name));
+    if (!options.legend) {
+      svg.append(el("text", { x: PAD.left + 8 + index * 150, y: PAD.top + 10, class: `series-${index}`, stroke: "none" }, s.name));
+    }
   });
   container.replaceChildren(svg);
+  if (options.legend) container.append(legend(series));
   return svg;
+}
+
+/** A list naming each series beside a swatch of its colour. */
+function legend(series) {
+  const list = document.createElement("ul");
+  list.className = "legend";
+  series.forEach((s, index) => {
+    const item = document.createElement("li");
+    item.dataset.series = s.name;
+    const swatch = document.createElement("span");
+    swatch.className = `swatch series-${index}`;
+    const name = document.createElement("strong");
+    name.textContent = s.name;
+    item.append(swatch, name);
+    if (s.description) item.append(`: ${s.description}`);
+    list.append(item);
+  });
+  return list;
 }

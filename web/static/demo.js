@@ -53,18 +53,32 @@ function setState(text, className = "") {
 
 function drawChart() {
   lineChart($("chart").querySelector(".plot"), [
-    { name: "global model after round n", points: accuracy.global },
-    { name: "this tab's model after its local training in round n", points: accuracy.local },
-  ], { xLabel: "round n", yMax: 1 });
+    {
+      name: "global model after round n",
+      description: "the sum of every tab's update, averaged: what all the tabs learned together",
+      points: accuracy.global,
+    },
+    {
+      name: "this tab alone after round n's local training",
+      description: "trained from the global model on this tab's own digits, most of them of a few kinds: it " +
+        "usually scores lower on all ten than the global model does, which is why the tabs train together",
+      points: accuracy.local,
+    },
+  ], { xLabel: "round n", yMax: 1, legend: true });
 }
 
 // Weaker than the default policy so that three tabs make a round; the page
 // says so (#policy). Fields left out keep their defaults.
 const DEMO_POLICY = { min_clients: 3, min_threshold: 2 };
 
-function start(task, token) {
-  const shards = Number(params.get("shards") ?? 10);
-  const shard = params.has("shard") ? Number(params.get("shard")) : Math.floor(Math.random() * shards);
+/**
+ * Joins `task` with `token`; trains on shard `dealt.shard` of `dealt.shards`
+ * when the coordinator dealt one (the public demo), else on the address's
+ * shard, else on a random one of 10.
+ */
+function start(task, token, dealt = {}) {
+  const shards = Number(params.get("shards") ?? dealt.shards ?? 10);
+  const shard = params.has("shard") ? Number(params.get("shard")) : dealt.shard ?? Math.floor(Math.random() * shards);
   const stateKey = `cohort.demo.${task}`;
   sessionStorage.setItem(`${stateKey}.token`, token);
   // Keep the task and shard in the address (a reload rejoins), not the token.
@@ -84,8 +98,8 @@ function start(task, token) {
   worker.addEventListener("message", ({ data }) => {
     switch (data.type) {
       case "data":
-        $("data").textContent = `${data.summary.examples} digits (shard ${shard} of ${shards}: ` +
-          `${data.summary.per_digit.map((n, d) => (n ? `${d}×${n}` : "")).filter(Boolean).join(" ")})`;
+        $("data").textContent = `${data.summary.examples} digits (shard ${shard} of ${shards}, the commonest ` +
+          `first: ${commonestFirst(data.summary.per_digit)})`;
         log(`loaded ${data.summary.examples} training and ${data.summary.test_examples} held-out digits`);
         break;
       case "enrolled":
@@ -148,6 +162,12 @@ function start(task, token) {
   });
 }
 
+/** "3×412 8×301 …": each digit with its count, the commonest first. */
+function commonestFirst(perDigit) {
+  return perDigit.map((n, d) => [d, n]).filter(([, n]) => n > 0).sort((a, b) => b[1] - a[1])
+    .map(([d, n]) => `${d}×${n}`).join(" ");
+}
+
 function trainingConfig() {
   const config = {};
   for (const key of ["epochs", "batch", "lr"]) if (params.has(key)) config[key] = Number(params.get(key));
@@ -192,10 +212,13 @@ function followDevices() {
   setInterval(showDevices, 2000);
 }
 
-/** The coordinator's public demo task, if it runs one (`cohort serve --demo`). */
-async function publicDemoTask() {
+/**
+ * The coordinator's public demo task, if it runs one (`cohort serve --demo`);
+ * with `join`, also the shard of the digits this tab is dealt.
+ */
+async function publicDemoTask(join = false) {
   try {
-    const response = await fetch("/demo/task");
+    const response = await fetch(join ? "/demo/task?join=true" : "/demo/task");
     // 204: this coordinator runs no public demo task.
     return response.status === 200 ? await response.json() : null;
   } catch {
@@ -209,12 +232,12 @@ if (task && token) {
   start(task, token);
   if (sessionStorage.getItem("cohort.demo.public") === task) followDevices();
 } else {
-  const demo = task ? null : await publicDemoTask();
+  const demo = task ? null : await publicDemoTask(true);
   if (demo) {
     // Remembered so that a reload (which finds the task in the address)
     // still shows the devices line.
     sessionStorage.setItem("cohort.demo.public", demo.task);
-    start(demo.task, demo.enrollment_token);
+    start(demo.task, demo.enrollment_token, { shard: demo.shard, shards: demo.shards });
     followDevices();
   }
   else {

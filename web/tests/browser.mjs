@@ -15,6 +15,15 @@
 //              its masked input arrives (its third is held back), the other tabs
 //              run until round 1 completes; prints {tabs: [{participant, state, reports}]};
 //              with plain: true the tabs open /demo bare (shards only counts them)
+//   learn      {url, artifacts, name, rounds}
+//              the public demo task (cohort serve --demo) with three tabs that open a
+//              bare /demo and train until each has measured the global model after
+//              round `rounds`; prints {tabs: [{data, global: [[n, accuracy]], local, legend}]}
+//   live       {url, adminToken, task, artifacts, name, ready, rounds}
+//              opens /admin on the task, writes the file `ready` once it shows the
+//              task, and records what the live panel shows (each stage, the stage
+//              timeline's bars) and every request the page makes, until `rounds`
+//              rounds are listed and 3 s more have passed; prints what it saw
 //   bare       {url, artifacts, name}
 //              opens a bare /demo (no task in the address) and prints whether the
 //              join form shows and the page's problems (console errors included)
@@ -33,7 +42,7 @@
 //              application with the form, reads it once, dismisses it,
 //              revokes it, then clicks pause, resume, stop and reads the
 //              status the API reports after each; prints what it saw
-import { mkdirSync } from "node:fs";
+import { mkdirSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 
@@ -314,6 +323,78 @@ async function dropouts() {
   return { tabs: seen };
 }
 
+/** The points of one series of a tab's accuracy chart, as [[n, accuracy]]. */
+function chartPoints(page, index) {
+  return page.$$eval(`#chart .series-${index} circle`,
+    (dots) => dots.map((dot) => [Number(dot.dataset.x), Number(dot.dataset.y)]));
+}
+
+async function learn() {
+  const tabs = [];
+  for (const label of ["A", "B", "C"]) tabs.push(await demoTab(label));
+  const seen = [];
+  for (const [index, page] of tabs.entries()) {
+    // The global model after round n is measured when round n + 1 trains.
+    try {
+      await page.waitForFunction((n) => [...document.querySelectorAll("#chart .series-0 circle")]
+        .some((dot) => Number(dot.dataset.x) >= n), config.rounds);
+    } catch (error) {
+      await shot(page, `${config.name}-${index}-failed`);
+      throw new Error(`tab ${index}: ${error.message}\n${page.problems.join("\n")}`);
+    }
+    if (index === 0) await shot(page, config.name);
+    seen.push({
+      data: await page.textContent("#data"),
+      global: await chartPoints(page, 0),
+      local: await chartPoints(page, 1),
+      legend: await page.$$eval("#chart .legend li", (items) => items.map((item) => item.textContent)),
+      problems: page.problems,
+    });
+  }
+  return { tabs: seen };
+}
+
+async function live() {
+  const page = await newPage(await browser.newContext(), "admin");
+  const requests = [];
+  page.on("request", (request) => {
+    const url = new URL(request.url());
+    if (url.pathname.startsWith("/admin/") || url.pathname === "/admin") requests.push(`${request.method()} ${url.pathname}`);
+  });
+  await page.goto(`${config.url}/admin#task=${config.task}`);
+  await page.fill("#admin-token", config.adminToken);
+  await page.click("#login-form button[type=submit]");
+  await page.waitForSelector(`#detail[data-task="${config.task}"]:not(.hidden)`);
+  // Every change of the live stage, with the timeline's bars at that moment.
+  await page.evaluate(() => {
+    window.seenStages = [];
+    const record = () => {
+      const stage = document.getElementById("live-stage").textContent;
+      const live = !document.getElementById("live").classList.contains("hidden");
+      const bars = [...document.querySelectorAll("#live-stages span")].map((bar) => [bar.className, bar.textContent]);
+      const last = window.seenStages.at(-1);
+      if (live && stage && (!last || last.stage !== stage)) window.seenStages.push({ stage, bars });
+    };
+    new MutationObserver(record).observe(document.getElementById("detail"), { subtree: true, childList: true, characterData: true });
+  });
+  writeFileSync(config.ready, "ready");
+  await page.waitForFunction((n) => document.querySelectorAll("#rounds tbody tr").length >= n, config.rounds);
+  // Long enough for a once-a-second poll to show itself.
+  await page.waitForTimeout(3000);
+  await shot(page, config.name);
+  return {
+    stages: await page.evaluate(() => window.seenStages),
+    requests,
+    banner: await page.$$eval("#privacy-banner div", (lines) => lines.map((line) => line.textContent)),
+    ratio: await page.textContent("#rounds tbody tr [data-field=ratio]"),
+    bytes_points: await page.$$eval("#chart-bytes circle", (dots) => dots.length),
+    live_hidden: await page.evaluate(() => document.getElementById("live").classList.contains("hidden")),
+    enrolled: await page.textContent("#tokens tbody tr:first-child td:nth-child(2)"),
+    connection: await page.textContent("#connection"),
+    problems: page.problems,
+  };
+}
+
 async function bare() {
   const page = await newPage(await browser.newContext(), "bare");
   await page.goto(`${config.url}/demo`);
@@ -322,7 +403,7 @@ async function bare() {
   return { join: await page.isVisible("#join-form"), client: await page.isVisible("#client"), problems: page.problems };
 }
 
-const steps = { create, tabs, dashboard, dropouts, bare };
+const steps = { create, tabs, dashboard, dropouts, learn, live, bare };
 try {
   if (!steps[step]) throw new Error(`unknown step ${step}`);
   console.log(JSON.stringify(await steps[step]()));

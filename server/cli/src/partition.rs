@@ -24,7 +24,8 @@ pub struct PartitionArgs {
     /// Clients (shards).
     #[arg(long)]
     clients: usize,
-    /// Split: iid, shards[:S], dirichlet:ALPHA or quantity:ALPHA.
+    /// Split: iid, shards[:S], dirichlet:ALPHA, quantity:ALPHA or covering:ALPHA (label skew in which
+    /// every client holds every class).
     #[arg(long)]
     partition: Scheme,
     /// Seed of the split (the same seed gives the same shards).

@@ -274,8 +274,13 @@ pub(super) async fn list_tokens(
     TaskId(id): TaskId,
 ) -> ApiResult<Json<Vec<TokenView>>> {
     state.store.task(&id).await?;
-    let tokens = state.store.enrollment_tokens(&id).await?;
-    Ok(Json(tokens.into_iter().map(|(token, enrolled)| TokenView::of(token, enrolled)).collect()))
+    Ok(Json(token_views(&state, &id).await?))
+}
+
+/// The task's enrollment tokens: names, rates, enrollments, revocation.
+pub(super) async fn token_views(state: &AppState, id: &str) -> ApiResult<Vec<TokenView>> {
+    let tokens = state.store.enrollment_tokens(id).await?;
+    Ok(tokens.into_iter().map(|(token, enrolled)| TokenView::of(token, enrolled)).collect())
 }
 
 /// Revokes a token: it enrolls nobody more, and the credentials it issued
@@ -356,7 +361,9 @@ pub struct TaskView {
     pub last_failure: Option<crate::round::FailedAttempt>,
 }
 
-async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
+/// A task as the admin API shows it: from the actor when it is led here,
+/// else from the store.
+pub(super) async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
     let mut spec: serde_json::Value = serde_json::from_str(&task.spec).unwrap_or(serde_json::Value::Null);
     // A spec stored before the variant was a choice ran semi-honest.
     if let Some(secure_aggregation) = spec.get_mut("secure_aggregation").and_then(|v| v.as_object_mut()) {
@@ -424,19 +431,28 @@ pub(super) async fn list_tasks(
     headers: HeaderMap,
     State(state): State<AppState>,
 ) -> ApiResult<Json<Vec<TaskView>>> {
+    Ok(Json(task_views(&state, headers.get(header::AUTHORIZATION)).await?))
+}
+
+/// Every task; a task another replica leads is asked of it (with the
+/// request's `authorization`), or read from the store if it does not
+/// answer.
+pub(super) async fn task_views(
+    state: &AppState,
+    authorization: Option<&axum::http::HeaderValue>,
+) -> ApiResult<Vec<TaskView>> {
     let mut views = Vec::new();
     for task in state.store.tasks().await? {
         if let Whereabouts::At(url) = state.coordinator.whereabouts(&task.id) {
             let path = format!("/admin/tasks/{}", task.id);
-            let authorization = headers.get(header::AUTHORIZATION);
             if let Some(remote) = state.forwarder.get_json::<TaskView>(&url, &path, authorization).await {
                 views.push(remote);
                 continue;
             }
         }
-        views.push(view(&state, task).await?);
+        views.push(view(state, task).await?);
     }
-    Ok(Json(views))
+    Ok(views)
 }
 
 /// One task with its live state.
@@ -573,22 +589,27 @@ pub(super) async fn list_rounds(
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<Json<Vec<RoundView>>> {
-    let task = state.store.task(&id).await?;
+    Ok(Json(round_views(&state, &id, 0).await?))
+}
+
+/// The task's completed rounds after round `after`, oldest first.
+pub(super) async fn round_views(state: &AppState, id: &str, after: i64) -> ApiResult<Vec<RoundView>> {
+    let task = state.store.task(id).await?;
     let spec = serde_json::from_str::<TaskSpec>(&task.spec).ok();
     let plaintext = spec.as_ref().is_some_and(|spec| spec.client_metrics.plaintext);
     // An async task's attempts are numbered by group, not by version.
     let mut failed: HashMap<i64, Vec<AttemptView>> = HashMap::new();
     if spec.is_some_and(|spec| spec.mode == crate::spec::TaskMode::Sync) {
-        for attempt in state.store.attempts(&id, ATTEMPTS_KEPT).await?.into_iter().rev() {
+        for attempt in state.store.attempts(id, ATTEMPTS_KEPT).await?.into_iter().rev() {
             failed.entry(attempt.round).or_default().push(attempt_view(attempt));
         }
     }
     let mut views = Vec::new();
     for RoundRecord { round, started_at, finished_at, selected, survivors, metrics, .. } in
-        state.store.rounds(&id).await?
+        state.store.rounds(id).await?.into_iter().filter(|r| r.round > after)
     {
         let plaintext_client_metrics = if plaintext {
-            let reports = state.store.client_metrics(&id, round).await?;
+            let reports = state.store.client_metrics(id, round).await?;
             Some(reports
                 .into_iter()
                 .map(|m| json!({ "kind": m.kind, "metrics": serde_json::from_str::<serde_json::Value>(&m.metrics).unwrap_or_default() }))
@@ -607,7 +628,7 @@ pub(super) async fn list_rounds(
             failed_attempts: failed.remove(&round).unwrap_or_default(),
         });
     }
-    Ok(Json(views))
+    Ok(views)
 }
 
 /// An attempt of a round that ended without a new model, as the admin API
@@ -667,8 +688,12 @@ pub(super) async fn list_attempts(
         return Err(bad_limit());
     }
     state.store.task(&id).await?;
-    let views = state.store.attempts(&id, limit).await?.into_iter().map(attempt_view).collect();
-    Ok(Json(views))
+    Ok(Json(attempt_views(&state, &id, limit).await?))
+}
+
+/// The task's newest `limit` attempts that ended without a new model.
+pub(super) async fn attempt_views(state: &AppState, id: &str, limit: i64) -> ApiResult<Vec<AttemptView>> {
+    Ok(state.store.attempts(id, limit).await?.into_iter().map(attempt_view).collect())
 }
 
 fn attempt_view(a: AttemptRecord) -> AttemptView {

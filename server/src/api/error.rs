@@ -56,6 +56,17 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         self.status
     }
+
+    /// The body the refusal is sent with, its retry hint `retry` unless it
+    /// has one of its own.
+    pub(super) fn body(&self, retry: Duration) -> ErrorBody {
+        let retry_after_ms = u64::try_from(self.retry_after.unwrap_or(retry).as_millis()).unwrap_or(u64::MAX);
+        ErrorBody {
+            error: self.code,
+            message: self.message.clone(),
+            retry_after_ms: Some(retry_after_ms.max(1)),
+        }
+    }
 }
 
 impl std::fmt::Display for ApiError {

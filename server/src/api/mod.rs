@@ -2,7 +2,8 @@
 //!
 //! * Admin API (JSON, `Authorization: Bearer <admin token>`): create, list,
 //!   inspect, pause, resume and stop tasks; list rounds with their metrics;
-//!   download checkpoints (safetensors).
+//!   download checkpoints (safetensors); follow a task, or the task list, as
+//!   Server-Sent Events ([`events`]).
 //! * Client API: enroll with a task's enrollment token and receive a
 //!   credential; then, with `Authorization: Bearer <credential>`, check in,
 //!   download the global model, fetch and post secure-aggregation stage
@@ -24,7 +25,8 @@
 //! per-address and per-credential rate limits ([`crate::ratelimit`]).
 //!
 //! * `state`, `error`, `extract`: what handlers share;
-//! * `admin`, `client`: the two APIs' handlers; [`pages`]: the dashboard
+//! * `admin`, `client`: the two APIs' handlers, [`events`] the admin API's
+//!   server push; [`pages`]: the dashboard
 //!   and demo pages and the browser client's files; [`openapi`];
 //! * [`auth`] (tokens and their hashes), [`ratelimit`], [`listener`] (the
 //!   connections: timeouts, the cap, TLS), [`forward`] (requests about a
@@ -34,6 +36,7 @@ pub mod admin;
 pub mod auth;
 pub mod client;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod forward;
 pub mod listener;
@@ -91,6 +94,8 @@ pub fn app(state: AppState) -> Router {
         .routes(routes!(admin::get_checkpoint))
         .routes(routes!(admin::create_token, admin::list_tokens))
         .routes(routes!(admin::revoke_token))
+        .routes(routes!(events::task_events))
+        .routes(routes!(events::task_list_events))
         .route_layer(to_leader.clone())
         .layer(DefaultBodyLimit::max(JSON_LIMIT));
     // The client API's JSON bodies are small; enrollment's is read before

@@ -18,7 +18,7 @@
 use std::path::{Path as FsPath, PathBuf};
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
@@ -80,7 +80,7 @@ pub async fn start_demo_task(store: &SqlStore, coordinator: &Coordinator) -> Res
     let clients_per_round = spec.groups().selected();
     let created = create(store, coordinator, spec).await?;
     tracing::info!(task = %created.id, "public demo task started");
-    Ok(DemoTask { id: created.id, enrollment_token: created.enrollment_token, clients_per_round })
+    Ok(DemoTask::new(created.id, created.enrollment_token, clients_per_round))
 }
 
 /// Files of `web/static`, served at `/web/{name}`.
@@ -144,21 +144,35 @@ fn not_found(what: &str) -> Response {
     (StatusCode::NOT_FOUND, format!("{what} not found\n")).into_response()
 }
 
+/// `GET /demo/task`'s query: `join=true` from a page that is about to
+/// join, which is then dealt a shard of the digits.
+#[derive(serde::Deserialize)]
+struct DemoQuery {
+    #[serde(default)]
+    join: bool,
+}
+
 /// The public demo task: its id and enrollment token, how many clients a
 /// round selects and how many are available now (for the page's "2 of 3
-/// devices" line; absent when another replica leads the task). Without
-/// one, `204 No Content`: the page then shows its join form, and a bare
-/// `/demo` logs no failed request in the browser's console.
-async fn demo_task(State(state): State<AppState>) -> Response {
+/// devices" line; absent when another replica leads the task); to a page
+/// that joins, the shard of the digits it trains on (`shard` of `shards`,
+/// one per tab of a round, dealt in turn). Without one, `204 No Content`:
+/// the page then shows its join form, and a bare `/demo` logs no failed
+/// request in the browser's console.
+async fn demo_task(State(state): State<AppState>, Query(query): Query<DemoQuery>) -> Response {
     let Some(task) = &state.config.demo_task else { return StatusCode::NO_CONTENT.into_response() };
     let available = state.coordinator.live(&task.id).await.ok().map(|live| live.available_clients);
-    Json(serde_json::json!({
+    let mut answer = serde_json::json!({
         "task": task.id,
         "enrollment_token": task.enrollment_token,
         "clients_per_round": task.clients_per_round,
         "available": available,
-    }))
-    .into_response()
+    });
+    if query.join {
+        answer["shard"] = task.deal_shard().into();
+        answer["shards"] = task.clients_per_round.into();
+    }
+    Json(answer).into_response()
 }
 
 async fn static_file(Path(name): Path<String>) -> Response {
@@ -223,7 +237,9 @@ mod tests {
         let derived = spec.validate().unwrap();
         assert_eq!((spec.clients_per_round, derived.threshold), (3, 2));
         assert_eq!(spec.model.layout.len(), 7850);
-        let task = DemoTask { id: "t".into(), enrollment_token: "secret-token".into(), clients_per_round: 3 };
+        let task = DemoTask::new("t".into(), "secret-token".into(), 3);
         assert!(!format!("{task:?}").contains("secret-token"));
+        let dealt: Vec<u32> = (0..7).map(|_| task.deal_shard()).collect();
+        assert_eq!(dealt, [0, 1, 2, 0, 1, 2, 0]);
     }
 }

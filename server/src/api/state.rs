@@ -56,8 +56,26 @@ pub struct DemoTask {
     pub id: String,
     /// Enrollment token, handed to every page that asks.
     pub enrollment_token: String,
-    /// Clients a round selects (the page's "2 of 3 devices").
+    /// Clients a round selects (the page's "2 of 3 devices"), and the
+    /// number of shards the demo's digits are split into.
     pub clients_per_round: u32,
+    /// The shard the next joining page trains on: pages are dealt the
+    /// shards in turn, so that the first tabs of a round hold different
+    /// digits and together all of them.
+    pub next_shard: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl DemoTask {
+    /// The public demo task `id` with its token, `clients_per_round`
+    /// tabs a round and its shards not yet dealt.
+    pub fn new(id: String, enrollment_token: String, clients_per_round: u32) -> Self {
+        Self { id, enrollment_token, clients_per_round, next_shard: Default::default() }
+    }
+
+    /// The shard for a page that joins now.
+    pub fn deal_shard(&self) -> u32 {
+        self.next_shard.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.clients_per_round.max(1)
+    }
 }
 
 impl std::fmt::Debug for DemoTask {

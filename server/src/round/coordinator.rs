@@ -37,7 +37,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cohort_crypto::{Aggregate, ProtocolError, Stage};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::metrics::Metrics;
 use crate::round::owned::{GroupAssignment, GroupKey, GroupReport, OwnedGroup, OwnedStep};
@@ -245,6 +245,27 @@ enum Request {
     Lease(LeaseEvent),
 }
 
+/// A task's status, completed rounds, and round and stage in progress.
+type Shown = (String, TaskStatus, u64, Option<(u64, Stage)>);
+
+impl Request {
+    /// Whether serving this request may change what the admin API shows
+    /// (queries do not; nor does a piece of a masked input before its end).
+    fn changes_state(&self) -> bool {
+        !matches!(
+            self,
+            Request::Live { .. }
+                | Request::Poll { .. }
+                | Request::Model { .. }
+                | Request::Admit { .. }
+                | Request::MayReport { .. }
+                | Request::Security { .. }
+                | Request::Shutdown { .. }
+                | Request::Input { step: InputStep::Begin(_) | InputStep::Piece(..), .. }
+        )
+    }
+}
+
 /// What the lease keeper tells the actor.
 enum LeaseEvent {
     /// Lead this task, loaded from the store after its lease was taken.
@@ -272,6 +293,7 @@ enum GroupEvent {
 #[derive(Clone, Debug)]
 pub struct Coordinator {
     tx: mpsc::Sender<Request>,
+    changes: watch::Receiver<u64>,
     routes: Arc<RwLock<Routes>>,
     replica: Arc<Replica>,
     /// The lease keeper and the group watcher (PostgreSQL only).
@@ -295,6 +317,7 @@ impl Coordinator {
         replica: Replica,
     ) -> Result<Self, CoordinatorError> {
         let (tx, rx) = mpsc::channel(QUEUE);
+        let (changes, changes_rx) = watch::channel(0);
         let routes = Arc::new(RwLock::new(Routes::default()));
         let replica = Arc::new(replica);
         let mut actor = Actor {
@@ -307,6 +330,7 @@ impl Coordinator {
             owned: HashMap::new(),
             owned_members: HashMap::new(),
             contributors_read: HashSet::new(),
+            changes,
         };
         let mut keeper = LeaseKeeper {
             store: lease_store,
@@ -341,7 +365,17 @@ impl Coordinator {
             }
             crate::store::Backend::Sqlite => None,
         };
-        Ok(Self { tx, routes, replica, keeper })
+        Ok(Self { tx, changes: changes_rx, routes, replica, keeper })
+    }
+
+    /// A receiver that is told when a task this replica leads may have
+    /// changed as the admin API shows it: a client checked in, sent, left
+    /// or dropped out, a stage closed, a round started or completed, a
+    /// status or a lease changed. It counts changes (coalesced: a slow
+    /// reader sees the latest count), and its `changed()` fails once the
+    /// coordinator has stopped. The admin API's event streams wait on it.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
     }
 
     /// This replica.
@@ -693,6 +727,9 @@ struct Actor {
     owned_members: HashMap<String, GroupKey>,
     /// Remote groups whose masked-input requests were read back.
     contributors_read: HashSet<GroupKey>,
+    /// Counts the changes of what the admin API shows (see
+    /// [`Coordinator::changes`]).
+    changes: watch::Sender<u64>,
 }
 
 impl Actor {
@@ -703,13 +740,20 @@ impl Actor {
             tokio::select! {
                 request = rx.recv() => match request {
                     Some(request) => {
+                        let changes = request.changes_state();
                         if self.handle(request).await.is_break() {
                             return;
+                        }
+                        if changes {
+                            self.changed();
                         }
                     }
                     None => return,
                 },
                 _ = ticker.tick() => {
+                    // A stage that closes at its deadline, a round that
+                    // starts: what a tick changed, the admin API is told.
+                    let before = self.shown();
                     let ids: Vec<String> = self.engines.keys().cloned().collect();
                     for id in ids {
                         self.tick(&id).await;
@@ -718,9 +762,32 @@ impl Actor {
                     for key in keys {
                         self.tick_owned(&key).await;
                     }
+                    if self.shown() != before {
+                        self.changed();
+                    }
                 }
             }
         }
+    }
+
+    /// Tells the admin API's streams that something changed.
+    fn changed(&self) {
+        self.changes.send_modify(|count| *count = count.wrapping_add(1));
+    }
+
+    /// What a tick can change of the tasks led here, as the admin API
+    /// shows it: each task's status, completed rounds, and the round and
+    /// stage in progress.
+    fn shown(&self) -> Vec<Shown> {
+        let mut shown: Vec<_> = self
+            .engines
+            .iter()
+            .map(|(id, engine)| {
+                (id.clone(), engine.status(), engine.completed_rounds(), engine.current_round())
+            })
+            .collect();
+        shown.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        shown
     }
 
     /// Acts on the lease keeper's news.
