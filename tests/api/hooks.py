@@ -24,3 +24,22 @@ def as_text(ctx, response):
     # One character per byte: the document types these bodies as a string
     # of binary format, which is what is checked.
     return response.content.decode("latin-1")
+
+
+# The refusals a schema-valid enrollment may get with 400 (see
+# schemathesis.toml): an active task's missing identity, or a key and
+# proof that are well-formed hex but not a signature of the enrollment.
+ENROLLMENT_RULES = ("identity_required", "invalid_identity")
+
+
+@schemathesis.check
+def enrollment_refused_only_for_its_identity(ctx, response, case):
+    """A schema-valid enrollment answered 400 names an identity rule."""
+    if case.operation.definition.raw.get("operationId") != "enroll":
+        return None
+    if case.meta is None or not case.meta.generation.mode.is_positive or response.status_code != 400:
+        return None
+    error = response.json().get("error")
+    if error not in ENROLLMENT_RULES:
+        raise AssertionError(f"a schema-valid enrollment was refused with 400 {error!r}")
+    return None

@@ -121,8 +121,8 @@ function start(task, token, dealt = {}) {
         if (Number.isFinite(r.local_accuracy)) keep(accuracy.local, [r.round, r.local_accuracy]);
         drawChart();
         const from = r.round > 1 ? `the global model after round ${r.round - 1}` : "the initial model";
-        log(`round ${r.round}: ${from} scores ${Number(r.global_accuracy).toFixed(3)} on this tab's ` +
-          `held-out digits; trained on ${r.examples} digits (loss ${Number(r.train_loss).toFixed(3)}), ` +
+        log(`round ${r.round}: ${from} scores ${Number(r.global_accuracy).toFixed(3)} on the ` +
+          `held-out digits; trained on this tab's ${r.examples} digits (loss ${Number(r.train_loss).toFixed(3)}), ` +
           `it scores ${Number(r.local_accuracy).toFixed(3)}`);
         break;
       }

@@ -215,8 +215,8 @@ fn integral_numbers(value: &mut serde_json::Value) {
     match value {
         Value::Number(number) => {
             if let Some(float) = number.as_f64().filter(|f| number.is_f64() && f.fract() == 0.0) {
-                // Exact: an integral f64 inside either range converts without rounding.
-                // 2^63 and 2^64, exactly.
+                // 2^63 and 2^64, exactly: an integral f64 below them
+                // converts to an i64 or a u64 without rounding.
                 let (two_63, two_64) = (-(i64::MIN as f64), u64::MAX as f64);
                 if (-two_63..two_63).contains(&float) {
                     *number = (float as i64).into();

@@ -273,7 +273,11 @@ enum LeaseEvent {
     /// Stop leading this task.
     Drop { id: String, why: &'static str },
     /// Stop leading every task (and running every group).
-    DropAll { why: &'static str },
+    DropAll {
+        why: &'static str,
+        /// A planned hand-back (the replica stops), not a lost lease.
+        planned: bool,
+    },
     /// The groups run here whose leases were renewed at `since`: those
     /// claimed before then and missing were given up or lost.
     KeepGroups { keys: HashSet<GroupKey>, since: i64 },
@@ -617,6 +621,7 @@ impl LeaseKeeper {
                 if now_ms() - self.renewed_at >= RENEWAL_MARGIN_MS && !self.held.is_empty() {
                     self.held.clear();
                     vec![LeaseEvent::DropAll {
+                        planned: false,
                         why: "the leases could not be renewed in time (the database cannot be reached)",
                     }]
                 } else {
@@ -798,10 +803,10 @@ impl Actor {
                 self.engines.insert(id.clone(), *engine);
                 self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).here.insert(id);
             }
-            LeaseEvent::Drop { id, why } => self.drop_task(&id, why),
-            LeaseEvent::DropAll { why } => {
+            LeaseEvent::Drop { id, why } => self.drop_task(&id, why, false),
+            LeaseEvent::DropAll { why, planned } => {
                 for id in self.engines.keys().cloned().collect::<Vec<_>>() {
-                    self.drop_task(&id, why);
+                    self.drop_task(&id, why, planned);
                 }
                 for key in self.owned.keys().cloned().collect::<Vec<_>>() {
                     self.disown(&key, why);
@@ -1095,16 +1100,22 @@ impl Actor {
         }
     }
 
-    /// Stops leading `id`: its round in progress is abandoned.
-    fn drop_task(&mut self, id: &str, why: &str) {
+    /// Stops leading `id`: its round in progress is abandoned. A lease
+    /// lost is a warning; a `planned` hand-back (the task was stopped, the
+    /// replica stops) is not.
+    fn drop_task(&mut self, id: &str, why: &str, planned: bool) {
         if self.engines.remove(id).is_some() {
-            tracing::warn!(task = id, why, "no longer leading the task");
+            if planned {
+                tracing::info!(task = id, why, "no longer leading the task");
+            } else {
+                tracing::warn!(task = id, why, "no longer leading the task");
+            }
         }
         self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).here.remove(id);
     }
 
     async fn give_up_leases(&mut self) {
-        self.apply(LeaseEvent::DropAll { why: "the replica is stopping" });
+        self.apply(LeaseEvent::DropAll { why: "the replica is stopping", planned: true });
         if let Err(error) = self.store.remove_replica(&self.replica.id).await {
             tracing::warn!(%error, "could not give up the leases; they lapse by themselves");
         }
@@ -1287,7 +1298,7 @@ impl Actor {
             self.forget_groups(id).await;
         }
         if status.is_final() {
-            self.drop_task(id, "it was stopped");
+            self.drop_task(id, "it was stopped", true);
             let _ = self.store.release_lease(id, &self.replica.id).await;
         }
         Ok(())
@@ -1422,7 +1433,7 @@ impl Actor {
                     Ok(engine) => {
                         self.engines.insert(id.to_string(), engine);
                     }
-                    Err(_) => self.drop_task(id, "its round was recorded by another replica"),
+                    Err(_) => self.drop_task(id, "its round was recorded by another replica", false),
                 }
             }
             Err(error) => {
