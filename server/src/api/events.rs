@@ -152,11 +152,19 @@ async fn send(tx: &mpsc::Sender<Result<Event, Infallible>>, name: &str, json: &s
     tx.send(Ok(Event::default().event(name).data(json))).await.map_err(|_| Stop::Gone)
 }
 
+/// Sends `name` with `data` as JSON.
+async fn send_json(
+    tx: &mpsc::Sender<Result<Event, Infallible>>,
+    name: &str,
+    data: &impl Serialize,
+) -> Result<(), Stop> {
+    send(tx, name, &serde_json::to_string(data).unwrap_or_else(|_| "null".into())).await
+}
+
 /// Sends `unavailable` with `error`'s body and a retry hint.
 async fn unavailable(tx: &mpsc::Sender<Result<Event, Infallible>>, error: ApiError) {
     tracing::warn!(%error, "an admin event stream stops: the store could not be read");
-    let body = error.body(RETRY);
-    let _ = send(tx, "unavailable", &serde_json::to_string(&body).unwrap_or_default()).await;
+    let _ = send_json(tx, "unavailable", &error.body(RETRY)).await;
 }
 
 /// Waits for news (or [`REREAD`]), then at least `coalesce` since the
@@ -222,12 +230,13 @@ async fn send_task(
     sent: &mut Sent,
 ) -> Result<Next, Stop> {
     if let Whereabouts::At(url) = state.coordinator.whereabouts(id) {
-        send(tx, "moved", &serde_json::json!({ "leader": url }).to_string()).await?;
+        send_json(tx, "moved", &serde_json::json!({ "leader": url })).await?;
         return Ok(Next::Moved);
     }
+    // The first read sends every event, whether or not it changed.
+    let first = sent.task.is_none();
     let read = async {
         let current = view(state, state.store.task(id).await?).await?;
-        let first = sent.task.is_none();
         let rounds = if current.completed_rounds as i64 > sent.round || first {
             Some(round_views(state, id, sent.round).await?)
         } else {
@@ -251,17 +260,16 @@ async fn send_task(
             return Err(Stop::Gone);
         }
     };
-    let first = sent.task.is_none();
     send_changed(tx, "task", &current, &mut sent.task).await?;
     if let Some(rounds) = rounds {
         // The first event lists every round (none, for a new task).
         if !rounds.is_empty() || first {
             sent.round = rounds.last().map_or(sent.round, |r| r.round);
-            send(tx, "rounds", &serde_json::to_string(&rounds).unwrap_or_default()).await?;
+            send_json(tx, "rounds", &rounds).await?;
         }
     }
     if let Some(attempts) = attempts {
-        send(tx, "attempts", &serde_json::to_string(&attempts).unwrap_or_default()).await?;
+        send_json(tx, "attempts", &attempts).await?;
         sent.attempts_key = Some(key);
     }
     send_changed(tx, "tokens", &tokens, &mut sent.tokens).await?;
