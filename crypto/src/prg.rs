@@ -73,14 +73,54 @@ impl MaskPrg {
     /// it is whole, so a long vector can be unmasked one cache-sized tile
     /// at a time.
     pub fn apply_from(&self, target: &mut [u32], first_block: u64, sign: MaskSign) {
-        match sign {
-            MaskSign::Add => self.apply_signed::<true>(target, first_block),
-            MaskSign::Subtract => self.apply_signed::<false>(target, first_block),
-        }
+        let mut buffer = StreamBuffer::new();
+        self.stream_from(first_block).apply_next(target, sign, &mut buffer);
     }
 
-    fn apply_signed<const ADD: bool>(&self, target: &mut [u32], first_block: u64) {
-        self.cipher.add_key_stream::<ADD>(target, u128::from(first_block));
+    /// The key stream from block `first_block` on, to be read in order by
+    /// [`KeyStream::apply_next`]: what unmasking uses to walk many masks
+    /// over one range of a vector a tile at a time, each mask's cipher set
+    /// up once for the whole range.
+    pub fn stream_from(&self, first_block: u64) -> KeyStream<'_> {
+        KeyStream { inner: self.cipher.stream(u128::from(first_block)) }
+    }
+}
+
+/// A mask's key stream being read in order (see [`MaskPrg::stream_from`]);
+/// the cipher's state is zeroized on drop.
+pub struct KeyStream<'a> {
+    inner: backend::Stream<'a>,
+}
+
+impl KeyStream<'_> {
+    /// Adds (or subtracts) the next `target.len()` words of the key stream
+    /// to `target`, word by word modulo 2^32, using `buffer` for the key
+    /// stream on its way. Every call but a stream's last must take a
+    /// multiple of [`WORDS_PER_BLOCK`] words: the key stream is made a
+    /// whole block at a time, and the rest of a block is not kept.
+    pub fn apply_next(&mut self, target: &mut [u32], sign: MaskSign, buffer: &mut StreamBuffer) {
+        match sign {
+            MaskSign::Add => self.inner.add::<true>(target, &mut buffer.0),
+            MaskSign::Subtract => self.inner.add::<false>(target, &mut buffer.0),
+        }
+    }
+}
+
+/// Room for key stream on its way into a vector: one per thread, reused
+/// across masks (filling it is the cipher's work, not a fresh allocation's),
+/// zeroized on drop.
+pub struct StreamBuffer(backend::Buffer);
+
+impl StreamBuffer {
+    /// An empty buffer.
+    pub fn new() -> Self {
+        Self(backend::Buffer::new())
+    }
+}
+
+impl Default for StreamBuffer {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -96,9 +136,9 @@ fn combine<const ADD: bool>(word: u32, s: u32) -> u32 {
     any(target_os = "linux", target_os = "macos")
 ))]
 mod backend {
-    use aws_lc_rs::cipher::{AES_128, EncryptingKey, EncryptionContext, UnboundCipherKey};
+    use aws_lc_rs::cipher::{AES_128, EncryptionContext, StreamingEncryptingKey, UnboundCipherKey};
     use aws_lc_rs::iv::FixedLength;
-    use zeroize::Zeroize;
+    use zeroize::{Zeroize, Zeroizing};
 
     use super::{WORDS_PER_BLOCK, combine};
 
@@ -106,36 +146,69 @@ mod backend {
     /// small enough to stay in L1 beside the words it is added to.
     const BATCH_WORDS: usize = 2048;
 
-    /// The expanded key (AWS-LC zeroizes it on drop).
-    pub(super) struct Cipher(EncryptingKey);
+    /// What the cipher encrypts: CTR mode XORs the key stream into its
+    /// input, so zeros give the key stream itself. Reading them costs what
+    /// encrypting a buffer in place costs, and nothing has to clear the
+    /// buffer between calls.
+    static ZEROS: [u8; BATCH_WORDS * 4] = [0; BATCH_WORDS * 4];
+
+    /// The AES key; each stream sets up its own schedule from it (AWS-LC
+    /// cleanses a context's schedule when it is freed).
+    pub(super) struct Cipher(Zeroizing<[u8; 16]>);
+
+    /// An AWS-LC cipher context in CTR mode, positioned at some block.
+    pub(super) struct Stream<'a> {
+        key: StreamingEncryptingKey,
+        _cipher: core::marker::PhantomData<&'a Cipher>,
+    }
+
+    /// 8 KiB of key stream.
+    pub(super) struct Buffer(Box<[u32; BATCH_WORDS]>);
+
+    impl Buffer {
+        pub(super) fn new() -> Self {
+            Self(Box::new([0; BATCH_WORDS]))
+        }
+    }
+
+    impl Drop for Buffer {
+        fn drop(&mut self) {
+            self.0.zeroize();
+        }
+    }
 
     impl Cipher {
         pub(super) fn new(key: &[u8; 16]) -> Self {
-            match UnboundCipherKey::new(&AES_128, key).and_then(EncryptingKey::ctr) {
-                Ok(key) => Self(key),
-                Err(_) => unreachable!("AES-128 takes 16-byte keys in CTR mode"),
-            }
+            Self(Zeroizing::new(*key))
         }
 
-        /// Adds (or subtracts) the key stream from block `counter` on to
-        /// `target`: AWS-LC writes 8 KiB of it at a time, which is then
-        /// combined with the target's words.
-        pub(super) fn add_key_stream<const ADD: bool>(&self, target: &mut [u32], mut counter: u128) {
-            let mut stream = [0u32; BATCH_WORDS];
+        pub(super) fn stream(&self, counter: u128) -> Stream<'_> {
+            let iv = EncryptionContext::Iv128(FixedLength::from(counter.to_be_bytes()));
+            match UnboundCipherKey::new(&AES_128, self.0.as_ref())
+                .and_then(|key| StreamingEncryptingKey::less_safe_ctr(key, iv))
+            {
+                Ok(key) => Stream { key, _cipher: core::marker::PhantomData },
+                Err(_) => unreachable!("AES-128 takes 16-byte keys and 16-byte counters in CTR mode"),
+            }
+        }
+    }
+
+    impl Stream<'_> {
+        /// Adds (or subtracts) the next key-stream words to `target`:
+        /// AWS-LC writes up to 8 KiB of it into `buffer` at a time, which
+        /// is then combined with the target's words.
+        pub(super) fn add<const ADD: bool>(&mut self, target: &mut [u32], buffer: &mut Buffer) {
             for chunk in target.chunks_mut(BATCH_WORDS) {
-                let blocks = chunk.len().div_ceil(WORDS_PER_BLOCK);
-                let words = &mut stream[..blocks * WORDS_PER_BLOCK];
-                words.fill(0);
-                let iv = EncryptionContext::Iv128(FixedLength::from(counter.to_be_bytes()));
-                if self.0.less_safe_encrypt(bytemuck::cast_slice_mut(words), iv).is_err() {
-                    unreachable!("CTR mode encrypts any length");
+                let words = chunk.len().next_multiple_of(WORDS_PER_BLOCK);
+                let stream = &mut buffer.0[..words];
+                match self.key.less_safe_update(&ZEROS[..words * 4], bytemuck::cast_slice_mut(stream)) {
+                    Ok(update) if update.written().len() == words * 4 => {}
+                    _ => unreachable!("CTR mode writes as many bytes as it reads, a whole number of blocks"),
                 }
-                counter += blocks as u128;
-                for (word, s) in chunk.iter_mut().zip(words.iter()) {
+                for (word, s) in chunk.iter_mut().zip(stream.iter()) {
                     *word = combine::<ADD>(*word, u32::from_le(*s));
                 }
             }
-            stream.zeroize();
         }
     }
 }
@@ -159,6 +232,27 @@ mod backend {
     /// The expanded key (zeroized on drop by the `aes` crate).
     pub(super) struct Cipher(Aes128);
 
+    /// The key and the next block's counter.
+    pub(super) struct Stream<'a> {
+        cipher: &'a Aes128,
+        counter: u128,
+    }
+
+    /// 1 KiB of key stream.
+    pub(super) struct Buffer([aes::Block; BATCH_BLOCKS]);
+
+    impl Buffer {
+        pub(super) fn new() -> Self {
+            Self([aes::Block::default(); BATCH_BLOCKS])
+        }
+    }
+
+    impl Drop for Buffer {
+        fn drop(&mut self) {
+            self.0.iter_mut().for_each(|block| block.as_mut_slice().zeroize());
+        }
+    }
+
     impl Cipher {
         pub(super) fn new(key: &[u8; 16]) -> Self {
             match Aes128::new_from_slice(key) {
@@ -167,18 +261,24 @@ mod backend {
             }
         }
 
-        /// Adds (or subtracts) the key stream from block `counter` on to
-        /// `target`, 64 blocks at a time, each block's words combined with
-        /// the target's as soon as it is encrypted.
-        pub(super) fn add_key_stream<const ADD: bool>(&self, target: &mut [u32], mut counter: u128) {
-            let mut blocks = [aes::Block::default(); BATCH_BLOCKS];
+        pub(super) fn stream(&self, counter: u128) -> Stream<'_> {
+            Stream { cipher: &self.0, counter }
+        }
+    }
+
+    impl Stream<'_> {
+        /// Adds (or subtracts) the next key-stream words to `target`, 64
+        /// blocks at a time, each block's words combined with the target's
+        /// as soon as it is encrypted.
+        pub(super) fn add<const ADD: bool>(&mut self, target: &mut [u32], buffer: &mut Buffer) {
+            let blocks = &mut buffer.0;
             for chunk in target.chunks_mut(BATCH_BLOCKS * WORDS_PER_BLOCK) {
                 let needed = chunk.len().div_ceil(WORDS_PER_BLOCK);
                 for block in &mut blocks[..needed] {
-                    *block = counter.to_be_bytes().into();
-                    counter += 1;
+                    *block = self.counter.to_be_bytes().into();
+                    self.counter += 1;
                 }
-                self.0.encrypt_blocks(&mut blocks[..needed]);
+                self.cipher.encrypt_blocks(&mut blocks[..needed]);
                 for (block, words) in blocks.iter().zip(chunk.chunks_mut(WORDS_PER_BLOCK)) {
                     for (word, bytes) in words.iter_mut().zip(block.chunks_exact(4)) {
                         let s = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
@@ -186,7 +286,6 @@ mod backend {
                     }
                 }
             }
-            blocks.iter_mut().for_each(|block| block.as_mut_slice().zeroize());
         }
     }
 }

@@ -172,6 +172,22 @@ fn mask_prg_matches_reference_ctr_mode() {
         MaskPrg::from_key(&key).apply_from(&mut words, first_block, MaskSign::Subtract);
         assert!(words.iter().all(|&w| w == 5));
     }
+    // Read in order in pieces of whole blocks (the last one need not be),
+    // as a range of the unmasking is: the stream carries on where it was.
+    for (first_block, pieces) in [(0u64, &[4usize, 8, 2048, 3][..]), (17, &[2052, 4, 4096, 1]), (3, &[9000])]
+    {
+        let prg = MaskPrg::from_key(&key);
+        let mut stream = prg.stream_from(first_block);
+        let mut buffer = cohort_crypto::prg::StreamBuffer::new();
+        let mut at = first_block as usize * 4;
+        for &len in pieces {
+            let mut words = vec![9u32; len];
+            stream.apply_next(&mut words, MaskSign::Subtract, &mut buffer);
+            let expected: Vec<u32> = reference[at..at + len].iter().map(|w| 9u32.wrapping_sub(*w)).collect();
+            assert_eq!(words, expected, "from block {first_block}, pieces {pieces:?}, at word {at}");
+            at += len;
+        }
+    }
 }
 
 /// RFC 8032, section 7.1, tests 1 (empty message) and 2: the keys and

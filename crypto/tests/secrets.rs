@@ -3,7 +3,7 @@
 use cohort_crypto::agreement::AgreementKey;
 use cohort_crypto::envelope::EnvelopeKey;
 use cohort_crypto::messages::{ClientMessage, UnmaskingShares};
-use cohort_crypto::prg::MaskPrg;
+use cohort_crypto::prg::{KeyStream, MaskPrg, StreamBuffer};
 use cohort_crypto::shamir::Share;
 use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::{Client, QuantizedInput, Secret32};
@@ -15,6 +15,8 @@ assert_not_impl_any!(AgreementKey: core::fmt::Debug, Clone);
 assert_not_impl_any!(IdentityKey: core::fmt::Debug, Clone);
 assert_not_impl_any!(EnvelopeKey: core::fmt::Debug, Clone);
 assert_not_impl_any!(MaskPrg: core::fmt::Debug, Clone);
+assert_not_impl_any!(KeyStream<'static>: core::fmt::Debug, Clone);
+assert_not_impl_any!(StreamBuffer: core::fmt::Debug, Clone);
 assert_not_impl_any!(QuantizedInput: core::fmt::Debug, Clone);
 assert_not_impl_any!(UnmaskingShares: core::fmt::Debug, Clone);
 assert_not_impl_any!(ClientMessage: Clone);
