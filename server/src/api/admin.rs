@@ -363,7 +363,7 @@ pub struct TaskView {
 
 /// A task as the admin API shows it: from the actor when it is led here,
 /// else from the store.
-pub(super) async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskView> {
+pub(super) async fn view(state: &AppState, task: &TaskRecord) -> ApiResult<TaskView> {
     let mut spec: serde_json::Value = serde_json::from_str(&task.spec).unwrap_or(serde_json::Value::Null);
     // A spec stored before the variant was a choice ran semi-honest.
     if let Some(secure_aggregation) = spec.get_mut("secure_aggregation").and_then(|v| v.as_object_mut()) {
@@ -398,8 +398,8 @@ pub(super) async fn view(state: &AppState, task: TaskRecord) -> ApiResult<TaskVi
         Whereabouts::Nowhere => None,
     };
     Ok(TaskView {
-        id: task.id,
-        name: task.name,
+        id: task.id.clone(),
+        name: task.name.clone(),
         status: live.status,
         completed_rounds: live.completed_rounds,
         rounds,
@@ -450,7 +450,7 @@ pub(super) async fn task_views(
                 continue;
             }
         }
-        views.push(view(state, task).await?);
+        views.push(view(state, &task).await?);
     }
     Ok(views)
 }
@@ -470,7 +470,7 @@ pub(super) async fn get_task(
     TaskId(id): TaskId,
 ) -> ApiResult<Json<TaskView>> {
     let task = state.store.task(&id).await?;
-    Ok(Json(view(&state, task).await?))
+    Ok(Json(view(&state, &task).await?))
 }
 
 /// A task's new status.
@@ -589,12 +589,17 @@ pub(super) async fn list_rounds(
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<Json<Vec<RoundView>>> {
-    Ok(Json(round_views(&state, &id, 0).await?))
+    let task = state.store.task(&id).await?;
+    Ok(Json(round_views(&state, &task, 0).await?))
 }
 
-/// The task's completed rounds after round `after`, oldest first.
-pub(super) async fn round_views(state: &AppState, id: &str, after: i64) -> ApiResult<Vec<RoundView>> {
-    let task = state.store.task(id).await?;
+/// `task`'s completed rounds after round `after`, oldest first.
+pub(super) async fn round_views(
+    state: &AppState,
+    task: &TaskRecord,
+    after: i64,
+) -> ApiResult<Vec<RoundView>> {
+    let id = task.id.as_str();
     let spec = serde_json::from_str::<TaskSpec>(&task.spec).ok();
     let plaintext = spec.as_ref().is_some_and(|spec| spec.client_metrics.plaintext);
     // An async task's attempts are numbered by group, not by version.

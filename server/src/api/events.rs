@@ -139,7 +139,7 @@ async fn send_changed(
     data: &impl Serialize,
     last: &mut Option<String>,
 ) -> Result<(), Stop> {
-    let json = serde_json::to_string(data).unwrap_or_else(|_| "null".into());
+    let json = to_json(data);
     if last.as_deref() == Some(json.as_str()) {
         return Ok(());
     }
@@ -158,7 +158,13 @@ async fn send_json(
     name: &str,
     data: &impl Serialize,
 ) -> Result<(), Stop> {
-    send(tx, name, &serde_json::to_string(data).unwrap_or_else(|_| "null".into())).await
+    send(tx, name, &to_json(data)).await
+}
+
+/// `data` as one line of JSON (the views always serialize; `null` if one
+/// did not).
+fn to_json(data: &impl Serialize) -> String {
+    serde_json::to_string(data).unwrap_or_else(|_| "null".into())
 }
 
 /// Sends `unavailable` with `error`'s body and a retry hint.
@@ -236,15 +242,16 @@ async fn send_task(
     // The first read sends every event, whether or not it changed.
     let first = sent.task.is_none();
     let read = async {
-        let current = view(state, state.store.task(id).await?).await?;
+        let task = state.store.task(id).await?;
+        let current = view(state, &task).await?;
         let rounds = if current.completed_rounds as i64 > sent.round || first {
-            Some(round_views(state, id, sent.round).await?)
+            Some(round_views(state, &task, sent.round).await?)
         } else {
             None
         };
         // The attempts change when one more ends, which the leader's last
         // failure tells.
-        let key = serde_json::to_string(&current.last_failure).unwrap_or_default();
+        let key = to_json(&current.last_failure);
         let attempts = if sent.attempts_key.as_deref() != Some(key.as_str()) {
             Some(attempt_views(state, id, ATTEMPTS_SHOWN).await?)
         } else {
