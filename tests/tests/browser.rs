@@ -270,6 +270,9 @@ fn the_dashboard_pauses_resumes_and_stops_a_task() {
 /// the task's privacy facts on top, and the enrollments as they happen. It
 /// never polls: the only requests are the token check and the two event
 /// streams.
+/// How often the live dashboard test's clients ask for their next message.
+const LIVE_POLL_MS: u64 = 700;
+
 #[test]
 fn the_dashboard_follows_a_round_live_without_polling() {
     let _one = exclusive();
@@ -288,9 +291,22 @@ fn the_dashboard_follows_a_round_live_without_polling() {
         assert!(!step.is_finished(), "the dashboard step ended early");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    // Clients that ask every 700 ms: each stage lasts about that long.
-    let updates = (0..3).map(|k| native_update_of(k, logreg().len())).collect();
-    join(native_clients_polling(&serve, &task, &token, updates, 700));
+    // Clients that ask every 700 ms, started a third of that apart so that
+    // they keep asking at different times: a stage closes at one client's
+    // answer and the next then waits for the other two, each stage lasting
+    // about two thirds of the interval, longer than the streams' 200 ms
+    // coalescing. (Started together, the three could answer within a few
+    // milliseconds of one another, and a stage would close before the
+    // page's next read.)
+    let mut clients = Vec::new();
+    for k in 0..3 {
+        if k > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(LIVE_POLL_MS / 3));
+        }
+        let update = vec![native_update_of(k, logreg().len())];
+        clients.extend(native_clients_polling(&serve, &task, &token, update, LIVE_POLL_MS));
+    }
+    join(clients);
     let seen = step.join().unwrap();
 
     let stages: Vec<&str> =
