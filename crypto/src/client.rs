@@ -24,6 +24,7 @@ use crate::derive;
 use crate::envelope::EnvelopeKey;
 use crate::error::{ProtocolError, Stage};
 use crate::ids::ClientId;
+use crate::masking::{Mask, apply_masks};
 use crate::messages::{
     AdvertisedKeys, ClientMessage, ENVELOPE_LEN, ENVELOPE_PLAINTEXT_LEN, Envelope, MaskedVector,
     ServerMessage, UnmaskingShares,
@@ -398,18 +399,26 @@ impl AwaitingShares {
             partners.push(peer);
         }
         // y_u = x_u + PRG(b_u) + Σ_{v ∈ U2, u < v} PRG(s_uv) − Σ_{v ∈ U2, u > v} PRG(s_uv)
-        // The input is masked in place: no copy of x_u is made, and from the
-        // first mask on the vector no longer holds it.
-        let mut values = self.input.into_values();
-        derive::self_mask(&self.self_mask_seed, &context, round.me).apply(&mut values, MaskSign::Add);
         let mask_keys: Vec<PeerKey> = partners.iter().map(|peer| PeerKey::new(&peer.mask_key)).collect();
         let agreed = self.mask.agree_many(&mask_keys.iter().collect::<Vec<_>>());
+        let mut masks = Vec::with_capacity(partners.len() + 1);
+        masks.push(Mask {
+            prg: derive::self_mask(&self.self_mask_seed, &context, round.me),
+            sign: MaskSign::Add,
+        });
         for (peer, shared) in partners.iter().zip(agreed) {
-            let prg = derive::pairwise_mask(&shared?, &context, round.me, peer.id);
-            prg.apply(&mut values, derive::pairwise_sign(round.me, peer.id));
+            masks.push(Mask {
+                prg: derive::pairwise_mask(&shared?, &context, round.me, peer.id),
+                sign: derive::pairwise_sign(round.me, peer.id),
+            });
         }
+        // The input is masked in place, a cache-sized tile at a time with
+        // every mask (and then reduced modulo 2^b): no copy of x_u is made,
+        // and every tile of the vector is masked before it is sent.
+        let mut values = self.input.into_values();
         let modulus = round.config.modulus_mask();
-        values.iter_mut().for_each(|v| *v &= modulus);
+        apply_masks(&masks, &mut values, |tile| tile.iter_mut().for_each(|v| *v &= modulus));
+        drop(masks);
         // y_u is what the server receives: it leaves the zeroizing wrapper
         // (which is left empty) for the message.
         let vector = MaskedVector { bits: round.config.modulus_bits, values: core::mem::take(&mut *values) };

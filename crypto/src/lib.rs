@@ -91,6 +91,7 @@ pub mod graph;
 mod ids;
 pub mod kdf;
 pub mod limits;
+mod masking;
 pub mod messages;
 pub mod metrics;
 pub mod params;

@@ -106,7 +106,31 @@ impl KeyStream<'_> {
     }
 }
 
-/// Room for key stream on its way into a vector: one per thread, reused
+/// Key streams read together by [`apply_next_together`]: on the AWS-LC
+/// backend, up to this many masks are added to a tile in one pass over it.
+pub const STREAMS_PER_PASS: usize = backend::STREAMS_PER_PASS;
+
+/// Adds (or subtracts, every one with `sign`) the next `target.len()` words
+/// of each of `streams` to `target`, word by word modulo 2^32: what calling
+/// [`KeyStream::apply_next`] for each stream in turn does, with the same
+/// rule on lengths. The AWS-LC backend writes up to [`STREAMS_PER_PASS`]
+/// streams' key stream into `buffer` and then adds their sum to the target
+/// in one pass, so the target is read and written once per that many masks
+/// rather than once per mask.
+pub fn apply_next_together(
+    streams: &mut [KeyStream<'_>],
+    sign: MaskSign,
+    target: &mut [u32],
+    buffer: &mut StreamBuffer,
+) {
+    match sign {
+        MaskSign::Add => backend::add_together::<true>(streams, target, &mut buffer.0),
+        MaskSign::Subtract => backend::add_together::<false>(streams, target, &mut buffer.0),
+    }
+}
+
+/// Room for key stream on its way into a vector (on the AWS-LC backend
+/// 8 KiB for each of [`STREAMS_PER_PASS`] streams): one per thread, reused
 /// across masks (filling it is the cipher's work, not a fresh allocation's),
 /// zeroized on drop.
 pub struct StreamBuffer(backend::Buffer);
@@ -140,11 +164,14 @@ mod backend {
     use aws_lc_rs::iv::FixedLength;
     use zeroize::{Zeroize, Zeroizing};
 
-    use super::{WORDS_PER_BLOCK, combine};
+    use super::{KeyStream, WORDS_PER_BLOCK, combine};
 
     /// Words of key stream per call: 8 KiB, enough to amortise a call and
     /// small enough to stay in L1 beside the words it is added to.
     const BATCH_WORDS: usize = 2048;
+
+    /// Key streams added to a target in one pass.
+    pub(super) const STREAMS_PER_PASS: usize = 4;
 
     /// What the cipher encrypts: CTR mode XORs the key stream into its
     /// input, so zeros give the key stream itself. Reading them costs what
@@ -162,12 +189,12 @@ mod backend {
         _cipher: core::marker::PhantomData<&'a Cipher>,
     }
 
-    /// 8 KiB of key stream.
-    pub(super) struct Buffer(Box<[u32; BATCH_WORDS]>);
+    /// 8 KiB of key stream for each of [`STREAMS_PER_PASS`] streams.
+    pub(super) struct Buffer(Box<[[u32; BATCH_WORDS]; STREAMS_PER_PASS]>);
 
     impl Buffer {
         pub(super) fn new() -> Self {
-            Self(Box::new([0; BATCH_WORDS]))
+            Self(Box::new([[0; BATCH_WORDS]; STREAMS_PER_PASS]))
         }
     }
 
@@ -198,17 +225,73 @@ mod backend {
         /// AWS-LC writes up to 8 KiB of it into `buffer` at a time, which
         /// is then combined with the target's words.
         pub(super) fn add<const ADD: bool>(&mut self, target: &mut [u32], buffer: &mut Buffer) {
+            let [stream, ..] = &mut *buffer.0;
             for chunk in target.chunks_mut(BATCH_WORDS) {
-                let words = chunk.len().next_multiple_of(WORDS_PER_BLOCK);
-                let stream = &mut buffer.0[..words];
-                match self.key.less_safe_update(&ZEROS[..words * 4], bytemuck::cast_slice_mut(stream)) {
-                    Ok(update) if update.written().len() == words * 4 => {}
-                    _ => unreachable!("CTR mode writes as many bytes as it reads, a whole number of blocks"),
-                }
+                let stream = self.fill(stream, chunk.len());
                 for (word, s) in chunk.iter_mut().zip(stream.iter()) {
                     *word = combine::<ADD>(*word, u32::from_le(*s));
                 }
             }
+        }
+
+        /// The next `len` words of key stream (`len` at most
+        /// [`BATCH_WORDS`]), written into `buffer` a whole block at a time.
+        fn fill<'b>(&mut self, buffer: &'b mut [u32; BATCH_WORDS], len: usize) -> &'b [u32] {
+            let words = len.next_multiple_of(WORDS_PER_BLOCK);
+            let stream = &mut buffer[..words];
+            match self.key.less_safe_update(&ZEROS[..words * 4], bytemuck::cast_slice_mut(stream)) {
+                Ok(update) if update.written().len() == words * 4 => {}
+                _ => unreachable!("CTR mode writes as many bytes as it reads, a whole number of blocks"),
+            }
+            &buffer[..len]
+        }
+    }
+
+    /// Adds (or subtracts) the next key-stream words of every stream to
+    /// `target`, [`BATCH_WORDS`] words at a time: for each batch, up to
+    /// [`STREAMS_PER_PASS`] streams are written into `buffer` and their sum
+    /// is added to the target's words in one pass.
+    pub(super) fn add_together<const ADD: bool>(
+        streams: &mut [KeyStream<'_>],
+        target: &mut [u32],
+        buffer: &mut Buffer,
+    ) {
+        let [b0, b1, b2, b3] = &mut *buffer.0;
+        for chunk in target.chunks_mut(BATCH_WORDS) {
+            let len = chunk.len();
+            for group in streams.chunks_mut(STREAMS_PER_PASS) {
+                match group {
+                    [a, b, c, d] => {
+                        let streams = [
+                            a.inner.fill(b0, len),
+                            b.inner.fill(b1, len),
+                            c.inner.fill(b2, len),
+                            d.inner.fill(b3, len),
+                        ];
+                        add_sum::<ADD, 4>(chunk, streams);
+                    }
+                    [a, b, c] => {
+                        let streams = [a.inner.fill(b0, len), b.inner.fill(b1, len), c.inner.fill(b2, len)];
+                        add_sum::<ADD, 3>(chunk, streams);
+                    }
+                    [a, b] => add_sum::<ADD, 2>(chunk, [a.inner.fill(b0, len), b.inner.fill(b1, len)]),
+                    [a] => add_sum::<ADD, 1>(chunk, [a.inner.fill(b0, len)]),
+                    _ => unreachable!("chunks of streams are never empty nor longer than four"),
+                }
+            }
+        }
+    }
+
+    /// `target[i] ± Σ streams[k][i]` modulo 2^32 for every word: the
+    /// target loaded and stored once for `N` streams.
+    #[inline(always)]
+    fn add_sum<const ADD: bool, const N: usize>(target: &mut [u32], streams: [&[u32]; N]) {
+        let len = target.len();
+        let streams = streams.map(|stream| &stream[..len]);
+        for (i, word) in target.iter_mut().enumerate() {
+            let total =
+                streams.iter().fold(0u32, |total, stream| total.wrapping_add(u32::from_le(stream[i])));
+            *word = combine::<ADD>(*word, total);
         }
     }
 }
@@ -223,11 +306,27 @@ mod backend {
     use aes::cipher::{BlockCipherEncrypt, KeyInit};
     use zeroize::Zeroize;
 
-    use super::{WORDS_PER_BLOCK, combine};
+    use super::{KeyStream, WORDS_PER_BLOCK, combine};
 
     /// Blocks encrypted per batch: 1 KiB of key stream, enough for AES-NI
     /// to pipeline while staying in L1.
     const BATCH_BLOCKS: usize = 64;
+
+    /// Streams are added one at a time: each block is combined with the
+    /// target as soon as it is encrypted.
+    pub(super) const STREAMS_PER_PASS: usize = 1;
+
+    /// Adds (or subtracts) the next key-stream words of every stream to
+    /// `target`, one stream after another.
+    pub(super) fn add_together<const ADD: bool>(
+        streams: &mut [KeyStream<'_>],
+        target: &mut [u32],
+        buffer: &mut Buffer,
+    ) {
+        for stream in streams {
+            stream.inner.add::<ADD>(target, buffer);
+        }
+    }
 
     /// The expanded key (zeroized on drop by the `aes` crate).
     pub(super) struct Cipher(Aes128);

@@ -4,11 +4,8 @@
 //! advertised commitment and subtracts PRG(b_u); for each client v that
 //! shared keys but sent no masked input it reconstructs s_sk_v, checks it
 //! against v's advertised s_pk, and removes every pairwise mask between v
-//! and a surviving neighbour. The masks are removed from the sum one
-//! cache-sized tile at a time, every mask's key stream for that tile's
-//! counter range in turn; the vector is cut into ranges of tiles that the
-//! worker threads take (feature `parallel`), each range setting up every
-//! mask's cipher once.
+//! and a surviving neighbour. The masks are removed from the sum tile by
+//! tile on the worker threads (see [`crate::masking`]).
 
 use subtle::ConstantTimeEq;
 
@@ -17,8 +14,9 @@ use crate::config::RoundContext;
 use crate::derive;
 use crate::error::{CryptoError, ProtocolError, Stage};
 use crate::ids::ClientId;
+use crate::masking::{Mask, apply_masks_in_parallel};
 use crate::messages::AdvertisedKeys;
-use crate::prg::{KeyStream, MaskPrg, MaskSign, StreamBuffer, WORDS_PER_BLOCK};
+use crate::prg::MaskSign;
 use crate::secret::Secret32;
 use crate::shamir::{Reconstructor, Share};
 
@@ -141,7 +139,7 @@ pub(crate) fn unmask(
             });
         }
     }
-    remove_masks(&masks, sum);
+    apply_masks_in_parallel(&masks, sum);
     faulty.sort_unstable();
     Ok((faulty, masks.len()))
 }
@@ -178,106 +176,4 @@ fn reconstruct_each(
             Ok(secret)
         })
         .collect()
-}
-
-/// A mask to remove: its generator and the sign that removes it.
-struct Mask {
-    prg: MaskPrg,
-    sign: MaskSign,
-}
-
-/// Key-stream words per tile: 8 KiB, which stays in a core's L1 cache,
-/// beside one call's key stream, while every mask is removed from it. (As
-/// fast as tiles of 256 KiB in L2, or slightly faster: each mask's cipher
-/// is set up once per range, so a small tile costs one call per mask and
-/// nothing more.)
-const TILE_WORDS: usize = 1 << 11;
-/// Ranges per worker thread: a few, so that a thread that finishes early
-/// takes another's work, and few, because each range sets up every mask's
-/// cipher once.
-const RANGES_PER_THREAD: usize = 4;
-
-/// Words per range for a vector of `len` words on `threads` threads: about
-/// [`RANGES_PER_THREAD`] ranges per thread, a whole number of AES blocks (so
-/// that each range starts at a block boundary) and of tiles when there is
-/// more than one.
-fn range_words(len: usize, threads: usize) -> usize {
-    let even = len.div_ceil(threads.max(1) * RANGES_PER_THREAD).max(1);
-    if even > TILE_WORDS { even.next_multiple_of(TILE_WORDS) } else { even.next_multiple_of(WORDS_PER_BLOCK) }
-}
-
-/// Removes every mask from `sum`. The vector is cut into contiguous ranges
-/// (the worker threads take them in turn, feature `parallel`); a range
-/// sets up each mask's key stream at its first block and walks its tiles in
-/// order, each tile taking every mask's next key stream while it sits in
-/// cache. So the sum is read and written once however many masks there
-/// are, no vector of masks is ever held, and each mask's cipher is set up
-/// once per range rather than once per tile.
-fn remove_masks(masks: &[Mask], sum: &mut [u32]) {
-    #[cfg(feature = "parallel")]
-    let threads = rayon::current_num_threads();
-    #[cfg(not(feature = "parallel"))]
-    let threads = 1;
-    remove_in_ranges(masks, sum, range_words(sum.len(), threads), TILE_WORDS);
-}
-
-/// [`remove_masks`] with ranges of `range` words and tiles of `tile` words
-/// (both whole AES blocks).
-fn remove_in_ranges(masks: &[Mask], sum: &mut [u32], range: usize, tile: usize) {
-    debug_assert!(range % WORDS_PER_BLOCK == 0 && tile % WORDS_PER_BLOCK == 0);
-    let remove = |(index, words): (usize, &mut [u32])| {
-        let first_block = (index * range / WORDS_PER_BLOCK) as u64;
-        let mut streams: Vec<KeyStream<'_>> =
-            masks.iter().map(|mask| mask.prg.stream_from(first_block)).collect();
-        let mut buffer = StreamBuffer::new();
-        for tile in words.chunks_mut(tile) {
-            for (stream, mask) in streams.iter_mut().zip(masks) {
-                stream.apply_next(tile, mask.sign, &mut buffer);
-            }
-        }
-    };
-    #[cfg(feature = "parallel")]
-    {
-        use rayon::prelude::*;
-        sum.par_chunks_mut(range).enumerate().for_each(remove);
-    }
-    #[cfg(not(feature = "parallel"))]
-    sum.chunks_mut(range).enumerate().for_each(remove);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Masks removed range by range and tile by tile, each mask's stream
-    /// carried from one tile to the next, leave what removing each whole
-    /// mask leaves: for ranges and tiles of several sizes, a tail that is
-    /// no whole block, and both signs.
-    #[test]
-    fn removing_masks_by_ranges_and_tiles_equals_removing_each_whole() {
-        let masks: Vec<Mask> = (0u8..5)
-            .map(|i| Mask {
-                prg: MaskPrg::from_key(&[i.wrapping_mul(37).wrapping_add(1); 16]),
-                sign: if i % 2 == 0 { MaskSign::Subtract } else { MaskSign::Add },
-            })
-            .collect();
-        for len in [1usize, 5, 64, 1003, 10_001] {
-            let start: Vec<u32> = (0..len as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
-            let mut expected = start.clone();
-            for mask in &masks {
-                mask.prg.apply(&mut expected, mask.sign);
-            }
-            for (range, tile) in
-                [(4, 4), (64, 8), (1000, 64), (4096, 2048), (2048, 4096), (len.next_multiple_of(4), 12)]
-            {
-                let mut sum = start.clone();
-                remove_in_ranges(&masks, &mut sum, range, tile);
-                assert_eq!(sum, expected, "len {len}, ranges of {range}, tiles of {tile}");
-            }
-        }
-        // The sizes used for long vectors: whole tiles per range.
-        assert_eq!(range_words(10_000_000, 2) % TILE_WORDS, 0);
-        assert_eq!(range_words(10_001, 2) % WORDS_PER_BLOCK, 0);
-        assert!(range_words(1, 2) >= WORDS_PER_BLOCK);
-    }
 }
