@@ -665,3 +665,42 @@ fn the_browser_bench_times_a_round_of_the_wasm_client_in_chromium() {
     let (mean, max) = (report["client_ms_mean"].as_f64().unwrap(), report["client_ms_max"].as_f64().unwrap());
     assert!(mean > 0.0 && mean <= max && max <= report["total_ms"].as_f64().unwrap(), "{report}");
 }
+
+/// `web/tests/webcrypto.mjs`, the probe of what Chromium's WebCrypto takes
+/// for a client's key streams and agreements (docs/BENCHMARKS.md, the
+/// browser against the native client), refuses to time anything unless
+/// WebCrypto's AES-CTR gives the mask PRG's key stream: here the first and
+/// last block of `MaskPrg`'s stream for its key, and a wrong expectation
+/// (one word off) makes it fail. It also times AES-GCM, whose ciphertext of
+/// zeros it first checks to be that key stream from block 2 on.
+#[test]
+fn the_webcrypto_probe_checks_chromiums_aes_ctr_against_the_mask_prg() {
+    use cohort_client::protocol::prg::{MaskPrg, MaskSign};
+    let _one = exclusive();
+    let dim = 1000usize;
+    let key: [u8; 16] = core::array::from_fn(|i| i as u8 + 1);
+    let mut stream = vec![0u32; dim];
+    MaskPrg::from_key(&key).apply(&mut stream, MaskSign::Add);
+    let hex = |words: &[u32]| {
+        words.iter().flat_map(|w| w.to_le_bytes()).map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let probe = |first: String| {
+        Command::new("node")
+            .arg(workspace_root().join("web/tests/webcrypto.mjs"))
+            .arg(json!({ "k": 4, "dim": dim, "runs": 1, "expect": { "first": first, "last": hex(&stream[dim - 4..]) } }).to_string())
+            .output()
+            .expect("node is installed")
+    };
+    let output = probe(hex(&stream[..4]));
+    let stdout = success("web/tests/webcrypto.mjs", &output);
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+    assert_eq!((report["k"].as_u64(), report["dim"].as_u64()), (Some(4), Some(dim as u64)), "{report}");
+    for field in ["aes_parallel_ms", "aes_serial_ms", "gcm_parallel_ms", "x25519_ms", "add_ms"] {
+        assert!(report[field].as_f64().is_some_and(|ms| ms >= 0.0), "{field}: {report}");
+    }
+    let mut wrong = stream[..4].to_vec();
+    wrong[0] ^= 1;
+    let refused = probe(hex(&wrong));
+    assert!(!refused.status.success(), "a wrong expected key stream passed");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("is not the mask PRG's"));
+}

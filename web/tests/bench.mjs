@@ -8,14 +8,10 @@
 //
 //   node web/tests/bench.mjs '{"clients": 75, "dim": 100000, "t": 50, "bits": 32}'
 import { readFile } from "node:fs/promises";
-import { createServer } from "node:http";
-import { createRequire } from "node:module";
 import { dirname, join, normalize } from "node:path";
 import { fileURLToPath } from "node:url";
 
-const require = createRequire(import.meta.url);
-const npm = process.env.COHORT_NPM_PREFIX ?? "/var/tmp/cohort-npm";
-const { chromium } = require(join(npm, "node_modules/playwright-core"));
+import { launchChromium, serveOnLoopback } from "./chromium.mjs";
 
 const config = { clients: 75, dim: 100000, t: 50, bits: 32, ...JSON.parse(process.argv[2] ?? "{}") };
 const pkg = join(dirname(fileURLToPath(import.meta.url)), "..", "pkg");
@@ -27,7 +23,7 @@ window.report = JSON.parse(benchSecagg(${config.clients}, ${config.dim}, ${confi
 </script>`;
 const types = { ".js": "text/javascript", ".wasm": "application/wasm" };
 
-const server = createServer(async (request, response) => {
+const server = await serveOnLoopback(async (request, response) => {
   const path = new URL(request.url, "http://localhost").pathname;
   if (path === "/") {
     response.writeHead(200, { "content-type": "text/html" });
@@ -48,12 +44,8 @@ const server = createServer(async (request, response) => {
     response.writeHead(404).end();
   }
 });
-await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
 
-const browser = await chromium.launch({
-  executablePath: process.env.COHORT_CHROMIUM ?? "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu"],
-});
+const browser = await launchChromium();
 try {
   const tab = await browser.newPage();
   const problems = [];

@@ -43,23 +43,17 @@
 //              revokes it, then clicks pause, resume, stop and reads the
 //              status the API reports after each; prints what it saw
 import { mkdirSync, writeFileSync } from "node:fs";
-import { createRequire } from "node:module";
 import { join } from "node:path";
 
-const require = createRequire(import.meta.url);
-const npm = process.env.COHORT_NPM_PREFIX ?? "/var/tmp/cohort-npm";
-const { chromium } = require(join(npm, "node_modules/playwright-core"));
+import { launchChromium } from "./chromium.mjs";
 
 const [step, json] = process.argv.slice(2);
 const config = JSON.parse(json);
 mkdirSync(config.artifacts, { recursive: true });
 const TIMEOUT = Number(process.env.COHORT_BROWSER_TIMEOUT_MS ?? 180_000);
 
-const browser = await chromium.launch({
-  executablePath: process.env.COHORT_CHROMIUM ?? "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync"],
-});
+const browser = await launchChromium(["--disable-background-networking", "--disable-component-update",
+  "--disable-sync"]);
 
 /** A page that fails the step on any script error or CSP violation. */
 async function newPage(context, label) {
