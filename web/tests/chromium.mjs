@@ -1,4 +1,4 @@
-// What the measurement scripts share: Debian's Chromium through
+// What the scripts that drive Chromium share: Debian's Chromium through
 // playwright-core (never a downloaded browser; `COHORT_CHROMIUM` and
 // `COHORT_NPM_PREFIX` override where they are), and an HTTP server on a
 // loopback port for the page they open.

@@ -60,18 +60,18 @@ window.check = async (keyBytes, bytes) => {
   const gcm_is_ctr_from_block_2 = fromGcm.every((byte, i) => byte === stream[32 + i]);
   return { first: hex(stream.subarray(0, 16)), last: hex(stream.subarray(bytes - 16)), gcm_is_ctr_from_block_2 };
 };
+const randomKeys = (name, count) => Promise.all(Array.from({ length: count }, () =>
+  subtle.importKey("raw", crypto.getRandomValues(new Uint8Array(16)), name, false, ["encrypt"])));
 window.measure = async (k, bytes) => {
   const zeros = new Uint8Array(bytes);
-  const keys = await Promise.all(Array.from({ length: k + 1 }, () =>
-    subtle.importKey("raw", crypto.getRandomValues(new Uint8Array(16)), "AES-CTR", false, ["encrypt"])));
+  const keys = await randomKeys("AES-CTR", k + 1);
   let start = performance.now();
   const streams = await Promise.all(keys.map((key) => subtle.encrypt(ctr, key, zeros)));
   const aes_parallel_ms = performance.now() - start;
   start = performance.now();
   for (const key of keys) await subtle.encrypt(ctr, key, zeros);
   const aes_serial_ms = performance.now() - start;
-  const gcmKeys = await Promise.all(Array.from({ length: k + 1 }, () =>
-    subtle.importKey("raw", crypto.getRandomValues(new Uint8Array(16)), "AES-GCM", false, ["encrypt"])));
+  const gcmKeys = await randomKeys("AES-GCM", k + 1);
   start = performance.now();
   await Promise.all(gcmKeys.map((key) => subtle.encrypt(gcm, key, zeros)));
   const gcm_parallel_ms = performance.now() - start;
