@@ -457,7 +457,7 @@ impl AwaitingSurvivors {
                 let Some(identity) = round.identity.as_ref() else {
                     return Err(ProtocolError::Inconsistent("missing identity key"));
                 };
-                let signature = identity.sign(&derive::consistency_statement(&context, &survivors));
+                let signature = identity.sign(&derive::consistency_statement(&context, round.me, &survivors));
                 let next = AwaitingSignatures {
                     round: self.round,
                     held: self.held,
@@ -484,14 +484,32 @@ impl AwaitingSignatures {
         if signatures.iter().any(|(signer, _)| self.survivors.binary_search(signer).is_err()) {
             return Err(ProtocolError::Inconsistent("a signer is not in the survivor list"));
         }
-        // t distinct survivors that signed this very list are what the check
-        // needs; any further signatures add nothing, so only the first t are
-        // checked. A valid signature over a different list fails here:
-        // somebody was shown another survivor set.
-        let statement = derive::consistency_statement(&context, &self.survivors);
-        let batch: Vec<Signed<'_>> = signatures[..round.threshold() as usize]
+        // The signers must be this client's own neighbourhood: itself and
+        // its neighbours, the holders of its seed's shares. t signers
+        // anywhere in the round are not enough on a sparse graph: a
+        // coordinator could show this client and t of its neighbours a list
+        // on which they survived and the rest of the round one on which they
+        // dropped, each side signed by t of its own members, and so collect
+        // the neighbours' mask keys from their other neighbours while this
+        // side reveals a seed. With t of its own k + 1 signing its list and
+        // 2t > k + 1 + c, no other list can gather t of them (see
+        // the adversary model in `crypto/adversary` and THREAT_MODEL claim 6).
+        if signatures.iter().any(|(signer, _)| *signer != round.me && !round.is_neighbour(*signer)) {
+            return Err(ProtocolError::Inconsistent("a signer is not in this client's neighbourhood"));
+        }
+        // t distinct members of the neighbourhood that signed this very list
+        // are what the check needs; any further signatures add nothing, so
+        // only the first t are checked. A valid signature over a different
+        // list fails here: somebody was shown another survivor set.
+        let first = &signatures[..round.threshold() as usize];
+        let statements: Vec<Vec<u8>> = first
             .iter()
-            .map(|(signer, signature)| {
+            .map(|(signer, _)| derive::consistency_statement(&context, *signer, &self.survivors))
+            .collect();
+        let batch: Vec<Signed<'_>> = first
+            .iter()
+            .zip(&statements)
+            .map(|((signer, signature), statement)| {
                 (&round.config.identities[signer.index()], statement.as_slice(), signature)
             })
             .collect();
@@ -520,4 +538,94 @@ fn reveal(held: Vec<HeldShares>, own: (ClientId, Share), survivors: &[ClientId])
     }
     shares.self_mask.sort_unstable_by_key(|(owner, _)| *owner);
     shares
+}
+
+#[cfg(test)]
+mod tests {
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::SeedableRng;
+
+    use super::*;
+    use crate::graph::GraphSpec;
+    use crate::quantize::{QuantizationSpec, Transform};
+
+    fn id(i: u32) -> ClientId {
+        ClientId::new(i).unwrap()
+    }
+
+    /// A peer that seals, in an envelope that opens correctly, a share
+    /// evaluated at another client's point: the recipient refuses it before
+    /// it masks anything. (Taken in, such a share would be revealed later as
+    /// this client's, and a coordinator that collects shares at chosen
+    /// points could rebuild a secret from fewer honest holders.)
+    #[test]
+    fn an_envelope_holding_a_share_at_another_point_is_refused() {
+        let config = RoundConfig {
+            session: [3; 16],
+            round: 1,
+            variant: Variant::SemiHonest,
+            clients: 4,
+            identities: Vec::new(),
+            graph: GraphSpec::Complete,
+            threshold: 2,
+            vector_len: 4,
+            modulus_bits: 16,
+            quantization: QuantizationSpec {
+                clip: 1.0,
+                max_weight: 1,
+                transform: Transform::None,
+                metrics: crate::MetricSet::NONE,
+                privacy: None,
+            },
+        };
+        let context = config.context();
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let input = QuantizedInput::from_values(vec![1; 4]);
+        let (client, keys) =
+            Client::start(ServerMessage::Setup(config), id(1), None, input, &mut rng).unwrap();
+        let ClientMessage::AdvertiseKeys { cipher_key: client_key, .. } = keys else { panic!("keys") };
+        // Peers 2 to 4, whose keys this test holds.
+        let peers: Vec<(AgreementKey, AdvertisedKeys)> = (2..=4)
+            .map(|i| {
+                let cipher = AgreementKey::generate(&mut rng);
+                let mask = AgreementKey::generate(&mut rng);
+                let advertised = AdvertisedKeys {
+                    id: id(i),
+                    cipher_key: cipher.public_key(),
+                    mask_key: mask.public_key(),
+                    seed_commitment: [0; 32],
+                    signature: None,
+                };
+                (cipher, advertised)
+            })
+            .collect();
+        let message =
+            ServerMessage::PeerKeys { context, peers: peers.iter().map(|(_, keys)| keys.clone()).collect() };
+        let (client, reply) = client.handle(message, &mut rng);
+        assert!(matches!(reply, Ok(ClientMessage::ShareKeys { .. })));
+        // Each peer seals a pair of shares for client 1; peer 3's seed share
+        // is evaluated at point 4, not 1.
+        let envelopes: Vec<Envelope> = peers
+            .iter()
+            .map(|(cipher, keys)| {
+                let point = if keys.id == id(3) { 4 } else { 1 };
+                let seed = split(&Secret32::random(&mut rng), 2, &[point, 9], &mut rng);
+                let key = split(&Secret32::random(&mut rng), 2, &[1, 9], &mut rng);
+                let mut plaintext = Vec::new();
+                seed[0].encode_into(&mut plaintext);
+                key[0].encode_into(&mut plaintext);
+                let shared = cipher.agree(&client_key).unwrap();
+                let (seal, _) = derive::envelope_keys(&shared, &context, keys.id, id(1));
+                let aad = derive::envelope_aad(&context, keys.id, id(1));
+                Envelope { peer: keys.id, ciphertext: seal.seal(&aad, &plaintext) }
+            })
+            .collect();
+        let (state, reply) = client.handle(ServerMessage::Shares { context, envelopes }, &mut rng);
+        let refused = ProtocolError::InvalidMessage {
+            client: id(3),
+            reason: "a share envelope holds a malformed share",
+        };
+        assert!(matches!(reply, Err(ref error) if *error == refused), "{reply:?}");
+        assert!(matches!(state, Client::Aborted));
+    }
 }

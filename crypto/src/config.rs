@@ -105,6 +105,16 @@ impl RoundConfig {
             }
             _ => {}
         }
+        // One signature must count for one client only (the consistency
+        // check counts signers).
+        let mut by_key: Vec<usize> = (0..self.identities.len()).collect();
+        by_key.sort_unstable_by_key(|&i| self.identities[i]);
+        if let Some(pair) =
+            by_key.windows(2).find(|pair| self.identities[pair[0]] == self.identities[pair[1]])
+        {
+            let (first, second) = (pair[0].min(pair[1]) as u32 + 1, pair[0].max(pair[1]) as u32 + 1);
+            return Err(ConfigError::DuplicateIdentity { first, second });
+        }
         // The noise is split so that any `noise_shares` inputs carry all of
         // it; the coordinator can only unmask sums of more than t.
         if let Some(privacy) = &self.quantization.privacy
@@ -293,9 +303,16 @@ mod tests {
         config.validate()
     }
 
+    /// A distinct 32-byte key per client index.
+    fn identity(i: u32) -> [u8; 32] {
+        let mut key = [9; 32];
+        key[..4].copy_from_slice(&i.to_le_bytes());
+        key
+    }
+
     fn active(config: &mut RoundConfig) {
         config.variant = Variant::Active;
-        config.identities = vec![[9; 32]; config.clients as usize];
+        config.identities = (0..config.clients).map(identity).collect();
     }
 
     /// Each limit accepts its last valid value and refuses the next one.
@@ -360,6 +377,15 @@ mod tests {
             Err(ThresholdBelowMajority { threshold: 2, degree: 4 })
         );
         assert_eq!(with(active), Ok(()));
+        // One identity key twice in the roster: a signature of it would
+        // count for two clients.
+        assert_eq!(
+            with(|c| {
+                active(c);
+                c.identities[7] = c.identities[2];
+            }),
+            Err(DuplicateIdentity { first: 3, second: 8 })
+        );
         // The boundary 2t > k + 1 where k + 1 is even: k = 9, t = 5 is a
         // tie among the ten holders of a seed's shares, t = 6 a majority.
         let complete_active = |threshold: u32| {

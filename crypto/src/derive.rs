@@ -103,9 +103,16 @@ pub(crate) fn seed_commitment(context: &RoundContext, owner: ClientId, seed: &Se
     out
 }
 
-/// The statement a client signs in the consistency check: the survivor list.
-pub(crate) fn consistency_statement(context: &RoundContext, survivors: &[ClientId]) -> Vec<u8> {
-    let mut ids = Vec::with_capacity(4 + 4 * survivors.len());
+/// The statement client `signer` signs in the consistency check: its id
+/// and the survivor list (with the id, a signature counts for its signer
+/// only, whatever the roster says).
+pub(crate) fn consistency_statement(
+    context: &RoundContext,
+    signer: ClientId,
+    survivors: &[ClientId],
+) -> Vec<u8> {
+    let mut ids = Vec::with_capacity(8 + 4 * survivors.len());
+    ids.extend_from_slice(&signer.get().to_be_bytes());
     ids.extend_from_slice(&(survivors.len() as u32).to_be_bytes());
     for id in survivors {
         ids.extend_from_slice(&id.get().to_be_bytes());

@@ -121,6 +121,15 @@ pub enum ConfigError {
         /// Identity keys supplied.
         got: u32,
     },
+    /// Two roster entries carry one identity key: a signature of that key
+    /// would count for both.
+    #[error("clients {first} and {second} of the roster have the same identity key")]
+    DuplicateIdentity {
+        /// The first client with the key.
+        first: u32,
+        /// Another client with the same key.
+        second: u32,
+    },
     /// A quantization parameter is out of range.
     #[error("invalid quantization: {0}")]
     BadQuantization(&'static str),

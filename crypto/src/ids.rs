@@ -19,12 +19,12 @@ impl ClientId {
     }
 
     /// The zero-based index into roster-sized arrays.
-    pub(crate) const fn index(self) -> usize {
+    pub const fn index(self) -> usize {
         self.0 as usize - 1
     }
 
     /// The id of the client at zero-based roster index `index`.
-    pub(crate) fn from_index(index: usize) -> Self {
+    pub fn from_index(index: usize) -> Self {
         // Roster sizes are bounded by `MAX_CLIENTS`, far below u32::MAX.
         Self(index as u32 + 1)
     }

@@ -14,7 +14,13 @@
 //!   all n clients, `n · P[k − D < t] ≤ 2^-η` (η = 20 by default). (An
 //!   independent-dropout model, `Bin(k, 1 − δ)`, ignores that a neighbourhood
 //!   is drawn without replacement from a finite population; once k is a fair
-//!   fraction of n it overstates the spread and with it the degree.)
+//!   fraction of n it overstates the spread and with it the degree.) In the
+//!   active variant a survivor also goes on to unmask only once t members
+//!   of its own closed neighbourhood (itself and its neighbours) signed the
+//!   survivor list, so it needs `k − D + 1 ≥ t` signers; every client that
+//!   answers the unmasking signed before it, so the constraint is counted
+//!   with the same D and is implied by the first (one more holder), which
+//!   the finder checks rather than assumes.
 //! * **Privacy against a curious server colluding with ⌊γn⌋ clients.** The
 //!   corrupt neighbours of u follow a hypergeometric law
 //!   `C ~ Hyp(n − 1, ⌊γn⌋, k)`.
@@ -169,7 +175,12 @@ fn best_threshold(clients: u32, degree: u32, target: &ParameterTarget) -> Option
     let d_star = smallest_tail_start(k.min(dropped), correctness, |d| {
         hypergeometric_ln_pmf(clients - 1, dropped, k, d)
     });
-    let t_max = (k + 1).checked_sub(d_star).filter(|&t| t >= 1)?.min(k);
+    // The masks: t surviving neighbours, k − D ≥ t. The consistency check
+    // (active variant): t signers among the survivor and its surviving
+    // neighbours, k − D + 1 ≥ t.
+    let for_masks = (k + 1).checked_sub(d_star);
+    let for_signers = (k + 2).checked_sub(d_star);
+    let t_max = for_masks.min(for_signers).filter(|&t| t >= 1)?.min(k);
     let t_min = private_threshold(clients, degree, target.corruption, target.security_bits, target.adversary);
     (t_min <= t_max).then_some(t_max)
 }

@@ -540,7 +540,13 @@ mod tests {
             variant,
             clients,
             identities: match variant {
-                Variant::Active => (0..clients).map(|i| [i as u8; 32]).collect(),
+                Variant::Active => (0..clients)
+                    .map(|i| {
+                        let mut key = [0; 32];
+                        key[..4].copy_from_slice(&i.to_le_bytes());
+                        key
+                    })
+                    .collect(),
                 Variant::SemiHonest => Vec::new(),
             },
             graph,

@@ -434,7 +434,19 @@ impl ServerRound {
                 Variant::SemiHonest => {
                     ServerMessage::Survivors { context, survivors: s.after.survivors.clone() }
                 }
-                Variant::Active => ServerMessage::Signatures { context, signatures: s.signatures.clone() },
+                // Each client is handed the first t signatures of its own
+                // neighbourhood (itself and its neighbours): the only ones
+                // it counts.
+                Variant::Active => ServerMessage::Signatures {
+                    context,
+                    signatures: s
+                        .signatures
+                        .iter()
+                        .filter(|(signer, _)| *signer == client || info.graph.are_neighbours(*signer, client))
+                        .take(info.threshold() as usize)
+                        .copied()
+                        .collect(),
+                },
             },
         })
     }
@@ -843,7 +855,7 @@ impl CollectingMaskedInputs {
 
 impl CollectingSignatures {
     fn receive(&mut self, from: ClientId, signature: [u8; SIGNATURE_LEN]) -> Result<(), ProtocolError> {
-        let statement = derive::consistency_statement(&self.info.context, &self.after.survivors);
+        let statement = derive::consistency_statement(&self.info.context, from, &self.after.survivors);
         verify(&self.info.config.identities[from.index()], &statement, &signature)?;
         self.signatures.push((from, signature));
         self.inbox.mark(from);
@@ -852,11 +864,11 @@ impl CollectingSignatures {
 
     fn advance(mut self) -> Result<ServerRound, ProtocolError> {
         self.info.require(Stage::ConsistencyCheck, self.inbox.count)?;
-        // A client goes on once t survivors signed the list it saw (each
-        // signature here was checked on arrival); relaying more would only
-        // add to every client's download.
+        // A client goes on once t of its own neighbourhood signed the list it
+        // saw (each signature here was checked on arrival): every signature
+        // is kept, and each client is relayed the first t of its
+        // neighbourhood (`message_for`).
         self.signatures.sort_by_key(|(id, _)| *id);
-        self.signatures.truncate(self.info.config.threshold as usize);
         let n = self.inbox.received.len();
         Ok(ServerRound::CollectingUnmaskingShares(CollectingUnmaskingShares {
             info: self.info,

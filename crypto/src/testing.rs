@@ -89,3 +89,16 @@ pub fn weighted_mean(clients: &[&ProtocolClient]) -> Vec<f32> {
         .map(|j| clients.iter().map(|c| c.update[j] * c.weight as f32).sum::<f32>() / total)
         .collect()
 }
+
+/// A consistency-check signature over `survivors`, as client `signer` of
+/// the round with identity key `identity` makes it: what a coordinator's own
+/// (corrupt) clients hand it for any list it likes, in the adversary
+/// model's replays against the real clients.
+pub fn sign_survivor_list(
+    identity: &IdentityKey,
+    context: &crate::RoundContext,
+    signer: ClientId,
+    survivors: &[ClientId],
+) -> [u8; crate::signature::SIGNATURE_LEN] {
+    identity.sign(&crate::derive::consistency_statement(context, signer, survivors))
+}

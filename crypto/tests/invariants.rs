@@ -341,6 +341,122 @@ fn t_consistency_signatures_are_relayed_and_checked() {
     assert!(matches!(result, Err(ProtocolError::BelowThreshold { .. })), "{result:?}");
 }
 
+/// On a sparse graph a client counts only signatures of its own
+/// neighbourhood (itself and its neighbours): the server relays each client
+/// the first t of those, and a client handed t valid signatures over its
+/// very list that include one from outside its neighbourhood reveals
+/// nothing. (Counting signers anywhere in the round let a coordinator show
+/// two sides of the round two lists, each signed by t of its own members:
+/// the split-list attack the adversary search finds, `cohort-adversary`.)
+#[test]
+fn a_client_counts_only_signatures_of_its_own_neighbourhood() {
+    let mut config = config(12, 4, GraphSpec::Harary { degree: 6 }, 8, 32);
+    let identities = make_active(&mut config, 21);
+    let graph = config.communication_graph();
+    let mut driver = Driver::start(&config, &identities, 21);
+    driver.stage(); // keys
+    driver.stage(); // shares
+    driver.stage(); // masked inputs; every client has signed the survivor list
+    let signed: Vec<_> = (1..=12)
+        .map(|i| match ClientMessage::decode(driver.outbox[i - 1].as_ref().unwrap()) {
+            Ok(ClientMessage::Consistency { signature, .. }) => (id(i as u32), signature),
+            other => panic!("client {i} did not sign: {other:?}"),
+        })
+        .collect();
+    driver.flush();
+    driver.advance().unwrap();
+    let context = config.context();
+    let own = |u: ClientId, w: ClientId| w == u || graph.are_neighbours(u, w);
+    for u in (1..=12).map(id) {
+        let Some(ServerMessage::Signatures { signatures, .. }) = driver.server().message_for(u) else {
+            panic!("expected the signatures");
+        };
+        let expected: Vec<_> = signed.iter().copied().filter(|(w, _)| own(u, *w)).take(4).collect();
+        assert_eq!(signatures, expected, "client {u}: the first t of its own neighbourhood");
+    }
+    // Client 1 handed t valid signatures over its list, one of them from a
+    // client that is not its neighbour: it reveals nothing.
+    let outsider = signed.iter().copied().find(|(w, _)| !own(id(1), *w)).unwrap();
+    let mut mixed: Vec<_> = signed.iter().copied().filter(|(w, _)| own(id(1), *w)).take(3).collect();
+    mixed.push(outsider);
+    mixed.sort_by_key(|(w, _)| *w);
+    let result = driver.deliver(1, ServerMessage::Signatures { context, signatures: mixed });
+    assert_eq!(result, Err(ProtocolError::Inconsistent("a signer is not in this client's neighbourhood")));
+    assert!(matches!(driver.clients[0], Some(Client::Aborted)));
+    // Every other client goes on with what the server relays, and the round
+    // completes without client 1's shares.
+    driver.vanish(1);
+    driver.deliver_all();
+    let aggregate = driver.finish();
+    check_sum(&driver, &aggregate);
+}
+
+/// Claim 12: the server refuses an advertised key of small order, whichever
+/// of the two it is, before it relays it to anybody (a client's agreement
+/// with it would give a predictable secret); the round goes on without
+/// the sender.
+#[test]
+fn the_server_refuses_advertised_keys_of_small_order() {
+    let config = config(5, 3, GraphSpec::Complete, 8, 32);
+    let mut driver = Driver::start(&config, &[], 31);
+    let honest = driver.outbox[0].take().unwrap();
+    let Ok(ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, seed_commitment, .. }) =
+        ClientMessage::decode(&honest)
+    else {
+        panic!("expected the keys");
+    };
+    let mut zero = [0u8; 32];
+    let mut one = [0u8; 32];
+    one[0] = 1;
+    zero[31] = 0x80; // bit 255 set: still the point u = 0
+    for (cipher, mask) in [(zero, mask_key), (cipher_key, one), (one, zero)] {
+        let forged = ClientMessage::AdvertiseKeys {
+            context,
+            cipher_key: cipher,
+            mask_key: mask,
+            seed_commitment,
+            signature: None,
+        };
+        assert_eq!(
+            driver.send(1, &forged.encode()),
+            Err(ProtocolError::InvalidMessage { client: id(1), reason: "an advertised key is of low order" })
+        );
+    }
+    driver.vanish(1);
+    let aggregate = driver.finish();
+    check_sum(&driver, &aggregate);
+    assert_eq!(aggregate.contributors, ids(&[2, 3, 4, 5]));
+}
+
+/// A client that was not handed a neighbour's envelope did not mask with
+/// it and holds none of its shares: a survivor list that says that
+/// neighbour survived is one the client cannot act on (its input would
+/// keep a mask nobody can remove, or the coordinator shows it a list it
+/// made for somebody else), and it refuses before signing or revealing.
+#[test]
+fn a_client_refuses_a_survivor_list_with_a_neighbour_that_never_shared_with_it() {
+    let config = config(5, 3, GraphSpec::Complete, 8, 32);
+    let mut driver = Driver::start(&config, &[], 32);
+    driver.stage(); // keys
+    driver.flush(); // every client's envelopes
+    driver.advance().unwrap();
+    let Some(ServerMessage::Shares { context, mut envelopes }) = driver.server().message_for(id(1)) else {
+        panic!("expected the envelopes");
+    };
+    envelopes.retain(|envelope| envelope.peer != id(2));
+    driver.deliver(1, ServerMessage::Shares { context, envelopes }).unwrap();
+    assert!(matches!(
+        ClientMessage::decode(driver.outbox[0].as_ref().unwrap()),
+        Ok(ClientMessage::MaskedInput { .. })
+    ));
+    let result = driver.deliver(1, ServerMessage::Survivors { context, survivors: ids(&[1, 2, 3, 4, 5]) });
+    assert_eq!(
+        result,
+        Err(ProtocolError::Inconsistent("a surviving neighbour never shared keys with this client"))
+    );
+    assert!(matches!(driver.clients[0], Some(Client::Aborted)));
+}
+
 #[test]
 fn active_clients_refuse_unsigned_or_forged_keys() {
     let mut config = config(4, 3, GraphSpec::Complete, 8, 32);
