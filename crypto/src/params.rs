@@ -21,9 +21,9 @@
 //!   answers the unmasking signed before it, so the constraint is counted
 //!   with the same D and is implied by the first (one more holder), which
 //!   the finder checks rather than assumes.
-//! * **Privacy against a curious server colluding with ⌊γn⌋ clients.** The
+//! * **Privacy against a curious server colluding with ⌈γn⌉ clients (a fraction of a client counts as one).** The
 //!   corrupt neighbours of u follow a hypergeometric law
-//!   `C ~ Hyp(n − 1, ⌊γn⌋, k)`.
+//!   `C ~ Hyp(n − 1, ⌈γn⌉, k)`.
 //!   - *Semi-honest* (the server follows the protocol): the server learns
 //!     one kind of share per client from the honest neighbours; together with
 //!     the corrupt neighbours' shares it must stay below t for the other kind:
@@ -207,7 +207,9 @@ pub fn private_threshold(
     let corruption = if (0.0..1.0).contains(&corruption) { corruption } else { 0.0 };
     let security = per_client_budget(clients.max(1), security_bits);
     // Smallest corrupt-neighbour count c* with P[C ≥ c*] within the budget.
-    let corrupt = ((corruption * f64::from(clients)).floor() as u32).min(clients.saturating_sub(1));
+    // Rounded up: a fraction of a client is one client (5 % of 10 clients is
+    // not none).
+    let corrupt = ((corruption * f64::from(clients)).ceil() as u32).min(clients.saturating_sub(1));
     let c_star = smallest_tail_start(k.min(corrupt), security, |x| {
         hypergeometric_ln_pmf(clients.saturating_sub(1), corrupt, k, x)
     });

@@ -58,6 +58,14 @@ pub struct Policy {
     /// 2t > k + 1). Default: 5 % of the clients, σ = 40, the bound of the
     /// published SecAgg+ parameters.
     pub collusion: Option<Collusion>,
+    /// Active variant: the fewest clients of the coordinator's own, in one
+    /// client's neighbourhood, that could expose that client's update,
+    /// whatever the collusion model says: 2t − k − 1 must be at least this
+    /// (with fewer than 2t − k − 1 of its own clients in a neighbourhood the
+    /// coordinator exposes no client of it; with that many it can, which
+    /// the adversary search shows on every complete round up to 12 clients).
+    /// Default: 3.
+    pub min_collusion_margin: u32,
     /// Narrowest ring accepted, in bits. Default: 2 (any).
     pub min_ring_bits: u8,
     /// Widest ring accepted, in bits (upload size). Default: 32 (any).
@@ -71,7 +79,9 @@ pub struct Policy {
 impl Default for Policy {
     /// Safe against a coordinator the client does not trust: the active
     /// variant only, at least 10 clients and a threshold of at least 5 that
-    /// also withstands 5 % colluding clients. The ring and the transforms
+    /// also withstands 5 % colluding clients (rounded up) and leaves a
+    /// margin of 3 (the coordinator would need 3 clients of its own in one
+    /// neighbourhood). The ring and the transforms
     /// change what an update costs to send, not what the coordinator learns
     /// from the sum, so every one is accepted (and then pinned).
     fn default() -> Self {
@@ -80,6 +90,7 @@ impl Default for Policy {
             min_clients: 10,
             min_threshold: 5,
             collusion: Some(Collusion { corruption: 0.05, security_bits: 40 }),
+            min_collusion_margin: 3,
             min_ring_bits: 2,
             max_ring_bits: 32,
             allow_rotation: true,
@@ -309,7 +320,9 @@ impl Policy {
     pub fn min_threshold_for(&self, variant: Variant, clients: u32, degree: u32) -> u32 {
         let mut min = self.min_threshold.max(1);
         if variant == Variant::Active {
-            min = min.max(min_active_threshold(degree));
+            // 2t − k − 1 ≥ margin, and at least 2t > k + 1.
+            let k = degree.min(clients.saturating_sub(1));
+            min = min.max(min_active_threshold(degree)).max((k + 1 + self.min_collusion_margin).div_ceil(2));
         }
         if let Some(collusion) = self.collusion {
             let adversary = match variant {
@@ -336,6 +349,12 @@ impl Policy {
             allow_semi_honest: security.variant == Variant::SemiHonest,
             min_clients: default.min_clients.min(security.clients),
             min_threshold: default.min_threshold.min(security.threshold),
+            // The margin is a rule of the active variant; a semi-honest task
+            // is accepted (or not) by `allow_semi_honest`.
+            min_collusion_margin: match security.variant {
+                Variant::Active => default.min_collusion_margin.min(security.collusion_margin()),
+                Variant::SemiHonest => default.min_collusion_margin,
+            },
             min_ring_bits: default.min_ring_bits.min(security.modulus_bits),
             max_ring_bits: default.max_ring_bits.max(security.modulus_bits),
             ..default
@@ -364,6 +383,14 @@ impl Policy {
             weaker.push(format!(
                 "accepts a threshold of {} (default {})",
                 self.min_threshold, default.min_threshold
+            ));
+        }
+        if self.min_collusion_margin < default.min_collusion_margin {
+            weaker.push(format!(
+                "accepts rounds that {} of the coordinator's own clients in one neighbourhood could break \
+                 (default {})",
+                self.min_collusion_margin.max(1),
+                default.min_collusion_margin
             ));
         }
         match (self.collusion, default.collusion) {
@@ -425,6 +452,17 @@ impl Policy {
 }
 
 impl TaskSecurity {
+    /// How many clients of the coordinator's own in one client's
+    /// neighbourhood would let it expose that client's update: 2t − k − 1
+    /// in the active variant (0 where that is not positive); none are
+    /// needed in the semi-honest one, which trusts the coordinator.
+    pub fn collusion_margin(&self) -> u32 {
+        match self.variant {
+            Variant::Active => (2 * self.threshold).saturating_sub(self.degree + 1),
+            Variant::SemiHonest => 0,
+        }
+    }
+
     /// The security parameters a round announces. The round must be valid
     /// ([`RoundConfig::validate`]); an invalid one is refused here too.
     pub fn of_round(config: &RoundConfig) -> Result<Self, PolicyViolation> {
@@ -581,9 +619,22 @@ mod tests {
             policy.check(&low),
             Err(PolicyViolation::ThresholdTooLow { min, got: min - 1, degree: 398 })
         );
-        // The smallest round the default accepts: ten clients, a strict
-        // majority of the ten holders of each seed's shares (2t > k + 1).
-        assert_eq!(policy.check(&security(&round(Variant::Active, 10, GraphSpec::Complete, 6))), Ok(()));
+        // The smallest round the default accepts: ten clients and a
+        // threshold that three clients of the coordinator's own cannot
+        // break (2t − k − 1 ≥ 3). t = 6 is a strict majority of the ten
+        // holders of each seed's shares (2t > k + 1), and two of the
+        // coordinator's own clients would expose an update (the adversary
+        // search's `the_collusion_margin_is_exact...`).
+        let ten = |t| security(&round(Variant::Active, 10, GraphSpec::Complete, t));
+        assert_eq!(policy.check(&ten(7)), Ok(()));
+        assert_eq!((ten(7).collusion_margin(), ten(6).collusion_margin()), (4, 2));
+        assert_eq!(
+            policy.check(&ten(6)),
+            Err(PolicyViolation::ThresholdTooLow { min: 7, got: 6, degree: 9 })
+        );
+        let lenient = Policy { min_collusion_margin: 2, ..policy };
+        assert_eq!(lenient.check(&ten(6)), Ok(()));
+        assert!(lenient.relaxations().iter().any(|r| r.contains("2 of the coordinator's own clients")));
         assert!(TaskSecurity::of_round(&round(Variant::Active, 10, GraphSpec::Complete, 5)).is_err());
         assert_eq!(
             policy.check(&security(&round(Variant::Active, 9, GraphSpec::Complete, 6))),
@@ -605,16 +656,23 @@ mod tests {
             policy.check(&sparse),
             Err(PolicyViolation::ThresholdTooLow { min: 5, got: 3, degree: 4 })
         );
+        // Without the floor and the collusion bound, the margin binds:
+        // 2t − k − 1 ≥ 3 asks for 4.
         let weaker = Policy { min_threshold: 2, collusion: None, ..policy };
-        assert_eq!(weaker.check(&sparse), Ok(()));
-        assert_eq!(weaker.min_threshold_for(Variant::Active, 20, 4), 3);
-        assert_eq!(weaker.min_threshold_for(Variant::SemiHonest, 20, 4), 2);
+        assert_eq!(
+            weaker.check(&sparse),
+            Err(PolicyViolation::ThresholdTooLow { min: 4, got: 3, degree: 4 })
+        );
+        let weakest = Policy { min_collusion_margin: 0, ..weaker };
+        assert_eq!(weakest.check(&sparse), Ok(()));
+        assert_eq!(weakest.min_threshold_for(Variant::Active, 20, 4), 3);
+        assert_eq!(weakest.min_threshold_for(Variant::SemiHonest, 20, 4), 2);
     }
 
     #[test]
     fn rings_and_transforms_outside_the_policy_are_named() {
         let policy = Policy { min_ring_bits: 8, max_ring_bits: 16, allow_sketch: false, ..Policy::default() };
-        let mut config = round(Variant::Active, 10, GraphSpec::Complete, 6);
+        let mut config = round(Variant::Active, 10, GraphSpec::Complete, 7);
         assert_eq!(policy.check(&security(&config)), Err(PolicyViolation::Ring { min: 8, max: 16, got: 24 }));
         config.modulus_bits = 16;
         assert_eq!(policy.check(&security(&config)), Ok(()));
@@ -690,8 +748,12 @@ mod tests {
         let policy = Policy::accepting(&demo);
         assert_eq!(policy.check(&demo), Ok(()));
         assert_eq!((policy.min_clients, policy.min_threshold, policy.allow_semi_honest), (3, 2, false));
-        assert_eq!(policy.collusion, Policy::default().collusion);
-        assert_eq!(policy.relaxations().len(), 2, "{:?}", policy.relaxations());
+        // One client of the coordinator's own (5 % of 3, rounded up) would
+        // expose an update of so small a round (2t − k − 1 = 1): the margin
+        // is lowered to it and the collusion bound dropped, and both are
+        // said.
+        assert_eq!((policy.min_collusion_margin, policy.collusion), (1, None));
+        assert_eq!(policy.relaxations().len(), 4, "{:?}", policy.relaxations());
         // Still refuses what the task does not need.
         let semi_honest = security(&round(Variant::SemiHonest, 3, GraphSpec::Complete, 2));
         assert_eq!(policy.check(&semi_honest), Err(PolicyViolation::SemiHonest));

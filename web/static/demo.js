@@ -69,7 +69,7 @@ function drawChart() {
 
 // Weaker than the default policy so that three tabs make a round; the page
 // says so (#policy). Fields left out keep their defaults.
-const DEMO_POLICY = { min_clients: 3, min_threshold: 2 };
+const DEMO_POLICY = { min_clients: 3, min_threshold: 2, min_collusion_margin: 1, collusion: null };
 
 /**
  * Joins `task` with `token`; trains on shard `dealt.shard` of `dealt.shards`
