@@ -517,3 +517,47 @@ fn an_async_participant_drops_a_stale_update_and_refuses_a_weight_above_one() {
     assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Abandoned { .. })));
     assert_eq!(send(&mut p, 0).path, "/v1/checkin", "nothing of the update is sent");
 }
+
+/// THREAT_MODEL claim 48: an async participant masks an update into at
+/// most one group. Offered a group it already took part in (here the one
+/// its saved state names, as after a restart), it drops the update and
+/// sends nothing of it; the next group takes its next update.
+#[test]
+fn an_async_participant_never_masks_an_update_into_a_group_it_already_joined() {
+    let mut p = enrolled();
+    let joined = hex::encode([7u8; 16]);
+    p.last_joined = Some(joined.clone());
+    async_trained(&mut p, "5");
+    assert!(matches!(p.next(0), Action::Train { round: 5, .. }));
+    p.submit(vec![0.4, -0.2], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin?trained_on=5");
+    let again = serde_json::json!({
+        "status": "selected", "round": 3, "client_id": 2, "session": joined, "staleness_weight": 1.0,
+    });
+    p.handle(0, json(200, again)).unwrap();
+    match p.next(0) {
+        Action::RoundEnded(RoundOutcome::Abandoned { reason, .. }) => {
+            assert!(reason.contains("group 3"), "{reason}")
+        }
+        other => panic!("expected the update dropped, got {other:?}"),
+    }
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin", "nothing of the update is sent");
+    // A group it has not joined takes the next update.
+    p.handle(0, json(200, serde_json::json!({ "status": "train", "version": 6 }))).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/model");
+    let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+    let metadata = std::collections::BTreeMap::from([("cohort.round".to_string(), "6".to_string())]);
+    p.handle(
+        0,
+        Response { status: 200, body: checkpoint::encode(&layout, &[0.5, -0.5], &metadata).unwrap() },
+    )
+    .unwrap();
+    assert!(matches!(p.next(0), Action::Train { round: 6, .. }));
+    p.submit(vec![0.4, -0.2], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin?trained_on=6");
+    let fresh = serde_json::json!({
+        "status": "selected", "round": 4, "client_id": 1, "session": hex::encode([8u8; 16]), "staleness_weight": 1.0,
+    });
+    p.handle(0, json(200, fresh)).unwrap();
+    assert!(matches!(p.phase, Phase::Fetch { round: 4, .. }));
+}
