@@ -31,9 +31,12 @@
 //!    summing over its neighbours in U2, where s_uv comes from
 //!    X25519(s_sk_u, s_pk_v) ([`prg`]). The server adds the y_u as they arrive
 //!    and keeps only the sum (U3).
-//! 4. **ConsistencyCheck** (active variant). Each survivor signs the list U3;
-//!    the server relays t of the signatures, and a client goes on only if at
-//!    least t survivors signed the same list it saw.
+//! 4. **ConsistencyCheck** (active variant). Each survivor signs the list U3
+//!    (with its own id); the server relays each client t signatures of its
+//!    own closed neighbourhood (itself and its neighbours), and a client goes
+//!    on only if t of them signed the same list it saw. (Signers anywhere in
+//!    the round are not enough on a sparse graph: see the adversary search,
+//!    `crypto/adversary`.)
 //! 5. **Unmasking.** For each neighbour, a client reveals the share of b_v if
 //!    v is in U3 and the share of s_sk_v otherwise, never both. The server
 //!    reconstructs, checks each b_v against its commitment and each s_sk_v
