@@ -18,9 +18,9 @@
 //!   active variant a survivor also goes on to unmask only once t members
 //!   of its own closed neighbourhood (itself and its neighbours) signed the
 //!   survivor list, so it needs `k − D + 1 ≥ t` signers; every client that
-//!   answers the unmasking signed before it, so the constraint is counted
-//!   with the same D and is implied by the first (one more holder), which
-//!   the finder checks rather than assumes.
+//!   answers the unmasking signed before it, so that constraint is counted
+//!   with the same D, and the first implies it (one more holder: itself).
+//!   The tests check it for the parameters the finder returns.
 //! * **Privacy against a curious server colluding with ⌈γn⌉ clients (a fraction of a client counts as one).** The
 //!   corrupt neighbours of u follow a hypergeometric law
 //!   `C ~ Hyp(n − 1, ⌈γn⌉, k)`.
@@ -175,19 +175,16 @@ fn best_threshold(clients: u32, degree: u32, target: &ParameterTarget) -> Option
     let d_star = smallest_tail_start(k.min(dropped), correctness, |d| {
         hypergeometric_ln_pmf(clients - 1, dropped, k, d)
     });
-    // The masks: t surviving neighbours, k − D ≥ t. The consistency check
-    // (active variant): t signers among the survivor and its surviving
-    // neighbours, k − D + 1 ≥ t.
-    let for_masks = (k + 1).checked_sub(d_star);
-    let for_signers = (k + 2).checked_sub(d_star);
-    let t_max = for_masks.min(for_signers).filter(|&t| t >= 1)?.min(k);
+    // t surviving neighbours, k − D ≥ t; the t signers a survivor needs in
+    // the active variant (k − D + 1 ≥ t) follow, as the tests check.
+    let t_max = (k + 1).checked_sub(d_star).filter(|&t| t >= 1)?.min(k);
     let t_min = private_threshold(clients, degree, target.corruption, target.security_bits, target.adversary);
     (t_min <= t_max).then_some(t_max)
 }
 
 /// The smallest threshold that keeps every client's secrets private in a
 /// round of `clients` clients with `degree` neighbours each, against a
-/// server colluding with ⌊`corruption` · n⌋ clients, except with
+/// server colluding with ⌈`corruption` · n⌉ clients, except with
 /// probability 2^-`security_bits` (the privacy constraint of the model
 /// above). With c* the smallest count such that `n · P[C ≥ c*]` is within
 /// the budget, C the corrupt neighbours of a client: t ≥ c* against a
@@ -340,11 +337,15 @@ mod tests {
                 }
                 let correctness = per_client_budget(clients, 20);
                 let dropped = (0.33 * f64::from(clients)).floor() as u32;
-                // Failure: more than k − t of the k neighbours dropped.
-                let below: f64 = (p.degree - p.threshold + 1..=p.degree)
-                    .map(|d| hypergeometric_ln_pmf(clients - 1, dropped, p.degree, d).exp())
-                    .sum();
-                assert!(below.ln() <= correctness, "n={clients} {p:?}");
+                // Failure: more than k − t of the k neighbours dropped (a
+                // mask key without t holders), or more than k + 1 − t (a
+                // survivor without t signers in its own neighbourhood).
+                for survivors_needed in [p.threshold, p.threshold - 1] {
+                    let below: f64 = (p.degree - survivors_needed + 1..=p.degree)
+                        .map(|d| hypergeometric_ln_pmf(clients - 1, dropped, p.degree, d).exp())
+                        .sum();
+                    assert!(below.ln() <= correctness, "n={clients} {p:?} needing {survivors_needed}");
+                }
             }
         }
     }

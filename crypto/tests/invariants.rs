@@ -296,26 +296,38 @@ fn the_consistency_check_stops_a_server_that_lies_about_dropouts() {
     assert!(matches!(honest_driver.send(1, &lying_signature.encode()), Err(ProtocolError::Crypto(_))));
 }
 
-/// A client goes on once t survivors signed the list it saw: the server
-/// relays exactly t signatures (the lowest ids), and a client checks the
-/// first t it is handed, so one more that is wrong changes nothing while a
-/// wrong one among the first t makes it reveal nothing.
-#[test]
-fn t_consistency_signatures_are_relayed_and_checked() {
-    let mut config = config(7, 4, GraphSpec::Complete, 8, 32);
-    let identities = make_active(&mut config, 14);
-    let mut driver = Driver::start(&config, &identities, 14);
+/// An active round of `config` run until every client signed the survivor
+/// list and the server holds every signature; returns the driver and the
+/// signatures by signer.
+fn signed_by_everyone(
+    config: &mut cohort_crypto::RoundConfig,
+    seed: u64,
+) -> (Driver, Vec<(ClientId, [u8; 64])>) {
+    let identities = make_active(config, seed);
+    let mut driver = Driver::start(config, &identities, seed);
     driver.stage(); // keys
     driver.stage(); // shares
     driver.stage(); // masked inputs; every client has signed the survivor list
-    let signed: Vec<_> = (1..=7)
-        .map(|i| match ClientMessage::decode(driver.outbox[i - 1].as_ref().unwrap()) {
-            Ok(ClientMessage::Consistency { signature, .. }) => (id(i as u32), signature),
+    let signed = (1..=config.clients)
+        .map(|i| match ClientMessage::decode(driver.outbox[i as usize - 1].as_ref().unwrap()) {
+            Ok(ClientMessage::Consistency { signature, .. }) => (id(i), signature),
             other => panic!("client {i} did not sign: {other:?}"),
         })
         .collect();
     driver.flush();
     driver.advance().unwrap();
+    (driver, signed)
+}
+
+/// A client goes on once t survivors signed the list it saw: the server
+/// relays exactly t signatures (the lowest ids: on the complete graph the
+/// whole round is every client's neighbourhood), and a client checks the
+/// first t it is handed, so one more that is wrong changes nothing while a
+/// wrong one among the first t makes it reveal nothing.
+#[test]
+fn t_consistency_signatures_are_relayed_and_checked() {
+    let mut config = config(7, 4, GraphSpec::Complete, 8, 32);
+    let (mut driver, signed) = signed_by_everyone(&mut config, 14);
     let context = config.context();
     let Some(ServerMessage::Signatures { signatures, .. }) = driver.server().message_for(id(7)) else {
         panic!("expected the signatures");
@@ -351,20 +363,8 @@ fn t_consistency_signatures_are_relayed_and_checked() {
 #[test]
 fn a_client_counts_only_signatures_of_its_own_neighbourhood() {
     let mut config = config(12, 4, GraphSpec::Harary { degree: 6 }, 8, 32);
-    let identities = make_active(&mut config, 21);
+    let (mut driver, signed) = signed_by_everyone(&mut config, 21);
     let graph = config.communication_graph();
-    let mut driver = Driver::start(&config, &identities, 21);
-    driver.stage(); // keys
-    driver.stage(); // shares
-    driver.stage(); // masked inputs; every client has signed the survivor list
-    let signed: Vec<_> = (1..=12)
-        .map(|i| match ClientMessage::decode(driver.outbox[i - 1].as_ref().unwrap()) {
-            Ok(ClientMessage::Consistency { signature, .. }) => (id(i as u32), signature),
-            other => panic!("client {i} did not sign: {other:?}"),
-        })
-        .collect();
-    driver.flush();
-    driver.advance().unwrap();
     let context = config.context();
     let own = |u: ClientId, w: ClientId| w == u || graph.are_neighbours(u, w);
     for u in (1..=12).map(id) {
