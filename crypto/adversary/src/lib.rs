@@ -16,7 +16,8 @@
 //! neighbours, t of them needed to reconstruct either.
 //!
 //! The coordinator chooses ([`Strategy`]):
-//! * which clients are its own (a fixed set, or any set up to a size:
+//! * which clients are its own (a fixed set, any set up to a size, or any
+//!   set with at most so many in every closed neighbourhood:
 //!   [`Corruption`]);
 //! * which neighbours' share envelopes each client is handed: a client masks
 //!   its input with exactly those neighbours and holds exactly their shares;
