@@ -22,7 +22,15 @@ pub fn active_threshold_holds(threshold: u32, degree: u32) -> bool {
 /// The least threshold the active variant accepts with `degree`
 /// neighbours: ⌊(k + 1) / 2⌋ + 1, the least t with 2t > k + 1.
 pub fn min_active_threshold(degree: u32) -> u32 {
-    degree.div_ceil(2) + 1
+    threshold_for_margin(degree, 1)
+}
+
+/// The least threshold t whose collusion margin 2t − k − 1 with `degree`
+/// neighbours is at least `margin`: with fewer than that many of a
+/// coordinator's own clients in a neighbourhood, no client of it is
+/// exposed (THREAT_MODEL claim 53).
+pub fn threshold_for_margin(degree: u32, margin: u32) -> u32 {
+    (degree + 1 + margin).div_ceil(2)
 }
 
 /// Which adversary the protocol defends against.

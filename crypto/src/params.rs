@@ -59,6 +59,7 @@
 //! agree too.) `--k`/`--t` on the command line select other values when
 //! exact comparability matters.
 
+use crate::config::threshold_for_margin;
 use crate::error::ConfigError;
 
 /// What the server may do.
@@ -212,7 +213,7 @@ pub fn private_threshold(
     });
     match adversary {
         Adversary::SemiHonest => c_star.max(1),
-        Adversary::SemiMalicious => ((k + 1 + c_star).div_ceil(2)).max(1),
+        Adversary::SemiMalicious => threshold_for_margin(k, c_star).max(1),
     }
 }
 

@@ -16,7 +16,9 @@
 //! A round that breaks either gets a [`PolicyViolation`] naming the rule
 //! ([`PolicyViolation::rule`]), before any key is drawn.
 
-use crate::config::{RoundConfig, Variant, active_threshold_holds, min_active_threshold};
+use crate::config::{
+    RoundConfig, Variant, active_threshold_holds, min_active_threshold, threshold_for_margin,
+};
 use crate::dp::DpParams;
 use crate::graph::GraphSpec;
 use crate::params::{Adversary, private_threshold};
@@ -322,7 +324,8 @@ impl Policy {
         if variant == Variant::Active {
             // 2t − k − 1 ≥ margin, and at least 2t > k + 1.
             let k = degree.min(clients.saturating_sub(1));
-            min = min.max(min_active_threshold(degree)).max((k + 1 + self.min_collusion_margin).div_ceil(2));
+            min =
+                min.max(min_active_threshold(degree)).max(threshold_for_margin(k, self.min_collusion_margin));
         }
         if let Some(collusion) = self.collusion {
             let adversary = match variant {
