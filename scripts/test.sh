@@ -23,15 +23,16 @@ cargo test --workspace --locked 2>&1 | tee "$scratch/cargo-test.log"
 log "cohort-crypto without its default features (serial unmasking, as in wasm32)"
 cargo test --locked -p cohort-crypto --no-default-features --tests 2>&1 | tee -a "$scratch/cargo-test.log"
 
-log "cohort-client on libtorch (feature tch)"
+log "the TorchScript tests on libtorch (feature tch)"
 # tch builds against the venv's PyTorch and loads its libraries at run time.
+# The whole workspace is selected, as above, so that cargo resolves the same
+# features and rebuilds only the crates that the feature changes; the
+# torchscript tests of cohort-client and of the end-to-end suite run.
 torch_venv="${COHORT_TORCH_VENV:-/var/tmp/cohort-torch-venv}"
-with_libtorch=(env LIBTORCH_USE_PYTORCH=1 PATH="$torch_venv/bin:$PATH"
-    LD_LIBRARY_PATH="$(echo "$torch_venv"/lib/python3*/site-packages/torch/lib)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
-"${with_libtorch[@]}" cargo test --locked -p cohort-client --features tch 2>&1 | tee -a "$scratch/cargo-test.log"
-log "TorchScript participants end to end (cohort built with libtorch)"
-"${with_libtorch[@]}" cargo test --locked -p cohort-tests --features tch --test torchscript 2>&1 |
-    tee -a "$scratch/cargo-test.log"
+LIBTORCH_USE_PYTORCH=1 PATH="$torch_venv/bin:$PATH" \
+    LD_LIBRARY_PATH="$(echo "$torch_venv"/lib/python3*/site-packages/torch/lib)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test --locked --workspace --features cohort-client/tch,cohort-cli/tch,cohort-tests/tch \
+    --test torchscript 2>&1 | tee -a "$scratch/cargo-test.log"
 
 log "crypto/ for wasm32-unknown-unknown (Debian rustc-web, -Zbuild-std)"
 # Debian's toolchain must come first on PATH; it gets its own target

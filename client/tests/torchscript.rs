@@ -12,9 +12,9 @@ use std::process::Command;
 
 use cohort_client::checkpoint::{self, Checkpoint};
 use cohort_client::data::load_idx;
-use cohort_client::model::{Differentiable, TorchScriptError, TorchScriptModel};
+use cohort_client::model::{Differentiable, Model, TorchModel, TorchScriptError, TorchScriptModel};
 use cohort_client::runtime::{LocalTrainer, Trainer};
-use cohort_client::train::TrainConfig;
+use cohort_client::train::{TrainConfig, train};
 use tch::Device;
 
 const MAKE_CNN: &str = r#"
@@ -199,4 +199,59 @@ torch.jit.save(torch.jit.script(NoParameters()), "none.pt")
         Err(TorchScriptError::Torch(_))
     ));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A deterministic batch of inputs in [-1, 1].
+fn batch(rows: usize, cols: usize, seed: u64) -> ndarray::Array2<f32> {
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::{Rng, SeedableRng};
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    ndarray::Array2::from_shape_fn((rows, cols), |_| (rng.next_u32() as f32 / u32::MAX as f32) * 2.0 - 1.0)
+}
+
+/// The built-in models on libtorch (`TorchModel`): the same weights and
+/// batch give the same loss, gradients and logits as the ndarray path,
+/// within 1e-4.
+#[test]
+fn libtorch_and_ndarray_agree() {
+    for name in ["logreg", "2nn", "cnn"] {
+        let model = Model::by_name(name, 784, 10).unwrap();
+        let params = model.init(11);
+        let x = batch(16, 784, 12).mapv(|v| v.abs());
+        let labels: Vec<u8> = (0..16).map(|i| (i * 7 % 10) as u8).collect();
+        let torch = TorchModel::new(model.clone(), Device::Cpu);
+        let (mut expected, mut got) = (vec![0.0; model.len()], vec![0.0; model.len()]);
+        let loss = model.loss_and_gradient(&params, x.view(), &labels, &mut expected);
+        let torch_loss = torch.loss_and_gradient(&params, x.view(), &labels, &mut got);
+        assert!((loss - torch_loss).abs() < 1e-4, "{name}: loss {loss} vs {torch_loss}");
+        let worst = expected.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-4, "{name}: largest gradient difference {worst}");
+        assert!(expected.iter().any(|g| g.abs() > 1e-3), "{name}: the gradient is not trivially zero");
+        let logits = model.logits(&params, x.view());
+        let torch_logits = torch.logits(&params, x.view());
+        let worst = (&logits - &torch_logits).mapv(f32::abs).fold(0.0f32, |m, &v| m.max(v));
+        assert!(worst < 1e-4, "{name}: logits differ by {worst}");
+    }
+}
+
+/// Local training on libtorch follows the ndarray trajectory.
+#[test]
+fn training_on_libtorch_follows_the_ndarray_trajectory() {
+    let model = Model::by_name("2nn", 784, 10).unwrap();
+    let x = batch(60, 784, 3).mapv(|v| v.abs());
+    let labels: Vec<u8> = (0..60).map(|i| (i % 10) as u8).collect();
+    let config = TrainConfig {
+        epochs: 2,
+        batch_size: 10,
+        learning_rate: 0.1,
+        momentum: 0.5,
+        ..TrainConfig::default()
+    };
+    let global = model.init(4);
+    let (mut a, mut b) = (global.clone(), global.clone());
+    train(&model, &mut a, &global, x.view(), &labels, &config).unwrap();
+    train(&TorchModel::new(model, Device::Cpu), &mut b, &global, x.view(), &labels, &config).unwrap();
+    let worst = a.iter().zip(&b).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+    assert!(worst < 1e-4, "parameters drift apart by {worst}");
+    assert_ne!(a, global);
 }

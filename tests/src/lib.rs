@@ -1,4 +1,4 @@
-//! Support for the end-to-end tests in `tests/tests/`: they build the real
+//! Support for the end-to-end tests in `tests/tests/` (the `e2e` binary and `torchscript`): they build the real
 //! artifacts (the `cohort` binary, the mobile library) with a nested cargo
 //! call, run `cohort serve` as a process, and drive it over HTTP.
 
@@ -41,6 +41,12 @@ pub fn workspace_root() -> PathBuf {
 
 /// Builds (once per test process) the `cohort` binary and the mobile
 /// library with the test profile, in the same target directory.
+///
+/// The call selects the whole workspace with test targets, as
+/// `cargo test --workspace` (scripts/test.sh) does, so that cargo resolves
+/// the same features and finds every unit already built: selecting only
+/// `cohort-cli` would unify features differently and rebuild most of the
+/// dependency graph a second time.
 pub fn artifacts() -> &'static Artifacts {
     static ARTIFACTS: OnceLock<Artifacts> = OnceLock::new();
     ARTIFACTS.get_or_init(|| {
@@ -48,9 +54,10 @@ pub fn artifacts() -> &'static Artifacts {
         let output = Command::new(cargo)
             .current_dir(workspace_root())
             .args(["build", "--locked", "--profile", "test", "--message-format", "json-render-diagnostics"])
-            .args(["-p", "cohort-cli", "--bin", "cohort", "-p", "cohort-mobile", "--lib"])
-            // With libtorch: `participate --model net.pt` (tests/tests/torchscript.rs).
-            .args(if cfg!(feature = "tch") { &["--features", "cohort-cli/tch"][..] } else { &[] })
+            .args(["--workspace", "--bins", "--lib", "--test", "torchscript"])
+            // With libtorch: `participate --model net.pt` (the torchscript
+            // tests), the features scripts/test.sh gives that run.
+            .args(if cfg!(feature = "tch") { &["--features", TCH_FEATURES][..] } else { &[] })
             .stderr(Stdio::inherit())
             .output()
             .expect("cargo runs");
@@ -85,6 +92,29 @@ pub fn artifacts() -> &'static Artifacts {
         }
     })
 }
+
+/// Builds the browser package (`scripts/build-web.sh`: the wasm32 build and
+/// wasm-bindgen into `web/pkg`) once per test process, so that no test
+/// rewrites `web/pkg` while another one serves or loads it.
+pub fn web_package() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let built = Command::new("bash").arg(workspace_root().join("scripts/build-web.sh")).output().unwrap();
+        success("scripts/build-web.sh", &built);
+    });
+}
+
+/// One heavy scenario at a time in the end-to-end binary (Chromium tabs,
+/// the hostile-client suites, thousands of sockets, three replicas behind
+/// HAProxy): they hold this lock, so that on two cores they never run beside
+/// each other, while lighter tests go on in the other test thread.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The features of the libtorch run of the workspace (scripts/test.sh).
+pub const TCH_FEATURES: &str = "cohort-client/tch,cohort-cli/tch,cohort-tests/tch";
 
 /// The Python of the venv `scripts/setup.sh` makes (safetensors, NumPy,
 /// dp-accounting), or `COHORT_PYTHON`.

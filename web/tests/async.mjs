@@ -1,4 +1,4 @@
-// Driven by tests/tests/web.rs against a running `cohort serve`: two wasm
+// Driven by tests/tests/e2e/web.rs against a running `cohort serve`: two wasm
 // clients (the browser build, under Node) take part in an async task with
 // a native client. Each is told to train, submits a fixed update (mirrored
 // by the Rust test, which checks the aggregate), waits with it until the

@@ -1,5 +1,5 @@
 // Drives Debian's Chromium (playwright-core, never a downloaded browser)
-// against a running `cohort serve`, for tests/tests/browser.rs. Each step
+// against a running `cohort serve`, for tests/tests/e2e/browser.rs. Each step
 // prints one JSON line the Rust test checks; screenshots go to the
 // artifacts directory.
 //

@@ -1,4 +1,4 @@
-// Driven by tests/tests/hostile_clients.rs: CLIENTS wasm clients (the
+// Driven by tests/tests/e2e/hostile_clients.rs: CLIENTS wasm clients (the
 // browser build, under Node) run against a scripted malicious coordinator
 // until each has seen ROUNDS round outcomes, ended with an error, or
 // PATIENCE_MS ran out (then the rest vanish). Each hands in a fixed update.

@@ -1,4 +1,4 @@
-// Driven by tests/tests/web.rs against a running `cohort serve`: two wasm
+// Driven by tests/tests/e2e/web.rs against a running `cohort serve`: two wasm
 // clients (the browser build, under Node) take part in one secure round
 // with native clients. Client A submits a fixed update, client B trains
 // on supplied data with the built-in trainer; both mirrored by the Rust

@@ -8,7 +8,7 @@
 // anything it checks WebCrypto's AES-CTR against the first and last block of
 // the key stream of the key 0x01 0x02 … 0x10 computed in Node (`node:crypto`,
 // OpenSSL) and, when the caller passes them (`"expect": {"first": hex,
-// "last": hex}`, as tests/tests/browser.rs does from `MaskPrg`), against
+// "last": hex}`, as tests/tests/e2e/browser.rs does from `MaskPrg`), against
 // those, so a wrong counter layout cannot pass; and it checks that AES-GCM
 // gives the same key stream from block 2 on (below).
 //

@@ -1,5 +1,5 @@
 /*
- * Driven by tests/tests/mobile.rs against a running `cohort serve`: a C
+ * Driven by tests/tests/e2e/mobile.rs against a running `cohort serve`: a C
  * client takes part in round 1 of a task through include/cohort.h together
  * with native clients, with its update computed by a callback; then pause
  * and resume, and the error paths of the ABI.

@@ -11,7 +11,7 @@ import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicReferenceArray;
 
 /**
- * Driven by tests/tests/hostile_clients.rs: JVM clients run against a
+ * Driven by tests/tests/e2e/hostile_clients.rs: JVM clients run against a
  * scripted malicious coordinator until each has seen the given number of
  * round outcomes, ended with an exception, or the patience ran out. Each
  * hands in a fixed update. Prints one JSON line:

@@ -9,7 +9,7 @@ import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 
 /**
- * Driven by tests/tests/mobile.rs against a running `cohort serve`: two JVM
+ * Driven by tests/tests/e2e/mobile.rs against a running `cohort serve`: two JVM
  * clients take part in an async task. Each is told to train, computes its
  * update in the app (from version 0), waits with it until the buffer fills
  * and completes the group it is offered.

@@ -7,7 +7,7 @@ import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 
 /**
- * Driven by tests/tests/mobile.rs against a running `cohort serve`: two JVM
+ * Driven by tests/tests/e2e/mobile.rs against a running `cohort serve`: two JVM
  * clients (one with an app-computed update, one training on supplied data)
  * take part in round 1 of a task together with native clients; then pause,
  * restart and resume, and typed exceptions.

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use cohort_client::checkpoint::{self, Checkpoint};
 use cohort_client::participant::{

@@ -16,8 +16,7 @@ use cohort_tests::{
 fn wasm_clients_join_a_secure_round_with_native_clients() {
     // The same build the browser loads: wasm32 with Debian's toolchain,
     // then wasm-bindgen (both installed by scripts/setup.sh).
-    let built = Command::new("bash").arg(workspace_root().join("scripts/build-web.sh")).output().unwrap();
-    success("scripts/build-web.sh", &built);
+    cohort_tests::web_package();
 
     let dir = scratch("web");
     let serve = Serve::start(&dir, "web-e2e-admin-token");
@@ -46,8 +45,7 @@ fn wasm_clients_join_a_secure_round_with_native_clients() {
 /// fill a buffer of three; version 1 is their weighted mean.
 #[test]
 fn wasm_clients_take_part_in_an_async_task() {
-    let built = Command::new("bash").arg(workspace_root().join("scripts/build-web.sh")).output().unwrap();
-    success("scripts/build-web.sh", &built);
+    cohort_tests::web_package();
     let dir = scratch("web-async");
     let serve = Serve::start(&dir, "web-async-admin-token");
     let mut spec = spec(3, 2);

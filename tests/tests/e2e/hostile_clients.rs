@@ -1,6 +1,6 @@
 //! The hostile-coordinator suite against the browser client (its wasm
 //! build, under Node) and the JVM client (through JNI): the scripted proxy
-//! of the native suite (`server/tests/malicious_coordinator.rs`) sits in
+//! of the native suite (`server/tests/integration/malicious_coordinator.rs`) sits in
 //! front of a real `cohort serve` and rewrites what the clients are told;
 //! each attack checks the refusal each client reports and, from the
 //! proxy's recording, that none of them sent anything the attack could
@@ -8,12 +8,12 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "../../server/tests/support/proxy.rs"]
+#[path = "../../../server/tests/integration/support/proxy.rs"]
 mod proxy;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::{MutexGuard, Once};
 use std::time::Duration;
 
 use cohort_client::protocol::Stage;
@@ -54,21 +54,15 @@ struct Ending {
 
 /// One scenario at a time: each runs four clients and a coordinator.
 fn exclusive() -> MutexGuard<'static, ()> {
-    static ONE: Mutex<()> = Mutex::new(());
-    ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    cohort_tests::exclusive()
 }
 
 /// The wasm package and the Java classes, built once.
 fn built(kind: Kind) -> PathBuf {
-    static WEB: Once = Once::new();
     static JAVA: Once = Once::new();
     let classes = std::env::temp_dir().join(format!("cohort-hostile-classes-{}", std::process::id()));
     match kind {
-        Kind::Wasm => WEB.call_once(|| {
-            let built =
-                Command::new("bash").arg(workspace_root().join("scripts/build-web.sh")).output().unwrap();
-            success("scripts/build-web.sh", &built);
-        }),
+        Kind::Wasm => cohort_tests::web_package(),
         Kind::Jvm => JAVA.call_once(|| compile_java(&classes)),
     }
     classes

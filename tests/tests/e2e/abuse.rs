@@ -13,8 +13,8 @@
 
 use std::io::Write;
 use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port};
@@ -28,10 +28,9 @@ const SECAGG: &str = "application/x-cohort-secagg";
 
 /// One test at a time: they hold thousands of sockets and measure time
 /// and memory.
-static SERIAL: Mutex<()> = Mutex::new(());
-
+/// One at a time, and beside no other heavy scenario of the binary.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    cohort_tests::exclusive()
 }
 
 /// Short timeouts, so that the test sees them act.

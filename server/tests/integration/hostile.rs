@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use cohort_client::api::SECAGG_CONTENT_TYPE;
 use cohort_client::participant::{Method, Participant, ParticipantConfig, Request, Response};

@@ -222,6 +222,7 @@ fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
 
 #[test]
 fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leader_die() {
+    let _heavy = cohort_tests::exclusive();
     let scratch = cohort_tests::scratch("replicas");
     let (url, admin) = postgres_database("replicas");
     let mut replicas: Vec<Option<ServeProcess>> =
@@ -289,6 +290,7 @@ fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leade
 /// itself; every round is recorded once.
 #[test]
 fn a_round_s_groups_run_on_different_replicas_and_a_dead_one_costs_only_its_group() {
+    let _heavy = cohort_tests::exclusive();
     let scratch = cohort_tests::scratch("replicas-groups");
     let (url, admin) = postgres_database("replicas_groups");
     let mut replicas: Vec<Option<ServeProcess>> =
@@ -359,6 +361,7 @@ fn a_round_s_groups_run_on_different_replicas_and_a_dead_one_costs_only_its_grou
 /// round is recorded exactly once.
 #[test]
 fn a_database_outage_mid_round_loses_nothing() {
+    let _heavy = cohort_tests::exclusive();
     let scratch = cohort_tests::scratch("replicas-outage");
     let (url, admin) = postgres_database("replicas_outage");
     let upstream = postgres_port(&url);

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use cohort_client::participant::{Method, Participant, ParticipantConfig, ParticipantError, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;

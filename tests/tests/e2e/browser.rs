@@ -21,7 +21,6 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
 
 use cohort_client::checkpoint::Checkpoint;
 use cohort_client::model::Model;
@@ -39,15 +38,10 @@ const ADMIN_TOKEN: &str = "browser-e2e-admin-token";
 /// Tabs use shards of the digits' training set cut this many ways.
 const SHARDS: usize = 10;
 
-/// One browser scenario at a time (2 cores), and the wasm build once.
+/// One heavy scenario at a time (2 cores), and the wasm build once.
 fn exclusive() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    static BUILT: OnceLock<()> = OnceLock::new();
-    let guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    BUILT.get_or_init(|| {
-        let built = Command::new("bash").arg(workspace_root().join("scripts/build-web.sh")).output().unwrap();
-        success("scripts/build-web.sh", &built);
-    });
+    let guard = cohort_tests::exclusive();
+    cohort_tests::web_package();
     guard
 }
 
