@@ -635,7 +635,7 @@ mod tests {
     /// A task the default policy accepts, as an enrollment reply carries it.
     fn security() -> Value {
         json!({
-            "variant": "active", "clients": 10, "graph": "complete", "degree": 9, "threshold": 6,
+            "variant": "active", "clients": 10, "graph": "complete", "degree": 9, "threshold": 7,
             "modulus_bits": 32, "clip": 1.0, "max_weight": 64, "transform": { "kind": "none" },
         })
     }

@@ -48,11 +48,12 @@ fn exclusive() -> std::sync::MutexGuard<'static, ()> {
 /// Runs one step of `web/tests/browser.mjs`; its JSON answer.
 fn browser(step: &str, mut config: Value) -> Value {
     config["artifacts"] = json!(artifact_dir("browser"));
-    let output = Command::new("node")
-        .arg(workspace_root().join("web/tests/browser.mjs"))
-        .args([step, &config.to_string()])
-        .output()
-        .expect("node is installed");
+    let output = cohort_tests::output_within(
+        Command::new("node")
+            .arg(workspace_root().join("web/tests/browser.mjs"))
+            .args([step, &config.to_string()]),
+        cohort_tests::CLIENT_LIMIT,
+    );
     let stdout = success(&format!("browser step {step}"), &output);
     let answer: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
     println!("{step}: {answer}");
@@ -647,11 +648,12 @@ fn demo_task(serve: &Serve) -> Value {
 #[test]
 fn the_browser_bench_times_a_round_of_the_wasm_client_in_chromium() {
     let _one = exclusive();
-    let output = Command::new("node")
-        .arg(workspace_root().join("web/tests/bench.mjs"))
-        .arg(json!({ "clients": 6, "dim": 5000, "t": 4 }).to_string())
-        .output()
-        .expect("node is installed");
+    let output = cohort_tests::output_within(
+        Command::new("node")
+            .arg(workspace_root().join("web/tests/bench.mjs"))
+            .arg(json!({ "clients": 6, "dim": 5000, "t": 4 }).to_string()),
+        cohort_tests::CLIENT_LIMIT,
+    );
     let stdout = success("web/tests/bench.mjs", &output);
     let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
     assert!(report["browser"].as_str().is_some_and(|b| b.starts_with("chromium ")), "{report}");

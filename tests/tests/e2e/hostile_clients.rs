@@ -103,24 +103,32 @@ impl Scenario {
         let (clients, rounds, patience) =
             (CLIENTS.to_string(), rounds.to_string(), patience.as_millis().to_string());
         let output = match kind {
-            Kind::Wasm => Command::new("node")
-                .arg(workspace_root().join("web/tests/hostile.mjs"))
-                .args([&self.proxy.url, &self.task, &self.token, &policy, &clients, &rounds, &patience])
-                .output()
-                .unwrap(),
+            Kind::Wasm => cohort_tests::output_within(
+                Command::new("node").arg(workspace_root().join("web/tests/hostile.mjs")).args([
+                    &self.proxy.url,
+                    &self.task,
+                    &self.token,
+                    &policy,
+                    &clients,
+                    &rounds,
+                    &patience,
+                ]),
+                cohort_tests::CLIENT_LIMIT,
+            ),
             Kind::Jvm => {
                 let library_dir = artifacts().mobile_shared.parent().unwrap();
-                Command::new("java")
-                    .arg("-Xcheck:jni")
-                    .arg(format!("-Djava.library.path={}", library_dir.display()))
-                    .arg("-cp")
-                    .arg(built(Kind::Jvm))
-                    .arg("org.cohort.HostileClients")
-                    .args([&self.proxy.url, &self.task, &self.token])
-                    .arg(self.dir.join("jvm"))
-                    .args([&policy, &clients, &rounds, &patience])
-                    .output()
-                    .unwrap()
+                cohort_tests::output_within(
+                    Command::new("java")
+                        .arg("-Xcheck:jni")
+                        .arg(format!("-Djava.library.path={}", library_dir.display()))
+                        .arg("-cp")
+                        .arg(built(Kind::Jvm))
+                        .arg("org.cohort.HostileClients")
+                        .args([&self.proxy.url, &self.task, &self.token])
+                        .arg(self.dir.join("jvm"))
+                        .args([&policy, &clients, &rounds, &patience]),
+                    cohort_tests::CLIENT_LIMIT,
+                )
             }
         };
         let stdout = success(&format!("the {kind:?} clients"), &output);

@@ -37,17 +37,18 @@ fn cohort_mobile_state_file() -> &'static str {
 /// the task; its stdout.
 fn run_java(classes: &Path, main: &str, serve: &Serve, task: &str, token: &str, dir: &Path) -> String {
     let library_dir = artifacts().mobile_shared.parent().unwrap();
-    let run = Command::new("java")
-        .arg("-Xcheck:jni")
-        .arg(format!("-Djava.library.path={}", library_dir.display()))
-        .arg("-cp")
-        .arg(classes)
-        .arg(main)
-        .args([&serve.url, task, token])
-        .arg(dir.join("jvm"))
-        .arg(serve.policy_json(task))
-        .output()
-        .unwrap();
+    let run = cohort_tests::output_within(
+        Command::new("java")
+            .arg("-Xcheck:jni")
+            .arg(format!("-Djava.library.path={}", library_dir.display()))
+            .arg("-cp")
+            .arg(classes)
+            .arg(main)
+            .args([&serve.url, task, token])
+            .arg(dir.join("jvm"))
+            .arg(serve.policy_json(task)),
+        cohort_tests::CLIENT_LIMIT,
+    );
     success(main, &run)
 }
 
@@ -102,13 +103,14 @@ fn compile_c_client(dir: &Path) -> std::path::PathBuf {
 /// clients until all of them are done.
 fn run_c_client(program: &Path, serve: &Serve, task: &str, token: &str, dir: &Path, extra: &[&str]) {
     let natives = native_clients(serve, task, token, 3);
-    let run = Command::new(program)
-        .args([&serve.url, task, token])
-        .arg(dir.join("c-client"))
-        .arg(serve.policy_json(task))
-        .args(extra)
-        .output()
-        .unwrap();
+    let run = cohort_tests::output_within(
+        Command::new(program)
+            .args([&serve.url, task, token])
+            .arg(dir.join("c-client"))
+            .arg(serve.policy_json(task))
+            .args(extra),
+        cohort_tests::CLIENT_LIMIT,
+    );
     let stdout = success("the C test", &run);
     assert!(stdout.contains("C OK"), "{stdout}");
     for native in natives {

@@ -305,7 +305,9 @@ fn a_round_s_groups_run_on_different_replicas_and_a_dead_one_costs_only_its_grou
     let first_leader = leader(lb, &task).expect("a replica leads the new task");
     // A client's policy holds for its group: four clients, threshold 3,
     // which two clients of the coordinator's own could break.
-    let policy = json!({ "min_clients": 4, "min_threshold": 3, "min_collusion_margin": 2 }).to_string();
+    let policy =
+        json!({ "min_clients": 4, "min_threshold": 3, "min_collusion_margin": 2, "collusion": null })
+            .to_string();
     let mut clients = participants(&scratch, 12, lb, &task, &token, &policy);
 
     wait_for(Duration::from_secs(120), "round 1", || !rounds(lb, &task).is_empty());

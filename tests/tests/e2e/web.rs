@@ -22,11 +22,15 @@ fn wasm_clients_join_a_secure_round_with_native_clients() {
     let serve = Serve::start(&dir, "web-e2e-admin-token");
     let (task, token) = serve.create_task(spec(5, 3));
     let natives = native_clients(&serve, &task, &token, 3);
-    let run = Command::new("node")
-        .arg(workspace_root().join("web/tests/round.mjs"))
-        .args([&serve.url, &task, &token, &serve.policy_json(&task)])
-        .output()
-        .expect("node is installed");
+    let run = cohort_tests::output_within(
+        Command::new("node").arg(workspace_root().join("web/tests/round.mjs")).args([
+            &serve.url,
+            &task,
+            &token,
+            &serve.policy_json(&task),
+        ]),
+        cohort_tests::CLIENT_LIMIT,
+    );
     let stdout = success("the wasm clients", &run);
     println!("{stdout}");
     assert!(stdout.contains("WEB OK"), "{stdout}");
@@ -53,11 +57,15 @@ fn wasm_clients_take_part_in_an_async_task() {
     spec["async"] = serde_json::json!({ "concurrency": 3, "buffer_size": 3, "max_staleness": 1 });
     let (task, token) = serve.create_task(spec);
     let natives = native_clients(&serve, &task, &token, 1);
-    let run = Command::new("node")
-        .arg(workspace_root().join("web/tests/async.mjs"))
-        .args([&serve.url, &task, &token, &serve.policy_json(&task)])
-        .output()
-        .expect("node is installed");
+    let run = cohort_tests::output_within(
+        Command::new("node").arg(workspace_root().join("web/tests/async.mjs")).args([
+            &serve.url,
+            &task,
+            &token,
+            &serve.policy_json(&task),
+        ]),
+        cohort_tests::CLIENT_LIMIT,
+    );
     let stdout = success("the wasm clients", &run);
     assert!(stdout.contains("ASYNC WEB OK"), "{stdout}");
     for native in natives {
