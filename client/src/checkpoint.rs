@@ -46,6 +46,15 @@ pub struct ModelLayout {
 }
 
 impl ModelLayout {
+    /// The digest ([`model_digest`](cohort_crypto::policy::model_digest))
+    /// of the model with this layout and `weights`.
+    pub fn digest(&self, weights: &[f32]) -> [u8; 16] {
+        cohort_crypto::policy::model_digest(
+            self.tensors.iter().map(|t| (t.name.as_str(), t.shape.as_slice())),
+            weights,
+        )
+    }
+
     /// Total number of parameters.
     pub fn len(&self) -> usize {
         self.tensors.iter().map(TensorSpec::len).fold(0, usize::saturating_add)
@@ -125,6 +134,14 @@ pub struct Checkpoint {
     pub weights: Vec<f32>,
     /// Free-form metadata (task, round, ...), without the layout entry.
     pub metadata: BTreeMap<String, String>,
+}
+
+impl Checkpoint {
+    /// The model's digest ([`model_digest`](cohort_crypto::policy::model_digest)):
+    /// its layout and weights, not its metadata.
+    pub fn digest(&self) -> [u8; 16] {
+        self.layout.digest(&self.weights)
+    }
 }
 
 /// Serialises `weights` with `layout` and `metadata`.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::checkpoint::Checkpoint;
 use crate::data::Dataset;
 use crate::model::Model;
-use crate::runtime::{LocalUpdate, Trainer, UpdateError, local_update};
+use crate::runtime::{Contribution, LocalUpdate, Trainer, UpdateError, local_update};
 use crate::train::TrainConfig;
 
 /// Training settings out of range.
@@ -88,9 +88,12 @@ impl LocalTraining {
     }
 
     /// The round's update: the task's architecture trained on the local
-    /// examples from the global model.
-    pub fn update(&self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
-        self.update_with(&Self::model_for(global)?, round, global)
+    /// examples from the global model, the training's randomness seeded
+    /// from the settings' seed and `nonce`, the client's own count of its
+    /// contributions ([`Action::Train`](crate::participant::Action::Train)
+    /// carries it), never a number the coordinator chose.
+    pub fn update(&self, nonce: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        self.update_with(&Self::model_for(global)?, nonce, global)
     }
 
     /// [`update`](Self::update) with the architecture already recognised
@@ -98,17 +101,17 @@ impl LocalTraining {
     pub fn update_with(
         &self,
         model: &Model,
-        round: u64,
+        nonce: u64,
         global: &Checkpoint,
     ) -> Result<LocalUpdate, UpdateError> {
         let data = self.data.as_ref().ok_or(UpdateError::NoData)?;
-        local_update(model, data, &self.config, round, global)
+        local_update(model, data, &self.config, nonce, global)
     }
 }
 
 impl Trainer for LocalTraining {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
-        self.update(round, global)
+    fn train(&mut self, contribution: Contribution, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        self.update(contribution.nonce, global)
     }
 }
 
@@ -207,7 +210,7 @@ mod tests {
         local.set_data(one_hot(15));
         local.set_test_data(one_hot(15));
         local.set_config(20, 5, 0.5).unwrap();
-        let update = local.train(1, &global).unwrap();
+        let update = local.train(crate::runtime::Contribution { round: 1, nonce: 0 }, &global).unwrap();
         assert_eq!((update.examples, update.delta.len()), (15, model.len()));
         // Zeros predict one class for everything: a third right; the
         // trained model separates the one-hot classes.

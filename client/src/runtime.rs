@@ -105,10 +105,25 @@ impl Drop for LocalUpdate {
     }
 }
 
+/// What a [`Trainer`] is told about the update it computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contribution {
+    /// The round (an async task: the model's version) as the coordinator
+    /// numbers it: for the application to show, never to seed anything.
+    pub round: u64,
+    /// How many masked inputs this client sent before this one, from its
+    /// saved state: a value of the client's own that never repeats. The
+    /// built-in trainers seed local training's randomness (the order of
+    /// the examples) from it and their own seed, so that no two updates
+    /// draw the same randomness, whatever rounds the coordinator
+    /// announces (THREAT_MODEL claim 55).
+    pub nonce: u64,
+}
+
 /// Computes a round's update from the global model.
 pub trait Trainer {
     /// Trains on local data, starting from `model`.
-    fn train(&mut self, round: u64, model: &Checkpoint) -> Result<LocalUpdate, UpdateError>;
+    fn train(&mut self, contribution: Contribution, model: &Checkpoint) -> Result<LocalUpdate, UpdateError>;
 }
 
 /// The built-in trainer: one of the [`Model`]s (or, with the `tch`
@@ -120,30 +135,34 @@ pub struct LocalTrainer<M = Model> {
     pub model: M,
     /// Local examples.
     pub data: Dataset,
-    /// Hyper-parameters; the seed is mixed with the round number.
+    /// Hyper-parameters; the seed is mixed with the contribution's nonce.
     pub config: TrainConfig,
 }
 
 impl<M: Differentiable> Trainer for LocalTrainer<M> {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
-        local_update(&self.model, &self.data, &self.config, round, global)
+    fn train(&mut self, contribution: Contribution, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        local_update(&self.model, &self.data, &self.config, contribution.nonce, global)
     }
 }
 
 /// What the built-in trainer computes: `model` trained on `data` from the
-/// global model, with the seed of `config` mixed with the round number.
+/// global model, with the seed of `config` mixed with `nonce`. A client
+/// passes its [`Contribution::nonce`], never a number the coordinator
+/// chose: the same model served twice under new round numbers would
+/// otherwise give the same update twice. A simulation, whose coordinator
+/// is the experiment itself, passes the round.
 pub fn local_update<M: Differentiable + ?Sized>(
     model: &M,
     data: &Dataset,
     config: &TrainConfig,
-    round: u64,
+    nonce: u64,
     global: &Checkpoint,
 ) -> Result<LocalUpdate, UpdateError> {
     if global.layout != model.layout() {
         return Err(UpdateError::LayoutMismatch);
     }
     let mut params = global.weights.clone();
-    let config = TrainConfig { seed: config.seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15), ..*config };
+    let config = TrainConfig { seed: config.seed ^ nonce.wrapping_mul(0x9e37_79b9_7f4a_7c15), ..*config };
     let report = train(model, &mut params, &global.weights, data.features.view(), &data.labels, &config)?;
     let delta = params.iter().zip(&global.weights).map(|(local, global)| local - global).collect();
     let mut metrics = MetricValues::new();
@@ -260,13 +279,15 @@ impl<T: Transport> Runner<T> {
                     }
                 }
                 Action::Wait(ms) => self.sleep(Duration::from_millis(ms.min(1_000))),
-                Action::Train { round, model } => match trainer.train(round, &model) {
-                    Ok(update) => {
-                        let (delta, examples, metrics) = update.into_parts();
-                        self.participant.submit(delta, examples, metrics)?
+                Action::Train { round, nonce, model } => {
+                    match trainer.train(Contribution { round, nonce }, &model) {
+                        Ok(update) => {
+                            let (delta, examples, metrics) = update.into_parts();
+                            self.participant.submit(delta, examples, metrics)?
+                        }
+                        Err(reason) => self.participant.vanish(&format!("local training failed: {reason}")),
                     }
-                    Err(reason) => self.participant.vanish(&format!("local training failed: {reason}")),
-                },
+                }
                 Action::RoundEnded(outcome) => {
                     self.save()?;
                     return Ok(Some(outcome));
@@ -476,7 +497,7 @@ mod tests {
     struct NoTraining;
 
     impl Trainer for NoTraining {
-        fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        fn train(&mut self, _: Contribution, _: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
             Err(UpdateError::Application("not selected, so never called".into()))
         }
     }
@@ -515,6 +536,7 @@ mod tests {
         assert_eq!(
             keys,
             [
+                "contributions",
                 "credential",
                 "expires_at",
                 "identity_seed",

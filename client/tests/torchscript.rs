@@ -13,7 +13,7 @@ use std::process::Command;
 use cohort_client::checkpoint::{self, Checkpoint};
 use cohort_client::data::load_idx;
 use cohort_client::model::{Differentiable, Model, TorchModel, TorchScriptError, TorchScriptModel};
-use cohort_client::runtime::{LocalTrainer, Trainer};
+use cohort_client::runtime::{Contribution, LocalTrainer, Trainer};
 use cohort_client::train::{TrainConfig, train};
 use tch::Device;
 
@@ -131,7 +131,7 @@ fn a_scripted_cnn_trains_and_its_checkpoint_loads_back_with_load_state_dict() {
         ..TrainConfig::default()
     };
     let mut trainer = LocalTrainer { model, data: train, config };
-    let update = trainer.train(1, &global).unwrap();
+    let update = trainer.train(Contribution { round: 1, nonce: 0 }, &global).unwrap();
     let weights: Vec<f32> = initial.iter().zip(&update.delta).map(|(w, d)| w + d).collect();
     let logits = trainer.model.logits(&weights, test.features.view()).unwrap();
     let correct = logits
@@ -150,7 +150,7 @@ fn a_scripted_cnn_trains_and_its_checkpoint_loads_back_with_load_state_dict() {
         weights: vec![0.0; 7_850],
         metadata: Default::default(),
     };
-    assert!(trainer.train(1, &other).is_err());
+    assert!(trainer.train(Contribution { round: 2, nonce: 1 }, &other).is_err());
 
     // Cohort's checkpoint in PyTorch: load_state_dict, the same logits.
     std::fs::write(

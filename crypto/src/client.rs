@@ -577,6 +577,7 @@ mod tests {
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
             },
+            model: None,
         };
         let context = config.context();
         let mut rng = ChaCha20Rng::seed_from_u64(5);

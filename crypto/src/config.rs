@@ -69,6 +69,12 @@ pub struct RoundConfig {
     pub modulus_bits: u8,
     /// How clients quantize their updates.
     pub quantization: QuantizationSpec,
+    /// The digest ([`model_digest`](crate::policy::model_digest)) of the
+    /// model every client of a sync round trains from; `None` for an async
+    /// task's group, whose members trained from different versions. Part of
+    /// the round context, so every member of a sync round checks that it
+    /// was served the model the others were (THREAT_MODEL claim 56).
+    pub model: Option<[u8; 16]>,
 }
 
 /// SHA-256 of the encoded [`RoundConfig`]: salts every key derivation and
@@ -219,6 +225,14 @@ impl RoundConfig {
                     .u32(p.noise_shares);
             }
         }
+        match &self.model {
+            None => {
+                w.u8(0);
+            }
+            Some(digest) => {
+                w.u8(1).bytes(digest);
+            }
+        }
     }
 
     pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -260,6 +274,11 @@ impl RoundConfig {
             }),
             _ => return Err(DecodeError::Invalid("privacy")),
         };
+        let model = match r.u8()? {
+            0 => None,
+            1 => Some(r.array::<16>()?),
+            _ => return Err(DecodeError::Invalid("model digest")),
+        };
         let config = RoundConfig {
             session,
             round,
@@ -271,6 +290,7 @@ impl RoundConfig {
             vector_len,
             modulus_bits,
             quantization: QuantizationSpec { clip, max_weight, transform, metrics, privacy },
+            model,
         };
         config.validate().map_err(|_| DecodeError::Invalid("round configuration"))?;
         Ok(config)
@@ -302,6 +322,7 @@ mod tests {
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
             },
+            model: None,
         }
     }
 
@@ -467,8 +488,9 @@ mod tests {
             p.noise_multiplier = 1.234_567_890_124;
         }
         assert_ne!(config.context(), other.context());
-        // The mechanism byte follows the metric set and the privacy flag.
-        let at = bytes.len() - (4 + 8 + 8 + 4) - 1;
+        // The mechanism byte follows the metric set and the privacy flag;
+        // the model flag (none) ends the encoding.
+        let at = bytes.len() - (4 + 8 + 8 + 4) - 1 - 1;
         let mut bad = bytes.clone();
         bad[at] = 9;
         assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("DP mechanism")));
@@ -486,10 +508,29 @@ mod tests {
         let bytes = ServerMessage::Setup(config.clone()).encode();
         assert_eq!(ServerMessage::decode(&bytes), Ok(ServerMessage::Setup(config.clone())));
         assert_ne!(config.context(), base().context());
-        // The metric set is the byte before the privacy flag.
+        // The metric set is the byte before the privacy and model flags.
         let mut bad = bytes.clone();
-        let at = bad.len() - 2;
+        let at = bad.len() - 3;
         bad[at] = 0x40;
         assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("metric set")));
+    }
+
+    /// The model's digest travels with the round and is part of its
+    /// context: a round announcing another model is another round.
+    #[test]
+    fn the_model_digest_is_part_of_the_round() {
+        let mut config = base();
+        config.model = Some([5; 16]);
+        let bytes = ServerMessage::Setup(config.clone()).encode();
+        assert_eq!(ServerMessage::decode(&bytes), Ok(ServerMessage::Setup(config.clone())));
+        assert_eq!(bytes.len(), ServerMessage::Setup(base()).encode().len() + 16);
+        assert_ne!(config.context(), base().context());
+        let other = RoundConfig { model: Some([6; 16]), ..config.clone() };
+        assert_ne!(config.context(), other.context());
+        let mut bad = bytes.clone();
+        let at = bad.len() - 17;
+        bad[at] = 2;
+        assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("model digest")));
+        assert!(ServerMessage::decode(&bytes[..bytes.len() - 1]).is_err(), "a digest cut short");
     }
 }

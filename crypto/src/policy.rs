@@ -76,6 +76,41 @@ pub struct Policy {
     pub allow_rotation: bool,
     /// Whether count-sketch compression is acceptable. Default: yes.
     pub allow_sketch: bool,
+    /// Whether a task must add differential-privacy noise to every sum.
+    /// Default: no (a task without it is accepted; one with it must meet
+    /// [`min_noise_multiplier`](Self::min_noise_multiplier) and fit the
+    /// [`budget`](Self::budget)).
+    pub require_privacy: bool,
+    /// The least noise multiplier z (noise standard deviation over one
+    /// client's sensitivity) a task with differential privacy may announce
+    /// and pin; its rounds may only add noise. Default: 0.5.
+    pub min_noise_multiplier: f64,
+    /// The client's own budget for one task with differential privacy:
+    /// the most (ε, δ) its contributions may spend, by its own accounting
+    /// ([`client_epsilon`](crate::dp::accountant::client_epsilon): every
+    /// masked input it sent, at the noise it pinned, with no amplification
+    /// by sampling, since the coordinator chose it). The client stops
+    /// contributing to the task before a contribution would exceed it.
+    /// `None`: no budget. Default: ε = 30 at δ = 10⁻⁶.
+    pub budget: Option<PrivacyBudget>,
+}
+
+/// A client's own differential-privacy budget for one task.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+pub struct PrivacyBudget {
+    /// The most ε the client's contributions may spend.
+    pub epsilon: f64,
+    /// The δ the budget's ε is for.
+    pub delta: f64,
+}
+
+impl PrivacyBudget {
+    /// Whether both numbers make a budget: ε ≥ 0, 0 < δ < 1.
+    pub fn is_valid(&self) -> bool {
+        self.epsilon.is_finite() && self.epsilon >= 0.0 && self.delta > 0.0 && self.delta < 1.0
+    }
 }
 
 impl Default for Policy {
@@ -97,6 +132,9 @@ impl Default for Policy {
             max_ring_bits: 32,
             allow_rotation: true,
             allow_sketch: true,
+            require_privacy: false,
+            min_noise_multiplier: 0.5,
+            budget: Some(PrivacyBudget { epsilon: 30.0, delta: 1e-6 }),
         }
     }
 }
@@ -133,6 +171,13 @@ pub struct TaskSecurity {
     /// split differ). Absent: no DP.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub privacy: Option<DpParams>,
+    /// Every round names the model its clients train from
+    /// ([`RoundConfig::model`]): a sync task. Pinned one way: a client that
+    /// enrolled in such a task refuses a round (or an async group) that
+    /// names none, so a coordinator cannot switch a client to the async
+    /// flow to serve it a model of its own (THREAT_MODEL claim 56).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "std::ops::Not::not"))]
+    pub model_bound: bool,
 }
 
 /// The shape of the communication graph.
@@ -278,9 +323,89 @@ pub enum PolicyViolation {
     /// The roster does not list this client's identity key.
     #[error("the roster does not list this client's identity key")]
     NotOurIdentity,
+    /// A task without differential privacy, which the policy requires.
+    #[error("the task adds no differential-privacy noise; the policy requires it")]
+    NoPrivacy,
+    /// A noise multiplier below the policy's least.
+    #[error("the noise multiplier {got} is below the policy's least, {min}")]
+    NoiseBelowPolicy {
+        /// The policy's least.
+        min: f64,
+        /// Announced.
+        got: f64,
+    },
+    /// One more contribution would spend more than the client's own
+    /// privacy budget for the task: the client contributes no more to it.
+    #[error(
+        "one more contribution would spend ε = {would_spend:.3} (δ = {delta}), over this client's budget of {budget}"
+    )]
+    BudgetSpent {
+        /// The budget's ε.
+        budget: f64,
+        /// Its δ.
+        delta: f64,
+        /// ε after the contribution refused.
+        would_spend: f64,
+    },
+    /// A model this client already sent an update of (by
+    /// [`model_digest`], whatever its version label): a second update
+    /// from the same model in another group or round would let the
+    /// coordinator solve for both.
+    #[error("the coordinator served model {digest} again, which this client already sent an update of")]
+    ModelReused {
+        /// The model's digest (hex).
+        digest: String,
+    },
+    /// The round names a model other than the one this client was served
+    /// and trained from: the others in the round may have been served
+    /// another one.
+    #[error("the round names model {announced}, this client was served model {served}")]
+    WrongModel {
+        /// The round configuration's digest (hex).
+        announced: String,
+        /// The digest of the model this client trained from (hex), or
+        /// "none".
+        served: String,
+    },
     /// The round's parameters are not a valid round at all.
     #[error("invalid round parameters: {0}")]
     Invalid(String),
+}
+
+/// The digest by which a client recognises a model it already sent an
+/// update of: SHA-256 over a label, each tensor's name and shape, and the
+/// weights' IEEE-754 bits (−0 counted as +0), truncated to 16 bytes. What
+/// the coordinator attaches to a model (its version label, the round) is
+/// left out, so that relabelling a model does not make it new. Sixteen
+/// bytes suffice: two different models collide with probability 2⁻¹²⁸, and
+/// the coordinator gains nothing from a collision, since what it needs is
+/// the *same* model twice (THREAT_MODEL claim 55).
+pub fn model_digest<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, &'a [usize])>,
+    weights: &[f32],
+) -> [u8; 16] {
+    let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+    hash.update(b"cohort/model-digest/v1");
+    for (name, shape) in tensors {
+        hash.update(&(name.len() as u64).to_le_bytes());
+        hash.update(name.as_bytes());
+        hash.update(&(shape.len() as u64).to_le_bytes());
+        for &dimension in shape {
+            hash.update(&(dimension as u64).to_le_bytes());
+        }
+    }
+    hash.update(&(weights.len() as u64).to_le_bytes());
+    let mut block = [0u8; 4096];
+    for chunk in weights.chunks(block.len() / 4) {
+        for (out, &w) in block.chunks_exact_mut(4).zip(chunk) {
+            let w = if w == 0.0 { 0.0f32 } else { w };
+            out.copy_from_slice(&w.to_bits().to_le_bytes());
+        }
+        hash.update(&block[..chunk.len() * 4]);
+    }
+    let mut digest = [0u8; 16];
+    digest.copy_from_slice(&hash.finish().as_ref()[..16]);
+    digest
 }
 
 impl PolicyViolation {
@@ -298,6 +423,11 @@ impl PolicyViolation {
             PolicyViolation::WrongSession => "session",
             PolicyViolation::Replayed { .. } => "replay",
             PolicyViolation::NotOurIdentity => "identity",
+            PolicyViolation::NoPrivacy => "privacy",
+            PolicyViolation::NoiseBelowPolicy { .. } => "noise",
+            PolicyViolation::BudgetSpent { .. } => "budget",
+            PolicyViolation::ModelReused { .. } => "model",
+            PolicyViolation::WrongModel { .. } => "model",
             PolicyViolation::Invalid(_) => "invalid",
         }
     }
@@ -312,6 +442,8 @@ impl PolicyViolation {
                 | PolicyViolation::WrongSession
                 | PolicyViolation::Replayed { .. }
                 | PolicyViolation::NotOurIdentity
+                | PolicyViolation::ModelReused { .. }
+                | PolicyViolation::WrongModel { .. }
         )
     }
 }
@@ -360,6 +492,12 @@ impl Policy {
             },
             min_ring_bits: default.min_ring_bits.min(security.modulus_bits),
             max_ring_bits: default.max_ring_bits.max(security.modulus_bits),
+            min_noise_multiplier: security.privacy.map_or(default.min_noise_multiplier, |p| {
+                default.min_noise_multiplier.min(p.noise_multiplier)
+            }),
+            // The task's length is not known here: its own budget is the
+            // coordinator's accountant's.
+            budget: if security.privacy.is_some() { None } else { default.budget },
             ..default
         };
         if policy.check(security).is_err() {
@@ -395,6 +533,21 @@ impl Policy {
                 self.min_collusion_margin.max(1),
                 default.min_collusion_margin
             ));
+        }
+        if self.min_noise_multiplier < default.min_noise_multiplier {
+            weaker.push(format!(
+                "accepts a noise multiplier of {} (default {})",
+                self.min_noise_multiplier, default.min_noise_multiplier
+            ));
+        }
+        match (self.budget, default.budget) {
+            (None, Some(_)) => weaker.push("keeps no privacy budget of its own".to_string()),
+            (Some(own), Some(theirs)) if own.epsilon > theirs.epsilon || own.delta > theirs.delta => weaker
+                .push(format!(
+                    "spends up to ε = {} at δ = {} (default ε = {} at δ = {})",
+                    own.epsilon, own.delta, theirs.epsilon, theirs.delta
+                )),
+            _ => {}
         }
         match (self.collusion, default.collusion) {
             (None, Some(_)) => {
@@ -444,13 +597,64 @@ impl Policy {
         }
         match security.transform {
             TransformKind::Rotate { .. } if !self.allow_rotation => {
-                Err(PolicyViolation::Transform(security.transform.name()))
+                return Err(PolicyViolation::Transform(security.transform.name()));
             }
             TransformKind::Sketch { .. } if !self.allow_sketch => {
-                Err(PolicyViolation::Transform(security.transform.name()))
+                return Err(PolicyViolation::Transform(security.transform.name()));
+            }
+            _ => {}
+        }
+        match security.privacy {
+            None if self.require_privacy => Err(PolicyViolation::NoPrivacy),
+            // A NaN multiplier is refused too.
+            Some(params)
+                if params
+                    .noise_multiplier
+                    .partial_cmp(&self.min_noise_multiplier)
+                    .is_none_or(|order| order == std::cmp::Ordering::Less) =>
+            {
+                Err(PolicyViolation::NoiseBelowPolicy {
+                    min: self.min_noise_multiplier,
+                    got: params.noise_multiplier,
+                })
             }
             _ => Ok(()),
         }
+    }
+
+    /// Whether a client that already sent `contributions` masked inputs
+    /// to a task with `security` may send one more, by its
+    /// [`budget`](Self::budget): the accounting of
+    /// [`client_epsilon`](crate::dp::accountant::client_epsilon) for a
+    /// model of `dimension` parameters (padded to the task's rotation
+    /// block), at the noise the task pinned; the ε it would then have
+    /// spent. A task without differential privacy, or a policy without a
+    /// budget, has no budget to spend (`None`).
+    pub fn check_budget(
+        &self,
+        security: &TaskSecurity,
+        dimension: usize,
+        contributions: u64,
+    ) -> Result<Option<f64>, PolicyViolation> {
+        let (Some(budget), Some(params)) = (self.budget, security.privacy) else {
+            return Ok(None);
+        };
+        let block = match security.transform {
+            TransformKind::Rotate { block } => block,
+            _ => 1,
+        };
+        let padded = crate::dp::padded_len(dimension, block);
+        let after = crate::dp::accountant::client_epsilon(&params, padded, contributions + 1, budget.delta);
+        // An invalid budget, or an ε that is not a number, admits nothing.
+        let within = after.epsilon.partial_cmp(&budget.epsilon).is_some_and(|order| order.is_le());
+        if !budget.is_valid() || !within {
+            return Err(PolicyViolation::BudgetSpent {
+                budget: budget.epsilon,
+                delta: budget.delta,
+                would_spend: after.epsilon,
+            });
+        }
+        Ok(Some(after.epsilon))
     }
 }
 
@@ -484,6 +688,7 @@ impl TaskSecurity {
             max_weight: config.quantization.max_weight,
             transform: TransformKind::from(&config.quantization.transform),
             privacy: config.quantization.privacy,
+            model_bound: config.model.is_some(),
         })
     }
 
@@ -540,6 +745,9 @@ impl TaskSecurity {
                 format!("{:?}", announced.transform),
             ));
         }
+        if self.model_bound && !announced.model_bound {
+            return Err(differ("model binding", "every round names its model", "a round that names none"));
+        }
         match (&self.privacy, &announced.privacy) {
             (None, None) => Ok(()),
             (Some(_), None) => Err(differ("differential privacy", "on", "off")),
@@ -574,6 +782,29 @@ mod tests {
     use super::*;
     use crate::quantize::QuantizationSpec;
 
+    /// Known answer (Python's hashlib over the same bytes), −0 read as +0,
+    /// and every part of the layout and every weight counts.
+    #[test]
+    fn the_model_digest_is_sha256_of_the_layout_and_the_weights() {
+        let layout = [("w", &[2usize, 2][..]), ("b", &[2][..])];
+        let weights = [1.0, -0.0, 0.5, -2.0, 3.25, 0.0];
+        let digest = model_digest(layout, &weights);
+        assert_eq!(hex::encode(digest), "bb1e1fff0b5b163fd0486e1c8a72868e");
+        let positive = [1.0, 0.0, 0.5, -2.0, 3.25, 0.0];
+        assert_eq!(model_digest(layout, &positive), digest);
+        let mut nudged = weights;
+        nudged[4] = f32::from_bits(3.25f32.to_bits() + 1);
+        assert_ne!(model_digest(layout, &nudged), digest);
+        assert_ne!(model_digest([("w", &[2usize, 2][..]), ("c", &[2][..])], &weights), digest);
+        assert_ne!(model_digest([("w", &[4usize][..]), ("b", &[2][..])], &weights), digest);
+        // More weights than one hashing block, split at any point.
+        let long: Vec<f32> = (0..3000).map(|i| i as f32).collect();
+        assert_ne!(
+            model_digest([("w", &[3000usize][..])], &long),
+            model_digest([("w", &[3000usize][..])], &long[..2999])
+        );
+    }
+
     fn round(variant: Variant, clients: u32, graph: GraphSpec, threshold: u32) -> RoundConfig {
         RoundConfig {
             session: [7; 16],
@@ -601,6 +832,7 @@ mod tests {
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
             },
+            model: None,
         }
     }
 
@@ -842,5 +1074,84 @@ mod tests {
             p.noise_shares = 7;
         }
         assert!(matches!(TaskSecurity::of_round(&split), Err(PolicyViolation::Invalid(_))));
+    }
+
+    /// THREAT_MODEL claim 57: the default policy refuses a private task
+    /// whose noise multiplier is below 0.5 (the z = 1e-9 of a coordinator
+    /// that announces privacy and adds none) and accepts z = 1; a policy
+    /// that requires privacy refuses a task without it; `accepting` lowers
+    /// the floor to the task's noise, drops the budget of a private task,
+    /// and says both.
+    #[test]
+    fn the_policy_asks_for_noise_where_a_task_has_privacy_and_can_require_it() {
+        // t = 7 of 10: the default policy's margin holds.
+        let private_round = |z| RoundConfig { threshold: 7, ..private_round(z) };
+        let policy = Policy::default();
+        let faint = security(&private_round(1e-9));
+        assert_eq!(policy.check(&faint), Err(PolicyViolation::NoiseBelowPolicy { min: 0.5, got: 1e-9 }));
+        assert_eq!(policy.check(&faint).unwrap_err().rule(), "noise");
+        assert_eq!(policy.check(&security(&private_round(1.0))), Ok(()));
+        let mut plain = private_round(1.0);
+        plain.quantization.privacy = None;
+        let plain = security(&plain);
+        assert_eq!(policy.check(&plain), Ok(()));
+        let strict = Policy { require_privacy: true, ..policy };
+        assert_eq!(strict.check(&plain), Err(PolicyViolation::NoPrivacy));
+        assert_eq!(strict.check(&security(&private_round(1.0))), Ok(()));
+        let lenient = Policy::accepting(&faint);
+        assert_eq!(lenient.check(&faint), Ok(()));
+        assert_eq!(lenient.budget, None);
+        let said = lenient.relaxations().join("; ");
+        assert!(
+            said.contains("noise multiplier of 0.000000001") && said.contains("no privacy budget"),
+            "{said}"
+        );
+        assert_eq!(Policy::accepting(&plain).budget, Policy::default().budget, "no privacy, nothing to drop");
+    }
+
+    /// THREAT_MODEL claim 57: a client's own budget admits contributions
+    /// while the ε of all of them, by `client_epsilon` at the pinned noise
+    /// and the padded dimension, stays within it, and refuses the first
+    /// that would exceed it; more noise buys more contributions; no budget
+    /// or no privacy spends nothing; an invalid budget admits nothing.
+    #[test]
+    fn a_clients_budget_admits_contributions_until_the_next_would_exceed_it() {
+        let task = security(&private_round(1.0));
+        let Some(params) = task.privacy else { panic!("a private round") };
+        let TransformKind::Rotate { block } = task.transform else { panic!("private rounds rotate") };
+        let dimension = 5;
+        let padded = crate::dp::padded_len(dimension, block);
+        let delta = 1e-6;
+        let spent = |k| crate::dp::accountant::client_epsilon(&params, padded, k, delta).epsilon;
+        assert_eq!(spent(0), 0.0);
+        assert!(spent(1) > 0.0 && spent(2) > spent(1) && spent(3) > spent(2));
+        let policy = Policy { budget: Some(PrivacyBudget { epsilon: spent(3), delta }), ..Policy::default() };
+        for k in 0..3 {
+            assert_eq!(
+                policy.check_budget(&task, dimension, k),
+                Ok(Some(spent(k + 1))),
+                "contribution {}",
+                k + 1
+            );
+        }
+        let refused = policy.check_budget(&task, dimension, 3);
+        assert_eq!(
+            refused,
+            Err(PolicyViolation::BudgetSpent { budget: spent(3), delta, would_spend: spent(4) })
+        );
+        assert_eq!(refused.unwrap_err().rule(), "budget");
+        // Twice the noise: the fourth contribution fits.
+        let noisier = security(&private_round(2.0));
+        assert!(policy.check_budget(&noisier, dimension, 3).is_ok());
+        // No budget, or no privacy: nothing to spend.
+        let unlimited = Policy { budget: None, ..policy };
+        assert_eq!(unlimited.check_budget(&task, dimension, 1_000), Ok(None));
+        let mut plain = private_round(1.0);
+        plain.quantization.privacy = None;
+        assert_eq!(policy.check_budget(&security(&plain), dimension, 1_000), Ok(None));
+        let broken = Policy { budget: Some(PrivacyBudget { epsilon: f64::NAN, delta }), ..policy };
+        assert!(broken.check_budget(&task, dimension, 0).is_err());
+        // The default budget: ε = 30 at δ = 1e-6.
+        assert_eq!(Policy::default().budget, Some(PrivacyBudget { epsilon: 30.0, delta: 1e-6 }));
     }
 }

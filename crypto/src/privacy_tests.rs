@@ -66,6 +66,7 @@ fn run_round_in_ring(seed: u64, bits: u8) -> Transcript {
             metrics: crate::MetricSet::NONE,
             privacy: None,
         },
+        model: None,
     };
     // A highly structured input: a ramp, far from uniform.
     let input: Vec<u32> = (0..DIM as u32).map(|i| i % limit).collect();

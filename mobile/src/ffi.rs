@@ -20,7 +20,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 
 use cohort_client::checkpoint::Checkpoint;
-use cohort_client::runtime::{LocalUpdate, Trainer, UpdateError};
+use cohort_client::runtime::{Contribution, LocalUpdate, Trainer, UpdateError};
 
 use crate::{Config, Error, MobileClient, Outcome, RoundResult, TrainingData};
 
@@ -325,7 +325,8 @@ struct CallbackTrainer {
 }
 
 impl Trainer for CallbackTrainer {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+    fn train(&mut self, contribution: Contribution, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        let round = contribution.round;
         let parameters = global.weights.len();
         let mut delta = vec![0.0f32; parameters];
         let mut examples = 0u32;

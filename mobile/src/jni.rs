@@ -18,7 +18,7 @@ use ::jni::JNIEnv;
 use ::jni::objects::{JByteArray, JClass, JFloatArray, JIntArray, JObject, JString, JThrowable, JValue};
 use ::jni::sys::{JNI_FALSE, JNI_TRUE, jboolean, jfloat, jfloatArray, jint, jlong, jobject, jstring};
 use cohort_client::checkpoint::Checkpoint;
-use cohort_client::runtime::{LocalUpdate, Trainer, UpdateError};
+use cohort_client::runtime::{Contribution, LocalUpdate, Trainer, UpdateError};
 
 use crate::{Config, Error, MobileClient, TrainingData};
 
@@ -277,8 +277,9 @@ impl JavaTrainer<'_, '_> {
 }
 
 impl Trainer for JavaTrainer<'_, '_> {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
-        self.call(round, global).unwrap_or_else(|e| Err(UpdateError::Application(format!("JNI: {e}"))))
+    fn train(&mut self, contribution: Contribution, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        self.call(contribution.round, global)
+            .unwrap_or_else(|e| Err(UpdateError::Application(format!("JNI: {e}"))))
     }
 }
 

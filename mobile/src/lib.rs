@@ -31,7 +31,7 @@ use cohort_client::data::Dataset;
 use cohort_client::local::{LocalTraining, Pause};
 use cohort_client::participant::{Participant, ParticipantConfig, ParticipantError, Policy, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{self, LocalUpdate, RunError, Runner, Trainer, UpdateError};
+use cohort_client::runtime::{self, Contribution, LocalUpdate, RunError, Runner, Trainer, UpdateError};
 
 /// File in the storage directory holding the enrollment (0600).
 pub const STATE_FILE: &str = "cohort-state.json";
@@ -279,9 +279,9 @@ struct Recording<'a> {
 }
 
 impl Trainer for Recording<'_> {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+    fn train(&mut self, contribution: Contribution, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
         lock(self.status).global_model = Some(global.weights.clone());
-        self.inner.train(round, global)
+        self.inner.train(contribution, global)
     }
 }
 

@@ -801,6 +801,7 @@ impl TaskSpec {
                 max_weight: 1,
                 transform: TransformKind::Rotate { block: plan.block },
                 privacy: Some(plan.params),
+                model_bound: self.mode == TaskMode::Sync,
             });
         }
         let round = self.quantization.round_spec([0; 32], MetricSet::NONE)?;
@@ -815,6 +816,7 @@ impl TaskSpec {
             max_weight: round.max_weight,
             transform: TransformKind::from(&round.transform),
             privacy: None,
+            model_bound: self.mode == TaskMode::Sync,
         })
     }
 

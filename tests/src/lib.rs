@@ -278,7 +278,11 @@ pub fn spec(clients: u32, threshold: u32) -> Value {
 pub struct Fixed(pub LocalUpdate);
 
 impl Trainer for Fixed {
-    fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
+    fn train(
+        &mut self,
+        _: cohort_client::runtime::Contribution,
+        _: &Checkpoint,
+    ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         // A test's known update: copied on purpose (LocalUpdate is not Clone).
         let LocalUpdate { delta, examples, metrics } = &self.0;
         Ok(LocalUpdate { delta: delta.clone(), examples: *examples, metrics: *metrics })
@@ -479,7 +483,8 @@ pub fn app_update() -> LocalUpdate {
 
 /// The update of a client that trains the task's model with the built-in
 /// trainer on the synthetic data the binding tests supply (30 rows, 4
-/// features, 3 classes; 2 epochs, batch 5, learning rate 0.1, round 1).
+/// features, 3 classes; 2 epochs, batch 5, learning rate 0.1), as its
+/// first contribution (nonce 0).
 pub fn synthetic_update(initial: &Checkpoint) -> LocalUpdate {
     let rows = 30;
     let labels: Vec<u8> = (0..rows).map(|i| (i % 3) as u8).collect();
@@ -487,7 +492,7 @@ pub fn synthetic_update(initial: &Checkpoint) -> LocalUpdate {
         ndarray::Array2::from_shape_fn((rows, 4), |(i, j)| ((i % 3 * 5 + j * 3 + i) % 7) as f32 / 7.0);
     let data = Dataset { features, labels, shape: [1, 4], classes: 3 };
     let config = TrainConfig { epochs: 2, batch_size: 5, learning_rate: 0.1, ..TrainConfig::default() };
-    let trained = runtime::local_update(&model(), &data, &config, 1, initial).unwrap();
+    let trained = runtime::local_update(&model(), &data, &config, 0, initial).unwrap();
     assert!(trained.delta.iter().any(|v| v.abs() > 1e-3), "training moved the model");
     trained
 }

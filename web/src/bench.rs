@@ -52,6 +52,7 @@ pub fn secagg(
             metrics: MetricSet::NONE,
             privacy: None,
         },
+        model: None,
     };
     // Inputs within the headroom, so that the sum does not wrap.
     let limit = ((1u64 << modulus_bits) - 1) / u64::from(clients);

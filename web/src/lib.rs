@@ -106,6 +106,8 @@ pub struct Core {
     request: Option<Request>,
     global: Option<Box<Checkpoint>>,
     round: u64,
+    /// The client's own count of its contributions: seeds local training.
+    nonce: u64,
     local: LocalTraining,
     pause: Pause,
 }
@@ -151,6 +153,7 @@ impl Core {
             request: None,
             global: None,
             round: 0,
+            nonce: 0,
             local: LocalTraining::new(),
             pause: Pause::in_memory(),
         })
@@ -255,9 +258,10 @@ impl Core {
                 action
             }
             Action::Wait(ms) => json!({ "kind": "wait", "ms": ms }),
-            Action::Train { round, model } => {
+            Action::Train { round, nonce, model } => {
                 let parameters = model.weights.len();
                 self.round = round;
+                self.nonce = nonce;
                 self.global = Some(model);
                 json!({ "kind": "train", "round": round, "parameters": parameters })
             }
@@ -304,7 +308,7 @@ impl Core {
     pub fn train(&mut self) -> Result<Value, WebError> {
         let global = self.global.as_ref().ok_or(WebError::NoTrainAction)?;
         let model = LocalTraining::model_for(global)?;
-        let update = self.local.update_with(&model, self.round, global)?;
+        let update = self.local.update_with(&model, self.nonce, global)?;
         let global_accuracy = self.local.test_accuracy(&model, &global.weights);
         let local = {
             let trained: Vec<f32> = global.weights.iter().zip(&update.delta).map(|(g, d)| g + d).collect();

@@ -44,7 +44,7 @@ use zeroize::Zeroizing;
 use crate::checkpoint::{self, Checkpoint};
 
 pub use cohort_crypto::Stage;
-pub use cohort_crypto::policy::{Collusion, Policy, PolicyViolation, TaskSecurity};
+pub use cohort_crypto::policy::{Collusion, Policy, PolicyViolation, PrivacyBudget, TaskSecurity};
 pub use cohort_crypto::quantize::QuantizeError;
 pub use cohort_crypto::{Metric, MetricValues};
 
@@ -153,6 +153,12 @@ pub struct Participant {
     metrics: MetricValues,
     /// Whether the round in progress asked for plaintext metrics too.
     plaintext_metrics: bool,
+    /// The digest of the model the update in progress is trained from:
+    /// recorded in the saved state when its masked input is sent.
+    trained_on: Option<[u8; 16]>,
+    /// The ε this participant will have spent once the update in progress
+    /// is sent (a task with differential privacy).
+    spending: Option<f64>,
     events: VecDeque<Action>,
 }
 
@@ -209,6 +215,8 @@ impl Participant {
             expired: None,
             metrics: MetricValues::new(),
             plaintext_metrics: false,
+            trained_on: None,
+            spending: None,
             events: VecDeque::new(),
         }
     }
@@ -283,8 +291,9 @@ impl Participant {
                     Slot::Round { round, .. } => round,
                     Slot::Buffer { base } => base,
                 };
+                let nonce = self.saved.as_ref().map_or(0, |saved| saved.contributions);
                 return match model.take() {
-                    Some(model) => Action::Train { round, model },
+                    Some(model) => Action::Train { round, nonce, model },
                     // Waiting for `submit`.
                     None => Action::Wait(self.config.poll_interval_ms),
                 };
@@ -391,6 +400,12 @@ impl Participant {
                         identity_seed: self.pending_identity.take().map(|seed| hex::encode(*seed)),
                         security: Some(enrolled.security),
                         last_contributed_round: expired.as_ref().map_or(0, |e| e.last_contributed_round),
+                        contributions: expired.as_ref().map_or(0, |e| e.contributions),
+                        contributed_models: expired
+                            .as_ref()
+                            .map(|e| e.contributed_models.clone())
+                            .unwrap_or_default(),
+                        privacy_spent: expired.as_ref().and_then(|e| e.privacy_spent),
                     });
                     self.phase = Phase::CheckIn;
                 }
@@ -451,6 +466,27 @@ impl Participant {
                     if let Slot::Buffer { base } = slot {
                         self.report = RoundReport { round: base, ..RoundReport::default() };
                     }
+                    let digest = model.digest();
+                    if self.saved.as_ref().is_some_and(|saved| saved.contributed_to(&digest)) {
+                        // Nothing of this round is drawn or sent: wait for
+                        // a model this client has not sent an update of.
+                        let violation = PolicyViolation::ModelReused { digest: hex::encode(digest) };
+                        self.end_round(RoundOutcome::Refused { report: self.report, violation });
+                        self.wait_until = now + self.config.poll_interval_ms * 5;
+                        return Ok(());
+                    }
+                    // The client's own privacy budget: no training for an
+                    // update it could not send.
+                    if let Some(saved) = &self.saved
+                        && let Some(security) = &saved.security
+                    {
+                        self.spending = self
+                            .config
+                            .policy
+                            .check_budget(security, model.weights.len(), saved.contributions)
+                            .map_err(ParticipantError::Policy)?;
+                    }
+                    self.trained_on = Some(digest);
                     let parameters = model.weights.len();
                     let model = Some(Box::new(model));
                     self.phase = Phase::Training { slot, model, parameters };

@@ -16,8 +16,13 @@ pub enum Action {
     /// with the update (a model-agnostic application may compute it any
     /// way it likes).
     Train {
-        /// Round number.
+        /// Round number (an async task: the model's version), as the
+        /// coordinator numbers it.
         round: u64,
+        /// How many masked inputs this participant sent before: a value of
+        /// the client's own, never the coordinator's, for seeding local
+        /// training's randomness (the built-in trainers do).
+        nonce: u64,
         /// The global model.
         model: Box<Checkpoint>,
     },

@@ -65,7 +65,7 @@ impl Participant {
                     && let Some(saved) = &mut self.saved
                 {
                     // Recorded (and saved by the driver) before it is sent.
-                    saved.last_contributed_round = saved.last_contributed_round.max(round);
+                    saved.record_contribution(round, self.trained_on.take(), self.spending.take());
                 }
                 let body = Zeroizing::new(reply.encode());
                 self.phase = Phase::Post { round, client_id, protocol: Protocol::Running(client), body };
@@ -95,6 +95,16 @@ impl Participant {
         let last = saved.last_contributed_round;
         if last > 0 && config.round <= last {
             return Err(PolicyViolation::Replayed { round: config.round, last });
+        }
+        // A round that names its model names the one this client trained
+        // from; one that names none is refused below if the task pinned it.
+        if let Some(announced) = config.model
+            && self.trained_on != Some(announced)
+        {
+            return Err(PolicyViolation::WrongModel {
+                announced: hex::encode(announced),
+                served: self.trained_on.map_or_else(|| "none".into(), hex::encode),
+            });
         }
         let announced = TaskSecurity::of_round(config)?;
         saved.security.get_or_insert(announced).compare(&announced)?;
@@ -131,6 +141,8 @@ impl Participant {
     pub(super) fn end_round(&mut self, outcome: RoundOutcome) {
         // The round's generator goes with it (zeroized on drop).
         self.round_rng = None;
+        self.trained_on = None;
+        self.spending = None;
         let report = *outcome.report();
         let metrics = std::mem::take(&mut self.metrics);
         let semi_honest = self

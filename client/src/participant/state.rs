@@ -45,9 +45,53 @@ pub struct SavedState {
     /// takes part in that round or an earlier one again.
     #[serde(default)]
     pub last_contributed_round: u64,
+    /// How many masked inputs this participant sent (across enrollments):
+    /// the built-in trainers seed local training's randomness from it,
+    /// so no two contributions draw the same shuffles, whatever the
+    /// coordinator numbers its rounds.
+    #[serde(default)]
+    pub contributions: u64,
+    /// The digests ([`model_digest`](cohort_crypto::policy::model_digest),
+    /// hex) of the last [`MODEL_LEDGER`] models this participant sent an
+    /// update of: it never trains on one of them again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub contributed_models: Vec<String>,
+    /// A task with differential privacy: the ε this participant's
+    /// contributions spent, by its own accounting at its policy's budget δ
+    /// ([`Policy::check_budget`](cohort_crypto::policy::Policy::check_budget)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privacy_spent: Option<f64>,
 }
 
+/// How many models a participant remembers having sent an update of
+/// (16 bytes each).
+pub const MODEL_LEDGER: usize = 1024;
+
 impl SavedState {
+    /// Whether this participant already sent an update of the model with
+    /// `digest`.
+    pub fn contributed_to(&self, digest: &[u8; 16]) -> bool {
+        let digest = hex::encode(digest);
+        self.contributed_models.contains(&digest)
+    }
+
+    /// Records a masked input of an update of the model with `digest`
+    /// (if known) for round or group `round`, which brings the ε spent to
+    /// `epsilon` (a task with differential privacy).
+    pub(super) fn record_contribution(&mut self, round: u64, digest: Option<[u8; 16]>, epsilon: Option<f64>) {
+        self.last_contributed_round = self.last_contributed_round.max(round);
+        self.contributions += 1;
+        if epsilon.is_some() {
+            self.privacy_spent = epsilon;
+        }
+        if let Some(digest) = digest {
+            if self.contributed_models.len() >= MODEL_LEDGER {
+                self.contributed_models.remove(0);
+            }
+            self.contributed_models.push(hex::encode(digest));
+        }
+    }
+
     /// The identity key, if this enrollment has one.
     pub(super) fn identity(&self) -> Option<Arc<IdentityKey>> {
         let mut seed = Zeroizing::new([0u8; 32]);
@@ -63,6 +107,8 @@ impl std::fmt::Debug for SavedState {
             .field("participant_id", &self.participant_id)
             .field("expires_at", &self.expires_at)
             .field("last_completed_round", &self.last_completed_round)
+            .field("contributions", &self.contributions)
+            .field("privacy_spent", &self.privacy_spent)
             .finish_non_exhaustive()
     }
 }

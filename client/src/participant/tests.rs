@@ -26,6 +26,7 @@ fn round_config(round: u64) -> cohort_crypto::RoundConfig {
         vector_len,
         modulus_bits: 32,
         quantization,
+        model: None,
     }
 }
 
@@ -95,7 +96,7 @@ fn select_and_train(p: &mut Participant, round: u64) {
     let model = checkpoint::encode(&layout, &[0.5, -0.5], &Default::default()).unwrap();
     p.handle(0, Response { status: 200, body: model }).unwrap();
     match p.next(0) {
-        Action::Train { round: r, model } if r == round => assert_eq!(model.weights, vec![0.5, -0.5]),
+        Action::Train { round: r, model, .. } if r == round => assert_eq!(model.weights, vec![0.5, -0.5]),
         other => panic!("expected training, got {other:?}"),
     }
 }
@@ -415,12 +416,14 @@ fn a_round_replayed_or_not_as_selected_is_refused_and_the_next_one_joined() {
 #[test]
 fn a_renewed_enrollment_keeps_the_pinned_parameters_and_contributions() {
     let mut p = enrolled();
-    p.saved.as_mut().unwrap().last_contributed_round = 7;
+    p.saved.as_mut().unwrap().record_contribution(7, Some([9; 16]), None);
     send(&mut p, 0);
     p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "expired" }))).unwrap();
     assert_eq!(send(&mut p, 0).path, "/v1/tasks/task/enroll");
     p.handle(0, enrollment_reply()).unwrap();
-    assert_eq!(p.saved_state().unwrap().last_contributed_round, 7);
+    let renewed = p.saved_state().unwrap();
+    assert_eq!((renewed.last_contributed_round, renewed.contributions), (7, 1));
+    assert!(renewed.contributed_to(&[9; 16]), "the models contributed to carry over");
     // A renewal that announces other parameters is refused.
     send(&mut p, 0);
     p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "expired" }))).unwrap();
@@ -560,4 +563,205 @@ fn an_async_participant_never_masks_an_update_into_a_group_it_already_joined() {
     });
     p.handle(0, json(200, fresh)).unwrap();
     assert!(matches!(p.phase, Phase::Fetch { round: 4, .. }));
+}
+
+/// The digest of the model [`select_and_train`] and [`async_trained`]
+/// serve, whatever version label it carries.
+fn served_digest() -> [u8; 16] {
+    let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+    Checkpoint { layout, weights: vec![0.5, -0.5], metadata: Default::default() }.digest()
+}
+
+/// THREAT_MODEL claim 55: a participant that sent an update of a model
+/// never trains on that model again, in a sync round or an async task, and
+/// under any round number or version label; it sends nothing for it and
+/// waits before it checks in again. A model that differs in one weight is
+/// trained, and the trainer is handed the client's own count of its
+/// contributions, not the coordinator's round.
+#[test]
+fn a_model_already_contributed_to_is_refused_under_any_round_or_version() {
+    let mut p = enrolled();
+    p.saved.as_mut().unwrap().record_contribution(3, Some(served_digest()), None);
+    let refused = |p: &mut Participant| match p.next(0) {
+        Action::RoundEnded(RoundOutcome::Refused {
+            violation: PolicyViolation::ModelReused { digest },
+            ..
+        }) => {
+            assert_eq!(digest, hex::encode(served_digest()));
+            assert!(matches!(p.next(0), Action::Wait(50)), "it waits before checking in again");
+        }
+        other => panic!("expected the model refused, got {other:?}"),
+    };
+    // A sync round.
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+    p.handle(0, json(200, serde_json::json!({ "status": "selected", "round": 4, "client_id": 2 }))).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/model");
+    let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+    let relabelled = std::collections::BTreeMap::from([("cohort.round".to_string(), "4".to_string())]);
+    let model = checkpoint::encode(&layout, &[0.5, -0.5], &relabelled).unwrap();
+    p.handle(0, Response { status: 200, body: model }).unwrap();
+    refused(&mut p);
+    // An async task serving it as a new version, −0 for 0 changes nothing.
+    p.wait_until = 0;
+    async_trained(&mut p, "9");
+    refused(&mut p);
+    assert_eq!(p.saved_state().unwrap().contributions, 1, "a refusal is no contribution");
+    // One weight one ulp away is another model.
+    p.wait_until = 0;
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+    p.handle(0, json(200, serde_json::json!({ "status": "selected", "round": 6, "client_id": 2 }))).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/model");
+    let nudged = [0.5, f32::from_bits((-0.5f32).to_bits() + 1)];
+    p.handle(0, Response { status: 200, body: checkpoint::encode(&layout, &nudged, &relabelled).unwrap() })
+        .unwrap();
+    assert!(matches!(p.next(0), Action::Train { round: 6, nonce: 1, .. }));
+    assert_ne!(p.trained_on, Some(served_digest()));
+}
+
+/// The ledger keeps the last MODEL_LEDGER models, and a contribution
+/// without a known model still counts.
+#[test]
+fn the_model_ledger_is_bounded_and_keeps_the_latest() {
+    let mut p = enrolled();
+    let saved = p.saved.as_mut().unwrap();
+    for k in 0..=MODEL_LEDGER as u64 {
+        let mut digest = [0u8; 16];
+        digest[..8].copy_from_slice(&k.to_le_bytes());
+        saved.record_contribution(k + 1, Some(digest), None);
+    }
+    saved.record_contribution(MODEL_LEDGER as u64 + 5, None, Some(1.5));
+    assert_eq!(saved.contributed_models.len(), MODEL_LEDGER);
+    assert_eq!(saved.contributions, MODEL_LEDGER as u64 + 2);
+    assert_eq!(saved.last_contributed_round, MODEL_LEDGER as u64 + 5);
+    assert_eq!(saved.privacy_spent, Some(1.5));
+    assert!(!saved.contributed_to(&[0; 16]), "the oldest is forgotten");
+    let mut newest = [0u8; 16];
+    newest[..8].copy_from_slice(&(MODEL_LEDGER as u64).to_le_bytes());
+    assert!(saved.contributed_to(&newest));
+    let restored: SavedState = serde_json::from_str(&serde_json::to_string(&*saved).unwrap()).unwrap();
+    assert!(restored.contributed_to(&newest) && restored.contributions == saved.contributions);
+}
+
+/// Enrolled in a sync task whose rounds name their model.
+fn enrolled_bound() -> Participant {
+    let bound = cohort_crypto::RoundConfig { model: Some(served_digest()), ..round_config(1) };
+    let security = TaskSecurity::of_round(&bound).unwrap();
+    assert!(security.model_bound);
+    let mut p = Participant::enroll("task", "token", config()).with_seed([1; 32]);
+    send(&mut p, 0);
+    let reply = serde_json::json!({
+        "participant_id": "p1", "credential": "secret-credential", "expires_at": 9,
+        "security": serde_json::to_value(security).unwrap(),
+    });
+    p.handle(0, json(201, reply)).unwrap();
+    p
+}
+
+/// THREAT_MODEL claim 56: a sync round names the digest of the model its
+/// clients train from, in the round context every client checks. A client
+/// served one model and shown a round that names another refuses it before
+/// anything is drawn; one that enrolled in a task whose rounds name their
+/// model refuses a round that names none (the coordinator switching it to
+/// the async flow) as a change of the task; the round naming the model it
+/// was served is joined.
+#[test]
+fn a_round_that_names_another_model_or_none_is_refused() {
+    let mut p = enrolled_bound();
+    select_and_train(&mut p, 3);
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/round/message");
+    let other = cohort_crypto::RoundConfig { model: Some([9; 16]), ..round_config(3) };
+    p.handle(0, Response { status: 200, body: setup_of(other) }).unwrap();
+    match p.next(0) {
+        Action::RoundEnded(RoundOutcome::Refused {
+            violation: PolicyViolation::WrongModel { announced, served },
+            ..
+        }) => {
+            assert_eq!((announced, served), (hex::encode([9u8; 16]), hex::encode(served_digest())));
+        }
+        other => panic!("expected the round refused, got {other:?}"),
+    }
+    assert!(p.round_rng.is_none(), "nothing of the round was drawn");
+    // The next round names the model served: joined.
+    p.wait_until = 0;
+    select_and_train(&mut p, 4);
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    send(&mut p, 0);
+    let named = cohort_crypto::RoundConfig { model: Some(served_digest()), ..round_config(4) };
+    p.handle(0, Response { status: 200, body: setup_of(named) }).unwrap();
+    assert_eq!(p.posting(), Some(Stage::AdvertiseKeys));
+    // A round that names no model, in a task pinned to name it: refused
+    // as a changed task.
+    let mut p = enrolled_bound();
+    select_and_train(&mut p, 3);
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    send(&mut p, 0);
+    let refused = p.handle(0, Response { status: 200, body: setup(3) });
+    assert!(
+        matches!(
+            refused,
+            Err(ParticipantError::Policy(PolicyViolation::Changed { parameter: "model binding", .. }))
+        ),
+        "{refused:?}"
+    );
+}
+
+/// THREAT_MODEL claim 57: in a task with differential privacy the
+/// participant accounts what its own contributions spend (at the noise it
+/// pinned, no amplification) and, before it trains for a contribution that
+/// would exceed its budget, stops with `BudgetSpent`: nothing is trained or
+/// sent, and the participant is done with the task. The ε a contribution
+/// brings is kept in the saved state when its masked input is sent.
+#[test]
+fn a_private_task_is_left_before_the_clients_own_budget_is_exceeded() {
+    use cohort_crypto::dp::accountant::client_epsilon;
+    use cohort_crypto::dp::{DpParams, Mechanism};
+    use cohort_crypto::policy::TransformKind;
+    let params = DpParams {
+        mechanism: Mechanism::Skellam,
+        clip_norm: 1.0,
+        noise_multiplier: 1.0,
+        scale: 100.0,
+        noise_shares: 2,
+    };
+    let private = TaskSecurity {
+        privacy: Some(params),
+        transform: TransformKind::Rotate { block: 2 },
+        max_weight: 1,
+        ..security()
+    };
+    // The served model has 2 weights: one rotation block.
+    let spent = |k| client_epsilon(&params, 2, k, 1e-6).epsilon;
+    let mut config = config();
+    config.policy.budget = Some(PrivacyBudget { epsilon: spent(2), delta: 1e-6 });
+    let mut p = Participant::enroll("task", "token", config).with_seed([1; 32]);
+    send(&mut p, 0);
+    let reply = serde_json::json!({
+        "participant_id": "p1", "credential": "secret-credential", "expires_at": 9,
+        "security": serde_json::to_value(private).unwrap(),
+    });
+    p.handle(0, json(201, reply)).unwrap();
+    // One contribution was sent: the second fits, and says what it spends.
+    p.saved.as_mut().unwrap().record_contribution(2, Some([3; 16]), Some(spent(1)));
+    select_and_train(&mut p, 3);
+    assert_eq!(p.spending, Some(spent(2)));
+    p.saved.as_mut().unwrap().record_contribution(3, p.trained_on.take(), p.spending.take());
+    assert_eq!(p.saved_state().unwrap().privacy_spent, Some(spent(2)));
+    p.vanish("the test moves on");
+    assert!(matches!(p.next(0), Action::RoundEnded(_)));
+    // The third would exceed the budget: refused before training.
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+    p.handle(0, json(200, serde_json::json!({ "status": "selected", "round": 4, "client_id": 2 }))).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/model");
+    let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+    let model = checkpoint::encode(&layout, &[0.25, -0.5], &Default::default()).unwrap();
+    let refused = p.handle(0, Response { status: 200, body: model });
+    match refused {
+        Err(ParticipantError::Policy(PolicyViolation::BudgetSpent { budget, would_spend, .. })) => {
+            assert_eq!((budget, would_spend), (spent(2), spent(3)));
+        }
+        other => panic!("expected the budget to stop the participant, got {other:?}"),
+    }
+    assert!(matches!(p.next(0), Action::Finished), "nothing to train, nothing more to do");
+    assert_eq!(p.saved_state().unwrap().contributions, 2);
 }

@@ -50,6 +50,7 @@ pub fn active_round(
             metrics: MetricSet::NONE,
             privacy: None,
         },
+        model: None,
     };
     config.validate().expect("a valid active round");
     (config, keys)

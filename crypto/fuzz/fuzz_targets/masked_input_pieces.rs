@@ -49,6 +49,7 @@ fn fixture() -> &'static Fixture {
                 metrics: MetricSet::NONE,
                 privacy: None,
             },
+            model: None,
         };
         let mut server = ServerRound::new(config.clone()).unwrap();
         let setup = server.setup_message();

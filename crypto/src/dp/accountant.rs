@@ -163,6 +163,20 @@ impl RoundPrivacy {
     }
 }
 
+/// What one client's own `contributions` masked inputs to a task spend,
+/// by the client's accounting: each is one run of the round's mechanism
+/// with `params` (the noise the client pinned; a round may only add noise)
+/// on its update of `padded` coordinates, composed, with no amplification
+/// by sampling: the coordinator chose the client, so sampling hides nothing
+/// from it. Zero contributions spend nothing.
+pub fn client_epsilon(params: &DpParams, padded: usize, contributions: u64, delta: f64) -> Epsilon {
+    if contributions == 0 {
+        return Epsilon { epsilon: 0.0, order: f64::NAN };
+    }
+    RoundPrivacy { mechanism: RoundMechanism::of(params, padded), sample_rate: 1.0 }
+        .epsilon(contributions, delta)
+}
+
 /// The least ε over `orders` for composed RDP values `rdp` and `delta`.
 pub fn epsilon_from_rdp(orders: &[f64], rdp: &[f64], delta: f64) -> Epsilon {
     let mut best = Epsilon { epsilon: f64::INFINITY, order: f64::NAN };

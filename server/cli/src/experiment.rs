@@ -75,32 +75,36 @@ impl Experiment {
         Ok(Self { model, shards, test, summary, setup: setup.clone() })
     }
 
-    /// Client `k`'s update for `round`, trained on its shard in place.
-    fn update(&self, k: usize, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+    /// Client `k`'s update, trained on its shard from `global`; `nonce`
+    /// counts the updates it trained before, as a deployed client's counts
+    /// the masked inputs it built ([`Contribution::nonce`]), so that a
+    /// simulation draws what the same clients over HTTP draw.
+    ///
+    /// [`Contribution::nonce`]: cohort_client::runtime::Contribution::nonce
+    fn update(&self, k: usize, nonce: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
         let config = client_config(&self.setup.train, self.setup.seed, k);
-        local_update(&self.model, &self.shards[k], &config, round, global)
+        local_update(&self.model, &self.shards[k], &config, nonce, global)
     }
 
-    /// Trains the `selected` clients from `global` for `round`, on up to
-    /// `threads` threads; returns their updates in the order given.
+    /// Trains the `selected` clients (each with its nonce) from `global`,
+    /// on up to `threads` threads; returns their updates in the order given.
     pub fn local_updates(
         &self,
-        round: u64,
         global: &Checkpoint,
-        selected: &[usize],
+        selected: &[(usize, u64)],
         threads: usize,
     ) -> Vec<Result<LocalUpdate, UpdateError>> {
-        let jobs: Vec<(usize, &Checkpoint)> = selected.iter().map(|&k| (k, global)).collect();
-        self.local_updates_from(round, &jobs, threads)
+        let jobs: Vec<(usize, u64, &Checkpoint)> =
+            selected.iter().map(|&(k, nonce)| (k, nonce, global)).collect();
+        self.local_updates_from(&jobs, threads)
     }
 
-    /// Trains each client `k` of `jobs` from its own base model, for
-    /// `round`, on up to `threads` threads; returns the updates in the
-    /// order given.
+    /// Trains each client `k` of `jobs` (with its nonce) from its own base
+    /// model, on up to `threads` threads; returns the updates in the order
+    /// given.
     pub fn local_updates_from(
         &self,
-        round: u64,
-        jobs: &[(usize, &Checkpoint)],
+        jobs: &[(usize, u64, &Checkpoint)],
         threads: usize,
     ) -> Vec<Result<LocalUpdate, UpdateError>> {
         let chunk = jobs.len().div_ceil(threads.clamp(1, jobs.len().max(1))).max(1);
@@ -108,8 +112,8 @@ impl Experiment {
         std::thread::scope(|scope| {
             for (chunk, out) in jobs.chunks(chunk).zip(results.chunks_mut(chunk)) {
                 scope.spawn(move || {
-                    for (&(k, base), slot) in chunk.iter().zip(out) {
-                        *slot = Some(self.update(k, round, base));
+                    for (&(k, nonce, base), slot) in chunk.iter().zip(out) {
+                        *slot = Some(self.update(k, nonce, base));
                     }
                 });
             }

@@ -84,7 +84,7 @@ pub(crate) fn secure_mean(
     };
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let BuiltRound { config, quantizer } =
-        RoundBuilder::for_task(spec, &security).build(1, n, Vec::new(), &mut rng)?;
+        RoundBuilder::for_task(spec, &security).build(1, n, Vec::new(), None, &mut rng)?;
     // Stochastic rounding draws from a per-client generator, so that the
     // simulation may ask for an input any number of times.
     let encode = |i: usize| {

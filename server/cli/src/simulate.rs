@@ -212,6 +212,8 @@ pub(crate) fn in_process(
     let progress = Progress::new(training.rounds);
     let mut rows = Vec::new();
     let mut now = 0.0;
+    // How many updates each client trained: what its training is seeded with.
+    let mut trained = vec![0u64; training.clients];
     for round in 1..=training.rounds {
         let started = Instant::now();
         let model_bytes = checkpoint::encode(&layout, &weights, &Default::default())?;
@@ -234,8 +236,10 @@ pub(crate) fn in_process(
         let mut dropped = order[..vanishing].to_vec();
         dropped.extend_from_slice(late);
         progress.bar(round - 1, "training");
+        let selected: Vec<(usize, u64)> = clients.iter().map(|&k| (k, trained[k])).collect();
+        clients.iter().for_each(|&k| trained[k] += 1);
         let updates: Vec<LocalUpdate> = experiment
-            .local_updates(round, &global, &clients, threads)
+            .local_updates(&global, &selected, threads)
             .into_iter()
             .collect::<Result<_, _>>()
             .map_err(|e| anyhow!("local training: {e}"))?;
@@ -360,6 +364,8 @@ pub(crate) fn buffered(
     let progress = Progress::new(training.rounds);
     let mut rows = Vec::new();
     let mut groups = 0u64;
+    // How many updates each client trained: what its training is seeded with.
+    let mut trained = vec![0u64; training.clients];
     bases.insert(0, checkpoint_of(&layout, &weights));
     state.fill(concurrency, training.clients, clock, &mut rng);
     while state.version < training.rounds {
@@ -379,12 +385,17 @@ pub(crate) fn buffered(
         let members = std::mem::take(&mut state.buffer);
         let staleness: Vec<u64> = members.iter().map(|job| state.version - job.base).collect();
         progress.bar(state.version, "training");
-        let jobs: Vec<(usize, &Checkpoint)> = members
+        let jobs: Vec<(usize, u64, &Checkpoint)> = members
             .iter()
-            .map(|job| Ok((job.client, bases.get(&job.base).context("a base model was pruned too early")?)))
+            .map(|job| {
+                let base = bases.get(&job.base).context("a base model was pruned too early")?;
+                let nonce = trained[job.client];
+                trained[job.client] += 1;
+                Ok((job.client, nonce, base))
+            })
             .collect::<Result<_>>()?;
         let mut updates: Vec<LocalUpdate> = experiment
-            .local_updates_from(groups, &jobs, threads)
+            .local_updates_from(&jobs, threads)
             .into_iter()
             .collect::<Result<_, _>>()
             .map_err(|e| anyhow!("local training: {e}"))?;

@@ -89,6 +89,9 @@ pub(super) struct Group {
     /// The round's public randomness for this group (its session id is
     /// `seeds.session`).
     pub(super) seeds: RoundSeeds,
+    /// The digest of the model the group's clients trained from (a sync
+    /// round), which its round configuration names.
+    pub(super) model: Option<[u8; 16]>,
     /// The roster's identity keys, in roster order (active variant only).
     pub(super) identities: Vec<[u8; 32]>,
     pub(super) stage_started_at: i64,
@@ -177,24 +180,28 @@ fn spool_error(error: std::io::Error) -> EngineError {
 
 impl Group {
     /// Opens the group of the `roster` (with its `identities` in the
-    /// active variant) as round `number` with `seeds`; `None` when the
+    /// active variant) as round `number` with `seeds`, training from the
+    /// model with digest `model` (`None`: an async group); `None` when the
     /// task's parameters make no valid round of its size.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn open(
         builder: &RoundBuilder<'_>,
         number: u64,
         roster: Vec<String>,
         identities: Vec<[u8; 32]>,
+        model: Option<[u8; 16]>,
         seeds: RoundSeeds,
         deadline: i64,
         now: i64,
     ) -> Option<(Self, u8)> {
         let n = u32::try_from(roster.len()).ok()?;
         let BuiltRound { config, quantizer } =
-            builder.build_with(number, n, identities.clone(), seeds).ok()?;
+            builder.build_with(number, n, identities.clone(), model, seeds).ok()?;
         let modulus_bits = config.modulus_bits;
         let server = ServerRound::new(config).ok()?;
         let group = Group {
             seeds,
+            model,
             identities,
             stage_started_at: now,
             deadline,
@@ -557,13 +564,15 @@ pub(super) struct ActiveRound {
 impl ActiveRound {
     /// Opens round `number` (its `attempt`) for the `selected` clients in
     /// `groups` of consecutive ones, each with fresh session and transform
-    /// seeds; `None` when the task's parameters make no valid round.
+    /// seeds, training from the model with digest `model` (`None`: an async
+    /// group); `None` when the task's parameters make no valid round.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn open(
         number: u64,
         attempt: u32,
         selected: Vec<(String, Option<[u8; 32]>)>,
         groups: Groups,
+        model: Option<[u8; 16]>,
         spec: &TaskSpec,
         security: &TaskSecurity,
         rng: &mut ChaCha20Rng,
@@ -584,7 +593,8 @@ impl ActiveRound {
             }
             let deadline = now + deadline_for(spec, Stage::AdvertiseKeys);
             let seeds = RoundSeeds::draw(rng);
-            let (group, bits) = Group::open(&builder, number, roster, identities, seeds, deadline, now)?;
+            let (group, bits) =
+                Group::open(&builder, number, roster, identities, model, seeds, deadline, now)?;
             modulus_bits = bits;
             opened.push(group);
         }

@@ -240,6 +240,8 @@ impl TaskEngine {
                 1,
                 selected,
                 groups,
+                // Its members trained from different versions.
+                None,
                 &self.spec,
                 &self.security,
                 &mut self.rng,

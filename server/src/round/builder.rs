@@ -85,24 +85,28 @@ impl<'a> RoundBuilder<'a> {
 
     /// Round `round` of `clients` clients (with their Ed25519 identity keys
     /// in roster order in the active variant; none in the semi-honest one),
-    /// with a fresh session id and transform seed drawn from `rng`.
+    /// training from the model with digest `model` (a sync round; `None`
+    /// for an async group), with a fresh session id and transform seed
+    /// drawn from `rng`.
     pub fn build(
         &self,
         round: u64,
         clients: u32,
         identities: Vec<[u8; 32]>,
+        model: Option<[u8; 16]>,
         rng: &mut impl Rng,
     ) -> Result<BuiltRound, SpecError> {
-        self.build_with(round, clients, identities, RoundSeeds::draw(rng))
+        self.build_with(round, clients, identities, model, RoundSeeds::draw(rng))
     }
 
     /// Round `round` with the given `seeds`: the same round wherever it is
-    /// built from the same task settings, roster and seeds.
+    /// built from the same task settings, roster, model and seeds.
     pub fn build_with(
         &self,
         round: u64,
         clients: u32,
         identities: Vec<[u8; 32]>,
+        model: Option<[u8; 16]>,
         seeds: RoundSeeds,
     ) -> Result<BuiltRound, SpecError> {
         let RoundSeeds { session, transform: transform_seed } = seeds;
@@ -132,6 +136,7 @@ impl<'a> RoundBuilder<'a> {
             vector_len: quantizer.encoded_len(self.dimension) as u32,
             modulus_bits,
             quantization,
+            model,
         };
         Ok(BuiltRound { config, quantizer })
     }
@@ -154,8 +159,8 @@ mod tests {
         let builder = RoundBuilder::for_task(&spec, &security);
         let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
         let identities: Vec<[u8; 32]> = (0..6u8).map(|i| [i; 32]).collect();
-        let one = builder.build(3, 6, identities.clone(), &mut rng).unwrap();
-        let two = builder.build(3, 6, identities.clone(), &mut rng).unwrap();
+        let one = builder.build(3, 6, identities.clone(), Some([4; 16]), &mut rng).unwrap();
+        let two = builder.build(3, 6, identities.clone(), Some([4; 16]), &mut rng).unwrap();
         one.config.validate().unwrap();
         assert_eq!(cohort_crypto::policy::TaskSecurity::of_round(&one.config).unwrap(), security);
         assert_eq!((one.config.round, one.config.clients, &one.config.identities), (3, 6, &identities));
@@ -176,14 +181,18 @@ mod tests {
         let security = spec.security().unwrap();
         let builder = RoundBuilder::for_task(&spec, &security);
         let seeds = RoundSeeds::draw(&mut rand_chacha::ChaCha20Rng::seed_from_u64(9));
-        let here = builder.build_with(4, 6, Vec::new(), seeds).unwrap();
+        let here = builder.build_with(4, 6, Vec::new(), Some([4; 16]), seeds).unwrap();
         // As another replica rebuilds it from the seeds it was sent as JSON.
         let sent: RoundSeeds = serde_json::from_str(&serde_json::to_string(&seeds).unwrap()).unwrap();
-        let there = RoundBuilder::for_task(&spec, &security).build_with(4, 6, Vec::new(), sent).unwrap();
+        let there = RoundBuilder::for_task(&spec, &security)
+            .build_with(4, 6, Vec::new(), Some([4; 16]), sent)
+            .unwrap();
         assert_eq!(here.config, there.config);
         assert_eq!(here.config.session, seeds.session);
-        // One seed changed is another round.
+        // One seed changed is another round, and so is another model.
         let other = RoundSeeds { transform: [1; 32], ..seeds };
-        assert_ne!(builder.build_with(4, 6, Vec::new(), other).unwrap().config, here.config);
+        assert_ne!(builder.build_with(4, 6, Vec::new(), Some([4; 16]), other).unwrap().config, here.config);
+        let elsewhere = builder.build_with(4, 6, Vec::new(), Some([5; 16]), seeds).unwrap();
+        assert_ne!(elsewhere.config.context(), here.config.context());
     }
 }

@@ -579,11 +579,15 @@ impl TaskEngine {
         let selected = select(candidates, n, &mut self.rng);
         let number = self.completed + 1;
         let attempt = self.attempts + 1;
+        // Every client of the round trains from the current model, and its
+        // round configuration says which (THREAT_MODEL claim 56).
+        let model = Some(self.spec.model.layout.digest(&self.weights));
         let round = ActiveRound::open(
             number,
             attempt,
             selected,
             groups,
+            model,
             &self.spec,
             &self.security,
             &mut self.rng,
@@ -672,6 +676,7 @@ impl TaskEngine {
             roster: target.roster.clone(),
             identities: target.identities.clone(),
             seeds: target.seeds,
+            model: target.model.map(hex::encode),
         };
         Some((key, assignment))
     }

@@ -42,6 +42,10 @@ pub struct GroupAssignment {
     pub identities: Vec<[u8; 32]>,
     /// The group's public seeds (session id, transform seed).
     pub seeds: RoundSeeds,
+    /// The digest of the model the round trains from (hex), which the
+    /// group's round configuration names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// What an owner stores when its group settles: for a completed group its
@@ -185,8 +189,18 @@ impl OwnedGroup {
         let security = spec.security()?;
         let builder = RoundBuilder::for_task(&spec, &security);
         let deadline = now + deadline_for(&spec, Stage::AdvertiseKeys);
-        let GroupAssignment { roster, identities, seeds } = assignment;
-        let (group, _) = Group::open(&builder, key.round, roster, identities, seeds, deadline, now)
+        let GroupAssignment { roster, identities, seeds, model } = assignment;
+        let model = match model {
+            None => None,
+            Some(digest) => {
+                let mut bytes = [0u8; 16];
+                hex::decode_to_slice(&digest, &mut bytes).map_err(|_| {
+                    TaskError::GroupReport("the assignment's model digest is not 16 bytes of hex")
+                })?;
+                Some(bytes)
+            }
+        };
+        let (group, _) = Group::open(&builder, key.round, roster, identities, model, seeds, deadline, now)
             .ok_or(TaskError::GroupReport("the assignment makes no valid round"))?;
         let members = group
             .roster

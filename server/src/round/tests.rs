@@ -156,6 +156,11 @@ fn an_active_round_binds_the_selected_identity_keys() {
     expected.sort_unstable();
     roster.sort_unstable();
     assert_eq!(roster, expected);
+    // The round names the model it trains (THREAT_MODEL claim 56): the
+    // digest of the checkpoint a client downloads.
+    let served = cohort_client::checkpoint::decode(engine.model()).unwrap();
+    assert_eq!(config.model, Some(served.digest()));
+    assert!(engine.security().model_bound);
     assert_eq!(engine.check_in("keyless", None, now), CheckIn::Wait { retry_after_ms: 2_000 });
     let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
     let completion = complete(&mut engine, 1, job, now);

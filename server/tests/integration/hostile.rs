@@ -32,7 +32,7 @@ struct Honest;
 impl Trainer for Honest {
     fn train(
         &mut self,
-        _: u64,
+        _: cohort_client::runtime::Contribution,
         _: &cohort_client::checkpoint::Checkpoint,
     ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         Ok(LocalUpdate {

@@ -38,7 +38,7 @@ struct Honest;
 impl Trainer for Honest {
     fn train(
         &mut self,
-        _: u64,
+        _: cohort_client::runtime::Contribution,
         _: &cohort_client::checkpoint::Checkpoint,
     ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         let mut metrics = MetricValues::new();
@@ -72,6 +72,7 @@ fn honest_security() -> TaskSecurity {
         max_weight: 1 << 14,
         transform: cohort_crypto::policy::TransformKind::None,
         privacy: None,
+        model_bound: true,
     }
 }
 

@@ -22,17 +22,26 @@ const ADMIN: &str = "admin-token-for-participant-tests";
 struct Fixed {
     delta: Vec<f32>,
     examples: u32,
+    /// The round and the nonce of each call.
     rounds_trained: Vec<u64>,
+    nonces: Vec<u64>,
+}
+
+impl Fixed {
+    fn new(delta: Vec<f32>, examples: u32) -> Self {
+        Self { delta, examples, rounds_trained: vec![], nonces: vec![] }
+    }
 }
 
 impl Trainer for Fixed {
     fn train(
         &mut self,
-        round: u64,
+        contribution: cohort_client::runtime::Contribution,
         model: &Checkpoint,
     ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         assert_eq!(model.weights.len(), self.delta.len());
-        self.rounds_trained.push(round);
+        self.rounds_trained.push(contribution.round);
+        self.nonces.push(contribution.nonce);
         Ok(LocalUpdate {
             delta: self.delta.clone(),
             examples: self.examples,
@@ -76,7 +85,7 @@ fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
             let (url, task, token) = (coordinator.url.clone(), task.clone(), token.clone());
             let state_file = state_dir.join(format!("client-{k}.json"));
             std::thread::spawn(move || {
-                let mut trainer = Fixed { delta: update(k), examples: 10 + k as u32, rounds_trained: vec![] };
+                let mut trainer = Fixed::new(update(k), 10 + k as u32);
                 let participant =
                     Participant::enroll(&task, &token, fast(&spec(5, 2))).with_seed([k as u8; 32]);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), Some(state_file.clone()));
@@ -101,14 +110,27 @@ fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
                 while let Some(outcome) = runner.run_round(&mut trainer).unwrap() {
                     outcomes.push(outcome);
                 }
-                assert_eq!(runner.participant().saved_state().unwrap().participant_id, enrolled_as);
-                (outcomes, trainer.rounds_trained)
+                let saved = runner.participant().saved_state().unwrap();
+                assert_eq!(saved.participant_id, enrolled_as);
+                (
+                    outcomes,
+                    trainer.rounds_trained,
+                    trainer.nonces,
+                    saved.contributions,
+                    saved.contributed_models.len(),
+                )
             })
         })
         .collect();
     let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    for (k, (outcomes, rounds)) in results.iter().enumerate() {
+    for (k, (outcomes, rounds, nonces, contributions, models)) in results.iter().enumerate() {
         assert_eq!(rounds, &vec![1, 2], "client {k} trained in rounds {rounds:?}");
+        // THREAT_MODEL claim 55: training is seeded by the client's count
+        // of its masked inputs, not by the round, and each is recorded with
+        // its model before it leaves (client 4's too, built and then not
+        // sent), across a restart.
+        assert_eq!(nonces, &vec![0, 1], "client {k}");
+        assert_eq!((*contributions, *models), (2, 2), "client {k}");
         assert_eq!(outcomes.len(), 2, "client {k}: {outcomes:?}");
         let first_completed = matches!(outcomes[0], RoundOutcome::Completed(_));
         assert_eq!(first_completed, k != 4, "client {k}: {outcomes:?}");
@@ -154,7 +176,7 @@ fn a_round_in_two_groups_trains_one_model_over_http() {
             let (url, task, token, grouped) =
                 (coordinator.url.clone(), task.clone(), token.clone(), grouped.clone());
             std::thread::spawn(move || {
-                let mut trainer = Fixed { delta: update(k), examples: 10 + k as u32, rounds_trained: vec![] };
+                let mut trainer = Fixed::new(update(k), 10 + k as u32);
                 let participant =
                     Participant::enroll(&task, &token, fast(&grouped)).with_seed([k as u8 + 80; 32]);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
@@ -206,7 +228,11 @@ fn a_round_in_two_groups_trains_one_model_over_http() {
 struct Reporting(usize);
 
 impl Trainer for Reporting {
-    fn train(&mut self, _: u64, _: &Checkpoint) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
+    fn train(
+        &mut self,
+        _: cohort_client::runtime::Contribution,
+        _: &Checkpoint,
+    ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         let mut metrics = MetricValues::new();
         metrics.set(Metric::TrainLoss, 0.1 * (self.0 + 1) as f64)?;
         Ok(LocalUpdate { delta: update(self.0), examples: 10, metrics })
@@ -275,7 +301,7 @@ fn metrics_travel_masked_and_in_the_clear_only_when_a_semi_honest_task_asks() {
 fn refusals_and_outages_are_typed_errors() {
     let coordinator = Coordinator::start("errors", ADMIN);
     let (task, _) = coordinator.create_task(spec(4, 1));
-    let mut trainer = Fixed { delta: vec![0.0; 3], examples: 1, rounds_trained: vec![] };
+    let mut trainer = Fixed::new(vec![0.0; 3], 1);
     let run = |participant: Participant, url: &str, trainer: &mut Fixed| {
         Runner::new(participant, HttpTransport::new(url), None).run_round(trainer)
     };
@@ -353,8 +379,7 @@ fn compressed_round(
         .map(|k| {
             let (url, task, token) = (coordinator.url.clone(), task.clone(), token.clone());
             std::thread::spawn(move || {
-                let mut trainer =
-                    Fixed { delta: delta(k), examples: 20 + 10 * k as u32, rounds_trained: vec![] };
+                let mut trainer = Fixed::new(delta(k), 20 + 10 * k as u32);
                 let participant = Participant::enroll(&task, &token, config).with_seed([40 + k as u8; 32]);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
                 let outcome = runner.run_round(&mut trainer).unwrap().unwrap();

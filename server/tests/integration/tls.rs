@@ -39,7 +39,7 @@ struct Zero;
 impl Trainer for Zero {
     fn train(
         &mut self,
-        _: u64,
+        _: cohort_client::runtime::Contribution,
         model: &cohort_client::checkpoint::Checkpoint,
     ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         Ok(LocalUpdate {

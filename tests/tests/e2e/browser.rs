@@ -77,12 +77,13 @@ fn digits() -> (Vec<u8>, Vec<u8>) {
     )
 }
 
-/// What the demo tab with `shard` sends in round 1: the built-in trainer's
-/// update with the demo's defaults.
+/// What the demo tab with `shard` sends in round 1, its first
+/// contribution (nonce 0): the built-in trainer's update with the demo's
+/// defaults.
 fn tab_update(shard: usize, initial: &Checkpoint) -> LocalUpdate {
     let (images, labels) = digits();
     let (train, _) = cohort_web::demo::digits_shard(&images, &labels, shard, SHARDS).unwrap();
-    runtime::local_update(&logreg(), &train, &TrainConfig::default(), 1, initial).unwrap()
+    runtime::local_update(&logreg(), &train, &TrainConfig::default(), 0, initial).unwrap()
 }
 
 /// The three native clients' updates.
@@ -447,7 +448,9 @@ fn plain_fedavg(initial: &Checkpoint, shards: usize, rounds: u64) -> Vec<f64> {
             let updates: Vec<LocalUpdate> = data
                 .iter()
                 .map(|(train, _)| {
-                    runtime::local_update(&logreg(), train, &TrainConfig::default(), round, &global).unwrap()
+                    // A tab's k-th contribution is seeded with nonce k - 1.
+                    runtime::local_update(&logreg(), train, &TrainConfig::default(), round - 1, &global)
+                        .unwrap()
                 })
                 .collect();
             let examples: f32 = updates.iter().map(|u| u.examples as f32).sum();

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use cohort_client::checkpoint::Checkpoint;
 use cohort_client::participant::{Participant, ParticipantConfig, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{LocalUpdate, Runner, Trainer, UpdateError};
+use cohort_client::runtime::{Contribution, LocalUpdate, Runner, Trainer, UpdateError};
 use cohort_tests::{Fixed, Serve, checkpoint, model, native_update, scratch};
 use serde_json::{Value, json};
 
@@ -60,10 +60,10 @@ struct Straggler {
 }
 
 impl Trainer for Straggler {
-    fn train(&mut self, round: u64, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
-        self.started.send(round).unwrap();
+    fn train(&mut self, contribution: Contribution, global: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        self.started.send(contribution.round).unwrap();
         self.finish.recv().unwrap();
-        Fixed(std::mem::replace(&mut self.update, native_update(0))).train(round, global)
+        Fixed(std::mem::replace(&mut self.update, native_update(0))).train(contribution, global)
     }
 }
 

@@ -230,7 +230,7 @@ struct Steady {
 impl cohort_client::runtime::Trainer for Steady {
     fn train(
         &mut self,
-        _: u64,
+        _: cohort_client::runtime::Contribution,
         model: &cohort_client::checkpoint::Checkpoint,
     ) -> Result<cohort_client::runtime::LocalUpdate, cohort_client::runtime::UpdateError> {
         let delta = (0..model.weights.len()).map(|i| 0.01 * (i as f32 + 1.0)).collect();

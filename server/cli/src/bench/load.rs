@@ -152,7 +152,7 @@ struct Synthetic {
 impl Trainer for Synthetic {
     fn train(
         &mut self,
-        _: u64,
+        _: cohort_client::runtime::Contribution,
         _: &cohort_client::checkpoint::Checkpoint,
     ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
         Ok(LocalUpdate {

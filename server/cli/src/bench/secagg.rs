@@ -215,7 +215,8 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         privacy: None,
     };
     let public_keys = identities.iter().map(|key| key.public_key()).collect();
-    let BuiltRound { config, quantizer } = builder.build(1, args.clients, public_keys, &mut seed_rng)?;
+    let BuiltRound { config, quantizer } =
+        builder.build(1, args.clients, public_keys, None, &mut seed_rng)?;
     let modulus_bits = config.modulus_bits;
     config.validate().context("invalid round parameters")?;
 

@@ -306,6 +306,8 @@ fn an_active_async_task_takes_only_clients_with_identity_keys_and_stops_when_pau
     spec.secure_aggregation.variant = Some(crate::spec::VariantChoice::Active);
     let mut engine = engine(spec);
     assert_eq!(engine.variant(), Variant::Active);
+    // Its groups name no model: clients pin that at enrollment.
+    assert!(!engine.security().model_bound);
     assert_eq!(engine.check_in_trained("keyless", None, None, 0), CheckIn::Wait { retry_after_ms: 2_000 });
     assert_eq!(engine.check_in_trained("keyed", Some([7; 32]), None, 0), CheckIn::Train { version: 0 });
     engine.set_status(TaskStatus::Paused);
