@@ -916,6 +916,8 @@ mod tests {
         let refused = policy.check(&security(&config));
         assert_eq!(refused, Err(PolicyViolation::Transform("sketch")));
         assert_eq!(refused.map_err(|e| e.rule()), Err("transform"));
+        let sketches = Policy { allow_sketch: true, ..policy };
+        assert_eq!(sketches.check(&security(&config)), Ok(()), "an accepted transform is accepted");
         let no_rotation = Policy { allow_rotation: false, ..Policy::default() };
         config.quantization.transform = Transform::Rotate { block: 8, seed: [1; 32] };
         config.vector_len = 9;
@@ -1149,9 +1151,82 @@ mod tests {
         let mut plain = private_round(1.0);
         plain.quantization.privacy = None;
         assert_eq!(policy.check_budget(&security(&plain), dimension, 1_000), Ok(None));
-        let broken = Policy { budget: Some(PrivacyBudget { epsilon: f64::NAN, delta }), ..policy };
-        assert!(broken.check_budget(&task, dimension, 0).is_err());
-        // The default budget: ε = 30 at δ = 1e-6.
-        assert_eq!(Policy::default().budget, Some(PrivacyBudget { epsilon: 30.0, delta: 1e-6 }));
+        // A budget that is not one admits nothing: ε not a number, infinite
+        // or negative, δ outside (0, 1) (at δ = 1 the accountant's ε would
+        // be small and admit everything).
+        assert!(PrivacyBudget { epsilon: 0.0, delta }.is_valid());
+        for broken in [
+            PrivacyBudget { epsilon: f64::NAN, delta },
+            PrivacyBudget { epsilon: f64::INFINITY, delta },
+            PrivacyBudget { epsilon: -1.0, delta },
+            PrivacyBudget { epsilon: 1e6, delta: 0.0 },
+            PrivacyBudget { epsilon: 1e6, delta: 1.0 },
+        ] {
+            assert!(!broken.is_valid(), "{broken:?}");
+            let policy = Policy { budget: Some(broken), ..policy };
+            assert!(policy.check_budget(&task, dimension, 0).is_err(), "{broken:?}");
+        }
+        // The default budget: ε = 30 at δ = 1e-6; a larger ε or δ is a
+        // relaxation and says so, a smaller one is not.
+        let default = Policy::default();
+        assert_eq!(default.budget, Some(PrivacyBudget { epsilon: 30.0, delta: 1e-6 }));
+        for (epsilon, delta, weaker) in
+            [(31.0, 1e-6, true), (30.0, 1e-5, true), (10.0, 1e-6, false), (30.0, 1e-9, false)]
+        {
+            let said = Policy { budget: Some(PrivacyBudget { epsilon, delta }), ..default }.relaxations();
+            assert_eq!(
+                said.iter().any(|s| s.starts_with("spends up to")),
+                weaker,
+                "ε {epsilon}, δ {delta}: {said:?}"
+            );
+        }
+    }
+
+    /// The refusals that end one round only (a client may take part in the
+    /// next) and those that end the client's part in the task.
+    #[test]
+    fn a_violation_says_whether_it_ends_the_round_or_the_task() {
+        let digest = "00".repeat(16);
+        for round_only in [
+            PolicyViolation::WrongRound { expected: 2, got: 3 },
+            PolicyViolation::WrongSession,
+            PolicyViolation::Replayed { round: 2, last: 2 },
+            PolicyViolation::NotOurIdentity,
+            PolicyViolation::ModelReused { digest: digest.clone() },
+            PolicyViolation::WrongModel { announced: digest.clone(), served: "none".into() },
+        ] {
+            assert!(round_only.round_only(), "{round_only:?}");
+        }
+        for task in [
+            PolicyViolation::SemiHonest,
+            PolicyViolation::NoPrivacy,
+            PolicyViolation::NoiseBelowPolicy { min: 0.5, got: 0.1 },
+            PolicyViolation::BudgetSpent { budget: 1.0, delta: 1e-6, would_spend: 2.0 },
+            PolicyViolation::TooLittleNoise { promised: 1.0, announced: 0.5 },
+            PolicyViolation::Changed {
+                parameter: "model binding",
+                pinned: "a".into(),
+                announced: "b".into(),
+            },
+        ] {
+            assert!(!task.round_only(), "{task:?}");
+        }
+    }
+
+    /// THREAT_MODEL claim 56: a task whose rounds name their model keeps
+    /// them naming it; one that did not may start.
+    #[test]
+    fn the_model_binding_is_pinned_one_way() {
+        let plain = round(Variant::Active, 10, GraphSpec::Complete, 7);
+        let bound = RoundConfig { model: Some([3; 16]), ..plain.clone() };
+        let other = RoundConfig { model: Some([4; 16]), ..plain.clone() };
+        let (plain, bound, other) = (security(&plain), security(&bound), security(&other));
+        assert!(bound.model_bound && other.model_bound && !plain.model_bound);
+        assert_eq!(bound.compare(&other), Ok(()), "the digest changes every round");
+        assert_eq!(plain.compare(&bound), Ok(()));
+        assert!(matches!(
+            bound.compare(&plain),
+            Err(PolicyViolation::Changed { parameter: "model binding", .. })
+        ));
     }
 }
