@@ -424,6 +424,9 @@ fn a_renewed_enrollment_keeps_the_pinned_parameters_and_contributions() {
     let renewed = p.saved_state().unwrap();
     assert_eq!((renewed.last_contributed_round, renewed.contributions), (7, 1));
     assert!(renewed.contributed_to(&[9; 16]), "the models contributed to carry over");
+    // Debug shows the counts (never the credential or the identity seed).
+    let shown = format!("{renewed:?}");
+    assert!(shown.contains("contributions: 1") && !shown.contains("secret-credential"), "{shown}");
     // A renewal that announces other parameters is refused.
     send(&mut p, 0);
     p.handle(0, json(401, serde_json::json!({ "error": "unauthorized", "message": "expired" }))).unwrap();
