@@ -11,7 +11,7 @@ use crate::support;
 use cohort_client::api::SECAGG_CONTENT_TYPE;
 use cohort_client::participant::{Method, Participant, ParticipantConfig, Request, Response};
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{LocalUpdate, Runner, Trainer, Transport};
+use cohort_client::runtime::{Runner, Transport};
 use cohort_crypto::messages::MaskedVector;
 use cohort_crypto::{Client, ClientId, ClientMessage, Quantizer, ServerMessage};
 use rand_chacha::ChaCha20Rng;
@@ -27,20 +27,8 @@ fn delta() -> Vec<f32> {
     (0..DIMENSION).map(|i| 0.01 * i as f32 - 0.05).collect()
 }
 
-struct Honest;
-
-impl Trainer for Honest {
-    fn train(
-        &mut self,
-        _: cohort_client::runtime::Contribution,
-        _: &cohort_client::checkpoint::Checkpoint,
-    ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
-        Ok(LocalUpdate {
-            delta: delta(),
-            examples: 7,
-            metrics: cohort_client::participant::MetricValues::new(),
-        })
-    }
+fn honest() -> support::Steady {
+    support::Steady { delta: delta(), examples: 7, metrics: cohort_client::participant::MetricValues::new() }
 }
 
 /// The attacker's side of the API, with raw bodies.
@@ -215,7 +203,7 @@ fn hostile_input_is_refused_and_rounds_complete() {
                 let participant = Participant::enroll(&task, &token, config).with_seed([k + 1; 32]);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
                 let mut rounds = 0;
-                while runner.run_round(&mut Honest).unwrap().is_some() {
+                while runner.run_round(&mut honest()).unwrap().is_some() {
                     rounds += 1;
                 }
                 rounds

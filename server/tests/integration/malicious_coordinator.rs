@@ -20,7 +20,7 @@ use cohort_client::participant::{
     Response, RoundOutcome, TaskSecurity,
 };
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer};
+use cohort_client::runtime::{RunError, Runner};
 use cohort_crypto::{ServerMessage, Stage, Transform, Variant};
 use serde_json::{Value, json};
 use support::Coordinator;
@@ -33,18 +33,11 @@ const ADMIN: &str = "admin-token-for-the-malicious-coordinator-tests";
 const CLIENTS: u32 = 4;
 const DIMENSION: usize = 8;
 
-struct Honest;
-
-impl Trainer for Honest {
-    fn train(
-        &mut self,
-        _: cohort_client::runtime::Contribution,
-        _: &cohort_client::checkpoint::Checkpoint,
-    ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
-        let mut metrics = MetricValues::new();
-        metrics.set(Metric::TrainLoss, 0.5)?;
-        Ok(LocalUpdate { delta: vec![0.01; DIMENSION], examples: 3, metrics })
-    }
+/// Every client's update: 0.01 everywhere, 3 examples, a training loss.
+fn honest() -> support::Steady {
+    let mut metrics = MetricValues::new();
+    metrics.set(Metric::TrainLoss, 0.5).unwrap();
+    support::Steady { delta: vec![0.01; DIMENSION], examples: 3, metrics }
 }
 
 /// A task of [`CLIENTS`] clients in the active variant on the complete
@@ -98,7 +91,7 @@ fn run_clients(proxy: &Proxy, task: &str, token: &str, rounds: usize, patience: 
                     Runner::new(participant, HttpTransport::new(&url), None).with_interrupt(stop);
                 let mut outcomes = Vec::new();
                 while outcomes.len() < rounds {
-                    match runner.run_round(&mut Honest) {
+                    match runner.run_round(&mut honest()) {
                         Ok(Some(outcome)) => outcomes.push(outcome),
                         Ok(None) | Err(RunError::Interrupted) => return (outcomes, None),
                         Err(RunError::Participant(error)) => return (outcomes, Some(error)),

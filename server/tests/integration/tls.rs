@@ -8,7 +8,7 @@ use crate::support;
 
 use cohort_client::participant::{Method, Participant, ParticipantConfig, ParticipantError, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, Transport};
+use cohort_client::runtime::{RunError, Runner, Transport};
 use cohort_server::service::TlsFiles;
 use cohort_tests::process::closed_by;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
@@ -34,19 +34,12 @@ fn certificates() -> (String, TlsFiles) {
     (ca.pem(), files)
 }
 
-struct Zero;
-
-impl Trainer for Zero {
-    fn train(
-        &mut self,
-        _: cohort_client::runtime::Contribution,
-        model: &cohort_client::checkpoint::Checkpoint,
-    ) -> Result<LocalUpdate, cohort_client::runtime::UpdateError> {
-        Ok(LocalUpdate {
-            delta: vec![0.25; model.weights.len()],
-            examples: 3,
-            metrics: cohort_client::participant::MetricValues::new(),
-        })
+/// The task's model has 4 weights.
+fn steady() -> support::Steady {
+    support::Steady {
+        delta: vec![0.25; 4],
+        examples: 3,
+        metrics: cohort_client::participant::MetricValues::new(),
     }
 }
 
@@ -76,7 +69,7 @@ fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
     // The web PKI does not know our CA; plain HTTP is not TLS.
     for transport in [HttpTransport::new(&url), HttpTransport::new(&url.replace("https://", "http://"))] {
         let mut runner = Runner::new(Participant::enroll(&task, &token, config), transport, None);
-        let error = runner.run_round(&mut Zero).unwrap_err();
+        let error = runner.run_round(&mut steady()).unwrap_err();
         assert!(matches!(error, RunError::Participant(ParticipantError::Unreachable { .. })), "{error}");
     }
 
@@ -85,7 +78,7 @@ fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
             let (transport, task, token) = (trusted(), task.clone(), token.clone());
             std::thread::spawn(move || {
                 let mut runner = Runner::new(Participant::enroll(&task, &token, config), transport, None);
-                runner.run_round(&mut Zero).unwrap().unwrap()
+                runner.run_round(&mut steady()).unwrap().unwrap()
             })
         })
         .collect();

@@ -14,6 +14,27 @@ use cohort_client::runtime::http::HttpTransport;
 use cohort_server::service::{Service, ServiceConfig, TlsFiles};
 use serde_json::Value;
 
+/// A client that hands in the same update every round, whatever the model.
+pub struct Steady {
+    pub delta: Vec<f32>,
+    pub examples: u32,
+    pub metrics: cohort_client::participant::MetricValues,
+}
+
+impl cohort_client::runtime::Trainer for Steady {
+    fn train(
+        &mut self,
+        _: cohort_client::runtime::Contribution,
+        _: &cohort_client::checkpoint::Checkpoint,
+    ) -> Result<cohort_client::runtime::LocalUpdate, cohort_client::runtime::UpdateError> {
+        Ok(cohort_client::runtime::LocalUpdate {
+            delta: self.delta.clone(),
+            examples: self.examples,
+            metrics: self.metrics,
+        })
+    }
+}
+
 /// A running coordinator on its own runtime; stopped and its SQLite file
 /// removed on drop.
 pub struct Coordinator {
