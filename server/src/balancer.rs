@@ -17,7 +17,7 @@ pub fn haproxy_config(port: u16, backends: &[u16]) -> String {
          option redispatch\n    retries 3\n    retry-on conn-failure empty-response 503\n\n\
          frontend cohort\n    bind 127.0.0.1:{port}\n    default_backend replicas\n\n\
          backend replicas\n    balance roundrobin\n    option httpchk GET /readyz\n    http-check expect status 200\n    \
-         default-server inter 300ms fall 2 rise 2\n"
+         default-server inter 300ms fall 2 rise 2 on-marked-down shutdown-sessions\n"
     );
     for (i, backend) in backends.iter().enumerate() {
         let _ = writeln!(config, "    server replica{i} 127.0.0.1:{backend} check");

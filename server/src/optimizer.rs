@@ -19,6 +19,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Largest learning rate and τ a task may set.
+pub const MAX_PARAMETER: f32 = 1000.0;
+
 /// A server optimizer and its hyper-parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
@@ -26,35 +29,46 @@ pub enum ServerOptimizer {
     /// w ← w + η Δ.
     FedAvg {
         /// Server learning rate η.
+        #[schema(exclusive_minimum = 0.0, maximum = 1000.0)]
         learning_rate: f32,
     },
     /// Server momentum.
     FedAvgM {
         /// Server learning rate η.
+        #[schema(exclusive_minimum = 0.0, maximum = 1000.0)]
         learning_rate: f32,
         /// Momentum β.
+        #[schema(minimum = 0.0, exclusive_maximum = 1.0)]
         momentum: f32,
     },
     /// Adam on the server.
     FedAdam {
         /// Server learning rate η.
+        #[schema(exclusive_minimum = 0.0, maximum = 1000.0)]
         learning_rate: f32,
         /// First-moment decay β₁.
+        #[schema(minimum = 0.0, exclusive_maximum = 1.0)]
         beta1: f32,
         /// Second-moment decay β₂.
+        #[schema(minimum = 0.0, exclusive_maximum = 1.0)]
         beta2: f32,
         /// Adaptivity τ.
+        #[schema(exclusive_minimum = 0.0, maximum = 1000.0)]
         tau: f32,
     },
     /// Yogi on the server.
     FedYogi {
         /// Server learning rate η.
+        #[schema(exclusive_minimum = 0.0, maximum = 1000.0)]
         learning_rate: f32,
         /// First-moment decay β₁.
+        #[schema(minimum = 0.0, exclusive_maximum = 1.0)]
         beta1: f32,
         /// Second-moment decay β₂.
+        #[schema(minimum = 0.0, exclusive_maximum = 1.0)]
         beta2: f32,
         /// Adaptivity τ.
+        #[schema(exclusive_minimum = 0.0, maximum = 1000.0)]
         tau: f32,
     },
 }
@@ -101,24 +115,28 @@ pub struct OptimizerState {
 impl ServerOptimizer {
     /// Checks the hyper-parameters.
     pub fn validate(&self) -> Result<(), OptimizerError> {
+        // Bounded, not only finite: τ² and η times an update must stay
+        // finite in f32 (a τ of 2·10¹⁹ squares to infinity).
         let positive = |value: f32, what| {
-            if value.is_finite() && value > 0.0 { Ok(()) } else { Err(OptimizerError::Parameter(what)) }
+            if value > 0.0 && value <= MAX_PARAMETER { Ok(()) } else { Err(OptimizerError::Parameter(what)) }
         };
         let decay = |value: f32, what| {
             if (0.0..1.0).contains(&value) { Ok(()) } else { Err(OptimizerError::Parameter(what)) }
         };
         match *self {
-            ServerOptimizer::FedAvg { learning_rate } => positive(learning_rate, "learning_rate must be > 0"),
+            ServerOptimizer::FedAvg { learning_rate } => {
+                positive(learning_rate, "learning_rate must be in (0, 1000]")
+            }
             ServerOptimizer::FedAvgM { learning_rate, momentum } => {
-                positive(learning_rate, "learning_rate must be > 0")?;
+                positive(learning_rate, "learning_rate must be in (0, 1000]")?;
                 decay(momentum, "momentum must be in [0, 1)")
             }
             ServerOptimizer::FedAdam { learning_rate, beta1, beta2, tau }
             | ServerOptimizer::FedYogi { learning_rate, beta1, beta2, tau } => {
-                positive(learning_rate, "learning_rate must be > 0")?;
+                positive(learning_rate, "learning_rate must be in (0, 1000]")?;
                 decay(beta1, "beta1 must be in [0, 1)")?;
                 decay(beta2, "beta2 must be in [0, 1)")?;
-                positive(tau, "tau must be > 0")
+                positive(tau, "tau must be in (0, 1000]")
             }
         }
     }

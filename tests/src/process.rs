@@ -168,8 +168,14 @@ impl ServeProcess {
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
-        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success());
+        self.signal("TERM");
+    }
+
+    /// Sends the signal `name` (`TERM`, `STOP`, `CONT`, ...).
+    pub fn signal(&self, name: &str) {
+        let status =
+            Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill -{name}");
     }
 
     /// Resident memory now and at its peak, in KiB (from /proc).

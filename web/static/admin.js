@@ -523,6 +523,10 @@ function renderDetail() {
   $("pause").disabled = final || task.status === "paused";
   $("resume").disabled = final || task.status !== "paused";
   $("stop").disabled = final;
+  $("delete").disabled = !final;
+  // Why the task makes no progress (too few clients, no leader), if so.
+  $("detail-stalled").textContent = task.stalled ?? "";
+  $("detail-stalled").classList.toggle("hidden", !task.stalled);
   $("token-form").querySelector("button").disabled = final;
   renderBuffer(task);
   renderLive(task);
@@ -548,6 +552,18 @@ async function control(action) {
   }
 }
 for (const action of ["pause", "resume", "stop"]) $(action).addEventListener("click", () => control(action));
+$("delete").addEventListener("click", async () => {
+  if (!selected || !confirm("Delete this task with its checkpoints, rounds and enrollments? This cannot be undone.")) return;
+  $("action-error").textContent = "";
+  try {
+    await api("DELETE", `/admin/tasks/${encodeURIComponent(selected)}`);
+    selected = null;
+    history.replaceState(null, "", "#");
+    followSelected();
+  } catch (error) {
+    $("action-error").textContent = `delete: ${error.message}`;
+  }
+});
 
 // --- enrollment tokens ---------------------------------------------------
 

@@ -237,6 +237,7 @@ async function dashboard() {
     await page.click(`#tokens tr[data-token="${id}"] button`);
     await page.waitForFunction((t) => document.querySelector(`#tokens tr[data-token="${t}"] [data-field=revoked]`).textContent !== "—", id);
     seen.token = { shown, listed, hidden, id };
+    seen.delete_disabled_running = await page.isDisabled("#delete");
     for (const [button, expected] of [["pause", "paused"], ["resume", "active"], ["stop", "stopped"]]) {
       await page.click(`#${button}`);
       await page.waitForFunction((s) => document.getElementById("detail-status").textContent === s, expected);
@@ -247,6 +248,15 @@ async function dashboard() {
     await page.waitForSelector(`#finished tr[data-task="${config.task}"]`, { state: "attached" });
     seen.finished = await page.textContent("#finished-summary");
     await shot(page, `${config.name}-stopped`);
+  }
+  if (config.delete) {
+    // Only a task that is over can be deleted; its row goes.
+    await page.waitForSelector("#delete:not([disabled])");
+    await page.click("#delete");
+    await page.waitForSelector(`tr[data-task="${config.task}"]`, { state: "detached" });
+    seen.deleted = (await fetch(`${config.url}/admin/tasks/${config.task}`, {
+      headers: { authorization: `Bearer ${config.adminToken}` },
+    })).status;
   }
   // Nothing secret on the page: not the enrollment token, not a credential.
   const text = await page.evaluate(() => document.documentElement.outerHTML);

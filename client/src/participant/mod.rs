@@ -78,6 +78,10 @@ enum Slot {
     Buffer { base: u64 },
 }
 
+/// How often a coordinator that does not know the task enrolled in is
+/// asked again.
+const TASK_MISSING_RETRY_MS: u64 = 1_000;
+
 enum Phase {
     Enroll,
     CheckIn,
@@ -136,6 +140,9 @@ pub struct Participant {
     pending_identity: Option<Zeroizing<[u8; 32]>>,
     /// The current request's failed attempts.
     attempts: u32,
+    /// Since when the coordinator says it does not know the task enrolled
+    /// in (see [`ParticipantConfig::task_missing_ms`]).
+    task_missing_since: Option<u64>,
     wait_until: u64,
     in_flight: bool,
     report: RoundReport,
@@ -207,6 +214,7 @@ impl Participant {
             round_rng: None,
             pending_identity: None,
             attempts: 0,
+            task_missing_since: None,
             wait_until: 0,
             in_flight: false,
             report: RoundReport::default(),
@@ -336,6 +344,22 @@ impl Participant {
         self.retry(now, error)
     }
 
+    /// The coordinator does not know the task this participant enrolled
+    /// in: asked again in `phase` (a replica that
+    /// lost the task's lead may answer so while another takes it over),
+    /// every [`TASK_MISSING_RETRY_MS`] until
+    /// [`ParticipantConfig::task_missing_ms`] have passed since it first
+    /// said so.
+    fn task_missing(&mut self, now: u64, phase: Phase) -> Result<(), ParticipantError> {
+        let since = *self.task_missing_since.get_or_insert(now);
+        if now.saturating_sub(since) >= self.config.task_missing_ms {
+            return Err(ParticipantError::TaskNotFound(self.task_id.clone()));
+        }
+        self.phase = phase;
+        self.wait_until = now + TASK_MISSING_RETRY_MS.min(self.config.backoff_max_ms);
+        Ok(())
+    }
+
     fn retry(&mut self, now: u64, error: &str) -> Result<(), ParticipantError> {
         self.attempts += 1;
         if self.attempts >= self.config.max_attempts {
@@ -371,6 +395,9 @@ impl Participant {
                 self.wait_until = self.wait_until.max(now + asked.min(MAX_RETRY_AFTER_MS));
             }
             return Ok(());
+        }
+        if status != 404 {
+            self.task_missing_since = None;
         }
         let retried = std::mem::take(&mut self.attempts) > 0;
         if matches!(self.phase, Phase::Model { .. } | Phase::Fetch { .. } | Phase::Post { .. }) {
@@ -438,12 +465,12 @@ impl Participant {
                     CheckIn::Stale { .. } => self.phase = Phase::CheckIn,
                     CheckIn::Finished => {}
                 },
-                404 => return Err(ParticipantError::TaskNotFound(self.task_id.clone())),
+                404 => return self.task_missing(now, Phase::CheckIn),
                 _ => return Err(rejected(status, error())),
             },
             Phase::Ready { base, protocol } => match status {
                 200 => self.on_ready_reply(now, base, protocol, parse_json::<CheckIn>(&response.body)?)?,
-                404 => return Err(ParticipantError::TaskNotFound(self.task_id.clone())),
+                404 => return self.task_missing(now, Phase::Ready { base, protocol }),
                 _ => return Err(rejected(status, error())),
             },
             Phase::Model { slot } => match status {

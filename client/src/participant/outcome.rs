@@ -105,6 +105,11 @@ pub struct ParticipantConfig {
     /// Longest wait for the next stage message before the round is
     /// abandoned.
     pub stage_timeout_ms: u64,
+    /// How long a coordinator that answers that it does not know the task
+    /// this participant enrolled in is asked again before that is
+    /// [`ParticipantError::TaskNotFound`]: a replica that just lost the
+    /// task's lead may say so while another takes it over.
+    pub task_missing_ms: u64,
     /// The tasks and rounds this participant accepts, checked at
     /// enrollment and before each round reveals anything. The default is
     /// for a coordinator the participant does not trust (see [`Policy`]).
@@ -119,6 +124,7 @@ impl Default for ParticipantConfig {
             backoff_max_ms: 10_000,
             poll_interval_ms: 200,
             stage_timeout_ms: 180_000,
+            task_missing_ms: 60_000,
             policy: Policy::default(),
         }
     }

@@ -46,6 +46,7 @@ fn config() -> ParticipantConfig {
         backoff_max_ms: 250,
         poll_interval_ms: 10,
         stage_timeout_ms: 1_000,
+        task_missing_ms: 5_000,
         policy,
     }
 }
@@ -116,6 +117,41 @@ fn failures_are_retried_with_capped_exponential_backoff() {
     send(&mut p, 550);
     let error = p.transport_failed(550, "timed out").unwrap_err();
     assert_eq!(error, ParticipantError::Unreachable { attempts: 4, last: "timed out".into() });
+}
+
+#[test]
+fn a_coordinator_that_does_not_know_the_task_enrolled_in_is_asked_again_for_a_bounded_time() {
+    let missing = serde_json::json!({ "error": "task_not_found", "message": "task not found" });
+    let mut p = enrolled();
+    // More refusals than max_attempts within task_missing_ms: the check-in
+    // is asked again each second (capped at backoff_max_ms here).
+    for k in 0..6 {
+        let now = k * 800;
+        assert_eq!(send(&mut p, now).path, "/v1/checkin");
+        p.handle(now, json(404, missing.clone())).unwrap();
+        assert!(matches!(p.next(now), Action::Wait(250)));
+    }
+    // An answer in between starts the count again.
+    assert_eq!(send(&mut p, 4_900).path, "/v1/checkin");
+    p.handle(4_900, json(200, serde_json::json!({ "status": "wait", "retry_after_ms": 10 }))).unwrap();
+    for now in [4_910, 9_000] {
+        assert_eq!(send(&mut p, now).path, "/v1/checkin");
+        p.handle(now, json(404, missing.clone())).unwrap();
+    }
+    // task_missing_ms after the first refusal of the run, it is an error.
+    assert_eq!(send(&mut p, 9_910).path, "/v1/checkin");
+    assert_eq!(
+        p.handle(9_910, json(404, missing)).unwrap_err(),
+        ParticipantError::TaskNotFound("task".into())
+    );
+}
+
+#[test]
+fn an_enrollment_in_a_task_that_does_not_exist_fails_at_once() {
+    let mut p = Participant::enroll("task", "token", config());
+    send(&mut p, 0);
+    let missing = serde_json::json!({ "error": "task_not_found", "message": "task not found" });
+    assert_eq!(p.handle(0, json(404, missing)).unwrap_err(), ParticipantError::TaskNotFound("task".into()));
 }
 
 #[test]

@@ -129,9 +129,15 @@ pub async fn create(
     let now = now_ms();
     let id = new_id();
     let enrollment_token = new_token();
-    let initial = TaskEngine::initial_checkpoint(&id, &spec, now)?;
+    let invalid =
+        |e: TaskError| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string());
+    let initial = TaskEngine::initial_checkpoint(&id, &spec, now).map_err(invalid)?;
     // A spec that parsed serializes; a failure is the coordinator's.
     let spec_json = serde_json::to_string(&spec).map_err(TaskError::from)?;
+    // All or nothing: the task must load from what would be stored (its
+    // spec read back, its initial checkpoint) before anything is stored.
+    let stored_spec: TaskSpec = serde_json::from_str(&spec_json).map_err(|e| invalid(e.into()))?;
+    TaskEngine::new(id.clone(), stored_spec, TaskStatus::Active, &initial, []).map_err(invalid)?;
     let record = TaskRecord {
         id: id.clone(),
         name: spec.name.clone(),
@@ -142,7 +148,13 @@ pub async fn create(
         updated_at: now,
     };
     store.create_task(&record, &initial).await?;
-    coordinator.load(&id).await?;
+    if let Err(error) = coordinator.load(&id).await {
+        // Not left behind half made: a task nobody can run is deleted.
+        if let Err(cleanup) = store.delete_task(&id).await {
+            tracing::error!(task = %id, %cleanup, "could not delete a task that failed to load");
+        }
+        return Err(error.into());
+    }
     tracing::info!(task = %id, name = %spec.name, "task created");
     Ok(CreatedTask { id, enrollment_token, degree: derived.degree, threshold: derived.threshold })
 }
@@ -359,6 +371,11 @@ pub struct TaskView {
     /// them all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<crate::round::FailedAttempt>,
+    /// Why the task makes no progress, when it should: too few clients
+    /// for a round (and how many may not take part in it again), or no
+    /// replica leading it (and why, when this replica could not load it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<String>,
 }
 
 /// A task as the admin API shows it: from the actor when it is led here,
@@ -388,6 +405,13 @@ pub(super) async fn view(state: &AppState, task: &TaskRecord) -> ApiResult<TaskV
                 privacy,
                 buffer: None,
                 last_failure: None,
+                stalled: (!task.status.is_final()).then(|| {
+                    state.coordinator.load_failure(&task.id).unwrap_or_else(|| {
+                        "no replica leads the task at the moment (its lead is moving, or no replica \
+                         could load it)"
+                            .into()
+                    })
+                }),
             }
         }
         Err(e) => return Err(e.into()),
@@ -413,6 +437,7 @@ pub(super) async fn view(state: &AppState, task: &TaskRecord) -> ApiResult<TaskV
         privacy: live.privacy,
         buffer: live.buffer,
         last_failure: live.last_failure,
+        stalled: live.stalled,
     })
 }
 
@@ -471,6 +496,38 @@ pub(super) async fn get_task(
 ) -> ApiResult<Json<TaskView>> {
     let task = state.store.task(&id).await?;
     Ok(Json(view(&state, &task).await?))
+}
+
+/// Deletes a task that is over (stopped, completed or out of budget) with
+/// everything stored for it: its participants' credentials stop working,
+/// its checkpoints and round records are gone. A task still running must
+/// be stopped first; so can one that no replica is able to load.
+#[utoipa::path(
+    delete, path = "/admin/tasks/{id}", tag = "admin", operation_id = "deleteTask",
+    security(("admin" = [])), params(TaskPath),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 409, description = "The task is not over: stop it first", body = ErrorBody),
+        (status = 503, response = RetryLater)
+    )
+)]
+pub(super) async fn delete_task(
+    _: Admin,
+    State(state): State<AppState>,
+    TaskId(id): TaskId,
+) -> ApiResult<StatusCode> {
+    let task = state.store.task(&id).await?;
+    if !task.status.is_final() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::Conflict,
+            "the task is not over: stop it before deleting it",
+        ));
+    }
+    state.store.delete_task(&id).await?;
+    tracing::info!(task = %id, "task deleted");
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A task's new status.

@@ -122,9 +122,15 @@ impl From<CoordinatorError> for ApiError {
     fn from(error: CoordinatorError) -> Self {
         use StatusCode as S;
         match error {
-            CoordinatorError::UnknownTask => {
-                ApiError::new(S::NOT_FOUND, ErrorCode::TaskNotFound, "task not found or not running")
-            }
+            // The task exists (the routing found it) but this replica does
+            // not run it (any more): its lead is moving, which a retry
+            // outlives. A task that does not exist is the store's 404.
+            CoordinatorError::UnknownTask => ApiError::new(
+                S::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                "this replica does not lead the task (its lead is moving); retry",
+            )
+            .retry_after(std::time::Duration::from_secs(1)),
             CoordinatorError::Store(e) => e.into(),
             CoordinatorError::Task(e) => e.into(),
             CoordinatorError::Unavailable => {

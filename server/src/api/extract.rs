@@ -203,9 +203,80 @@ pub struct TaskId(pub String);
 pub fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let invalid =
         |e: serde_json::Error| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string());
-    let mut value: serde_json::Value = serde_json::from_slice(body).map_err(invalid)?;
+    let UniqueKeys(mut value) = serde_json::from_slice(body).map_err(invalid)?;
     integral_numbers(&mut value);
     serde_json::from_value(value).map_err(invalid)
+}
+
+/// A JSON value in which no object names a key twice: read into a
+/// `serde_json::Value`, a repeated key would keep its last value, so that
+/// `"variant":"semi-honest","variant":"active"` would mean whichever a
+/// reader of the JSON did not look at. Refused instead.
+struct UniqueKeys(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UniqueKeysVisitor).map(UniqueKeys)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value whose objects name each key once")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        // JSON has no infinities or NaN; a finite f64 always converts.
+        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, serde_json::Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(UniqueKeys(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(serde_json::Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let UniqueKeys(value) = map.next_value()?;
+            if fields.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!("duplicate key `{key}`")));
+            }
+            fields.insert(key, value);
+        }
+        Ok(serde_json::Value::Object(fields))
+    }
 }
 
 /// Turns every number of `value` that is an integer written as a float
@@ -302,6 +373,20 @@ mod tests {
         big: u64,
         share: f64,
         items: Vec<i64>,
+    }
+
+    #[test]
+    fn a_key_named_twice_in_any_object_is_refused() {
+        let error = json_body::<Body>(br#"{"count": 1, "count": 2, "big": 2, "share": 0.5, "items": []}"#)
+            .unwrap_err();
+        assert!(error.to_string().contains("duplicate key `count`"), "{error}");
+        let nested = br#"{"a": [{"b": 1, "c": {"d": true, "d": false}}]}"#;
+        let error = json_body::<serde_json::Value>(nested).unwrap_err();
+        assert!(error.to_string().contains("duplicate key `d`"), "{error}");
+        // The same key in sibling objects, and every kind of value, pass.
+        let fine = br#"{"a": [{"k": 1}, {"k": -2.5}], "b": {"k": null}, "c": "s", "d": false, "e": 18446744073709551615}"#;
+        let value = json_body::<serde_json::Value>(fine).unwrap();
+        assert_eq!(value, serde_json::from_slice::<serde_json::Value>(fine).unwrap());
     }
 
     #[test]

@@ -53,7 +53,13 @@ pub const REPLICA_KEY: &str = "x-cohort-replica-key";
 pub const CLIENT_ADDRESS: &str = "x-cohort-client-address";
 /// Header marking a request forwarded to its group's owner.
 pub const GROUP_HOP: &str = "x-cohort-group-hop";
-/// Longest wait for the leader's answer to a forwarded request.
+/// Longest wait for the leader's answer to a forwarded request once its
+/// body has been passed on: well inside a lease's TTL (5 s), so that a
+/// request forwarded to a leader that stalled (a long pause, a frozen
+/// container) comes back as a retryable `503` before its lease lapses,
+/// and the client's retry reaches the next leader.
+const FORWARD_ANSWER: Duration = Duration::from_millis(2_500);
+/// Longest a forwarded request may take in all (a large body).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 /// What a client is told to wait while a task is between leaders.
 const BETWEEN_LEADERS: Duration = Duration::from_secs(1);
@@ -122,15 +128,33 @@ impl Forwarder {
         if let Some(address) = client.and_then(|a| HeaderValue::from_str(&a.to_string()).ok()) {
             parts.headers.insert(CLIENT_ADDRESS, address);
         }
-        match tokio::time::timeout(FORWARD_TIMEOUT, self.client.request(Request::from_parts(parts, body)))
-            .await
-        {
-            Ok(Ok(response)) => response.map(Body::new),
-            Ok(Err(error)) => {
-                tracing::warn!(%error, leader = base, "a request could not be forwarded to the task's replica");
-                unavailable("the replica leading this task did not answer; retry")
+        let (sent, body_sent) = tokio::sync::oneshot::channel();
+        let mut sent = Some(sent);
+        if http_body::Body::is_end_stream(&body) {
+            // Nothing to pass on: the wait for the answer starts now.
+            sent.take().map(|sent| sent.send(()));
+        }
+        let body = Body::new(Sent { inner: body, sent });
+        let answered = async {
+            // Sent whole, or given up (the request failed).
+            let _ = body_sent.await;
+            tokio::time::sleep(FORWARD_ANSWER).await;
+        };
+        let request =
+            tokio::time::timeout(FORWARD_TIMEOUT, self.client.request(Request::from_parts(parts, body)));
+        tokio::select! {
+            response = request => match response {
+                Ok(Ok(response)) => response.map(Body::new),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, leader = base, "a request could not be forwarded to the task's replica");
+                    unavailable("the replica leading this task did not answer; retry")
+                }
+                Err(_) => unavailable("the replica leading this task did not answer in time; retry"),
+            },
+            () = answered => {
+                tracing::warn!(leader = base, "the task's replica did not answer a forwarded request in time");
+                unavailable("the replica leading this task did not answer in time; retry")
             }
-            Err(_) => unavailable("the replica leading this task did not answer in time; retry"),
         }
     }
 
@@ -147,13 +171,52 @@ impl Forwarder {
             request.headers_mut().insert(header::AUTHORIZATION, value.clone());
         }
         request.headers_mut().insert(REPLICA_KEY, self.key_header());
-        let response =
-            tokio::time::timeout(Duration::from_secs(5), self.client.request(request)).await.ok()?.ok()?;
+        let response = tokio::time::timeout(FORWARD_ANSWER, self.client.request(request)).await.ok()?.ok()?;
         if !response.status().is_success() {
             return None;
         }
         let body = http_body_util::BodyExt::collect(response.into_body()).await.ok()?.to_bytes();
         serde_json::from_slice(&body).ok()
+    }
+}
+
+/// A forwarded request's body, which says when it has been passed on
+/// whole (or failed), so that the wait for the answer starts then.
+struct Sent {
+    inner: Body,
+    sent: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl http_body::Body for Sent {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
+            self.sent.take().map(|sent| sent.send(()));
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        // An empty body is never polled; one dropped unsent ends the wait.
+        if let Some(sent) = self.sent.take() {
+            let _ = sent.send(());
+        }
     }
 }
 
@@ -270,12 +333,40 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
         // Forwarded once already: the leader moved meanwhile.
         Whereabouts::At(_) => unavailable("this task's leader is changing; retry"),
         Whereabouts::Nowhere => match state.store.task(&task).await {
-            Ok(record) if !record.status.is_final() => {
-                unavailable("this task's rounds are moving to another replica; retry")
-            }
-            Ok(_) | Err(StoreError::NotFound(_)) => next.run(request).await,
+            Ok(record) if record.status.is_final() => match subject {
+                // A client's round requests about a task that is over:
+                // it is told so (it checks in next, and hears `finished`).
+                Subject::Participant(_)
+                    if ![routes::CHECK_IN, routes::LEAVE].contains(&request.uri().path()) =>
+                {
+                    ApiError::new(StatusCode::GONE, ErrorCode::TaskInactive, "the task is over")
+                        .into_response()
+                }
+                subject => serve_here(request, subject, next).await,
+            },
+            Ok(_) if served_without_leader(&subject, &request) => serve_here(request, subject, next).await,
+            Ok(_) => unavailable("this task's rounds are moving to another replica; retry"),
+            Err(StoreError::NotFound(_)) => next.run(request).await,
             Err(error) => ApiError::from(error).into_response(),
         },
+    }
+}
+
+/// Whether any replica may serve `request` about a task that no replica
+/// leads (between leaders, or one that no replica can load): the admin
+/// API's reads (from the store), and stopping and deleting it, which only
+/// write the store (a leader that appears drops a task it finds stopped).
+/// Pausing, resuming and everything a client asks need the leader.
+fn served_without_leader(subject: &Subject, request: &Request) -> bool {
+    if !matches!(subject, Subject::Task(_)) || !request.uri().path().starts_with("/admin/") {
+        return false;
+    }
+    let path = request.uri().path();
+    match *request.method() {
+        axum::http::Method::GET => !path.ends_with("/events"),
+        axum::http::Method::DELETE => true,
+        axum::http::Method::POST => path.ends_with("/stop"),
+        _ => false,
     }
 }
 

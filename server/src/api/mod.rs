@@ -85,7 +85,7 @@ pub fn app(state: AppState) -> Router {
     let to_leader = axum::middleware::from_fn_with_state(state.clone(), forward::route);
     let admin = OpenApiRouter::new()
         .routes(routes!(admin::create_task, admin::list_tasks))
-        .routes(routes!(admin::get_task))
+        .routes(routes!(admin::get_task, admin::delete_task))
         .routes(routes!(admin::pause_task))
         .routes(routes!(admin::resume_task))
         .routes(routes!(admin::stop_task))

@@ -62,11 +62,14 @@ impl Default for RateLimits {
     /// Generous for clients that follow the protocol (a client checks in
     /// about once a second while it waits and reports once a round; a load
     /// test enrolls a thousand clients from one address at once), tight
-    /// enough that one credential or address cannot fill the database.
+    /// enough that one credential or address cannot fill the database: a
+    /// token admits a thousand enrollments at once and ten a second after
+    /// that, from however many addresses (an application expecting more
+    /// gets a token with its own rate, or the server a higher one).
     fn default() -> Self {
         Self {
             enroll_per_address: Some(Rate { per_minute: 60, burst: 2_000 }),
-            enroll_per_token: Some(Rate { per_minute: 600, burst: 5_000 }),
+            enroll_per_token: Some(Rate { per_minute: 600, burst: 1_000 }),
             check_in_per_address: Some(Rate { per_minute: 120_000, burst: 20_000 }),
             check_in_per_credential: Some(Rate { per_minute: 120, burst: 30 }),
             reports_per_address: Some(Rate { per_minute: 12_000, burst: 4_000 }),

@@ -34,7 +34,7 @@ use cohort_crypto::policy::TaskSecurity;
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cohort_crypto::{Aggregate, ProtocolError, Stage};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -47,7 +47,7 @@ use crate::round::{
 };
 use crate::spec::TaskSpec;
 use crate::store::{
-    AttemptRecord, GroupRecord, GroupRowState, ReplicaRecord, SqlStore, Store, StoreError, TaskStatus,
+    AttemptRecord, Fence, GroupRecord, GroupRowState, ReplicaRecord, SqlStore, Store, StoreError, TaskStatus,
 };
 
 /// Requests waiting for the actor at most.
@@ -110,6 +110,23 @@ struct Routes {
     /// The live replicas (id, URL, last heartbeat), this one included, as
     /// of the last lease tick.
     peers: Vec<(String, String, i64)>,
+    /// Until when this replica may act on the leases it holds, on the
+    /// monotonic clock: [`RENEWAL_MARGIN_MS`] after its last renewal
+    /// began. `None` on SQLite, where no other process can take a lease.
+    /// A replica paused past it (a long GC pause, a frozen container)
+    /// serves and writes nothing for its tasks until a renewal shows it
+    /// still holds them.
+    leases_hold_until: Option<Instant>,
+    /// Tasks this replica could not load, with why (until their record
+    /// changes, it does not try again).
+    unloadable: HashMap<String, String>,
+}
+
+impl Routes {
+    /// Whether this replica may still act on the leases it holds.
+    fn leases_hold(&self) -> bool {
+        self.leases_hold_until.is_none_or(|until| Instant::now() < until)
+    }
 }
 
 /// Milliseconds since the Unix epoch.
@@ -161,6 +178,9 @@ pub struct LiveState {
     /// The last attempt that ended without a new model, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<super::FailedAttempt>,
+    /// Why no round can start now, when one should.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<String>,
 }
 
 enum Request {
@@ -268,8 +288,9 @@ impl Request {
 
 /// What the lease keeper tells the actor.
 enum LeaseEvent {
-    /// Lead this task, loaded from the store after its lease was taken.
-    Adopt { id: String, engine: Box<TaskEngine> },
+    /// Lead this task, loaded from the store after its lease (of this
+    /// generation) was taken.
+    Adopt { id: String, engine: Box<TaskEngine>, generation: i64 },
     /// Stop leading this task.
     Drop { id: String, why: &'static str },
     /// Stop leading every task (and running every group).
@@ -334,6 +355,7 @@ impl Coordinator {
             owned: HashMap::new(),
             owned_members: HashMap::new(),
             contributors_read: HashSet::new(),
+            fences: HashMap::new(),
             changes,
         };
         let mut keeper = LeaseKeeper {
@@ -342,12 +364,17 @@ impl Coordinator {
             routes: routes.clone(),
             held: HashMap::new(),
             renewed_at: now_ms(),
+            failed_loads: HashMap::new(),
         };
         keeper.store.register_replica(&keeper.record(now_ms())).await?;
         // The first renewal before anything is served: a lone replica
         // leads every unfinished task from its first request on.
+        let began = Instant::now();
         for event in keeper.renew(now_ms()).await? {
             actor.apply(event);
+        }
+        if keeper.store.backend() == crate::store::Backend::Postgres {
+            keeper.hold_until(began);
         }
         tokio::spawn(actor.run(rx));
         // On SQLite this process holds the database file's lock: no other
@@ -387,11 +414,14 @@ impl Coordinator {
         &self.replica
     }
 
-    /// Which replica leads `task`, as of the last lease tick.
+    /// Which replica leads `task`, as of the last lease tick. A task led
+    /// here whose lease this replica cannot show it still holds (it was
+    /// paused past [`RENEWAL_MARGIN_MS`]) is led nowhere until a renewal
+    /// says.
     pub fn whereabouts(&self, task: &str) -> Whereabouts {
         let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         if routes.here.contains(task) {
-            Whereabouts::Here
+            if routes.leases_hold() { Whereabouts::Here } else { Whereabouts::Nowhere }
         } else if let Some(url) = routes.elsewhere.get(task) {
             Whereabouts::At(url.clone())
         } else {
@@ -406,13 +436,18 @@ impl Coordinator {
     pub fn group_whereabouts(&self, participant: &str) -> Option<Whereabouts> {
         let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         if routes.group_members_here.contains(participant) {
-            return Some(Whereabouts::Here);
+            return Some(if routes.leases_hold() { Whereabouts::Here } else { Whereabouts::Nowhere });
         }
         routes
             .group_members_elsewhere
             .get(participant)
             .filter(|url| **url != self.replica.url)
             .map(|url| Whereabouts::At(url.clone()))
+    }
+
+    /// Why this replica could not load `task`, if it tried and failed.
+    pub fn load_failure(&self, task: &str) -> Option<String> {
+        self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner).unloadable.get(task).cloned()
     }
 
     /// Gives up every lease and stops the actor, so that the other
@@ -575,6 +610,9 @@ struct LeaseKeeper {
     held: HashMap<String, i64>,
     /// When the leases were last renewed.
     renewed_at: i64,
+    /// Tasks that could not be loaded, with their `updated_at` then: not
+    /// tried again until an administrator changes them (stops, pauses).
+    failed_loads: HashMap<String, i64>,
 }
 
 impl LeaseKeeper {
@@ -607,10 +645,12 @@ impl LeaseKeeper {
     /// lead one task.
     async fn tick(&mut self) -> Vec<LeaseEvent> {
         let now = now_ms();
+        let began = Instant::now();
         let budget = (self.renewed_at + RENEWAL_MARGIN_MS - now).max(100);
         match tokio::time::timeout(Duration::from_millis(budget as u64), self.renew(now)).await {
             Ok(Ok(events)) => {
                 self.renewed_at = now;
+                self.hold_until(began);
                 events
             }
             failed => {
@@ -629,6 +669,16 @@ impl LeaseKeeper {
                 }
             }
         }
+    }
+
+    /// Lets the replica act on its leases until [`RENEWAL_MARGIN_MS`]
+    /// after `began`, when the renewal that succeeded began: the leases it
+    /// wrote hold [`LEASE_TTL_MS`] from a moment after `began`, which
+    /// leaves two seconds for the replicas' clocks to disagree.
+    fn hold_until(&self, began: Instant) {
+        let until = began + Duration::from_millis(RENEWAL_MARGIN_MS as u64);
+        self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).leases_hold_until =
+            Some(until);
     }
 
     async fn renew(&mut self, now: i64) -> Result<Vec<LeaseEvent>, CoordinatorError> {
@@ -671,9 +721,15 @@ impl LeaseKeeper {
         let fair = unfinished.len().div_ceil(live);
         let holders: HashMap<String, String> =
             self.store.leases(now).await?.into_iter().map(|(task, holder)| (task, holder.url)).collect();
+        let updated: HashMap<&str, i64> = tasks.iter().map(|t| (t.id.as_str(), t.updated_at)).collect();
+        self.failed_loads.retain(|id, at| updated.get(id.as_str()) == Some(at));
         let mut free: Vec<&String> = unfinished
             .iter()
-            .filter(|id| !self.held.contains_key(*id) && !holders.contains_key(*id))
+            .filter(|id| {
+                !self.held.contains_key(*id)
+                    && !holders.contains_key(*id)
+                    && !self.failed_loads.contains_key(*id)
+            })
             .collect();
         free.sort();
         for id in free {
@@ -686,15 +742,22 @@ impl LeaseKeeper {
             match adopt(&self.store, id).await {
                 Ok(engine) => {
                     self.held.insert(id.clone(), generation);
-                    events.push(LeaseEvent::Adopt { id: id.clone(), engine: Box::new(engine) });
+                    events.push(LeaseEvent::Adopt { id: id.clone(), engine: Box::new(engine), generation });
                 }
                 Err(error) => {
-                    tracing::error!(task = %id, %error, "could not load the task; leaving it to another replica");
+                    tracing::error!(task = %id, %error, "could not load the task; it can be stopped and deleted through the admin API");
                     let _ = self.store.release_lease(id, &self.replica.id).await;
+                    self.failed_loads.insert(id.clone(), updated.get(id.as_str()).copied().unwrap_or(0));
+                    self.routes
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .unloadable
+                        .insert(id.clone(), format!("this replica could not load the task: {error}"));
                 }
             }
         }
         let mut routes = self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        routes.unloadable.retain(|id, _| self.failed_loads.contains_key(id));
         routes.elsewhere = holders
             .into_iter()
             .filter(|(task, url)| !self.held.contains_key(task) && *url != self.replica.url)
@@ -732,6 +795,8 @@ struct Actor {
     owned_members: HashMap<String, GroupKey>,
     /// Remote groups whose masked-input requests were read back.
     contributors_read: HashSet<GroupKey>,
+    /// The lease each task led here is written under.
+    fences: HashMap<String, Fence>,
     /// Counts the changes of what the admin API shows (see
     /// [`Coordinator::changes`]).
     changes: watch::Sender<u64>,
@@ -798,9 +863,10 @@ impl Actor {
     /// Acts on the lease keeper's news.
     fn apply(&mut self, event: LeaseEvent) {
         match event {
-            LeaseEvent::Adopt { id, engine } => {
-                tracing::info!(task = %id, "leading the task");
+            LeaseEvent::Adopt { id, engine, generation } => {
+                tracing::info!(task = %id, generation, "leading the task");
                 self.engines.insert(id.clone(), *engine);
+                self.fences.insert(id.clone(), Fence { replica: self.replica.id.clone(), generation });
                 self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).here.insert(id);
             }
             LeaseEvent::Drop { id, why } => self.drop_task(&id, why, false),
@@ -877,13 +943,16 @@ impl Actor {
     /// Closes the stages of a group run here that are ready and acts on
     /// what that comes to.
     async fn tick_owned(&mut self, key: &GroupKey) {
+        if !self.leases_hold() {
+            return;
+        }
         let now = now_ms();
         while let Some(step) = self.owned.get_mut(key).and_then(|group| group.tick(now)) {
             match step {
                 OwnedStep::Stage(stage) => self.report_stage(key, stage).await,
                 OwnedStep::MaskedInputRequested(participants) => {
                     let round = key.round as i64;
-                    match self.store.record_contributors(&key.task, round, &participants, now).await {
+                    match self.store.record_contributors(&key.task, round, &participants, now, None).await {
                         Ok(()) => self.report_stage(key, Stage::MaskedInputCollection).await,
                         Err(error) => {
                             tracing::error!(task = %key.task, round, %error, "could not record the group's contributors; the group is given up");
@@ -1085,12 +1154,14 @@ impl Actor {
 
     /// Takes the lease of a task just created here and loads it.
     async fn take(&mut self, id: &str, now: i64) -> Result<bool, CoordinatorError> {
-        if self.store.acquire_lease(id, &self.replica.id, now, now + LEASE_TTL_MS).await?.is_none() {
+        let Some(generation) =
+            self.store.acquire_lease(id, &self.replica.id, now, now + LEASE_TTL_MS).await?
+        else {
             return Ok(false);
-        }
+        };
         match adopt(&self.store, id).await {
             Ok(engine) => {
-                self.apply(LeaseEvent::Adopt { id: id.to_string(), engine: Box::new(engine) });
+                self.apply(LeaseEvent::Adopt { id: id.to_string(), engine: Box::new(engine), generation });
                 Ok(true)
             }
             Err(error) => {
@@ -1104,6 +1175,7 @@ impl Actor {
     /// lost is a warning; a `planned` hand-back (the task was stopped, the
     /// replica stops) is not.
     fn drop_task(&mut self, id: &str, why: &str, planned: bool) {
+        self.fences.remove(id);
         if self.engines.remove(id).is_some() {
             if planned {
                 tracing::info!(task = id, why, "no longer leading the task");
@@ -1121,13 +1193,25 @@ impl Actor {
         }
     }
 
+    /// The engine of a task led here, while this replica can show it
+    /// still holds the task's lease (see [`Routes::leases_hold`]).
     fn engine(&mut self, id: &str) -> Result<&mut TaskEngine, CoordinatorError> {
+        if !self.leases_hold() {
+            return Err(CoordinatorError::UnknownTask);
+        }
         self.engines.get_mut(id).ok_or(CoordinatorError::UnknownTask)
     }
 
+    fn leases_hold(&self) -> bool {
+        self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner).leases_hold()
+    }
+
     /// The group run here for another replica's round that `participant`
-    /// of `task` is in.
+    /// of `task` is in (while the group's lease holds).
     fn owned_group(&mut self, task: &str, participant: &str) -> Option<&mut OwnedGroup> {
+        if !self.leases_hold() {
+            return None;
+        }
         let key = self.owned_members.get(participant).filter(|key| key.task == task)?;
         self.owned.get_mut(key)
     }
@@ -1170,6 +1254,7 @@ impl Actor {
                         privacy: engine.privacy(),
                         buffer: engine.buffer(now_ms()),
                         last_failure: engine.last_failure().cloned(),
+                        stalled: engine.stalled(now_ms()),
                     }
                 });
                 let _ = reply.send(result);
@@ -1335,8 +1420,13 @@ impl Actor {
                 // Recorded before any of them can fetch the stage (this
                 // actor serves the fetches), so that a restart still knows
                 // who refuses a re-run of this round.
-                if let Err(error) = self.store.record_contributors(id, round as i64, &participants, now).await
-                {
+                let fence = self.fences.get(id);
+                let recorded =
+                    self.store.record_contributors(id, round as i64, &participants, now, fence).await;
+                if let Err(StoreError::Fenced) = recorded {
+                    self.metrics.round_aborted();
+                    self.drop_task(id, "another replica took its lease over", false);
+                } else if let Err(error) = recorded {
                     self.metrics.round_aborted();
                     tracing::error!(task = id, round, %error, "could not record the round's contributors; the round is abandoned");
                     if let Ok(engine) = self.engine(id) {
@@ -1370,7 +1460,7 @@ impl Actor {
 
     /// Keeps a failed attempt for the admin API and the dashboard (best
     /// effort: a store that fails here loses the record, not the task).
-    async fn record_attempt(&self, id: &str, attempt: &FailedAttempt) {
+    async fn record_attempt(&mut self, id: &str, attempt: &FailedAttempt) {
         let record = AttemptRecord {
             task_id: id.to_string(),
             round: attempt.round as i64,
@@ -1383,8 +1473,12 @@ impl Actor {
             ended_at: attempt.ended_at,
             stages: serde_json::to_string(&attempt.stages).unwrap_or_else(|_| "[]".into()),
         };
-        if let Err(error) = self.store.record_attempt(&record).await {
-            tracing::warn!(task = id, round = attempt.round, %error, "could not record the failed attempt");
+        match self.store.record_attempt(&record, self.fences.get(id)).await {
+            Ok(()) => {}
+            Err(StoreError::Fenced) => self.drop_task(id, "another replica took its lease over", false),
+            Err(error) => {
+                tracing::warn!(task = id, round = attempt.round, %error, "could not record the failed attempt")
+            }
         }
     }
 
@@ -1402,7 +1496,8 @@ impl Actor {
         }
         let Ok(engine) = self.engine(id) else { return };
         let retention = engine.retention();
-        match self.store.complete_round(&completion.round, &completion.checkpoint, retention).await {
+        let fence = self.fences.get(id);
+        match self.store.complete_round(&completion.round, &completion.checkpoint, retention, fence).await {
             Ok(()) => {
                 let survivors = completion.round.survivors;
                 let selected = completion.round.selected;
@@ -1417,6 +1512,10 @@ impl Actor {
                     tracing::info!(task = id, round, survivors, "round completed");
                 }
                 self.forget_groups(id).await;
+            }
+            Err(StoreError::Fenced) => {
+                self.metrics.round_aborted();
+                self.drop_task(id, "another replica took its lease over; its round is not stored", false);
             }
             Err(StoreError::Conflict(reason)) => {
                 // Another replica recorded this round while it led the

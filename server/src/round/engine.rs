@@ -278,6 +278,40 @@ impl TaskEngine {
         self.selectable(now).count()
     }
 
+    /// Why an active task cannot start its next round now: too few
+    /// clients available for what a round selects, saying how many
+    /// checked-in clients the round may not select because an earlier
+    /// attempt of it asked them for their masked input (asked again, a
+    /// second sum of the same updates could be unmasked beside the first).
+    /// `None` while a round runs, or when the task is not active.
+    pub fn stalled(&self, now: i64) -> Option<String> {
+        if self.status != TaskStatus::Active || self.round.is_some() || self.buffered.is_some() {
+            return None;
+        }
+        let wanted = self.spec.groups().selected() as usize;
+        let available = self.available(now);
+        if available >= wanted {
+            return None;
+        }
+        let excluded = self
+            .checked_in
+            .iter()
+            .filter(|(id, (seen, _))| now - *seen <= self.availability_ms() && self.contributed.contains(*id))
+            .count();
+        let mut why = format!(
+            "waiting for clients: {available} available, round {} selects {wanted}",
+            self.completed + 1
+        );
+        if excluded > 0 {
+            why.push_str(&format!(
+                "; {excluded} more checked in but were asked for their masked input by an earlier attempt \
+                 of this round and may not take part in it again (a second sum of their updates could be \
+                 unmasked beside the first): new clients must enroll"
+            ));
+        }
+        Some(why)
+    }
+
     /// The participants the next round may select, with their identity
     /// keys: checked in within the task's `deadlines.availability_ms`
     /// (default [`CHECK_IN_TTL_MS`]), and not asked for a

@@ -494,9 +494,19 @@ fn a_restored_engine_excludes_the_recorded_contributors_of_the_next_round() {
     }
     assert_eq!(engine.available(0), 5);
     assert!(matches!(engine.tick(0), TickOutcome::Idle));
+    // The task view says why it waits, and that p0 cannot help.
+    assert_eq!(
+        engine.stalled(0).as_deref(),
+        Some(
+            "waiting for clients: 5 available, round 1 selects 6; 1 more checked in but were asked for \
+             their masked input by an earlier attempt of this round and may not take part in it again (a \
+             second sum of their updates could be unmasked beside the first): new clients must enroll"
+        )
+    );
     engine.check_in("p6", Some(clients[6].protocol.identity.public_key()), 0);
     assert!(matches!(engine.tick(0), TickOutcome::Started(1)));
     assert!(!engine.round.as_ref().unwrap().members.contains_key("p0"));
+    assert_eq!(engine.stalled(0), None, "a round runs");
 }
 
 #[test]
@@ -1073,4 +1083,75 @@ fn masked_inputs_in_pieces_count_only_whole_and_broken_ones_are_taken_back_out()
     assert_eq!((completion.round.selected, completion.round.survivors), (4, 2));
     engine.commit(completion);
     assert_model_is_the_mean_of(&engine, &clients, &[0, 1]);
+}
+
+/// Every number a task spec carries, at the edges of what JSON and the
+/// schema allow: a spec that validates must load from what creation stores
+/// (its JSON, its initial checkpoint), and its optimizer's first step on
+/// an update at the clip must leave finite weights. A τ of 10²⁰ once
+/// validated (finite and positive) but squared to an infinity that the
+/// stored optimizer state could not carry.
+#[test]
+fn a_spec_that_validates_loads_and_steps_at_every_edge_of_its_numbers() {
+    use serde_json::{Value, json};
+    let extremes = [
+        json!(-3.4e38),
+        json!(-1.0),
+        json!(0.0),
+        json!(1e-45),
+        json!(1e-30),
+        json!(0.5),
+        json!(0.999_999),
+        json!(1.0),
+        json!(1000.0),
+        json!(1000.001),
+        json!(1e19),
+        json!(2e19),
+        json!(3.4e38),
+    ];
+    let optimizers = [
+        json!({ "kind": "fedavg", "learning_rate": 1.0 }),
+        json!({ "kind": "fedavgm", "learning_rate": 1.0, "momentum": 0.9 }),
+        json!({ "kind": "fedadam", "learning_rate": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 0.001 }),
+        json!({ "kind": "fedyogi", "learning_rate": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 0.001 }),
+    ];
+    let mut checked = 0;
+    for optimizer in optimizers {
+        let mut base = serde_json::to_value(small_spec()).unwrap();
+        base["optimizer"] = optimizer.clone();
+        base["model"]["init"] = json!({ "kind": "uniform", "scale": 0.1, "seed": 1 });
+        let fields: Vec<String> = optimizer
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| *k != "kind")
+            .map(|k| format!("/optimizer/{k}"))
+            .chain(["/model/init/scale", "/quantization/clip", "/over_selection"].map(String::from))
+            .chain(["/secure_aggregation/target_dropout", "/secure_aggregation/corruption"].map(String::from))
+            .collect();
+        for field in &fields {
+            for value in &extremes {
+                let mut spec = base.clone();
+                *spec.pointer_mut(field).unwrap() = value.clone();
+                let Ok(spec) = serde_json::from_value::<TaskSpec>(spec) else { continue };
+                if spec.validate().is_err() {
+                    continue;
+                }
+                checked += 1;
+                let context = format!("{field} = {value}");
+                let initial = TaskEngine::initial_checkpoint("t", &spec, 0).expect(&context);
+                let stored: TaskSpec = serde_json::from_value::<Value>(serde_json::to_value(&spec).unwrap())
+                    .and_then(serde_json::from_value)
+                    .expect(&context);
+                TaskEngine::new("t".into(), stored, TaskStatus::Active, &initial, []).expect(&context);
+                let mut weights = spec.initial_weights();
+                let clip = spec.quantization.clip;
+                let update = vec![clip; weights.len()];
+                let mut state = spec.optimizer.initial_state(weights.len());
+                spec.optimizer.step(&mut weights, &update, &mut state).expect(&context);
+                assert!(weights.iter().all(|w| w.is_finite()), "{context}: {weights:?}");
+            }
+        }
+    }
+    assert!(checked > 50, "only {checked} specs validated: the edges are not exercised");
 }

@@ -312,6 +312,27 @@ pub enum StoreError {
     /// Migrations failed.
     #[error("migration error: {0}")]
     Migration(#[from] sqlx::migrate::MigrateError),
+    /// A write for a task by a replica whose lease on it is gone: another
+    /// replica took the task over (see [`Fence`]). Nothing was written.
+    #[error("the task's lease was taken over by another replica")]
+    Fenced,
+}
+
+/// The lease a write for a task is made under: the writing replica and
+/// the lease's generation, which grows each time another replica takes
+/// the task over. A fenced write checks, in its own transaction, that the
+/// task's lease row still names this replica and generation, and writes
+/// nothing ([`StoreError::Fenced`]) otherwise: a leader that was paused
+/// past its lease and woke up cannot store a round, an attempt or a
+/// round's contributors over its successor's (on PostgreSQL the check
+/// locks the lease row, so that a takeover waits for the write's commit
+/// and the write is either before it or refused).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The replica's id.
+    pub replica: String,
+    /// The generation of its lease when it took the task.
+    pub generation: i64,
 }
 
 impl StoreError {
@@ -355,6 +376,9 @@ pub trait Store: Send + Sync {
         status: TaskStatus,
         now: i64,
     ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Deletes a task and everything stored for it: participants, tokens,
+    /// rounds, attempts, checkpoints, metrics, leases and groups.
+    fn delete_task(&self, id: &str) -> impl Future<Output = StoreResult<()>> + Send;
     /// Enrolls a participant.
     fn add_participant(
         &self,
@@ -397,22 +421,25 @@ pub trait Store: Send + Sync {
     /// Atomically records a completed round and its checkpoint, then keeps
     /// only the newest `retain` checkpoints (and always the initial one).
     /// Refused if the round is already recorded or does not follow the last.
+    /// Fenced by `fence` when it is given (see [`Fence`]).
     fn complete_round(
         &self,
         round: &RoundRecord,
         checkpoint: &CheckpointRecord,
         retain: u32,
+        fence: Option<&Fence>,
     ) -> impl Future<Output = StoreResult<()>> + Send;
     /// Records that an attempt of round `round` asks `participants` for
     /// their masked input (before they are asked). Each of them refuses
     /// every later attempt of that round; a round's records go when the
-    /// round completes.
+    /// round completes. Fenced by `fence` when it is given.
     fn record_contributors(
         &self,
         task_id: &str,
         round: i64,
         participants: &[String],
         now: i64,
+        fence: Option<&Fence>,
     ) -> impl Future<Output = StoreResult<()>> + Send;
     /// Every participant an attempt of `round` asked for its masked input,
     /// sorted, each once (none once the round has completed).
@@ -424,8 +451,13 @@ pub trait Store: Send + Sync {
     /// Completed rounds of a task, in order.
     fn rounds(&self, task_id: &str) -> impl Future<Output = StoreResult<Vec<RoundRecord>>> + Send;
     /// Records an attempt that ended without a new model; only the newest
-    /// [`ATTEMPTS_KEPT`] of a task are kept.
-    fn record_attempt(&self, attempt: &AttemptRecord) -> impl Future<Output = StoreResult<()>> + Send;
+    /// [`ATTEMPTS_KEPT`] of a task are kept. Fenced by `fence` when it is
+    /// given.
+    fn record_attempt(
+        &self,
+        attempt: &AttemptRecord,
+        fence: Option<&Fence>,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
     /// A task's failed attempts, newest first, at most `limit`.
     fn attempts(
         &self,

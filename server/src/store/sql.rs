@@ -7,8 +7,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
 use super::{
-    ATTEMPTS_KEPT, AttemptRecord, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, GroupKey,
-    GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, Store, StoreError,
+    ATTEMPTS_KEPT, AttemptRecord, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence,
+    GroupKey, GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, Store, StoreError,
     StoreResult, TaskRecord, TaskStatus,
 };
 
@@ -37,6 +37,27 @@ impl Backend {
             None
         }
     }
+}
+
+/// A PostgreSQL URL that names no user, with the one libpq would take:
+/// `PGUSER`, else the operating-system user (`USER`, `LOGNAME`); other
+/// URLs unchanged. Without it the driver would log in as a user nobody
+/// created ("anonymous").
+fn with_default_user(url: &str, env: impl Fn(&str) -> Option<String>) -> StoreResult<String> {
+    let Some((scheme, rest)) = url.split_once("://") else { return Ok(url.to_string()) };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Ok(url.to_string());
+    }
+    let user = ["PGUSER", "USER", "LOGNAME"]
+        .into_iter()
+        .find_map(|name| env(name).filter(|user| !user.is_empty()))
+        .ok_or(StoreError::Conflict(
+            "the PostgreSQL URL names no user and neither PGUSER nor USER is set: \
+             write postgres://USER@HOST/DATABASE",
+        ))?;
+    let user = percent_encoding::utf8_percent_encode(&user, percent_encoding::NON_ALPHANUMERIC);
+    Ok(format!("{scheme}://{user}@{rest}"))
 }
 
 /// The SQL implementation of [`Store`].
@@ -255,7 +276,8 @@ impl SqlStore {
             .ok_or(StoreError::Conflict("the database URL must start with sqlite: or postgres://"))?;
         let url = match backend {
             Backend::Sqlite if !url.contains('?') && !url.contains(":memory:") => format!("{url}?mode=rwc"),
-            _ => url.to_string(),
+            Backend::Sqlite => url.to_string(),
+            Backend::Postgres => with_default_user(url, |name| std::env::var(name).ok())?,
         };
         let connections = match (backend, dedicated) {
             (Backend::Sqlite, Some(_)) => {
@@ -301,6 +323,36 @@ impl SqlStore {
     /// Closes every connection.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+
+    /// Within `tx`, refuses with [`StoreError::Fenced`] unless the task's
+    /// lease still names `fence`'s replica and generation; on PostgreSQL
+    /// the lease row stays locked until `tx` ends, so that a takeover
+    /// cannot slip in between the check and the write.
+    async fn check_fence(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        task_id: &str,
+        fence: Option<&Fence>,
+    ) -> StoreResult<()> {
+        let Some(fence) = fence else { return Ok(()) };
+        let statement = match self.backend {
+            Backend::Postgres => {
+                "SELECT generation FROM task_leases \
+                 WHERE task_id = $1 AND replica_id = $2 AND generation = $3 FOR UPDATE"
+            }
+            // One process holds a SQLite file, and its writes are serial.
+            Backend::Sqlite => {
+                "SELECT generation FROM task_leases WHERE task_id = $1 AND replica_id = $2 AND generation = $3"
+            }
+        };
+        let held = sqlx::query(statement)
+            .bind(task_id)
+            .bind(&fence.replica)
+            .bind(fence.generation)
+            .fetch_optional(&mut **tx)
+            .await?;
+        if held.is_some() { Ok(()) } else { Err(StoreError::Fenced) }
     }
 }
 
@@ -384,6 +436,31 @@ impl Store for SqlStore {
         } else {
             Err(StoreError::Conflict("the task changed concurrently"))
         }
+    }
+
+    async fn delete_task(&self, id: &str) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        // Children before their parents (no table cascades); participants
+        // before the tokens they enrolled with.
+        for statement in [
+            "DELETE FROM client_metrics WHERE task_id = $1",
+            "DELETE FROM round_contributors WHERE task_id = $1",
+            "DELETE FROM round_groups WHERE task_id = $1",
+            "DELETE FROM round_attempts WHERE task_id = $1",
+            "DELETE FROM rounds WHERE task_id = $1",
+            "DELETE FROM checkpoints WHERE task_id = $1",
+            "DELETE FROM task_leases WHERE task_id = $1",
+            "DELETE FROM participants WHERE task_id = $1",
+            "DELETE FROM enrollment_tokens WHERE task_id = $1",
+        ] {
+            sqlx::query(statement).bind(id).execute(&mut *tx).await?;
+        }
+        let deleted = sqlx::query("DELETE FROM tasks WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        if deleted.rows_affected() == 0 {
+            return Err(StoreError::NotFound("task"));
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn add_participant(&self, p: &ParticipantRecord) -> StoreResult<()> {
@@ -535,11 +612,13 @@ impl Store for SqlStore {
         round: &RoundRecord,
         checkpoint: &CheckpointRecord,
         retain: u32,
+        fence: Option<&Fence>,
     ) -> StoreResult<()> {
         if checkpoint.task_id != round.task_id || checkpoint.round != round.round {
             return Err(StoreError::Conflict("the checkpoint belongs to another round"));
         }
         let mut tx = self.pool.begin().await?;
+        self.check_fence(&mut tx, &round.task_id, fence).await?;
         let last: Option<i64> = sqlx::query("SELECT MAX(round) AS last FROM rounds WHERE task_id = $1")
             .bind(&round.task_id)
             .fetch_one(&mut *tx)
@@ -596,9 +675,12 @@ impl Store for SqlStore {
         round: i64,
         participants: &[String],
         now: i64,
+        fence: Option<&Fence>,
     ) -> StoreResult<()> {
         let participants =
             serde_json::to_string(participants).map_err(|_| StoreError::Corrupt("round contributors"))?;
+        let mut tx = self.pool.begin().await?;
+        self.check_fence(&mut tx, task_id, fence).await?;
         sqlx::query(
             "INSERT INTO round_contributors (task_id, round, participants, recorded_at) VALUES ($1, $2, $3, $4)",
         )
@@ -606,9 +688,10 @@ impl Store for SqlStore {
         .bind(round)
         .bind(participants)
         .bind(now)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await
         .map_err(|e| classify(e, "round contributors", "task"))?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -641,8 +724,9 @@ impl Store for SqlStore {
             .collect()
     }
 
-    async fn record_attempt(&self, a: &AttemptRecord) -> StoreResult<()> {
+    async fn record_attempt(&self, a: &AttemptRecord, fence: Option<&Fence>) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
+        self.check_fence(&mut tx, &a.task_id, fence).await?;
         sqlx::query(concat!(
             "INSERT INTO round_attempts (task_id, round, attempt, outcome, stage, reason, selected, ",
             "started_at, ended_at, stages) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
@@ -1057,4 +1141,37 @@ async fn insert_token(
     .await
     .map_err(|e| classify(e, "the task has a token of this name", "task"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn a_postgres_url_without_a_user_takes_the_one_libpq_would() {
+        let url = "postgres://127.0.0.1:5432/db?sslmode=disable";
+        let both = [("PGUSER", "pg-user"), ("USER", "os")];
+        assert_eq!(
+            with_default_user(url, env(&both)).unwrap(),
+            "postgres://pg%2Duser@127.0.0.1:5432/db?sslmode=disable"
+        );
+        assert_eq!(
+            with_default_user(url, env(&[("USER", "os")])).unwrap(),
+            "postgres://os@127.0.0.1:5432/db?sslmode=disable"
+        );
+        assert_eq!(
+            with_default_user("postgresql://h/db", env(&[("PGUSER", ""), ("LOGNAME", "l")])).unwrap(),
+            "postgresql://l@h/db"
+        );
+        // A URL that names a user (with or without a password) is kept.
+        for named in ["postgres://me@h/db", "postgres://me:secret@h:5/db", "postgres://me@h"] {
+            assert_eq!(with_default_user(named, env(&both)).unwrap(), named);
+        }
+        let error = with_default_user("postgres://h/db", env(&[])).unwrap_err();
+        assert!(error.to_string().contains("postgres://USER@HOST/DATABASE"), "{error}");
+    }
 }

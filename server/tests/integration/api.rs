@@ -34,9 +34,18 @@ struct Api {
 }
 
 impl Api {
+    fn path(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("cohort-api-{name}-{}.db", std::process::id()))
+    }
+
     async fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("cohort-api-{name}-{}.db", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(Self::path(name));
+        Self::reopen(name).await
+    }
+
+    /// The API on the database `name` as it is (see [`Api::path`]).
+    async fn reopen(name: &str) -> Self {
+        let path = Self::path(name);
         let store = SqlStore::connect(&format!("sqlite://{}", path.display())).await.unwrap();
         let metrics = Metrics::default();
         let replica = Replica { id: format!("api-{name}"), url: "http://127.0.0.1:9".into(), started_at: 0 };
@@ -516,6 +525,113 @@ async fn admin_api_and_its_errors() {
             .unwrap();
         assert_eq!(api.send(request).await.0, expected, "checkpoint {round}");
     }
+    api.finish().await;
+}
+
+/// A number the schema allows but f32 arithmetic does not (a τ whose
+/// square is infinite) is refused before anything is stored, and a task
+/// whose stored state does not load (written by an older or broken
+/// coordinator) says so in its view, and is stopped and deleted through
+/// the API; a running task is not deleted.
+#[tokio::test]
+async fn a_task_that_cannot_load_is_refused_or_stopped_and_deleted() {
+    use cohort_server::round::TaskEngine;
+    use cohort_server::store::{TaskRecord, TaskStatus};
+    const BROKEN: &str = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0";
+    let name = "unloadable";
+    let _ = std::fs::remove_file(Api::path(name));
+    // A task whose optimizer state does not read back, stored as a
+    // coordinator that let τ = 10²⁰ through did (τ² = ∞ is stored as null).
+    let store = SqlStore::connect(&format!("sqlite://{}", Api::path(name).display())).await.unwrap();
+    let mut broken = spec(3);
+    broken["optimizer"] =
+        json!({ "kind": "fedadam", "learning_rate": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1e20 });
+    let parsed: cohort_server::spec::TaskSpec = serde_json::from_value(broken.clone()).unwrap();
+    let initial = TaskEngine::initial_checkpoint(BROKEN, &parsed, 1).unwrap();
+    assert!(String::from_utf8_lossy(&initial.optimizer_state).contains("null"));
+    let record = TaskRecord {
+        id: BROKEN.into(),
+        name: "broken".into(),
+        spec: broken.to_string(),
+        status: TaskStatus::Active,
+        enrollment_token_hash: token_hash("broken-token"),
+        created_at: 1,
+        updated_at: 1,
+    };
+    store.create_task(&record, &initial).await.unwrap();
+    store.close().await;
+
+    let api = Api::reopen(name).await;
+    // Created today, the same spec is refused whole: nothing is stored.
+    let (status, body) = api.call("POST", "/admin/tasks", Some(ADMIN), Some(broken)).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_task")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("tau"), "{body}");
+    let (_, tasks) = api.call("GET", "/admin/tasks", Some(ADMIN), None).await;
+    assert_eq!(tasks.as_array().unwrap().len(), 1, "{tasks}");
+    // The stored one says why it does not run.
+    let (status, view) = api.call("GET", &format!("/admin/tasks/{BROKEN}"), Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    let stalled = view["stalled"].as_str().unwrap_or_default();
+    assert!(stalled.contains("could not load the task"), "{view}");
+    // Pausing needs a leader; stopping and deleting do not.
+    let (status, body) = api.call("POST", &format!("/admin/tasks/{BROKEN}/pause"), Some(ADMIN), None).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")));
+    let (status, body) = api.call("DELETE", &format!("/admin/tasks/{BROKEN}"), Some(ADMIN), None).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")), "stop it first");
+    let (status, body) = api.call("POST", &format!("/admin/tasks/{BROKEN}/stop"), Some(ADMIN), None).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("stopped")), "{body}");
+    let (_, view) = api.call("GET", &format!("/admin/tasks/{BROKEN}"), Some(ADMIN), None).await;
+    assert!(view.get("stalled").is_none(), "a stopped task is not stalled: {view}");
+    assert_eq!(
+        api.call("DELETE", &format!("/admin/tasks/{BROKEN}"), Some(ADMIN), None).await.0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        api.call("GET", &format!("/admin/tasks/{BROKEN}"), Some(ADMIN), None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        api.call("DELETE", &format!("/admin/tasks/{BROKEN}"), Some(ADMIN), None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    // A running task is not deleted, and its clients keep their credentials.
+    let (id, token) = api.create_task(spec(3)).await;
+    let credential = api.enroll(&id, &token).await;
+    let (status, _) = api.call("DELETE", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, _) = api.call("POST", "/v1/checkin", Some(&credential), None).await;
+    assert_eq!(status, StatusCode::OK);
+    // Stopped and deleted, its clients' credentials are gone with it.
+    api.call("POST", &format!("/admin/tasks/{id}/stop"), Some(ADMIN), None).await;
+    assert_eq!(
+        api.call("DELETE", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await.0,
+        StatusCode::NO_CONTENT
+    );
+    let (status, _) = api.call("POST", "/v1/checkin", Some(&credential), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    api.finish().await;
+}
+
+/// A task that waits for clients says why in its view: how many are
+/// available against what a round selects.
+#[tokio::test]
+async fn a_task_waiting_for_clients_says_how_many_it_needs() {
+    let api = Api::new("stalled").await;
+    let (id, token) = api.create_task(spec(3)).await;
+    for _ in 0..2 {
+        let credential = api.enroll(&id, &token).await;
+        assert_eq!(api.call("POST", "/v1/checkin", Some(&credential), None).await.0, StatusCode::OK);
+    }
+    let (_, view) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    assert_eq!(view["available_clients"], 2, "{view}");
+    assert_eq!(
+        view["stalled"].as_str(),
+        Some("waiting for clients: 2 available, round 1 selects 6"),
+        "{view}"
+    );
+    api.call("POST", &format!("/admin/tasks/{id}/pause"), Some(ADMIN), None).await;
+    let (_, view) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+    assert!(view.get("stalled").is_none(), "a paused task waits by design: {view}");
     api.finish().await;
 }
 

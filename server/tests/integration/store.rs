@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use cohort_server::api::auth::token_hash;
 use cohort_server::store::Backend;
 use cohort_server::store::{
-    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, GroupKey, GroupRecord, GroupRowState,
-    ParticipantRecord, ReplicaRecord, RoundRecord, SqlStore, Store, StoreError, TaskRecord, TaskStatus,
+    AttemptRecord, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence, GroupKey,
+    GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, SqlStore, Store, StoreError,
+    TaskRecord, TaskStatus,
 };
 use sqlx::Connection;
 
@@ -220,18 +221,18 @@ async fn rounds_are_atomic_ordered_and_pruned(store: &SqlStore) {
     assert_eq!(store.latest_checkpoint("t").await.unwrap(), checkpoint("t", 0));
     // Out of order: refused, nothing written.
     assert!(matches!(
-        store.complete_round(&round("t", 2), &checkpoint("t", 2), 2).await,
+        store.complete_round(&round("t", 2), &checkpoint("t", 2), 2, None).await,
         Err(StoreError::Conflict(_))
     ));
     // A mismatched checkpoint: refused before anything is written.
-    assert!(store.complete_round(&round("t", 1), &checkpoint("t", 2), 2).await.is_err());
+    assert!(store.complete_round(&round("t", 1), &checkpoint("t", 2), 2, None).await.is_err());
     assert!(store.rounds("t").await.unwrap().is_empty());
     for r in 1..=4 {
-        store.complete_round(&round("t", r), &checkpoint("t", r), 2).await.unwrap();
+        store.complete_round(&round("t", r), &checkpoint("t", r), 2, None).await.unwrap();
     }
     // Replaying a completed round is refused and changes nothing.
     assert!(matches!(
-        store.complete_round(&round("t", 4), &checkpoint("t", 4), 2).await,
+        store.complete_round(&round("t", 4), &checkpoint("t", 4), 2, None).await,
         Err(StoreError::Conflict(_))
     ));
     let rounds: Vec<i64> = store.rounds("t").await.unwrap().into_iter().map(|r| r.round).collect();
@@ -274,19 +275,19 @@ async fn round_contributors_last_until_their_round_completes(store: &SqlStore) {
     assert!(store.contributors("t", 1).await.unwrap().is_empty());
     // Two attempts of round 1 (the second after a restart), one of round 2
     // written ahead, and another task's.
-    store.record_contributors("t", 1, &names(&["p3", "p1"]), 10).await.unwrap();
-    store.record_contributors("t", 1, &names(&["p2", "p1"]), 20).await.unwrap();
-    store.record_contributors("t", 2, &names(&["p9"]), 30).await.unwrap();
-    store.record_contributors("u", 1, &names(&["q1"]), 30).await.unwrap();
+    store.record_contributors("t", 1, &names(&["p3", "p1"]), 10, None).await.unwrap();
+    store.record_contributors("t", 1, &names(&["p2", "p1"]), 20, None).await.unwrap();
+    store.record_contributors("t", 2, &names(&["p9"]), 30, None).await.unwrap();
+    store.record_contributors("u", 1, &names(&["q1"]), 30, None).await.unwrap();
     assert_eq!(store.contributors("t", 1).await.unwrap(), names(&["p1", "p2", "p3"]));
     assert_eq!(store.contributors("u", 1).await.unwrap(), names(&["q1"]));
     // An unknown task is refused.
     assert!(matches!(
-        store.record_contributors("nope", 1, &names(&["p1"]), 30).await,
+        store.record_contributors("nope", 1, &names(&["p1"]), 30, None).await,
         Err(StoreError::NotFound(_))
     ));
     // Completing round 1 drops its records (and only the task's own).
-    store.complete_round(&round("t", 1), &checkpoint("t", 1), 2).await.unwrap();
+    store.complete_round(&round("t", 1), &checkpoint("t", 1), 2, None).await.unwrap();
     assert!(store.contributors("t", 1).await.unwrap().is_empty());
     assert_eq!(store.contributors("t", 2).await.unwrap(), names(&["p9"]));
     assert_eq!(store.contributors("u", 1).await.unwrap(), names(&["q1"]));
@@ -352,6 +353,86 @@ async fn replicas_and_task_leases(store: &SqlStore) {
         }
     }
     assert_eq!(store.acquire_lease("t", "a2", 310, 410).await.unwrap(), Some(1), "free at once");
+}
+
+fn attempt(task_id: &str, round: i64, ended_at: i64) -> AttemptRecord {
+    AttemptRecord {
+        task_id: task_id.into(),
+        round,
+        attempt: 1,
+        outcome: "aborted".into(),
+        stage: "masked_input_collection".into(),
+        reason: "too few clients".into(),
+        selected: 4,
+        started_at: ended_at - 10,
+        ended_at,
+        stages: "[]".into(),
+    }
+}
+
+/// A leader whose lease another replica took over (it was paused past the
+/// lease) writes nothing for the task: not a round, not an attempt, not a
+/// round's contributors. Its successor's writes go through.
+async fn writes_are_fenced_by_the_lease_generation(store: &SqlStore) {
+    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    for id in ["a", "b"] {
+        store.heartbeat(&replica(id, 100)).await.unwrap();
+    }
+    let fence = |replica: &str, generation| Fence { replica: replica.into(), generation };
+    assert_eq!(store.acquire_lease("t", "a", 100, 200).await.unwrap(), Some(1));
+    let stale = fence("a", 1);
+    store.record_contributors("t", 1, &["p1".to_string()], 110, Some(&stale)).await.unwrap();
+    // a stalls; its lease lapses and b takes the task over.
+    assert_eq!(store.acquire_lease("t", "b", 300, 400).await.unwrap(), Some(2));
+    let fenced = |result: Result<(), StoreError>| matches!(result, Err(StoreError::Fenced));
+    assert!(fenced(store.complete_round(&round("t", 1), &checkpoint("t", 1), 5, Some(&stale)).await));
+    assert!(fenced(store.record_attempt(&attempt("t", 1, 310), Some(&stale)).await));
+    assert!(fenced(store.record_contributors("t", 1, &["p2".to_string()], 310, Some(&stale)).await));
+    // A guessed generation is no better, nor is b's generation under a's name.
+    assert!(fenced(store.record_attempt(&attempt("t", 1, 311), Some(&fence("b", 1))).await));
+    assert!(fenced(store.record_attempt(&attempt("t", 1, 312), Some(&fence("a", 2))).await));
+    assert!(store.rounds("t").await.unwrap().is_empty());
+    assert!(store.attempts("t", 10).await.unwrap().is_empty());
+    assert_eq!(store.contributors("t", 1).await.unwrap(), ["p1"]);
+    // The lease's holder writes.
+    let current = fence("b", 2);
+    store.record_contributors("t", 1, &["p3".to_string()], 320, Some(&current)).await.unwrap();
+    store.record_attempt(&attempt("t", 1, 330), Some(&current)).await.unwrap();
+    store.complete_round(&round("t", 1), &checkpoint("t", 1), 5, Some(&current)).await.unwrap();
+    assert_eq!(store.rounds("t").await.unwrap().len(), 1);
+    assert_eq!(store.attempts("t", 10).await.unwrap().len(), 1);
+    // A released lease fences every write (nobody holds the task).
+    store.release_lease("t", "b").await.unwrap();
+    assert!(fenced(store.record_attempt(&attempt("t", 2, 340), Some(&current)).await));
+}
+
+/// Deleting a task removes everything stored for it, and nothing of
+/// another task.
+async fn a_deleted_task_leaves_nothing_behind(store: &SqlStore) {
+    for id in ["t", "u"] {
+        store.create_task(&task(id, 1), &checkpoint(id, 0)).await.unwrap();
+        store.add_participant(&participant(&format!("{id}-p"), id, id.as_bytes()[0])).await.unwrap();
+        store.record_contributors(id, 1, &[format!("{id}-p")], 10, None).await.unwrap();
+        store.complete_round(&round(id, 1), &checkpoint(id, 1), 5, None).await.unwrap();
+        store.record_attempt(&attempt(id, 2, 20), None).await.unwrap();
+        store.heartbeat(&replica("a", 100)).await.unwrap();
+        store.acquire_lease(id, "a", 100, 200).await.unwrap();
+    }
+    store.delete_task("t").await.unwrap();
+    assert!(matches!(store.task("t").await, Err(StoreError::NotFound(_))));
+    assert!(matches!(store.participant_by_credential(&[b't'; 32]).await, Err(StoreError::NotFound(_))));
+    assert!(store.rounds("t").await.unwrap().is_empty());
+    assert!(store.attempts("t", 10).await.unwrap().is_empty());
+    assert!(matches!(store.latest_checkpoint("t").await, Err(StoreError::NotFound(_))));
+    assert!(store.enrollment_tokens("t").await.unwrap().is_empty());
+    let leased: Vec<String> = store.leases(150).await.unwrap().into_iter().map(|(task, _)| task).collect();
+    assert_eq!(leased, ["u"]);
+    // The other task is whole.
+    assert_eq!(store.task("u").await.unwrap().id, "u");
+    assert_eq!(store.rounds("u").await.unwrap().len(), 1);
+    assert_eq!(store.attempts("u", 10).await.unwrap().len(), 1);
+    assert_eq!(store.latest_checkpoint("u").await.unwrap().round, 1);
+    assert!(matches!(store.delete_task("t").await, Err(StoreError::NotFound(_))));
 }
 
 fn group(task: &str, round: u64, attempt: u32, group: u32, owner: &str, expires_at: i64) -> GroupRecord {
@@ -439,7 +520,7 @@ async fn round_groups_between_leader_and_owners(store: &SqlStore) {
 async fn data_survives_reconnection(url: &str) {
     let store = SqlStore::connect(url).await.unwrap();
     store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
-    store.complete_round(&round("t", 1), &checkpoint("t", 1), 5).await.unwrap();
+    store.complete_round(&round("t", 1), &checkpoint("t", 1), 5, None).await.unwrap();
     store.close().await;
     // Reconnecting re-runs migrations (a no-op) and finds everything.
     let again = SqlStore::connect(url).await.unwrap();
@@ -477,6 +558,8 @@ on_both_backends!(
     client_metrics_once_per_round,
     round_contributors_last_until_their_round_completes,
     replicas_and_task_leases,
+    writes_are_fenced_by_the_lease_generation,
+    a_deleted_task_leaves_nothing_behind,
     round_groups_between_leader_and_owners,
 );
 

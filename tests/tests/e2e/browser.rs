@@ -8,7 +8,7 @@
 //!    shows that round and its accuracy chart;
 //! 2. a tab closed mid-round (after its keys and shares, before its masked
 //!    input) is a dropout, and the round completes without it;
-//! 3. the dashboard's pause, resume and stop buttons change the task;
+//! 3. the dashboard's pause, resume, stop and delete buttons change the task;
 //! 4. with `cohort serve --demo`, three tabs that open a bare `/demo` join
 //!    the public demo task and complete a round; a restart replaces it;
 //! 5. the public demo's three tabs, dealt different skewed shards that each
@@ -223,7 +223,7 @@ fn a_tab_closed_mid_round_is_a_dropout_and_the_round_completes() {
 /// shows it once, and revokes it; and it shows the task's differential
 /// privacy (the noise and ε spent of its budget).
 #[test]
-fn the_dashboard_pauses_resumes_and_stops_a_task() {
+fn the_dashboard_pauses_resumes_stops_and_deletes_a_task() {
     let _one = exclusive();
     let (dir, serve) = start("browser-controls");
     let mut spec = task_spec(60_000);
@@ -239,6 +239,7 @@ fn the_dashboard_pauses_resumes_and_stops_a_task() {
         controls.iter().map(|c| (c["button"].as_str().unwrap(), c["api"].as_str().unwrap())).collect();
     assert_eq!(applied, [("pause", "paused"), ("resume", "active"), ("stop", "stopped")], "{seen}");
     assert_eq!(seen["stop_disabled"], true, "a stopped task cannot be stopped again");
+    assert_eq!(seen["delete_disabled_running"], true, "a running task cannot be deleted: {seen}");
     assert_eq!(seen["finished"], "Finished tasks (1)", "{seen}");
     assert_eq!(seen["overflows"], false, "the dashboard fits 1280 px: {seen}");
     let view = serve.admin_json(&format!("/admin/tasks/{task}"));
@@ -256,6 +257,13 @@ fn the_dashboard_pauses_resumes_and_stops_a_task() {
     assert_eq!(tokens[1]["rate"], json!({ "per_minute": 30, "burst": 30 }), "{tokens}");
     assert!(tokens[1]["revoked_at"].is_i64() && tokens[0]["revoked_at"].is_null(), "{tokens}");
     assert_eq!(seen["leaked"], json!([]), "{seen}");
+    // The stopped task is deleted from the dashboard, and is gone.
+    let seen = browser(
+        "dashboard",
+        json!({ "url": serve.url, "adminToken": ADMIN_TOKEN, "task": task, "delete": true,
+                "name": "dashboard-delete" }),
+    );
+    assert_eq!(seen["deleted"], 404, "{seen}");
     drop(serve);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,7 +1,8 @@
 //! Replicas of `cohort serve` on one PostgreSQL database behind HAProxy:
 //! `cohort participate` processes talk to the load balancer only, a replica
 //! and then the leader of the task are SIGKILLed between rounds, and every
-//! round still completes exactly once; a round's groups run on different
+//! round still completes exactly once; a leader paused past its lease hands
+//! the task on and loses no client; a round's groups run on different
 //! replicas, and one killed mid-round costs only its group's clients; a
 //! second replica on a SQLite file is refused. All traffic stays on
 //! 127.0.0.1.
@@ -274,6 +275,56 @@ fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leade
         "{streamed}"
     );
     assert_completed_once(lb, &task, 5, &mut clients);
+    drop(balancer);
+    drop(replicas);
+    drop_postgres_database(&url, &admin);
+    std::fs::remove_dir_all(&scratch).unwrap();
+}
+
+/// The task's leader is paused for 20 s in the middle of the task
+/// (SIGSTOP: what a long GC pause, a swapped-out VM or a frozen container
+/// does). The balancer stops sending it requests and cuts those waiting on
+/// it; another replica takes the task over once the lease lapses and
+/// stores the next round while the leader is still paused. Woken, the old
+/// leader serves nothing for the task on its stale lease (it answers about
+/// the task as a replica that does not lead it: never `404`), and every
+/// client finishes: none took the lead's move for the task's end.
+#[test]
+fn a_leader_paused_past_its_lease_hands_the_task_on_and_loses_no_client() {
+    let _heavy = cohort_tests::exclusive();
+    let scratch = cohort_tests::scratch("replicas-stall");
+    let (url, admin) = postgres_database("replicas_stall");
+    let replicas: Vec<ServeProcess> = (0..3).map(|_| ServeProcess::start(0, &url, ADMIN, None)).collect();
+    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
+    let balancer = Balancer::start(&scratch, &ports);
+    let lb = balancer.port;
+    let spec = spec(4);
+    let (task, token) = create_task(lb, &spec);
+    let mut clients = participants(&scratch, 8, lb, &task, &token, &cohort_tests::policy_json(&spec));
+    wait_for(Duration::from_secs(120), "round 1", || !rounds(lb, &task).is_empty());
+    let stored = rounds(lb, &task).len();
+    let first_leader = leader(lb, &task).expect("a replica leads the task");
+    let paused = replicas.iter().find(|r| first_leader.ends_with(&format!(":{}", r.port))).unwrap();
+    let paused_at = Instant::now();
+    paused.signal("STOP");
+    let pause = Duration::from_secs(20);
+    wait_for(pause - Duration::from_secs(1), "a round stored while the leader is paused", || {
+        rounds(lb, &task).len() > stored
+    });
+    let failover = paused_at.elapsed();
+    let new_leader = leader(lb, &task).unwrap_or_default();
+    assert!(!new_leader.is_empty() && new_leader != first_leader, "led by {new_leader:?}");
+    std::thread::sleep(pause.saturating_sub(paused_at.elapsed()));
+    paused.signal("CONT");
+    // Woken, it never says it does not know the task.
+    for _ in 0..30 {
+        let (status, body) =
+            json_call(paused.port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
+        assert!(status == 200 || status == 503, "{status}: {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_completed_once(lb, &task, 4, &mut clients);
+    eprintln!("a leader paused for {pause:?}: the next round was stored {failover:?} after the pause began");
     drop(balancer);
     drop(replicas);
     drop_postgres_database(&url, &admin);

@@ -298,6 +298,7 @@ fn training_survives_repeated_crashes_at_random_points() {
         poll_interval_ms: 50,
         stage_timeout_ms: 8_000,
         policy: policy_for(&spec),
+        ..ParticipantConfig::default()
     };
     let mut clients: Vec<_> = (0..population as u32)
         .map(|k| {

@@ -303,7 +303,18 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         Some(spec),
     )?)?;
     let task = created["id"].as_str().context("task id")?.to_string();
-    let token = created["enrollment_token"].as_str().context("token")?.to_string();
+    // An enrollment token of its own, whose burst admits every client at
+    // once (the server's default per-token burst is far smaller).
+    let burst = u32::try_from(args.clients).unwrap_or(u32::MAX);
+    let bench_token = json!({ "name": "bench", "rate": { "per_minute": 60_000, "burst": burst } });
+    let created: Value = serde_json::from_slice(&admin(
+        &mut transport,
+        &admin_token,
+        Method::Post,
+        &format!("/admin/tasks/{task}/tokens"),
+        Some(bench_token),
+    )?)?;
+    let token = created["token"].as_str().context("token")?.to_string();
     // The replica that created the task leads it.
     let view: Value = admin_get(&mut transport, &admin_token, &format!("/admin/tasks/{task}"))?;
     let leader = view["leader"].as_str().unwrap_or_default().to_string();
