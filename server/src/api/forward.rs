@@ -43,7 +43,7 @@ use super::auth::token_hash;
 use super::error::ApiError;
 use super::state::AppState;
 use crate::api::ErrorCode;
-use crate::round::coordinator::Whereabouts;
+use crate::round::coordinator::{Whereabouts, now_ms};
 use crate::store::{ParticipantRecord, Store, StoreError};
 use cohort_client::api::routes;
 
@@ -344,7 +344,14 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
                 }
                 subject => serve_here(request, subject, next).await,
             },
-            Ok(_) if served_without_leader(&subject, &request) => serve_here(request, subject, next).await,
+            // Led by nobody for longer than a lease takes to pass on: no
+            // replica can load it, and any may serve what needs no leader.
+            Ok(record)
+                if now_ms().saturating_sub(record.updated_at) > UNLED_AFTER_MS
+                    && served_without_leader(&subject, &request) =>
+            {
+                serve_here(request, subject, next).await
+            }
             Ok(_) => unavailable("this task's rounds are moving to another replica; retry"),
             Err(StoreError::NotFound(_)) => next.run(request).await,
             Err(error) => ApiError::from(error).into_response(),
@@ -352,8 +359,16 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     }
 }
 
+/// A task that no replica has led for this long since it was created or
+/// its status changed is one that no replica can load (a lead passes on
+/// within a lease's TTL, 5 s, and routes follow within a second): its
+/// admin requests that need no leader are served by any replica. Before
+/// that they get a `503`, which a balancer retries on another replica (a
+/// task created a moment ago is known to its leader first).
+const UNLED_AFTER_MS: i64 = 10_000;
+
 /// Whether any replica may serve `request` about a task that no replica
-/// leads (between leaders, or one that no replica can load): the admin
+/// leads (one that no replica can load, see [`UNLED_AFTER_MS`]): the admin
 /// API's reads (from the store), and stopping and deleting it, which only
 /// write the store (a leader that appears drops a task it finds stopped).
 /// Pausing, resuming and everything a client asks need the leader.
