@@ -25,7 +25,8 @@ pub struct ServeArgs {
     database_url: Option<String>,
     /// JSON settings file (keys: bind, database_url, admin_token,
     /// max_message_bytes, credential_ttl_days, tls_cert, tls_key,
-    /// web_assets, demo, max_connections, header_timeout_ms,
+    /// web_assets, demo, max_connections, max_connections_per_address,
+    /// header_timeout_ms,
     /// idle_timeout_ms, body_min_rate, body_grace_ms, shutdown_grace_ms,
     /// rate_limits, max_total_parameters, public_url; see the README).
     /// Flags take precedence.
@@ -65,6 +66,7 @@ struct FileConfig {
     web_assets: Option<PathBuf>,
     demo: Option<bool>,
     max_connections: Option<usize>,
+    max_connections_per_address: Option<usize>,
     header_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
     body_min_rate: Option<u64>,
@@ -82,6 +84,9 @@ impl FileConfig {
         let ms = |value: Option<u64>, default: Duration| value.map_or(default, Duration::from_millis);
         ConnectionLimits {
             max_connections: self.max_connections.unwrap_or(defaults.max_connections),
+            max_connections_per_address: self
+                .max_connections_per_address
+                .unwrap_or(defaults.max_connections_per_address),
             header_timeout: ms(self.header_timeout_ms, defaults.header_timeout),
             idle_timeout: ms(self.idle_timeout_ms, defaults.idle_timeout),
             body_min_rate: self.body_min_rate.unwrap_or(defaults.body_min_rate),

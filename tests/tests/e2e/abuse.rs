@@ -119,7 +119,11 @@ fn idle_half_sent_and_slow_connections_are_closed_while_health_holds() {
     let _serial = serial();
     let descriptors = cohort_server::api::listener::raise_descriptor_limit();
     assert!(descriptors >= 8192, "this test needs 8192 file descriptors, the limit is {descriptors}");
-    let (server, database) = ServeProcess::sqlite("abuse-connections", ADMIN, Some(&short_timeouts()));
+    // Every connection comes from 127.0.0.1: no per-address cap below the
+    // global one.
+    let mut config = short_timeouts();
+    config["max_connections_per_address"] = json!(8192);
+    let (server, database) = ServeProcess::sqlite("abuse-connections", ADMIN, Some(&config));
     let port = server.port;
     let probe = HealthProbe::start(port);
     let started = Instant::now();
@@ -205,7 +209,7 @@ fn connections_over_the_cap_get_a_503_and_service_comes_back() {
     std::thread::sleep(Duration::from_millis(300));
     for _ in 0..3 {
         let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        extra.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        extra.write_all(b"GET /admin/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
         extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let (status, head, body) = read_response(&mut extra);
         assert_eq!(status, 503, "{head}");
@@ -213,7 +217,8 @@ fn connections_over_the_cap_get_a_503_and_service_comes_back() {
         let body: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(body["error"], "overloaded");
     }
-    // The idle connections time out; the server answers again.
+    // The idle connections time out (they sent nothing: at the header
+    // timeout); the server answers again.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -226,6 +231,126 @@ fn connections_over_the_cap_get_a_503_and_service_comes_back() {
         std::thread::sleep(Duration::from_millis(200));
     }
     drop(held);
+    drop(server);
+    remove_database(&database);
+}
+
+/// A connection to the server on 127.0.0.1:`port` from the loopback
+/// address `source` (Linux answers on all of 127.0.0.0/8).
+fn connect_from(source: [u8; 4], port: u16) -> TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    socket.bind(&std::net::SocketAddr::from((source, 0)).into()).unwrap();
+    socket.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into()).unwrap();
+    socket.into()
+}
+
+/// `GET path` on a fresh connection from `source`: (status, head, body).
+fn get_from(source: [u8; 4], port: u16, path: &str, token: Option<&str>) -> (u16, String, Vec<u8>) {
+    let mut stream = connect_from(source, port);
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    read_response(&mut stream)
+}
+
+/// `count` silent connections from `source`.
+fn hold_from(source: [u8; 4], port: u16, count: usize) -> Vec<TcpStream> {
+    (0..count).map(|_| connect_from(source, port)).collect()
+}
+
+/// Asserts that `(status, head, body)` is the canned refusal over a cap.
+#[track_caller]
+fn assert_overloaded((status, head, body): (u16, String, Vec<u8>)) {
+    assert_eq!(status, 503, "{head}");
+    assert!(head.to_ascii_lowercase().contains("retry-after: 1"), "{head}");
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"], "overloaded");
+}
+
+#[test]
+fn one_address_is_refused_beyond_its_cap_while_another_is_served() {
+    let _serial = serial();
+    // Timeouts longer than the test: the held connections stay held.
+    let config = json!({ "max_connections": 64, "max_connections_per_address": 8 });
+    let (server, database) = ServeProcess::sqlite("abuse-per-address", ADMIN, Some(&config));
+    let port = server.port;
+    let held = hold_from([127, 0, 0, 1], port, 8);
+    // The listener counts the held connections as it accepts them, in
+    // the background.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        assert_overloaded(get_from([127, 0, 0, 1], port, "/admin/tasks", Some(ADMIN)));
+        let (status, head, _) = get_from([127, 0, 0, 2], port, "/admin/tasks", Some(ADMIN));
+        assert_eq!(status, 200, "another address is served: {head}");
+    }
+    // The capped address's probes are still answered (from the reserve).
+    let (status, _, body) = get_from([127, 0, 0, 1], port, "/healthz", None);
+    assert_eq!((status, body.as_slice()), (200, b"ok".as_slice()));
+    // A connection given back makes room for the address again.
+    drop(held.into_iter().next());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while get_from([127, 0, 0, 1], port, "/admin/tasks", Some(ADMIN)).0 != 200 {
+        assert!(Instant::now() < deadline, "the address was not served again after closing a connection");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(server);
+    remove_database(&database);
+}
+
+#[test]
+fn silent_connections_are_closed_at_the_header_timeout_not_the_idle_timeout() {
+    let _serial = serial();
+    let config = json!({ "header_timeout_ms": 1000, "idle_timeout_ms": 20000 });
+    let (server, database) = ServeProcess::sqlite("abuse-silent", ADMIN, Some(&config));
+    let port = server.port;
+    let started = Instant::now();
+    let mut silent = open(port, 100, b"");
+    let mut half = open(port, 20, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+    let deadline = started + Duration::from_secs(5);
+    let mut first_closed = None;
+    for stream in &mut silent {
+        let received = closed_by(stream, deadline).expect("a silent connection outlived the header timeout");
+        assert!(received.is_empty(), "{}", String::from_utf8_lossy(&received));
+        first_closed.get_or_insert_with(|| started.elapsed());
+    }
+    for stream in &mut half {
+        assert!(closed_by(stream, deadline).is_some(), "half a request head outlived the header timeout");
+    }
+    let (first, last) = (first_closed.unwrap(), started.elapsed());
+    assert!(first >= Duration::from_millis(900), "closed before the header timeout: {first:?}");
+    // The server still serves.
+    assert_eq!(http(port, "GET", "/healthz", None, "text/plain", &[]).0, 200);
+    println!(
+        "silent connections: 120 (100 silent, 20 half a head) closed {first:?} to {last:?} after they were opened (header timeout 1 s, idle timeout 20 s)"
+    );
+    drop(server);
+    remove_database(&database);
+}
+
+#[test]
+fn health_and_readiness_answer_while_the_connection_cap_is_full() {
+    let _serial = serial();
+    let config = json!({ "max_connections": 32, "max_connections_per_address": 16 });
+    let (server, database) = ServeProcess::sqlite("abuse-probes", ADMIN, Some(&config));
+    let port = server.port;
+    // Two addresses take the whole cap between them.
+    let _held = [hold_from([127, 0, 0, 1], port, 16), hold_from([127, 0, 0, 2], port, 16)];
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..20 {
+        // A third address, under its own cap, finds the global cap full...
+        assert_overloaded(get_from([127, 0, 0, 3], port, "/admin/tasks", Some(ADMIN)));
+        // ...but its probes, and the capped addresses' probes, are answered.
+        for source in [[127, 0, 0, 3], [127, 0, 0, 1]] {
+            let (status, _, body) = get_from(source, port, "/healthz", None);
+            assert_eq!((status, body.as_slice()), (200, b"ok".as_slice()));
+            let (status, head, body) = get_from(source, port, "/readyz", None);
+            assert_eq!(status, 200, "{head}");
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body["status"], "ready");
+        }
+    }
     drop(server);
     remove_database(&database);
 }
