@@ -28,7 +28,8 @@ pub struct ServeArgs {
     /// web_assets, demo, max_connections, max_connections_per_address,
     /// header_timeout_ms,
     /// idle_timeout_ms, body_min_rate, body_grace_ms, shutdown_grace_ms,
-    /// rate_limits, max_total_parameters, public_url; see the README).
+    /// rate_limits, max_total_parameters, max_admin_streams, public_url;
+    /// see the README).
     /// Flags take precedence.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -74,6 +75,7 @@ struct FileConfig {
     shutdown_grace_ms: Option<u64>,
     rate_limits: Option<RateLimits>,
     max_total_parameters: Option<usize>,
+    max_admin_streams: Option<usize>,
     public_url: Option<String>,
 }
 
@@ -148,6 +150,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         connections,
         rate_limits: file.rate_limits.unwrap_or_default(),
         max_total_parameters: file.max_total_parameters.unwrap_or(defaults.max_total_parameters),
+        max_admin_streams: file.max_admin_streams.unwrap_or(defaults.max_admin_streams),
         public_url: args.public_url.or(file.public_url),
         ..defaults
     })
@@ -211,6 +214,7 @@ mod tests {
         let file: FileConfig = serde_json::from_str(block).expect("the README's limits parse");
         assert_eq!(file.rate_limits, Some(RateLimits::default()));
         assert_eq!(file.max_total_parameters, Some(cohort_server::api::DEFAULT_MAX_TOTAL_PARAMETERS));
+        assert_eq!(file.max_admin_streams, Some(cohort_server::api::events::DEFAULT_MAX_ADMIN_STREAMS));
         // The default cap depends on the machine's descriptor limit; the
         // README shows the most it can be.
         let shown = ConnectionLimits {

@@ -39,9 +39,13 @@
 //! * **Shutdown.** [`serve`] stops accepting when told to, asks every
 //!   connection to finish its request in flight, and cuts whatever is left
 //!   after [`ConnectionLimits::shutdown_grace`].
+//! * **Memory.** Once a burst of connections has closed, the allocator is
+//!   asked to hand what they used back to the system (`trim`: glibc keeps
+//!   it otherwise).
 
 mod peers;
 mod reserve;
+mod trim;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -208,6 +212,7 @@ pub async fn serve(
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let per_address = Arc::new(PeerCounts::default());
     let reserve = Reserve::new();
+    let trimmer = tokio::spawn(trim::after_bursts(permits.clone(), limits.max_connections));
     let (closing, close) = watch::channel(false);
     let mut connections = JoinSet::new();
     loop {
@@ -269,6 +274,7 @@ pub async fn serve(
         });
     }
     drop(listener);
+    trimmer.abort();
     let _ = closing.send(true);
     let drained = tokio::time::timeout(limits.shutdown_grace, async {
         while connections.join_next().await.is_some() {}

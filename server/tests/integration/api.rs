@@ -61,6 +61,7 @@ impl Api {
             config,
             creating: Default::default(),
             forwarder: Forwarder::new(ADMIN),
+            streams: Default::default(),
         });
         Self { router, store, path }
     }

@@ -602,3 +602,114 @@ fn a_database_outage_fails_requests_fast_with_503_and_readiness_reports_it() {
     drop(relay);
     drop_postgres_database(&url, &admin);
 }
+
+/// An admin event stream on `path`: the connection, its request sent.
+fn open_stream(port: u16, path: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN}\r\n\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream
+}
+
+/// Reads `stream` until `needle` has come (within 30 s).
+fn read_until(stream: &mut TcpStream, needle: &str) {
+    use std::io::Read;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 16 << 10];
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        let n = stream.read(&mut buffer).unwrap();
+        assert!(n > 0, "the stream ended before {needle:?}: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buffer[..n]);
+    }
+}
+
+/// A megabyte (10^6 bytes) in the KiB that /proc reports.
+const MB: u64 = 1_000_000 / 1024;
+
+#[test]
+fn admin_event_streams_share_their_snapshots_and_give_their_memory_back() {
+    let _serial = serial();
+    const STREAMS: usize = 2000;
+    let descriptors = cohort_server::api::listener::raise_descriptor_limit();
+    assert!(descriptors >= 4096, "this test needs 4096 file descriptors, the limit is {descriptors}");
+    // All streams come from 127.0.0.1, and the cap is raised to measure 2 000.
+    let config = json!({ "max_admin_streams": STREAMS, "max_connections_per_address": 8192 });
+    let (server, database) = ServeProcess::sqlite("abuse-streams", ADMIN, Some(&config));
+    let port = server.port;
+    let (task, token) = create_task(port, small_task(4));
+    let paths = [format!("/admin/tasks/{task}/events"), "/admin/events".to_string()];
+    let first_event = ["event: tokens", "event: tasks"];
+    // A warm-up: what the first streams allocate once (the runtime's
+    // worker buffers, the store's statements) is not what streams hold.
+    for _ in 0..2 {
+        let mut warm: Vec<TcpStream> = (0..100).map(|i| open_stream(port, &paths[i % 2])).collect();
+        for (i, stream) in warm.iter_mut().enumerate() {
+            read_until(stream, first_event[i % 2]);
+        }
+        drop(warm);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (before, _) = server.memory_kib();
+
+    // Half of them follow the task, half the list; half of each read
+    // their first events, the other half never read a byte.
+    let started = Instant::now();
+    let mut streams: Vec<TcpStream> = (0..STREAMS).map(|i| open_stream(port, &paths[i % 2])).collect();
+    for (i, stream) in streams.iter_mut().enumerate() {
+        if (i / 2) % 2 == 0 {
+            read_until(stream, first_event[i % 2]);
+        }
+    }
+    let opened = started.elapsed();
+    // One more is refused: every one of them is open, and the cap holds.
+    let (status, head, body) = exchange(port, "GET", "/admin/events", Some(ADMIN), "text/plain", &[]);
+    assert_eq!(status, 429, "{head}");
+    assert!(head.to_ascii_lowercase().contains("retry-after: 5"), "{head}");
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["error"], "rate_limited");
+    // The task changes while they are open: the readers see it.
+    enroll(port, &task, &token);
+    for stream in streams.iter_mut().step_by(4).take(50) {
+        read_until(stream, "\"enrolled\":1");
+    }
+    // Past a reread (5 s), so that every producer has read again.
+    std::thread::sleep(Duration::from_secs(6));
+    let (open, peak) = server.memory_kib();
+
+    drop(streams);
+    // The server notices each closed connection and drops its stream.
+    let closed = Instant::now();
+    let after = loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let (now, _) = server.memory_kib();
+        if now <= before + 20 * MB || closed.elapsed() > Duration::from_secs(15) {
+            break now;
+        }
+    };
+    let settled = closed.elapsed();
+    // And streams open again up to the cap.
+    let mut again = open_stream(port, &paths[0]);
+    read_until(&mut again, first_event[0]);
+    drop(again);
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!(
+        "admin streams: {STREAMS} open in {opened:?} (half the task's, half the list's; half never read); \
+         server RSS {:.1} MiB before, {:.1} MiB open (+{:.1} MiB, {:.1} KiB a stream), peak {:.1} MiB, \
+         {:.1} MiB {settled:?} after they closed",
+        mib(before),
+        mib(open),
+        mib(open.saturating_sub(before)),
+        open.saturating_sub(before) as f64 / STREAMS as f64,
+        mib(peak),
+        mib(after)
+    );
+    // The bounds are in MB (10^6 bytes), RSS in KiB.
+    assert!(open <= before + 50 * MB, "{STREAMS} streams took {:.1} MiB", mib(open - before));
+    assert!(
+        after <= before + 20 * MB,
+        "{:.1} MiB stayed in use after the streams closed",
+        mib(after - before)
+    );
+    drop(server);
+    remove_database(&database);
+}
