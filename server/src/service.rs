@@ -40,6 +40,8 @@ pub struct ServiceConfig {
     pub rate_limits: RateLimits,
     /// Most model parameters over all unfinished tasks.
     pub max_total_parameters: usize,
+    /// Admin event streams open at once (see [`crate::api::events`]).
+    pub max_admin_streams: usize,
     /// Where the other replicas sharing the database reach this one
     /// (default: `http://` and the bound address; set it when binding an
     /// unspecified address such as 0.0.0.0).
@@ -62,6 +64,7 @@ impl ServiceConfig {
             connections: ConnectionLimits::default(),
             rate_limits: RateLimits::default(),
             max_total_parameters: crate::api::DEFAULT_MAX_TOTAL_PARAMETERS,
+            max_admin_streams: crate::api::events::DEFAULT_MAX_ADMIN_STREAMS,
             public_url: None,
         }
     }
@@ -131,6 +134,9 @@ pub enum ServiceError {
     /// A limit is out of range.
     #[error(transparent)]
     Limits(#[from] crate::api::listener::LimitsError),
+    /// `max_admin_streams` is zero.
+    #[error("max_admin_streams must be positive")]
+    NoAdminStreams,
     /// Another process already serves this SQLite database.
     #[error(
         "{0} is already served by another cohort serve process: SQLite is for a single process; \
@@ -179,6 +185,9 @@ impl Service {
     /// called within a tokio runtime.
     pub async fn start(config: ServiceConfig) -> Result<Self, ServiceError> {
         config.connections.validate().map_err(ServiceError::Limits)?;
+        if config.max_admin_streams == 0 {
+            return Err(ServiceError::NoAdminStreams);
+        }
         let sqlite_lock = lock_sqlite(&config.database_url)?;
         let store = SqlStore::connect(&config.database_url).await?;
         let metrics = Metrics::default();
@@ -221,6 +230,7 @@ impl Service {
             },
             creating: Default::default(),
             forwarder: crate::api::forward::Forwarder::new(&config.admin_token),
+            streams: crate::api::events::Streams::new(config.max_admin_streams),
         };
         let limiters = state.config.limiters.clone();
         let pruner = tokio::spawn(async move {

@@ -154,13 +154,20 @@ fn run_coordinator_and_clients(
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let admin_token = new_token();
     let database = work.join("cohort.db");
+    let defaults = ServiceConfig::new(
+        ([127, 0, 0, 1], 0).into(),
+        format!("sqlite://{}", database.display()),
+        &admin_token,
+    );
     let service = runtime.block_on(Service::start(ServiceConfig {
         credential_ttl_ms: 86_400_000,
-        ..ServiceConfig::new(
-            ([127, 0, 0, 1], 0).into(),
-            format!("sqlite://{}", database.display()),
-            &admin_token,
-        )
+        // Every client is a local process: one address standing for many
+        // hosts, so none is held back before the cap.
+        connections: cohort_server::api::listener::ConnectionLimits {
+            max_connections_per_address: usize::MAX,
+            ..defaults.connections
+        },
+        ..defaults
     }))?;
     let url = service.url();
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);

@@ -25,9 +25,11 @@ pub struct ServeArgs {
     database_url: Option<String>,
     /// JSON settings file (keys: bind, database_url, admin_token,
     /// max_message_bytes, credential_ttl_days, tls_cert, tls_key,
-    /// web_assets, demo, max_connections, header_timeout_ms,
+    /// web_assets, demo, max_connections, max_connections_per_address,
+    /// header_timeout_ms,
     /// idle_timeout_ms, body_min_rate, body_grace_ms, shutdown_grace_ms,
-    /// rate_limits, max_total_parameters, public_url; see the README).
+    /// rate_limits, max_total_parameters, max_admin_streams, public_url;
+    /// see the README).
     /// Flags take precedence.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -65,6 +67,7 @@ struct FileConfig {
     web_assets: Option<PathBuf>,
     demo: Option<bool>,
     max_connections: Option<usize>,
+    max_connections_per_address: Option<usize>,
     header_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
     body_min_rate: Option<u64>,
@@ -72,6 +75,7 @@ struct FileConfig {
     shutdown_grace_ms: Option<u64>,
     rate_limits: Option<RateLimits>,
     max_total_parameters: Option<usize>,
+    max_admin_streams: Option<usize>,
     public_url: Option<String>,
 }
 
@@ -82,6 +86,9 @@ impl FileConfig {
         let ms = |value: Option<u64>, default: Duration| value.map_or(default, Duration::from_millis);
         ConnectionLimits {
             max_connections: self.max_connections.unwrap_or(defaults.max_connections),
+            max_connections_per_address: self
+                .max_connections_per_address
+                .unwrap_or(defaults.max_connections_per_address),
             header_timeout: ms(self.header_timeout_ms, defaults.header_timeout),
             idle_timeout: ms(self.idle_timeout_ms, defaults.idle_timeout),
             body_min_rate: self.body_min_rate.unwrap_or(defaults.body_min_rate),
@@ -143,6 +150,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         connections,
         rate_limits: file.rate_limits.unwrap_or_default(),
         max_total_parameters: file.max_total_parameters.unwrap_or(defaults.max_total_parameters),
+        max_admin_streams: file.max_admin_streams.unwrap_or(defaults.max_admin_streams),
         public_url: args.public_url.or(file.public_url),
         ..defaults
     })
@@ -206,6 +214,7 @@ mod tests {
         let file: FileConfig = serde_json::from_str(block).expect("the README's limits parse");
         assert_eq!(file.rate_limits, Some(RateLimits::default()));
         assert_eq!(file.max_total_parameters, Some(cohort_server::api::DEFAULT_MAX_TOTAL_PARAMETERS));
+        assert_eq!(file.max_admin_streams, Some(cohort_server::api::events::DEFAULT_MAX_ADMIN_STREAMS));
         // The default cap depends on the machine's descriptor limit; the
         // README shows the most it can be.
         let shown = ConnectionLimits {

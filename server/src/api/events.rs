@@ -16,57 +16,126 @@
 //! * `GET /admin/events` streams the task list as `tasks` events (the body
 //!   of `GET /admin/tasks`); any replica serves it.
 //!
-//! An event is sent when what it shows changed: the coordinator tells the
-//! streams when it served a request or a tick that may change a task
-//! ([`Coordinator::changes`](crate::round::Coordinator::changes)); a
-//! stream then reads the task again and sends it if it differs from what
-//! it sent last. Bursts are coalesced (at most one read per
-//! [`TASK_COALESCE`] for a task, [`LIST_COALESCE`] for the list), and a
-//! stream also reads again after [`REREAD`] without news, for what
-//! changes by the clock alone (clients that stop checking in) or on
-//! another replica. A comment line every [`KEEP_ALIVE`] keeps idle
-//! connections open through proxies. A stream that cannot read the store
-//! sends an `unavailable` event (the API's error body) and ends; the reader
+//! **One producer, many streams.** A task's streams share one producer
+//! (the task list's streams another): a task that nobody follows is not
+//! read, and the first stream to follow it starts its producer, which ends
+//! with its last stream. The producer reads the task when the coordinator
+//! tells it that a request or a tick may have changed it
+//! ([`Coordinator::changes`](crate::round::Coordinator::changes)), at most
+//! once per [`TASK_COALESCE`] ([`LIST_COALESCE`] for the list), and again
+//! after [`REREAD`] without news, for what changes by the clock alone
+//! (clients that stop checking in) or on another replica. It serializes
+//! each event once, framed as Server-Sent Events, into shared [`Bytes`],
+//! and publishes the snapshot on a [`watch`] channel, which holds only the
+//! latest: a stream sends what changed since the snapshot it sent last
+//! (every event, at first), so a reader that falls behind skips
+//! snapshots rather than queueing them, and what a stream holds is a
+//! reference to the latest snapshot and the few frames it is writing.
+//! A comment line every [`KEEP_ALIVE`] keeps idle connections open through
+//! proxies. A producer that cannot read the store sends an `unavailable`
+//! event (the API's error body) to its streams, which end; the reader
 //! connects again after `retry_after_ms`.
+//!
+//! **A cap.** At most `max_admin_streams` streams are open at once in a
+//! process (the admin token is the one admin credential, so this is the
+//! cap per credential); one more is refused with a `429` and
+//! `Retry-After`. A stream forwarded to a task's leader counts at the
+//! leader.
 //!
 //! The admin token is checked when the stream opens: the browser's
 //! `EventSource` cannot send an `Authorization` header, so the dashboard
 //! reads the stream with `fetch`, which can.
 
-use std::convert::Infallible;
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use http_body::Frame;
 use serde::Serialize;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::time::{Instant, Sleep};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::WatchStream;
 
 use super::admin::{attempt_views, round_views, task_views, token_views, view};
 use super::error::{ApiError, ApiResult};
 use super::extract::{Admin, TaskId};
 use super::openapi::{Refused, RetryLater, TaskPath};
 use super::state::AppState;
+use crate::api::ErrorCode;
 use crate::round::coordinator::Whereabouts;
 use crate::store::Store;
 
-/// Least time between two reads of a task for its stream.
+/// Least time between two reads of a task for its streams.
 pub const TASK_COALESCE: Duration = Duration::from_millis(200);
-/// Least time between two reads of the task list for its stream.
+/// Least time between two reads of the task list for its streams.
 pub const LIST_COALESCE: Duration = Duration::from_secs(1);
-/// A stream reads again after this long without news.
+/// A producer reads again after this long without news.
 pub const REREAD: Duration = Duration::from_secs(5);
 /// Interval of the keep-alive comments.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// The attempts an `attempts` event lists (newest first).
 pub const ATTEMPTS_SHOWN: i64 = 20;
+/// Admin event streams open at once, by default.
+pub const DEFAULT_MAX_ADMIN_STREAMS: usize = 256;
 /// What a reader is told to wait before it connects again after an
 /// `unavailable` event.
 const RETRY: Duration = Duration::from_secs(2);
+/// What a reader refused over the cap is told to wait.
+const OVER_CAP_RETRY: Duration = Duration::from_secs(5);
+/// A keep-alive comment.
+const COMMENT: &[u8] = b":\n\n";
 
-/// An event stream's body.
-type EventStream = Sse<axum::response::sse::KeepAliveStream<ReceiverStream<Result<Event, Infallible>>>>;
+/// The streams of one process: the cap, and the producers running.
+#[derive(Clone)]
+pub struct Streams {
+    open: Arc<Semaphore>,
+    tasks: Feeds<String, TaskSnapshot>,
+    list: Feeds<(), ListSnapshot>,
+}
+
+impl std::fmt::Debug for Streams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streams").field("available", &self.open.available_permits()).finish_non_exhaustive()
+    }
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_ADMIN_STREAMS)
+    }
+}
+
+impl Streams {
+    /// At most `max_open` streams at once.
+    pub fn new(max_open: usize) -> Self {
+        Self { open: Arc::new(Semaphore::new(max_open)), tasks: Feeds::default(), list: Feeds::default() }
+    }
+
+    /// A place for one more stream, or the refusal.
+    fn admit(&self) -> ApiResult<OwnedSemaphorePermit> {
+        self.open.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::RateLimited,
+                "too many admin event streams are open; close one or retry later",
+            )
+            .retry_after(OVER_CAP_RETRY)
+        })
+    }
+
+    /// Producers running (tasks followed, and the list if it is).
+    pub fn producers(&self) -> usize {
+        self.tasks.len() + self.list.len()
+    }
+}
 
 /// A task's changes as Server-Sent Events: `task` (its live state: the
 /// round in progress with each stage's answers and durations, its status,
@@ -83,19 +152,24 @@ type EventStream = Sse<axum::response::sse::KeepAliveStream<ReceiverStream<Resul
     responses(
         (status = 200, description = "The task's events, as they happen (`task`, `rounds`, `attempts`, `tokens`, `moved`, `unavailable`)",
             content_type = "text/event-stream", body = String),
-        (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
+        (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 429, response = RetryLater),
+        (status = 503, response = RetryLater)
     )
 )]
 pub(super) async fn task_events(
     _: Admin,
     State(state): State<AppState>,
     TaskId(id): TaskId,
-) -> ApiResult<EventStream> {
+) -> ApiResult<Response> {
+    let open = state.streams.admit()?;
     // A task that does not exist is refused before the stream starts.
     state.store.task(&id).await?;
-    let (tx, rx) = mpsc::channel(8);
-    tokio::spawn(follow_task(state, id, tx));
-    Ok(stream(rx))
+    let feed = state.streams.tasks.clone();
+    let snapshots = feed.subscribe(id.clone(), |sender| {
+        tokio::spawn(produce_task(state.clone(), id.clone(), sender));
+    });
+    Ok(stream(snapshots, open))
 }
 
 /// The task list's changes as Server-Sent Events: `tasks` (every task with
@@ -108,57 +182,80 @@ pub(super) async fn task_events(
     responses(
         (status = 200, description = "The task list whenever it changes (`tasks`, `unavailable`)",
             content_type = "text/event-stream", body = String),
-        (status = 401, response = Refused), (status = 503, response = RetryLater)
+        (status = 401, response = Refused),
+        (status = 429, response = RetryLater),
+        (status = 503, response = RetryLater)
     )
 )]
 pub(super) async fn task_list_events(
     _: Admin,
     headers: HeaderMap,
     State(state): State<AppState>,
-) -> EventStream {
-    let (tx, rx) = mpsc::channel(8);
-    tokio::spawn(follow_tasks(state, headers.get(header::AUTHORIZATION).cloned(), tx));
-    stream(rx)
-}
-
-fn stream(rx: mpsc::Receiver<Result<Event, Infallible>>) -> EventStream {
-    Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-}
-
-/// Why a stream stops.
-enum Stop {
-    /// The reader went away (or the coordinator stopped).
-    Gone,
-}
-
-/// Sends `name` with `data` as JSON unless it equals `last` (then nothing;
-/// `last` is updated). `Err` once the reader is gone.
-async fn send_changed(
-    tx: &mpsc::Sender<Result<Event, Infallible>>,
-    name: &str,
-    data: &impl Serialize,
-    last: &mut Option<String>,
-) -> Result<(), Stop> {
-    let json = to_json(data);
-    if last.as_deref() == Some(json.as_str()) {
-        return Ok(());
+) -> ApiResult<Response> {
+    let open = state.streams.admit()?;
+    // The list asks other replicas for the tasks they lead with the admin
+    // token it was opened with (checked above; the deployment has one).
+    let mut authorization = headers.get(header::AUTHORIZATION).cloned();
+    if let Some(value) = authorization.as_mut() {
+        value.set_sensitive(true);
     }
-    send(tx, name, &json).await?;
-    *last = Some(json);
-    Ok(())
+    let feed = state.streams.list.clone();
+    let snapshots = feed.subscribe((), |sender| {
+        tokio::spawn(produce_list(state.clone(), authorization, sender));
+    });
+    Ok(stream(snapshots, open))
 }
 
-async fn send(tx: &mpsc::Sender<Result<Event, Infallible>>, name: &str, json: &str) -> Result<(), Stop> {
-    tx.send(Ok(Event::default().event(name).data(json))).await.map_err(|_| Stop::Gone)
+fn stream<S: Snapshot>(snapshots: watch::Receiver<Published<S>>, open: OwnedSemaphorePermit) -> Response {
+    let body = EventBody {
+        snapshots: WatchStream::new(snapshots),
+        sent: None,
+        queue: VecDeque::new(),
+        ending: false,
+        keep_alive: Box::pin(tokio::time::sleep(KEEP_ALIVE)),
+        _open: open,
+    };
+    (
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        Body::new(body),
+    )
+        .into_response()
 }
 
-/// Sends `name` with `data` as JSON.
-async fn send_json(
-    tx: &mpsc::Sender<Result<Event, Infallible>>,
-    name: &str,
-    data: &impl Serialize,
-) -> Result<(), Stop> {
-    send(tx, name, &to_json(data)).await
+/// What a producer publishes: nothing yet (before its first read), a
+/// snapshot, or a last event after which its streams end.
+enum Published<S> {
+    Reading,
+    Snapshot(Arc<S>),
+    End(Bytes),
+}
+
+impl<S> Clone for Published<S> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Reading => Self::Reading,
+            Self::Snapshot(snapshot) => Self::Snapshot(snapshot.clone()),
+            Self::End(last) => Self::End(last.clone()),
+        }
+    }
+}
+
+/// A snapshot a stream can send: the frames that changed since what it
+/// sent last (every frame when it sent nothing yet).
+trait Snapshot: Send + Sync + 'static {
+    /// What a stream sent, in the terms of this snapshot.
+    type Sent: Send + Unpin;
+    /// Appends the frames to send after `sent`, and updates it.
+    fn frames_after(&self, sent: &mut Option<Self::Sent>, out: &mut VecDeque<Bytes>);
+}
+
+/// One Server-Sent Event, framed: `event: NAME`, `data: JSON`.
+fn frame(name: &str, json: &str) -> Bytes {
+    // JSON from serde_json holds no line break, so one data line carries it.
+    Bytes::from(format!("event: {name}\ndata: {json}\n\n"))
 }
 
 /// `data` as one line of JSON (the views always serialize; `null` if one
@@ -167,142 +264,522 @@ fn to_json(data: &impl Serialize) -> String {
     serde_json::to_string(data).unwrap_or_else(|_| "null".into())
 }
 
-/// Sends `unavailable` with `error`'s body and a retry hint.
-async fn unavailable(tx: &mpsc::Sender<Result<Event, Infallible>>, error: ApiError) {
-    tracing::warn!(%error, "an admin event stream stops: the store could not be read");
-    let _ = send_json(tx, "unavailable", &error.body(RETRY)).await;
+/// An event and the number of times it changed.
+#[derive(Clone)]
+struct Versioned {
+    version: u64,
+    frame: Bytes,
 }
 
-/// Waits for news (or [`REREAD`]), then at least `coalesce` since the
-/// last read. `Err` when the reader is gone or the coordinator stopped.
-async fn next_change(
-    changes: &mut tokio::sync::watch::Receiver<u64>,
-    tx: &mpsc::Sender<Result<Event, Infallible>>,
-    read_at: tokio::time::Instant,
-    coalesce: Duration,
-) -> Result<(), Stop> {
-    tokio::select! {
-        changed = changes.changed() => changed.map_err(|_| Stop::Gone)?,
-        () = tokio::time::sleep(REREAD) => {}
-        () = tx.closed() => return Err(Stop::Gone),
-    }
-    tokio::select! {
-        () = tokio::time::sleep_until(read_at + coalesce) => Ok(()),
-        () = tx.closed() => Err(Stop::Gone),
-    }
-}
-
-/// What a task's stream sent last.
+/// The JSON an event was last published with, so that a producer bumps
+/// the version only when it changed.
 #[derive(Default)]
-struct Sent {
-    /// The task's view, as sent.
-    task: Option<String>,
-    /// The newest round sent.
-    round: i64,
-    /// The leader's last failure when the attempts were sent.
-    attempts_key: Option<String>,
-    /// The tokens, as sent.
-    tokens: Option<String>,
+struct Tracked {
+    json: Option<String>,
+    current: Option<Versioned>,
 }
 
-async fn follow_task(state: AppState, id: String, tx: mpsc::Sender<Result<Event, Infallible>>) {
-    let mut changes = state.coordinator.changes();
-    let mut sent = Sent::default();
-    loop {
-        let read_at = tokio::time::Instant::now();
-        changes.mark_unchanged();
-        match send_task(&state, &id, &tx, &mut sent).await {
-            Ok(Next::Follow) => {}
-            Ok(Next::Moved) | Err(Stop::Gone) => return,
+impl Tracked {
+    /// The event `name` with `json`, a new version if it changed.
+    fn update(&mut self, name: &str, json: String) -> Versioned {
+        match &self.current {
+            Some(current) if self.json.as_deref() == Some(json.as_str()) => current.clone(),
+            _ => {
+                let version = self.current.as_ref().map_or(0, |c| c.version + 1);
+                let current = Versioned { version, frame: frame(name, &json) };
+                self.json = Some(json);
+                self.current = Some(current.clone());
+                current
+            }
         }
-        if next_change(&mut changes, &tx, read_at, TASK_COALESCE).await.is_err() {
+    }
+}
+
+/// One task's events, as last read.
+struct TaskSnapshot {
+    task: Versioned,
+    rounds: Arc<Rounds>,
+    attempts: Versioned,
+    tokens: Versioned,
+}
+
+/// A task's completed rounds: each one's JSON, the `rounds` event listing
+/// all of them, and the one listing those the last read added.
+#[derive(Default)]
+struct Rounds {
+    each: Vec<(i64, Bytes)>,
+    all: Bytes,
+    /// The newest round before the last read added some.
+    added_after: i64,
+    added: Bytes,
+}
+
+impl Rounds {
+    fn newest(&self) -> i64 {
+        self.each.last().map_or(0, |(round, _)| *round)
+    }
+
+    /// The `rounds` event listing those after `after`.
+    fn after(&self, after: i64) -> Bytes {
+        if after == self.added_after {
+            return self.added.clone();
+        }
+        let listed: Vec<&[u8]> =
+            self.each.iter().filter(|(round, _)| *round > after).map(|(_, json)| json.as_ref()).collect();
+        rounds_frame(&listed)
+    }
+}
+
+/// A `rounds` event from each round's JSON.
+fn rounds_frame(each: &[&[u8]]) -> Bytes {
+    let mut json = Vec::with_capacity(2 + each.iter().map(|r| r.len() + 1).sum::<usize>());
+    json.push(b'[');
+    for (i, round) in each.iter().enumerate() {
+        if i > 0 {
+            json.push(b',');
+        }
+        json.extend_from_slice(round);
+    }
+    json.push(b']');
+    frame("rounds", &String::from_utf8_lossy(&json))
+}
+
+/// What a task's stream sent.
+struct TaskSent {
+    task: u64,
+    round: i64,
+    attempts: u64,
+    tokens: u64,
+}
+
+impl Snapshot for TaskSnapshot {
+    type Sent = TaskSent;
+
+    fn frames_after(&self, sent: &mut Option<TaskSent>, out: &mut VecDeque<Bytes>) {
+        let newest = self.rounds.newest();
+        match sent {
+            // The first snapshot: every event, the rounds all of them (none,
+            // for a new task).
+            None => {
+                out.extend([
+                    self.task.frame.clone(),
+                    self.rounds.all.clone(),
+                    self.attempts.frame.clone(),
+                    self.tokens.frame.clone(),
+                ]);
+            }
+            Some(sent) => {
+                if self.task.version != sent.task {
+                    out.push_back(self.task.frame.clone());
+                }
+                if newest > sent.round {
+                    out.push_back(self.rounds.after(sent.round));
+                }
+                if self.attempts.version != sent.attempts {
+                    out.push_back(self.attempts.frame.clone());
+                }
+                if self.tokens.version != sent.tokens {
+                    out.push_back(self.tokens.frame.clone());
+                }
+            }
+        }
+        *sent = Some(TaskSent {
+            task: self.task.version,
+            round: newest,
+            attempts: self.attempts.version,
+            tokens: self.tokens.version,
+        });
+    }
+}
+
+/// The task list, as last read.
+struct ListSnapshot {
+    tasks: Versioned,
+}
+
+impl Snapshot for ListSnapshot {
+    type Sent = u64;
+
+    fn frames_after(&self, sent: &mut Option<u64>, out: &mut VecDeque<Bytes>) {
+        if *sent != Some(self.tasks.version) {
+            out.push_back(self.tasks.frame.clone());
+        }
+        *sent = Some(self.tasks.version);
+    }
+}
+
+/// Where a producer publishes.
+type Sender<S> = Arc<watch::Sender<Published<S>>>;
+
+/// The producers running, by what they follow.
+struct Feeds<K, S> {
+    senders: Arc<Mutex<HashMap<K, Sender<S>>>>,
+}
+
+impl<K, S> Clone for Feeds<K, S> {
+    fn clone(&self) -> Self {
+        Self { senders: self.senders.clone() }
+    }
+}
+
+impl<K, S> Default for Feeds<K, S> {
+    fn default() -> Self {
+        Self { senders: Arc::default() }
+    }
+}
+
+impl<K: Hash + Eq + Clone, S> Feeds<K, S> {
+    /// Follows `key`'s producer, started with `start` if none runs.
+    fn subscribe(&self, key: K, start: impl FnOnce(Producer<K, S>)) -> watch::Receiver<Published<S>> {
+        let mut senders = self.senders.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sender) = senders.get(&key) {
+            // A new receiver has seen nothing: mark the latest unseen, so
+            // that the stream sends it at once.
+            let mut receiver = sender.subscribe();
+            receiver.mark_changed();
+            return receiver;
+        }
+        let (sender, receiver) = watch::channel(Published::Reading);
+        let sender = Arc::new(sender);
+        senders.insert(key.clone(), sender.clone());
+        drop(senders);
+        start(Producer { feeds: self.clone(), key, sender });
+        receiver
+    }
+
+    fn len(&self) -> usize {
+        self.senders.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// A producer's side of its feed.
+struct Producer<K: Hash + Eq, S> {
+    feeds: Feeds<K, S>,
+    key: K,
+    sender: Sender<S>,
+}
+
+impl<K: Hash + Eq, S> Producer<K, S> {
+    fn publish(&self, snapshot: S) {
+        self.sender.send_replace(Published::Snapshot(Arc::new(snapshot)));
+    }
+
+    /// Publishes a last event and stops.
+    fn end(self, last: Bytes) {
+        self.sender.send_replace(Published::End(last));
+    }
+
+    /// Whether the producer stops: its last stream has gone (checked
+    /// under the lock that new streams subscribe under, so none is lost).
+    fn unfollowed(&self) -> bool {
+        let mut senders = self.feeds.senders.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.sender.receiver_count() > 0 {
+            return false;
+        }
+        if senders.get(&self.key).is_some_and(|s| Arc::ptr_eq(s, &self.sender)) {
+            senders.remove(&self.key);
+        }
+        true
+    }
+
+    /// Waits for news (or [`REREAD`]), then until `coalesce` after
+    /// `read_at`. `false` when the producer stops: its streams have gone or
+    /// the coordinator stopped.
+    async fn next_change(
+        &self,
+        changes: &mut watch::Receiver<u64>,
+        read_at: Instant,
+        coalesce: Duration,
+    ) -> bool {
+        loop {
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return false;
+                    }
+                    break;
+                }
+                () = tokio::time::sleep_until(read_at + REREAD) => break,
+                () = self.sender.closed() => if self.unfollowed() { return false },
+            }
+        }
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(read_at + coalesce) => return true,
+                () = self.sender.closed() => if self.unfollowed() { return false },
+            }
+        }
+    }
+}
+
+impl<K: Hash + Eq, S> Drop for Producer<K, S> {
+    fn drop(&mut self) {
+        // However the producer stops, a new stream starts a new one.
+        let mut senders = self.feeds.senders.lock().unwrap_or_else(PoisonError::into_inner);
+        if senders.get(&self.key).is_some_and(|s| Arc::ptr_eq(s, &self.sender)) {
+            senders.remove(&self.key);
+        }
+    }
+}
+
+/// The `unavailable` event with `error`'s body and a retry hint.
+fn unavailable(error: ApiError) -> Bytes {
+    tracing::warn!(%error, "admin event streams stop: the store could not be read");
+    frame("unavailable", &to_json(&error.body(RETRY)))
+}
+
+/// What a task's producer last published, to tell what changed.
+#[derive(Default)]
+struct TaskState {
+    task: Tracked,
+    rounds: Arc<Rounds>,
+    /// The attempts, with the leader's last failure when they were read.
+    attempts: Option<(String, Versioned)>,
+    tokens: Tracked,
+}
+
+async fn produce_task(state: AppState, id: String, producer: Producer<String, TaskSnapshot>) {
+    let mut changes = state.coordinator.changes();
+    let mut last = TaskState::default();
+    loop {
+        let read_at = Instant::now();
+        changes.mark_unchanged();
+        if let Whereabouts::At(url) = state.coordinator.whereabouts(&id) {
+            return producer.end(frame("moved", &to_json(&serde_json::json!({ "leader": url }))));
+        }
+        match read_task(&state, &id, &mut last).await {
+            Ok(snapshot) => producer.publish(snapshot),
+            Err(error) => return producer.end(unavailable(error)),
+        }
+        if !producer.next_change(&mut changes, read_at, TASK_COALESCE).await {
             return;
         }
     }
-}
-
-/// Whether a task's stream goes on.
-enum Next {
-    Follow,
-    /// It told the reader that another replica leads the task now.
-    Moved,
 }
 
 /// One read of the task: its view, new rounds, new attempts, its tokens.
-async fn send_task(
-    state: &AppState,
-    id: &str,
-    tx: &mpsc::Sender<Result<Event, Infallible>>,
-    sent: &mut Sent,
-) -> Result<Next, Stop> {
-    if let Whereabouts::At(url) = state.coordinator.whereabouts(id) {
-        send_json(tx, "moved", &serde_json::json!({ "leader": url })).await?;
-        return Ok(Next::Moved);
-    }
-    // The first read sends every event, whether or not it changed.
-    let first = sent.task.is_none();
-    let read = async {
-        let task = state.store.task(id).await?;
-        let current = view(state, &task).await?;
-        let rounds = if current.completed_rounds as i64 > sent.round || first {
-            Some(round_views(state, &task, sent.round).await?)
-        } else {
-            None
-        };
-        // The attempts change when one more ends, which the leader's last
-        // failure tells.
-        let key = to_json(&current.last_failure);
-        let attempts = if sent.attempts_key.as_deref() != Some(key.as_str()) {
-            Some(attempt_views(state, id, ATTEMPTS_SHOWN).await?)
-        } else {
-            None
-        };
-        let tokens = token_views(state, id).await?;
-        Ok::<_, ApiError>((current, rounds, attempts, key, tokens))
-    };
-    let (current, rounds, attempts, key, tokens) = match read.await {
-        Ok(read) => read,
-        Err(error) => {
-            unavailable(tx, error).await;
-            return Err(Stop::Gone);
-        }
-    };
-    send_changed(tx, "task", &current, &mut sent.task).await?;
-    if let Some(rounds) = rounds {
-        // The first event lists every round (none, for a new task).
-        if !rounds.is_empty() || first {
-            sent.round = rounds.last().map_or(sent.round, |r| r.round);
-            send_json(tx, "rounds", &rounds).await?;
+async fn read_task(state: &AppState, id: &str, last: &mut TaskState) -> ApiResult<TaskSnapshot> {
+    let first = last.task.current.is_none();
+    let task = state.store.task(id).await?;
+    let current = view(state, &task).await?;
+    let newest = last.rounds.newest();
+    if current.completed_rounds as i64 > newest || first {
+        let added = round_views(state, &task, newest).await?;
+        if !added.is_empty() || first {
+            let added: Vec<(i64, Bytes)> = added.iter().map(|r| (r.round, Bytes::from(to_json(r)))).collect();
+            let added_frame = rounds_frame(&added.iter().map(|(_, json)| json.as_ref()).collect::<Vec<_>>());
+            let mut each = last.rounds.each.clone();
+            each.extend(added);
+            let all = rounds_frame(&each.iter().map(|(_, json)| json.as_ref()).collect::<Vec<_>>());
+            last.rounds = Arc::new(Rounds { each, all, added_after: newest, added: added_frame });
         }
     }
-    if let Some(attempts) = attempts {
-        send_json(tx, "attempts", &attempts).await?;
-        sent.attempts_key = Some(key);
-    }
-    send_changed(tx, "tokens", &tokens, &mut sent.tokens).await?;
-    Ok(Next::Follow)
+    // The attempts change when one more ends, which the leader's last
+    // failure tells; each read of them is sent.
+    let key = to_json(&current.last_failure);
+    let attempts = match last.attempts.take() {
+        Some((read_at, attempts)) if read_at == key => attempts,
+        before => {
+            let views = attempt_views(state, id, ATTEMPTS_SHOWN).await?;
+            let version = before.map_or(0, |(_, attempts)| attempts.version + 1);
+            Versioned { version, frame: frame("attempts", &to_json(&views)) }
+        }
+    };
+    last.attempts = Some((key, attempts.clone()));
+    let tokens = token_views(state, id).await?;
+    Ok(TaskSnapshot {
+        task: last.task.update("task", to_json(&current)),
+        rounds: last.rounds.clone(),
+        attempts,
+        tokens: last.tokens.update("tokens", to_json(&tokens)),
+    })
 }
 
-async fn follow_tasks(
+async fn produce_list(
     state: AppState,
     authorization: Option<HeaderValue>,
-    tx: mpsc::Sender<Result<Event, Infallible>>,
+    producer: Producer<(), ListSnapshot>,
 ) {
     let mut changes = state.coordinator.changes();
-    let mut last = None;
+    let mut tasks = Tracked::default();
     loop {
-        let read_at = tokio::time::Instant::now();
+        let read_at = Instant::now();
         changes.mark_unchanged();
         match task_views(&state, authorization.as_ref()).await {
-            Ok(tasks) => {
-                if send_changed(&tx, "tasks", &tasks, &mut last).await.is_err() {
-                    return;
-                }
-            }
-            Err(error) => return unavailable(&tx, error).await,
+            Ok(views) => producer.publish(ListSnapshot { tasks: tasks.update("tasks", to_json(&views)) }),
+            Err(error) => return producer.end(unavailable(error)),
         }
-        if next_change(&mut changes, &tx, read_at, LIST_COALESCE).await.is_err() {
+        if !producer.next_change(&mut changes, read_at, LIST_COALESCE).await {
             return;
         }
+    }
+}
+
+/// A stream's response body: the frames its snapshots call for, and a
+/// keep-alive comment when there were none for [`KEEP_ALIVE`].
+struct EventBody<S: Snapshot> {
+    snapshots: WatchStream<Published<S>>,
+    sent: Option<S::Sent>,
+    /// Frames of the snapshot being written (at most four, shared).
+    queue: VecDeque<Bytes>,
+    /// The last event is queued: end after it.
+    ending: bool,
+    keep_alive: Pin<Box<Sleep>>,
+    _open: OwnedSemaphorePermit,
+}
+
+impl<S: Snapshot> http_body::Body for EventBody<S> {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        loop {
+            if let Some(next) = this.queue.pop_front() {
+                this.keep_alive.as_mut().reset(Instant::now() + KEEP_ALIVE);
+                return Poll::Ready(Some(Ok(Frame::data(next))));
+            }
+            if this.ending {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut this.snapshots).poll_next(cx) {
+                Poll::Ready(Some(Published::Reading)) => continue,
+                Poll::Ready(Some(Published::Snapshot(snapshot))) => {
+                    snapshot.frames_after(&mut this.sent, &mut this.queue);
+                    continue;
+                }
+                Poll::Ready(Some(Published::End(last))) => {
+                    this.queue.push_back(last);
+                    this.ending = true;
+                    continue;
+                }
+                // The producer stopped (the coordinator did).
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => {}
+            }
+            if this.keep_alive.as_mut().poll(cx).is_ready() {
+                this.keep_alive.as_mut().reset(Instant::now() + KEEP_ALIVE);
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(COMMENT)))));
+            }
+            return Poll::Pending;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn versioned(version: u64, text: &'static str) -> Versioned {
+        Versioned { version, frame: Bytes::from_static(text.as_bytes()) }
+    }
+
+    fn rounds(newest: i64, added_after: i64) -> Arc<Rounds> {
+        let each: Vec<(i64, Bytes)> =
+            (1..=newest).map(|round| (round, Bytes::from(format!("{{\"round\":{round}}}")))).collect();
+        let listed = |after: i64| {
+            let pieces: Vec<&[u8]> =
+                each.iter().filter(|(r, _)| *r > after).map(|(_, j)| j.as_ref()).collect();
+            rounds_frame(&pieces)
+        };
+        Arc::new(Rounds { all: listed(0), added: listed(added_after), added_after, each })
+    }
+
+    fn snapshot(task: u64, rounds: Arc<Rounds>, attempts: u64, tokens: u64) -> TaskSnapshot {
+        TaskSnapshot {
+            task: versioned(task, "task"),
+            rounds,
+            attempts: versioned(attempts, "attempts"),
+            tokens: versioned(tokens, "tokens"),
+        }
+    }
+
+    fn text(frames: &VecDeque<Bytes>) -> Vec<String> {
+        frames.iter().map(|f| String::from_utf8_lossy(f).into_owned()).collect()
+    }
+
+    #[test]
+    fn a_stream_sends_every_event_first_then_only_what_changed() {
+        let mut sent = None;
+        let mut out = VecDeque::new();
+        snapshot(0, rounds(0, 0), 0, 0).frames_after(&mut sent, &mut out);
+        assert_eq!(text(&out), ["task", "event: rounds\ndata: []\n\n", "attempts", "tokens"]);
+        out.clear();
+        // Nothing changed: nothing is sent.
+        snapshot(0, rounds(0, 0), 0, 0).frames_after(&mut sent, &mut out);
+        assert!(out.is_empty());
+        // The view and one round changed.
+        snapshot(1, rounds(1, 0), 0, 0).frames_after(&mut sent, &mut out);
+        assert_eq!(text(&out), ["task", "event: rounds\ndata: [{\"round\":1}]\n\n"]);
+        out.clear();
+        // A reader that missed a snapshot (rounds 2 and 3 were added one
+        // at a time) gets both rounds it has not seen.
+        snapshot(1, rounds(3, 2), 0, 1).frames_after(&mut sent, &mut out);
+        assert_eq!(text(&out), ["event: rounds\ndata: [{\"round\":2},{\"round\":3}]\n\n", "tokens"]);
+    }
+
+    #[test]
+    fn a_shared_snapshot_is_not_copied_per_stream() {
+        let shared = snapshot(0, rounds(2, 1), 0, 0);
+        let (mut one, mut other) = (VecDeque::new(), VecDeque::new());
+        shared.frames_after(&mut None, &mut one);
+        shared.frames_after(&mut None, &mut other);
+        for (a, b) in one.iter().zip(&other) {
+            assert_eq!(a.as_ptr(), b.as_ptr(), "both streams send the same bytes");
+        }
+    }
+
+    #[test]
+    fn the_list_is_sent_when_its_version_changes() {
+        let mut tracked = Tracked::default();
+        let (mut sent, mut out) = (None, VecDeque::new());
+        let first = ListSnapshot { tasks: tracked.update("tasks", "[]".into()) };
+        first.frames_after(&mut sent, &mut out);
+        let same = ListSnapshot { tasks: tracked.update("tasks", "[]".into()) };
+        same.frames_after(&mut sent, &mut out);
+        let changed = ListSnapshot { tasks: tracked.update("tasks", "[1]".into()) };
+        changed.frames_after(&mut sent, &mut out);
+        assert_eq!(text(&out), ["event: tasks\ndata: []\n\n", "event: tasks\ndata: [1]\n\n"]);
+    }
+
+    #[tokio::test]
+    async fn streams_share_one_producer_which_stops_with_its_last_stream() {
+        let feeds: Feeds<String, ListSnapshot> = Feeds::default();
+        let (started, mut producers) = tokio::sync::mpsc::unbounded_channel();
+        let subscribe = |feeds: &Feeds<String, ListSnapshot>| {
+            let started = started.clone();
+            feeds.subscribe("task".into(), move |producer| {
+                let _ = started.send(producer);
+            })
+        };
+        let one = subscribe(&feeds);
+        let two = subscribe(&feeds);
+        let producer = producers.try_recv().unwrap();
+        assert!(producers.try_recv().is_err(), "one producer for both streams");
+        producer.publish(ListSnapshot { tasks: versioned(0, "tasks") });
+        assert!(matches!(&*two.borrow(), Published::Snapshot(_)));
+        drop((one, two));
+        // No news, and no reread due: only the streams' going stops it.
+        let (_coordinator, mut changes) = watch::channel(0u64);
+        let goes_on = producer.next_change(&mut changes, Instant::now(), Duration::ZERO).await;
+        assert!(!goes_on, "the producer stops without streams");
+        assert_eq!(feeds.len(), 0);
+        drop(producer);
+        let _three = subscribe(&feeds);
+        assert!(producers.try_recv().is_ok(), "a new stream starts a new producer");
+    }
+
+    #[test]
+    fn streams_over_the_cap_are_refused_with_a_retry_hint() {
+        let streams = Streams::new(2);
+        let held = [streams.admit().unwrap(), streams.admit().unwrap()];
+        let refused = streams.admit().unwrap_err();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.body(Duration::ZERO).retry_after_ms, Some(5000));
+        drop(held);
+        assert!(streams.admit().is_ok());
     }
 }

@@ -3,12 +3,32 @@
 //!
 //! * **Connection cap.** At most [`ConnectionLimits::max_connections`]
 //!   connections are served at once, a number kept below the process's
-//!   descriptor limit. A connection beyond it gets a canned `503` with
-//!   `Retry-After` (plain HTTP) or is closed at once (TLS, where answering
-//!   needs a handshake), instead of `accept` failing for everybody.
+//!   descriptor limit.
+//! * **Per-address cap.** One client address holds at most
+//!   [`ConnectionLimits::max_connections_per_address`] of them (IPv6 counted
+//!   by /64, see `peers`), so that one host cannot take the whole cap.
+//!   Loopback counts like any address: a local reverse proxy or load
+//!   generator is one address, and is configured as such.
+//! * **Over a cap.** A connection beyond either cap is not served but
+//!   triaged in a small reserve (`reserve`): its request head is read
+//!   within a second; `GET /healthz` and `GET /readyz` are answered as
+//!   usual, anything else gets a canned `503` with `Retry-After`, instead
+//!   of `accept` failing for everybody. So liveness and readiness probes
+//!   keep their answers while the cap is full, on the port they already
+//!   probe, with nothing to configure: the reserve was chosen over a
+//!   separate health listener because a probe on another port says nothing
+//!   about the port clients use, and every balancer and orchestrator
+//!   config (ours included, see `docs/DEPLOYMENT.md`) would need changing
+//!   to gain it. The reserve holds a bounded number of connections, a few
+//!   per address, each for at most a few seconds, so one host cannot fill
+//!   it either. Over TLS a connection over a cap is closed at once
+//!   (answering needs a handshake, which is the expensive part of TLS).
 //! * **Header timeout.** A client has [`ConnectionLimits::header_timeout`]
-//!   to complete the TLS handshake and each request head, also between
-//!   keep-alive requests (hyper's HTTP/1 header timer).
+//!   to complete the TLS handshake, then as long again to send its first
+//!   request head (a connection that sends nothing is closed then, not at
+//!   the idle timeout: hyper's header timer starts only once the first
+//!   byte has told HTTP/1 from HTTP/2), and each later request head (hyper's
+//!   HTTP/1 header timer, also between keep-alive requests).
 //! * **Idle timeout.** A connection with no request in flight for
 //!   [`ConnectionLimits::idle_timeout`] is shut down gracefully (HTTP/1 and
 //!   HTTP/2 alike): a request is in flight from its head until its response
@@ -19,12 +39,19 @@
 //! * **Shutdown.** [`serve`] stops accepting when told to, asks every
 //!   connection to finish its request in flight, and cuts whatever is left
 //!   after [`ConnectionLimits::shutdown_grace`].
+//! * **Memory.** Once a burst of connections has closed, the allocator is
+//!   asked to hand what they used back to the system (`trim`: glibc keeps
+//!   it otherwise).
+
+mod peers;
+mod reserve;
+mod trim;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -34,18 +61,25 @@ use axum::extract::ConnectInfo;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
+
+use peers::{PeerCounts, PeerGroup, PeerSlot};
+use reserve::Reserve;
 
 /// Limits applied to every connection of a listener.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ConnectionLimits {
     /// Connections served at once; more are refused with a `503`.
     pub max_connections: usize,
+    /// Connections served at once from one address (an IPv6 /64); more are
+    /// refused like those over `max_connections`. At or above
+    /// `max_connections`, no address is held back before the cap.
+    pub max_connections_per_address: usize,
     /// Time to complete the TLS handshake and each request head.
     pub header_timeout: Duration,
     /// A connection with no request in flight for this long is closed.
@@ -62,8 +96,9 @@ pub struct ConnectionLimits {
 
 /// Descriptors kept free for the database, files and refusals.
 const RESERVED_DESCRIPTORS: u64 = 256;
-/// Connections being refused at once; beyond this they are dropped unanswered.
-const MAX_REFUSING: usize = 256;
+/// Connections one address may hold by default: room for many clients
+/// behind one NAT, a small share of the default cap.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 /// HTTP/2 streams per connection.
 const MAX_STREAMS: u32 = 64;
 
@@ -71,6 +106,7 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
             max_connections: default_max_connections(),
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
             body_min_rate: 1024,
@@ -101,6 +137,9 @@ pub enum LimitsError {
     /// `max_connections` is zero.
     #[error("max_connections must be positive")]
     NoConnections,
+    /// `max_connections_per_address` is zero.
+    #[error("max_connections_per_address must be positive")]
+    NoConnectionsPerAddress,
     /// `max_connections` leaves too few descriptors for the process.
     #[error(
         "max_connections {max_connections} leaves fewer than {RESERVED_DESCRIPTORS} of the process's \
@@ -124,6 +163,9 @@ impl ConnectionLimits {
         let descriptors = raise_descriptor_limit();
         if self.max_connections == 0 {
             return Err(LimitsError::NoConnections);
+        }
+        if self.max_connections_per_address == 0 {
+            return Err(LimitsError::NoConnectionsPerAddress);
         }
         if self.max_connections as u64 + RESERVED_DESCRIPTORS > descriptors {
             return Err(LimitsError::TooManyConnections {
@@ -168,7 +210,9 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let permits = Arc::new(Semaphore::new(limits.max_connections));
-    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
+    let per_address = Arc::new(PeerCounts::default());
+    let reserve = Reserve::new();
+    let trimmer = tokio::spawn(trim::after_bursts(permits.clone(), limits.max_connections));
     let (closing, close) = watch::channel(false);
     let mut connections = JoinSet::new();
     loop {
@@ -186,19 +230,34 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         while connections.try_join_next().is_some() {}
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
+        let group = PeerGroup::of(peer.ip());
+        let admitted = per_address
+            .admit(group, limits.max_connections_per_address)
+            .and_then(|slot| Some((permits.clone().try_acquire_owned().ok()?, slot)));
+        let Some((permit, slot)) = admitted else {
+            // Over a cap: probes are answered, the rest refused (plain
+            // HTTP), as long as the reserve has room for this address.
             if acceptor.is_none()
-                && let Ok(permit) = refusing.clone().try_acquire_owned()
+                && let Some(reserved) = reserve.admit(group)
             {
-                tokio::spawn(async move {
-                    refuse(stream).await;
-                    drop(permit);
-                });
+                connections.spawn(reserve::serve(
+                    stream,
+                    peer,
+                    router.clone(),
+                    limits.header_timeout,
+                    reserved,
+                ));
             }
             continue;
         };
-        let connection =
-            Connection { peer, router: router.clone(), limits, close: close.clone(), _permit: permit };
+        let connection = Connection {
+            peer,
+            router: router.clone(),
+            limits,
+            close: close.clone(),
+            _permit: permit,
+            _slot: slot,
+        };
         let acceptor = acceptor.clone();
         connections.spawn(async move {
             let _ = stream.set_nodelay(true);
@@ -215,6 +274,7 @@ pub async fn serve(
         });
     }
     drop(listener);
+    trimmer.abort();
     let _ = closing.send(true);
     let drained = tokio::time::timeout(limits.shutdown_grace, async {
         while connections.join_next().await.is_some() {}
@@ -230,26 +290,6 @@ pub async fn serve(
     Ok(())
 }
 
-/// The answer to a connection over the cap.
-const OVERLOADED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-retry-after: 1\r\nconnection: close\r\ncontent-length: 70\r\n\r\n\
-{\"error\":\"overloaded\",\"message\":\"too many connections; retry shortly\"}";
-
-/// Answers `503` and closes. What the client sent is drained (for at most a
-/// second), so that closing does not reset the connection before the client
-/// has read the answer.
-async fn refuse(mut stream: TcpStream) {
-    use tokio::io::AsyncReadExt;
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        stream.write_all(OVERLOADED).await?;
-        stream.shutdown().await?;
-        let mut sink = [0u8; 4096];
-        while stream.read(&mut sink).await? > 0 {}
-        Ok::<_, std::io::Error>(())
-    })
-    .await;
-}
-
 /// One accepted connection and what serving it needs.
 struct Connection {
     peer: SocketAddr,
@@ -257,6 +297,7 @@ struct Connection {
     limits: ConnectionLimits,
     close: watch::Receiver<bool>,
     _permit: tokio::sync::OwnedSemaphorePermit,
+    _slot: PeerSlot,
 }
 
 impl Connection {
@@ -293,6 +334,11 @@ impl Connection {
         let mut closing = false;
         let cut = tokio::time::sleep(Duration::MAX / 4);
         tokio::pin!(cut);
+        // hyper's header timer starts once the first bytes have told HTTP/1
+        // from HTTP/2: until then, a silent connection would live until the
+        // idle timeout. The first request must begin within the header
+        // timeout.
+        let first_request_by = Instant::now() + limits.header_timeout;
         loop {
             let idle_at = activity.idle_deadline(limits.idle_timeout);
             tokio::select! {
@@ -316,6 +362,12 @@ impl Connection {
                         cut.as_mut().reset(Instant::now() + limits.header_timeout);
                     }
                 }
+                _ = tokio::time::sleep_until(first_request_by), if !activity.begun() => {
+                    if !activity.begun() {
+                        tracing::debug!(peer = %self.peer, "no request within the header timeout");
+                        return;
+                    }
+                }
                 _ = &mut cut, if closing => return,
             }
         }
@@ -325,6 +377,8 @@ impl Connection {
 /// Requests in flight on one connection and when the last one ended.
 struct Activity {
     start: Instant,
+    /// Whether a request has begun.
+    begun: AtomicBool,
     in_flight: AtomicUsize,
     /// Milliseconds after `start` when the connection last became idle.
     idle_since_ms: AtomicU64,
@@ -332,10 +386,20 @@ struct Activity {
 
 impl Activity {
     fn new() -> Self {
-        Self { start: Instant::now(), in_flight: AtomicUsize::new(0), idle_since_ms: AtomicU64::new(0) }
+        Self {
+            start: Instant::now(),
+            begun: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn begun(&self) -> bool {
+        self.begun.load(Ordering::SeqCst)
     }
 
     fn begin(self: &Arc<Self>) -> ActivityGuard {
+        self.begun.store(true, Ordering::SeqCst);
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         ActivityGuard(self.clone())
     }
@@ -557,6 +621,104 @@ mod tests {
         assert_eq!(collect(body).await.unwrap(), 20);
     }
 
+    /// A listener on a free loopback port serving `/healthz`, `/readyz`
+    /// and `/work` within `limits`; it stops when the sender is dropped.
+    async fn listening(limits: ConnectionLimits) -> (SocketAddr, oneshot::Sender<()>) {
+        use axum::routing::get;
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)), limits.max_connections).unwrap();
+        let address = listener.local_addr().unwrap();
+        let router = Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/readyz", get(|| async { "ready" }))
+            .route("/work", get(|| async { "done" }));
+        let (stop, signal) = oneshot::channel();
+        tokio::spawn(serve(listener, router, None, limits, signal));
+        (address, stop)
+    }
+
+    /// A connection to `address` from the loopback address `source`.
+    async fn connect_from(source: [u8; 4], address: SocketAddr) -> tokio::net::TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((source, 0))).unwrap();
+        socket.connect(address).await.unwrap()
+    }
+
+    /// `GET path` from `source` on a fresh connection: the status and the
+    /// whole response.
+    async fn get_from(source: [u8; 4], address: SocketAddr, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = connect_from(source, address).await;
+        let head = format!("GET {path} HTTP/1.1\r\nHost: cohort\r\nConnection: close\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
+            .await
+            .unwrap()
+            .unwrap();
+        let text = String::from_utf8_lossy(&response).into_owned();
+        (text.split_whitespace().nth(1).unwrap().parse().unwrap(), text)
+    }
+
+    fn small(max_connections: usize, max_connections_per_address: usize) -> ConnectionLimits {
+        ConnectionLimits { max_connections, max_connections_per_address, ..ConnectionLimits::default() }
+    }
+
+    #[tokio::test]
+    async fn an_address_over_its_cap_is_refused_while_others_and_probes_are_served() {
+        let (address, _stop) = listening(small(16, 2)).await;
+        let _held =
+            [connect_from([127, 0, 0, 1], address).await, connect_from([127, 0, 0, 1], address).await];
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (status, refusal) = get_from([127, 0, 0, 1], address, "/work").await;
+        assert_eq!(status, 503, "{refusal}");
+        assert!(refusal.contains("retry-after: 1") && refusal.contains("\"overloaded\""), "{refusal}");
+        assert_eq!(get_from([127, 0, 0, 2], address, "/work").await.0, 200);
+        for probe in ["/healthz", "/readyz"] {
+            let (status, answer) = get_from([127, 0, 0, 1], address, probe).await;
+            assert_eq!(status, 200, "{probe} over the cap: {answer}");
+        }
+    }
+
+    #[tokio::test]
+    async fn probes_are_answered_and_the_rest_refused_while_the_global_cap_is_full() {
+        let (address, _stop) = listening(small(4, 2)).await;
+        let mut held = Vec::new();
+        for source in [[127, 0, 0, 1], [127, 0, 0, 2]] {
+            for _ in 0..2 {
+                held.push(connect_from(source, address).await);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(get_from([127, 0, 0, 3], address, "/work").await.0, 503);
+        assert_eq!(get_from([127, 0, 0, 3], address, "/healthz").await.0, 200);
+        assert_eq!(get_from([127, 0, 0, 3], address, "/readyz").await.0, 200);
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            get_from([127, 0, 0, 3], address, "/work").await.0,
+            200,
+            "served again once there is room"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_nothing_is_closed_at_the_header_timeout() {
+        use tokio::io::AsyncReadExt;
+        let limits = ConnectionLimits {
+            header_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_secs(30),
+            ..ConnectionLimits::default()
+        };
+        let (address, _stop) = listening(limits).await;
+        let started = Instant::now();
+        let mut silent = connect_from([127, 0, 0, 1], address).await;
+        let mut buffer = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buffer)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "still open after 5 s: {read:?}");
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(300), "closed before the header timeout: {elapsed:?}");
+    }
+
     #[test]
     fn the_default_cap_leaves_descriptors_free() {
         let limits = ConnectionLimits::default();
@@ -568,6 +730,10 @@ mod tests {
         assert_eq!(
             ConnectionLimits { max_connections: 0, ..limits }.validate(),
             Err(LimitsError::NoConnections)
+        );
+        assert_eq!(
+            ConnectionLimits { max_connections_per_address: 0, ..limits }.validate(),
+            Err(LimitsError::NoConnectionsPerAddress)
         );
         assert_eq!(
             ConnectionLimits { idle_timeout: Duration::ZERO, ..limits }.validate(),

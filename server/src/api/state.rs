@@ -46,6 +46,8 @@ pub struct AppState {
     pub creating: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// Passes requests for tasks that other replicas lead on to them.
     pub forwarder: super::forward::Forwarder,
+    /// The admin event streams: their cap and their producers.
+    pub streams: super::events::Streams,
 }
 
 /// The public demo task: its id and its (deliberately public) enrollment

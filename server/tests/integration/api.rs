@@ -70,6 +70,7 @@ impl Api {
             config,
             creating: Default::default(),
             forwarder: Forwarder::new(ADMIN),
+            streams: Default::default(),
         });
         Self { router, store, path }
     }

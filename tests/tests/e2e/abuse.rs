@@ -119,7 +119,11 @@ fn idle_half_sent_and_slow_connections_are_closed_while_health_holds() {
     let _serial = serial();
     let descriptors = cohort_server::api::listener::raise_descriptor_limit();
     assert!(descriptors >= 8192, "this test needs 8192 file descriptors, the limit is {descriptors}");
-    let (server, database) = ServeProcess::sqlite("abuse-connections", ADMIN, Some(&short_timeouts()));
+    // Every connection comes from 127.0.0.1: no per-address cap below the
+    // global one.
+    let mut config = short_timeouts();
+    config["max_connections_per_address"] = json!(8192);
+    let (server, database) = ServeProcess::sqlite("abuse-connections", ADMIN, Some(&config));
     let port = server.port;
     let probe = HealthProbe::start(port);
     let started = Instant::now();
@@ -205,7 +209,7 @@ fn connections_over_the_cap_get_a_503_and_service_comes_back() {
     std::thread::sleep(Duration::from_millis(300));
     for _ in 0..3 {
         let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        extra.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        extra.write_all(b"GET /admin/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
         extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let (status, head, body) = read_response(&mut extra);
         assert_eq!(status, 503, "{head}");
@@ -213,7 +217,8 @@ fn connections_over_the_cap_get_a_503_and_service_comes_back() {
         let body: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(body["error"], "overloaded");
     }
-    // The idle connections time out; the server answers again.
+    // The idle connections time out (they sent nothing: at the header
+    // timeout); the server answers again.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -226,6 +231,126 @@ fn connections_over_the_cap_get_a_503_and_service_comes_back() {
         std::thread::sleep(Duration::from_millis(200));
     }
     drop(held);
+    drop(server);
+    remove_database(&database);
+}
+
+/// A connection to the server on 127.0.0.1:`port` from the loopback
+/// address `source` (Linux answers on all of 127.0.0.0/8).
+fn connect_from(source: [u8; 4], port: u16) -> TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    socket.bind(&std::net::SocketAddr::from((source, 0)).into()).unwrap();
+    socket.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into()).unwrap();
+    socket.into()
+}
+
+/// `GET path` on a fresh connection from `source`: (status, head, body).
+fn get_from(source: [u8; 4], port: u16, path: &str, token: Option<&str>) -> (u16, String, Vec<u8>) {
+    let mut stream = connect_from(source, port);
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    read_response(&mut stream)
+}
+
+/// `count` silent connections from `source`.
+fn hold_from(source: [u8; 4], port: u16, count: usize) -> Vec<TcpStream> {
+    (0..count).map(|_| connect_from(source, port)).collect()
+}
+
+/// Asserts that `(status, head, body)` is the canned refusal over a cap.
+#[track_caller]
+fn assert_overloaded((status, head, body): (u16, String, Vec<u8>)) {
+    assert_eq!(status, 503, "{head}");
+    assert!(head.to_ascii_lowercase().contains("retry-after: 1"), "{head}");
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"], "overloaded");
+}
+
+#[test]
+fn one_address_is_refused_beyond_its_cap_while_another_is_served() {
+    let _serial = serial();
+    // Timeouts longer than the test: the held connections stay held.
+    let config = json!({ "max_connections": 64, "max_connections_per_address": 8 });
+    let (server, database) = ServeProcess::sqlite("abuse-per-address", ADMIN, Some(&config));
+    let port = server.port;
+    let held = hold_from([127, 0, 0, 1], port, 8);
+    // The listener counts the held connections as it accepts them, in
+    // the background.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        assert_overloaded(get_from([127, 0, 0, 1], port, "/admin/tasks", Some(ADMIN)));
+        let (status, head, _) = get_from([127, 0, 0, 2], port, "/admin/tasks", Some(ADMIN));
+        assert_eq!(status, 200, "another address is served: {head}");
+    }
+    // The capped address's probes are still answered (from the reserve).
+    let (status, _, body) = get_from([127, 0, 0, 1], port, "/healthz", None);
+    assert_eq!((status, body.as_slice()), (200, b"ok".as_slice()));
+    // A connection given back makes room for the address again.
+    drop(held.into_iter().next());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while get_from([127, 0, 0, 1], port, "/admin/tasks", Some(ADMIN)).0 != 200 {
+        assert!(Instant::now() < deadline, "the address was not served again after closing a connection");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(server);
+    remove_database(&database);
+}
+
+#[test]
+fn silent_connections_are_closed_at_the_header_timeout_not_the_idle_timeout() {
+    let _serial = serial();
+    let config = json!({ "header_timeout_ms": 1000, "idle_timeout_ms": 20000 });
+    let (server, database) = ServeProcess::sqlite("abuse-silent", ADMIN, Some(&config));
+    let port = server.port;
+    let started = Instant::now();
+    let mut silent = open(port, 100, b"");
+    let mut half = open(port, 20, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+    let deadline = started + Duration::from_secs(5);
+    let mut first_closed = None;
+    for stream in &mut silent {
+        let received = closed_by(stream, deadline).expect("a silent connection outlived the header timeout");
+        assert!(received.is_empty(), "{}", String::from_utf8_lossy(&received));
+        first_closed.get_or_insert_with(|| started.elapsed());
+    }
+    for stream in &mut half {
+        assert!(closed_by(stream, deadline).is_some(), "half a request head outlived the header timeout");
+    }
+    let (first, last) = (first_closed.unwrap(), started.elapsed());
+    assert!(first >= Duration::from_millis(900), "closed before the header timeout: {first:?}");
+    // The server still serves.
+    assert_eq!(http(port, "GET", "/healthz", None, "text/plain", &[]).0, 200);
+    println!(
+        "silent connections: 120 (100 silent, 20 half a head) closed {first:?} to {last:?} after they were opened (header timeout 1 s, idle timeout 20 s)"
+    );
+    drop(server);
+    remove_database(&database);
+}
+
+#[test]
+fn health_and_readiness_answer_while_the_connection_cap_is_full() {
+    let _serial = serial();
+    let config = json!({ "max_connections": 32, "max_connections_per_address": 16 });
+    let (server, database) = ServeProcess::sqlite("abuse-probes", ADMIN, Some(&config));
+    let port = server.port;
+    // Two addresses take the whole cap between them.
+    let _held = [hold_from([127, 0, 0, 1], port, 16), hold_from([127, 0, 0, 2], port, 16)];
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..20 {
+        // A third address, under its own cap, finds the global cap full...
+        assert_overloaded(get_from([127, 0, 0, 3], port, "/admin/tasks", Some(ADMIN)));
+        // ...but its probes, and the capped addresses' probes, are answered.
+        for source in [[127, 0, 0, 3], [127, 0, 0, 1]] {
+            let (status, _, body) = get_from(source, port, "/healthz", None);
+            assert_eq!((status, body.as_slice()), (200, b"ok".as_slice()));
+            let (status, head, body) = get_from(source, port, "/readyz", None);
+            assert_eq!(status, 200, "{head}");
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body["status"], "ready");
+        }
+    }
     drop(server);
     remove_database(&database);
 }
@@ -476,4 +601,115 @@ fn a_database_outage_fails_requests_fast_with_503_and_readiness_reports_it() {
     drop(server);
     drop(relay);
     drop_postgres_database(&url, &admin);
+}
+
+/// An admin event stream on `path`: the connection, its request sent.
+fn open_stream(port: u16, path: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN}\r\n\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream
+}
+
+/// Reads `stream` until `needle` has come (within 30 s).
+fn read_until(stream: &mut TcpStream, needle: &str) {
+    use std::io::Read;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 16 << 10];
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        let n = stream.read(&mut buffer).unwrap();
+        assert!(n > 0, "the stream ended before {needle:?}: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buffer[..n]);
+    }
+}
+
+/// A megabyte (10^6 bytes) in the KiB that /proc reports.
+const MB: u64 = 1_000_000 / 1024;
+
+#[test]
+fn admin_event_streams_share_their_snapshots_and_give_their_memory_back() {
+    let _serial = serial();
+    const STREAMS: usize = 2000;
+    let descriptors = cohort_server::api::listener::raise_descriptor_limit();
+    assert!(descriptors >= 4096, "this test needs 4096 file descriptors, the limit is {descriptors}");
+    // All streams come from 127.0.0.1, and the cap is raised to measure 2 000.
+    let config = json!({ "max_admin_streams": STREAMS, "max_connections_per_address": 8192 });
+    let (server, database) = ServeProcess::sqlite("abuse-streams", ADMIN, Some(&config));
+    let port = server.port;
+    let (task, token) = create_task(port, small_task(4));
+    let paths = [format!("/admin/tasks/{task}/events"), "/admin/events".to_string()];
+    let first_event = ["event: tokens", "event: tasks"];
+    // A warm-up: what the first streams allocate once (the runtime's
+    // worker buffers, the store's statements) is not what streams hold.
+    for _ in 0..2 {
+        let mut warm: Vec<TcpStream> = (0..100).map(|i| open_stream(port, &paths[i % 2])).collect();
+        for (i, stream) in warm.iter_mut().enumerate() {
+            read_until(stream, first_event[i % 2]);
+        }
+        drop(warm);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (before, _) = server.memory_kib();
+
+    // Half of them follow the task, half the list; half of each read
+    // their first events, the other half never read a byte.
+    let started = Instant::now();
+    let mut streams: Vec<TcpStream> = (0..STREAMS).map(|i| open_stream(port, &paths[i % 2])).collect();
+    for (i, stream) in streams.iter_mut().enumerate() {
+        if (i / 2) % 2 == 0 {
+            read_until(stream, first_event[i % 2]);
+        }
+    }
+    let opened = started.elapsed();
+    // One more is refused: every one of them is open, and the cap holds.
+    let (status, head, body) = exchange(port, "GET", "/admin/events", Some(ADMIN), "text/plain", &[]);
+    assert_eq!(status, 429, "{head}");
+    assert!(head.to_ascii_lowercase().contains("retry-after: 5"), "{head}");
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["error"], "rate_limited");
+    // The task changes while they are open: the readers see it.
+    enroll(port, &task, &token);
+    for stream in streams.iter_mut().step_by(4).take(50) {
+        read_until(stream, "\"enrolled\":1");
+    }
+    // Past a reread (5 s), so that every producer has read again.
+    std::thread::sleep(Duration::from_secs(6));
+    let (open, peak) = server.memory_kib();
+
+    drop(streams);
+    // The server notices each closed connection and drops its stream.
+    let closed = Instant::now();
+    let after = loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let (now, _) = server.memory_kib();
+        if now <= before + 20 * MB || closed.elapsed() > Duration::from_secs(15) {
+            break now;
+        }
+    };
+    let settled = closed.elapsed();
+    // And streams open again up to the cap.
+    let mut again = open_stream(port, &paths[0]);
+    read_until(&mut again, first_event[0]);
+    drop(again);
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!(
+        "admin streams: {STREAMS} open in {opened:?} (half the task's, half the list's; half never read); \
+         server RSS {:.1} MiB before, {:.1} MiB open (+{:.1} MiB, {:.1} KiB a stream), peak {:.1} MiB, \
+         {:.1} MiB {settled:?} after they closed",
+        mib(before),
+        mib(open),
+        mib(open.saturating_sub(before)),
+        open.saturating_sub(before) as f64 / STREAMS as f64,
+        mib(peak),
+        mib(after)
+    );
+    // The bounds are in MB (10^6 bytes), RSS in KiB.
+    assert!(open <= before + 50 * MB, "{STREAMS} streams took {:.1} MiB", mib(open - before));
+    assert!(
+        after <= before + 20 * MB,
+        "{:.1} MiB stayed in use after the streams closed",
+        mib(after - before)
+    );
+    drop(server);
+    remove_database(&database);
 }

@@ -219,6 +219,10 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     let admin_token = new_token();
     let exe = std::env::current_exe().context("locating the cohort binary")?;
     let free_port = || -> Result<u16> { Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
+    // Every client, and the balancer, connects from 127.0.0.1: one address
+    // standing for many hosts, so no address is held back before the cap.
+    let settings = work.join("serve.json");
+    std::fs::write(&settings, json!({ "max_connections_per_address": usize::MAX }).to_string())?;
     let mut servers = Vec::with_capacity(args.replicas);
     for _ in 0..args.replicas {
         let port = free_port()?;
@@ -226,6 +230,8 @@ pub fn load(args: &LoadArgs) -> Result<()> {
             .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
             .arg("--database-url")
             .arg(&database_url)
+            .arg("--config")
+            .arg(&settings)
             .env("COHORT_ADMIN_TOKEN", &admin_token)
             // Under this load every request waits for a pooled SQLite
             // connection (the credential lookup); sqlx warns about each one.
