@@ -120,6 +120,17 @@ impl ServeProcess {
     /// waits for it to say where it listens: a server that could not bind
     /// fails here, rather than the test talking to whatever holds the port.
     pub fn start(port: u16, database_url: &str, admin_token: &str, config: Option<&Value>) -> Self {
+        Self::start_with_env(port, database_url, admin_token, config, &[])
+    }
+
+    /// [`ServeProcess::start`] with `env` set for the process.
+    pub fn start_with_env(
+        port: u16,
+        database_url: &str,
+        admin_token: &str,
+        config: Option<&Value>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let config = config.map(|settings| {
             let path = std::env::temp_dir().join(format!(
                 "cohort-serve-{}-{}.json",
@@ -135,7 +146,8 @@ impl ServeProcess {
             .env("COHORT_ADMIN_TOKEN", admin_token)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(Stdio::null())
+            .envs(env.iter().copied());
         if let Some(path) = &config {
             command.arg("--config").arg(path);
         }

@@ -67,7 +67,7 @@ use tokio_stream::wrappers::WatchStream;
 use super::admin::{attempt_views, round_views, task_views, token_views, view};
 use super::error::{ApiError, ApiResult};
 use super::extract::{Admin, TaskId};
-use super::openapi::{Refused, RetryLater, TaskPath};
+use super::openapi::{Refused, RetryLater, TaskEvent, TaskListEvent, TaskPath};
 use super::state::AppState;
 use crate::api::ErrorCode;
 use crate::round::coordinator::Whereabouts;
@@ -151,7 +151,7 @@ impl Streams {
     security(("admin" = [])), params(TaskPath),
     responses(
         (status = 200, description = "The task's events, as they happen (`task`, `rounds`, `attempts`, `tokens`, `moved`, `unavailable`)",
-            content_type = "text/event-stream", body = String),
+            content_type = "text/event-stream", body = TaskEvent),
         (status = 401, response = Refused), (status = 404, response = Refused),
         (status = 429, response = RetryLater),
         (status = 503, response = RetryLater)
@@ -181,7 +181,7 @@ pub(super) async fn task_events(
     security(("admin" = [])),
     responses(
         (status = 200, description = "The task list whenever it changes (`tasks`, `unavailable`)",
-            content_type = "text/event-stream", body = String),
+            content_type = "text/event-stream", body = TaskListEvent),
         (status = 401, response = Refused),
         (status = 429, response = RetryLater),
         (status = 503, response = RetryLater)

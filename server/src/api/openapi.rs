@@ -57,6 +57,49 @@ impl utoipa::PartialSchema for Binary {
 
 impl utoipa::ToSchema for Binary {}
 
+/// One Server-Sent Event as an event stream's schema describes it (OpenAPI
+/// 3.1 has no `itemSchema` yet; tools that read a `text/event-stream`
+/// schema, Schemathesis among them, take it for each event): its name,
+/// one of `names`, and its `data`, one line of JSON.
+fn server_sent_event(names: &[&str]) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("event", ObjectBuilder::new().schema_type(Type::String).enum_values(Some(names.to_vec())))
+        .required("event")
+        .property(
+            "data",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .content_media_type("application/json")
+                .description(Some("The event's body: one line of JSON, as the matching GET answers")),
+        )
+        .required("data")
+        .into()
+}
+
+/// An event of a task's stream (`GET /admin/tasks/{id}/events`).
+pub struct TaskEvent;
+
+impl utoipa::PartialSchema for TaskEvent {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        server_sent_event(&["task", "rounds", "attempts", "tokens", "moved", "unavailable"])
+    }
+}
+
+impl utoipa::ToSchema for TaskEvent {}
+
+/// An event of the task list's stream (`GET /admin/events`).
+pub struct TaskListEvent;
+
+impl utoipa::PartialSchema for TaskListEvent {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        server_sent_event(&["tasks", "unavailable"])
+    }
+}
+
+impl utoipa::ToSchema for TaskListEvent {}
+
 /// What the handlers' attributes cannot say: the document's title, its
 /// security schemes and its shared responses.
 #[derive(utoipa::OpenApi)]

@@ -291,6 +291,26 @@ mod tests {
         }
     }
 
+    /// The flood the old default let through: 5 000 enrollments with one
+    /// token from three addresses, as the enrollment handler checks them
+    /// (the address, then the token). The default token admits its burst
+    /// of 1 000 and then what its rate refills, however many addresses.
+    #[test]
+    fn the_default_token_holds_a_flood_from_several_addresses_to_its_burst() {
+        let limiters = Limiters::new(&RateLimits::default());
+        let addresses: [IpAddr; 3] = ["192.0.2.1", "192.0.2.2", "2001:db8::1"].map(|a| a.parse().unwrap());
+        let started = std::time::Instant::now();
+        let admitted = (0..5_000)
+            .filter(|k| {
+                limiters.check(Call::Enroll, Some(addresses[k % 3]), None).is_ok()
+                    && limiters.check_token("default", None).is_ok()
+            })
+            .count();
+        // 600 a minute refill ten a second while the flood runs.
+        let refilled = (started.elapsed().as_secs_f64() * 10.0).ceil() as usize;
+        assert!((1_000..=1_000 + refilled).contains(&admitted), "{admitted} admitted");
+    }
+
     #[test]
     fn switched_off_limits_never_refuse() {
         let off = RateLimits {

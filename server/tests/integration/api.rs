@@ -1114,10 +1114,22 @@ struct Events {
     body: Body,
     buffer: String,
     ended: bool,
+    /// The event names the OpenAPI document declares for this stream.
+    declared: Vec<Value>,
 }
 
 impl Events {
     async fn open(api: &Api, path: &str) -> Self {
+        let (_, document) = api.call("GET", "/openapi.json", None, None).await;
+        let template = if path.starts_with("/admin/tasks/") { "/admin/tasks/{id}/events" } else { path };
+        let mut schema =
+            &document["paths"][template]["get"]["responses"]["200"]["content"]["text/event-stream"]["schema"];
+        if let Some(name) = schema["$ref"].as_str().and_then(|r| r.strip_prefix("#/components/schemas/")) {
+            schema = &document["components"]["schemas"][name];
+        }
+        assert_eq!(schema["properties"]["data"]["contentMediaType"], "application/json", "{schema}");
+        let declared = schema["properties"]["event"]["enum"].as_array().cloned().unwrap_or_default();
+        assert!(!declared.is_empty(), "{path}: {schema}");
         let request = Request::get(path)
             .header(header::AUTHORIZATION, format!("Bearer {ADMIN}"))
             .body(Body::empty())
@@ -1125,7 +1137,7 @@ impl Events {
         let response = api.router.clone().oneshot(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "{path}");
         assert_eq!(response.headers()[header::CONTENT_TYPE], "text/event-stream", "{path}");
-        Self { body: response.into_body(), buffer: String::new(), ended: false }
+        Self { body: response.into_body(), buffer: String::new(), ended: false, declared }
     }
 
     /// The next event (name and JSON data) within `wait`; `None` if none
@@ -1147,6 +1159,8 @@ impl Events {
                 if data.is_empty() {
                     continue; // a keep-alive comment
                 }
+                // As the document declares it: a named event, JSON data.
+                assert!(self.declared.contains(&Value::from(name.as_str())), "undeclared event {name}");
                 return Some((name, serde_json::from_str(&data).unwrap()));
             }
             match tokio::time::timeout_at(deadline, self.body.frame()).await {
