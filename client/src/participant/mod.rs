@@ -143,6 +143,8 @@ pub struct Participant {
     /// Since when the coordinator says it does not know the task enrolled
     /// in (see [`ParticipantConfig::task_missing_ms`]).
     task_missing_since: Option<u64>,
+    /// Since when the coordinator answers `503 unavailable`.
+    unavailable_since: Option<u64>,
     wait_until: u64,
     in_flight: bool,
     report: RoundReport,
@@ -215,6 +217,7 @@ impl Participant {
             pending_identity: None,
             attempts: 0,
             task_missing_since: None,
+            unavailable_since: None,
             wait_until: 0,
             in_flight: false,
             report: RoundReport::default(),
@@ -360,6 +363,25 @@ impl Participant {
         Ok(())
     }
 
+    /// The coordinator answered `503 unavailable` (its lead of the task is
+    /// moving between replicas, or its database is away): the request is
+    /// sent again after the wait it asks for (at least the first backoff),
+    /// for up to [`ParticipantConfig::task_missing_ms`] since the first
+    /// such answer in a row, whatever `max_attempts` is; then
+    /// [`ParticipantError::Unreachable`].
+    fn unavailable(&mut self, now: u64, asked: Option<u64>) -> Result<(), ParticipantError> {
+        let since = *self.unavailable_since.get_or_insert(now);
+        if now.saturating_sub(since) >= self.config.task_missing_ms {
+            return Err(ParticipantError::Unreachable {
+                attempts: self.attempts + 1,
+                last: format!("HTTP 503: unavailable for {} ms", now - since),
+            });
+        }
+        let wait = asked.unwrap_or(0).max(self.config.backoff_base_ms).min(MAX_RETRY_AFTER_MS);
+        self.wait_until = now + wait;
+        Ok(())
+    }
+
     fn retry(&mut self, now: u64, error: &str) -> Result<(), ParticipantError> {
         self.attempts += 1;
         if self.attempts >= self.config.max_attempts {
@@ -380,9 +402,15 @@ impl Participant {
             return Err(ParticipantError::OutOfOrder("a response without a request"));
         }
         let status = response.status;
+        let refusal = serde_json::from_slice::<ErrorBody>(&response.body).ok();
+        if status == 503 && refusal.as_ref().is_some_and(|e| e.error == ErrorCode::Unavailable) {
+            // A lead moving between replicas, a database away: asked again
+            // for a bounded time, not a number of attempts.
+            return self.unavailable(now, refusal.and_then(|e| e.retry_after_ms));
+        }
+        self.unavailable_since = None;
         if status == 429 || status >= 500 {
-            let asked =
-                serde_json::from_slice::<ErrorBody>(&response.body).ok().and_then(|e| e.retry_after_ms);
+            let asked = refusal.and_then(|e| e.retry_after_ms);
             if status == 429 {
                 // Rate limited: the server is there and says when to come
                 // back; that is no failed attempt.
@@ -399,7 +427,7 @@ impl Participant {
         if status != 404 {
             self.task_missing_since = None;
         }
-        let retried = std::mem::take(&mut self.attempts) > 0;
+        self.attempts = 0;
         if matches!(self.phase, Phase::Model { .. } | Phase::Fetch { .. } | Phase::Post { .. }) {
             self.report.bytes_down += response.body.len() as u64;
         }
@@ -531,10 +559,10 @@ impl Participant {
             },
             Phase::Post { round, client_id, protocol, body } => match status {
                 202 => self.after_post(round, client_id, protocol),
-                // A retried post whose first try arrived.
-                409 if retried && error().error == ErrorCode::Duplicate => {
-                    self.after_post(round, client_id, protocol)
-                }
+                // The message arrived already: a retried post whose first
+                // try arrived, or one a balancer sent again after its first
+                // answer was lost.
+                409 if error().error == ErrorCode::Duplicate => self.after_post(round, client_id, protocol),
                 410 => self.end_round(RoundOutcome::Dropped { report: self.report, reason: error().message }),
                 // The message belongs to a stage that closed meanwhile.
                 409 if matches!(error().error, ErrorCode::OutOfPhase | ErrorCode::NotSelected) => {

@@ -107,8 +107,10 @@ pub struct ParticipantConfig {
     pub stage_timeout_ms: u64,
     /// How long a coordinator that answers that it does not know the task
     /// this participant enrolled in is asked again before that is
-    /// [`ParticipantError::TaskNotFound`]: a replica that just lost the
-    /// task's lead may say so while another takes it over.
+    /// [`ParticipantError::TaskNotFound`] (a replica that just lost the
+    /// task's lead may say so while another takes it over), and one that
+    /// answers `503 unavailable` before that is
+    /// [`ParticipantError::Unreachable`] (however many attempts that is).
     pub task_missing_ms: u64,
     /// The tasks and rounds this participant accepts, checked at
     /// enrollment and before each round reveals anything. The default is

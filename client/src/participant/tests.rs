@@ -146,6 +146,34 @@ fn a_coordinator_that_does_not_know_the_task_enrolled_in_is_asked_again_for_a_bo
     );
 }
 
+/// `503 unavailable` (a lead moving, a database away) is asked again for
+/// `task_missing_ms`, however many attempts that takes; another 5xx uses
+/// the attempts up.
+#[test]
+fn an_unavailable_coordinator_is_asked_again_for_a_bounded_time_not_a_number_of_attempts() {
+    let unavailable = serde_json::json!({ "error": "unavailable", "message": "", "retry_after_ms": 1_000 });
+    let mut p = enrolled();
+    for k in 0..5 {
+        let now = k * 1_000;
+        assert_eq!(send(&mut p, now).path, "/v1/checkin", "the same request again");
+        p.handle(now, json(503, unavailable.clone())).unwrap();
+        assert!(matches!(p.next(now), Action::Wait(1_000)));
+    }
+    assert_eq!(send(&mut p, 5_000).path, "/v1/checkin");
+    let error = p.handle(5_000, json(503, unavailable.clone())).unwrap_err();
+    assert!(matches!(error, ParticipantError::Unreachable { .. }), "{error:?}");
+    // An answer in between starts the count again.
+    let mut p = enrolled();
+    send(&mut p, 0);
+    p.handle(0, json(503, unavailable.clone())).unwrap();
+    send(&mut p, 4_500);
+    p.handle(4_500, json(200, serde_json::json!({ "status": "wait", "retry_after_ms": 10 }))).unwrap();
+    send(&mut p, 4_600);
+    p.handle(4_600, json(503, unavailable.clone())).unwrap();
+    send(&mut p, 9_000);
+    p.handle(9_000, json(503, unavailable)).unwrap();
+}
+
 #[test]
 fn an_enrollment_in_a_task_that_does_not_exist_fails_at_once() {
     let mut p = Participant::enroll("task", "token", config());
@@ -167,8 +195,7 @@ fn a_rate_limited_request_waits_as_told_without_using_up_attempts() {
         p.handle(now, json(429, limited.clone())).unwrap();
         assert!(matches!(p.next(now + 1), Action::Wait(6_999)));
     }
-    // A 503 that asks for longer than the backoff gets its wait, and
-    // still counts as a failed attempt.
+    // A 503 that asks for longer than the backoff gets its wait.
     let unavailable = serde_json::json!({ "error": "unavailable", "message": "", "retry_after_ms": 5_000 });
     send(&mut p, 200_000);
     p.handle(200_000, json(503, unavailable)).unwrap();

@@ -43,7 +43,7 @@ use super::auth::token_hash;
 use super::error::ApiError;
 use super::state::AppState;
 use crate::api::ErrorCode;
-use crate::round::coordinator::{Whereabouts, now_ms};
+use crate::round::coordinator::Whereabouts;
 use crate::store::{ParticipantRecord, Store, StoreError};
 use cohort_client::api::routes;
 
@@ -53,11 +53,12 @@ pub const REPLICA_KEY: &str = "x-cohort-replica-key";
 pub const CLIENT_ADDRESS: &str = "x-cohort-client-address";
 /// Header marking a request forwarded to its group's owner.
 pub const GROUP_HOP: &str = "x-cohort-group-hop";
-/// Longest wait for the leader's answer to a forwarded request once its
-/// body has been passed on: well inside a lease's TTL (5 s), so that a
-/// request forwarded to a leader that stalled (a long pause, a frozen
-/// container) comes back as a retryable `503` before its lease lapses,
-/// and the client's retry reaches the next leader.
+/// Longest a forwarded request waits on the leader (for it to take the
+/// next piece of the body, or to answer once it has it all): well inside a
+/// lease's TTL (5 s), so that a request forwarded to a leader that stalled
+/// (a long pause, a frozen container) comes back as a retryable `503`
+/// before its lease lapses, and the client's retry reaches the next
+/// leader; a long upload that keeps moving is not cut.
 const FORWARD_ANSWER: Duration = Duration::from_millis(2_500);
 /// Longest a forwarded request may take in all (a large body).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -128,17 +129,19 @@ impl Forwarder {
         if let Some(address) = client.and_then(|a| HeaderValue::from_str(&a.to_string()).ok()) {
             parts.headers.insert(CLIENT_ADDRESS, address);
         }
-        let (sent, body_sent) = tokio::sync::oneshot::channel();
-        let mut sent = Some(sent);
-        if http_body::Body::is_end_stream(&body) {
-            // Nothing to pass on: the wait for the answer starts now.
-            sent.take().map(|sent| sent.send(()));
-        }
-        let body = Body::new(Sent { inner: body, sent });
+        let progress = std::sync::Arc::new(Progress::new());
+        let body = Body::new(Sent { inner: body, progress: progress.clone() });
+        // The leader must take the body as it comes and answer once it has
+        // it: a leader that takes nothing (or does not answer) for
+        // FORWARD_ANSWER, while the client is not the one holding the body
+        // back, is given up on.
         let answered = async {
-            // Sent whole, or given up (the request failed).
-            let _ = body_sent.await;
-            tokio::time::sleep(FORWARD_ANSWER).await;
+            loop {
+                tokio::time::sleep(FORWARD_ANSWER / 10).await;
+                if progress.stalled_for() > FORWARD_ANSWER {
+                    break;
+                }
+            }
         };
         let request =
             tokio::time::timeout(FORWARD_TIMEOUT, self.client.request(Request::from_parts(parts, body)));
@@ -180,11 +183,45 @@ impl Forwarder {
     }
 }
 
-/// A forwarded request's body, which says when it has been passed on
-/// whole (or failed), so that the wait for the answer starts then.
+/// How a forwarded request's body moves: when the leader last took a
+/// piece of it, and whether the client is the one holding it back.
+struct Progress {
+    started: std::time::Instant,
+    /// Milliseconds from `started` to the last piece taken (or the start).
+    last_ms: std::sync::atomic::AtomicU64,
+    /// The body waits for the client, not for the leader.
+    waiting_on_client: std::sync::atomic::AtomicBool,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            started: std::time::Instant::now(),
+            last_ms: std::sync::atomic::AtomicU64::new(0),
+            waiting_on_client: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn moved(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last_ms.store(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long the leader has taken nothing and not answered (zero while
+    /// the client holds the body back: its own rate limits apply).
+    fn stalled_for(&self) -> Duration {
+        if self.waiting_on_client.load(std::sync::atomic::Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
+        let last = Duration::from_millis(self.last_ms.load(std::sync::atomic::Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
+    }
+}
+
+/// A forwarded request's body, which records its [`Progress`].
 struct Sent {
     inner: Body,
-    sent: Option<tokio::sync::oneshot::Sender<()>>,
+    progress: std::sync::Arc<Progress>,
 }
 
 impl http_body::Body for Sent {
@@ -196,8 +233,10 @@ impl http_body::Body for Sent {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
-            self.sent.take().map(|sent| sent.send(()));
+        let pending = polled.is_pending();
+        self.progress.waiting_on_client.store(pending, std::sync::atomic::Ordering::Relaxed);
+        if !pending {
+            self.progress.moved();
         }
         polled
     }
@@ -208,15 +247,6 @@ impl http_body::Body for Sent {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
-    }
-}
-
-impl Drop for Sent {
-    fn drop(&mut self) {
-        // An empty body is never polled; one dropped unsent ends the wait.
-        if let Some(sent) = self.sent.take() {
-            let _ = sent.send(());
-        }
     }
 }
 
@@ -346,8 +376,8 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
             },
             // Led by nobody for longer than a lease takes to pass on: no
             // replica can load it, and any may serve what needs no leader.
-            Ok(record)
-                if now_ms().saturating_sub(record.updated_at) > UNLED_AFTER_MS
+            Ok(_)
+                if state.coordinator.unled_for(&task, UNLED_AFTER)
                     && served_without_leader(&subject, &request) =>
             {
                 serve_here(request, subject, next).await
@@ -359,16 +389,17 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     }
 }
 
-/// A task that no replica has led for this long since it was created or
-/// its status changed is one that no replica can load (a lead passes on
-/// within a lease's TTL, 5 s, and routes follow within a second): its
-/// admin requests that need no leader are served by any replica. Before
-/// that they get a `503`, which a balancer retries on another replica (a
-/// task created a moment ago is known to its leader first).
-const UNLED_AFTER_MS: i64 = 10_000;
+/// A task that this replica has not seen led by any replica for this long
+/// (or since it started) is one that no replica can load (a lead passes on
+/// within a lease's TTL, 5 s, and this replica reads the leases every
+/// second): its admin requests that need no leader are served by any
+/// replica. Before that they get a `503`, which a balancer retries on
+/// another replica (a task created a moment ago is known to its leader
+/// first).
+const UNLED_AFTER: Duration = Duration::from_secs(10);
 
 /// Whether any replica may serve `request` about a task that no replica
-/// leads (one that no replica can load, see [`UNLED_AFTER_MS`]): the admin
+/// leads (one that no replica can load, see [`UNLED_AFTER`]): the admin
 /// API's reads (from the store), and stopping and deleting it, which only
 /// write the store (a leader that appears drops a task it finds stopped).
 /// Pausing, resuming and everything a client asks need the leader.

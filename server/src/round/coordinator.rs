@@ -120,6 +120,13 @@ struct Routes {
     /// Tasks this replica could not load, with why (until their record
     /// changes, it does not try again).
     unloadable: HashMap<String, String>,
+    /// When each task was last seen led (by any replica), on the
+    /// monotonic clock (PostgreSQL; read at every lease renewal).
+    last_led: HashMap<String, Instant>,
+    /// When this replica started, on the monotonic clock.
+    started: Option<Instant>,
+    /// Whether other replicas can lead tasks (PostgreSQL).
+    shared: bool,
 }
 
 impl Routes {
@@ -343,7 +350,11 @@ impl Coordinator {
     ) -> Result<Self, CoordinatorError> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let (changes, changes_rx) = watch::channel(0);
-        let routes = Arc::new(RwLock::new(Routes::default()));
+        let routes = Arc::new(RwLock::new(Routes {
+            started: Some(Instant::now()),
+            shared: lease_store.backend() == crate::store::Backend::Postgres,
+            ..Routes::default()
+        }));
         let replica = Arc::new(replica);
         let mut actor = Actor {
             store: store.clone(),
@@ -373,6 +384,7 @@ impl Coordinator {
         for event in keeper.renew(now_ms()).await? {
             actor.apply(event);
         }
+        keeper.renewed_at = now_ms();
         if keeper.store.backend() == crate::store::Backend::Postgres {
             keeper.hold_until(began);
         }
@@ -443,6 +455,19 @@ impl Coordinator {
             .get(participant)
             .filter(|url| **url != self.replica.url)
             .map(|url| Whereabouts::At(url.clone()))
+    }
+
+    /// Whether no replica has led `task` for longer than `limit` (as far as
+    /// this replica has seen since it started). On SQLite, where this
+    /// process is the only replica, a task it does not lead is led by
+    /// nobody.
+    pub fn unled_for(&self, task: &str, limit: Duration) -> bool {
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !routes.shared {
+            return true;
+        }
+        let since = routes.last_led.get(task).copied().or(routes.started);
+        since.is_some_and(|since| since.elapsed() > limit)
     }
 
     /// Why this replica could not load `task`, if it tried and failed.
@@ -706,6 +731,10 @@ impl LeaseKeeper {
                 }
                 _ => {
                     self.held.remove(&id);
+                    // Off the routes at once (the actor applies the drop
+                    // after the requests queued before it): nothing is
+                    // served or written for the task from now on.
+                    self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).here.remove(&id);
                     events.push(LeaseEvent::Drop { id, why: "its lease was lost or the task finished" });
                 }
             }
@@ -732,17 +761,26 @@ impl LeaseKeeper {
             })
             .collect();
         free.sort();
+        // Held only once the renewal succeeds whole (its events reach the
+        // actor): a lease taken by a renewal that fails later lapses.
+        let mut adopted = Vec::new();
         for id in free {
-            if self.held.len() >= fair {
+            if self.held.len() + adopted.len() >= fair {
                 break;
             }
             let Some(generation) = self.store.acquire_lease(id, &self.replica.id, now, until).await? else {
                 continue;
             };
-            match adopt(&self.store, id).await {
+            let fence = Fence { replica: self.replica.id.clone(), generation };
+            match adopt(&self.store, id, &fence).await {
                 Ok(engine) => {
-                    self.held.insert(id.clone(), generation);
+                    adopted.push((id.clone(), generation));
                     events.push(LeaseEvent::Adopt { id: id.clone(), engine: Box::new(engine), generation });
+                }
+                Err(error @ (CoordinatorError::Store(_) | CoordinatorError::Unavailable)) => {
+                    // The database failed, not the task: tried again next time.
+                    tracing::warn!(task = %id, %error, "could not load the task; trying again");
+                    let _ = self.store.release_lease(id, &self.replica.id).await;
                 }
                 Err(error) => {
                     tracing::error!(task = %id, %error, "could not load the task; it can be stopped and deleted through the admin API");
@@ -756,8 +794,14 @@ impl LeaseKeeper {
                 }
             }
         }
+        self.held.extend(adopted);
+        let seen = Instant::now();
         let mut routes = self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         routes.unloadable.retain(|id, _| self.failed_loads.contains_key(id));
+        for task in holders.keys().chain(self.held.keys()) {
+            routes.last_led.insert(task.clone(), seen);
+        }
+        routes.last_led.retain(|task, _| unfinished.contains(task));
         routes.elsewhere = holders
             .into_iter()
             .filter(|(task, url)| !self.held.contains_key(task) && *url != self.replica.url)
@@ -769,8 +813,8 @@ impl LeaseKeeper {
 /// Loads a task whose lease was just taken: the groups that an earlier
 /// leader handed out are deleted first (their owners stop running them),
 /// since the task restarts from its last stored round.
-async fn adopt(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError> {
-    store.delete_groups(id).await?;
+async fn adopt(store: &SqlStore, id: &str, fence: &Fence) -> Result<TaskEngine, CoordinatorError> {
+    store.delete_groups(id, Some(fence)).await?;
     load(store, id).await
 }
 
@@ -1060,9 +1104,16 @@ impl Actor {
         if records.is_empty() {
             return;
         }
-        if let Err(error) = self.store.assign_groups(&records).await {
-            tracing::warn!(task = id, round, %error, "could not hand groups to other replicas; running them here");
-            return;
+        match self.store.assign_groups(&records, self.fences.get(id)).await {
+            Ok(()) => {}
+            Err(StoreError::Fenced) => {
+                self.drop_task(id, "another replica took its lease over", false);
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(task = id, round, %error, "could not hand groups to other replicas; running them here");
+                return;
+            }
         }
         let Ok(engine) = self.engine(id) else { return };
         for record in &records {
@@ -1147,8 +1198,15 @@ impl Actor {
             return;
         }
         self.contributors_read.retain(|key| key.task != id);
-        if let Err(error) = self.store.delete_groups(id).await {
-            tracing::warn!(task = id, %error, "could not delete the round's group rows; the next round replaces them");
+        // Only the task's leader deletes its rows, under its lease: a
+        // stale leader must not wipe its successor's round.
+        let Some(fence) = self.fences.get(id).cloned() else { return };
+        match self.store.delete_groups(id, Some(&fence)).await {
+            Ok(()) => {}
+            Err(StoreError::Fenced) => self.drop_task(id, "another replica took its lease over", false),
+            Err(error) => {
+                tracing::warn!(task = id, %error, "could not delete the round's group rows; the next round replaces them")
+            }
         }
     }
 
@@ -1159,7 +1217,8 @@ impl Actor {
         else {
             return Ok(false);
         };
-        match adopt(&self.store, id).await {
+        let fence = Fence { replica: self.replica.id.clone(), generation };
+        match adopt(&self.store, id, &fence).await {
             Ok(engine) => {
                 self.apply(LeaseEvent::Adopt { id: id.to_string(), engine: Box::new(engine), generation });
                 Ok(true)
@@ -1196,7 +1255,7 @@ impl Actor {
     /// The engine of a task led here, while this replica can show it
     /// still holds the task's lease (see [`Routes::leases_hold`]).
     fn engine(&mut self, id: &str) -> Result<&mut TaskEngine, CoordinatorError> {
-        if !self.leases_hold() {
+        if !self.leads(id) {
             return Err(CoordinatorError::UnknownTask);
         }
         self.engines.get_mut(id).ok_or(CoordinatorError::UnknownTask)
@@ -1204,6 +1263,14 @@ impl Actor {
 
     fn leases_hold(&self) -> bool {
         self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner).leases_hold()
+    }
+
+    /// Whether this replica may act for `id` now: its routes still list
+    /// it (the lease keeper takes a lost lease off them at once) and its
+    /// leases hold on the monotonic clock.
+    fn leads(&self, id: &str) -> bool {
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        routes.here.contains(id) && routes.leases_hold()
     }
 
     /// The group run here for another replica's round that `participant`
@@ -1230,11 +1297,9 @@ impl Actor {
         match request {
             Request::Load { id, reply } => {
                 // A task just created: this replica leads it.
-                let result = match self.take(&id, now_ms()).await {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err(CoordinatorError::UnknownTask),
-                    Err(e) => Err(e),
-                };
+                // Taken by another replica's renewal first: it loaded the
+                // task, which is as good.
+                let result = self.take(&id, now_ms()).await.map(drop);
                 let _ = reply.send(result);
             }
             Request::SetStatus { id, status, reply } => {
@@ -1374,8 +1439,27 @@ impl Actor {
         ControlFlow::Continue(())
     }
 
+    /// Changes a task's status: as its leader, under its lease; a task that
+    /// nobody leads can only be stopped (the API serves that anywhere once
+    /// no replica has led the task for a while; a leader that appears
+    /// drops a stopped task).
     async fn set_status(&mut self, id: &str, status: TaskStatus) -> Result<(), CoordinatorError> {
-        self.store.set_task_status(id, status, now_ms()).await?;
+        let leading = self.engine(id).is_ok();
+        if !leading && !status.is_final() {
+            // Over already (the store says so), or led elsewhere (retry).
+            return Err(match self.store.task(id).await?.status.is_final() {
+                true => StoreError::Conflict("the task has ended").into(),
+                false => CoordinatorError::UnknownTask,
+            });
+        }
+        let fence = if leading { self.fences.get(id).cloned() } else { None };
+        match self.store.set_task_status(id, status, now_ms(), fence.as_ref()).await {
+            Err(StoreError::Fenced) => {
+                self.drop_task(id, "another replica took its lease over", false);
+                return Err(CoordinatorError::UnknownTask);
+            }
+            other => other?,
+        }
         if let Ok(engine) = self.engine(id) {
             engine.set_status(status);
         }
@@ -1546,7 +1630,7 @@ impl Actor {
     }
 
     async fn complete_task(&mut self, id: &str, status: TaskStatus) {
-        if let Err(error) = self.store.set_task_status(id, status, now_ms()).await {
+        if let Err(error) = self.store.set_task_status(id, status, now_ms(), self.fences.get(id)).await {
             tracing::error!(task = id, %error, status = status.as_str(), "could not mark the task final");
         }
         let _ = self.store.release_lease(id, &self.replica.id).await;

@@ -324,9 +324,10 @@ pub enum StoreError {
 /// task's lease row still names this replica and generation, and writes
 /// nothing ([`StoreError::Fenced`]) otherwise: a leader that was paused
 /// past its lease and woke up cannot store a round, an attempt or a
-/// round's contributors over its successor's (on PostgreSQL the check
-/// locks the lease row, so that a takeover waits for the write's commit
-/// and the write is either before it or refused).
+/// round's contributors over its successor's (the check is the write's
+/// last statement; on PostgreSQL it locks the lease row until the commit,
+/// so that a takeover is either before it, and the write refused, or
+/// after the commit).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
     /// The replica's id.
@@ -369,12 +370,14 @@ pub trait Store: Send + Sync {
     fn task(&self, id: &str) -> impl Future<Output = StoreResult<TaskRecord>> + Send;
     /// All tasks, oldest first.
     fn tasks(&self) -> impl Future<Output = StoreResult<Vec<TaskRecord>>> + Send;
-    /// Changes a task's status; refused once the task is stopped or completed.
+    /// Changes a task's status; refused once the task is stopped or
+    /// completed. Fenced by `fence` when it is given (the task's leader).
     fn set_task_status(
         &self,
         id: &str,
         status: TaskStatus,
         now: i64,
+        fence: Option<&Fence>,
     ) -> impl Future<Output = StoreResult<()>> + Send;
     /// Deletes a task and everything stored for it: participants, tokens,
     /// rounds, attempts, checkpoints, metrics, leases and groups.
@@ -513,8 +516,13 @@ pub trait Store: Send + Sync {
     /// Every lease that holds at `now`: (task, holder).
     fn leases(&self, now: i64) -> impl Future<Output = StoreResult<Vec<(String, ReplicaRecord)>>> + Send;
     /// Stores the groups a leader hands to other replicas for a round, in
-    /// place of every group row of their tasks.
-    fn assign_groups(&self, groups: &[GroupRecord]) -> impl Future<Output = StoreResult<()>> + Send;
+    /// place of every group row of their tasks. Fenced by `fence` when it
+    /// is given.
+    fn assign_groups(
+        &self,
+        groups: &[GroupRecord],
+        fence: Option<&Fence>,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
     /// Takes up the groups assigned to `owner` whose lease holds at `now`:
     /// they run, held until `until`.
     fn claim_groups(
@@ -562,6 +570,11 @@ pub trait Store: Send + Sync {
     /// The groups assigned or running whose lease holds at `now`, for
     /// routing their clients' requests to their owners.
     fn group_routes(&self, now: i64) -> impl Future<Output = StoreResult<Vec<GroupRecord>>> + Send;
-    /// Deletes every group row of a task.
-    fn delete_groups(&self, task_id: &str) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Deletes every group row of a task. Fenced by `fence` when it is
+    /// given.
+    fn delete_groups(
+        &self,
+        task_id: &str,
+        fence: Option<&Fence>,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
 }

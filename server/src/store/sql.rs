@@ -326,9 +326,11 @@ impl SqlStore {
     }
 
     /// Within `tx`, refuses with [`StoreError::Fenced`] unless the task's
-    /// lease still names `fence`'s replica and generation; on PostgreSQL
-    /// the lease row stays locked until `tx` ends, so that a takeover
-    /// cannot slip in between the check and the write.
+    /// lease still names `fence`'s replica and generation. Called last,
+    /// just before the commit: on PostgreSQL the lease row stays locked
+    /// from the check to the commit, so that a takeover cannot slip in
+    /// between them, and only that long (a takeover, or the holder's own
+    /// renewal, never waits for a large checkpoint to be written).
     async fn check_fence(
         &self,
         tx: &mut sqlx::Transaction<'_, sqlx::Any>,
@@ -417,11 +419,18 @@ impl Store for SqlStore {
             .collect()
     }
 
-    async fn set_task_status(&self, id: &str, status: TaskStatus, now: i64) -> StoreResult<()> {
+    async fn set_task_status(
+        &self,
+        id: &str,
+        status: TaskStatus,
+        now: i64,
+        fence: Option<&Fence>,
+    ) -> StoreResult<()> {
         let current = self.task(id).await?;
         if current.status.is_final() && current.status != status {
             return Err(StoreError::Conflict("the task has ended"));
         }
+        let mut tx = self.pool.begin().await?;
         // The status guard makes a concurrent final transition win.
         let updated =
             sqlx::query("UPDATE tasks SET status = $1, updated_at = $2 WHERE id = $3 AND status = $4")
@@ -429,13 +438,14 @@ impl Store for SqlStore {
                 .bind(now)
                 .bind(id)
                 .bind(current.status.as_str())
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?;
-        if updated.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::Conflict("the task changed concurrently"))
+        if updated.rows_affected() != 1 {
+            return Err(StoreError::Conflict("the task changed concurrently"));
         }
+        self.check_fence(&mut tx, id, fence).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn delete_task(&self, id: &str) -> StoreResult<()> {
@@ -618,7 +628,6 @@ impl Store for SqlStore {
             return Err(StoreError::Conflict("the checkpoint belongs to another round"));
         }
         let mut tx = self.pool.begin().await?;
-        self.check_fence(&mut tx, &round.task_id, fence).await?;
         let last: Option<i64> = sqlx::query("SELECT MAX(round) AS last FROM rounds WHERE task_id = $1")
             .bind(&round.task_id)
             .fetch_one(&mut *tx)
@@ -665,6 +674,7 @@ impl Store for SqlStore {
             .bind(round.round - i64::from(retain.max(1)))
             .execute(&mut *tx)
             .await?;
+        self.check_fence(&mut tx, &round.task_id, fence).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -680,7 +690,6 @@ impl Store for SqlStore {
         let participants =
             serde_json::to_string(participants).map_err(|_| StoreError::Corrupt("round contributors"))?;
         let mut tx = self.pool.begin().await?;
-        self.check_fence(&mut tx, task_id, fence).await?;
         sqlx::query(
             "INSERT INTO round_contributors (task_id, round, participants, recorded_at) VALUES ($1, $2, $3, $4)",
         )
@@ -691,6 +700,7 @@ impl Store for SqlStore {
         .execute(&mut *tx)
         .await
         .map_err(|e| classify(e, "round contributors", "task"))?;
+        self.check_fence(&mut tx, task_id, fence).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -726,7 +736,6 @@ impl Store for SqlStore {
 
     async fn record_attempt(&self, a: &AttemptRecord, fence: Option<&Fence>) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
-        self.check_fence(&mut tx, &a.task_id, fence).await?;
         sqlx::query(concat!(
             "INSERT INTO round_attempts (task_id, round, attempt, outcome, stage, reason, selected, ",
             "started_at, ended_at, stages) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
@@ -752,6 +761,7 @@ impl Store for SqlStore {
         .bind(ATTEMPTS_KEPT - 1)
         .execute(&mut *tx)
         .await?;
+        self.check_fence(&mut tx, &a.task_id, fence).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -956,12 +966,12 @@ impl Store for SqlStore {
         rows.iter().map(|row| Ok((row.try_get("task_id")?, replica_from(row)?))).collect()
     }
 
-    async fn assign_groups(&self, groups: &[GroupRecord]) -> StoreResult<()> {
+    async fn assign_groups(&self, groups: &[GroupRecord], fence: Option<&Fence>) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         let mut tasks: Vec<&str> = groups.iter().map(|g| g.key.task.as_str()).collect();
         tasks.dedup();
-        for task in tasks {
-            sqlx::query("DELETE FROM round_groups WHERE task_id = $1").bind(task).execute(&mut *tx).await?;
+        for task in &tasks {
+            sqlx::query("DELETE FROM round_groups WHERE task_id = $1").bind(*task).execute(&mut *tx).await?;
         }
         for g in groups {
             let insert = sqlx::query(concat!(
@@ -980,6 +990,9 @@ impl Store for SqlStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| classify(e, "group", "task"))?;
+        }
+        for task in tasks {
+            self.check_fence(&mut tx, task, fence).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -1100,8 +1113,11 @@ impl Store for SqlStore {
         .collect()
     }
 
-    async fn delete_groups(&self, task_id: &str) -> StoreResult<()> {
-        sqlx::query("DELETE FROM round_groups WHERE task_id = $1").bind(task_id).execute(&self.pool).await?;
+    async fn delete_groups(&self, task_id: &str, fence: Option<&Fence>) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM round_groups WHERE task_id = $1").bind(task_id).execute(&mut *tx).await?;
+        self.check_fence(&mut tx, task_id, fence).await?;
+        tx.commit().await?;
         Ok(())
     }
 }

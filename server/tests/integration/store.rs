@@ -136,13 +136,19 @@ async fn tasks_and_status(store: &SqlStore) {
     assert_eq!(ids, ["a", "b"]);
     assert_eq!(store.task("a").await.unwrap(), task("a", 1));
     assert!(matches!(store.task("missing").await, Err(StoreError::NotFound("task"))));
-    store.set_task_status("a", TaskStatus::Paused, 50).await.unwrap();
+    store.set_task_status("a", TaskStatus::Paused, 50, None).await.unwrap();
     let paused = store.task("a").await.unwrap();
     assert_eq!((paused.status, paused.updated_at), (TaskStatus::Paused, 50));
-    store.set_task_status("a", TaskStatus::Stopped, 60).await.unwrap();
-    assert!(matches!(store.set_task_status("a", TaskStatus::Active, 70).await, Err(StoreError::Conflict(_))));
+    store.set_task_status("a", TaskStatus::Stopped, 60, None).await.unwrap();
+    assert!(matches!(
+        store.set_task_status("a", TaskStatus::Active, 70, None).await,
+        Err(StoreError::Conflict(_))
+    ));
     assert_eq!(store.task("a").await.unwrap().status, TaskStatus::Stopped);
-    assert!(matches!(store.set_task_status("zz", TaskStatus::Paused, 1).await, Err(StoreError::NotFound(_))));
+    assert!(matches!(
+        store.set_task_status("zz", TaskStatus::Paused, 1, None).await,
+        Err(StoreError::NotFound(_))
+    ));
 }
 
 async fn participants_and_credentials(store: &SqlStore) {
@@ -394,8 +400,19 @@ async fn writes_are_fenced_by_the_lease_generation(store: &SqlStore) {
     assert!(store.rounds("t").await.unwrap().is_empty());
     assert!(store.attempts("t", 10).await.unwrap().is_empty());
     assert_eq!(store.contributors("t", 1).await.unwrap(), ["p1"]);
-    // The lease's holder writes.
+    // Nor can it change the task's status or its successor's groups.
     let current = fence("b", 2);
+    store.assign_groups(&[group("t", 1, 1, 0, "owner", 1_000)], Some(&current)).await.unwrap();
+    assert!(fenced(store.set_task_status("t", TaskStatus::Paused, 305, Some(&stale)).await));
+    assert!(fenced(store.assign_groups(&[group("t", 1, 2, 0, "owner", 1_000)], Some(&stale)).await));
+    assert!(fenced(store.delete_groups("t", Some(&stale)).await));
+    assert_eq!(store.task("t").await.unwrap().status, TaskStatus::Active);
+    let groups = store.group_routes(300).await.unwrap();
+    assert_eq!(groups.iter().map(|g| g.key.attempt).collect::<Vec<_>>(), [1], "b's group stands");
+    // The lease's holder writes.
+    store.set_task_status("t", TaskStatus::Paused, 315, Some(&current)).await.unwrap();
+    store.delete_groups("t", Some(&current)).await.unwrap();
+    assert!(store.group_routes(300).await.unwrap().is_empty());
     store.record_contributors("t", 1, &["p3".to_string()], 320, Some(&current)).await.unwrap();
     store.record_attempt(&attempt("t", 1, 330), Some(&current)).await.unwrap();
     store.complete_round(&round("t", 1), &checkpoint("t", 1), 5, Some(&current)).await.unwrap();
@@ -456,10 +473,10 @@ async fn round_groups_between_leader_and_owners(store: &SqlStore) {
     store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
     let key = |g: u32| GroupKey { task: "t".into(), round: 1, attempt: 1, group: g };
     // An earlier round's rows are replaced by the next assignment.
-    store.assign_groups(&[group("t", 1, 1, 0, "old", 50)]).await.unwrap();
+    store.assign_groups(&[group("t", 1, 1, 0, "old", 50)], None).await.unwrap();
     let handed =
         [group("t", 1, 2, 0, "a", 200), group("t", 1, 2, 1, "b", 200), group("t", 1, 2, 2, "c", 200)];
-    store.assign_groups(&handed).await.unwrap();
+    store.assign_groups(&handed, None).await.unwrap();
     let key = |g: u32| GroupKey { attempt: 2, ..key(g) };
     let routes = store.group_routes(100).await.unwrap();
     assert_eq!(routes.iter().map(|r| r.key.clone()).collect::<Vec<_>>(), [key(0), key(1), key(2)]);
@@ -502,17 +519,17 @@ async fn round_groups_between_leader_and_owners(store: &SqlStore) {
     assert_eq!(store.group_mean(&key(0)).await.unwrap(), [1, 2, 3, 4]);
     assert!(matches!(store.group_mean(&key(1)).await, Err(StoreError::NotFound(_))));
     // A replica that stops gives its groups up at once.
-    store.assign_groups(&[group("t", 2, 1, 0, "d", 1000)]).await.unwrap();
+    store.assign_groups(&[group("t", 2, 1, 0, "d", 1000)], None).await.unwrap();
     assert_eq!(store.claim_groups("d", 500, 1000).await.unwrap().len(), 1);
     store.heartbeat(&replica("d", 500)).await.unwrap();
     store.remove_replica("d").await.unwrap();
     assert!(store.renew_groups("d", 510, 1000).await.unwrap().is_empty());
     assert_eq!(store.led_groups("lead", 510).await.unwrap()[0].state, GroupRowState::Lost);
     // The leader forgets a task's groups.
-    store.delete_groups("t").await.unwrap();
+    store.delete_groups("t", None).await.unwrap();
     assert!(store.led_groups("lead", 520).await.unwrap().is_empty());
     assert!(matches!(
-        store.assign_groups(&[group("nope", 1, 1, 0, "a", 100)]).await,
+        store.assign_groups(&[group("nope", 1, 1, 0, "a", 100)], None).await,
         Err(StoreError::NotFound(_))
     ));
 }
