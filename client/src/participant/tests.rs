@@ -831,3 +831,26 @@ fn a_private_task_is_left_before_the_clients_own_budget_is_exceeded() {
     assert!(matches!(p.next(0), Action::Finished), "nothing to train, nothing more to do");
     assert_eq!(p.saved_state().unwrap().contributions, 2);
 }
+
+/// A stage message the coordinator already holds (a balancer sent it
+/// again after its first answer was lost) counts as delivered: the round
+/// goes on, it is not abandoned.
+#[test]
+fn a_post_the_coordinator_already_has_is_delivered() {
+    let mut p = training();
+    start_round(&mut p, 3);
+    let post = send(&mut p, 0);
+    assert_eq!((post.method, post.path.as_str()), (Method::Post, "/v1/round/message"));
+    let duplicate =
+        serde_json::json!({ "error": "duplicate", "message": "this stage's message was received" });
+    p.handle(0, json(409, duplicate)).unwrap();
+    let mut now = 0;
+    let next = loop {
+        match p.next(now) {
+            Action::Send(request) => break request,
+            Action::Wait(ms) => now += ms.max(1),
+            other => panic!("the round did not go on: {other:?}"),
+        }
+    };
+    assert_eq!((next.method, next.path.as_str()), (Method::Get, "/v1/round/message"));
+}
