@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cohort_server::balancer::spawn_haproxy;
-use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port};
+use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port, psql};
 use cohort_tests::process::{ServeProcess, json_call};
 use serde_json::{Value, json};
 
@@ -325,6 +325,48 @@ fn a_leader_paused_past_its_lease_hands_the_task_on_and_loses_no_client() {
     }
     assert_completed_once(lb, &task, 4, &mut clients);
     eprintln!("a leader paused for {pause:?}: the next round was stored {failover:?} after the pause began");
+    drop(balancer);
+    drop(replicas);
+    drop_postgres_database(&url, &admin);
+    std::fs::remove_dir_all(&scratch).unwrap();
+}
+
+/// A task whose stored state no longer loads (as a coordinator that let
+/// τ = 10²⁰ through stored it: its optimizer state `null`) is tried once
+/// by each replica, not every second; through the balancer its view says
+/// why, pausing it needs a leader it does not have, and it is stopped and
+/// deleted, which frees its parameters.
+#[test]
+fn a_task_no_replica_can_load_says_why_and_is_stopped_and_deleted() {
+    let _heavy = cohort_tests::exclusive();
+    let scratch = cohort_tests::scratch("replicas-unloadable");
+    let (url, admin) = postgres_database("replicas_unloadable");
+    let first = ServeProcess::start(0, &url, ADMIN, None);
+    let (task, _) = create_task(first.port, &spec(3));
+    first.kill();
+    psql(
+        &url,
+        &format!(
+            "UPDATE checkpoints SET optimizer_state = convert_to('null', 'UTF8') WHERE task_id = '{task}'"
+        ),
+    );
+    let replicas: Vec<ServeProcess> = (0..2).map(|_| ServeProcess::start(0, &url, ADMIN, None)).collect();
+    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
+    let balancer = Balancer::start(&scratch, &ports);
+    let lb = balancer.port;
+    let path = format!("/admin/tasks/{task}");
+    wait_for(Duration::from_secs(40), "the task's view to say why it does not run", || {
+        let (status, view) = json_call(lb, "GET", &path, Some(ADMIN), None);
+        status == 200 && view["stalled"].as_str().is_some_and(|why| why.contains("could not load the task"))
+    });
+    let (status, body) = json_call(lb, "POST", &format!("{path}/pause"), Some(ADMIN), None);
+    assert_eq!((status, body["error"].as_str()), (503, Some("unavailable")), "{body}");
+    let (status, body) = json_call(lb, "POST", &format!("{path}/stop"), Some(ADMIN), None);
+    assert_eq!((status, body["status"].as_str()), (200, Some("stopped")), "{body}");
+    assert_eq!(json_call(lb, "DELETE", &path, Some(ADMIN), None).0, 204);
+    assert_eq!(json_call(lb, "GET", &path, Some(ADMIN), None).0, 404);
+    let (status, tasks) = json_call(lb, "GET", "/admin/tasks", Some(ADMIN), None);
+    assert_eq!((status, tasks), (200, json!([])));
     drop(balancer);
     drop(replicas);
     drop_postgres_database(&url, &admin);
