@@ -130,7 +130,7 @@ impl From<CoordinatorError> for ApiError {
                 ErrorCode::Unavailable,
                 "this replica does not lead the task (its lead is moving); retry",
             )
-            .retry_after(std::time::Duration::from_secs(1)),
+            .retry_after(super::forward::BETWEEN_LEADERS),
             CoordinatorError::Store(e) => e.into(),
             CoordinatorError::Task(e) => e.into(),
             CoordinatorError::Unavailable => {
@@ -172,7 +172,7 @@ impl From<CoordinatorError> for ApiError {
                 ErrorCode::Unavailable,
                 "the server could not keep this message's bytes; send it again",
             )
-            .retry_after(std::time::Duration::from_secs(1)),
+            .retry_after(super::forward::BETWEEN_LEADERS),
             CoordinatorError::Engine(EngineError::Protocol(p)) => {
                 let (status, code) = match &p {
                     ProtocolError::Decode(_) => (S::BAD_REQUEST, ErrorCode::MalformedMessage),

@@ -63,7 +63,7 @@ const FORWARD_ANSWER: Duration = Duration::from_millis(2_500);
 /// Longest a forwarded request may take in all (a large body).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 /// What a client is told to wait while a task is between leaders.
-const BETWEEN_LEADERS: Duration = Duration::from_secs(1);
+pub(super) const BETWEEN_LEADERS: Duration = Duration::from_secs(1);
 
 /// The HTTP client replicas forward with, and their shared key.
 #[derive(Clone)]
