@@ -255,6 +255,22 @@ fn get_from(source: [u8; 4], port: u16, path: &str, token: Option<&str>) -> (u16
     read_response(&mut stream)
 }
 
+/// `POST path` with a JSON `body` on a fresh connection from `source`:
+/// the status.
+fn post_from(source: [u8; 4], port: u16, path: &str, body: &Value) -> u16 {
+    let mut stream = connect_from(source, port);
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body.as_bytes()).unwrap();
+    read_response(&mut stream).0
+}
+
 /// `count` silent connections from `source`.
 fn hold_from(source: [u8; 4], port: u16, count: usize) -> Vec<TcpStream> {
     (0..count).map(|_| connect_from(source, port)).collect()
@@ -295,6 +311,34 @@ fn one_address_is_refused_beyond_its_cap_while_another_is_served() {
         assert!(Instant::now() < deadline, "the address was not served again after closing a connection");
         std::thread::sleep(Duration::from_millis(100));
     }
+    drop(server);
+    remove_database(&database);
+}
+
+/// The flood the old default per-token burst (5 000) let through: 5 000
+/// enrollments with one task's token from three addresses, against the
+/// server's default limits. The token admits its burst of 1 000, and what
+/// its rate (ten a second) refills while the flood runs; the rest get
+/// `429`.
+#[test]
+fn a_flood_of_enrollments_from_three_addresses_is_held_to_the_token_burst() {
+    let _serial = serial();
+    let (server, database) = ServeProcess::sqlite("abuse-enroll-flood", ADMIN, None);
+    let port = server.port;
+    let (task, token) = create_task(port, small_task(4));
+    let path = format!("/v1/tasks/{task}/enroll");
+    let started = Instant::now();
+    let mut statuses = std::collections::BTreeMap::new();
+    for k in 0..5_000u32 {
+        let source = [127, 0, 0, 1 + (k % 3) as u8];
+        let status = post_from(source, port, &path, &cohort_tests::identity::fresh_enrollment(&task, &token));
+        *statuses.entry(status).or_insert(0u32) += 1;
+    }
+    let refilled = (started.elapsed().as_secs_f64() * 10.0).ceil() as u32;
+    let admitted = statuses.get(&201).copied().unwrap_or(0);
+    println!("enrollment flood: 5000 from three addresses in {:?}: {statuses:?}", started.elapsed());
+    assert!((1_000..=1_000 + refilled).contains(&admitted), "{statuses:?} ({refilled} refilled)");
+    assert_eq!(statuses.get(&429).copied().unwrap_or(0), 5_000 - admitted, "{statuses:?}");
     drop(server);
     remove_database(&database);
 }
