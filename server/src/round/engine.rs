@@ -293,11 +293,10 @@ impl TaskEngine {
         if available >= wanted {
             return None;
         }
-        let excluded = self
-            .checked_in
-            .iter()
-            .filter(|(id, (seen, _))| now - *seen <= self.availability_ms() && self.contributed.contains(*id))
-            .count();
+        // Checked in recently but not selectable: asked by an earlier attempt.
+        let recent =
+            self.checked_in.values().filter(|(seen, _)| now - *seen <= self.availability_ms()).count();
+        let excluded = recent - available;
         let mut why = format!(
             "waiting for clients: {available} available, round {} selects {wanted}",
             self.completed + 1
