@@ -354,8 +354,7 @@ impl Participant {
     /// [`ParticipantConfig::task_missing_ms`] have passed since it first
     /// said so.
     fn task_missing(&mut self, now: u64, phase: Phase) -> Result<(), ParticipantError> {
-        let since = *self.task_missing_since.get_or_insert(now);
-        if now.saturating_sub(since) >= self.config.task_missing_ms {
+        if self.window_closed(now, |p| &mut p.task_missing_since).is_some() {
             return Err(ParticipantError::TaskNotFound(self.task_id.clone()));
         }
         self.phase = phase;
@@ -370,16 +369,23 @@ impl Participant {
     /// such answer in a row, whatever `max_attempts` is; then
     /// [`ParticipantError::Unreachable`].
     fn unavailable(&mut self, now: u64, asked: Option<u64>) -> Result<(), ParticipantError> {
-        let since = *self.unavailable_since.get_or_insert(now);
-        if now.saturating_sub(since) >= self.config.task_missing_ms {
+        if let Some(lasted) = self.window_closed(now, |p| &mut p.unavailable_since) {
             return Err(ParticipantError::Unreachable {
                 attempts: self.attempts + 1,
-                last: format!("HTTP 503: unavailable for {} ms", now - since),
+                last: format!("HTTP 503: unavailable for {lasted} ms"),
             });
         }
         let wait = asked.unwrap_or(0).max(self.config.backoff_base_ms).min(MAX_RETRY_AFTER_MS);
         self.wait_until = now + wait;
         Ok(())
+    }
+
+    /// Starts the window `since` picks at `now` if it is not open yet;
+    /// how long it has lasted once that reaches
+    /// [`ParticipantConfig::task_missing_ms`].
+    fn window_closed(&mut self, now: u64, since: impl Fn(&mut Self) -> &mut Option<u64>) -> Option<u64> {
+        let lasted = now.saturating_sub(*since(self).get_or_insert(now));
+        (lasted >= self.config.task_missing_ms).then_some(lasted)
     }
 
     fn retry(&mut self, now: u64, error: &str) -> Result<(), ParticipantError> {
