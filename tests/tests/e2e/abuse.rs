@@ -161,7 +161,14 @@ fn idle_half_sent_and_slow_connections_are_closed_while_health_holds() {
 
     let (slowest, probes) = probe.finish();
     assert!(probes > 50, "only {probes} health probes");
-    assert!(slowest < Duration::from_millis(100), "/healthz took {slowest:?} at worst");
+    // Not a speed goal (docs/BENCHMARKS.md records the latency): a probe
+    // queued behind the held connections would wait for their header
+    // timeout (2 s), so any answer well inside it shows health was never
+    // blocked by them, on a busy 2-core machine too.
+    assert!(
+        slowest < Duration::from_millis(1000),
+        "/healthz took {slowest:?} at worst: it waited behind held connections"
+    );
 
     // SIGTERM with a request half sent and idle connections open: the
     // process exits within the shutdown grace.
