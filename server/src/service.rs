@@ -11,8 +11,9 @@ use crate::api::auth::token_hash;
 use crate::api::listener::ConnectionLimits;
 use crate::api::ratelimit::{Limiters, RateLimits};
 use crate::api::{ApiConfig, AppState, app};
+use crate::cluster::Replica;
+use crate::coordinator::{Coordinator, CoordinatorError};
 use crate::metrics::Metrics;
-use crate::round::coordinator::{Coordinator, CoordinatorError, Replica};
 use crate::store::{SqlStore, StoreError};
 
 /// What a service needs.
@@ -200,7 +201,7 @@ impl Service {
         let replica = Replica {
             id: crate::api::auth::new_id(),
             url: config.public_url.clone().unwrap_or_else(|| default_public_url(scheme, address)),
-            started_at: crate::round::coordinator::now_ms(),
+            started_at: crate::coordinator::now_ms(),
         };
         // On PostgreSQL the leases are renewed on a connection of their
         // own: requests queued for the pool under load must not hold a
@@ -229,7 +230,7 @@ impl Service {
                 max_total_parameters: config.max_total_parameters,
             },
             creating: Default::default(),
-            forwarder: crate::api::forward::Forwarder::new(&config.admin_token),
+            forwarder: crate::cluster::forward::Forwarder::new(&config.admin_token),
             streams: crate::api::events::Streams::new(config.max_admin_streams),
         };
         let limiters = state.config.limiters.clone();

@@ -8,11 +8,11 @@ use super::{Checkpoint, Policy, PolicyViolation};
 #[derive(Debug)]
 pub enum Action {
     /// Send this request and report the outcome with
-    /// [`Participant::handle`] or [`Participant::transport_failed`].
+    /// [`Participant::handle`](super::Participant::handle) or [`Participant::transport_failed`](super::Participant::transport_failed).
     Send(Request),
     /// Nothing to do for this many milliseconds.
     Wait(u64),
-    /// Train on the round's global model and call [`Participant::submit`]
+    /// Train on the round's global model and call [`Participant::submit`](super::Participant::submit)
     /// with the update (a model-agnostic application may compute it any
     /// way it likes).
     Train {
@@ -163,7 +163,7 @@ pub enum ParticipantError {
     /// The coordinator sent something that is not its API.
     #[error("unexpected reply from the coordinator: {0}")]
     UnexpectedReply(String),
-    /// The update handed to [`Participant::submit`] does not fit the round.
+    /// The update handed to [`Participant::submit`](super::Participant::submit) does not fit the round.
     #[error("invalid update: {0}")]
     InvalidUpdate(String),
     /// A call came at the wrong time (e.g. `submit` without a `Train`).

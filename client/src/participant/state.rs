@@ -52,7 +52,7 @@ pub struct SavedState {
     #[serde(default)]
     pub contributions: u64,
     /// The digests ([`model_digest`](cohort_crypto::policy::model_digest),
-    /// hex) of the last [`MODEL_LEDGER`] models this participant sent an
+    /// hex) of the last `MODEL_LEDGER` models this participant sent an
     /// update of: it never trains on one of them again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub contributed_models: Vec<String>,

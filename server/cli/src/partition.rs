@@ -24,7 +24,7 @@ pub struct PartitionArgs {
     /// Clients (shards).
     #[arg(long)]
     clients: usize,
-    /// Split: iid, shards[:S], dirichlet:ALPHA, quantity:ALPHA or covering:ALPHA (label skew in which
+    /// Split: iid, shards\[:S\], dirichlet:ALPHA, quantity:ALPHA or covering:ALPHA (label skew in which
     /// every client holds every class).
     #[arg(long)]
     partition: Scheme,

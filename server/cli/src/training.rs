@@ -26,7 +26,7 @@ pub struct TrainingArgs {
     /// Directory of the dataset (default: where its package installs it).
     #[arg(long)]
     pub(crate) data_dir: Option<PathBuf>,
-    /// Split: iid, shards[:S], dirichlet:ALPHA, quantity:ALPHA or covering:ALPHA (label skew in which
+    /// Split: iid, shards\[:S\], dirichlet:ALPHA, quantity:ALPHA or covering:ALPHA (label skew in which
     /// every client holds every class).
     #[arg(long, default_value = "dirichlet:0.5")]
     pub(crate) partition: Scheme,

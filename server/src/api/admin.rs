@@ -18,7 +18,8 @@ use super::extract::{Admin, RawBody, TaskId, decimal, is_valid_id, json_body};
 use super::openapi::{Binary, Refused, RetryLater, TaskPath};
 use super::ratelimit::Rate;
 use super::state::AppState;
-use crate::round::coordinator::{Coordinator, CoordinatorError, LiveState, Whereabouts, now_ms};
+use crate::cluster::Whereabouts;
+use crate::coordinator::{Coordinator, CoordinatorError, LiveState, now_ms};
 use crate::round::{TaskEngine, TaskError};
 use crate::spec::{TaskSpec, VariantChoice};
 use crate::store::{

@@ -11,7 +11,7 @@ use cohort_client::api::{ErrorBody, ErrorCode};
 use cohort_crypto::ProtocolError;
 
 use super::DATABASE_RETRY;
-use crate::round::coordinator::CoordinatorError;
+use crate::coordinator::CoordinatorError;
 use crate::round::{EngineError, TaskError};
 use crate::store::StoreError;
 
@@ -25,13 +25,13 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub(super) fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         Self { status, code, message: message.into(), retry_after: None }
     }
 
     /// Tells the client to retry after `wait` (`Retry-After` and
     /// `retry_after_ms`).
-    pub(super) fn retry_after(mut self, wait: Duration) -> Self {
+    pub(crate) fn retry_after(mut self, wait: Duration) -> Self {
         self.retry_after = Some(wait);
         self
     }
@@ -130,7 +130,7 @@ impl From<CoordinatorError> for ApiError {
                 ErrorCode::Unavailable,
                 "this replica does not lead the task (its lead is moving); retry",
             )
-            .retry_after(super::forward::BETWEEN_LEADERS),
+            .retry_after(crate::cluster::forward::BETWEEN_LEADERS),
             CoordinatorError::Store(e) => e.into(),
             CoordinatorError::Task(e) => e.into(),
             CoordinatorError::Unavailable => {
@@ -172,7 +172,7 @@ impl From<CoordinatorError> for ApiError {
                 ErrorCode::Unavailable,
                 "the server could not keep this message's bytes; send it again",
             )
-            .retry_after(super::forward::BETWEEN_LEADERS),
+            .retry_after(crate::cluster::forward::BETWEEN_LEADERS),
             CoordinatorError::Engine(EngineError::Protocol(p)) => {
                 let (status, code) = match &p {
                     ProtocolError::Decode(_) => (S::BAD_REQUEST, ErrorCode::MalformedMessage),

@@ -21,7 +21,7 @@
 //! read, and the first stream to follow it starts its producer, which ends
 //! with its last stream. The producer reads the task when the coordinator
 //! tells it that a request or a tick may have changed it
-//! ([`Coordinator::changes`](crate::round::Coordinator::changes)), at most
+//! ([`Coordinator::changes`](crate::coordinator::Coordinator::changes)), at most
 //! once per [`TASK_COALESCE`] ([`LIST_COALESCE`] for the list), and again
 //! after [`REREAD`] without news, for what changes by the clock alone
 //! (clients that stop checking in) or on another replica. It serializes
@@ -70,7 +70,7 @@ use super::extract::{Admin, TaskId};
 use super::openapi::{Refused, RetryLater, TaskEvent, TaskListEvent, TaskPath};
 use super::state::AppState;
 use crate::api::ErrorCode;
-use crate::round::coordinator::Whereabouts;
+use crate::cluster::Whereabouts;
 use crate::store::Store;
 
 /// Least time between two reads of a task for its streams.

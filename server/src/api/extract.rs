@@ -17,7 +17,7 @@ use super::error::{ApiError, ApiResult};
 use super::listener::SlowBody;
 use super::ratelimit::Call;
 use super::state::AppState;
-use crate::round::coordinator::now_ms;
+use crate::coordinator::now_ms;
 use crate::store::{ParticipantRecord, Store, StoreError};
 
 pub(super) fn bearer(parts: &Parts) -> Option<&str> {
@@ -25,13 +25,13 @@ pub(super) fn bearer(parts: &Parts) -> Option<&str> {
 }
 
 /// The bearer token of an `Authorization` header.
-pub(super) fn bearer_of(headers: &axum::http::HeaderMap) -> Option<&str> {
+pub(crate) fn bearer_of(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")
 }
 
 /// The address the listener recorded for a request's connection, from the
 /// request's extensions.
-pub(super) fn peer_of(extensions: &axum::http::Extensions) -> Option<IpAddr> {
+pub(crate) fn peer_of(extensions: &axum::http::Extensions) -> Option<IpAddr> {
     extensions.get::<ConnectInfo<SocketAddr>>().map(|info| info.0.ip())
 }
 
@@ -70,9 +70,9 @@ impl FromRequestParts<AppState> for Authenticated {
         let token = bearer(parts).ok_or_else(unauthorized)?;
         let hash = token_hash(token);
         // Looked up already by the routing to the task's replica.
-        let known = parts.extensions.remove::<super::forward::KnownParticipant>();
+        let known = parts.extensions.remove::<crate::cluster::forward::KnownParticipant>();
         let participant = match known {
-            Some(super::forward::KnownParticipant { credential_hash, participant })
+            Some(crate::cluster::forward::KnownParticipant { credential_hash, participant })
                 if credential_hash == hash =>
             {
                 participant
@@ -190,7 +190,7 @@ impl LimitedBody {
     }
 }
 
-/// A task id from the path: 32 lowercase hex digits, as [`new_id`] makes
+/// A task id from the path: 32 lowercase hex digits, as [`new_id`](super::auth::new_id) makes
 /// them. Anything else is an unknown task, answered without a database
 /// query (so bytes no database column takes, such as NUL, never reach one).
 pub struct TaskId(pub String);
@@ -310,7 +310,7 @@ pub fn decimal(text: &str) -> Option<u64> {
     text.parse::<u64>().ok().filter(|number| canonical && *number <= i64::MAX as u64)
 }
 
-/// Whether `id` has the form of the ids [`new_id`] makes.
+/// Whether `id` has the form of the ids [`new_id`](super::auth::new_id) makes.
 pub fn is_valid_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
@@ -331,7 +331,7 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskId {
 }
 
 /// The network address of the caller, where the listener recorded it, or
-/// the one a forwarding replica vouched for ([`super::forward`]).
+/// the one a forwarding replica vouched for ([`crate::cluster::forward`]).
 pub struct PeerAddress(pub Option<IpAddr>);
 
 impl FromRequestParts<AppState> for PeerAddress {

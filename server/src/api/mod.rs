@@ -22,15 +22,15 @@
 //! progress, at most the size the round's parameters allow; a metrics
 //! report only from a member of a recent round, 4 KiB of known numeric
 //! fields once per round and kind; enrollment, check-in and reports under
-//! per-address and per-credential rate limits ([`crate::ratelimit`]).
+//! per-address and per-credential rate limits ([`ratelimit`]).
 //!
 //! * `state`, `error`, `extract`: what handlers share;
 //! * `admin`, `client`: the two APIs' handlers, [`events`] the admin API's
 //!   server push; [`pages`]: the dashboard
 //!   and demo pages and the browser client's files; [`openapi`];
 //! * [`auth`] (tokens and their hashes), [`ratelimit`], [`listener`] (the
-//!   connections: timeouts, the cap, TLS), [`forward`] (requests about a
-//!   task that another replica leads).
+//!   connections: timeouts, the cap, TLS); requests about a task that
+//!   another replica leads are forwarded by [`crate::cluster::forward`].
 
 pub mod admin;
 pub mod auth;
@@ -38,7 +38,6 @@ pub mod client;
 pub mod error;
 pub mod events;
 pub mod extract;
-pub mod forward;
 pub mod listener;
 pub mod openapi;
 pub mod pages;
@@ -82,7 +81,7 @@ const DATABASE_RETRY: Duration = Duration::from_secs(5);
 /// together from the same attributes ([`openapi`]).
 pub fn app(state: AppState) -> Router {
     // Requests about a task go to the replica that leads it.
-    let to_leader = axum::middleware::from_fn_with_state(state.clone(), forward::route);
+    let to_leader = axum::middleware::from_fn_with_state(state.clone(), crate::cluster::forward::route);
     let admin = OpenApiRouter::new()
         .routes(routes!(admin::create_task, admin::list_tasks))
         .routes(routes!(admin::get_task, admin::delete_task))

@@ -29,7 +29,7 @@ use cohort_client::model::Model;
 use super::admin::create;
 use super::error::ApiError;
 use super::state::{AppState, DemoTask};
-use crate::round::Coordinator;
+use crate::coordinator::Coordinator;
 use crate::spec::TaskSpec;
 use crate::store::{SqlStore, Store, TaskStatus};
 

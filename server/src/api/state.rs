@@ -2,8 +2,8 @@
 //! the server-wide settings.
 
 use super::ratelimit::Limiters;
+use crate::coordinator::Coordinator;
 use crate::metrics::Metrics;
-use crate::round::coordinator::Coordinator;
 use crate::store::SqlStore;
 
 /// Server-wide settings.
@@ -45,7 +45,7 @@ pub struct AppState {
     /// against concurrent creations.
     pub creating: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// Passes requests for tasks that other replicas lead on to them.
-    pub forwarder: super::forward::Forwarder,
+    pub forwarder: crate::cluster::forward::Forwarder,
     /// The admin event streams: their cap and their producers.
     pub streams: super::events::Streams,
 }

@@ -33,7 +33,7 @@ use super::records::{AttemptOutcome, CheckIn, TaskError};
 use crate::spec::{AsyncSpec, Groups};
 
 /// A waiting update counts towards a group while its client checked in
-/// within this long (it polls every [`READY_POLL_MS`]).
+/// within this long (it polls every `READY_POLL_MS`).
 pub const READY_TTL_MS: i64 = 10_000;
 
 /// How often a client with a waiting update checks in.

@@ -3,7 +3,7 @@
 //! aggregate into the next global model.
 //!
 //! It is synchronous and takes the time as an argument, so every rule is
-//! testable without sockets or timers; the [`super::coordinator`] actor
+//! testable without sockets or timers; the [`crate::coordinator`] actor
 //! drives it. A finished round becomes a [`Completion`] that the caller
 //! persists first and [`TaskEngine::commit`]s after: the in-memory model
 //! never runs ahead of what is stored.

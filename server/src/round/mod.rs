@@ -1,7 +1,7 @@
 //! Rounds: one task's engine (selection, the secure-aggregation stages with
-//! their deadlines, the aggregate turned into the next model) and the
-//! actor that drives every task's engine, persists what they complete and
-//! answers the API.
+//! their deadlines, the aggregate turned into the next model), sans-IO:
+//! no tokio, no store, no URLs. The actor that drives every task's engine
+//! is [`crate::coordinator`].
 //!
 //! * [`engine`]: [`TaskEngine`], one task's state, synchronous and given
 //!   the time, so that every rule is testable without sockets or timers;
@@ -14,14 +14,14 @@
 //!   on PostgreSQL), and what leader and owner exchange through the store;
 //! * `completion`: a group's final stage unmasked off the runtime, and the
 //!   groups' sums turned into a checkpoint and round record;
-//! * [`records`]: what the engine answers clients and shows the admin API;
-//! * [`coordinator`]: the single-owner actor over all tasks' engines.
+//! * `buffered`: async tasks (FedBuff): groups that open as clients are
+//!   ready and whose sums are applied as they settle;
+//! * [`records`]: what the engine answers clients and shows the admin API.
 
 mod active;
 mod buffered;
 pub mod builder;
 mod completion;
-pub mod coordinator;
 pub mod engine;
 pub mod owned;
 pub mod records;
@@ -32,7 +32,6 @@ pub use active::InputStep;
 pub use buffered::{BufferView, GroupInFlight, READY_TTL_MS};
 pub use builder::{BuiltRound, RoundBuilder, RoundSeeds};
 pub use completion::{Completion, PendingUnmask};
-pub use coordinator::{Coordinator, CoordinatorError};
 pub use engine::{CHECK_IN_TTL_MS, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};
 pub use records::{
     AttemptOutcome, BufferMetrics, CheckIn, ClientMean, EngineError, FailedAttempt, GroupMetrics, Poll,

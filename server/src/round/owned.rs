@@ -50,7 +50,7 @@ pub struct GroupAssignment {
 
 /// What an owner stores when its group settles: for a completed group its
 /// decoded sum's weight, metric sums and survivors (the sum itself goes
-/// beside it, see [`GroupReport::mean`]), for a failed one the stage it
+/// beside it, see [`GroupReport::encode_mean`]), for a failed one the stage it
 /// was given up in; for both the stage records and traffic, so that the
 /// round's metrics add every group.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -248,7 +248,7 @@ impl OwnedGroup {
         self.group.input(id, step)
     }
 
-    /// Closes the stage when it is ready (see [`Group::advance`]).
+    /// Closes the stage when it is ready (see `Group::advance`).
     pub fn tick(&mut self, now: i64) -> Option<OwnedStep> {
         let wanted = self.spec.inputs_per_group() as usize;
         Some(match self.group.advance(&self.spec, wanted, now)? {

@@ -261,7 +261,7 @@ impl SqlStore {
 
     /// A PostgreSQL connection of its own, for work that must not queue
     /// behind requests for the shared pool (the lease renewals of
-    /// [`crate::round::coordinator`]); `url` was [`connect`](Self::connect)ed
+    /// [`crate::coordinator`]); `url` was [`connect`](Self::connect)ed
     /// (and migrated) first. SQLite is one process and one connection: it
     /// has no such second store.
     pub async fn connect_dedicated(url: &str) -> StoreResult<Self> {

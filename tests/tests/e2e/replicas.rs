@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cohort_server::balancer::spawn_haproxy;
+use cohort_server::cluster::balancer::spawn_haproxy;
 use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port, psql};
 use cohort_tests::process::{ServeProcess, json_call};
 use serde_json::{Value, json};

@@ -268,8 +268,9 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         let port = free_port()?;
         let backends: Vec<u16> =
             servers.iter().filter_map(|(url, _)| url.rsplit(':').next()?.parse().ok()).collect();
-        let child = cohort_server::balancer::spawn_haproxy(&work.join("haproxy.cfg"), port, &backends)
-            .context("starting HAProxy (scripts/setup.sh installs it)")?;
+        let child =
+            cohort_server::cluster::balancer::spawn_haproxy(&work.join("haproxy.cfg"), port, &backends)
+                .context("starting HAProxy (scripts/setup.sh installs it)")?;
         let mut balancer = ServerProcess(child);
         let url = format!("http://127.0.0.1:{port}");
         ready(&url, &mut balancer)?;

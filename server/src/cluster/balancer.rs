@@ -52,7 +52,7 @@ mod tests {
 
     #[test]
     fn the_deployment_guide_shows_the_configuration_the_tests_use() {
-        let guide = include_str!("../../docs/DEPLOYMENT.md");
+        let guide = include_str!("../../../docs/DEPLOYMENT.md");
         let shown = guide
             .split("```text\n")
             .nth(1)

@@ -2,7 +2,7 @@
 //!
 //! Several `cohort serve` processes may share one PostgreSQL database
 //! behind a load balancer; each task's rounds live in the replica that
-//! holds its lease ([`crate::round::coordinator`]). A request about a task
+//! holds its lease ([`crate::coordinator`]). A request about a task
 //! (the admin API's `/admin/tasks/{id}/...`, enrollment, and every request
 //! a client makes with its credential) that reaches another replica is
 //! passed on to the leader unchanged, its body streamed, and the leader's
@@ -39,11 +39,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use subtle::ConstantTimeEq;
 
-use super::auth::token_hash;
-use super::error::ApiError;
-use super::state::AppState;
 use crate::api::ErrorCode;
-use crate::round::coordinator::Whereabouts;
+use crate::api::auth::token_hash;
+use crate::api::error::ApiError;
+use crate::api::state::AppState;
+use crate::cluster::Whereabouts;
 use crate::store::{ParticipantRecord, Store, StoreError};
 use cohort_client::api::routes;
 
@@ -63,7 +63,7 @@ const FORWARD_ANSWER: Duration = Duration::from_millis(2_500);
 /// Longest a forwarded request may take in all (a large body).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 /// What a client is told to wait while a task is between leaders.
-pub(super) const BETWEEN_LEADERS: Duration = Duration::from_secs(1);
+pub(crate) const BETWEEN_LEADERS: Duration = Duration::from_secs(1);
 
 /// The HTTP client replicas forward with, and their shared key.
 #[derive(Clone)]
@@ -163,7 +163,7 @@ impl Forwarder {
 
     /// `GET` of `path` from the replica at `base` with `authorization`,
     /// as JSON.
-    pub(super) async fn get_json<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(
         &self,
         base: &str,
         path: &str,
@@ -263,12 +263,12 @@ fn unavailable(message: &str) -> Response {
 }
 
 /// A participant the routing looked up by its credential, handed to the
-/// handler's [`Authenticated`](super::extract::Authenticated) extractor so
+/// handler's [`Authenticated`](crate::api::extract::Authenticated) extractor so
 /// that it is not looked up twice.
 #[derive(Clone)]
-pub(super) struct KnownParticipant {
-    pub(super) credential_hash: [u8; 32],
-    pub(super) participant: ParticipantRecord,
+pub(crate) struct KnownParticipant {
+    pub(crate) credential_hash: [u8; 32],
+    pub(crate) participant: ParticipantRecord,
 }
 
 /// What a request is about: a task named in its path (the admin API,
@@ -300,12 +300,12 @@ async fn subject_of(
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match segments.as_slice() {
             ["admin", "tasks", id, ..] | ["v1", "tasks", id, "enroll"] => {
-                return Ok(super::extract::is_valid_id(id).then(|| Subject::Task(id.to_string())));
+                return Ok(crate::api::extract::is_valid_id(id).then(|| Subject::Task(id.to_string())));
             }
             _ if [routes::CHECK_IN, routes::LEAVE, routes::MODEL, routes::METRICS, routes::ROUND_MESSAGE]
                 .contains(&path) =>
             {
-                match super::extract::bearer_of(headers) {
+                match crate::api::extract::bearer_of(headers) {
                     Some(credential) => token_hash(credential),
                     None => return Ok(None),
                 }
@@ -323,7 +323,7 @@ async fn subject_of(
 /// Middleware: serves a task's requests here when this replica leads it,
 /// forwards them to the replica that does, and answers `503` while
 /// nobody does.
-pub(super) async fn route(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub(crate) async fn route(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let subject = match subject_of(&state, request.uri().path(), request.headers()).await {
         Ok(Some(subject)) => subject,
         Ok(None) => return next.run(request).await,
@@ -342,7 +342,7 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
                 let client = state
                     .forwarder
                     .client_address(request.headers())
-                    .or_else(|| super::extract::peer_of(request.extensions()));
+                    .or_else(|| crate::api::extract::peer_of(request.extensions()));
                 let mut request = request;
                 request.headers_mut().insert(GROUP_HOP, HeaderValue::from_static("1"));
                 return state.forwarder.forward(&url, client, request).await;
@@ -357,7 +357,7 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
         Whereabouts::Here => serve_here(request, subject, next).await,
         Whereabouts::At(url) if !state.forwarder.vouched(request.headers()) => {
             // Not vouched for: the client is the connection's peer.
-            let client = super::extract::peer_of(request.extensions());
+            let client = crate::api::extract::peer_of(request.extensions());
             state.forwarder.forward(&url, client, request).await
         }
         // Forwarded once already: the leader moved meanwhile.

@@ -1,0 +1,526 @@
+//! The actor: serves the handles' requests one at a time, ticks the
+//! engines, and persists what they complete before they adopt it.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
+use std::sync::{Arc, RwLock};
+
+use cohort_crypto::{Aggregate, ProtocolError};
+use tokio::sync::{mpsc, watch};
+
+use super::{CoordinatorError, LiveState, Request, Shown, TICK, now_ms};
+use crate::cluster::groups::GroupEvent;
+use crate::cluster::lease::Routes;
+use crate::cluster::{GroupKey, Replica};
+use crate::metrics::Metrics;
+use crate::round::owned::OwnedGroup;
+use crate::round::{
+    Completion, FailedAttempt, InputStep, PendingUnmask, Poll, TaskEngine, TaskError, TickOutcome,
+};
+use crate::spec::TaskSpec;
+use crate::store::{AttemptRecord, Fence, SqlStore, Store, StoreError, TaskStatus};
+
+pub(crate) async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError> {
+    let task = store.task(id).await?;
+    let spec: TaskSpec = serde_json::from_str(&task.spec).map_err(TaskError::from)?;
+    let latest = store.latest_checkpoint(id).await?;
+    let contributed = store.contributors(id, latest.round + 1).await?;
+    Ok(TaskEngine::new(task.id, spec, task.status, &latest, contributed)?)
+}
+
+pub(crate) struct Actor {
+    pub(crate) store: SqlStore,
+    pub(crate) engines: HashMap<String, TaskEngine>,
+    pub(crate) metrics: Metrics,
+    pub(crate) tx: mpsc::Sender<Request>,
+    pub(crate) routes: Arc<RwLock<Routes>>,
+    pub(crate) replica: Arc<Replica>,
+    /// The groups this replica runs for other replicas' rounds.
+    pub(crate) owned: HashMap<GroupKey, OwnedGroup>,
+    /// Their participants.
+    pub(crate) owned_members: HashMap<String, GroupKey>,
+    /// Remote groups whose masked-input requests were read back.
+    pub(crate) contributors_read: HashSet<GroupKey>,
+    /// The lease each task led here is written under.
+    pub(crate) fences: HashMap<String, Fence>,
+    /// Counts the changes of what the admin API shows (see
+    /// [`Coordinator::changes`]).
+    pub(crate) changes: watch::Sender<u64>,
+}
+
+impl Actor {
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        let mut ticker = tokio::time::interval(TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                request = rx.recv() => match request {
+                    Some(request) => {
+                        let changes = request.changes_state();
+                        if self.handle(request).await.is_break() {
+                            return;
+                        }
+                        if changes {
+                            self.changed();
+                        }
+                    }
+                    None => return,
+                },
+                _ = ticker.tick() => {
+                    // A stage that closes at its deadline, a round that
+                    // starts: what a tick changed, the admin API is told.
+                    let before = self.shown();
+                    let ids: Vec<String> = self.engines.keys().cloned().collect();
+                    for id in ids {
+                        self.tick(&id).await;
+                    }
+                    let keys: Vec<GroupKey> = self.owned.keys().cloned().collect();
+                    for key in keys {
+                        self.tick_owned(&key).await;
+                    }
+                    if self.shown() != before {
+                        self.changed();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tells the admin API's streams that something changed.
+    pub(crate) fn changed(&self) {
+        self.changes.send_modify(|count| *count = count.wrapping_add(1));
+    }
+
+    /// What a tick can change of the tasks led here, as the admin API
+    /// shows it: each task's status, completed rounds, and the round and
+    /// stage in progress.
+    pub(crate) fn shown(&self) -> Vec<Shown> {
+        let mut shown: Vec<_> = self
+            .engines
+            .iter()
+            .map(|(id, engine)| {
+                (id.clone(), engine.status(), engine.completed_rounds(), engine.current_round())
+            })
+            .collect();
+        shown.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        shown
+    }
+
+    /// Stops leading `id`: its round in progress is abandoned. A lease
+    /// lost is a warning; a `planned` hand-back (the task was stopped, the
+    /// replica stops) is not.
+    pub(crate) fn drop_task(&mut self, id: &str, why: &str, planned: bool) {
+        self.fences.remove(id);
+        if self.engines.remove(id).is_some() {
+            if planned {
+                tracing::info!(task = id, why, "no longer leading the task");
+            } else {
+                tracing::warn!(task = id, why, "no longer leading the task");
+            }
+        }
+        self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).here.remove(id);
+    }
+
+    /// The engine of a task led here, while this replica can show it
+    /// still holds the task's lease (see [`Routes::leases_hold`]).
+    pub(crate) fn engine(&mut self, id: &str) -> Result<&mut TaskEngine, CoordinatorError> {
+        if !self.leads(id) {
+            return Err(CoordinatorError::UnknownTask);
+        }
+        self.engines.get_mut(id).ok_or(CoordinatorError::UnknownTask)
+    }
+
+    pub(crate) fn leases_hold(&self) -> bool {
+        self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner).leases_hold()
+    }
+
+    /// Whether this replica may act for `id` now: its routes still list
+    /// it (the lease keeper takes a lost lease off them at once) and its
+    /// leases hold on the monotonic clock.
+    pub(crate) fn leads(&self, id: &str) -> bool {
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        routes.here.contains(id) && routes.leases_hold()
+    }
+
+    /// The group run here for another replica's round that `participant`
+    /// of `task` is in (while the group's lease holds).
+    pub(crate) fn owned_group(&mut self, task: &str, participant: &str) -> Option<&mut OwnedGroup> {
+        if !self.leases_hold() {
+            return None;
+        }
+        let key = self.owned_members.get(participant).filter(|key| key.task == task)?;
+        self.owned.get_mut(key)
+    }
+
+    /// Closes what a client's message may have completed: the stage of the
+    /// group run here for another replica (`owned`), or of the task.
+    pub(crate) async fn tick_after(&mut self, task: &str, owned: Option<GroupKey>) {
+        match owned {
+            Some(key) => self.tick_owned(&key).await,
+            None => self.tick(task).await,
+        }
+    }
+
+    /// Unmasks `job` on the blocking thread pool and hands its result back
+    /// to the actor as the request `answer` makes of it.
+    pub(crate) fn unmask(
+        &self,
+        job: PendingUnmask,
+        answer: impl FnOnce(Result<Aggregate, ProtocolError>) -> Request + Send + 'static,
+    ) {
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = tx.blocking_send(answer(job.run()));
+        });
+    }
+
+    /// Serves one request; `Break` once the actor must stop (shutdown).
+    pub(crate) async fn handle(&mut self, request: Request) -> ControlFlow<()> {
+        match request {
+            Request::Load { id, reply } => {
+                // A task just created: this replica leads it.
+                // Taken by another replica's renewal first: it loaded the
+                // task, which is as good.
+                let result = self.take(&id, now_ms()).await.map(drop);
+                let _ = reply.send(result);
+            }
+            Request::SetStatus { id, status, reply } => {
+                let result = self.set_status(&id, status).await;
+                let _ = reply.send(result);
+            }
+            Request::Live { id, reply } => {
+                let result = self.engine(&id).map(|engine| {
+                    let progress = engine.progress();
+                    LiveState {
+                        status: engine.status(),
+                        completed_rounds: engine.completed_rounds(),
+                        current_round: progress.as_ref().map(|p| p.round),
+                        stage: progress.as_ref().map(|p| p.stage),
+                        progress,
+                        available_clients: engine.available(now_ms()),
+                        privacy: engine.privacy(),
+                        buffer: engine.buffer(now_ms()),
+                        last_failure: engine.last_failure().cloned(),
+                        stalled: engine.stalled(now_ms()),
+                    }
+                });
+                let _ = reply.send(result);
+            }
+            Request::CheckIn { task, participant, identity, trained_on, reply } => {
+                let now = now_ms();
+                let result = self
+                    .engine(&task)
+                    .map(|engine| engine.check_in_trained(&participant, identity, trained_on, now));
+                let _ = reply.send(result);
+                // A check-in may complete the cohort: start the round now.
+                self.tick(&task).await;
+            }
+            Request::Leave { task, participant, reply } => {
+                let result = self.engine(&task).map(|engine| engine.leave(&participant));
+                let _ = reply.send(result);
+                // The stage may wait for no one else now, or be unable to
+                // reach its threshold: close it at once.
+                self.tick(&task).await;
+            }
+            Request::Poll { task, participant, reply } => {
+                let result = match self.owned_group(&task, &participant) {
+                    Some(group) => group.poll(&participant).map_err(Into::into),
+                    None => self.engine(&task).and_then(|e| e.poll(&participant).map_err(Into::into)),
+                };
+                if let Ok(Poll::Message(bytes)) = &result {
+                    self.metrics.bytes_out(bytes.len());
+                }
+                let _ = reply.send(result);
+            }
+            Request::Receive { task, participant, body, reply } => {
+                let size = body.len();
+                let (result, owned) = match self.owned_group(&task, &participant) {
+                    Some(group) => {
+                        (group.receive(&participant, &body).map_err(Into::into), Some(group.key().clone()))
+                    }
+                    None => (
+                        self.engine(&task).and_then(|e| e.receive(&participant, &body).map_err(Into::into)),
+                        None,
+                    ),
+                };
+                self.metrics.client_message(size, result.is_ok());
+                let _ = reply.send(result);
+                self.tick_after(&task, owned).await;
+            }
+            Request::Input { task, participant, step, reply } => {
+                let (read, finishing) = match &step {
+                    InputStep::Begin(bytes) | InputStep::Piece(_, bytes) => (bytes.len(), false),
+                    InputStep::Finish(_) => (0, true),
+                    InputStep::Abort(_) => (0, false),
+                };
+                let (result, owned) = match self.owned_group(&task, &participant) {
+                    Some(group) => {
+                        (group.input(&participant, step).map_err(Into::into), Some(group.key().clone()))
+                    }
+                    None => (
+                        self.engine(&task).and_then(|e| e.input(&participant, step).map_err(Into::into)),
+                        None,
+                    ),
+                };
+                self.metrics.bytes_in(read);
+                if finishing || result.is_err() {
+                    self.metrics.client_message(0, result.is_ok());
+                }
+                let ended = finishing && result.is_ok();
+                let _ = reply.send(result);
+                if ended {
+                    self.tick_after(&task, owned).await;
+                }
+            }
+            Request::Model { task, reply } => {
+                let result = self.engine(&task).map(|e| (e.completed_rounds(), e.model().clone()));
+                let _ = reply.send(result);
+            }
+            Request::Admit { task, participant, reply } => {
+                let result = match self.owned_group(&task, &participant) {
+                    Some(group) => group.admit(&participant).map_err(Into::into),
+                    None => self.engine(&task).and_then(|e| e.admit(&participant).map_err(Into::into)),
+                };
+                if result.is_err() {
+                    // Refused before its body was read: a rejected message all the same.
+                    self.metrics.client_message(0, false);
+                }
+                let _ = reply.send(result);
+            }
+            Request::MayReport { task, participant, round, reply } => {
+                let result =
+                    self.engine(&task).and_then(|e| e.may_report(&participant, round).map_err(Into::into));
+                let _ = reply.send(result);
+            }
+            Request::Security { task, reply } => {
+                let _ = reply.send(self.engine(&task).map(|engine| engine.security()));
+            }
+            Request::Shutdown { reply } => {
+                self.give_up_leases().await;
+                let _ = reply.send(());
+                return ControlFlow::Break(());
+            }
+            Request::Lease(event) => self.apply(event),
+            Request::Groups(GroupEvent::Own { record, spec }) => self.own(*record, *spec, now_ms()).await,
+            Request::Groups(GroupEvent::Changed(changed)) => self.groups_changed(changed).await,
+            Request::OwnedUnmasked { key, result } => {
+                if let Some((report, mean)) = self.owned.get(&key).map(|group| group.unmasked(result)) {
+                    self.settle_owned(&key, &report, mean.as_deref()).await;
+                }
+            }
+            Request::Unmasked { task, round, group, result } => {
+                let now = now_ms();
+                if let Ok(engine) = self.engine(&task)
+                    && let Err(error) = engine.unmasked(round, group, result, now)
+                {
+                    tracing::warn!(task, round, group, %error, "a group could not be unmasked; the round goes on without it");
+                }
+                self.tick(&task).await;
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Changes a task's status: as its leader, under its lease; a task that
+    /// nobody leads can only be stopped (the API serves that anywhere once
+    /// no replica has led the task for a while; a leader that appears
+    /// drops a stopped task).
+    pub(crate) async fn set_status(&mut self, id: &str, status: TaskStatus) -> Result<(), CoordinatorError> {
+        let leading = self.engine(id).is_ok();
+        if !leading && !status.is_final() {
+            // Over already (the store says so), or led elsewhere (retry).
+            return Err(match self.store.task(id).await?.status.is_final() {
+                true => StoreError::Conflict("the task has ended").into(),
+                false => CoordinatorError::UnknownTask,
+            });
+        }
+        let fence = if leading { self.fences.get(id).cloned() } else { None };
+        match self.store.set_task_status(id, status, now_ms(), fence.as_ref()).await {
+            Err(StoreError::Fenced) => {
+                self.drop_task(id, "another replica took its lease over", false);
+                return Err(CoordinatorError::UnknownTask);
+            }
+            other => other?,
+        }
+        if let Ok(engine) = self.engine(id) {
+            engine.set_status(status);
+        }
+        if status != TaskStatus::Active {
+            self.forget_groups(id).await;
+        }
+        if status.is_final() {
+            self.drop_task(id, "it was stopped", true);
+            let _ = self.store.release_lease(id, &self.replica.id).await;
+        }
+        Ok(())
+    }
+
+    /// Ticks a task's engine and acts on every outcome it hands out.
+    pub(crate) async fn tick(&mut self, id: &str) {
+        let now = now_ms();
+        let Ok(engine) = self.engine(id) else { return };
+        let before = engine.status();
+        loop {
+            let Ok(engine) = self.engine(id) else { return };
+            match engine.tick(now) {
+                TickOutcome::Idle => break,
+                outcome => self.act(id, outcome, now).await,
+            }
+        }
+        let Ok(engine) = self.engine(id) else { return };
+        let status = engine.status();
+        if before != status && matches!(status, TaskStatus::Completed | TaskStatus::BudgetSpent) {
+            self.complete_task(id, status).await;
+        }
+    }
+
+    pub(crate) async fn act(&mut self, id: &str, outcome: TickOutcome, now: i64) {
+        match outcome {
+            TickOutcome::Idle => {}
+            TickOutcome::Started(round) => {
+                self.metrics.round_started();
+                tracing::info!(task = id, round, "round started");
+                self.divide(id, round, now).await;
+            }
+            TickOutcome::MaskedInputRequested { round, participants } => {
+                // Recorded before any of them can fetch the stage (this
+                // actor serves the fetches), so that a restart still knows
+                // who refuses a re-run of this round.
+                let fence = self.fences.get(id);
+                let recorded =
+                    self.store.record_contributors(id, round as i64, &participants, now, fence).await;
+                if let Err(StoreError::Fenced) = recorded {
+                    self.metrics.round_aborted();
+                    self.drop_task(id, "another replica took its lease over", false);
+                } else if let Err(error) = recorded {
+                    self.metrics.round_aborted();
+                    tracing::error!(task = id, round, %error, "could not record the round's contributors; the round is abandoned");
+                    if let Ok(engine) = self.engine(id) {
+                        engine.withdraw(round, &participants);
+                    }
+                    self.forget_groups(id).await;
+                }
+            }
+            TickOutcome::GroupAborted { round, group, stage } => {
+                tracing::warn!(task = id, round, group, %stage, "group given up: too few clients; the round goes on without it");
+            }
+            TickOutcome::Aborted { round, stage, attempt } => {
+                self.metrics.round_aborted();
+                tracing::warn!(task = id, round, %stage, reason = attempt.reason, "round aborted: too few clients");
+                self.record_attempt(id, &attempt).await;
+                self.forget_groups(id).await;
+            }
+            TickOutcome::Abandoned { round, error, attempt } => {
+                self.metrics.round_aborted();
+                tracing::warn!(task = id, round, %error, "round abandoned");
+                self.record_attempt(id, &attempt).await;
+                self.forget_groups(id).await;
+            }
+            TickOutcome::Unmask(job) => {
+                let (task, round, group) = (job.task_id.clone(), job.round, job.group);
+                self.unmask(*job, move |result| Request::Unmasked { task, round, group, result });
+            }
+            TickOutcome::Completed(completion) => self.store_round(id, *completion).await,
+        }
+    }
+
+    /// Keeps a failed attempt for the admin API and the dashboard (best
+    /// effort: a store that fails here loses the record, not the task).
+    pub(crate) async fn record_attempt(&mut self, id: &str, attempt: &FailedAttempt) {
+        let record = AttemptRecord {
+            task_id: id.to_string(),
+            round: attempt.round as i64,
+            attempt: i64::from(attempt.attempt),
+            outcome: attempt.outcome.as_str().to_string(),
+            stage: attempt.stage.to_string(),
+            reason: attempt.reason.clone(),
+            selected: attempt.selected as i64,
+            started_at: attempt.started_at,
+            ended_at: attempt.ended_at,
+            stages: serde_json::to_string(&attempt.stages).unwrap_or_else(|_| "[]".into()),
+        };
+        match self.store.record_attempt(&record, self.fences.get(id)).await {
+            Ok(()) => {}
+            Err(StoreError::Fenced) => self.drop_task(id, "another replica took its lease over", false),
+            Err(error) => {
+                tracing::warn!(task = id, round = attempt.round, %error, "could not record the failed attempt")
+            }
+        }
+    }
+
+    /// Persists a completed round, then lets the engine adopt it.
+    pub(crate) async fn store_round(&mut self, id: &str, completion: Completion) {
+        let round = completion.round.round as u64;
+        for (owner, holder) in completion.faulty_shares() {
+            tracing::warn!(
+                task = id,
+                round,
+                owner,
+                holder,
+                "a revealed share did not match its owner's commitment; the round was unmasked without it"
+            );
+        }
+        let Ok(engine) = self.engine(id) else { return };
+        let retention = engine.retention();
+        let fence = self.fences.get(id);
+        match self.store.complete_round(&completion.round, &completion.checkpoint, retention, fence).await {
+            Ok(()) => {
+                let survivors = completion.round.survivors;
+                let selected = completion.round.selected;
+                let stages = completion.stages().to_vec();
+                let means = completion.client_means().clone();
+                if let Ok(engine) = self.engine(id) {
+                    engine.commit(completion);
+                    if let Some(epsilon) = engine.epsilon_spent() {
+                        self.metrics.privacy_spent(id, epsilon);
+                    }
+                    self.metrics.round_completed(selected, survivors, &stages, &means);
+                    tracing::info!(task = id, round, survivors, "round completed");
+                }
+                self.forget_groups(id).await;
+            }
+            Err(StoreError::Fenced) => {
+                self.metrics.round_aborted();
+                self.drop_task(id, "another replica took its lease over; its round is not stored", false);
+            }
+            Err(StoreError::Conflict(reason)) => {
+                // Another replica recorded this round while it led the
+                // task: this engine's model is stale. Reload it from the
+                // store (the lease keeper drops it if the lease is lost).
+                self.metrics.round_aborted();
+                tracing::warn!(
+                    task = id,
+                    round,
+                    reason,
+                    "the round was recorded elsewhere; reloading the task"
+                );
+                match load(&self.store, id).await {
+                    Ok(engine) => {
+                        self.engines.insert(id.to_string(), engine);
+                    }
+                    Err(_) => self.drop_task(id, "its round was recorded by another replica", false),
+                }
+            }
+            Err(error) => {
+                self.metrics.round_aborted();
+                tracing::error!(task = id, round, %error, "could not store the round; it will be run again");
+                if let Ok(engine) = self.engine(id) {
+                    engine.abandon(round);
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn complete_task(&mut self, id: &str, status: TaskStatus) {
+        if let Err(error) = self.store.set_task_status(id, status, now_ms(), self.fences.get(id)).await {
+            tracing::error!(task = id, %error, status = status.as_str(), "could not mark the task final");
+        }
+        let _ = self.store.release_lease(id, &self.replica.id).await;
+        match status {
+            TaskStatus::BudgetSpent => {
+                tracing::info!(task = id, "the next round would exceed the privacy budget: task stopped")
+            }
+            _ => tracing::info!(task = id, "task completed"),
+        }
+    }
+}

@@ -1,0 +1,494 @@
+//! The coordinator: the single owner of the round state of every task
+//! this process leads.
+//!
+//! HTTP handlers hold a [`Coordinator`], a cheap handle that sends
+//! requests over a bounded channel to the actor (`actor`) and awaits the
+//! reply on a oneshot; a timer ticks every engine so stages close at their
+//! deadlines; unmasking runs on the blocking thread pool and reports back
+//! through the same channel. Completed rounds are written to the store
+//! before the engine adopts them.
+//!
+//! What exists only with several replicas (leases, groups handed to other
+//! replicas, forwarding) is in [`crate::cluster`].
+
+pub(crate) mod actor;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cohort_crypto::policy::TaskSecurity;
+use cohort_crypto::{Aggregate, ProtocolError, Stage};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::cluster::groups::{GroupEvent, GroupWatcher};
+use crate::cluster::lease::{LeaseEvent, LeaseKeeper, Routes};
+use crate::cluster::{GroupKey, Replica, Whereabouts};
+use crate::metrics::Metrics;
+use crate::round::{CheckIn, EngineError, InputStep, Poll, RoundProgress, TaskError};
+use crate::store::{SqlStore, Store, StoreError, TaskStatus};
+use actor::Actor;
+
+/// Requests waiting for the actor at most.
+const QUEUE: usize = 1024;
+
+/// How often stage deadlines are checked.
+pub(crate) const TICK: Duration = Duration::from_millis(100);
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// Why the coordinator refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// No such task, or it is not loaded.
+    #[error("task not found")]
+    UnknownTask,
+    /// The engine refused.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The task could not be loaded (its spec or its stored state).
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    /// The actor is gone (shutting down).
+    #[error("the coordinator is shutting down")]
+    Unavailable,
+}
+
+/// A task's live state, as the admin API shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LiveState {
+    /// Status.
+    pub status: TaskStatus,
+    /// Rounds completed.
+    pub completed_rounds: u64,
+    /// Round in progress.
+    pub current_round: Option<u64>,
+    /// Its stage.
+    pub stage: Option<Stage>,
+    /// Its progress.
+    pub progress: Option<RoundProgress>,
+    /// Clients that checked in recently enough to be selected.
+    pub available_clients: usize,
+    /// Differential privacy: the noise and ε spent.
+    pub privacy: Option<crate::privacy::PrivacyView>,
+    /// An async task's schedule: its version, groups in flight and the
+    /// staleness of the updates applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<crate::round::BufferView>,
+    /// The last attempt that ended without a new model, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<crate::round::FailedAttempt>,
+    /// Why no round can start now, when one should.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<String>,
+}
+
+pub(crate) enum Request {
+    Load {
+        id: String,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    },
+    SetStatus {
+        id: String,
+        status: TaskStatus,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    },
+    Live {
+        id: String,
+        reply: oneshot::Sender<Result<LiveState, CoordinatorError>>,
+    },
+    Leave {
+        task: String,
+        participant: String,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    },
+    CheckIn {
+        task: String,
+        participant: String,
+        identity: Option<[u8; 32]>,
+        trained_on: Option<u64>,
+        reply: oneshot::Sender<Result<CheckIn, CoordinatorError>>,
+    },
+    Poll {
+        task: String,
+        participant: String,
+        reply: oneshot::Sender<Result<Poll, CoordinatorError>>,
+    },
+    Receive {
+        task: String,
+        participant: String,
+        body: Vec<u8>,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    },
+    Input {
+        task: String,
+        participant: String,
+        step: InputStep,
+        reply: oneshot::Sender<Result<u64, CoordinatorError>>,
+    },
+    Model {
+        task: String,
+        reply: oneshot::Sender<Result<(u64, bytes::Bytes), CoordinatorError>>,
+    },
+    Admit {
+        task: String,
+        participant: String,
+        reply: oneshot::Sender<Result<usize, CoordinatorError>>,
+    },
+    MayReport {
+        task: String,
+        participant: String,
+        round: u64,
+        reply: oneshot::Sender<Result<(), CoordinatorError>>,
+    },
+    Security {
+        task: String,
+        reply: oneshot::Sender<Result<TaskSecurity, CoordinatorError>>,
+    },
+    Unmasked {
+        task: String,
+        round: u64,
+        group: usize,
+        result: Result<Aggregate, ProtocolError>,
+    },
+    /// A group run here for another replica's round was unmasked.
+    OwnedUnmasked {
+        key: GroupKey,
+        result: Result<Aggregate, ProtocolError>,
+    },
+    /// From the group watcher.
+    Groups(GroupEvent),
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+    /// From the lease keeper.
+    Lease(LeaseEvent),
+}
+
+/// A task's status, completed rounds, and round and stage in progress.
+type Shown = (String, TaskStatus, u64, Option<(u64, Stage)>);
+
+impl Request {
+    /// Whether serving this request may change what the admin API shows
+    /// (queries do not; nor does a piece of a masked input before its end).
+    fn changes_state(&self) -> bool {
+        !matches!(
+            self,
+            Request::Live { .. }
+                | Request::Poll { .. }
+                | Request::Model { .. }
+                | Request::Admit { .. }
+                | Request::MayReport { .. }
+                | Request::Security { .. }
+                | Request::Shutdown { .. }
+                | Request::Input { step: InputStep::Begin(_) | InputStep::Piece(..), .. }
+        )
+    }
+}
+
+/// A handle to the coordinator actor; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Coordinator {
+    tx: mpsc::Sender<Request>,
+    changes: watch::Receiver<u64>,
+    routes: Arc<RwLock<Routes>>,
+    replica: Arc<Replica>,
+    /// The lease keeper and the group watcher (PostgreSQL only).
+    keeper: Option<[tokio::task::AbortHandle; 2]>,
+}
+
+impl Coordinator {
+    /// Registers `replica`, takes the leases of the unfinished tasks it
+    /// can (all of them when it is the only replica), loads them from the
+    /// store and starts the actor. Rounds that were in flight when their
+    /// leader stopped are not resumed: their tasks restart from the last
+    /// completed round.
+    ///
+    /// The leases are kept through `lease_store`: on PostgreSQL a
+    /// connection of its own ([`SqlStore::connect_dedicated`]), so that
+    /// renewals never queue behind requests.
+    pub async fn start(
+        store: SqlStore,
+        lease_store: SqlStore,
+        metrics: Metrics,
+        replica: Replica,
+    ) -> Result<Self, CoordinatorError> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let (changes, changes_rx) = watch::channel(0);
+        let routes = Arc::new(RwLock::new(Routes {
+            started: Some(Instant::now()),
+            shared: lease_store.backend() == crate::store::Backend::Postgres,
+            ..Routes::default()
+        }));
+        let replica = Arc::new(replica);
+        let mut actor = Actor {
+            store: store.clone(),
+            engines: HashMap::new(),
+            metrics,
+            tx: tx.clone(),
+            routes: routes.clone(),
+            replica: replica.clone(),
+            owned: HashMap::new(),
+            owned_members: HashMap::new(),
+            contributors_read: HashSet::new(),
+            fences: HashMap::new(),
+            changes,
+        };
+        let mut keeper = LeaseKeeper {
+            store: lease_store,
+            replica: replica.clone(),
+            routes: routes.clone(),
+            held: HashMap::new(),
+            renewed_at: now_ms(),
+            failed_loads: HashMap::new(),
+        };
+        keeper.store.register_replica(&keeper.record(now_ms())).await?;
+        // The first renewal before anything is served: a lone replica
+        // leads every unfinished task from its first request on.
+        let began = Instant::now();
+        for event in keeper.renew(now_ms()).await? {
+            actor.apply(event);
+        }
+        keeper.renewed_at = now_ms();
+        if keeper.store.backend() == crate::store::Backend::Postgres {
+            keeper.hold_until(began);
+        }
+        tokio::spawn(actor.run(rx));
+        // On SQLite this process holds the database file's lock: no other
+        // replica can start, so nothing can take a lease over, and the
+        // first renewal's leases are kept without renewing them (the
+        // keeper would only queue for the one connection under load).
+        let keeper = match keeper.store.backend() {
+            crate::store::Backend::Postgres => {
+                let watcher = GroupWatcher {
+                    store,
+                    replica: replica.clone(),
+                    routes: routes.clone(),
+                    seen: HashMap::new(),
+                    rosters: HashMap::new(),
+                };
+                let watcher = tokio::spawn(watcher.run(tx.clone())).abort_handle();
+                let keeper = tokio::spawn(keeper.run(tx.clone())).abort_handle();
+                Some([keeper, watcher])
+            }
+            crate::store::Backend::Sqlite => None,
+        };
+        Ok(Self { tx, changes: changes_rx, routes, replica, keeper })
+    }
+
+    /// A receiver that is told when a task this replica leads may have
+    /// changed as the admin API shows it: a client checked in, sent, left
+    /// or dropped out, a stage closed, a round started or completed, a
+    /// status or a lease changed. It counts changes (coalesced: a slow
+    /// reader sees the latest count), and its `changed()` fails once the
+    /// coordinator has stopped. The admin API's event streams wait on it.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
+    }
+
+    /// This replica.
+    pub fn replica(&self) -> &Replica {
+        &self.replica
+    }
+
+    /// Which replica leads `task`, as of the last lease tick. A task led
+    /// here whose lease this replica cannot show it still holds (it was
+    /// paused past [`RENEWAL_MARGIN_MS`](crate::cluster::RENEWAL_MARGIN_MS)) is led nowhere until a renewal
+    /// says.
+    pub fn whereabouts(&self, task: &str) -> Whereabouts {
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if routes.here.contains(task) {
+            if routes.leases_hold() { Whereabouts::Here } else { Whereabouts::Nowhere }
+        } else if let Some(url) = routes.elsewhere.get(task) {
+            Whereabouts::At(url.clone())
+        } else {
+            Whereabouts::Nowhere
+        }
+    }
+
+    /// Where the group of `participant` runs, when it is in a group of a
+    /// round in progress that is not run by the round's leader: here, or
+    /// at another replica. `None` for every other participant (its
+    /// requests go where its task's are).
+    pub fn group_whereabouts(&self, participant: &str) -> Option<Whereabouts> {
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if routes.group_members_here.contains(participant) {
+            return Some(if routes.leases_hold() { Whereabouts::Here } else { Whereabouts::Nowhere });
+        }
+        routes
+            .group_members_elsewhere
+            .get(participant)
+            .filter(|url| **url != self.replica.url)
+            .map(|url| Whereabouts::At(url.clone()))
+    }
+
+    /// Whether no replica has led `task` for longer than `limit` (as far as
+    /// this replica has seen since it started). On SQLite, where this
+    /// process is the only replica, a task it does not lead is led by
+    /// nobody.
+    pub fn unled_for(&self, task: &str, limit: Duration) -> bool {
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !routes.shared {
+            return true;
+        }
+        let since = routes.last_led.get(task).copied().or(routes.started);
+        since.is_some_and(|since| since.elapsed() > limit)
+    }
+
+    /// Why this replica could not load `task`, if it tried and failed.
+    pub fn load_failure(&self, task: &str) -> Option<String> {
+        self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner).unloadable.get(task).cloned()
+    }
+
+    /// Gives up every lease and stops the actor, so that the other
+    /// replicas take the tasks over at once.
+    pub async fn shutdown(&self) {
+        for task in self.keeper.iter().flatten() {
+            task.abort();
+        }
+        let (reply, done) = oneshot::channel();
+        if self.tx.send(Request::Shutdown { reply }).await.is_ok() {
+            let _ = done.await;
+        }
+    }
+
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, CoordinatorError>>) -> Request,
+    ) -> Result<T, CoordinatorError> {
+        let (reply, response) = oneshot::channel();
+        self.tx.send(make(reply)).await.map_err(|_| CoordinatorError::Unavailable)?;
+        response.await.map_err(|_| CoordinatorError::Unavailable)?
+    }
+
+    /// Starts running a task that was just stored.
+    pub async fn load(&self, id: &str) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::Load { id: id.to_string(), reply }).await
+    }
+
+    /// Pauses, resumes or stops a task (persisted first).
+    pub async fn set_status(&self, id: &str, status: TaskStatus) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::SetStatus { id: id.to_string(), status, reply }).await
+    }
+
+    /// The live state of a loaded task.
+    pub async fn live(&self, id: &str) -> Result<LiveState, CoordinatorError> {
+        self.ask(|reply| Request::Live { id: id.to_string(), reply }).await
+    }
+
+    /// A client checks in; in an async task, `trained_on` is the model
+    /// version its finished update was trained from.
+    pub async fn check_in(
+        &self,
+        task: &str,
+        participant: &str,
+        identity: Option<[u8; 32]>,
+        trained_on: Option<u64>,
+    ) -> Result<CheckIn, CoordinatorError> {
+        self.ask(|reply| Request::CheckIn {
+            task: task.into(),
+            participant: participant.into(),
+            identity,
+            trained_on,
+            reply,
+        })
+        .await
+    }
+
+    /// A client says it is leaving (see [`TaskEngine::leave`](crate::round::TaskEngine::leave)).
+    pub async fn leave(&self, task: &str, participant: &str) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::Leave { task: task.into(), participant: participant.into(), reply }).await
+    }
+
+    /// The server message a selected client should act on.
+    pub async fn poll(&self, task: &str, participant: &str) -> Result<Poll, CoordinatorError> {
+        self.ask(|reply| Request::Poll { task: task.into(), participant: participant.into(), reply }).await
+    }
+
+    /// A client's stage message.
+    pub async fn receive(
+        &self,
+        task: &str,
+        participant: &str,
+        body: Vec<u8>,
+    ) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::Receive { task: task.into(), participant: participant.into(), body, reply })
+            .await
+    }
+
+    /// A step of a client's masked input arriving in pieces (see
+    /// [`InputStep`]); `Begin` answers with the upload's number. The reply
+    /// to a piece comes once it is in the sum, so a request body is read
+    /// no faster than the actor adds it.
+    pub async fn input(
+        &self,
+        task: &str,
+        participant: &str,
+        step: InputStep,
+    ) -> Result<u64, CoordinatorError> {
+        self.ask(|reply| Request::Input { task: task.into(), participant: participant.into(), step, reply })
+            .await
+    }
+
+    /// Tells the actor, without waiting for it, that `upload` of a client's
+    /// masked input broke off: what it added is taken back out. For a
+    /// request dropped mid-body (its connection closed), from a guard's
+    /// `drop`.
+    pub fn abandon_input(&self, task: &str, participant: &str, upload: u64) {
+        let (reply, _) = oneshot::channel();
+        let step = InputStep::Abort(upload);
+        let request = Request::Input { task: task.into(), participant: participant.into(), step, reply };
+        let tx = self.tx.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = tx.send(request).await;
+                });
+            }
+            // No runtime (shutting down): the stage's close takes it out.
+            Err(_) => {
+                let _ = tx.try_send(request);
+            }
+        }
+    }
+
+    /// Whether a client may post a stage message now, and its size limit
+    /// (see [`TaskEngine::admit`](crate::round::TaskEngine::admit)).
+    pub async fn admit(&self, task: &str, participant: &str) -> Result<usize, CoordinatorError> {
+        self.ask(|reply| Request::Admit { task: task.into(), participant: participant.into(), reply }).await
+    }
+
+    /// Whether a client may report metrics for `round` (see
+    /// [`TaskEngine::may_report`](crate::round::TaskEngine::may_report)).
+    pub async fn may_report(
+        &self,
+        task: &str,
+        participant: &str,
+        round: u64,
+    ) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::MayReport {
+            task: task.into(),
+            participant: participant.into(),
+            round,
+            reply,
+        })
+        .await
+    }
+
+    /// The security parameters of a loaded task's rounds (see
+    /// [`TaskEngine::security`](crate::round::TaskEngine::security)), derived when the task was loaded.
+    pub async fn security(&self, task: &str) -> Result<TaskSecurity, CoordinatorError> {
+        self.ask(|reply| Request::Security { task: task.into(), reply }).await
+    }
+
+    /// The current global model (round, safetensors bytes).
+    pub async fn model(&self, task: &str) -> Result<(u64, bytes::Bytes), CoordinatorError> {
+        self.ask(|reply| Request::Model { task: task.into(), reply }).await
+    }
+}
