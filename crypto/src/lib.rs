@@ -100,8 +100,6 @@ pub mod metrics;
 pub mod params;
 pub mod policy;
 pub mod prg;
-#[cfg(test)]
-mod privacy_tests;
 pub mod quantize;
 pub mod secret;
 pub mod server;
@@ -110,6 +108,8 @@ pub mod signature;
 pub mod simulation;
 #[cfg(feature = "test-support")]
 pub mod testing;
+#[cfg(test)]
+mod uniformity_tests;
 mod unmask;
 pub mod wire;
 

@@ -37,7 +37,7 @@ typedef enum CohortStatus {
   COHORT_STATUS_STORAGE = 9,
   // A bug; the message says more.
   COHORT_STATUS_INTERNAL = 10,
-  // The task or a round is below the client's privacy policy, or changed
+  // The task or a round is below the client's client policy, or changed
   // since enrollment; nothing was revealed. The message names the rule.
   COHORT_STATUS_POLICY_REFUSED = 11,
 } CohortStatus;
@@ -62,7 +62,7 @@ typedef struct CohortClient CohortClient;
 
 // Where and as whom to take part. Strings are NUL-terminated UTF-8;
 // `ca_certificate_pem` may be null (trust the web PKI), and so may
-// `policy_json` (the default privacy policy, for a coordinator the app
+// `policy_json` (the default client policy, for a coordinator the app
 // does not trust).
 typedef struct CohortConfig {
   // Coordinator base URL.
@@ -75,7 +75,7 @@ typedef struct CohortConfig {
   const char *storage_dir;
   // PEM of the CA certificate(s) to trust, or null.
   const char *ca_certificate_pem;
-  // The privacy policy as JSON (e.g. `{"min_clients": 20}`; fields left
+  // The client policy as JSON (e.g. `{"min_clients": 20}`; fields left
   // out keep their defaults), or null for the default.
   const char *policy_json;
 } CohortConfig;

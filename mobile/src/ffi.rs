@@ -53,7 +53,7 @@ pub enum CohortStatus {
     Storage = 9,
     /// A bug; the message says more.
     Internal = 10,
-    /// The task or a round is below the client's privacy policy, or changed
+    /// The task or a round is below the client's client policy, or changed
     /// since enrollment; nothing was revealed. The message names the rule.
     PolicyRefused = 11,
 }
@@ -107,7 +107,7 @@ impl From<Outcome> for CohortOutcome {
 
 /// Where and as whom to take part. Strings are NUL-terminated UTF-8;
 /// `ca_certificate_pem` may be null (trust the web PKI), and so may
-/// `policy_json` (the default privacy policy, for a coordinator the app
+/// `policy_json` (the default client policy, for a coordinator the app
 /// does not trust).
 #[repr(C)]
 #[derive(Debug)]
@@ -122,7 +122,7 @@ pub struct CohortConfig {
     pub storage_dir: *const c_char,
     /// PEM of the CA certificate(s) to trust, or null.
     pub ca_certificate_pem: *const c_char,
-    /// The privacy policy as JSON (e.g. `{"min_clients": 20}`; fields left
+    /// The client policy as JSON (e.g. `{"min_clients": 20}`; fields left
     /// out keep their defaults), or null for the default.
     pub policy_json: *const c_char,
 }

@@ -51,7 +51,7 @@ pub struct Config {
     pub storage_dir: PathBuf,
     /// PEM of the CA certificate(s) to trust instead of the web PKI.
     pub ca_certificate_pem: Option<Vec<u8>>,
-    /// The privacy policy as JSON (the fields of [`Policy`]; those left out
+    /// The client policy as JSON (the fields of [`Policy`]; those left out
     /// keep the defaults, which are for a coordinator the app does not
     /// trust); `None`: the default.
     pub policy_json: Option<String>,
@@ -110,7 +110,7 @@ pub enum Error {
     /// A bug (a panic was caught at the FFI boundary).
     #[error("internal error: {0}")]
     Internal(String),
-    /// The task or a round is below the client's privacy policy, or
+    /// The task or a round is below the client's client policy, or
     /// changed since enrollment; nothing was revealed.
     #[error("{message}")]
     PolicyRefused {

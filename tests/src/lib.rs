@@ -1,5 +1,5 @@
-//! Support for the end-to-end tests in `tests/tests/` (the `e2e` binary and `torchscript`): they build the real
-//! artifacts (the `cohort` binary, the mobile library) with a nested cargo
+//! Support for the end-to-end tests in `tests/tests/` (the `e2e` binary and
+//! `torchscript`): they build the real artifacts (the `cohort` binary, the mobile library) with a nested cargo
 //! call, run `cohort serve` as a process, and drive it over HTTP.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

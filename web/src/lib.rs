@@ -51,7 +51,7 @@ pub enum WebError {
     /// The task id or the enrollment token is empty.
     #[error("the task id and the enrollment token are required")]
     MissingCredentials,
-    /// The privacy policy is not valid JSON of a policy.
+    /// The client policy is not valid JSON of a policy.
     #[error("policy: {0}")]
     Policy(serde_json::Error),
     /// The saved state is not valid JSON of a saved state.
@@ -121,7 +121,7 @@ impl std::fmt::Debug for Core {
 impl Core {
     /// A client of `task_id`; with `saved_state` (from
     /// [`saved_state`](Self::saved_state)) it goes on as the participant
-    /// it was. `policy` is the privacy policy as JSON (the fields of
+    /// it was. `policy` is the client policy as JSON (the fields of
     /// [`Policy`]; those left out keep the defaults, which are for a
     /// coordinator the client does not trust); `None`: the default.
     pub fn new(

@@ -90,7 +90,7 @@ pub struct RoundReport {
     pub bytes_down: u64,
 }
 
-/// Retry, polling and deadline settings, and the privacy policy.
+/// Retry, polling and deadline settings, and the client policy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ParticipantConfig {
     /// Attempts per request before giving up with

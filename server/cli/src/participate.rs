@@ -59,7 +59,7 @@ pub struct ParticipateArgs {
     /// Probability of vanishing mid-round, per round.
     #[arg(long, default_value_t = 0.0)]
     dropout: f64,
-    /// The client's privacy policy, as JSON: any of `allow_semi_honest`,
+    /// The client's client policy, as JSON: any of `allow_semi_honest`,
     /// `min_clients`, `min_threshold`, `collusion` ({"corruption",
     /// "security_bits"} or null), `min_ring_bits`, `max_ring_bits`,
     /// `allow_rotation`, `allow_sketch`. Fields left out keep their

@@ -2,7 +2,7 @@
 //!
 //! Several `cohort serve` processes may share one PostgreSQL database
 //! behind a load balancer; each task's rounds live in the replica that
-//! holds its lease ([`crate::coordinator`]). A request about a task
+//! holds its lease ([`crate::cluster::lease`]). A request about a task
 //! (the admin API's `/admin/tasks/{id}/...`, enrollment, and every request
 //! a client makes with its credential) that reaches another replica is
 //! passed on to the leader unchanged, its body streamed, and the leader's

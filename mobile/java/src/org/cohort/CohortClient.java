@@ -53,7 +53,7 @@ public final class CohortClient implements AutoCloseable {
     }
 
     /**
-     * As above, with the client's privacy policy as JSON (null: the default,
+     * As above, with the client's client policy as JSON (null: the default,
      * for a coordinator the app does not trust: the active variant only, at
      * least 10 clients, a threshold of at least 5 that withstands 5 %
      * colluding clients). Fields left out keep their defaults, e.g.

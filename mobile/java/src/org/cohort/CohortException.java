@@ -71,7 +71,7 @@ public class CohortException extends Exception {
     }
 
     /**
-     * The task or a round is below the client's privacy policy, or changed
+     * The task or a round is below the client's client policy, or changed
      * since enrollment. The client revealed nothing and stops; {@link #rule()}
      * names the rule ("variant", "min_clients", "min_threshold", "ring",
      * "transform", "pinned", ...).
