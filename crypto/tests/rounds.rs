@@ -95,9 +95,27 @@ fn long_vectors_are_summed_in_pieces_and_unmasked_in_tiles() {
 
 #[test]
 fn small_rings_aggregate_without_wrapping() {
-    // 10 clients in Z_{2^8}: each value at most ⌊255 / 10⌋ = 25.
-    let config = config(10, 6, GraphSpec::Complete, 500, 8);
-    run_and_check(&config, Vec::new(), DropoutPlan::default(), 6).unwrap();
+    use cohort_crypto::simulation::{NoStopwatch, Simulation};
+    use cohort_crypto::{ClientId, QuantizedInput};
+
+    // 10 clients in Z_{2^8}: each value at most ⌊255 / 10⌋ = 25. Every
+    // third coordinate is 25 for every client, so its sum is 250 of the
+    // ring's 255: the aggregate must be the integer sum itself, compared
+    // unreduced (a reference taken mod 2^8 would hide a wrap).
+    const DIM: u32 = 500;
+    let config = config(10, 6, GraphSpec::Complete, DIM, 8);
+    let value = |j: u32, id: ClientId| if j % 3 == 0 { 25 } else { (j + id.get()) % 26 };
+    let inputs = |id: ClientId| QuantizedInput::from_values((0..DIM).map(|j| value(j, id)).collect());
+    let run =
+        Simulation { config, identities: Vec::new(), plan: DropoutPlan::default(), inputs: &inputs, seed: 6 };
+    let outcome = run.run(&NoStopwatch).unwrap();
+    assert_eq!(outcome.aggregate.contributors.len(), 10);
+    let exact: Vec<u64> = (0..DIM)
+        .map(|j| outcome.aggregate.contributors.iter().map(|&c| u64::from(value(j, c))).sum())
+        .collect();
+    assert_eq!(exact.iter().max(), Some(&250), "the inputs reach the headroom");
+    let sum: Vec<u64> = outcome.aggregate.sum.iter().map(|&v| u64::from(v)).collect();
+    assert_eq!(sum, exact, "the aggregate is not the integer sum of the inputs");
 }
 
 /// Claim 11: the client's headroom check is what keeps the sum from

@@ -209,16 +209,27 @@ fn a_rate_limited_request_waits_as_told_without_using_up_attempts() {
 
 #[test]
 fn a_success_resets_the_attempts() {
-    // More failures in all than max_attempts, but never two in a row.
+    // More failures in all than max_attempts (4), but never two in a row:
+    // each is retried.
     let mut p = enrolled();
     for cycle in 0..6 {
         let now = cycle * 1_000;
         send(&mut p, now);
-        p.transport_failed(now, "refused").unwrap();
+        assert!(p.transport_failed(now, "refused").is_ok(), "failure {} ended the participant", cycle + 1);
         send(&mut p, now + 500);
         p.handle(now + 500, json(200, serde_json::json!({ "status": "wait", "retry_after_ms": 100 })))
             .unwrap();
     }
+    // The control: max_attempts failures in a row end it.
+    let mut p = enrolled();
+    let mut now = 0;
+    for _ in 1..4 {
+        send(&mut p, now);
+        assert!(p.transport_failed(now, "refused").is_ok());
+        now += 60_000;
+    }
+    send(&mut p, now);
+    assert!(p.transport_failed(now, "refused").is_err(), "four failures in a row were retried");
 }
 
 #[test]

@@ -400,11 +400,18 @@ fn only_members_of_a_recent_round_may_report() {
 
 #[test]
 fn stale_check_ins_do_not_count() {
-    let mut engine = engine(small_spec());
+    let mut stale = engine(small_spec());
     for i in 0..6 {
-        engine.check_in(&format!("p{i}"), None, 0);
+        stale.check_in(&format!("p{i}"), None, 0);
     }
-    assert!(!matches!(engine.tick(CHECK_IN_TTL_MS + 1), TickOutcome::Started(_)));
+    assert!(!matches!(stale.tick(CHECK_IN_TTL_MS + 1), TickOutcome::Started(_)));
+    // The control: the same check-ins at the edge of their lifetime start a
+    // round, so only their age kept the first engine idle.
+    let mut fresh = engine(small_spec());
+    for i in 0..6 {
+        fresh.check_in(&format!("p{i}"), None, 0);
+    }
+    assert!(matches!(fresh.tick(CHECK_IN_TTL_MS), TickOutcome::Started(_)));
 }
 
 /// Checks in `names` and ticks until the engine hands out something other

@@ -94,8 +94,10 @@ fn overridden_parameters_and_the_active_variant_are_honoured() {
     assert_eq!(report["survivors"], 27);
 }
 
+/// A smoke test of the command's complete-graph path: `correct` is the
+/// tool's own check of its sum (crypto/tests check sums directly).
 #[test]
-fn complete_graph_round() {
+fn the_bench_runs_a_complete_graph_round_with_dropouts() {
     let (ok, report, stderr) =
         bench(&["--clients", "25", "--dim", "300", "--graph", "complete", "--dropout", "0.2"]);
     assert!(ok, "{stderr}");

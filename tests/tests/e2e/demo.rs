@@ -114,10 +114,9 @@ fn the_demo_compresses_by_default_and_learns_with_a_third_of_the_upload() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Clients that vanish mid-round are recovered from; the in-process
-/// simulator runs the same training with secure aggregation.
+/// Clients that vanish mid-round are recovered from.
 #[test]
-fn dropouts_and_the_simulator() {
+fn the_demo_recovers_from_clients_that_vanish_mid_round() {
     let dir = scratch("dropout");
     let mut args = [&["demo", "--dropout", "0.3", "--seed", "4"][..], &SMALL].concat();
     let clients = args.iter().position(|a| *a == "--clients").unwrap() + 1;
@@ -129,7 +128,12 @@ fn dropouts_and_the_simulator() {
     assert!(survivors.iter().any(|&s| s < 5), "nobody vanished: {survivors:?}");
     assert!(accuracies(&results)[2] > 0.75);
     std::fs::remove_dir_all(&dir).unwrap();
+}
 
+/// The in-process simulator runs the same training with secure
+/// aggregation, its dropouts counted in every round.
+#[test]
+fn the_simulator_trains_with_secure_aggregation_and_dropouts() {
     let dir = scratch("simulate");
     let args = [
         "simulate",
