@@ -208,6 +208,31 @@ impl ErrorCode {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
+
+    /// The HTTP status of a refusal with this code: one table for the
+    /// coordinator. The one exception is `task_inactive`, a `409` for an
+    /// enrollment or an admin change, and a `410` for a round request about
+    /// a task that is over.
+    pub fn status(self) -> u16 {
+        use ErrorCode::*;
+        match self {
+            InvalidBody | InvalidJson | InvalidTask | InvalidIdentity | IdentityRequired | InvalidMetrics
+            | InvalidRound | InvalidQuery | InvalidTokenRequest | MalformedMessage => 400,
+            Unauthorized | CredentialExpired | TokenRevoked => 401,
+            PlaintextMetricsOff => 403,
+            NotFound | TaskNotFound => 404,
+            RequestTimeout => 408,
+            TaskInactive | Conflict | NotSelected | NotInRound | WrongRound | OutOfPhase | Duplicate
+            | NotEligible => 409,
+            Dropped => 410,
+            PayloadTooLarge => 413,
+            UnsupportedMediaType => 415,
+            CryptoFailure | InvalidMessage | CapacityExceeded => 422,
+            RateLimited => 429,
+            Internal | Unknown => 500,
+            Unavailable => 503,
+        }
+    }
 }
 
 /// The codes a coordinator sends: every variant but [`ErrorCode::Unknown`],
@@ -269,6 +294,36 @@ mod tests {
             assert!(seen.insert(code.as_str()), "{code:?} repeats a name");
         }
         assert_eq!(seen.len(), 35, "every variant, the unknown one included");
+    }
+
+    /// The statuses clients and the API document rely on: retryable
+    /// refusals are 429 and 503 and nothing else; a client's own mistakes
+    /// are 4xx; only the coordinator's failures are 5xx.
+    #[test]
+    fn every_code_has_the_status_clients_rely_on() {
+        for code in ErrorCode::all() {
+            let status = code.status();
+            let retryable = matches!(code, ErrorCode::RateLimited | ErrorCode::Unavailable);
+            assert_eq!(matches!(status, 429 | 503), retryable, "{code:?}: {status}");
+            let server = matches!(code, ErrorCode::Internal | ErrorCode::Unknown | ErrorCode::Unavailable);
+            assert_eq!(status >= 500, server, "{code:?}: {status}");
+            assert!((400..600).contains(&status), "{code:?}: {status}");
+        }
+        let pinned = [
+            (ErrorCode::InvalidJson, 400),
+            (ErrorCode::CredentialExpired, 401),
+            (ErrorCode::PlaintextMetricsOff, 403),
+            (ErrorCode::NotFound, 404),
+            (ErrorCode::RequestTimeout, 408),
+            (ErrorCode::NotSelected, 409),
+            (ErrorCode::Dropped, 410),
+            (ErrorCode::PayloadTooLarge, 413),
+            (ErrorCode::UnsupportedMediaType, 415),
+            (ErrorCode::CapacityExceeded, 422),
+        ];
+        for (code, status) in pinned {
+            assert_eq!(code.status(), status, "{code:?}");
+        }
     }
 
     #[test]

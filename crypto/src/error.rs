@@ -16,9 +16,24 @@ use crate::wire::DecodeError;
 pub struct CryptoError;
 
 /// Which stage of the protocol a message or a state belongs to. Its
-/// serialized name is its [`Display`](core::fmt::Display) name; stages
-/// order as a round runs them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// serialized name is its [`Display`](core::fmt::Display) name (one
+/// kebab-case table, for serde and strum alike); stages order as a round
+/// runs them.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
+#[strum(serialize_all = "kebab-case")]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
@@ -38,21 +53,6 @@ pub enum Stage {
     Unmasking,
     /// The round is over.
     Finished,
-}
-
-impl core::fmt::Display for Stage {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let name = match self {
-            Stage::Setup => "setup",
-            Stage::AdvertiseKeys => "advertise-keys",
-            Stage::ShareKeys => "share-keys",
-            Stage::MaskedInputCollection => "masked-input-collection",
-            Stage::ConsistencyCheck => "consistency-check",
-            Stage::Unmasking => "unmasking",
-            Stage::Finished => "finished",
-        };
-        f.write_str(name)
-    }
 }
 
 /// Invalid public round parameters.

@@ -162,6 +162,34 @@ pub enum ServiceError {
     },
 }
 
+/// The API's state for `config`: what [`Service::start`] serves, and what
+/// tests that drive the router without sockets (`oneshot`) build it from.
+pub fn app_state(
+    store: SqlStore,
+    coordinator: Coordinator,
+    metrics: Metrics,
+    config: &ServiceConfig,
+    demo_task: Option<crate::api::state::DemoTask>,
+) -> AppState {
+    AppState {
+        store,
+        coordinator,
+        metrics,
+        config: ApiConfig {
+            admin_token_hash: token_hash(&config.admin_token),
+            max_message_bytes: config.max_message_bytes,
+            credential_ttl_ms: config.credential_ttl_ms,
+            web_assets: config.web_assets.clone(),
+            demo_task,
+            limiters: Limiters::new(&config.rate_limits),
+            max_total_parameters: config.max_total_parameters,
+        },
+        creating: Default::default(),
+        forwarder: crate::cluster::forward::Forwarder::new(&config.admin_token),
+        streams: crate::api::events::Streams::new(config.max_admin_streams),
+    }
+}
+
 /// A running coordinator.
 #[derive(Debug)]
 pub struct Service {
@@ -216,23 +244,7 @@ impl Service {
         } else {
             None
         };
-        let state = AppState {
-            store: store.clone(),
-            coordinator: coordinator.clone(),
-            metrics: metrics.clone(),
-            config: ApiConfig {
-                admin_token_hash: token_hash(&config.admin_token),
-                max_message_bytes: config.max_message_bytes,
-                credential_ttl_ms: config.credential_ttl_ms,
-                web_assets: config.web_assets.clone(),
-                demo_task,
-                limiters: Limiters::new(&config.rate_limits),
-                max_total_parameters: config.max_total_parameters,
-            },
-            creating: Default::default(),
-            forwarder: crate::cluster::forward::Forwarder::new(&config.admin_token),
-            streams: crate::api::events::Streams::new(config.max_admin_streams),
-        };
+        let state = app_state(store.clone(), coordinator.clone(), metrics.clone(), &config, demo_task);
         let limiters = state.config.limiters.clone();
         let pruner = tokio::spawn(async move {
             let mut every = tokio::time::interval(PRUNE_EVERY);

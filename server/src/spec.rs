@@ -333,8 +333,20 @@ impl Default for SecAggSpec {
 }
 
 /// Which variant of the protocol a task runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum VariantChoice {
     /// Signed keys and the consistency check: holds against a coordinator
     /// that deviates from the protocol.
@@ -346,10 +358,7 @@ pub enum VariantChoice {
 impl VariantChoice {
     /// The name in a task spec.
     pub fn as_str(self) -> &'static str {
-        match self {
-            VariantChoice::Active => "active",
-            VariantChoice::SemiHonest => "semi-honest",
-        }
+        self.into()
     }
 }
 

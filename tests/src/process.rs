@@ -131,6 +131,24 @@ impl ServeProcess {
         config: Option<&Value>,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::spawn(port, database_url, admin_token, config, env, Stdio::null())
+    }
+
+    /// [`ServeProcess::start`] with its log (stderr) written to `log` at
+    /// the levels `filter` sets (`RUST_LOG` syntax).
+    pub fn start_logged(port: u16, database_url: &str, admin_token: &str, log: &Path, filter: &str) -> Self {
+        let file = std::fs::File::create(log).unwrap();
+        Self::spawn(port, database_url, admin_token, None, &[("RUST_LOG", filter)], Stdio::from(file))
+    }
+
+    fn spawn(
+        port: u16,
+        database_url: &str,
+        admin_token: &str,
+        config: Option<&Value>,
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Self {
         let config = config.map(|settings| {
             let path = std::env::temp_dir().join(format!(
                 "cohort-serve-{}-{}.json",
@@ -146,7 +164,7 @@ impl ServeProcess {
             .env("COHORT_ADMIN_TOKEN", admin_token)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .envs(env.iter().copied());
         if let Some(path) = &config {
             command.arg("--config").arg(path);

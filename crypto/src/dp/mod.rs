@@ -46,35 +46,30 @@ use crate::error::{ConfigError, QuantizeError};
 pub use noise::{sample_discrete_gaussian, sample_skellam};
 
 /// The noise each client adds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[strum(serialize_all = "snake_case")]
 pub enum Mechanism {
     /// The difference of two Poisson variates: sums of Skellam shares are
     /// exactly Skellam (Agarwal, Kairouz and Liu, 2021).
     Skellam,
     /// The discrete Gaussian (Canonne, Kamath and Steinke, 2020); sums of
     /// shares are close to one (Kairouz, Liu and Steinke, 2021).
+    #[strum(serialize = "discrete-gaussian", to_string = "discrete_gaussian")]
     DiscreteGaussian,
 }
 
 impl Mechanism {
     /// The mechanism's name in task specs and reports.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Mechanism::Skellam => "skellam",
-            Mechanism::DiscreteGaussian => "discrete_gaussian",
-        }
+        self.into()
     }
 
     /// Parses [`as_str`](Self::as_str)'s names (and `discrete-gaussian`).
     pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "skellam" => Some(Mechanism::Skellam),
-            "discrete_gaussian" | "discrete-gaussian" => Some(Mechanism::DiscreteGaussian),
-            _ => None,
-        }
+        name.parse().ok()
     }
 
     pub(crate) fn code(self) -> u8 {

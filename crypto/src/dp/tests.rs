@@ -233,3 +233,17 @@ fn the_quantizer_carries_dp_rounds() {
         assert!(Quantizer::new(bad, 16, 5).is_err());
     }
 }
+
+#[test]
+fn mechanisms_keep_their_names_and_read_the_kebab_spelling_too() {
+    assert_eq!(Mechanism::Skellam.as_str(), "skellam");
+    assert_eq!(Mechanism::DiscreteGaussian.as_str(), "discrete_gaussian");
+    for (name, mechanism) in [
+        ("skellam", Mechanism::Skellam),
+        ("discrete_gaussian", Mechanism::DiscreteGaussian),
+        ("discrete-gaussian", Mechanism::DiscreteGaussian),
+    ] {
+        assert_eq!(Mechanism::parse(name), Some(mechanism), "{name}");
+    }
+    assert_eq!(Mechanism::parse("gaussian"), None);
+}

@@ -20,10 +20,10 @@ use super::ratelimit::Rate;
 use super::state::AppState;
 use crate::cluster::Whereabouts;
 use crate::coordinator::{Coordinator, CoordinatorError, LiveState, now_ms};
-use crate::round::{TaskEngine, TaskError};
+use crate::round::{FailedAttempt, TaskEngine, TaskError};
 use crate::spec::{TaskSpec, VariantChoice};
 use crate::store::{
-    ATTEMPTS_KEPT, AttemptRecord, EnrollmentTokenRecord, RoundRecord, SqlStore, Store, TaskRecord, TaskStatus,
+    ATTEMPTS_KEPT, EnrollmentTokenRecord, RoundRecord, SqlStore, Store, TaskRecord, TaskStatus,
 };
 
 /// Reply to task creation. The enrollment token is shown only here.
@@ -87,8 +87,7 @@ pub(super) async fn create_task(
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
     let mut spec: TaskSpec = json_body(&body)?;
     spec.secure_aggregation.default_for_new_task();
-    spec.validate()
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string()))?;
+    spec.validate().map_err(|e| ApiError::new(ErrorCode::InvalidTask, e.to_string()))?;
     let _creating = state.creating.lock().await;
     let requested = spec.model.layout.len();
     // Counted from the store: the tasks of every replica sharing it.
@@ -103,7 +102,6 @@ pub(super) async fn create_task(
         .sum();
     if loaded.saturating_add(requested) > state.config.max_total_parameters {
         return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::CapacityExceeded,
             format!(
                 "the model has {requested} parameters and unfinished tasks already hold {loaded} of the \
@@ -124,14 +122,11 @@ pub async fn create(
     mut spec: TaskSpec,
 ) -> ApiResult<CreatedTask> {
     spec.secure_aggregation.default_for_new_task();
-    let derived = spec
-        .validate()
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string()))?;
+    let derived = spec.validate().map_err(|e| ApiError::new(ErrorCode::InvalidTask, e.to_string()))?;
     let now = now_ms();
     let id = new_id();
     let enrollment_token = new_token();
-    let invalid =
-        |e: TaskError| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string());
+    let invalid = |e: TaskError| ApiError::new(ErrorCode::InvalidTask, e.to_string());
     let initial = TaskEngine::initial_checkpoint(&id, &spec, now).map_err(invalid)?;
     // A spec that parsed serializes; a failure is the coordinator's.
     let spec_json = serde_json::to_string(&spec).map_err(TaskError::from)?;
@@ -234,8 +229,7 @@ pub(super) async fn create_token(
     TaskId(id): TaskId,
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<TokenView>)> {
-    let invalid =
-        |message: &str| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTokenRequest, message);
+    let invalid = |message: &str| ApiError::new(ErrorCode::InvalidTokenRequest, message);
     let request: NewToken = json_body(&body)?;
     let name = request.name.trim();
     if name.is_empty() || !crate::spec::name_fits(&request.name) {
@@ -250,11 +244,7 @@ pub(super) async fn create_token(
     }
     let task = state.store.task(&id).await?;
     if task.status.is_final() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::TaskInactive,
-            format!("the task is {}", task.status.as_str()),
-        ));
+        return Err(ApiError::new(ErrorCode::TaskInactive, format!("the task is {}", task.status.as_str())));
     }
     let token = new_token();
     let record = EnrollmentTokenRecord {
@@ -314,9 +304,10 @@ pub(super) async fn revoke_token(
     TaskId(id): TaskId,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<TokenView>> {
-    let token_id = params.get("token").filter(|t| is_valid_id(t)).ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "enrollment token not found")
-    })?;
+    let token_id = params
+        .get("token")
+        .filter(|t| is_valid_id(t))
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "enrollment token not found"))?;
     let revoked = state.store.revoke_enrollment_token(&id, token_id, now_ms()).await?;
     tracing::info!(task = %id, token = %revoked.id, "enrollment token revoked");
     let enrolled = state
@@ -329,28 +320,13 @@ pub(super) async fn revoke_token(
     Ok(Json(TokenView::of(revoked, enrolled)))
 }
 
-/// A task as the admin API shows it.
+/// A task as the admin API shows it: what is stored and its live state.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskView {
-    /// Id.
     pub id: String,
-    /// Name.
     pub name: String,
-    /// Status.
-    pub status: TaskStatus,
-    /// Rounds completed.
-    pub completed_rounds: u64,
     /// Rounds to run.
     pub rounds: u32,
-    /// Round in progress.
-    pub current_round: Option<u64>,
-    /// Its stage.
-    pub stage: Option<cohort_crypto::Stage>,
-    /// Its progress: counts per stage, deadlines and traffic.
-    pub progress: Option<crate::round::RoundProgress>,
-    /// Clients that checked in recently enough to be selected for the next
-    /// round (not those an earlier attempt of it asked for a masked input).
-    pub available_clients: usize,
     /// Creation time (Unix ms).
     pub created_at: i64,
     /// The specification.
@@ -359,24 +335,8 @@ pub struct TaskView {
     /// task is finished or between leaders).
     #[serde(default)]
     pub leader: Option<String>,
-    /// Differential privacy: the noise every round carries and the ε the
-    /// task spent (absent for a task without DP).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub privacy: Option<crate::privacy::PrivacyView>,
-    /// An async task's schedule: the model version, the groups in flight
-    /// and how stale the applied updates were (absent for a sync task).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub buffer: Option<crate::round::BufferView>,
-    /// The last attempt that ended without a new model since the leader
-    /// loaded the task, and why (`GET /admin/tasks/{id}/attempts` lists
-    /// them all).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_failure: Option<crate::round::FailedAttempt>,
-    /// Why the task makes no progress, when it should: too few clients
-    /// for a round (and how many may not take part in it again), or no
-    /// replica leading it (and why, when this replica could not load it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stalled: Option<String>,
+    #[serde(flatten)]
+    pub live: LiveState,
 }
 
 /// A task as the admin API shows it: from the actor when it is led here,
@@ -425,20 +385,11 @@ pub(super) async fn view(state: &AppState, task: &TaskRecord) -> ApiResult<TaskV
     Ok(TaskView {
         id: task.id.clone(),
         name: task.name.clone(),
-        status: live.status,
-        completed_rounds: live.completed_rounds,
         rounds,
-        current_round: live.current_round,
-        stage: live.stage,
-        progress: live.progress,
-        available_clients: live.available_clients,
         created_at: task.created_at,
         spec,
         leader,
-        privacy: live.privacy,
-        buffer: live.buffer,
-        last_failure: live.last_failure,
-        stalled: live.stalled,
+        live,
     })
 }
 
@@ -520,11 +471,7 @@ pub(super) async fn delete_task(
 ) -> ApiResult<StatusCode> {
     let task = state.store.task(&id).await?;
     if !task.status.is_final() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::Conflict,
-            "the task is not over: stop it before deleting it",
-        ));
+        return Err(ApiError::new(ErrorCode::Conflict, "the task is not over: stop it before deleting it"));
     }
     state.store.delete_task(&id).await?;
     tracing::info!(task = %id, "task deleted");
@@ -630,7 +577,7 @@ pub struct RoundView {
     /// with the stage it stopped in and why (a sync task's; the newest 500
     /// of a task are kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub failed_attempts: Vec<AttemptView>,
+    pub failed_attempts: Vec<FailedAttempt>,
 }
 
 /// The task's completed rounds with their metrics.
@@ -661,10 +608,10 @@ pub(super) async fn round_views(
     let spec = serde_json::from_str::<TaskSpec>(&task.spec).ok();
     let plaintext = spec.as_ref().is_some_and(|spec| spec.client_metrics.plaintext);
     // An async task's attempts are numbered by group, not by version.
-    let mut failed: HashMap<i64, Vec<AttemptView>> = HashMap::new();
+    let mut failed: HashMap<i64, Vec<FailedAttempt>> = HashMap::new();
     if spec.is_some_and(|spec| spec.mode == crate::spec::TaskMode::Sync) {
         for attempt in state.store.attempts(id, ATTEMPTS_KEPT).await?.into_iter().rev() {
-            failed.entry(attempt.round).or_default().push(attempt_view(attempt));
+            failed.entry(attempt.round as i64).or_default().push(attempt);
         }
     }
     let mut views = Vec::new();
@@ -694,31 +641,6 @@ pub(super) async fn round_views(
     Ok(views)
 }
 
-/// An attempt of a round that ended without a new model, as the admin API
-/// shows it.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct AttemptView {
-    /// Round number (an async task: the group's number).
-    pub round: i64,
-    /// Attempt of that round.
-    pub attempt: i64,
-    /// `aborted` (too few clients) or `abandoned` (the model could not be
-    /// computed).
-    pub outcome: String,
-    /// The stage it stopped in.
-    pub stage: String,
-    /// Why, in words.
-    pub reason: String,
-    /// Clients selected.
-    pub selected: i64,
-    /// Start (Unix ms).
-    pub started_at: i64,
-    /// End (Unix ms).
-    pub ended_at: i64,
-    /// Its closed stages (eligible, received, dropouts, duration).
-    pub stages: serde_json::Value,
-}
-
 /// Query of the attempts list.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -735,7 +657,7 @@ pub(super) struct AttemptsQuery {
     get, path = "/admin/tasks/{id}/attempts", tag = "admin", operation_id = "listAttempts",
     security(("admin" = [])), params(TaskPath, AttemptsQuery),
     responses(
-        (status = 200, description = "Attempts, newest first, with the stage they stopped in and why", body = [AttemptView]),
+        (status = 200, description = "Attempts, newest first, with the stage they stopped in and why", body = [FailedAttempt]),
         (status = 400, response = Refused), (status = 401, response = Refused), (status = 404, response = Refused),
         (status = 503, response = RetryLater)
     )
@@ -745,7 +667,7 @@ pub(super) async fn list_attempts(
     State(state): State<AppState>,
     TaskId(id): TaskId,
     query: Result<axum::extract::Query<AttemptsQuery>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult<Json<Vec<AttemptView>>> {
+) -> ApiResult<Json<Vec<FailedAttempt>>> {
     let limit = query.ok().map(|q| q.0.limit).ok_or_else(bad_limit)?.unwrap_or(100);
     if !(1..=ATTEMPTS_KEPT).contains(&limit) {
         return Err(bad_limit());
@@ -755,27 +677,12 @@ pub(super) async fn list_attempts(
 }
 
 /// The task's newest `limit` attempts that ended without a new model.
-pub(super) async fn attempt_views(state: &AppState, id: &str, limit: i64) -> ApiResult<Vec<AttemptView>> {
-    Ok(state.store.attempts(id, limit).await?.into_iter().map(attempt_view).collect())
-}
-
-fn attempt_view(a: AttemptRecord) -> AttemptView {
-    AttemptView {
-        round: a.round,
-        attempt: a.attempt,
-        outcome: a.outcome,
-        stage: a.stage,
-        reason: a.reason,
-        selected: a.selected,
-        started_at: a.started_at,
-        ended_at: a.ended_at,
-        stages: serde_json::from_str(&a.stages).unwrap_or_default(),
-    }
+pub(super) async fn attempt_views(state: &AppState, id: &str, limit: i64) -> ApiResult<Vec<FailedAttempt>> {
+    Ok(state.store.attempts(id, limit).await?)
 }
 
 fn bad_limit() -> ApiError {
     ApiError::new(
-        StatusCode::BAD_REQUEST,
         ErrorCode::InvalidQuery,
         format!("the only query parameter is limit, between 1 and {ATTEMPTS_KEPT}"),
     )
@@ -804,13 +711,8 @@ pub(super) async fn get_checkpoint(
     let record = if round == "latest" {
         state.store.latest_checkpoint(&id).await?
     } else {
-        let number = decimal(round).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidRound,
-                "round must be a number or \"latest\"",
-            )
-        })?;
+        let number = decimal(round)
+            .ok_or_else(|| ApiError::new(ErrorCode::InvalidRound, "round must be a number or \"latest\""))?;
         state.store.checkpoint(&id, number as i64).await?
     };
     let disposition = format!("attachment; filename=\"{id}-round-{}.safetensors\"", record.round);

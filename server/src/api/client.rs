@@ -49,7 +49,7 @@ pub(super) struct EnrollRequest {
 
 /// The identity key of an enrollment, checked against its proof.
 fn identity_key(task: &str, request: &EnrollRequest) -> ApiResult<Option<[u8; 32]>> {
-    let invalid = |message: &str| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidIdentity, message);
+    let invalid = |message: &str| ApiError::new(ErrorCode::InvalidIdentity, message);
     let (key, proof) = match (&request.identity_key, &request.identity_proof) {
         (None, None) => return Ok(None),
         (Some(key), Some(proof)) => (key, proof),
@@ -92,35 +92,25 @@ pub(super) async fn enroll(
     let task = state.store.task(&id).await?;
     // Looked up by the SHA-256 of a 256-bit random token: the hash, not the
     // token, meets the index.
-    let invalid =
-        || ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "invalid enrollment token");
+    let invalid = || ApiError::new(ErrorCode::Unauthorized, "invalid enrollment token");
     let token = match state.store.enrollment_token_by_hash(&token_hash(&request.enrollment_token)).await {
         Ok(token) if token.task_id == id => token,
         Ok(_) | Err(StoreError::NotFound(_)) => return Err(invalid()),
         Err(error) => return Err(error.into()),
     };
     if token.revoked_at.is_some() {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::TokenRevoked,
-            "this enrollment token was revoked",
-        ));
+        return Err(ApiError::new(ErrorCode::TokenRevoked, "this enrollment token was revoked"));
     }
     let rate = token.rate.map(|(per_minute, burst)| Rate { per_minute, burst });
     state.config.limiters.check_token(&token.id, rate).map_err(ApiError::rate_limited)?;
     if task.status.is_final() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::TaskInactive,
-            format!("the task is {}", task.status.as_str()),
-        ));
+        return Err(ApiError::new(ErrorCode::TaskInactive, format!("the task is {}", task.status.as_str())));
     }
     let identity_key = identity_key(&id, &request)?;
     // Derived when the task was loaded; an unfinished task is loaded.
     let security = state.coordinator.security(&id).await?;
     if security.variant == cohort_crypto::Variant::Active && identity_key.is_none() {
         return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
             ErrorCode::IdentityRequired,
             "this task runs the active variant: enroll with an identity_key and its identity_proof",
         ));
@@ -216,7 +206,6 @@ fn trained_on(query: Option<&str>) -> ApiResult<Option<u64>> {
         .map(Some)
         .ok_or_else(|| {
             ApiError::new(
-                StatusCode::BAD_REQUEST,
                 ErrorCode::InvalidRound,
                 "the check-in takes one parameter, trained_on: the model version a finished update was trained from",
             )
@@ -242,9 +231,7 @@ pub(super) async fn model(
         [
             (header::CONTENT_TYPE, SAFETENSORS_CONTENT_TYPE.to_string()),
             (
-                "x-cohort-round".parse().map_err(|_| {
-                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, "header")
-                })?,
+                "x-cohort-round".parse().map_err(|_| ApiError::new(ErrorCode::Internal, "header"))?,
                 round.to_string(),
             ),
         ],
@@ -274,8 +261,7 @@ pub(super) async fn fetch_message(
         Poll::Message(bytes) => ([(header::CONTENT_TYPE, SECAGG_CONTENT_TYPE)], bytes).into_response(),
         Poll::Wait => StatusCode::NO_CONTENT.into_response(),
         Poll::Dropped => {
-            ApiError::new(StatusCode::GONE, ErrorCode::Dropped, "this client is no longer part of the round")
-                .into_response()
+            ApiError::new(ErrorCode::Dropped, "this client is no longer part of the round").into_response()
         }
     })
 }
@@ -319,7 +305,6 @@ pub(super) async fn post_message(
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if content_type != SECAGG_CONTENT_TYPE {
         return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::UnsupportedMediaType,
             format!("stage messages must be sent as {SECAGG_CONTENT_TYPE}"),
         ));
@@ -541,19 +526,12 @@ pub(super) async fn report_metrics(
     limit(&state, Call::Report, address, Some(&p.id))?;
     let report: MetricsReport = json_body(&body)?;
     if report.round < 1 || report.round > i64::MAX as u64 {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::InvalidRound,
-            "round must be between 1 and 2^63 - 1",
-        ));
+        return Err(ApiError::new(ErrorCode::InvalidRound, "round must be between 1 and 2^63 - 1"));
     }
-    report
-        .metrics
-        .validate()
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidMetrics, e.to_string()))?;
+    report.metrics.validate().map_err(|e| ApiError::new(ErrorCode::InvalidMetrics, e.to_string()))?;
     state.coordinator.may_report(&p.task_id, &p.id, report.round).await?;
     let metrics = serde_json::to_string(&report.metrics)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string()))?;
+        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, e.to_string()))?;
     let kind = match report.kind {
         ReportKind::Train => "train",
         ReportKind::Eval => "eval",

@@ -25,7 +25,15 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+    /// A refusal with `code`, at its status ([`ErrorCode::status`]).
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        let status = StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Self::with_status(status, code, message)
+    }
+
+    /// A refusal with `code` at another status than its own: a body
+    /// rejection's (axum's), or a round request's `410` for a finished task.
+    pub(crate) fn with_status(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         Self { status, code, message: message.into(), retry_after: None }
     }
 
@@ -39,17 +47,13 @@ impl ApiError {
     /// A `429`: the caller should wait `wait`.
     pub(super) fn rate_limited(wait: Duration) -> Self {
         let message = format!("too many requests; retry in {} ms", wait.as_millis().max(1));
-        Self::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, message).retry_after(wait)
+        Self::new(ErrorCode::RateLimited, message).retry_after(wait)
     }
 
     /// A `503`: the database cannot be reached.
     fn database_unavailable() -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::Unavailable,
-            "the database is unavailable or overloaded; retry later",
-        )
-        .retry_after(DATABASE_RETRY)
+        Self::new(ErrorCode::Unavailable, "the database is unavailable or overloaded; retry later")
+            .retry_after(DATABASE_RETRY)
     }
 
     /// The HTTP status.
@@ -100,10 +104,8 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
-            StoreError::NotFound(what) => {
-                ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, format!("{what} not found"))
-            }
-            StoreError::Conflict(why) => ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, why),
+            StoreError::NotFound(what) => ApiError::new(ErrorCode::NotFound, format!("{what} not found")),
+            StoreError::Conflict(why) => ApiError::new(ErrorCode::Conflict, why),
             other if other.is_unavailable() => {
                 // One line per request would flood the log during an outage;
                 // /readyz reports it at warn level.
@@ -112,7 +114,7 @@ impl From<StoreError> for ApiError {
             }
             other => {
                 tracing::error!(error = %other, "storage failure");
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, "internal error")
+                ApiError::new(ErrorCode::Internal, "internal error")
             }
         }
     }
@@ -120,70 +122,58 @@ impl From<StoreError> for ApiError {
 
 impl From<CoordinatorError> for ApiError {
     fn from(error: CoordinatorError) -> Self {
-        use StatusCode as S;
         match error {
             // The task exists (the routing found it) but this replica does
             // not run it (any more): its lead is moving, which a retry
             // outlives. A task that does not exist is the store's 404.
             CoordinatorError::UnknownTask => ApiError::new(
-                S::SERVICE_UNAVAILABLE,
                 ErrorCode::Unavailable,
                 "this replica does not lead the task (its lead is moving); retry",
             )
             .retry_after(crate::cluster::forward::BETWEEN_LEADERS),
             CoordinatorError::Store(e) => e.into(),
             CoordinatorError::Task(e) => e.into(),
-            CoordinatorError::Unavailable => {
-                ApiError::new(S::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "shutting down")
+            CoordinatorError::Unavailable => ApiError::new(ErrorCode::Unavailable, "shutting down"),
+            CoordinatorError::Engine(EngineError::NotSelected) => {
+                ApiError::new(ErrorCode::NotSelected, "this client is not part of the round in progress")
             }
-            CoordinatorError::Engine(EngineError::NotSelected) => ApiError::new(
-                S::CONFLICT,
-                ErrorCode::NotSelected,
-                "this client is not part of the round in progress",
-            ),
             // Gone, as a client dropped from a round is told, with the
             // reason its attempt failed.
             CoordinatorError::Engine(EngineError::Failed(reason)) => {
-                ApiError::new(S::GONE, ErrorCode::Dropped, reason)
+                ApiError::new(ErrorCode::Dropped, reason)
             }
             CoordinatorError::Engine(EngineError::NotInRound(round)) => ApiError::new(
-                S::CONFLICT,
                 ErrorCode::NotInRound,
                 format!("this client is not part of round {round}, or the round is not recent"),
             ),
             CoordinatorError::Engine(EngineError::PlaintextMetricsOff) => ApiError::new(
-                S::FORBIDDEN,
                 ErrorCode::PlaintextMetricsOff,
                 "this task takes clients' metrics only in aggregate, inside the masked inputs",
             ),
-            CoordinatorError::Engine(EngineError::Inactive(status)) => ApiError::new(
-                S::CONFLICT,
-                ErrorCode::TaskInactive,
-                format!("the task is {}", status.as_str()),
-            ),
+            CoordinatorError::Engine(EngineError::Inactive(status)) => {
+                ApiError::new(ErrorCode::TaskInactive, format!("the task is {}", status.as_str()))
+            }
             CoordinatorError::Engine(EngineError::Elsewhere(_)) => ApiError::new(
-                S::SERVICE_UNAVAILABLE,
                 ErrorCode::Unavailable,
                 "this client's group is run by another replica that is not reachable yet; retry",
             )
             .retry_after(std::time::Duration::from_millis(500)),
             CoordinatorError::Engine(EngineError::Spool) => ApiError::new(
-                S::SERVICE_UNAVAILABLE,
                 ErrorCode::Unavailable,
                 "the server could not keep this message's bytes; send it again",
             )
             .retry_after(crate::cluster::forward::BETWEEN_LEADERS),
             CoordinatorError::Engine(EngineError::Protocol(p)) => {
-                let (status, code) = match &p {
-                    ProtocolError::Decode(_) => (S::BAD_REQUEST, ErrorCode::MalformedMessage),
-                    ProtocolError::WrongRound => (S::CONFLICT, ErrorCode::WrongRound),
-                    ProtocolError::OutOfPhase { .. } => (S::CONFLICT, ErrorCode::OutOfPhase),
-                    ProtocolError::Duplicate(_) => (S::CONFLICT, ErrorCode::Duplicate),
-                    ProtocolError::NotEligible { .. } => (S::CONFLICT, ErrorCode::NotEligible),
-                    ProtocolError::Crypto(_) => (S::UNPROCESSABLE_ENTITY, ErrorCode::CryptoFailure),
-                    _ => (S::UNPROCESSABLE_ENTITY, ErrorCode::InvalidMessage),
+                let code = match &p {
+                    ProtocolError::Decode(_) => ErrorCode::MalformedMessage,
+                    ProtocolError::WrongRound => ErrorCode::WrongRound,
+                    ProtocolError::OutOfPhase { .. } => ErrorCode::OutOfPhase,
+                    ProtocolError::Duplicate(_) => ErrorCode::Duplicate,
+                    ProtocolError::NotEligible { .. } => ErrorCode::NotEligible,
+                    ProtocolError::Crypto(_) => ErrorCode::CryptoFailure,
+                    _ => ErrorCode::InvalidMessage,
                 };
-                ApiError::new(status, code, p.to_string())
+                ApiError::new(code, p.to_string())
             }
         }
     }
@@ -192,12 +182,10 @@ impl From<CoordinatorError> for ApiError {
 impl From<TaskError> for ApiError {
     fn from(error: TaskError) -> Self {
         match error {
-            TaskError::Spec(e) => {
-                ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidTask, e.to_string())
-            }
+            TaskError::Spec(e) => ApiError::new(ErrorCode::InvalidTask, e.to_string()),
             other => {
                 tracing::error!(error = %other, "task fault");
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, "internal error")
+                ApiError::new(ErrorCode::Internal, "internal error")
             }
         }
     }

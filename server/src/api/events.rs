@@ -20,8 +20,9 @@
 //! (the task list's streams another): a task that nobody follows is not
 //! read, and the first stream to follow it starts its producer, which ends
 //! with its last stream. The producer reads the task when the coordinator
-//! tells it that a request or a tick may have changed it
-//! ([`Coordinator::changes`](crate::coordinator::Coordinator::changes)), at most
+//! tells it that a request or a tick may have changed that task
+//! ([`Coordinator::task_changes`](crate::coordinator::Coordinator::task_changes):
+//! a change to another task does not wake it), at most
 //! once per [`TASK_COALESCE`] ([`LIST_COALESCE`] for the list), and again
 //! after [`REREAD`] without news, for what changes by the clock alone
 //! (clients that stop checking in) or on another replica. It serializes
@@ -55,7 +56,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use http_body::Frame;
 use serde::Serialize;
@@ -123,7 +124,6 @@ impl Streams {
     fn admit(&self) -> ApiResult<OwnedSemaphorePermit> {
         self.open.clone().try_acquire_owned().map_err(|_| {
             ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
                 ErrorCode::RateLimited,
                 "too many admin event streams are open; close one or retry later",
             )
@@ -539,7 +539,7 @@ struct TaskState {
 }
 
 async fn produce_task(state: AppState, id: String, producer: Producer<String, TaskSnapshot>) {
-    let mut changes = state.coordinator.changes();
+    let mut changes = state.coordinator.task_changes(&id);
     let mut last = TaskState::default();
     loop {
         let read_at = Instant::now();
@@ -563,7 +563,7 @@ async fn read_task(state: &AppState, id: &str, last: &mut TaskState) -> ApiResul
     let task = state.store.task(id).await?;
     let current = view(state, &task).await?;
     let newest = last.rounds.newest();
-    if current.completed_rounds as i64 > newest || first {
+    if current.live.completed_rounds as i64 > newest || first {
         let added = round_views(state, &task, newest).await?;
         if !added.is_empty() || first {
             let added: Vec<(i64, Bytes)> = added.iter().map(|r| (r.round, Bytes::from(to_json(r)))).collect();
@@ -576,7 +576,7 @@ async fn read_task(state: &AppState, id: &str, last: &mut TaskState) -> ApiResul
     }
     // The attempts change when one more ends, which the leader's last
     // failure tells; each read of them is sent.
-    let key = to_json(&current.last_failure);
+    let key = to_json(&current.live.last_failure);
     let attempts = match last.attempts.take() {
         Some((read_at, attempts)) if read_at == key => attempts,
         before => {
@@ -777,7 +777,7 @@ mod tests {
         let streams = Streams::new(2);
         let held = [streams.admit().unwrap(), streams.admit().unwrap()];
         let refused = streams.admit().unwrap_err();
-        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.status(), axum::http::StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(refused.body(Duration::ZERO).retry_after_ms, Some(5000));
         drop(held);
         assert!(streams.admit().is_ok());

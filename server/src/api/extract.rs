@@ -44,11 +44,7 @@ impl FromRequestParts<AppState> for Admin {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         match bearer(parts) {
             Some(token) if verify_token(token, &state.config.admin_token_hash) => Ok(Admin),
-            _ => Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                ErrorCode::Unauthorized,
-                "a valid admin token is required",
-            )),
+            _ => Err(ApiError::new(ErrorCode::Unauthorized, "a valid admin token is required")),
         }
     }
 }
@@ -60,13 +56,7 @@ impl FromRequestParts<AppState> for Authenticated {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let unauthorized = || {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                ErrorCode::Unauthorized,
-                "a valid client credential is required",
-            )
-        };
+        let unauthorized = || ApiError::new(ErrorCode::Unauthorized, "a valid client credential is required");
         let token = bearer(parts).ok_or_else(unauthorized)?;
         let hash = token_hash(token);
         // Looked up already by the routing to the task's replica.
@@ -84,11 +74,7 @@ impl FromRequestParts<AppState> for Authenticated {
             },
         };
         if participant.expires_at <= now_ms() {
-            return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                ErrorCode::CredentialExpired,
-                "the client credential has expired",
-            ));
+            return Err(ApiError::new(ErrorCode::CredentialExpired, "the client credential has expired"));
         }
         Ok(Authenticated(participant))
     }
@@ -105,18 +91,18 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
         Bytes::from_request(request, state).await.map(RawBody).map_err(|rejection| {
             let status = rejection.status();
             if status == StatusCode::PAYLOAD_TOO_LARGE {
-                return ApiError::new(status, ErrorCode::PayloadTooLarge, rejection.body_text());
+                return ApiError::with_status(status, ErrorCode::PayloadTooLarge, rejection.body_text());
             }
-            too_slow(&rejection)
-                .unwrap_or_else(|| ApiError::new(status, ErrorCode::InvalidBody, rejection.body_text()))
+            too_slow(&rejection).unwrap_or_else(|| {
+                ApiError::with_status(status, ErrorCode::InvalidBody, rejection.body_text())
+            })
         })
     }
 }
 
 /// The `408` for a body that failed because it arrived too slowly.
 fn too_slow(error: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
-    find_source::<SlowBody>(error)
-        .map(|slow| ApiError::new(StatusCode::REQUEST_TIMEOUT, ErrorCode::RequestTimeout, slow.to_string()))
+    find_source::<SlowBody>(error).map(|slow| ApiError::new(ErrorCode::RequestTimeout, slow.to_string()))
 }
 
 /// The first error of type `E` in `error`'s chain of sources.
@@ -154,11 +140,7 @@ impl LimitedBody {
     }
 
     fn too_large(limit: usize) -> ApiError {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::PayloadTooLarge,
-            format!("this message may be at most {limit} bytes"),
-        )
+        ApiError::new(ErrorCode::PayloadTooLarge, format!("this message may be at most {limit} bytes"))
     }
 
     /// The length the request declared, if it did.
@@ -172,11 +154,7 @@ impl LimitedBody {
             let Some(frame) = self.body.frame().await else { return Ok(None) };
             let frame = frame.map_err(|error| {
                 too_slow(&error).unwrap_or_else(|| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        ErrorCode::InvalidBody,
-                        "the request body could not be read",
-                    )
+                    ApiError::new(ErrorCode::InvalidBody, "the request body could not be read")
                 })
             })?;
             // Trailers carry nothing a stage message needs.
@@ -201,8 +179,7 @@ pub struct TaskId(pub String);
 /// `json` writes a float that holds one), so a field the document types
 /// `integer` takes it; any other number stays as it was.
 pub fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let invalid =
-        |e: serde_json::Error| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidJson, e.to_string());
+    let invalid = |e: serde_json::Error| ApiError::new(ErrorCode::InvalidJson, e.to_string());
     let UniqueKeys(mut value) = serde_json::from_slice(body).map_err(invalid)?;
     integral_numbers(&mut value);
     serde_json::from_value(value).map_err(invalid)
@@ -319,7 +296,7 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskId {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let not_found = || ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "task not found");
+        let not_found = || ApiError::new(ErrorCode::NotFound, "task not found");
         let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
             .await
             .map_err(|_| not_found())?;

@@ -30,7 +30,8 @@
 //!   and demo pages and the browser client's files; [`openapi`];
 //! * [`auth`] (tokens and their hashes), [`ratelimit`], [`listener`] (the
 //!   connections: timeouts, the cap, TLS); requests about a task that
-//!   another replica leads are forwarded by [`crate::cluster::forward`].
+//!   another replica leads are forwarded by [`crate::cluster::forward`];
+//!   [`trace`]: request ids and spans, followed across replicas.
 
 pub mod admin;
 pub mod auth;
@@ -43,6 +44,7 @@ pub mod openapi;
 pub mod pages;
 pub mod ratelimit;
 pub mod state;
+pub mod trace;
 
 pub use admin::{CreatedTask, RoundView, TaskView, TokenView, create};
 pub use client::ClientMetrics;
@@ -121,16 +123,18 @@ pub fn app(state: AppState) -> Router {
         .merge(messages)
         .split_for_parts();
     let document = bytes::Bytes::from(openapi::document(routes).to_string());
-    api.route(
-        "/openapi.json",
-        get(move || {
-            let document = document.clone();
-            async move { ([(header::CONTENT_TYPE, "application/json")], document) }
-        }),
-    )
-    .merge(pages::routes())
-    .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such endpoint") })
-    .with_state(state)
+    let router = api
+        .route(
+            "/openapi.json",
+            get(move || {
+                let document = document.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], document) }
+            }),
+        )
+        .merge(pages::routes())
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
+        .with_state(state);
+    trace::layer(router)
 }
 
 /// Liveness: the process answers.

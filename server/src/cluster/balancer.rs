@@ -1,7 +1,8 @@
 //! The HAProxy configuration for replicas of `cohort serve` behind one
 //! address: round robin, health checks on readiness (so that a replica
-//! that cannot reach the database leaves the rotation), and retries of
-//! requests that never reached a replica. docs/DEPLOYMENT.md shows it; the
+//! that cannot reach the database leaves the rotation), retries of
+//! requests that never reached a replica, and a request id for every
+//! request that does not bring one. docs/DEPLOYMENT.md shows it; the
 //! replica tests and `cohort bench load --replicas` start HAProxy with it.
 
 use std::fmt::Write;
@@ -15,7 +16,10 @@ pub fn haproxy_config(port: u16, backends: &[u16]) -> String {
         "global\n    maxconn 4096\n\n\
          defaults\n    mode http\n    timeout connect 2s\n    timeout client 120s\n    timeout server 120s\n    \
          option redispatch\n    retries 3\n    retry-on conn-failure empty-response 503\n\n\
-         frontend cohort\n    bind 127.0.0.1:{port}\n    default_backend replicas\n\n\
+         frontend cohort\n    bind 127.0.0.1:{port}\n    \
+         unique-id-format %{{+X}}o%ci%cp%fi%fp%Ts%rt%pid\n    \
+         http-request set-header X-Request-ID %[unique-id] unless {{ req.hdr(x-request-id) -m found }}\n    \
+         default_backend replicas\n\n\
          backend replicas\n    balance roundrobin\n    option httpchk GET /readyz\n    http-check expect status 200\n    \
          default-server inter 300ms fall 2 rise 2 on-marked-down shutdown-sessions\n"
     );

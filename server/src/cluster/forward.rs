@@ -257,9 +257,7 @@ fn at(base: &str, path: &str) -> Option<Uri> {
 
 /// A `503` with `Retry-After` in the API's error form.
 fn unavailable(message: &str) -> Response {
-    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, message)
-        .retry_after(BETWEEN_LEADERS)
-        .into_response()
+    ApiError::new(ErrorCode::Unavailable, message).retry_after(BETWEEN_LEADERS).into_response()
 }
 
 /// A participant the routing looked up by its credential, handed to the
@@ -369,7 +367,7 @@ pub(crate) async fn route(State(state): State<AppState>, request: Request, next:
                 Subject::Participant(_)
                     if ![routes::CHECK_IN, routes::LEAVE].contains(&request.uri().path()) =>
                 {
-                    ApiError::new(StatusCode::GONE, ErrorCode::TaskInactive, "the task is over")
+                    ApiError::with_status(StatusCode::GONE, ErrorCode::TaskInactive, "the task is over")
                         .into_response()
                 }
                 subject => serve_here(request, subject, next).await,

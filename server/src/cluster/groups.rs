@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use super::lease::{LEASE_TTL_MS, Routes};
 use super::{GroupKey, Replica};
 use crate::coordinator::actor::Actor;
-use crate::coordinator::{Request, now_ms};
+use crate::coordinator::{Request, Traced, now_ms};
 use crate::round::TaskError;
 use crate::round::owned::{GroupAssignment, GroupReport, OwnedGroup, OwnedStep};
 use crate::spec::TaskSpec;
@@ -42,12 +42,12 @@ pub(crate) enum GroupEvent {
 
 /// A stage's stored name (as the API writes it).
 fn stage_name(stage: Stage) -> String {
-    serde_json::to_value(stage).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    stage.to_string()
 }
 
 /// The stage of a stored name.
 fn parse_stage(name: &str) -> Option<Stage> {
-    serde_json::from_value(serde_json::Value::String(name.to_string())).ok()
+    name.parse().ok()
 }
 
 /// Looks for the groups other replicas hand to this one and for the
@@ -65,7 +65,7 @@ pub(crate) struct GroupWatcher {
 }
 
 impl GroupWatcher {
-    pub(crate) async fn run(mut self, tx: mpsc::Sender<Request>) {
+    pub(crate) async fn run(mut self, tx: mpsc::Sender<Traced>) {
         let mut ticker = tokio::time::interval(GROUP_TICK);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -73,7 +73,7 @@ impl GroupWatcher {
             match self.tick().await {
                 Ok(events) => {
                     for event in events {
-                        if tx.send(Request::Groups(event)).await.is_err() {
+                        if tx.send(Request::Groups(event).into()).await.is_err() {
                             return;
                         }
                     }

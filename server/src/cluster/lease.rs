@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use super::GroupKey;
 use crate::coordinator::actor::{Actor, load};
-use crate::coordinator::{CoordinatorError, Request, now_ms};
+use crate::coordinator::{CoordinatorError, Request, Traced, now_ms};
 use crate::round::TaskEngine;
 use crate::store::{Fence, ReplicaRecord, SqlStore, Store};
 
@@ -132,13 +132,13 @@ impl LeaseKeeper {
         }
     }
 
-    pub(crate) async fn run(mut self, tx: mpsc::Sender<Request>) {
+    pub(crate) async fn run(mut self, tx: mpsc::Sender<Traced>) {
         let mut ticker = tokio::time::interval(LEASE_TICK);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
             for event in self.tick().await {
-                if tx.send(Request::Lease(event)).await.is_err() {
+                if tx.send(Request::Lease(event).into()).await.is_err() {
                     return;
                 }
             }

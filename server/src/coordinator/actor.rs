@@ -6,9 +6,12 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, RwLock};
 
 use cohort_crypto::{Aggregate, ProtocolError};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
-use super::{CoordinatorError, LiveState, Request, Shown, TICK, now_ms};
+use tracing::Instrument;
+
+use super::changes::Changes;
+use super::{CoordinatorError, LiveState, Request, Shown, TICK, Traced, now_ms};
 use crate::cluster::groups::GroupEvent;
 use crate::cluster::lease::Routes;
 use crate::cluster::{GroupKey, Replica};
@@ -18,7 +21,7 @@ use crate::round::{
     Completion, FailedAttempt, InputStep, PendingUnmask, Poll, TaskEngine, TaskError, TickOutcome,
 };
 use crate::spec::TaskSpec;
-use crate::store::{AttemptRecord, Fence, SqlStore, Store, StoreError, TaskStatus};
+use crate::store::{Fence, SqlStore, Store, StoreError, TaskStatus};
 
 pub(crate) async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError> {
     let task = store.task(id).await?;
@@ -32,7 +35,7 @@ pub(crate) struct Actor {
     pub(crate) store: SqlStore,
     pub(crate) engines: HashMap<String, TaskEngine>,
     pub(crate) metrics: Metrics,
-    pub(crate) tx: mpsc::Sender<Request>,
+    pub(crate) tx: mpsc::Sender<Traced>,
     pub(crate) routes: Arc<RwLock<Routes>>,
     pub(crate) replica: Arc<Replica>,
     /// The groups this replica runs for other replicas' rounds.
@@ -43,25 +46,35 @@ pub(crate) struct Actor {
     pub(crate) contributors_read: HashSet<GroupKey>,
     /// The lease each task led here is written under.
     pub(crate) fences: HashMap<String, Fence>,
-    /// Counts the changes of what the admin API shows (see
-    /// [`Coordinator::changes`]).
-    pub(crate) changes: watch::Sender<u64>,
+    /// Counts the changes of what the admin API shows, per task (see
+    /// [`Coordinator::changes`](super::Coordinator::changes)).
+    pub(crate) changes: Arc<Changes>,
+}
+
+impl Drop for Actor {
+    /// However the actor stops, the event streams are told.
+    fn drop(&mut self) {
+        self.changes.close();
+    }
 }
 
 impl Actor {
-    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Traced>) {
         let mut ticker = tokio::time::interval(TICK);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 request = rx.recv() => match request {
-                    Some(request) => {
+                    Some(Traced(request, span)) => {
                         let changes = request.changes_state();
-                        if self.handle(request).await.is_break() {
+                        let task = request.task().map(str::to_owned);
+                        if self.handle(request).instrument(span).await.is_break() {
                             return;
                         }
-                        if changes {
-                            self.changed();
+                        match (changes, task) {
+                            (false, _) => {}
+                            (true, Some(task)) => self.changes.task(&task),
+                            (true, None) => self.changes.all(),
                         }
                     }
                     None => return,
@@ -78,32 +91,26 @@ impl Actor {
                     for key in keys {
                         self.tick_owned(&key).await;
                     }
-                    if self.shown() != before {
-                        self.changed();
+                    let after = self.shown();
+                    let keys = before.keys().chain(after.keys());
+                    for task in keys.filter(|task| before.get(*task) != after.get(*task)) {
+                        self.changes.task(task);
                     }
                 }
             }
         }
     }
 
-    /// Tells the admin API's streams that something changed.
-    pub(crate) fn changed(&self) {
-        self.changes.send_modify(|count| *count = count.wrapping_add(1));
-    }
-
     /// What a tick can change of the tasks led here, as the admin API
     /// shows it: each task's status, completed rounds, and the round and
     /// stage in progress.
-    pub(crate) fn shown(&self) -> Vec<Shown> {
-        let mut shown: Vec<_> = self
-            .engines
+    pub(crate) fn shown(&self) -> HashMap<String, Shown> {
+        self.engines
             .iter()
             .map(|(id, engine)| {
-                (id.clone(), engine.status(), engine.completed_rounds(), engine.current_round())
+                (id.clone(), (engine.status(), engine.completed_rounds(), engine.current_round()))
             })
-            .collect();
-        shown.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        shown
+            .collect()
     }
 
     /// Stops leading `id`: its round in progress is abandoned. A lease
@@ -170,7 +177,7 @@ impl Actor {
     ) {
         let tx = self.tx.clone();
         tokio::task::spawn_blocking(move || {
-            let _ = tx.blocking_send(answer(job.run()));
+            let _ = tx.blocking_send(answer(job.run()).into());
         });
     }
 
@@ -427,19 +434,7 @@ impl Actor {
     /// Keeps a failed attempt for the admin API and the dashboard (best
     /// effort: a store that fails here loses the record, not the task).
     pub(crate) async fn record_attempt(&mut self, id: &str, attempt: &FailedAttempt) {
-        let record = AttemptRecord {
-            task_id: id.to_string(),
-            round: attempt.round as i64,
-            attempt: i64::from(attempt.attempt),
-            outcome: attempt.outcome.as_str().to_string(),
-            stage: attempt.stage.to_string(),
-            reason: attempt.reason.clone(),
-            selected: attempt.selected as i64,
-            started_at: attempt.started_at,
-            ended_at: attempt.ended_at,
-            stages: serde_json::to_string(&attempt.stages).unwrap_or_else(|_| "[]".into()),
-        };
-        match self.store.record_attempt(&record, self.fences.get(id)).await {
+        match self.store.record_attempt(id, attempt, self.fences.get(id)).await {
             Ok(()) => {}
             Err(StoreError::Fenced) => self.drop_task(id, "another replica took its lease over", false),
             Err(error) => {

@@ -12,6 +12,7 @@
 //! replicas, forwarding) is in [`crate::cluster`].
 
 pub(crate) mod actor;
+mod changes;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -28,6 +29,7 @@ use crate::metrics::Metrics;
 use crate::round::{CheckIn, EngineError, InputStep, Poll, RoundProgress, TaskError};
 use crate::store::{SqlStore, Store, StoreError, TaskStatus};
 use actor::Actor;
+use changes::Changes;
 
 /// Requests waiting for the actor at most.
 const QUEUE: usize = 1024;
@@ -60,31 +62,37 @@ pub enum CoordinatorError {
     Unavailable,
 }
 
-/// A task's live state, as the admin API shows it.
-#[derive(Debug, Clone, serde::Serialize)]
+/// A task's live state, as the admin API shows it (flattened into the
+/// task's view).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct LiveState {
-    /// Status.
     pub status: TaskStatus,
-    /// Rounds completed.
     pub completed_rounds: u64,
-    /// Round in progress.
+    /// The round in progress.
     pub current_round: Option<u64>,
-    /// Its stage.
+    /// The stage of the round in progress.
     pub stage: Option<Stage>,
-    /// Its progress.
+    /// The round's progress: counts per stage, deadlines and traffic.
     pub progress: Option<RoundProgress>,
-    /// Clients that checked in recently enough to be selected.
+    /// Clients that checked in recently enough to be selected for the next
+    /// round (not those an earlier attempt of it asked for a masked input).
     pub available_clients: usize,
-    /// Differential privacy: the noise and ε spent.
+    /// Differential privacy: the noise every round carries and the ε the
+    /// task spent (absent for a task without DP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub privacy: Option<crate::privacy::PrivacyView>,
-    /// An async task's schedule: its version, groups in flight and the
-    /// staleness of the updates applied.
+    /// An async task's schedule: the model version, the groups in flight
+    /// and how stale the applied updates were (absent for a sync task).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buffer: Option<crate::round::BufferView>,
-    /// The last attempt that ended without a new model, and why.
+    /// The last attempt that ended without a new model since the leader
+    /// loaded the task, and why (`GET /admin/tasks/{id}/attempts` lists
+    /// them all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<crate::round::FailedAttempt>,
-    /// Why no round can start now, when one should.
+    /// Why the task makes no progress, when it should: too few clients
+    /// for a round (and how many may not take part in it again), or no
+    /// replica leading it (and why, when this replica could not load it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalled: Option<String>,
 }
@@ -171,10 +179,44 @@ pub(crate) enum Request {
     Lease(LeaseEvent),
 }
 
+/// A request with the span of the HTTP request that sent it (none for the
+/// lease keeper's and the group watcher's news), which the actor enters
+/// while it serves it: its log lines carry the request's id.
+pub(crate) struct Traced(Request, tracing::Span);
+
+impl From<Request> for Traced {
+    fn from(request: Request) -> Self {
+        Traced(request, tracing::Span::current())
+    }
+}
+
 /// A task's status, completed rounds, and round and stage in progress.
-type Shown = (String, TaskStatus, u64, Option<(u64, Stage)>);
+type Shown = (TaskStatus, u64, Option<(u64, Stage)>);
 
 impl Request {
+    /// The task this request is about, when it is about one task led here
+    /// (the lease keeper's and the group watcher's news may be about any).
+    fn task(&self) -> Option<&str> {
+        match self {
+            Request::Load { id, .. } | Request::SetStatus { id, .. } | Request::Live { id, .. } => Some(id),
+            Request::Leave { task, .. }
+            | Request::CheckIn { task, .. }
+            | Request::Poll { task, .. }
+            | Request::Receive { task, .. }
+            | Request::Input { task, .. }
+            | Request::Model { task, .. }
+            | Request::Admit { task, .. }
+            | Request::MayReport { task, .. }
+            | Request::Security { task, .. }
+            | Request::Unmasked { task, .. } => Some(task),
+            Request::Lease(LeaseEvent::Adopt { id, .. } | LeaseEvent::Drop { id, .. }) => Some(id),
+            Request::OwnedUnmasked { .. }
+            | Request::Groups(_)
+            | Request::Lease(_)
+            | Request::Shutdown { .. } => None,
+        }
+    }
+
     /// Whether serving this request may change what the admin API shows
     /// (queries do not; nor does a piece of a masked input before its end).
     fn changes_state(&self) -> bool {
@@ -195,8 +237,8 @@ impl Request {
 /// A handle to the coordinator actor; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Coordinator {
-    tx: mpsc::Sender<Request>,
-    changes: watch::Receiver<u64>,
+    tx: mpsc::Sender<Traced>,
+    changes: Arc<Changes>,
     routes: Arc<RwLock<Routes>>,
     replica: Arc<Replica>,
     /// The lease keeper and the group watcher (PostgreSQL only).
@@ -220,7 +262,7 @@ impl Coordinator {
         replica: Replica,
     ) -> Result<Self, CoordinatorError> {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let (changes, changes_rx) = watch::channel(0);
+        let changes = Arc::new(Changes::default());
         let routes = Arc::new(RwLock::new(Routes {
             started: Some(Instant::now()),
             shared: lease_store.backend() == crate::store::Backend::Postgres,
@@ -238,7 +280,7 @@ impl Coordinator {
             owned_members: HashMap::new(),
             contributors_read: HashSet::new(),
             fences: HashMap::new(),
-            changes,
+            changes: changes.clone(),
         };
         let mut keeper = LeaseKeeper {
             store: lease_store,
@@ -279,7 +321,7 @@ impl Coordinator {
             }
             crate::store::Backend::Sqlite => None,
         };
-        Ok(Self { tx, changes: changes_rx, routes, replica, keeper })
+        Ok(Self { tx, changes, routes, replica, keeper })
     }
 
     /// A receiver that is told when a task this replica leads may have
@@ -289,7 +331,13 @@ impl Coordinator {
     /// reader sees the latest count), and its `changed()` fails once the
     /// coordinator has stopped. The admin API's event streams wait on it.
     pub fn changes(&self) -> watch::Receiver<u64> {
-        self.changes.clone()
+        self.changes.subscribe_all()
+    }
+
+    /// As [`changes`](Self::changes), for the changes of one task only: a
+    /// change to another task does not wake it.
+    pub fn task_changes(&self, task: &str) -> watch::Receiver<u64> {
+        self.changes.subscribe(task)
     }
 
     /// This replica.
@@ -353,7 +401,7 @@ impl Coordinator {
             task.abort();
         }
         let (reply, done) = oneshot::channel();
-        if self.tx.send(Request::Shutdown { reply }).await.is_ok() {
+        if self.tx.send(Request::Shutdown { reply }.into()).await.is_ok() {
             let _ = done.await;
         }
     }
@@ -363,7 +411,7 @@ impl Coordinator {
         make: impl FnOnce(oneshot::Sender<Result<T, CoordinatorError>>) -> Request,
     ) -> Result<T, CoordinatorError> {
         let (reply, response) = oneshot::channel();
-        self.tx.send(make(reply)).await.map_err(|_| CoordinatorError::Unavailable)?;
+        self.tx.send(make(reply).into()).await.map_err(|_| CoordinatorError::Unavailable)?;
         response.await.map_err(|_| CoordinatorError::Unavailable)?
     }
 
@@ -443,7 +491,8 @@ impl Coordinator {
     pub fn abandon_input(&self, task: &str, participant: &str, upload: u64) {
         let (reply, _) = oneshot::channel();
         let step = InputStep::Abort(upload);
-        let request = Request::Input { task: task.into(), participant: participant.into(), step, reply };
+        let request: Traced =
+            Request::Input { task: task.into(), participant: participant.into(), step, reply }.into();
         let tx = self.tx.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {

@@ -100,8 +100,21 @@ pub enum EngineError {
 }
 
 /// How an attempt of a round ended without a new model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::EnumIter,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum AttemptOutcome {
     /// Too few clients: no group of the attempt completed; the round is
     /// retried with a fresh selection.
@@ -114,10 +127,7 @@ pub enum AttemptOutcome {
 impl AttemptOutcome {
     /// The outcome's name, as stored and shown.
     pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptOutcome::Aborted => "aborted",
-            AttemptOutcome::Abandoned => "abandoned",
-        }
+        self.into()
     }
 }
 

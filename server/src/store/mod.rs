@@ -18,9 +18,24 @@ pub use sql::{Backend, SqlStore};
 
 use std::future::Future;
 
+use crate::round::FailedAttempt;
+
 /// Lifecycle of a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::EnumIter,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum TaskStatus {
     /// Rounds are being run.
     Active,
@@ -36,27 +51,14 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
-    /// The stored name.
+    /// The stored name (as the API writes it).
     pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Active => "active",
-            TaskStatus::Paused => "paused",
-            TaskStatus::Stopped => "stopped",
-            TaskStatus::Completed => "completed",
-            TaskStatus::BudgetSpent => "budget_spent",
-        }
+        self.into()
     }
 
     /// Parses a stored name.
     pub fn parse(name: &str) -> Option<Self> {
-        Some(match name {
-            "active" => TaskStatus::Active,
-            "paused" => TaskStatus::Paused,
-            "stopped" => TaskStatus::Stopped,
-            "completed" => TaskStatus::Completed,
-            "budget_spent" => TaskStatus::BudgetSpent,
-            _ => return None,
-        })
+        name.parse().ok()
     }
 
     /// Whether no further change of status is possible.
@@ -100,7 +102,8 @@ pub struct GroupKey {
 
 /// Where a group handed to another replica is (see
 /// [`crate::round::owned`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString, strum::EnumIter)]
+#[strum(serialize_all = "snake_case")]
 pub enum GroupRowState {
     /// Written by the leader; its owner has not taken it up yet.
     Assigned,
@@ -117,20 +120,12 @@ pub enum GroupRowState {
 impl GroupRowState {
     /// The stored name.
     pub fn as_str(self) -> &'static str {
-        match self {
-            GroupRowState::Assigned => "assigned",
-            GroupRowState::Running => "running",
-            GroupRowState::Done => "done",
-            GroupRowState::Failed => "failed",
-            GroupRowState::Lost => "lost",
-        }
+        self.into()
     }
 
     /// The state of a stored name.
     pub fn parse(name: &str) -> Option<Self> {
-        [Self::Assigned, Self::Running, Self::Done, Self::Failed, Self::Lost]
-            .into_iter()
-            .find(|state| state.as_str() == name)
+        name.parse().ok()
     }
 }
 
@@ -233,31 +228,6 @@ pub struct RoundRecord {
     pub metrics: String,
 }
 
-/// An attempt of a round that ended without a new model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AttemptRecord {
-    /// The task.
-    pub task_id: String,
-    /// Round number (an async task: the group's number).
-    pub round: i64,
-    /// Attempt of that round.
-    pub attempt: i64,
-    /// `aborted` or `abandoned`.
-    pub outcome: String,
-    /// The stage it stopped in.
-    pub stage: String,
-    /// Why, in words.
-    pub reason: String,
-    /// Clients selected.
-    pub selected: i64,
-    /// Start time.
-    pub started_at: i64,
-    /// End time.
-    pub ended_at: i64,
-    /// Its closed stages, as JSON.
-    pub stages: String,
-}
-
 /// Failed attempts kept per task (the newest).
 pub const ATTEMPTS_KEPT: i64 = 500;
 
@@ -303,6 +273,10 @@ pub enum StoreError {
     /// The write conflicts with existing data (duplicate key, final state).
     #[error("conflict: {0}")]
     Conflict(&'static str),
+    /// The store cannot be opened as configured (an unknown database URL,
+    /// a setting the backend does not have).
+    #[error("database configuration: {0}")]
+    Config(&'static str),
     /// A stored value could not be read back.
     #[error("corrupt stored value: {0}")]
     Corrupt(&'static str),
@@ -458,7 +432,8 @@ pub trait Store: Send + Sync {
     /// given.
     fn record_attempt(
         &self,
-        attempt: &AttemptRecord,
+        task_id: &str,
+        attempt: &FailedAttempt,
         fence: Option<&Fence>,
     ) -> impl Future<Output = StoreResult<()>> + Send;
     /// A task's failed attempts, newest first, at most `limit`.
@@ -466,7 +441,7 @@ pub trait Store: Send + Sync {
         &self,
         task_id: &str,
         limit: i64,
-    ) -> impl Future<Output = StoreResult<Vec<AttemptRecord>>> + Send;
+    ) -> impl Future<Output = StoreResult<Vec<FailedAttempt>>> + Send;
     /// The newest checkpoint of a task.
     fn latest_checkpoint(&self, task_id: &str) -> impl Future<Output = StoreResult<CheckpointRecord>> + Send;
     /// The checkpoint of one round.
@@ -577,4 +552,62 @@ pub trait Store: Send + Sync {
         task_id: &str,
         fence: Option<&Fence>,
     ) -> impl Future<Output = StoreResult<()>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::round::AttemptOutcome;
+    use crate::spec::VariantChoice;
+    use cohort_crypto::Stage;
+    use strum::IntoEnumIterator;
+
+    /// Checks that `names` are the stored names of every variant, in order,
+    /// that they are the names the API writes (serde), and that they parse
+    /// back.
+    fn pinned<T>(names: &[&str], name: impl Fn(T) -> String, parse: impl Fn(&str) -> Option<T>)
+    where
+        T: IntoEnumIterator + serde::Serialize + PartialEq + std::fmt::Debug + Copy,
+    {
+        let stored: Vec<String> = T::iter().map(&name).collect();
+        assert_eq!(stored, names, "a stored name changed: rows already written would not read back");
+        for variant in T::iter() {
+            assert_eq!(serde_json::to_value(variant).unwrap(), name(variant), "serde and the store disagree");
+            assert_eq!(parse(&name(variant)), Some(variant));
+        }
+        assert_eq!(parse(&names[0].to_uppercase()), None);
+    }
+
+    #[test]
+    fn stored_names_are_the_api_names_and_never_change() {
+        pinned(
+            &["active", "paused", "stopped", "completed", "budget_spent"],
+            |s: TaskStatus| s.as_str().into(),
+            TaskStatus::parse,
+        );
+        pinned(
+            &[
+                "setup",
+                "advertise-keys",
+                "share-keys",
+                "masked-input-collection",
+                "consistency-check",
+                "unmasking",
+                "finished",
+            ],
+            |s: Stage| s.to_string(),
+            |name| name.parse().ok(),
+        );
+        pinned(&["aborted", "abandoned"], |o: AttemptOutcome| o.as_str().into(), |name| name.parse().ok());
+        pinned(
+            &["active", "semi-honest"],
+            |v: VariantChoice| v.as_str().into(),
+            |name| VariantChoice::iter().find(|v| v.as_str() == name),
+        );
+        let states: Vec<&str> = GroupRowState::iter().map(GroupRowState::as_str).collect();
+        assert_eq!(states, ["assigned", "running", "done", "failed", "lost"]);
+        for state in GroupRowState::iter() {
+            assert_eq!(GroupRowState::parse(state.as_str()), Some(state));
+        }
+    }
 }

@@ -6,9 +6,11 @@
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
+use crate::round::FailedAttempt;
+
 use super::{
-    ATTEMPTS_KEPT, AttemptRecord, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence,
-    GroupKey, GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, Store, StoreError,
+    ATTEMPTS_KEPT, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence, GroupKey,
+    GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, Store, StoreError,
     StoreResult, TaskRecord, TaskStatus,
 };
 
@@ -52,7 +54,7 @@ fn with_default_user(url: &str, env: impl Fn(&str) -> Option<String>) -> StoreRe
     let user = ["PGUSER", "USER", "LOGNAME"]
         .into_iter()
         .find_map(|name| env(name).filter(|user| !user.is_empty()))
-        .ok_or(StoreError::Conflict(
+        .ok_or(StoreError::Config(
             "the PostgreSQL URL names no user and neither PGUSER nor USER is set: \
              write postgres://USER@HOST/DATABASE",
         ))?;
@@ -148,18 +150,23 @@ fn round_from(row: &AnyRow) -> StoreResult<RoundRecord> {
     })
 }
 
-fn attempt_from(row: &AnyRow) -> StoreResult<AttemptRecord> {
-    Ok(AttemptRecord {
-        task_id: row.try_get("task_id")?,
-        round: row.try_get("round")?,
-        attempt: row.try_get("attempt")?,
-        outcome: row.try_get("outcome")?,
-        stage: row.try_get("stage")?,
+fn attempt_from(row: &AnyRow) -> StoreResult<FailedAttempt> {
+    let number = |column: &'static str| -> StoreResult<u64> {
+        u64::try_from(row.try_get::<i64, _>(column)?).map_err(|_| StoreError::Corrupt(column))
+    };
+    let outcome: String = row.try_get("outcome")?;
+    let stage: String = row.try_get("stage")?;
+    let stages: String = row.try_get("stages")?;
+    Ok(FailedAttempt {
+        round: number("round")?,
+        attempt: u32::try_from(number("attempt")?).map_err(|_| StoreError::Corrupt("attempt"))?,
+        outcome: outcome.parse().map_err(|_| StoreError::Corrupt("attempt outcome"))?,
+        stage: stage.parse().map_err(|_| StoreError::Corrupt("attempt stage"))?,
         reason: row.try_get("reason")?,
-        selected: row.try_get("selected")?,
+        selected: number("selected")? as usize,
         started_at: row.try_get("started_at")?,
         ended_at: row.try_get("ended_at")?,
-        stages: row.try_get("stages")?,
+        stages: serde_json::from_str(&stages).map_err(|_| StoreError::Corrupt("attempt stages"))?,
     })
 }
 
@@ -273,7 +280,7 @@ impl SqlStore {
     async fn open(url: &str, dedicated: Option<u32>) -> StoreResult<Self> {
         sqlx::any::install_default_drivers();
         let backend = Backend::of(url)
-            .ok_or(StoreError::Conflict("the database URL must start with sqlite: or postgres://"))?;
+            .ok_or(StoreError::Config("the database URL must start with sqlite: or postgres://"))?;
         let url = match backend {
             Backend::Sqlite if !url.contains('?') && !url.contains(":memory:") => format!("{url}?mode=rwc"),
             Backend::Sqlite => url.to_string(),
@@ -281,7 +288,7 @@ impl SqlStore {
         };
         let connections = match (backend, dedicated) {
             (Backend::Sqlite, Some(_)) => {
-                return Err(StoreError::Conflict("SQLite has one connection, the shared one"));
+                return Err(StoreError::Config("SQLite has one connection, the shared one"));
             }
             // SQLite serialises writers anyway; one connection avoids "database is locked".
             (Backend::Sqlite, None) => 1,
@@ -734,22 +741,28 @@ impl Store for SqlStore {
             .collect()
     }
 
-    async fn record_attempt(&self, a: &AttemptRecord, fence: Option<&Fence>) -> StoreResult<()> {
+    async fn record_attempt(
+        &self,
+        task_id: &str,
+        a: &FailedAttempt,
+        fence: Option<&Fence>,
+    ) -> StoreResult<()> {
+        let stages = serde_json::to_string(&a.stages).map_err(|_| StoreError::Corrupt("attempt stages"))?;
         let mut tx = self.pool.begin().await?;
         sqlx::query(concat!(
             "INSERT INTO round_attempts (task_id, round, attempt, outcome, stage, reason, selected, ",
             "started_at, ended_at, stages) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
         ))
-        .bind(&a.task_id)
-        .bind(a.round)
-        .bind(a.attempt)
-        .bind(&a.outcome)
-        .bind(&a.stage)
+        .bind(task_id)
+        .bind(a.round as i64)
+        .bind(i64::from(a.attempt))
+        .bind(a.outcome.as_str())
+        .bind(a.stage.to_string())
         .bind(&a.reason)
-        .bind(a.selected)
+        .bind(a.selected as i64)
         .bind(a.started_at)
         .bind(a.ended_at)
-        .bind(&a.stages)
+        .bind(stages)
         .execute(&mut *tx)
         .await
         .map_err(|e| classify(e, "round attempt", "task"))?;
@@ -757,16 +770,16 @@ impl Store for SqlStore {
             "DELETE FROM round_attempts WHERE task_id = $1 AND ended_at < (SELECT ended_at FROM ",
             "round_attempts WHERE task_id = $1 ORDER BY ended_at DESC LIMIT 1 OFFSET $2)"
         ))
-        .bind(&a.task_id)
+        .bind(task_id)
         .bind(ATTEMPTS_KEPT - 1)
         .execute(&mut *tx)
         .await?;
-        self.check_fence(&mut tx, &a.task_id, fence).await?;
+        self.check_fence(&mut tx, task_id, fence).await?;
         tx.commit().await?;
         Ok(())
     }
 
-    async fn attempts(&self, task_id: &str, limit: i64) -> StoreResult<Vec<AttemptRecord>> {
+    async fn attempts(&self, task_id: &str, limit: i64) -> StoreResult<Vec<FailedAttempt>> {
         sqlx::query(concat!(
             "SELECT task_id, round, attempt, outcome, stage, reason, selected, started_at, ended_at, stages ",
             "FROM round_attempts WHERE task_id = $1 ORDER BY ended_at DESC, round DESC, attempt DESC LIMIT $2"

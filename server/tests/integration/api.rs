@@ -12,13 +12,12 @@ use axum::http::{Request, StatusCode, header};
 use cohort_crypto::Metric;
 use cohort_crypto::testing::{ProtocolClient, weighted_mean};
 use cohort_server::api::auth::token_hash;
-use cohort_server::api::ratelimit::{Limiters, RateLimits};
-use cohort_server::api::{ApiConfig, AppState, SECAGG_CONTENT_TYPE, app};
+use cohort_server::api::{SECAGG_CONTENT_TYPE, app};
 use cohort_server::checkpoint;
 use cohort_server::cluster::Replica;
-use cohort_server::cluster::forward::Forwarder;
 use cohort_server::coordinator::Coordinator;
 use cohort_server::metrics::Metrics;
+use cohort_server::service::{ServiceConfig, app_state};
 use cohort_server::store::{ParticipantRecord, SqlStore, Store};
 use cohort_tests::identity::{self as keys, Enrollment};
 use http_body_util::BodyExt;
@@ -52,27 +51,15 @@ impl Api {
         let replica = Replica { id: format!("api-{name}"), url: "http://127.0.0.1:9".into(), started_at: 0 };
         let coordinator =
             Coordinator::start(store.clone(), store.clone(), metrics.clone(), replica).await.unwrap();
-        let config = ApiConfig {
-            admin_token_hash: token_hash(ADMIN),
-            max_message_bytes: 1 << 16,
-            credential_ttl_ms: 3_600_000,
-            web_assets: path.with_extension("web"),
-            demo_task: None,
-            limiters: Limiters::new(&RateLimits::default()),
-            max_total_parameters: cohort_server::api::DEFAULT_MAX_TOTAL_PARAMETERS,
-        };
+        // The production state for a service with these settings.
+        let mut config = ServiceConfig::new(([127, 0, 0, 1], 0).into(), "unused", ADMIN);
+        config.max_message_bytes = 1 << 16;
+        config.credential_ttl_ms = 3_600_000;
+        config.web_assets = path.with_extension("web");
         // A browser client "build" of one file: the wasm module's header.
         std::fs::create_dir_all(path.with_extension("web")).unwrap();
         std::fs::write(path.with_extension("web").join("cohort_web_bg.wasm"), WASM_HEADER).unwrap();
-        let router = app(AppState {
-            store: store.clone(),
-            coordinator,
-            metrics,
-            config,
-            creating: Default::default(),
-            forwarder: Forwarder::new(ADMIN),
-            streams: Default::default(),
-        });
+        let router = app(app_state(store.clone(), coordinator, metrics, &config, None));
         Self { router, store, path }
     }
 
@@ -255,7 +242,7 @@ fn the_document_is_whole(doc: &Value) {
 }
 
 #[tokio::test]
-async fn service_endpoints() {
+async fn health_and_metrics_are_served_in_their_formats() {
     let api = Api::new("service").await;
     let (status, bytes, _) = api.send(Request::get("/healthz").body(Body::empty()).unwrap()).await;
     assert_eq!((status, bytes.as_slice()), (StatusCode::OK, b"ok".as_slice()));
@@ -264,7 +251,40 @@ async fn service_endpoints() {
     assert_eq!(headers[header::CONTENT_TYPE], cohort_server::metrics::CONTENT_TYPE);
     let text = String::from_utf8(bytes).unwrap();
     assert!(text.contains("cohort_rounds_completed_total 0") && text.ends_with("# EOF\n"), "{text}");
+    let (status, body) = api.call("GET", "/readyz", None, None).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("ready")));
+    api.finish().await;
+}
 
+/// Every answer carries its request's id: the one the request came with
+/// when it is a short token (a balancer's, or a forwarding replica's), a
+/// fresh one otherwise; refusals and unknown paths too.
+#[tokio::test]
+async fn every_answer_carries_its_request_id() {
+    let api = Api::new("request-id").await;
+    let id_of = |headers: &axum::http::HeaderMap| {
+        headers.get("x-request-id").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default()
+    };
+    let (_, _, headers) = api.send(Request::get("/healthz").body(Body::empty()).unwrap()).await;
+    let first = id_of(&headers);
+    assert!(first.len() == 16 && first.bytes().all(|b| b.is_ascii_hexdigit()), "{first:?}");
+    let (_, _, headers) = api.send(Request::get("/healthz").body(Body::empty()).unwrap()).await;
+    assert_ne!(id_of(&headers), first, "two requests, one id");
+    let request = Request::get("/admin/tasks").header("x-request-id", "balancer-7f3a.1").body(Body::empty());
+    let (status, _, headers) = api.send(request.unwrap()).await;
+    assert_eq!((status, id_of(&headers).as_str()), (StatusCode::UNAUTHORIZED, "balancer-7f3a.1"));
+    for unfit in ["two words".to_string(), "x".repeat(65)] {
+        let request = Request::get("/nowhere").header("x-request-id", unfit.as_str()).body(Body::empty());
+        let (status, _, headers) = api.send(request.unwrap()).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(id_of(&headers).len(), 16, "{unfit:?} was kept");
+    }
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn the_openapi_document_lists_every_route_and_its_example_task_is_created() {
+    let api = Api::new("openapi").await;
     let (status, doc) = api.call("GET", "/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
     the_document_is_whole(&doc);
@@ -297,8 +317,18 @@ async fn service_endpoints() {
     ] {
         assert!(doc["paths"][path].is_object(), "{path} missing from the OpenAPI document");
     }
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn unknown_paths_and_ids_that_cannot_be_ours_are_json_404s() {
+    let api = Api::new("unknown").await;
     let (status, body) = api.call("GET", "/nowhere", None, None).await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    // Task ids that cannot be ours are not looked up.
+    let (status, body) = api.call("GET", "/admin/tasks/%00", Some(ADMIN), None).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    assert_eq!(api.call("GET", "/admin/tasks/nope", Some(ADMIN), None).await.0, StatusCode::NOT_FOUND);
     api.finish().await;
 }
 
@@ -462,7 +492,7 @@ async fn browser_pages_are_served_under_a_strict_content_security_policy() {
 }
 
 #[tokio::test]
-async fn admin_api_and_its_errors() {
+async fn the_admin_api_refuses_bad_tokens_and_bad_bodies() {
     let api = Api::new("admin").await;
     for token in [None, Some("wrong-token")] {
         let (status, body) = api.call("GET", "/admin/tasks", token, None).await;
@@ -485,6 +515,12 @@ async fn admin_api_and_its_errors() {
         .unwrap();
     assert_eq!(api.send(huge).await.0, StatusCode::PAYLOAD_TOO_LARGE);
 
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn a_task_is_listed_paused_resumed_and_stopped_once() {
+    let api = Api::new("lifecycle").await;
     let (id, _) = api.create_task(spec(2)).await;
     let (status, tasks) = api.call("GET", "/admin/tasks", Some(ADMIN), None).await;
     assert_eq!(status, StatusCode::OK);
@@ -507,6 +543,13 @@ async fn admin_api_and_its_errors() {
     let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
     assert_eq!(task["status"], "stopped");
 
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn a_task_s_rounds_and_checkpoints_are_served_by_round() {
+    let api = Api::new("checkpoints").await;
+    let (id, _) = api.create_task(spec(2)).await;
     let (status, rounds) = api.call("GET", &format!("/admin/tasks/{id}/rounds"), Some(ADMIN), None).await;
     assert_eq!((status, rounds), (StatusCode::OK, json!([])));
     assert_eq!(api.call("GET", "/admin/tasks/nope/rounds", Some(ADMIN), None).await.0, StatusCode::NOT_FOUND);
@@ -638,7 +681,7 @@ async fn a_task_waiting_for_clients_says_how_many_it_needs() {
 }
 
 #[tokio::test]
-async fn client_api_errors() {
+async fn enrollment_refuses_bad_tokens_and_unproven_or_reused_identities() {
     let api = Api::new("client").await;
     let (id, token) = api.create_task(spec(2)).await;
     let path = format!("/v1/tasks/{id}/enroll");
@@ -677,6 +720,13 @@ async fn client_api_errors() {
     api.enroll_with(&id, keys::enrollment(&id, &token, &identity)).await;
     let (status, body) = api.call("POST", &path, None, Some(keys::enrollment(&id, &token, &identity))).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn check_in_refuses_missing_and_expired_credentials_and_serves_the_model() {
+    let api = Api::new("checkin").await;
+    let (id, token) = api.create_task(spec(2)).await;
     let credential = api.enroll(&id, &token).await;
 
     for credential in [None, Some("not-a-credential")] {
@@ -709,6 +759,14 @@ async fn client_api_errors() {
     assert_eq!((status, headers["x-cohort-round"].to_str().unwrap()), (StatusCode::OK, "0"));
     assert_eq!(checkpoint::decode(&bytes).unwrap().weights.len(), 4);
 
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn stage_messages_of_a_client_not_selected_are_refused_before_their_body() {
+    let api = Api::new("messages").await;
+    let (id, token) = api.create_task(spec(2)).await;
+    let credential = api.enroll(&id, &token).await;
     let (status, body) = api.fetch_message(&credential).await;
     assert_eq!(status, StatusCode::CONFLICT, "{}", String::from_utf8_lossy(&body));
     let (status, body) = api.post_message(&credential, vec![1, 2, 3], "application/json").await;
@@ -723,6 +781,14 @@ async fn client_api_errors() {
     let (status, body) = api.post_message(&credential, vec![1, 2, 3], SECAGG_CONTENT_TYPE).await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("not_selected")));
 
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn plaintext_metrics_are_refused_when_malformed_or_not_asked_for() {
+    let api = Api::new("metrics").await;
+    let (id, token) = api.create_task(spec(2)).await;
+    let credential = api.enroll(&id, &token).await;
     // Reports in the clear: this task takes none (it learns clients'
     // metrics only in aggregate); malformed ones are refused first.
     let report =
@@ -747,17 +813,21 @@ async fn client_api_errors() {
         StatusCode::BAD_REQUEST
     );
 
+    api.finish().await;
+}
+
+#[tokio::test]
+async fn a_stopped_task_refuses_enrollment_and_tells_its_clients_it_finished() {
+    let api = Api::new("stopped").await;
+    let (id, token) = api.create_task(spec(2)).await;
+    let path = format!("/v1/tasks/{id}/enroll");
+    let credential = api.enroll(&id, &token).await;
     api.call("POST", &format!("/admin/tasks/{id}/stop"), Some(ADMIN), None).await;
     let (status, body) = api.call("POST", &path, None, Some(json!({ "enrollment_token": token }))).await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("task_inactive")));
     // Its clients are told the task is over, so that they exit cleanly.
     let (status, body) = api.call("POST", "/v1/checkin", Some(&credential), None).await;
     assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("finished")), "{body}");
-    // Task ids that cannot be ours are not looked up.
-    let (status, body) = api.call("GET", "/admin/tasks/%00", Some(ADMIN), None).await;
-    assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
-    let (status, body) = api.call("GET", "/readyz", None, None).await;
-    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("ready")));
     api.finish().await;
 }
 

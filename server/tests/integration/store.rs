@@ -9,12 +9,14 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use cohort_crypto::Stage;
 use cohort_server::api::auth::token_hash;
+use cohort_server::round::{AttemptOutcome, FailedAttempt};
 use cohort_server::store::Backend;
 use cohort_server::store::{
-    AttemptRecord, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence, GroupKey,
-    GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, SqlStore, Store, StoreError,
-    TaskRecord, TaskStatus,
+    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence, GroupKey, GroupRecord,
+    GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, SqlStore, Store, StoreError, TaskRecord,
+    TaskStatus,
 };
 use sqlx::Connection;
 
@@ -361,18 +363,17 @@ async fn replicas_and_task_leases(store: &SqlStore) {
     assert_eq!(store.acquire_lease("t", "a2", 310, 410).await.unwrap(), Some(1), "free at once");
 }
 
-fn attempt(task_id: &str, round: i64, ended_at: i64) -> AttemptRecord {
-    AttemptRecord {
-        task_id: task_id.into(),
+fn attempt(round: u64, ended_at: i64) -> FailedAttempt {
+    FailedAttempt {
         round,
         attempt: 1,
-        outcome: "aborted".into(),
-        stage: "masked_input_collection".into(),
+        outcome: AttemptOutcome::Aborted,
+        stage: Stage::MaskedInputCollection,
         reason: "too few clients".into(),
         selected: 4,
         started_at: ended_at - 10,
         ended_at,
-        stages: "[]".into(),
+        stages: Vec::new(),
     }
 }
 
@@ -392,11 +393,11 @@ async fn writes_are_fenced_by_the_lease_generation(store: &SqlStore) {
     assert_eq!(store.acquire_lease("t", "b", 300, 400).await.unwrap(), Some(2));
     let fenced = |result: Result<(), StoreError>| matches!(result, Err(StoreError::Fenced));
     assert!(fenced(store.complete_round(&round("t", 1), &checkpoint("t", 1), 5, Some(&stale)).await));
-    assert!(fenced(store.record_attempt(&attempt("t", 1, 310), Some(&stale)).await));
+    assert!(fenced(store.record_attempt("t", &attempt(1, 310), Some(&stale)).await));
     assert!(fenced(store.record_contributors("t", 1, &["p2".to_string()], 310, Some(&stale)).await));
     // A guessed generation is no better, nor is b's generation under a's name.
-    assert!(fenced(store.record_attempt(&attempt("t", 1, 311), Some(&fence("b", 1))).await));
-    assert!(fenced(store.record_attempt(&attempt("t", 1, 312), Some(&fence("a", 2))).await));
+    assert!(fenced(store.record_attempt("t", &attempt(1, 311), Some(&fence("b", 1))).await));
+    assert!(fenced(store.record_attempt("t", &attempt(1, 312), Some(&fence("a", 2))).await));
     assert!(store.rounds("t").await.unwrap().is_empty());
     assert!(store.attempts("t", 10).await.unwrap().is_empty());
     assert_eq!(store.contributors("t", 1).await.unwrap(), ["p1"]);
@@ -414,13 +415,13 @@ async fn writes_are_fenced_by_the_lease_generation(store: &SqlStore) {
     store.delete_groups("t", Some(&current)).await.unwrap();
     assert!(store.group_routes(300).await.unwrap().is_empty());
     store.record_contributors("t", 1, &["p3".to_string()], 320, Some(&current)).await.unwrap();
-    store.record_attempt(&attempt("t", 1, 330), Some(&current)).await.unwrap();
+    store.record_attempt("t", &attempt(1, 330), Some(&current)).await.unwrap();
     store.complete_round(&round("t", 1), &checkpoint("t", 1), 5, Some(&current)).await.unwrap();
     assert_eq!(store.rounds("t").await.unwrap().len(), 1);
-    assert_eq!(store.attempts("t", 10).await.unwrap().len(), 1);
+    assert_eq!(store.attempts("t", 10).await.unwrap(), [attempt(1, 330)], "read back as written");
     // A released lease fences every write (nobody holds the task).
     store.release_lease("t", "b").await.unwrap();
-    assert!(fenced(store.record_attempt(&attempt("t", 2, 340), Some(&current)).await));
+    assert!(fenced(store.record_attempt("t", &attempt(2, 340), Some(&current)).await));
 }
 
 /// Deleting a task removes everything stored for it, and nothing of
@@ -431,7 +432,7 @@ async fn a_deleted_task_leaves_nothing_behind(store: &SqlStore) {
         store.add_participant(&participant(&format!("{id}-p"), id, id.as_bytes()[0])).await.unwrap();
         store.record_contributors(id, 1, &[format!("{id}-p")], 10, None).await.unwrap();
         store.complete_round(&round(id, 1), &checkpoint(id, 1), 5, None).await.unwrap();
-        store.record_attempt(&attempt(id, 2, 20), None).await.unwrap();
+        store.record_attempt(id, &attempt(2, 20), None).await.unwrap();
         store.heartbeat(&replica("a", 100)).await.unwrap();
         store.acquire_lease(id, "a", 100, 200).await.unwrap();
     }
@@ -601,5 +602,8 @@ async fn postgres_data_persists_across_connections() {
 
 #[tokio::test]
 async fn unknown_database_urls_are_refused() {
-    assert!(matches!(SqlStore::connect("mysql://localhost/x").await, Err(StoreError::Conflict(_))));
+    match SqlStore::connect("mysql://localhost/x").await {
+        Err(StoreError::Config(why)) => assert!(why.contains("sqlite: or postgres://"), "{why}"),
+        other => panic!("a MySQL URL was not refused as configuration: {other:?}"),
+    }
 }

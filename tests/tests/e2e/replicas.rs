@@ -373,6 +373,68 @@ fn a_task_no_replica_can_load_says_why_and_is_stopped_and_deleted() {
     std::fs::remove_dir_all(&scratch).unwrap();
 }
 
+/// One request can be followed across replicas by its id: a request sent
+/// with `x-request-id` to the replica that does not lead the task is
+/// forwarded to the leader, both log it under that id, and the answer
+/// carries it back; through the balancer, a request without one gets the
+/// balancer's.
+#[test]
+fn a_forwarded_request_is_logged_under_its_id_by_both_replicas() {
+    let _heavy = cohort_tests::exclusive();
+    let scratch = cohort_tests::scratch("replicas-trace");
+    let (url, admin) = postgres_database("replicas_trace");
+    let logs: Vec<PathBuf> = (0..2).map(|i| scratch.join(format!("replica-{i}.log"))).collect();
+    let filter = "warn,tower_http=debug";
+    let replicas: Vec<ServeProcess> =
+        logs.iter().map(|log| ServeProcess::start_logged(0, &url, ADMIN, log, filter)).collect();
+    // Created through the first replica, which takes its lease at once.
+    let (task, _) = create_task(replicas[0].port, &spec(3));
+    let get = |port: u16, id: &str| {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let head = format!(
+            "GET /admin/tasks/{task} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Authorization: Bearer {ADMIN}\r\nx-request-id: {id}\r\n\r\n"
+        );
+        std::io::Write::write_all(&mut stream, head.as_bytes()).unwrap();
+        let (status, head, _) = cohort_tests::process::read_response(&mut stream);
+        (status, head.to_ascii_lowercase())
+    };
+    // The second replica knows where the task is led after a lease tick.
+    let mut attempt = 0;
+    wait_for(Duration::from_secs(20), "the second replica to forward the task's view", || {
+        attempt += 1;
+        get(replicas[1].port, &format!("follow-me-{attempt}")).0 == 200
+    });
+    let id = format!("follow-me-{attempt}");
+    let (status, head) = get(replicas[1].port, &format!("{id}-again"));
+    assert_eq!(status, 200);
+    assert!(head.contains(&format!("x-request-id: {id}-again")), "{head}");
+    // Through the balancer, a request without an id gets the balancer's.
+    let balancer = Balancer::start(&scratch, &replicas.iter().map(|r| r.port).collect::<Vec<_>>());
+    let (status, head, _) =
+        cohort_tests::process::exchange(balancer.port, "GET", "/healthz", None, "text/plain", b"");
+    let given = head
+        .lines()
+        .find_map(|line| line.to_ascii_lowercase().strip_prefix("x-request-id: ").map(str::to_string));
+    assert_eq!(status, 200);
+    assert!(
+        given.as_ref().is_some_and(|id| id.len() >= 32 && id.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{head}"
+    );
+    drop(balancer);
+    drop(replicas);
+    let leader_log = std::fs::read_to_string(&logs[0]).unwrap();
+    let follower_log = std::fs::read_to_string(&logs[1]).unwrap();
+    for log in [&leader_log, &follower_log] {
+        assert!(
+            log.lines().any(|line| line.contains(&format!("id={id}")) && line.contains(&task)),
+            "a replica did not log the request under its id:\n{log}"
+        );
+    }
+    drop_postgres_database(&url, &admin);
+    std::fs::remove_dir_all(&scratch).unwrap();
+}
+
 /// Three replicas divide each round's three groups between them: the
 /// leader hands groups to the others, which run them and store their sums.
 /// A replica killed in the middle of round 2 costs only its group: those
