@@ -22,9 +22,7 @@ use crate::cluster::Whereabouts;
 use crate::coordinator::{Coordinator, CoordinatorError, LiveState, now_ms};
 use crate::round::{FailedAttempt, TaskEngine, TaskError};
 use crate::spec::{TaskSpec, VariantChoice};
-use crate::store::{
-    ATTEMPTS_KEPT, EnrollmentTokenRecord, RoundRecord, SqlStore, Store, TaskRecord, TaskStatus,
-};
+use crate::store::{ATTEMPTS_KEPT, EnrollmentTokenRecord, RoundRecord, SqlStore, TaskRecord, TaskStatus};
 
 /// Reply to task creation. The enrollment token is shown only here.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]

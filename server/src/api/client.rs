@@ -22,7 +22,7 @@ use super::{SAFETENSORS_CONTENT_TYPE, SECAGG_CONTENT_TYPE};
 use crate::coordinator::{CoordinatorError, now_ms};
 use crate::metrics::Upload;
 use crate::round::{CheckIn, InputStep, Poll};
-use crate::store::{ClientMetricsRecord, ParticipantRecord, Store, StoreError};
+use crate::store::{ClientMetricsRecord, ParticipantRecord, StoreError};
 use cohort_client::api::{Enrolled, ErrorBody, ErrorCode};
 
 /// An enrollment: the task's enrollment token and, for an active task (or

@@ -72,7 +72,6 @@ use super::openapi::{Refused, RetryLater, TaskEvent, TaskListEvent, TaskPath};
 use super::state::AppState;
 use crate::api::ErrorCode;
 use crate::cluster::Whereabouts;
-use crate::store::Store;
 
 /// Least time between two reads of a task for its streams.
 pub const TASK_COALESCE: Duration = Duration::from_millis(200);

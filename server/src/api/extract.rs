@@ -18,7 +18,7 @@ use super::listener::SlowBody;
 use super::ratelimit::Call;
 use super::state::AppState;
 use crate::coordinator::now_ms;
-use crate::store::{ParticipantRecord, Store, StoreError};
+use crate::store::{ParticipantRecord, StoreError};
 
 pub(super) fn bearer(parts: &Parts) -> Option<&str> {
     bearer_of(&parts.headers)

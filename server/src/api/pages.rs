@@ -31,7 +31,7 @@ use super::error::ApiError;
 use super::state::{AppState, DemoTask};
 use crate::coordinator::Coordinator;
 use crate::spec::TaskSpec;
-use crate::store::{SqlStore, Store, TaskStatus};
+use crate::store::{SqlStore, TaskStatus};
 
 /// Name of the public demo task.
 pub const DEMO_TASK_NAME: &str = "browser demo (cohort serve --demo)";

@@ -44,7 +44,7 @@ use crate::api::auth::token_hash;
 use crate::api::error::ApiError;
 use crate::api::state::AppState;
 use crate::cluster::Whereabouts;
-use crate::store::{ParticipantRecord, Store, StoreError};
+use crate::store::{ParticipantRecord, StoreError};
 use cohort_client::api::routes;
 
 /// Header carrying the replicas' key on a forwarded request.

@@ -16,7 +16,7 @@ use crate::coordinator::{Request, Traced, now_ms};
 use crate::round::TaskError;
 use crate::round::owned::{GroupAssignment, GroupReport, OwnedGroup, OwnedStep};
 use crate::spec::TaskSpec;
-use crate::store::{GroupRecord, GroupRowState, SqlStore, Store, StoreError};
+use crate::store::{GroupRecord, GroupRowState, SqlStore, StoreError};
 
 /// Groups are handed only to replicas that beat their heart this
 /// recently (the leader reads the heartbeats once a second, each a second

@@ -10,7 +10,7 @@ use super::GroupKey;
 use crate::coordinator::actor::{Actor, load};
 use crate::coordinator::{CoordinatorError, Request, Traced, now_ms};
 use crate::round::TaskEngine;
-use crate::store::{Fence, ReplicaRecord, SqlStore, Store};
+use crate::store::{Fence, ReplicaRecord, SqlStore};
 
 /// How often a replica beats its heart and renews its leases.
 pub const LEASE_TICK: Duration = Duration::from_secs(1);

@@ -21,7 +21,7 @@ use crate::round::{
     Completion, FailedAttempt, InputStep, PendingUnmask, Poll, TaskEngine, TaskError, TickOutcome,
 };
 use crate::spec::TaskSpec;
-use crate::store::{Fence, SqlStore, Store, StoreError, TaskStatus};
+use crate::store::{Fence, SqlStore, StoreError, TaskStatus};
 
 pub(crate) async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError> {
     let task = store.task(id).await?;

@@ -27,7 +27,7 @@ use crate::cluster::lease::{LeaseEvent, LeaseKeeper, Routes};
 use crate::cluster::{GroupKey, Replica, Whereabouts};
 use crate::metrics::Metrics;
 use crate::round::{CheckIn, EngineError, InputStep, Poll, RoundProgress, TaskError};
-use crate::store::{SqlStore, Store, StoreError, TaskStatus};
+use crate::store::{SqlStore, StoreError, TaskStatus};
 use actor::Actor;
 use changes::Changes;
 

@@ -1,4 +1,5 @@
-//! [`Store`] over SQLite and PostgreSQL through sqlx's `Any` driver.
+//! [`SqlStore`]: the store over SQLite and PostgreSQL through sqlx's `Any`
+//! driver.
 //!
 //! Queries use `$N` placeholders in ascending order, which both backends
 //! accept; only the migrations differ (BLOB/INTEGER against BYTEA/BIGINT).
@@ -10,8 +11,8 @@ use crate::round::FailedAttempt;
 
 use super::{
     ATTEMPTS_KEPT, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence, GroupKey,
-    GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, Store, StoreError,
-    StoreResult, TaskRecord, TaskStatus,
+    GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, StoreError, StoreResult,
+    TaskRecord, TaskStatus,
 };
 
 /// Longest wait for a pooled PostgreSQL connection.
@@ -62,7 +63,7 @@ fn with_default_user(url: &str, env: impl Fn(&str) -> Option<String>) -> StoreRe
     Ok(format!("{scheme}://{user}@{rest}"))
 }
 
-/// The SQL implementation of [`Store`].
+/// The coordinator's storage (see [the module](super)).
 #[derive(Debug, Clone)]
 pub struct SqlStore {
     pool: AnyPool,
@@ -365,8 +366,11 @@ impl SqlStore {
     }
 }
 
-impl Store for SqlStore {
-    async fn create_task(&self, task: &TaskRecord, initial: &CheckpointRecord) -> StoreResult<()> {
+/// The coordinator's storage: every query, on SQLite and PostgreSQL alike.
+impl SqlStore {
+    /// Creates a task with its initial checkpoint (round 0) and its first
+    /// enrollment token, named `default`, whose id is the task's.
+    pub async fn create_task(&self, task: &TaskRecord, initial: &CheckpointRecord) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(concat!("INSERT INTO tasks (", task_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7)"))
             .bind(&task.id)
@@ -408,7 +412,8 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn task(&self, id: &str) -> StoreResult<TaskRecord> {
+    /// One task.
+    pub async fn task(&self, id: &str) -> StoreResult<TaskRecord> {
         let row = sqlx::query(concat!("SELECT ", task_columns!(), " FROM tasks WHERE id = $1"))
             .bind(id)
             .fetch_optional(&self.pool)
@@ -417,7 +422,8 @@ impl Store for SqlStore {
         task_from(&row)
     }
 
-    async fn tasks(&self) -> StoreResult<Vec<TaskRecord>> {
+    /// All tasks, oldest first.
+    pub async fn tasks(&self) -> StoreResult<Vec<TaskRecord>> {
         sqlx::query(concat!("SELECT ", task_columns!(), " FROM tasks ORDER BY created_at, id"))
             .fetch_all(&self.pool)
             .await?
@@ -426,7 +432,9 @@ impl Store for SqlStore {
             .collect()
     }
 
-    async fn set_task_status(
+    /// Changes a task's status; refused once the task is stopped or
+    /// completed. Fenced by `fence` when it is given (the task's leader).
+    pub async fn set_task_status(
         &self,
         id: &str,
         status: TaskStatus,
@@ -455,7 +463,9 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn delete_task(&self, id: &str) -> StoreResult<()> {
+    /// Deletes a task and everything stored for it: participants, tokens,
+    /// rounds, attempts, checkpoints, metrics, leases and groups.
+    pub async fn delete_task(&self, id: &str) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         // Children before their parents (no table cascades); participants
         // before the tokens they enrolled with.
@@ -480,7 +490,8 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn add_participant(&self, p: &ParticipantRecord) -> StoreResult<()> {
+    /// Enrolls a participant.
+    pub async fn add_participant(&self, p: &ParticipantRecord) -> StoreResult<()> {
         sqlx::query(concat!(
             "INSERT INTO participants (",
             participant_columns!(),
@@ -500,7 +511,11 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn participant_by_credential(&self, credential_hash: &[u8; 32]) -> StoreResult<ParticipantRecord> {
+    /// The participant holding a credential with this hash.
+    pub async fn participant_by_credential(
+        &self,
+        credential_hash: &[u8; 32],
+    ) -> StoreResult<ParticipantRecord> {
         let row = sqlx::query(concat!(
             "SELECT ",
             participant_columns!(),
@@ -513,14 +528,19 @@ impl Store for SqlStore {
         participant_from(&row)
     }
 
-    async fn add_enrollment_token(&self, token: &EnrollmentTokenRecord) -> StoreResult<()> {
+    /// Adds an enrollment token; refused if the task has one of that name.
+    pub async fn add_enrollment_token(&self, token: &EnrollmentTokenRecord) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         insert_token(&mut tx, token).await?;
         tx.commit().await?;
         Ok(())
     }
 
-    async fn enrollment_token_by_hash(&self, token_hash: &[u8; 32]) -> StoreResult<EnrollmentTokenRecord> {
+    /// The token with this hash.
+    pub async fn enrollment_token_by_hash(
+        &self,
+        token_hash: &[u8; 32],
+    ) -> StoreResult<EnrollmentTokenRecord> {
         let row = sqlx::query(concat!(
             "SELECT ",
             token_columns!(),
@@ -533,7 +553,9 @@ impl Store for SqlStore {
         token_from(&row)
     }
 
-    async fn enrollment_tokens(&self, task_id: &str) -> StoreResult<Vec<(EnrollmentTokenRecord, i64)>> {
+    /// A task's tokens, oldest first, each with the number of participants
+    /// enrolled with it.
+    pub async fn enrollment_tokens(&self, task_id: &str) -> StoreResult<Vec<(EnrollmentTokenRecord, i64)>> {
         let tokens: Vec<EnrollmentTokenRecord> = sqlx::query(concat!(
             "SELECT ",
             token_columns!(),
@@ -566,7 +588,9 @@ impl Store for SqlStore {
             .collect())
     }
 
-    async fn revoke_enrollment_token(
+    /// Revokes a token (once; a second call keeps the first time) and ends
+    /// the credentials it issued, so that their holders must enroll again.
+    pub async fn revoke_enrollment_token(
         &self,
         task_id: &str,
         token_id: &str,
@@ -601,7 +625,8 @@ impl Store for SqlStore {
         token_from(&row)
     }
 
-    async fn touch_participant(&self, id: &str, now: i64) -> StoreResult<()> {
+    /// Records a check-in.
+    pub async fn touch_participant(&self, id: &str, now: i64) -> StoreResult<()> {
         let updated = sqlx::query("UPDATE participants SET last_seen_at = $1 WHERE id = $2")
             .bind(now)
             .bind(id)
@@ -610,7 +635,8 @@ impl Store for SqlStore {
         if updated.rows_affected() == 1 { Ok(()) } else { Err(StoreError::NotFound("participant")) }
     }
 
-    async fn participants(&self, task_id: &str) -> StoreResult<Vec<ParticipantRecord>> {
+    /// Participants of a task.
+    pub async fn participants(&self, task_id: &str) -> StoreResult<Vec<ParticipantRecord>> {
         sqlx::query(concat!(
             "SELECT ",
             participant_columns!(),
@@ -624,7 +650,11 @@ impl Store for SqlStore {
         .collect()
     }
 
-    async fn complete_round(
+    /// Atomically records a completed round and its checkpoint, then keeps
+    /// only the newest `retain` checkpoints (and always the initial one).
+    /// Refused if the round is already recorded or does not follow the last.
+    /// Fenced by `fence` when it is given (see [`Fence`]).
+    pub async fn complete_round(
         &self,
         round: &RoundRecord,
         checkpoint: &CheckpointRecord,
@@ -686,7 +716,11 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn record_contributors(
+    /// Records that an attempt of round `round` asks `participants` for
+    /// their masked input (before they are asked). Each of them refuses
+    /// every later attempt of that round; a round's records go when the
+    /// round completes. Fenced by `fence` when it is given.
+    pub async fn record_contributors(
         &self,
         task_id: &str,
         round: i64,
@@ -712,7 +746,9 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn contributors(&self, task_id: &str, round: i64) -> StoreResult<Vec<String>> {
+    /// Every participant an attempt of `round` asked for its masked input,
+    /// sorted, each once (none once the round has completed).
+    pub async fn contributors(&self, task_id: &str, round: i64) -> StoreResult<Vec<String>> {
         let rows =
             sqlx::query("SELECT participants FROM round_contributors WHERE task_id = $1 AND round = $2")
                 .bind(task_id)
@@ -731,7 +767,8 @@ impl Store for SqlStore {
         Ok(all)
     }
 
-    async fn rounds(&self, task_id: &str) -> StoreResult<Vec<RoundRecord>> {
+    /// Completed rounds of a task, in order.
+    pub async fn rounds(&self, task_id: &str) -> StoreResult<Vec<RoundRecord>> {
         sqlx::query(concat!("SELECT ", round_columns!(), " FROM rounds WHERE task_id = $1 ORDER BY round"))
             .bind(task_id)
             .fetch_all(&self.pool)
@@ -741,7 +778,10 @@ impl Store for SqlStore {
             .collect()
     }
 
-    async fn record_attempt(
+    /// Records an attempt that ended without a new model; only the newest
+    /// [`ATTEMPTS_KEPT`] of a task are kept. Fenced by `fence` when it is
+    /// given.
+    pub async fn record_attempt(
         &self,
         task_id: &str,
         a: &FailedAttempt,
@@ -779,7 +819,8 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn attempts(&self, task_id: &str, limit: i64) -> StoreResult<Vec<FailedAttempt>> {
+    /// A task's failed attempts, newest first, at most `limit`.
+    pub async fn attempts(&self, task_id: &str, limit: i64) -> StoreResult<Vec<FailedAttempt>> {
         sqlx::query(concat!(
             "SELECT task_id, round, attempt, outcome, stage, reason, selected, started_at, ended_at, stages ",
             "FROM round_attempts WHERE task_id = $1 ORDER BY ended_at DESC, round DESC, attempt DESC LIMIT $2"
@@ -793,7 +834,8 @@ impl Store for SqlStore {
         .collect()
     }
 
-    async fn latest_checkpoint(&self, task_id: &str) -> StoreResult<CheckpointRecord> {
+    /// The newest checkpoint of a task.
+    pub async fn latest_checkpoint(&self, task_id: &str) -> StoreResult<CheckpointRecord> {
         let row = sqlx::query(concat!(
             "SELECT ",
             checkpoint_columns!(),
@@ -806,7 +848,8 @@ impl Store for SqlStore {
         checkpoint_from(&row)
     }
 
-    async fn checkpoint(&self, task_id: &str, round: i64) -> StoreResult<CheckpointRecord> {
+    /// The checkpoint of one round.
+    pub async fn checkpoint(&self, task_id: &str, round: i64) -> StoreResult<CheckpointRecord> {
         let row = sqlx::query(concat!(
             "SELECT ",
             checkpoint_columns!(),
@@ -820,7 +863,8 @@ impl Store for SqlStore {
         checkpoint_from(&row)
     }
 
-    async fn checkpoint_rounds(&self, task_id: &str) -> StoreResult<Vec<i64>> {
+    /// Rounds that still have a checkpoint, ascending.
+    pub async fn checkpoint_rounds(&self, task_id: &str) -> StoreResult<Vec<i64>> {
         sqlx::query("SELECT round FROM checkpoints WHERE task_id = $1 ORDER BY round")
             .bind(task_id)
             .fetch_all(&self.pool)
@@ -830,7 +874,8 @@ impl Store for SqlStore {
             .collect()
     }
 
-    async fn add_client_metrics(&self, m: &ClientMetricsRecord) -> StoreResult<()> {
+    /// Records a client's metrics; refused if already reported.
+    pub async fn add_client_metrics(&self, m: &ClientMetricsRecord) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO client_metrics (task_id, round, participant_id, kind, metrics, reported_at) \
              VALUES ($1, $2, $3, $4, $5, $6)",
@@ -847,7 +892,8 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn client_metrics(&self, task_id: &str, round: i64) -> StoreResult<Vec<ClientMetricsRecord>> {
+    /// Client metrics of one round.
+    pub async fn client_metrics(&self, task_id: &str, round: i64) -> StoreResult<Vec<ClientMetricsRecord>> {
         let rows = sqlx::query(
             "SELECT task_id, round, participant_id, kind, metrics, reported_at FROM client_metrics \
              WHERE task_id = $1 AND round = $2 ORDER BY participant_id, kind",
@@ -870,7 +916,11 @@ impl Store for SqlStore {
             .collect()
     }
 
-    async fn register_replica(&self, replica: &ReplicaRecord) -> StoreResult<()> {
+    /// Registers a starting replica. Another registered at the same URL
+    /// is removed with its leases (the new one bound its address, so it is
+    /// gone), and on SQLite, which one process serves at a time, every
+    /// other one is.
+    pub async fn register_replica(&self, replica: &ReplicaRecord) -> StoreResult<()> {
         // A replica that took over another's address replaces it: that one
         // is gone (the address was free to bind), and its leases with it.
         // On SQLite, which one process serves at a time, every other
@@ -895,7 +945,8 @@ impl Store for SqlStore {
         self.heartbeat(replica).await
     }
 
-    async fn heartbeat(&self, replica: &ReplicaRecord) -> StoreResult<()> {
+    /// Registers a replica, or beats its heart (`heartbeat_at`) if it is.
+    pub async fn heartbeat(&self, replica: &ReplicaRecord) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO replicas (id, url, started_at, heartbeat_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (id) DO UPDATE SET url = excluded.url, heartbeat_at = excluded.heartbeat_at",
@@ -909,14 +960,16 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn remove_replica(&self, id: &str) -> StoreResult<()> {
+    /// Removes a replica that stops, with the leases it holds.
+    pub async fn remove_replica(&self, id: &str) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         delete_replica(&mut tx, id).await?;
         tx.commit().await?;
         Ok(())
     }
 
-    async fn replicas(&self, since: i64) -> StoreResult<Vec<ReplicaRecord>> {
+    /// Replicas whose last heartbeat is at or after `since`.
+    pub async fn replicas(&self, since: i64) -> StoreResult<Vec<ReplicaRecord>> {
         sqlx::query(
             "SELECT id, url, started_at, heartbeat_at FROM replicas WHERE heartbeat_at >= $1 ORDER BY id",
         )
@@ -928,7 +981,12 @@ impl Store for SqlStore {
         .collect()
     }
 
-    async fn acquire_lease(
+    /// Takes or renews `replica`'s lease on a task until `expires_at`: taken
+    /// when nobody holds it or its holder's lease ended before `now`,
+    /// renewed when `replica` holds it. Returns the lease's generation
+    /// (raised at every change of holder), or `None` when another replica
+    /// holds it.
+    pub async fn acquire_lease(
         &self,
         task_id: &str,
         replica: &str,
@@ -958,7 +1016,8 @@ impl Store for SqlStore {
         Ok(row.map(|row| row.try_get("generation")).transpose()?)
     }
 
-    async fn release_lease(&self, task_id: &str, replica: &str) -> StoreResult<()> {
+    /// Gives a lease up (if `replica` holds it).
+    pub async fn release_lease(&self, task_id: &str, replica: &str) -> StoreResult<()> {
         sqlx::query("DELETE FROM task_leases WHERE task_id = $1 AND replica_id = $2")
             .bind(task_id)
             .bind(replica)
@@ -967,7 +1026,8 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn leases(&self, now: i64) -> StoreResult<Vec<(String, ReplicaRecord)>> {
+    /// Every lease that holds at `now`: (task, holder).
+    pub async fn leases(&self, now: i64) -> StoreResult<Vec<(String, ReplicaRecord)>> {
         let rows = sqlx::query(
             "SELECT l.task_id, r.id, r.url, r.started_at, r.heartbeat_at \
              FROM task_leases l JOIN replicas r ON r.id = l.replica_id \
@@ -979,7 +1039,10 @@ impl Store for SqlStore {
         rows.iter().map(|row| Ok((row.try_get("task_id")?, replica_from(row)?))).collect()
     }
 
-    async fn assign_groups(&self, groups: &[GroupRecord], fence: Option<&Fence>) -> StoreResult<()> {
+    /// Stores the groups a leader hands to other replicas for a round, in
+    /// place of every group row of their tasks. Fenced by `fence` when it
+    /// is given.
+    pub async fn assign_groups(&self, groups: &[GroupRecord], fence: Option<&Fence>) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         let mut tasks: Vec<&str> = groups.iter().map(|g| g.key.task.as_str()).collect();
         tasks.dedup();
@@ -1011,7 +1074,9 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn claim_groups(&self, owner: &str, now: i64, until: i64) -> StoreResult<Vec<GroupRecord>> {
+    /// Takes up the groups assigned to `owner` whose lease holds at `now`:
+    /// they run, held until `until`.
+    pub async fn claim_groups(&self, owner: &str, now: i64, until: i64) -> StoreResult<Vec<GroupRecord>> {
         sqlx::query(concat!(
             "UPDATE round_groups SET state = 'running', expires_at = $1 \
              WHERE owner_id = $2 AND state = 'assigned' AND expires_at >= $3 RETURNING ",
@@ -1027,7 +1092,10 @@ impl Store for SqlStore {
         .collect()
     }
 
-    async fn renew_groups(&self, owner: &str, now: i64, until: i64) -> StoreResult<Vec<GroupKey>> {
+    /// Renews `owner`'s leases on the groups it runs that still hold at
+    /// `now`, until `until`; returns those groups. A group missing from the
+    /// answer was given up, lost or deleted: the owner stops running it.
+    pub async fn renew_groups(&self, owner: &str, now: i64, until: i64) -> StoreResult<Vec<GroupKey>> {
         sqlx::query(
             "UPDATE round_groups SET expires_at = $1 \
              WHERE owner_id = $2 AND state = 'running' AND expires_at >= $3 \
@@ -1043,7 +1111,8 @@ impl Store for SqlStore {
         .collect()
     }
 
-    async fn group_stage(&self, key: &GroupKey, owner: &str, stage: &str) -> StoreResult<()> {
+    /// Records the stage a running group of `owner` is in.
+    pub async fn group_stage(&self, key: &GroupKey, owner: &str, stage: &str) -> StoreResult<()> {
         let update = sqlx::query(
             "UPDATE round_groups SET stage = $1 WHERE owner_id = $2 AND state = 'running' \
              AND task_id = $3 AND round = $4 AND attempt = $5 AND group_index = $6",
@@ -1054,7 +1123,10 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn settle_group(
+    /// Settles a running group of `owner` whose lease holds at `now`: done
+    /// with its `report` and its sum's bytes, or failed (no `mean`).
+    /// `false` when the group was not `owner`'s to settle any more.
+    pub async fn settle_group(
         &self,
         key: &GroupKey,
         owner: &str,
@@ -1077,7 +1149,9 @@ impl Store for SqlStore {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn led_groups(&self, leader: &str, now: i64) -> StoreResult<Vec<GroupRecord>> {
+    /// The groups of the rounds `leader` leads, after marking lost those
+    /// whose owner's lease lapsed before `now`.
+    pub async fn led_groups(&self, leader: &str, now: i64) -> StoreResult<Vec<GroupRecord>> {
         // One statement each: an owner's settle and the leader's marking
         // lost cannot both win (the row lock orders them).
         sqlx::query(
@@ -1101,7 +1175,8 @@ impl Store for SqlStore {
         .collect()
     }
 
-    async fn group_mean(&self, key: &GroupKey) -> StoreResult<Vec<u8>> {
+    /// The stored sum of a completed group.
+    pub async fn group_mean(&self, key: &GroupKey) -> StoreResult<Vec<u8>> {
         let select = sqlx::query(
             "SELECT mean FROM round_groups WHERE state = 'done' \
              AND task_id = $1 AND round = $2 AND attempt = $3 AND group_index = $4",
@@ -1111,7 +1186,9 @@ impl Store for SqlStore {
         Ok(row.try_get("mean")?)
     }
 
-    async fn group_routes(&self, now: i64) -> StoreResult<Vec<GroupRecord>> {
+    /// The groups assigned or running whose lease holds at `now`, for
+    /// routing their clients' requests to their owners.
+    pub async fn group_routes(&self, now: i64) -> StoreResult<Vec<GroupRecord>> {
         sqlx::query(concat!(
             "SELECT ",
             group_columns!(),
@@ -1126,7 +1203,9 @@ impl Store for SqlStore {
         .collect()
     }
 
-    async fn delete_groups(&self, task_id: &str, fence: Option<&Fence>) -> StoreResult<()> {
+    /// Deletes every group row of a task. Fenced by `fence` when it is
+    /// given.
+    pub async fn delete_groups(&self, task_id: &str, fence: Option<&Fence>) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("DELETE FROM round_groups WHERE task_id = $1").bind(task_id).execute(&mut *tx).await?;
         self.check_fence(&mut tx, task_id, fence).await?;

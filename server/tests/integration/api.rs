@@ -18,7 +18,7 @@ use cohort_server::cluster::Replica;
 use cohort_server::coordinator::Coordinator;
 use cohort_server::metrics::Metrics;
 use cohort_server::service::{ServiceConfig, app_state};
-use cohort_server::store::{ParticipantRecord, SqlStore, Store};
+use cohort_server::store::{ParticipantRecord, SqlStore};
 use cohort_tests::identity::{self as keys, Enrollment};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};

@@ -15,7 +15,7 @@ use cohort_server::round::{AttemptOutcome, FailedAttempt};
 use cohort_server::store::Backend;
 use cohort_server::store::{
     CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence, GroupKey, GroupRecord,
-    GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, SqlStore, Store, StoreError, TaskRecord,
+    GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, SqlStore, StoreError, TaskRecord,
     TaskStatus,
 };
 use sqlx::Connection;
