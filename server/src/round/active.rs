@@ -25,6 +25,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 
 use super::builder::{BuiltRound, RoundBuilder, RoundSeeds};
+use super::owned::GroupReport;
 use super::records::{
     AttemptOutcome, EngineError, FailedAttempt, GroupMetrics, Poll, RoundMetrics, StageMetrics, TaskError,
 };
@@ -40,9 +41,10 @@ pub(super) enum GroupState {
     Unmasking,
     /// Unmasked and decoded: the group's part of the round's sum.
     Done(GroupSum),
-    /// Given up in this stage: too few clients, or its unmasking failed.
-    /// Nothing of the group is in the round's sum.
-    Failed(Stage),
+    /// Given up in `stage`: too few clients, or its unmasking failed, with
+    /// why in words where the group knows it. Nothing of the group is in
+    /// the round's sum.
+    Failed { stage: Stage, reason: Option<String> },
     /// Run by another replica, its owner: settled from what the owner
     /// stores (see [`super::owned`]).
     Remote(RemoteGroup),
@@ -98,7 +100,8 @@ pub(super) struct Group {
     pub(super) deadline: i64,
     /// Participants in client-id order (id = position + 1).
     pub(super) roster: Vec<String>,
-    pub(super) state: GroupState,
+    /// Changed only by the group's own methods (see [`Group::state`]).
+    state: GroupState,
     pub(super) stages: Vec<StageMetrics>,
     /// This group's quantizer (its transform seed is the group's).
     pub(super) quantizer: Quantizer,
@@ -106,13 +109,12 @@ pub(super) struct Group {
     pub(super) bytes_down: u64,
     /// The URL of the replica the group was handed to, if it was: where
     /// its clients' stage messages go while it is remote, and what the
-    /// round's metrics name.
+    /// round's metrics name after it settled (so it outlives the `Remote`
+    /// state).
     pub(super) owner: Option<String>,
     /// Members that said they left ([`TaskEngine::leave`](super::TaskEngine::leave)):
     /// no stage waits for them.
     pub(super) left: BTreeSet<ClientId>,
-    /// Why the group was given up, once it was.
-    pub(super) failure: Option<String>,
     /// Masked inputs arriving in pieces, by sender.
     arriving: HashMap<ClientId, Arriving>,
     /// The number of the next upload to begin.
@@ -213,7 +215,6 @@ impl Group {
             bytes_down: 0,
             owner: None,
             left: BTreeSet::new(),
-            failure: None,
             arriving: HashMap::new(),
             next_upload: 1,
         };
@@ -225,14 +226,14 @@ impl Group {
         match &self.state {
             GroupState::Collecting(server) => server.stage(),
             GroupState::Unmasking => Stage::Unmasking,
-            GroupState::Done(_) | GroupState::Failed(_) => Stage::Finished,
+            GroupState::Done(_) | GroupState::Failed { .. } => Stage::Finished,
             GroupState::Remote(remote) => remote.stage,
         }
     }
 
     /// Whether the group is done or failed.
     pub(super) fn is_settled(&self) -> bool {
-        matches!(self.state, GroupState::Done(_) | GroupState::Failed(_))
+        matches!(self.state, GroupState::Done(_) | GroupState::Failed { .. })
     }
 
     /// The participant with client id `id` in this group.
@@ -257,7 +258,7 @@ impl Group {
         let server = match &self.state {
             GroupState::Collecting(server) => server,
             GroupState::Unmasking | GroupState::Done(_) => return Ok(Poll::Wait),
-            GroupState::Failed(_) => return Ok(Poll::Dropped),
+            GroupState::Failed { .. } => return Ok(Poll::Dropped),
             GroupState::Remote(_) => return Err(self.elsewhere()),
         };
         if server.has_received(id) {
@@ -473,13 +474,12 @@ impl Group {
             // other client one neighbour to share its mask key with, fewer
             // than t.
             Ok(Advanced::Next(next)) if next.eligible().len() < threshold => {
-                self.failure = Some(format!(
+                let reason = format!(
                     "{stage}: {answered} of {eligible} clients answered{left}, which leaves {} with the {threshold} \
                      neighbours (the threshold) the next stage needs",
                     next.eligible().len()
-                ));
-                self.state = GroupState::Failed(next.stage());
-                Some(GroupStep::Failed(next.stage()))
+                );
+                Some(self.give_up(next.stage(), Some(reason)))
             }
             Ok(Advanced::Next(next)) => {
                 self.deadline = now + deadline_for(spec, next.stage());
@@ -494,15 +494,9 @@ impl Group {
                 Some(step)
             }
             Ok(Advanced::Done(_)) => {
-                self.failure = Some(format!("{stage} closed without a next stage"));
-                self.state = GroupState::Failed(stage);
-                Some(GroupStep::Failed(stage))
+                Some(self.give_up(stage, Some(format!("{stage} closed without a next stage"))))
             }
-            Err(error) => {
-                self.failure = Some(format!("{stage} could not close: {error}"));
-                self.state = GroupState::Failed(stage);
-                Some(GroupStep::Failed(stage))
-            }
+            Err(error) => Some(self.give_up(stage, Some(format!("{stage} could not close: {error}")))),
         }
     }
 
@@ -519,12 +513,111 @@ impl Group {
         } else {
             "and no one else can answer"
         };
-        self.failure = Some(format!(
+        let reason = format!(
             "{stage}: {} of {eligible} clients answered {when}{left}; the threshold is {threshold}",
             server.received()
-        ));
-        self.state = GroupState::Failed(stage);
+        );
+        self.give_up(stage, Some(reason))
+    }
+
+    /// Gives the group up in `stage`.
+    fn give_up(&mut self, stage: Stage, reason: Option<String>) -> GroupStep {
+        self.state = GroupState::Failed { stage, reason };
         GroupStep::Failed(stage)
+    }
+
+    /// Where the group is. Only its own methods change it: the stages
+    /// close in [`advance`](Self::advance), and the other transitions are
+    /// [`unmasked`](Self::unmasked), [`hand_off`](Self::hand_off),
+    /// [`remote_adopted`](Self::remote_adopted),
+    /// [`settle_remote`](Self::settle_remote) and
+    /// [`lose_remote`](Self::lose_remote).
+    pub(super) fn state(&self) -> &GroupState {
+        &self.state
+    }
+
+    /// Takes the group's unmasking `result`, while it is unmasking: done
+    /// with its decoded sum, or given up in the unmasking stage (the error
+    /// is handed back to be reported). `None` when it was not unmasking.
+    pub(super) fn unmasked(
+        &mut self,
+        result: Result<Aggregate, ProtocolError>,
+        dimension: usize,
+    ) -> Option<Result<(), TaskError>> {
+        if !matches!(self.state, GroupState::Unmasking) {
+            return None;
+        }
+        Some(match result.map_err(TaskError::from).and_then(|aggregate| self.decode(aggregate, dimension)) {
+            Ok(sum) => {
+                self.state = GroupState::Done(sum);
+                Ok(())
+            }
+            Err(error) => {
+                self.give_up(Stage::Unmasking, None);
+                Err(error)
+            }
+        })
+    }
+
+    /// Hands the group to the replica at `owner`: it runs there from now
+    /// on, and settles from the owner's report.
+    pub(super) fn hand_off(&mut self, owner: &str) {
+        self.owner = Some(owner.to_string());
+        self.state = GroupState::Remote(RemoteGroup { adopted: false, stage: Stage::AdvertiseKeys });
+    }
+
+    /// The owner took the group up and reports its `stage`.
+    pub(super) fn remote_adopted(&mut self, stage: Stage) {
+        if let GroupState::Remote(remote) = &mut self.state {
+            remote.adopted = true;
+            remote.stage = stage;
+        }
+    }
+
+    /// Settles a remote group from its owner's `report` (with the stored
+    /// sum when it completed): done, or given up in the report's stage (a
+    /// report that does not fit gives it up too). `None` when the group is
+    /// not remote; the stage it was given up in, if it was.
+    pub(super) fn settle_remote(
+        &mut self,
+        report: &GroupReport,
+        mean: Option<Vec<f32>>,
+        dimension: usize,
+    ) -> Option<Option<Stage>> {
+        if !matches!(self.state, GroupState::Remote(_)) {
+            return None;
+        }
+        self.stages = report.stages.clone();
+        self.bytes_up = report.bytes_up;
+        self.bytes_down = report.bytes_down;
+        let settled = match (report.failed_at, mean) {
+            (None, Some(mean)) => report.sum(mean, dimension).map_err(|e| (e, Stage::Unmasking)),
+            (Some(stage), _) => Err((TaskError::GroupReport("given up by its owner"), stage)),
+            (None, None) => {
+                Err((TaskError::GroupReport("a completed group without its sum"), Stage::Unmasking))
+            }
+        };
+        Some(match settled {
+            Ok(sum) => {
+                self.state = GroupState::Done(sum);
+                None
+            }
+            Err((error, stage)) => {
+                tracing::debug!(%error, "remote group given up");
+                self.give_up(stage, None);
+                Some(stage)
+            }
+        })
+    }
+
+    /// Gives a remote group up (its owner's lease lapsed before it
+    /// reported) in the stage it last reported, which is handed back;
+    /// `None` when the group is not remote.
+    pub(super) fn lose_remote(&mut self) -> Option<Stage> {
+        let GroupState::Remote(remote) = &self.state else { return None };
+        let stage = remote.stage;
+        self.give_up(stage, None);
+        Some(stage)
     }
 
     /// The group's sum from its unmasked aggregate: decoded with the
@@ -541,7 +634,7 @@ impl Group {
     fn metrics(&self) -> GroupMetrics {
         let (survivors, failed_at) = match &self.state {
             GroupState::Done(sum) => (sum.survivors, None),
-            GroupState::Failed(stage) => (0, Some(*stage)),
+            GroupState::Failed { stage, .. } => (0, Some(*stage)),
             _ => (0, None),
         };
         GroupMetrics { selected: self.roster.len(), survivors, failed_at, owner: self.owner.clone() }
@@ -557,8 +650,6 @@ pub(super) struct ActiveRound {
     pub(super) groups: Vec<Group>,
     /// What every group shares (attempt, degree, threshold, ring).
     pub(super) metrics: RoundMetrics,
-    /// Every group settled and the round's completion was handed out.
-    pub(super) finishing: bool,
 }
 
 impl ActiveRound {
@@ -610,7 +701,6 @@ impl ActiveRound {
                 threshold: security.threshold,
                 ..RoundMetrics::default()
             },
-            finishing: false,
         })
     }
 
@@ -660,7 +750,10 @@ impl ActiveRound {
             .groups
             .iter()
             .enumerate()
-            .filter_map(|(index, g)| g.failure.as_deref().map(|reason| (index, reason)))
+            .filter_map(|(index, g)| match &g.state {
+                GroupState::Failed { reason: Some(reason), .. } => Some((index, reason.as_str())),
+                _ => None,
+            })
             .collect();
         match reasons.as_slice() {
             [] => "every group was given up".to_string(),

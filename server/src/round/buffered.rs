@@ -26,9 +26,9 @@ use std::collections::{BTreeMap, HashMap};
 use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage, Variant};
 use serde::{Deserialize, Serialize};
 
-use super::active::{ActiveRound, GroupState, GroupStep, deadline_for};
+use super::active::{ActiveRound, Group, GroupState, GroupStep, deadline_for};
 use super::completion::PendingUnmask;
-use super::engine::{TaskEngine, TickOutcome};
+use super::engine::{Schedule, TaskEngine, TickOutcome};
 use super::records::{AttemptOutcome, CheckIn, TaskError};
 use crate::spec::{AsyncSpec, Groups};
 
@@ -171,7 +171,7 @@ impl TaskEngine {
         let allowance = deadline_for(&self.spec, Stage::AdvertiseKeys);
         let plaintext = self.spec.client_metrics.plaintext;
         let active = self.variant() == Variant::Active;
-        let Some(state) = self.buffered.as_mut() else { return CheckIn::Wait { retry_after_ms: 1_000 } };
+        let Some(state) = self.fedbuff_mut() else { return CheckIn::Wait { retry_after_ms: 1_000 } };
         if let Some(selected) = selected_reply(state, participant, plaintext) {
             return selected;
         }
@@ -200,7 +200,7 @@ impl TaskEngine {
                     }),
                 }
                 self.form_groups(now);
-                let state = self.buffered.as_ref().unwrap_or_else(|| unreachable!("an async task"));
+                let state = self.fedbuff().unwrap_or_else(|| unreachable!("an async task"));
                 selected_reply(state, participant, plaintext)
                     .unwrap_or(CheckIn::Wait { retry_after_ms: READY_POLL_MS })
             }
@@ -226,7 +226,12 @@ impl TaskEngine {
     /// became too stale, are dropped first.
     fn form_groups(&mut self, now: i64) {
         let version = self.completed;
-        let Some(state) = self.buffered.as_mut() else { return };
+        let Self {
+            schedule: Schedule::Async(state), spec: task_spec, security, rng, task_id, pending, ..
+        } = self
+        else {
+            return;
+        };
         let spec = state.spec;
         state.ready.retain(|w| now - w.seen <= READY_TTL_MS && spec.fresh(w.base, version));
         let k = state.spec.buffer_size as usize;
@@ -236,24 +241,16 @@ impl TaskEngine {
             let selected = members.iter().map(|w| (w.participant.clone(), w.identity)).collect();
             let groups = Groups { count: 1, size: state.spec.buffer_size };
             let Some(round) = ActiveRound::open(
-                number,
-                1,
-                selected,
-                groups,
-                // Its members trained from different versions.
-                None,
-                &self.spec,
-                &self.security,
-                &mut self.rng,
-                now,
+                number, 1, selected, groups, // Its members trained from different versions.
+                None, task_spec, security, rng, now,
             ) else {
-                tracing::error!(task = %self.task_id, "an async group could not be opened");
+                tracing::error!(task = %task_id, "an async group could not be opened");
                 return;
             };
             state.last_number = number;
             let staleness = members.iter().map(|w| (w.participant.clone(), version - w.base)).collect();
             state.groups.insert(number, InFlight { round, staleness });
-            self.pending.push_back(TickOutcome::Started(number));
+            pending.push_back(TickOutcome::Started(number));
         }
     }
 
@@ -263,13 +260,14 @@ impl TaskEngine {
     pub(super) fn buffered_tick(&mut self, now: i64) {
         if self.completed >= u64::from(self.spec.rounds) {
             self.status = crate::store::TaskStatus::Completed;
-            self.buffered = self.buffered.take().map(|state| BufferState::new(state.spec));
+            if let Some(state) = self.fedbuff_mut() {
+                *state = BufferState::new(state.spec);
+            }
             return;
         }
         self.form_groups(now);
         let wanted = self.spec.inputs_per_group() as usize;
-        let Self { buffered, spec, pending, task_id, .. } = self;
-        let Some(state) = buffered.as_mut() else { return };
+        let Self { schedule: Schedule::Async(state), spec, pending, task_id, .. } = self else { return };
         let mut failed = Vec::new();
         for (number, flight) in &mut state.groups {
             let Some(group) = flight.round.groups.first_mut() else { continue };
@@ -298,7 +296,7 @@ impl TaskEngine {
     /// Gives up group `number` in `stage` (because of `error`, or too few
     /// clients): nothing of it is applied.
     fn discard_group(&mut self, number: u64, stage: Stage, error: Option<&TaskError>, now: i64) {
-        if let Some(state) = self.buffered.as_mut()
+        if let Some(state) = self.fedbuff_mut()
             && let Some(flight) = state.groups.remove(&number)
         {
             state.groups_failed += 1;
@@ -314,7 +312,7 @@ impl TaskEngine {
     /// The next model from the oldest completed group, when no other is
     /// being persisted.
     fn apply_next(&mut self, now: i64) {
-        let Some(state) = self.buffered.as_ref() else { return };
+        let Some(state) = self.fedbuff() else { return };
         if state.applying.is_some() {
             return;
         }
@@ -322,7 +320,7 @@ impl TaskEngine {
             .groups
             .iter()
             .find(|(_, flight)| {
-                matches!(flight.round.groups.first().map(|g| &g.state), Some(GroupState::Done(_)))
+                matches!(flight.round.groups.first().map(Group::state), Some(GroupState::Done(_)))
             })
             .map(|(number, _)| *number);
         let Some(number) = done else { return };
@@ -335,13 +333,13 @@ impl TaskEngine {
         };
         match computed {
             Ok(completion) => {
-                if let Some(state) = self.buffered.as_mut() {
+                if let Some(state) = self.fedbuff_mut() {
                     state.applying = Some(number);
                 }
                 self.pending.push_back(TickOutcome::Completed(Box::new(completion)));
             }
             Err(error) => {
-                let flight = self.buffered.as_mut().and_then(|state| {
+                let flight = self.fedbuff_mut().and_then(|state| {
                     state.groups_failed += 1;
                     state.groups.remove(&number)
                 });
@@ -360,7 +358,7 @@ impl TaskEngine {
 
     /// Adopts the applied group's next model: the group is done.
     pub(super) fn buffered_commit(&mut self) {
-        let Some(state) = self.buffered.as_mut() else { return };
+        let Some(state) = self.fedbuff_mut() else { return };
         let Some(number) = state.applying.take() else { return };
         if let Some(flight) = state.groups.remove(&number) {
             let staleness: Vec<u64> = flight.staleness.values().copied().collect();
@@ -374,7 +372,7 @@ impl TaskEngine {
 
     /// The group being applied could not be persisted: it is discarded.
     pub(super) fn buffered_abandon(&mut self) {
-        if let Some(state) = self.buffered.as_mut()
+        if let Some(state) = self.fedbuff_mut()
             && let Some(number) = state.applying.take()
         {
             state.groups.remove(&number);
@@ -390,16 +388,14 @@ impl TaskEngine {
         now: i64,
     ) -> Result<(), TaskError> {
         let dimension = self.spec.model.layout.len();
-        let group = self
-            .buffered
-            .as_mut()
+        let outcome = self
+            .fedbuff_mut()
             .and_then(|state| state.groups.get_mut(&number))
             .and_then(|flight| flight.round.groups.first_mut())
-            .filter(|group| matches!(group.state, GroupState::Unmasking))
+            .and_then(|group| group.unmasked(result, dimension))
             .ok_or(TaskError::NoSuchRound(number))?;
-        match result.map_err(TaskError::from).and_then(|aggregate| group.decode(aggregate, dimension)) {
-            Ok(sum) => {
-                group.state = GroupState::Done(sum);
+        match outcome {
+            Ok(()) => {
                 self.apply_next(now);
                 Ok(())
             }
@@ -413,7 +409,7 @@ impl TaskEngine {
     /// A group whose masked-input request could not be recorded is given
     /// up before anyone was asked.
     pub(super) fn buffered_withdraw(&mut self, number: u64) {
-        if let Some(state) = self.buffered.as_mut()
+        if let Some(state) = self.fedbuff_mut()
             && state.groups.remove(&number).is_some()
         {
             state.groups_failed += 1;
@@ -426,7 +422,7 @@ impl TaskEngine {
         &mut self,
         participant: &str,
     ) -> Option<(&mut super::active::Group, ClientId)> {
-        let state = self.buffered.as_mut()?;
+        let state = self.fedbuff_mut()?;
         let (number, group, id) = state.member(participant)?;
         let flight = state.groups.get_mut(&number)?;
         Some((flight.round.groups.get_mut(group)?, id))
@@ -436,7 +432,7 @@ impl TaskEngine {
     /// training slot and waiting update are dropped, and no group it is
     /// in waits for it.
     pub(super) fn buffered_leave(&mut self, participant: &str) {
-        let Some(state) = self.buffered.as_mut() else { return };
+        let Some(state) = self.fedbuff_mut() else { return };
         state.training.remove(participant);
         state.ready.retain(|waiting| waiting.participant != participant);
         if let Some((group, id)) = self.buffered_member(participant) {
@@ -446,7 +442,7 @@ impl TaskEngine {
 
     /// The schedule of an async task.
     pub fn buffer(&self, now: i64) -> Option<BufferView> {
-        let state = self.buffered.as_ref()?;
+        let state = self.fedbuff()?;
         let version = self.completed;
         let allowance = deadline_for(&self.spec, Stage::AdvertiseKeys);
         let groups = state
@@ -454,7 +450,7 @@ impl TaskEngine {
             .iter()
             .map(|(number, flight)| {
                 let group = flight.round.groups.first();
-                let received = match group.map(|g| &g.state) {
+                let received = match group.map(Group::state) {
                     Some(GroupState::Collecting(server)) => server.received(),
                     _ => 0,
                 };
@@ -483,26 +479,25 @@ impl TaskEngine {
 
     /// The oldest group in flight, as the round in progress.
     pub(super) fn oldest_group(&self) -> Option<&ActiveRound> {
-        self.buffered.as_ref()?.groups.values().next().map(|flight| &flight.round)
+        self.fedbuff()?.groups.values().next().map(|flight| &flight.round)
     }
 
     /// Whether `participant` is in an async group numbered `round`.
     pub(super) fn in_buffered_group(&self, participant: &str, round: u64) -> bool {
-        self.buffered
-            .as_ref()
+        self.fedbuff()
             .and_then(|state| state.groups.get(&round))
             .is_some_and(|flight| flight.round.members.contains_key(participant))
     }
 
     /// A paused or stopped async task gives up everything in flight.
     pub(super) fn buffered_reset(&mut self) {
-        if let Some(state) = self.buffered.take() {
+        if let Some(state) = self.fedbuff_mut() {
             let mut fresh = BufferState::new(state.spec);
             fresh.last_number = state.last_number;
-            fresh.histogram = state.histogram;
+            fresh.histogram = std::mem::take(&mut state.histogram);
             fresh.refused_stale = state.refused_stale;
             fresh.groups_failed = state.groups_failed + state.groups.len() as u64;
-            self.buffered = Some(fresh);
+            *state = fresh;
         }
     }
 }

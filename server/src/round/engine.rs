@@ -15,7 +15,7 @@ use cohort_crypto::policy::TaskSecurity;
 use cohort_crypto::quantize::QuantizeError;
 use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage, Variant};
 
-use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, InputStep, RemoteGroup, select};
+use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, InputStep, select};
 use super::buffered::BufferState;
 use super::completion::{Completion, PendingUnmask, encode_model};
 use super::owned::{GroupAssignment, GroupKey, GroupReport};
@@ -70,6 +70,45 @@ pub enum TickOutcome {
     Abandoned { round: u64, error: TaskError, attempt: Box<FailedAttempt> },
 }
 
+/// How a task's rounds run, fixed when the task loads: the sync/async fork
+/// is this one enum, each mode's state inside its variant (as rustls holds
+/// its TLS 1.2 and 1.3 handshakes as sub-states of one state).
+pub(super) enum Schedule {
+    /// One round at a time, every selected client in it.
+    Sync(SyncRound),
+    /// FedBuff: groups open as clients are ready and are applied as they
+    /// settle (see `buffered`).
+    Async(BufferState),
+}
+
+/// A sync task's round.
+pub(super) enum SyncRound {
+    /// None runs: the next starts once enough clients checked in.
+    Idle,
+    /// Its groups collect, unmask and settle.
+    Running(ActiveRound),
+    /// Every group settled and the round's completion was handed out: it
+    /// is being stored, then [committed](TaskEngine::commit) or
+    /// [abandoned](TaskEngine::abandon).
+    Persisting(ActiveRound),
+}
+
+impl SyncRound {
+    fn get(&self) -> Option<&ActiveRound> {
+        match self {
+            SyncRound::Running(round) | SyncRound::Persisting(round) => Some(round),
+            SyncRound::Idle => None,
+        }
+    }
+
+    fn get_mut(&mut self) -> Option<&mut ActiveRound> {
+        match self {
+            SyncRound::Running(round) | SyncRound::Persisting(round) => Some(round),
+            SyncRound::Idle => None,
+        }
+    }
+}
+
 /// One task's coordinator state.
 pub struct TaskEngine {
     pub(super) task_id: String,
@@ -97,20 +136,75 @@ pub struct TaskEngine {
     /// `completed + 1` that did not complete: they refuse any re-run of
     /// that round, so they are not selected for it again.
     contributed: HashSet<String>,
-    pub(super) round: Option<ActiveRound>,
     /// The rosters of the last completed rounds, newest last.
     pub(super) recent: VecDeque<(u64, HashSet<String>)>,
     /// Outcomes of the last tick not handed out yet.
     pub(super) pending: VecDeque<TickOutcome>,
     pub(super) rng: rand_chacha::ChaCha20Rng,
-    /// An async task's schedule and groups in flight (`None`: sync).
-    pub(super) buffered: Option<BufferState>,
+    /// Sync rounds or the async schedule, with what is in flight.
+    pub(super) schedule: Schedule,
     /// The members of the last attempt that failed, and why it did: they
     /// are told so when they next ask for a stage.
     last_failure: Option<(HashSet<String>, FailedAttempt)>,
 }
 
 impl TaskEngine {
+    /// The sync round in progress, running or persisting (`None` in an
+    /// async task).
+    pub(super) fn round(&self) -> Option<&ActiveRound> {
+        match &self.schedule {
+            Schedule::Sync(round) => round.get(),
+            Schedule::Async(_) => None,
+        }
+    }
+
+    pub(super) fn round_mut(&mut self) -> Option<&mut ActiveRound> {
+        match &mut self.schedule {
+            Schedule::Sync(round) => round.get_mut(),
+            Schedule::Async(_) => None,
+        }
+    }
+
+    /// The sync round whose groups are still running.
+    fn running_mut(&mut self) -> Option<&mut ActiveRound> {
+        match &mut self.schedule {
+            Schedule::Sync(SyncRound::Running(round)) => Some(round),
+            _ => None,
+        }
+    }
+
+    /// Ends the sync round in progress (running or persisting) and hands it
+    /// back.
+    fn end_round(&mut self) -> Option<ActiveRound> {
+        match &mut self.schedule {
+            Schedule::Sync(round) => match std::mem::replace(round, SyncRound::Idle) {
+                SyncRound::Running(round) | SyncRound::Persisting(round) => Some(round),
+                SyncRound::Idle => None,
+            },
+            Schedule::Async(_) => None,
+        }
+    }
+
+    /// An async task's schedule (`None` in a sync task).
+    pub(super) fn fedbuff(&self) -> Option<&BufferState> {
+        match &self.schedule {
+            Schedule::Async(state) => Some(state),
+            Schedule::Sync(_) => None,
+        }
+    }
+
+    pub(super) fn fedbuff_mut(&mut self) -> Option<&mut BufferState> {
+        match &mut self.schedule {
+            Schedule::Async(state) => Some(state),
+            Schedule::Sync(_) => None,
+        }
+    }
+
+    /// Whether the task is async.
+    pub(super) fn is_async(&self) -> bool {
+        matches!(self.schedule, Schedule::Async(_))
+    }
+
     /// Restores a task from its spec, status and newest checkpoint, with
     /// the participants that earlier attempts of the next round asked for
     /// their masked input (see [`TickOutcome::MaskedInputRequested`]).
@@ -143,13 +237,12 @@ impl TaskEngine {
             attempts: 0,
             checked_in: BTreeMap::new(),
             contributed: contributed.into_iter().collect(),
-            round: None,
             recent: VecDeque::new(),
             pending: VecDeque::new(),
             rng: rand_core::SeedableRng::from_seed(seed),
-            buffered: match (spec.mode, spec.asynchronous) {
-                (TaskMode::Async, Some(schedule)) => Some(BufferState::new(schedule)),
-                _ => None,
+            schedule: match (spec.mode, spec.asynchronous) {
+                (TaskMode::Async, Some(schedule)) => Schedule::Async(BufferState::new(schedule)),
+                _ => Schedule::Sync(SyncRound::Idle),
             },
             last_failure: None,
             spec,
@@ -218,19 +311,19 @@ impl TaskEngine {
     /// The round in progress and its stage (its earliest group's), if any;
     /// in an async task, the oldest group in flight.
     pub fn current_round(&self) -> Option<(u64, Stage)> {
-        self.round.as_ref().or_else(|| self.oldest_group()).map(|r| (r.number, r.stage()))
+        self.round().or_else(|| self.oldest_group()).map(|r| (r.number, r.stage()))
     }
 
     /// The round in progress, for the admin API: the stage of its earliest
     /// groups, with their answers, times and deadlines.
     pub fn progress(&self) -> Option<RoundProgress> {
-        let round = self.round.as_ref().or_else(|| self.oldest_group())?;
+        let round = self.round().or_else(|| self.oldest_group())?;
         let stage = round.stage();
         let in_stage: Vec<&Group> =
             round.groups.iter().filter(|g| !g.is_settled() && g.stage() == stage).collect();
         let (mut eligible, mut received, mut awaited, mut left, mut threshold) = (0, 0, 0, 0, 0);
         for group in &in_stage {
-            if let GroupState::Collecting(server) = &group.state {
+            if let GroupState::Collecting(server) = group.state() {
                 eligible += server.eligible().len();
                 received += server.received();
                 awaited += group.awaited(server);
@@ -243,9 +336,9 @@ impl TaskEngine {
             round
                 .groups
                 .iter()
-                .filter(|g| match g.state {
+                .filter(|g| match g.state() {
                     GroupState::Done(_) => done,
-                    GroupState::Failed(_) => !done,
+                    GroupState::Failed { .. } => !done,
                     _ => false,
                 })
                 .count()
@@ -285,7 +378,7 @@ impl TaskEngine {
     /// second sum of the same updates could be unmasked beside the first).
     /// `None` while a round runs, or when the task is not active.
     pub fn stalled(&self, now: i64) -> Option<String> {
-        if self.status != TaskStatus::Active || self.round.is_some() || self.buffered.is_some() {
+        if self.status != TaskStatus::Active || self.round().is_some() || self.is_async() {
             return None;
         }
         let wanted = self.spec.groups().selected() as usize;
@@ -345,7 +438,7 @@ impl TaskEngine {
     pub fn set_status(&mut self, status: TaskStatus) {
         self.status = status;
         if status != TaskStatus::Active {
-            self.round = None;
+            self.end_round();
             self.buffered_reset();
         }
     }
@@ -373,16 +466,16 @@ impl TaskEngine {
         if identity.is_some() || self.variant() == Variant::SemiHonest {
             self.checked_in.insert(participant.to_string(), (now, identity));
         }
-        if self.buffered.is_some() {
+        if self.is_async() {
             if self.status != TaskStatus::Active {
                 return CheckIn::Wait { retry_after_ms: 2_000 };
             }
             return self.buffered_check_in(participant, identity, trained_on, now);
         }
-        match &self.round {
+        match self.round() {
             Some(round) => match round.members.get(participant) {
                 // Its owner has not taken the group up yet: soon.
-                Some((group, _)) if matches!(&round.groups[*group].state, GroupState::Remote(r) if !r.adopted) => {
+                Some((group, _)) if matches!(round.groups[*group].state(), GroupState::Remote(r) if !r.adopted) => {
                     CheckIn::Wait { retry_after_ms: 250 }
                 }
                 Some((group, id)) => CheckIn::Selected {
@@ -406,7 +499,7 @@ impl TaskEngine {
     /// threshold, instead of at the deadline.
     pub fn leave(&mut self, participant: &str) {
         self.checked_in.remove(participant);
-        if let Some(round) = self.round.as_mut()
+        if let Some(round) = self.round_mut()
             && let Some((group, id)) = round.members.get(participant).copied()
         {
             round.groups[group].left.insert(id);
@@ -420,10 +513,10 @@ impl TaskEngine {
         if self.status != TaskStatus::Active {
             return Err(EngineError::Inactive(self.status));
         }
-        if self.buffered.is_some() {
+        if self.is_async() {
             return self.buffered_member(participant).ok_or(EngineError::NotSelected);
         }
-        let member = self.round.as_ref().and_then(|round| round.members.get(participant).copied());
+        let member = self.round().and_then(|round| round.members.get(participant).copied());
         let Some((group, id)) = member else {
             return Err(match &self.last_failure {
                 Some((members, attempt)) if members.contains(participant) => EngineError::Failed(format!(
@@ -436,7 +529,7 @@ impl TaskEngine {
                 _ => EngineError::NotSelected,
             });
         };
-        let round = self.round.as_mut().ok_or(EngineError::NotSelected)?;
+        let round = self.round_mut().ok_or(EngineError::NotSelected)?;
         Ok((&mut round.groups[group], id))
     }
 
@@ -462,8 +555,7 @@ impl TaskEngine {
         if !self.spec.client_metrics.plaintext {
             return Err(EngineError::PlaintextMetricsOff);
         }
-        let current =
-            self.round.as_ref().is_some_and(|r| r.number == round && r.members.contains_key(participant));
+        let current = self.round().is_some_and(|r| r.number == round && r.members.contains_key(participant));
         let recent =
             self.recent.iter().any(|(number, roster)| *number == round && roster.contains(participant))
                 || self.in_buffered_group(participant, round);
@@ -494,11 +586,11 @@ impl TaskEngine {
         if self.status != TaskStatus::Active {
             return TickOutcome::Idle;
         }
-        if self.buffered.is_some() {
+        if self.is_async() {
             self.buffered_tick(now);
             return self.pending.pop_front().unwrap_or(TickOutcome::Idle);
         }
-        if self.round.is_none() {
+        if self.round().is_none() {
             if self.completed >= u64::from(self.spec.rounds) {
                 self.status = TaskStatus::Completed;
             } else if self.privacy.as_ref().is_some_and(|plan| !plan.allows(self.releases())) {
@@ -516,8 +608,8 @@ impl TaskEngine {
     /// Closes every group's stage that is ready (see [`Group::advance`]).
     fn advance_groups(&mut self, now: i64) {
         let wanted = self.spec.inputs_per_group() as usize;
-        let Self { round, spec, contributed, pending, task_id, .. } = self;
-        let Some(round) = round.as_mut() else { return };
+        let Self { schedule, spec, contributed, pending, task_id, .. } = self;
+        let Schedule::Sync(SyncRound::Running(round)) = schedule else { return };
         let several = round.groups.len() > 1;
         for (index, group) in round.groups.iter_mut().enumerate() {
             match group.advance(spec, wanted, now) {
@@ -551,17 +643,21 @@ impl TaskEngine {
     /// Once every group of the round is done or given up: the round's
     /// completion when some completed, else the round is aborted.
     fn settle(&mut self, now: i64) {
-        let Some(round) = self.round.as_mut() else { return };
-        if round.finishing || !round.groups.iter().all(Group::is_settled) {
+        let Some(round) = self.running_mut() else { return };
+        if !round.groups.iter().all(Group::is_settled) {
             return;
         }
         let number = round.number;
-        if round.groups.iter().any(|g| matches!(g.state, GroupState::Done(_))) {
-            round.finishing = true;
+        if round.groups.iter().any(|g| matches!(g.state(), GroupState::Done(_))) {
+            if let Schedule::Sync(sync) = &mut self.schedule
+                && let SyncRound::Running(round) = std::mem::replace(sync, SyncRound::Idle)
+            {
+                *sync = SyncRound::Persisting(round);
+            }
             match self.compute(now) {
                 Ok(completion) => self.pending.push_back(TickOutcome::Completed(Box::new(completion))),
                 Err(error) => {
-                    let Some(round) = self.round.as_ref() else { return };
+                    let Some(round) = self.round() else { return };
                     let attempt = Box::new(round.failed(
                         AttemptOutcome::Abandoned,
                         Stage::Unmasking,
@@ -569,21 +665,21 @@ impl TaskEngine {
                         now,
                     ));
                     self.remember_failure(&attempt);
-                    self.round = None;
+                    self.end_round();
                     // Its groups' sums were unmasked: privacy is spent.
                     self.unstored_releases += 1;
                     self.pending.push_back(TickOutcome::Abandoned { round: number, error, attempt });
                 }
             }
         } else {
-            let failed = |g: &Group| match g.state {
-                GroupState::Failed(stage) => Some(stage),
+            let failed = |g: &Group| match g.state() {
+                GroupState::Failed { stage, .. } => Some(*stage),
                 _ => None,
             };
             let stage = round.groups.iter().filter_map(failed).max().unwrap_or(Stage::AdvertiseKeys);
             let attempt = Box::new(round.failed(AttemptOutcome::Aborted, stage, round.failures(), now));
             self.remember_failure(&attempt);
-            self.round = None;
+            self.end_round();
             self.pending.push_back(TickOutcome::Aborted { round: number, stage, attempt });
         }
     }
@@ -591,7 +687,7 @@ impl TaskEngine {
     /// Keeps who was in the attempt that just failed and why, so that its
     /// members are told the reason when they next ask for a stage.
     fn remember_failure(&mut self, attempt: &FailedAttempt) {
-        let members = self.round.as_ref().map(|r| r.members.keys().cloned().collect()).unwrap_or_default();
+        let members = self.round().map(|r| r.members.keys().cloned().collect()).unwrap_or_default();
         self.last_failure = Some((members, attempt.clone()));
     }
 
@@ -627,7 +723,7 @@ impl TaskEngine {
             now,
         )?;
         self.attempts = attempt;
-        self.round = Some(round);
+        self.schedule = Schedule::Sync(SyncRound::Running(round));
         Some(number)
     }
 
@@ -643,33 +739,22 @@ impl TaskEngine {
         result: Result<Aggregate, ProtocolError>,
         now: i64,
     ) -> Result<(), TaskError> {
-        if self.buffered.is_some() {
+        if self.is_async() {
             return self.buffered_unmasked(round_number, result, now);
         }
         let dimension = self.spec.model.layout.len();
         let round = self
-            .round
-            .as_mut()
-            .filter(|r| r.number == round_number && !r.finishing)
+            .running_mut()
+            .filter(|r| r.number == round_number)
             .ok_or(TaskError::NoSuchRound(round_number))?;
-        let target = round
+        let outcome = round
             .groups
             .get_mut(group)
-            .filter(|g| matches!(g.state, GroupState::Unmasking))
+            .and_then(|target| target.unmasked(result, dimension))
             .ok_or(TaskError::NoSuchRound(round_number))?;
-        let decoded =
-            result.map_err(TaskError::from).and_then(|aggregate| target.decode(aggregate, dimension));
-        let outcome = match decoded {
-            Ok(sum) => {
-                target.state = GroupState::Done(sum);
-                Ok(())
-            }
-            Err(error) => {
-                target.state = GroupState::Failed(Stage::Unmasking);
-                self.given_up(round_number, group, Stage::Unmasking);
-                Err(error)
-            }
-        };
+        if outcome.is_err() {
+            self.given_up(round_number, group, Stage::Unmasking);
+        }
         self.settle(now);
         outcome
     }
@@ -677,7 +762,7 @@ impl TaskEngine {
     /// A round of several groups reports group `group` of round `round`,
     /// just given up in `stage`, and goes on without it.
     fn given_up(&mut self, round: u64, group: usize, stage: Stage) {
-        if self.round.as_ref().is_some_and(|r| r.groups.len() > 1) {
+        if self.round().is_some_and(|r| r.groups.len() > 1) {
             self.pending.push_back(TickOutcome::GroupAborted { round, group, stage });
         }
     }
@@ -686,8 +771,8 @@ impl TaskEngine {
     /// it has happened yet (just started, no client told it is selected),
     /// so that it can still be handed to another replica.
     fn untouched(&self, group: usize) -> Option<GroupKey> {
-        let round = self.round.as_ref()?;
-        match &round.groups.get(group)?.state {
+        let round = self.round()?;
+        match round.groups.get(group)?.state() {
             GroupState::Collecting(server)
                 if server.stage() == Stage::AdvertiseKeys && server.received() == 0 => {}
             _ => return None,
@@ -704,7 +789,7 @@ impl TaskEngine {
     /// progress, while nothing of it has happened yet; `None` otherwise.
     pub fn assignment(&self, group: usize) -> Option<(GroupKey, GroupAssignment)> {
         let key = self.untouched(group)?;
-        let target = &self.round.as_ref()?.groups[group];
+        let target = &self.round()?.groups[group];
         let assignment = GroupAssignment {
             roster: target.roster.clone(),
             identities: target.identities.clone(),
@@ -725,28 +810,27 @@ impl TaskEngine {
             return false;
         }
         let Some(group) = self.remote_group(key) else { return false };
-        group.owner = Some(owner.to_string());
-        group.state = GroupState::Remote(RemoteGroup { adopted: false, stage: Stage::AdvertiseKeys });
+        group.hand_off(owner);
         true
     }
 
     /// The group `key` of the round in progress (this attempt).
     fn remote_group(&mut self, key: &GroupKey) -> Option<&mut Group> {
-        let round =
-            self.round.as_mut().filter(|r| r.number == key.round && r.metrics.attempt == key.attempt)?;
+        let round = self.round_mut().filter(|r| r.number == key.round && r.metrics.attempt == key.attempt)?;
         round.groups.get_mut(key.group as usize)
     }
 
     /// The participants of the round in progress in groups that other
     /// replicas run, with the owner's URL.
     pub fn remote_members(&self) -> Vec<(String, String)> {
-        let Some(round) = &self.round else { return Vec::new() };
+        let Some(round) = self.round() else { return Vec::new() };
         round
             .members
             .iter()
             .filter_map(|(participant, (group, _))| {
                 let group = &round.groups[*group];
-                let owner = group.owner.as_ref().filter(|_| matches!(group.state, GroupState::Remote(_)))?;
+                let owner =
+                    group.owner.as_ref().filter(|_| matches!(group.state(), GroupState::Remote(_)))?;
                 Some((participant.clone(), owner.clone()))
             })
             .collect()
@@ -754,9 +838,8 @@ impl TaskEngine {
 
     /// The owner of remote group `key` took it up (and reports its stage).
     pub fn remote_adopted(&mut self, key: &GroupKey, stage: Stage) {
-        if let Some(Group { state: GroupState::Remote(remote), .. }) = self.remote_group(key) {
-            remote.adopted = true;
-            remote.stage = stage;
+        if let Some(group) = self.remote_group(key) {
+            group.remote_adopted(stage);
         }
     }
 
@@ -777,26 +860,9 @@ impl TaskEngine {
     pub fn remote_settled(&mut self, key: &GroupKey, report: &GroupReport, mean: Option<Vec<f32>>, now: i64) {
         let dimension = self.spec.model.layout.len();
         let Some(group) = self.remote_group(key) else { return };
-        if !matches!(group.state, GroupState::Remote(_)) {
-            return;
-        }
-        group.stages = report.stages.clone();
-        group.bytes_up = report.bytes_up;
-        group.bytes_down = report.bytes_down;
-        let settled = match (report.failed_at, mean) {
-            (None, Some(mean)) => report.sum(mean, dimension).map_err(|e| (e, Stage::Unmasking)),
-            (Some(stage), _) => Err((TaskError::GroupReport("given up by its owner"), stage)),
-            (None, None) => {
-                Err((TaskError::GroupReport("a completed group without its sum"), Stage::Unmasking))
-            }
-        };
-        match settled {
-            Ok(sum) => group.state = GroupState::Done(sum),
-            Err((error, stage)) => {
-                tracing::debug!(%error, "remote group given up");
-                group.state = GroupState::Failed(stage);
-                self.given_up(key.round, key.group as usize, stage);
-            }
+        let Some(failed) = group.settle_remote(report, mean, dimension) else { return };
+        if let Some(stage) = failed {
+            self.given_up(key.round, key.group as usize, stage);
         }
         self.settle(now);
     }
@@ -806,23 +872,21 @@ impl TaskEngine {
     /// dropouts, from the stage it last reported.
     pub fn remote_lost(&mut self, key: &GroupKey, now: i64) {
         let Some(group) = self.remote_group(key) else { return };
-        let GroupState::Remote(remote) = &group.state else { return };
-        let stage = remote.stage;
-        group.state = GroupState::Failed(stage);
+        let Some(stage) = group.lose_remote() else { return };
         self.given_up(key.round, key.group as usize, stage);
         self.settle(now);
     }
 
     /// The number of groups of the round in progress.
     pub fn group_count(&self) -> usize {
-        self.round.as_ref().map_or(0, |r| r.groups.len())
+        self.round().map_or(0, |r| r.groups.len())
     }
 
     /// The next model from the completed groups' sums: their weighted
     /// means added with their example counts as weights, the optimizer
     /// step, and the round's records.
     fn compute(&self, now: i64) -> Result<Completion, TaskError> {
-        let round = self.round.as_ref().ok_or(TaskError::NoSuchRound(self.completed + 1))?;
+        let round = self.round().ok_or(TaskError::NoSuchRound(self.completed + 1))?;
         self.compute_from(round, round.number, None, now)
     }
 
@@ -840,7 +904,7 @@ impl TaskEngine {
         let done: Vec<&GroupSum> = round
             .groups
             .iter()
-            .filter_map(|g| match &g.state {
+            .filter_map(|g| match g.state() {
                 GroupState::Done(sum) => Some(sum),
                 _ => None,
             })
@@ -925,14 +989,14 @@ impl TaskEngine {
         self.completed = completion.round.round as u64;
         self.attempts = 0;
         self.contributed.clear();
-        if self.buffered.is_some() {
+        if self.is_async() {
             self.buffered_commit();
             if self.completed >= u64::from(self.spec.rounds) {
                 self.status = TaskStatus::Completed;
             }
             return;
         }
-        if let Some(round) = self.round.take() {
+        if let Some(round) = self.end_round() {
             self.recent.push_back((round.number, round.members.into_keys().collect()));
             while self.recent.len() > REPORTABLE_ROUNDS {
                 self.recent.pop_front();
@@ -945,16 +1009,16 @@ impl TaskEngine {
 
     /// Gives up on a round (its completion could not be computed or stored).
     pub fn abandon(&mut self, round_number: u64) {
-        if self.buffered.is_some() {
+        if self.is_async() {
             self.buffered_abandon();
             return;
         }
-        if self.round.as_ref().is_some_and(|r| r.number == round_number) {
-            if self.round.as_ref().is_some_and(|r| r.finishing) {
+        if self.round().is_some_and(|r| r.number == round_number) {
+            if matches!(self.schedule, Schedule::Sync(SyncRound::Persisting(_))) {
                 // Its completion was computed from unmasked sums.
                 self.unstored_releases += 1;
             }
-            self.round = None;
+            self.end_round();
         }
     }
 
@@ -962,12 +1026,12 @@ impl TaskEngine {
     /// recorded (see [`TickOutcome::MaskedInputRequested`]). Nobody was
     /// asked, so those participants stay selectable for the round.
     pub fn withdraw(&mut self, round_number: u64, asked: &[String]) {
-        if self.buffered.is_some() {
+        if self.is_async() {
             self.buffered_withdraw(round_number);
             return;
         }
-        if self.round.as_ref().is_some_and(|r| r.number == round_number) {
-            self.round = None;
+        if self.round().is_some_and(|r| r.number == round_number) {
+            self.end_round();
             for participant in asked {
                 self.contributed.remove(participant);
             }

@@ -333,10 +333,10 @@ fn stage_messages_are_admitted_only_from_eligible_senders_within_the_round_size(
     assert_eq!(engine.admit("p0"), Err(EngineError::NotSelected), "no round yet");
     engine.tick(0);
     assert_eq!(engine.admit("p6"), Err(EngineError::NotSelected));
-    let (round, _) = engine.round.as_ref().map(|r| (r.number, ())).unwrap();
+    let (round, _) = engine.round().map(|r| (r.number, ())).unwrap();
     assert_eq!(round, 1);
     let keys = engine.admit("p0").unwrap();
-    let config = match &engine.round.as_ref().unwrap().groups[0].state {
+    let config = match engine.round().unwrap().groups[0].state() {
         super::active::GroupState::Collecting(server) => server.config().clone(),
         _ => panic!("the round is not collecting"),
     };
@@ -472,7 +472,7 @@ fn a_rerun_of_a_round_selects_none_that_an_earlier_attempt_asked_for_a_masked_in
     }
     assert_eq!(engine.available(now), 6);
     assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
-    let mut roster: Vec<String> = engine.round.as_ref().unwrap().members.keys().cloned().collect();
+    let mut roster: Vec<String> = engine.round().unwrap().members.keys().cloned().collect();
     roster.sort();
     assert_eq!(roster, ["p10", "p11", "p6", "p7", "p8", "p9"]);
     let job = run_round(&mut engine, rest, &[], &mut now).unwrap();
@@ -512,7 +512,7 @@ fn a_restored_engine_excludes_the_recorded_contributors_of_the_next_round() {
     );
     engine.check_in("p6", Some(clients[6].protocol.identity.public_key()), 0);
     assert!(matches!(engine.tick(0), TickOutcome::Started(1)));
-    assert!(!engine.round.as_ref().unwrap().members.contains_key("p0"));
+    assert!(!engine.round().unwrap().members.contains_key("p0"));
     assert_eq!(engine.stalled(0), None, "a round runs");
 }
 
@@ -592,12 +592,11 @@ fn run_groups(
 ) -> GroupedRun {
     // Groups run by other replicas settle from their reports.
     let groups = engine
-        .round
-        .as_ref()
+        .round()
         .unwrap()
         .groups
         .iter()
-        .filter(|g| !matches!(g.state, active::GroupState::Remote(_)))
+        .filter(|g| !matches!(g.state(), active::GroupState::Remote(_)))
         .count();
     let mut run = GroupedRun::default();
     for step in 0..10 {
@@ -632,7 +631,7 @@ fn run_groups(
 
 /// The clients of group `group` of the round in progress, by index.
 fn group_members(engine: &TaskEngine, clients: &[NamedClient], group: usize) -> Vec<usize> {
-    let members = &engine.round.as_ref().unwrap().members;
+    let members = &engine.round().unwrap().members;
     (0..clients.len()).filter(|&i| members.get(&clients[i].name).is_some_and(|(g, _)| *g == group)).collect()
 }
 
