@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use cohort_crypto::{Aggregate, ProtocolError};
 use tokio::sync::mpsc;
@@ -11,7 +12,7 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::changes::Changes;
-use super::{CoordinatorError, LiveState, Request, Shown, TICK, Traced, now_ms};
+use super::{CoordinatorError, IDLE_TICK, LiveState, MIN_TICK, Request, Shown, Traced, now_ms};
 use crate::cluster::groups::GroupEvent;
 use crate::cluster::lease::Routes;
 use crate::cluster::{GroupKey, Replica};
@@ -60,9 +61,11 @@ impl Drop for Actor {
 
 impl Actor {
     pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Traced>) {
-        let mut ticker = tokio::time::interval(TICK);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The idle tick is due at a fixed time, so that a steady stream of
+        // requests cannot put it off.
+        let mut idle_at = tokio::time::Instant::now() + IDLE_TICK;
         loop {
+            let wake = self.next_deadline().map_or(idle_at, |at| at.min(idle_at));
             tokio::select! {
                 request = rx.recv() => match request {
                     Some(Traced(request, span)) => {
@@ -79,9 +82,9 @@ impl Actor {
                     }
                     None => return,
                 },
-                _ = ticker.tick() => {
-                    // A stage that closes at its deadline, a round that
-                    // starts: what a tick changed, the admin API is told.
+                () = tokio::time::sleep_until(wake) => {
+                    // A stage that closes at its deadline: what a tick
+                    // changed, the admin API is told.
                     let before = self.shown();
                     let ids: Vec<String> = self.engines.keys().cloned().collect();
                     for id in ids {
@@ -91,6 +94,7 @@ impl Actor {
                     for key in keys {
                         self.tick_owned(&key).await;
                     }
+                    idle_at = tokio::time::Instant::now() + IDLE_TICK;
                     let after = self.shown();
                     let keys = before.keys().chain(after.keys());
                     for task in keys.filter(|task| before.get(*task) != after.get(*task)) {
@@ -99,6 +103,21 @@ impl Actor {
                 }
             }
         }
+    }
+
+    /// When the earliest stage deadline of the tasks led here and the groups
+    /// run here is due (1 ms after it, since a stage closes once the time is
+    /// past its deadline), at least [`MIN_TICK`] from now.
+    fn next_deadline(&self) -> Option<tokio::time::Instant> {
+        let holds = self.leases_hold();
+        let led = self.engines.iter().filter(|(id, _)| self.leads(id)).map(|(_, engine)| engine);
+        let owned = self.owned.values().filter(|_| holds);
+        let earliest = led
+            .filter_map(TaskEngine::next_deadline)
+            .chain(owned.filter_map(OwnedGroup::next_deadline))
+            .min();
+        let wait = Duration::from_millis(u64::try_from(earliest? + 1 - now_ms()).unwrap_or(0));
+        Some(tokio::time::Instant::now() + wait.max(MIN_TICK))
     }
 
     /// What a tick can change of the tasks led here, as the admin API

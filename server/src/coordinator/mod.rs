@@ -34,8 +34,14 @@ use changes::Changes;
 /// Requests waiting for the actor at most.
 const QUEUE: usize = 1024;
 
-/// How often stage deadlines are checked.
-pub(crate) const TICK: Duration = Duration::from_millis(100);
+/// The actor ticks every engine at the earliest stage deadline they report
+/// ([`TaskEngine::next_deadline`](crate::round::TaskEngine::next_deadline)),
+/// and at least this often (a task taken over or resumed starts its round
+/// at the next check-in or, with none, within this).
+pub(crate) const IDLE_TICK: Duration = Duration::from_secs(1);
+/// The least wait between two ticks: a deadline an engine cannot act on
+/// (its lease does not hold) must not spin the actor.
+pub(crate) const MIN_TICK: Duration = Duration::from_millis(10);
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {

@@ -231,6 +231,12 @@ impl Group {
         }
     }
 
+    /// When the group's collecting stage closes at the latest (`None` when
+    /// no stage of it is collecting here).
+    pub(super) fn deadline(&self) -> Option<i64> {
+        matches!(self.state, GroupState::Collecting(_)).then_some(self.deadline)
+    }
+
     /// Whether the group is done or failed.
     pub(super) fn is_settled(&self) -> bool {
         matches!(self.state, GroupState::Done(_) | GroupState::Failed { .. })

@@ -575,6 +575,26 @@ impl TaskEngine {
         group.input(id, step)
     }
 
+    /// The earliest time (Unix ms) at which [`tick`](Self::tick) has
+    /// something to do that no request brings about: a collecting stage's
+    /// deadline (quinn-proto's `poll_timeout`). Everything else a tick does
+    /// follows a request (a check-in that completes the cohort, the message
+    /// that completes a stage, a client that leaves), which ticks the
+    /// engine itself. `None` when no deadline is pending.
+    pub fn next_deadline(&self) -> Option<i64> {
+        if self.status != TaskStatus::Active {
+            return None;
+        }
+        let groups: Box<dyn Iterator<Item = &Group>> = match &self.schedule {
+            Schedule::Sync(SyncRound::Running(round)) => Box::new(round.groups.iter()),
+            Schedule::Sync(_) => return None,
+            Schedule::Async(state) => {
+                Box::new(state.groups.values().flat_map(|flight| flight.round.groups.iter()))
+            }
+        };
+        groups.filter_map(Group::deadline).min()
+    }
+
     /// Starts a round when enough clients checked in recently, closes a
     /// group's stage when every eligible client answered or its deadline
     /// passed, and hands out what the caller must act on, one outcome per

@@ -248,6 +248,12 @@ impl OwnedGroup {
         self.group.input(id, step)
     }
 
+    /// When the group's collecting stage closes at the latest (see
+    /// [`TaskEngine::next_deadline`](super::TaskEngine::next_deadline)).
+    pub fn next_deadline(&self) -> Option<i64> {
+        self.group.deadline()
+    }
+
     /// Closes the stage when it is ready (see `Group::advance`).
     pub fn tick(&mut self, now: i64) -> Option<OwnedStep> {
         let wanted = self.spec.inputs_per_group() as usize;

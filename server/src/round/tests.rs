@@ -414,6 +414,33 @@ fn stale_check_ins_do_not_count() {
     assert!(matches!(fresh.tick(CHECK_IN_TTL_MS), TickOutcome::Started(_)));
 }
 
+/// The engine reports when its next tick has something to do that no
+/// request brings about: its collecting stage's deadline, and nothing
+/// before or after.
+#[test]
+fn the_next_deadline_is_when_the_collecting_stage_closes() {
+    let mut running = engine(small_spec());
+    assert_eq!(running.next_deadline(), None, "an idle engine starts rounds on check-ins");
+    for i in 0..6 {
+        running.check_in(&format!("p{i}"), None, 0);
+    }
+    assert!(matches!(running.tick(0), TickOutcome::Started(_)));
+    let deadline = running.next_deadline().expect("a collecting stage has a deadline");
+    assert!(deadline > 0);
+    assert!(matches!(running.tick(deadline - 1), TickOutcome::Idle), "closed before its deadline");
+    assert_eq!(running.next_deadline(), Some(deadline));
+    // Nobody answered: the stage closes at its deadline, without a quorum.
+    assert!(matches!(running.tick(deadline), TickOutcome::Aborted { .. }));
+    assert_eq!(running.next_deadline(), None);
+    let mut paused = engine(small_spec());
+    for i in 0..6 {
+        paused.check_in(&format!("p{i}"), None, 0);
+    }
+    assert!(matches!(paused.tick(0), TickOutcome::Started(_)));
+    paused.set_status(TaskStatus::Paused);
+    assert_eq!(paused.next_deadline(), None, "a paused task has no deadline");
+}
+
 /// Checks in `names` and ticks until the engine hands out something other
 /// than `Idle`, stepping the round's members once per tick.
 fn tick_until_not_idle(engine: &mut TaskEngine, clients: &mut [NamedClient], now: &mut i64) -> TickOutcome {
