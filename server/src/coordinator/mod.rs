@@ -3,8 +3,8 @@
 //!
 //! HTTP handlers hold a [`Coordinator`], a cheap handle that sends
 //! requests over a bounded channel to the actor (`actor`) and awaits the
-//! reply on a oneshot; a timer ticks every engine so stages close at their
-//! deadlines; unmasking runs on the blocking thread pool and reports back
+//! reply on a oneshot; the actor ticks the engines at the earliest stage
+//! deadline they report, so stages close on time; unmasking runs on the blocking thread pool and reports back
 //! through the same channel. Completed rounds are written to the store
 //! before the engine adopts them.
 //!
