@@ -31,6 +31,21 @@ pub fn exchange(
     content_type: &str,
     body: &[u8],
 ) -> (u16, String, Vec<u8>) {
+    try_exchange(port, method, path, token, content_type, body)
+        .unwrap_or_else(|| panic!("no HTTP response to {method} {path}"))
+}
+
+/// [`exchange`], or `None` when the connection closed without a response
+/// (a replica killed mid-request, a balancer cutting a marked-down
+/// server's sessions): what a client retries.
+pub fn try_exchange(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> Option<(u16, String, Vec<u8>)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
@@ -38,28 +53,30 @@ pub fn exchange(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    read_response(&mut stream)
+    stream.write_all(head.as_bytes()).ok()?;
+    stream.write_all(body).ok()?;
+    try_read_response(&mut stream)
 }
 
 /// Reads a whole response from a connection the server closes after it.
 pub fn read_response(stream: &mut TcpStream) -> (u16, String, Vec<u8>) {
+    try_read_response(stream).unwrap_or_else(|| panic!("no HTTP response"))
+}
+
+/// [`read_response`], or `None` when the connection closed without one.
+pub fn try_read_response(stream: &mut TcpStream) -> Option<(u16, String, Vec<u8>)> {
     let mut response = Vec::new();
     // A reset after a complete response (the server refused an unread
     // body) still leaves the response readable.
     let _ = stream.read_to_end(&mut response);
-    let split = response
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no HTTP response: {:?}", String::from_utf8_lossy(&response)));
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = String::from_utf8_lossy(&response[..split]).to_string();
-    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
     let mut body = response[split + 4..].to_vec();
     if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
         body = dechunk(&body);
     }
-    (status, head, body)
+    Some((status, head, body))
 }
 
 fn dechunk(mut data: &[u8]) -> Vec<u8> {
@@ -105,6 +122,20 @@ pub fn json_call(
     let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
     let (status, body) = http(port, method, path, token, "application/json", &bytes);
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// [`json_call`], or `None` when the connection closed without a response
+/// (see [`try_exchange`]).
+pub fn try_json_call(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> Option<(u16, Value)> {
+    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+    let (status, _, body) = try_exchange(port, method, path, token, "application/json", &bytes)?;
+    Some((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
 }
 
 /// A `cohort serve` process; killed on drop.

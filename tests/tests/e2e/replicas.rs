@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use cohort_server::cluster::balancer::spawn_haproxy;
 use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port, psql};
-use cohort_tests::process::{ServeProcess, json_call};
+use cohort_tests::process::{ServeProcess, json_call, try_json_call};
 use serde_json::{Value, json};
 
 const ADMIN: &str = "replicas-test-admin-token-0123456789";
@@ -147,22 +147,25 @@ fn rounds(port: u16, task: &str) -> Vec<i64> {
     round_records(port, task).iter().map(|r| r["round"].as_i64().unwrap()).collect()
 }
 
+// The polls below run while replicas die: a connection cut without an
+// answer is "not yet", as a client retries it.
+
 fn round_records(port: u16, task: &str) -> Vec<Value> {
-    let (status, body) = json_call(port, "GET", &format!("/admin/tasks/{task}/rounds"), Some(ADMIN), None);
-    if status != 200 {
+    let path = format!("/admin/tasks/{task}/rounds");
+    let Some((200, body)) = try_json_call(port, "GET", &path, Some(ADMIN), None) else {
         return Vec::new();
-    }
+    };
     body.as_array().unwrap().clone()
 }
 
 /// The round in progress, as the task's view shows it.
 fn current_round(port: u16, task: &str) -> Option<i64> {
-    let (status, body) = json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
+    let (status, body) = try_json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None)?;
     (status == 200).then(|| body["current_round"].as_i64()).flatten()
 }
 
 fn leader(port: u16, task: &str) -> Option<String> {
-    let (status, body) = json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
+    let (status, body) = try_json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None)?;
     (status == 200).then(|| body["leader"].as_str().map(str::to_string)).flatten()
 }
 
