@@ -1,14 +1,10 @@
 //! Whole rounds: correctness with and without dropouts, for both graphs and
 //! both variants.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
-
+use crate::common::*;
 use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::simulation::DropoutPlan;
 use cohort_crypto::{ProtocolError, Stage};
-use common::*;
 
 #[test]
 fn complete_graph_without_dropouts() {
@@ -145,7 +141,7 @@ fn clients_refuse_inputs_above_the_headroom() {
     }
     // 4 clients in Z_{2^8}: at most ⌊255 / 4⌋ = 63. The bound is on 2^b − 1,
     // not 2^b: four inputs of 64 sum to 256 ≡ 0.
-    let four = common::config(4, 3, GraphSpec::Complete, 2, 8);
+    let four = crate::common::config(4, 3, GraphSpec::Complete, 2, 8);
     let setup = ServerRound::new(four).unwrap().setup_message();
     let at_limit = QuantizedInput::from_values(vec![63, 63]);
     assert!(Client::start(setup.clone(), id(1), None, at_limit, &mut rng).is_ok());

@@ -6,16 +6,12 @@
 //! This file holds one test only, so that no other test allocates while it
 //! measures.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
-
 use std::alloc::System;
 
+use crate::common::config;
+use crate::common::driver::Driver;
 use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::{ClientId, ClientMessage};
-use common::config;
-use common::driver::Driver;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]

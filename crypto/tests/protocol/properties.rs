@@ -4,15 +4,11 @@
 //!   succeeds exactly when an independent count of shareholders says it can;
 //! * any t Shamir shares reconstruct the secret, fewer do not.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
-
+use crate::common::*;
 use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::shamir::{Reconstructor, Share, split};
 use cohort_crypto::simulation::DropoutPlan;
 use cohort_crypto::{ClientId, ProtocolError, RoundConfig, Secret32};
-use common::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use rand_chacha::ChaCha20Rng;

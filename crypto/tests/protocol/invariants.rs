@@ -2,15 +2,11 @@
 //! out-of-phase and foreign messages, a lying server, and the rule that an
 //! honest client never reveals both shares of a neighbour.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
-
+use crate::common::driver::Driver;
+use crate::common::*;
 use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::simulation::plain_sum;
 use cohort_crypto::{Client, ClientId, ClientMessage, ProtocolError, ServerMessage, Stage};
-use common::driver::Driver;
-use common::*;
 
 fn check_sum(driver: &Driver, aggregate: &cohort_crypto::Aggregate) {
     let cfg = driver.config.clone();
@@ -669,7 +665,7 @@ fn alter_revealed_share(driver: &mut Driver, holder: u32, owner: u32, delta: u64
         .self_mask
         .iter_mut()
         .chain(shares.mask_key.iter_mut())
-        .find(|(id, _)| *id == common::id(owner))
+        .find(|(id, _)| *id == crate::common::id(owner))
     else {
         panic!("client {holder} reveals no share of client {owner}'s secret");
     };

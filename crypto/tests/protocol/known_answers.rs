@@ -1,7 +1,5 @@
 //! Known-answer tests for the primitives, against published vectors.
 
-#![allow(clippy::unwrap_used)]
-
 use cohort_crypto::Secret32;
 use cohort_crypto::agreement::{AgreementKey, x25519};
 use cohort_crypto::envelope::EnvelopeKey;
