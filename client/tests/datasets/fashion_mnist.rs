@@ -2,8 +2,6 @@
 //! (`scripts/setup.sh` installs the package): sizes, shapes and the class
 //! balance the data set is known for, and McMahan et al.'s shard split.
 
-#![allow(clippy::unwrap_used)]
-
 use std::path::Path;
 
 use cohort_client::data::{DataError, Dataset, load_mnist_like};
