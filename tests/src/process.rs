@@ -119,9 +119,8 @@ pub fn json_call(
     token: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-    let (status, body) = http(port, method, path, token, "application/json", &bytes);
-    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    try_json_call(port, method, path, token, body)
+        .unwrap_or_else(|| panic!("no HTTP response to {method} {path}"))
 }
 
 /// [`json_call`], or `None` when the connection closed without a response

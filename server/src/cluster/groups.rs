@@ -40,16 +40,6 @@ pub(crate) enum GroupEvent {
     Changed(Vec<(GroupRecord, Option<Vec<u8>>)>),
 }
 
-/// A stage's stored name (as the API writes it).
-fn stage_name(stage: Stage) -> String {
-    stage.to_string()
-}
-
-/// The stage of a stored name.
-fn parse_stage(name: &str) -> Option<Stage> {
-    name.parse().ok()
-}
-
 /// Looks for the groups other replicas hand to this one and for the
 /// reports of the groups this one handed out, and refreshes where the
 /// clients of groups run elsewhere go: every [`GROUP_TICK`], on the
@@ -214,7 +204,7 @@ impl Actor {
 
     /// Tells the round's leader which stage a group run here is in.
     pub(crate) async fn report_stage(&mut self, key: &GroupKey, stage: Stage) {
-        if let Err(error) = self.store.group_stage(key, &self.replica.id, &stage_name(stage)).await {
+        if let Err(error) = self.store.group_stage(key, &self.replica.id, &stage.to_string()).await {
             tracing::debug!(%error, "could not record a group's stage");
         }
     }
@@ -278,7 +268,7 @@ impl Actor {
                 owner_url: owner_url.clone(),
                 assignment,
                 state: GroupRowState::Assigned,
-                stage: stage_name(Stage::AdvertiseKeys),
+                stage: Stage::AdvertiseKeys.to_string(),
                 expires_at: now + LEASE_TTL_MS,
                 report: None,
             });
@@ -325,7 +315,7 @@ impl Actor {
             if !self.engines.contains_key(&key.task) {
                 continue;
             }
-            let stage = parse_stage(&record.stage).unwrap_or(Stage::AdvertiseKeys);
+            let stage = record.stage.parse().unwrap_or(Stage::AdvertiseKeys);
             // Once a group may have asked for masked inputs (it reached that
             // stage, or settled or was lost), who it asked is read back once.
             let asked = match record.state {

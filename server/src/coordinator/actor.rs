@@ -109,12 +109,15 @@ impl Actor {
     /// run here is due (1 ms after it, since a stage closes once the time is
     /// past its deadline), at least [`MIN_TICK`] from now.
     fn next_deadline(&self) -> Option<tokio::time::Instant> {
-        let holds = self.leases_hold();
-        let led = self.engines.iter().filter(|(id, _)| self.leads(id)).map(|(_, engine)| engine);
-        let owned = self.owned.values().filter(|_| holds);
+        // One read of the routes per wait (this runs after every request).
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !routes.leases_hold() {
+            return None;
+        }
+        let led = self.engines.iter().filter(|(id, _)| routes.here.contains(*id)).map(|(_, engine)| engine);
         let earliest = led
             .filter_map(TaskEngine::next_deadline)
-            .chain(owned.filter_map(OwnedGroup::next_deadline))
+            .chain(self.owned.values().filter_map(OwnedGroup::next_deadline))
             .min();
         let wait = Duration::from_millis(u64::try_from(earliest? + 1 - now_ms()).unwrap_or(0));
         Some(tokio::time::Instant::now() + wait.max(MIN_TICK))

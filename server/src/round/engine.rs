@@ -585,14 +585,18 @@ impl TaskEngine {
         if self.status != TaskStatus::Active {
             return None;
         }
-        let groups: Box<dyn Iterator<Item = &Group>> = match &self.schedule {
-            Schedule::Sync(SyncRound::Running(round)) => Box::new(round.groups.iter()),
-            Schedule::Sync(_) => return None,
-            Schedule::Async(state) => {
-                Box::new(state.groups.values().flat_map(|flight| flight.round.groups.iter()))
+        match &self.schedule {
+            Schedule::Sync(SyncRound::Running(round)) => {
+                round.groups.iter().filter_map(Group::deadline).min()
             }
-        };
-        groups.filter_map(Group::deadline).min()
+            Schedule::Sync(_) => None,
+            Schedule::Async(state) => state
+                .groups
+                .values()
+                .flat_map(|flight| &flight.round.groups)
+                .filter_map(Group::deadline)
+                .min(),
+        }
     }
 
     /// Starts a round when enough clients checked in recently, closes a
