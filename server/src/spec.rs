@@ -570,6 +570,64 @@ impl SpecError {
     }
 }
 
+/// A task's spec that passed validation, with what every round derives
+/// from it: built once per task ([`TaskPlan::new`]) and the only way to a
+/// running task, so a spec is validated and its parameters derived once,
+/// not wherever it is needed.
+#[derive(Debug, Clone)]
+pub struct TaskPlan {
+    spec: TaskSpec,
+    derived: DerivedRoundParameters,
+    security: TaskSecurity,
+    privacy: Option<PrivacyPlan>,
+}
+
+impl TaskPlan {
+    /// Validates `spec` and derives its round parameters, its security
+    /// parameters and its privacy plan.
+    pub fn new(spec: TaskSpec) -> Result<Self, SpecError> {
+        let derived = spec.validate()?;
+        let security = spec.security(&derived)?;
+        let privacy = spec.plan_privacy(&derived)?;
+        Ok(Self { spec, derived, security, privacy })
+    }
+
+    /// The plan of a task being created from `spec`: what it does not
+    /// name gets a new task's defaults (see
+    /// [`SecAggSpec::default_for_new_task`]) first.
+    pub fn for_new_task(mut spec: TaskSpec) -> Result<Self, SpecError> {
+        spec.secure_aggregation.default_for_new_task();
+        Self::new(spec)
+    }
+
+    /// The spec.
+    pub fn spec(&self) -> &TaskSpec {
+        &self.spec
+    }
+
+    /// The degree, threshold and graph of each group.
+    pub fn derived(&self) -> DerivedRoundParameters {
+        self.derived
+    }
+
+    /// The security parameters every round of the task announces: what a
+    /// participant pins at enrollment and checks each round against (the
+    /// per-round seeds are not part of it).
+    pub fn security(&self) -> TaskSecurity {
+        self.security
+    }
+
+    /// The task's differential-privacy plan, if it asks for privacy.
+    pub fn privacy(&self) -> Option<&PrivacyPlan> {
+        self.privacy.as_ref()
+    }
+
+    /// The spec, given back.
+    pub fn into_spec(self) -> TaskSpec {
+        self.spec
+    }
+}
+
 /// Parameters derived from a valid spec.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DerivedRoundParameters {
@@ -793,12 +851,11 @@ impl TaskSpec {
     /// participant pins at enrollment and checks each round against (the
     /// engine builds each round from the same spec; the per-round seeds are
     /// not part of it).
-    pub fn security(&self) -> Result<TaskSecurity, SpecError> {
-        let derived = self.validate()?;
+    fn security(&self, derived: &DerivedRoundParameters) -> Result<TaskSecurity, SpecError> {
         let n = self.groups().size;
         let variant = self.secure_aggregation.variant().into();
         let graph = if derived.complete { GraphKind::Complete } else { GraphKind::Sparse };
-        if let Some(plan) = self.plan_privacy(&derived)? {
+        if let Some(plan) = self.plan_privacy(derived)? {
             return Ok(TaskSecurity {
                 variant,
                 clients: n,
@@ -831,11 +888,6 @@ impl TaskSpec {
 
     /// The task's differential-privacy plan (noise, scale, ring and
     /// accountant), if it asks for privacy.
-    pub fn privacy_plan(&self) -> Result<Option<PrivacyPlan>, SpecError> {
-        let derived = self.validate()?;
-        self.plan_privacy(&derived)
-    }
-
     fn plan_privacy(&self, derived: &DerivedRoundParameters) -> Result<Option<PrivacyPlan>, SpecError> {
         let Some(privacy) = &self.privacy else { return Ok(None) };
         let plan =
@@ -848,7 +900,7 @@ impl TaskSpec {
     /// [`Policy::accepting`]): for demos and tests whose tasks are smaller
     /// than a deployment's, and which say so.
     pub fn accepting_policy(&self) -> Result<Policy, SpecError> {
-        Ok(Policy::accepting(&self.security()?))
+        Ok(Policy::accepting(&self.security(&self.validate()?)?))
     }
 
     /// Clients selected per round: the target plus over-selection, rounded
@@ -1088,7 +1140,7 @@ pub(crate) mod tests {
         // The pinned round size is the group's, and so are k and t.
         spec.secure_aggregation.threshold = Some(3);
         spec.secure_aggregation.graph = GraphChoice::Complete;
-        let security = spec.security().unwrap();
+        let security = TaskPlan::new(spec.clone()).unwrap().security();
         assert_eq!((security.clients, security.degree, security.threshold), (4, 3, 3));
         for bad in [0, 1] {
             spec.secure_aggregation.group_size = Some(bad);

@@ -18,7 +18,7 @@ use cohort_crypto::config::active_threshold_holds;
 use cohort_server::api::auth::new_token;
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::service::{Service, ServiceConfig};
-use cohort_server::spec::{GraphChoice, SecAggSpec, TaskSpec, VariantChoice};
+use cohort_server::spec::{GraphChoice, SecAggSpec, TaskPlan, TaskSpec, VariantChoice};
 use serde_json::Value;
 
 use crate::admin::{admin, admin_get};
@@ -321,8 +321,9 @@ fn run_coordinator_and_clients(
     }
     drop(clients);
     runtime.block_on(service.stop())?;
-    let privacy = match (&spec.privacy, spec.privacy_plan().map_err(|e| anyhow!("{e}"))?) {
-        (Some(asked), Some(plan)) => Some(privacy_json(asked, &plan)?),
+    let plan = TaskPlan::new(spec.clone()).map_err(|e| anyhow!("{e}"))?;
+    let privacy = match (&spec.privacy, plan.privacy()) {
+        (Some(asked), Some(plan)) => Some(privacy_json(asked, plan)?),
         _ => None,
     };
     Ok((rows, privacy))

@@ -8,7 +8,7 @@ use cohort_crypto::{ClientId, Metric, QuantizedInput, Variant};
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::privacy::PrivacySpec;
 use cohort_server::round::{BuiltRound, RoundBuilder};
-use cohort_server::spec::{GraphChoice, QuantizationConfig, SecAggSpec, TaskSpec};
+use cohort_server::spec::{GraphChoice, QuantizationConfig, SecAggSpec, TaskPlan, TaskSpec};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 
@@ -80,7 +80,7 @@ pub(crate) fn secure_mean(
     // A semi-honest round: the simulated clients have no identity keys.
     let security = cohort_crypto::policy::TaskSecurity {
         variant: Variant::SemiHonest,
-        ..spec.security().map_err(|e| anyhow!("secure-aggregation parameters: {e}"))?
+        ..TaskPlan::new(spec.clone()).map_err(|e| anyhow!("secure-aggregation parameters: {e}"))?.security()
     };
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let BuiltRound { config, quantizer } =

@@ -15,7 +15,7 @@ use cohort_client::runtime::LocalUpdate;
 use cohort_crypto::Metric;
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::privacy::{PrivacyPlan, PrivacySpec, PrivacyView};
-use cohort_server::spec::{AsyncSpec, TaskSpec};
+use cohort_server::spec::{AsyncSpec, TaskPlan, TaskSpec};
 use rand::RngExt;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
@@ -98,11 +98,10 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
                 );
                 let rows = in_process(&experiment, &args.training, per_round, !args.plain, threads, &timing)?;
                 if let Some(asked) = &args.training.dp.spec(selected as f64 / args.training.clients as f64) {
-                    let plan = round_task(&experiment, &args.training, selected, selected - per_round)
-                        .privacy_plan()
-                        .map_err(|e| anyhow!("{e}"))?;
-                    if let Some(plan) = plan {
-                        config.insert("privacy".into(), privacy_json(asked, &plan)?);
+                    let task = round_task(&experiment, &args.training, selected, selected - per_round);
+                    let plan = TaskPlan::new(task).map_err(|e| anyhow!("{e}"))?;
+                    if let Some(plan) = plan.privacy() {
+                        config.insert("privacy".into(), privacy_json(asked, plan)?);
                     }
                 }
                 config.insert("schedule".into(), schedule_json(&args.schedule, None, None));
@@ -208,7 +207,7 @@ pub(crate) fn in_process(
     if task.privacy.is_some() && !secure {
         bail!("differential privacy needs secure aggregation: drop --plain");
     }
-    let privacy = task.privacy_plan().map_err(|e| anyhow!("{e}"))?;
+    let privacy = TaskPlan::new(task.clone()).map_err(|e| anyhow!("{e}"))?.privacy().copied();
     let progress = Progress::new(training.rounds);
     let mut rows = Vec::new();
     let mut now = 0.0;

@@ -9,10 +9,10 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cohort_client::api::{ErrorBody, ErrorCode};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use super::SAFETENSORS_CONTENT_TYPE;
 use super::auth::{new_id, new_token, token_hash};
+use super::client::ClientMetrics;
 use super::error::{ApiError, ApiResult};
 use super::extract::{Admin, RawBody, TaskId, decimal, is_valid_id, json_body};
 use super::openapi::{Binary, Refused, RetryLater, TaskPath};
@@ -20,9 +20,13 @@ use super::ratelimit::Rate;
 use super::state::AppState;
 use crate::cluster::Whereabouts;
 use crate::coordinator::{Coordinator, CoordinatorError, LiveState, now_ms};
-use crate::round::{FailedAttempt, TaskEngine, TaskError};
-use crate::spec::{TaskSpec, VariantChoice};
-use crate::store::{ATTEMPTS_KEPT, EnrollmentTokenRecord, RoundRecord, SqlStore, TaskRecord, TaskStatus};
+use crate::privacy::PrivacyView;
+use crate::round::{FailedAttempt, RoundMetrics, TaskEngine, TaskError};
+use crate::spec::{TaskPlan, TaskSpec};
+use crate::store::{
+    ATTEMPTS_KEPT, ClientMetricsRecord, EnrollmentTokenRecord, RoundRecord, SqlStore, StoreError, TaskRecord,
+    TaskStatus,
+};
 
 /// Reply to task creation. The enrollment token is shown only here.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -83,21 +87,16 @@ pub(super) async fn create_task(
     State(state): State<AppState>,
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
-    let mut spec: TaskSpec = json_body(&body)?;
-    spec.secure_aggregation.default_for_new_task();
-    spec.validate().map_err(|e| ApiError::new(ErrorCode::InvalidTask, e.to_string()))?;
+    let spec: TaskSpec = json_body(&body)?;
+    let plan =
+        TaskPlan::for_new_task(spec).map_err(|e| ApiError::new(ErrorCode::InvalidTask, e.to_string()))?;
     let _creating = state.creating.lock().await;
-    let requested = spec.model.layout.len();
+    let requested = plan.spec().model.layout.len();
     // Counted from the store: the tasks of every replica sharing it.
-    let loaded: usize = state
-        .store
-        .tasks()
-        .await?
-        .iter()
-        .filter(|task| !task.status.is_final())
-        .filter_map(|task| serde_json::from_str::<TaskSpec>(&task.spec).ok())
-        .map(|spec| spec.model.layout.len())
-        .sum();
+    let mut loaded = 0usize;
+    for task in state.store.tasks().await?.iter().filter(|task| !task.status.is_final()) {
+        loaded = loaded.saturating_add(task.spec()?.model.layout.len());
+    }
     if loaded.saturating_add(requested) > state.config.max_total_parameters {
         return Err(ApiError::new(
             ErrorCode::CapacityExceeded,
@@ -108,30 +107,29 @@ pub(super) async fn create_task(
             ),
         ));
     }
-    let created = create(&state.store, &state.coordinator, spec).await?;
+    let created = create(&state.store, &state.coordinator, plan).await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 
-/// Validates `spec`, stores the task with its initial checkpoint and
-/// starts running it.
-pub async fn create(
-    store: &SqlStore,
-    coordinator: &Coordinator,
-    mut spec: TaskSpec,
-) -> ApiResult<CreatedTask> {
-    spec.secure_aggregation.default_for_new_task();
-    let derived = spec.validate().map_err(|e| ApiError::new(ErrorCode::InvalidTask, e.to_string()))?;
+/// Stores the task `plan` makes with its initial checkpoint and starts
+/// running it.
+pub async fn create(store: &SqlStore, coordinator: &Coordinator, plan: TaskPlan) -> ApiResult<CreatedTask> {
+    let spec = plan.spec();
+    let derived = plan.derived();
     let now = now_ms();
     let id = new_id();
     let enrollment_token = new_token();
     let invalid = |e: TaskError| ApiError::new(ErrorCode::InvalidTask, e.to_string());
-    let initial = TaskEngine::initial_checkpoint(&id, &spec, now).map_err(invalid)?;
+    let initial = TaskEngine::initial_checkpoint(&id, spec, now).map_err(invalid)?;
     // A spec that parsed serializes; a failure is the coordinator's.
-    let spec_json = serde_json::to_string(&spec).map_err(TaskError::from)?;
+    let spec_json = serde_json::to_string(spec).map_err(TaskError::from)?;
     // All or nothing: the task must load from what would be stored (its
-    // spec read back, its initial checkpoint) before anything is stored.
-    let stored_spec: TaskSpec = serde_json::from_str(&spec_json).map_err(|e| invalid(e.into()))?;
-    TaskEngine::new(id.clone(), stored_spec, TaskStatus::Active, &initial, []).map_err(invalid)?;
+    // spec read back as written, its initial checkpoint) before anything
+    // is stored.
+    if serde_json::from_str::<TaskSpec>(&spec_json).ok().as_ref() != Some(spec) {
+        return Err(ApiError::new(ErrorCode::InvalidTask, "the spec does not read back as it was written"));
+    }
+    TaskEngine::new(id.clone(), plan.clone(), TaskStatus::Active, &initial, []).map_err(invalid)?;
     let record = TaskRecord {
         id: id.clone(),
         name: spec.name.clone(),
@@ -328,7 +326,7 @@ pub struct TaskView {
     /// Creation time (Unix ms).
     pub created_at: i64,
     /// The specification.
-    pub spec: serde_json::Value,
+    pub spec: TaskSpec,
     /// The URL of the replica that leads the task's rounds (none when the
     /// task is finished or between leaders).
     #[serde(default)]
@@ -340,20 +338,14 @@ pub struct TaskView {
 /// A task as the admin API shows it: from the actor when it is led here,
 /// else from the store.
 pub(super) async fn view(state: &AppState, task: &TaskRecord) -> ApiResult<TaskView> {
-    let mut spec: serde_json::Value = serde_json::from_str(&task.spec).unwrap_or(serde_json::Value::Null);
-    // A spec stored before the variant was a choice ran semi-honest.
-    if let Some(secure_aggregation) = spec.get_mut("secure_aggregation").and_then(|v| v.as_object_mut()) {
-        secure_aggregation.entry("variant").or_insert_with(|| VariantChoice::SemiHonest.as_str().into());
-    }
-    let rounds = spec["rounds"].as_u64().unwrap_or(0) as u32;
+    let spec = task.spec()?;
     let live = match state.coordinator.live(&task.id).await {
         Ok(live) => live,
         Err(CoordinatorError::UnknownTask) => {
             let completed_rounds = state.store.rounds(&task.id).await?.len() as u64;
-            let privacy = serde_json::from_str::<crate::spec::TaskSpec>(&task.spec)
+            let privacy = TaskPlan::new(spec.clone())
                 .ok()
-                .and_then(|spec| spec.privacy_plan().ok().flatten())
-                .map(|plan| crate::privacy::PrivacyView::of(&plan, completed_rounds));
+                .and_then(|plan| plan.privacy().map(|plan| PrivacyView::of(plan, completed_rounds)));
             LiveState {
                 status: task.status,
                 completed_rounds,
@@ -383,7 +375,7 @@ pub(super) async fn view(state: &AppState, task: &TaskRecord) -> ApiResult<TaskV
     Ok(TaskView {
         id: task.id.clone(),
         name: task.name.clone(),
-        rounds,
+        rounds: spec.rounds,
         created_at: task.created_at,
         spec,
         leader,
@@ -566,16 +558,26 @@ pub struct RoundView {
     pub survivors: i64,
     /// Round metrics, with `client_means`: each client metric's mean over
     /// the survivors, from its sum under the masks.
-    pub metrics: serde_json::Value,
+    pub metrics: RoundMetrics,
     /// Only for a task with `client_metrics.plaintext` (semi-honest): what
     /// each client reported in the clear, one entry per client and kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub plaintext_client_metrics: Option<Vec<serde_json::Value>>,
+    pub plaintext_client_metrics: Option<Vec<PlaintextReport>>,
     /// The earlier attempts of this round that ended without a model, each
     /// with the stage it stopped in and why (a sync task's; the newest 500
     /// of a task are kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_attempts: Vec<FailedAttempt>,
+}
+
+/// What one client reported in the clear for a round (a task with
+/// `client_metrics.plaintext`).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PlaintextReport {
+    /// What the numbers are of (`train` or `eval`).
+    pub kind: String,
+    /// The numbers.
+    pub metrics: ClientMetrics,
 }
 
 /// The task's completed rounds with their metrics.
@@ -603,11 +605,11 @@ pub(super) async fn round_views(
     after: i64,
 ) -> ApiResult<Vec<RoundView>> {
     let id = task.id.as_str();
-    let spec = serde_json::from_str::<TaskSpec>(&task.spec).ok();
-    let plaintext = spec.as_ref().is_some_and(|spec| spec.client_metrics.plaintext);
+    let spec = task.spec()?;
+    let plaintext = spec.client_metrics.plaintext;
     // An async task's attempts are numbered by group, not by version.
     let mut failed: HashMap<i64, Vec<FailedAttempt>> = HashMap::new();
-    if spec.is_some_and(|spec| spec.mode == crate::spec::TaskMode::Sync) {
+    if spec.mode == crate::spec::TaskMode::Sync {
         for attempt in state.store.attempts(id, ATTEMPTS_KEPT).await?.into_iter().rev() {
             failed.entry(attempt.round as i64).or_default().push(attempt);
         }
@@ -618,10 +620,12 @@ pub(super) async fn round_views(
     {
         let plaintext_client_metrics = if plaintext {
             let reports = state.store.client_metrics(id, round).await?;
-            Some(reports
-                .into_iter()
-                .map(|m| json!({ "kind": m.kind, "metrics": serde_json::from_str::<serde_json::Value>(&m.metrics).unwrap_or_default() }))
-                .collect())
+            let read = |m: ClientMetricsRecord| {
+                let metrics =
+                    serde_json::from_str(&m.metrics).map_err(|_| StoreError::Corrupt("client metrics"))?;
+                Ok::<_, StoreError>(PlaintextReport { kind: m.kind, metrics })
+            };
+            Some(reports.into_iter().map(read).collect::<Result<_, _>>()?)
         } else {
             None
         };
@@ -631,7 +635,7 @@ pub(super) async fn round_views(
             finished_at,
             selected,
             survivors,
-            metrics: serde_json::from_str(&metrics).unwrap_or_default(),
+            metrics: serde_json::from_str(&metrics).map_err(|_| StoreError::Corrupt("round metrics"))?,
             plaintext_client_metrics,
             failed_attempts: failed.remove(&round).unwrap_or_default(),
         });

@@ -19,7 +19,7 @@ use super::openapi::{Binary, Refused, RetryLater, TaskPath};
 use super::ratelimit::{Call, Rate};
 use super::state::AppState;
 use super::{SAFETENSORS_CONTENT_TYPE, SECAGG_CONTENT_TYPE};
-use crate::coordinator::{CoordinatorError, now_ms};
+use crate::coordinator::{Admission, CoordinatorError, now_ms};
 use crate::metrics::Upload;
 use crate::round::{CheckIn, InputStep, Poll};
 use crate::store::{ClientMetricsRecord, ParticipantRecord, StoreError};
@@ -309,8 +309,8 @@ pub(super) async fn post_message(
             format!("stage messages must be sent as {SECAGG_CONTENT_TYPE}"),
         ));
     }
-    let allowed = state.coordinator.admit(&p.task_id, &p.id).await?;
-    let mut body = LimitedBody::new(&headers, body, allowed.min(state.config.max_message_bytes))?;
+    let admission = state.coordinator.admit(&p.task_id, &p.id).await?;
+    let mut body = LimitedBody::new(&headers, body, admission.limit.min(state.config.max_message_bytes))?;
     let mut first = Vec::new();
     let streamed = body.declared().is_none_or(|length| length > READ_WHOLE_UP_TO);
     let mut ended = false;
@@ -321,7 +321,7 @@ pub(super) async fn post_message(
         }
     }
     if streamed && !ended && starts_masked_input(&first) {
-        stream_masked_input(&state, &p.task_id, &p.id, first, body).await?;
+        stream_masked_input(&state, &admission, first, body).await?;
         state.metrics.upload(Upload::masked_input, arrived.elapsed());
         return Ok(StatusCode::ACCEPTED);
     }
@@ -329,7 +329,7 @@ pub(super) async fn post_message(
         first.extend_from_slice(&bytes);
     }
     let kind = if starts_masked_input(&first) { Upload::masked_input } else { Upload::stage_message };
-    state.coordinator.receive(&p.task_id, &p.id, first).await?;
+    state.coordinator.receive(&admission, first).await?;
     state.metrics.upload(kind, arrived.elapsed());
     Ok(StatusCode::ACCEPTED)
 }
@@ -342,21 +342,20 @@ pub(super) async fn post_message(
 /// ([`Abandon`]); a refusal by the coordinator has done so already.
 async fn stream_masked_input(
     state: &AppState,
-    task: &str,
-    participant: &str,
+    admission: &Admission,
     mut first: Vec<u8>,
     mut body: LimitedBody,
 ) -> ApiResult<()> {
     let coordinator = &state.coordinator;
     let mut piece = first.split_off(MASKED_INPUT_HEADER_LEN);
-    let upload = coordinator.input(task, participant, InputStep::Begin(first)).await?;
-    let mut guard = Abandon { state, task, participant, upload, armed: true };
+    let upload = coordinator.input(admission, InputStep::Begin(first)).await?;
+    let mut guard = Abandon { state, admission, upload, armed: true };
     piece.reserve(PIECE);
     loop {
         let next = body.next().await?;
         if piece.len() >= PIECE || (next.is_none() && !piece.is_empty()) {
             let full = std::mem::replace(&mut piece, Vec::with_capacity(PIECE));
-            let added = coordinator.input(task, participant, InputStep::Piece(upload, full)).await;
+            let added = coordinator.input(admission, InputStep::Piece(upload, full)).await;
             guard.armed = added.is_ok();
             added?;
         }
@@ -365,7 +364,7 @@ async fn stream_masked_input(
             None => break,
         }
     }
-    let finished = coordinator.input(task, participant, InputStep::Finish(upload)).await;
+    let finished = coordinator.input(admission, InputStep::Finish(upload)).await;
     // Finished, or refused (and taken back out by the coordinator).
     guard.armed = false;
     finished.map(drop).map_err(Into::into)
@@ -376,8 +375,7 @@ async fn stream_masked_input(
 /// connection closed) while it was being read.
 struct Abandon<'a> {
     state: &'a AppState,
-    task: &'a str,
-    participant: &'a str,
+    admission: &'a Admission,
     upload: u64,
     armed: bool,
 }
@@ -385,7 +383,7 @@ struct Abandon<'a> {
 impl Drop for Abandon<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.state.coordinator.abandon_input(self.task, self.participant, self.upload);
+            self.state.coordinator.abandon_input(self.admission, self.upload);
         }
     }
 }

@@ -30,8 +30,9 @@ use super::admin::create;
 use super::error::ApiError;
 use super::state::{AppState, DemoTask};
 use crate::coordinator::Coordinator;
-use crate::spec::TaskSpec;
+use crate::spec::{TaskPlan, TaskSpec};
 use crate::store::{SqlStore, TaskStatus};
+use cohort_client::api::ErrorCode;
 
 /// Name of the public demo task.
 pub const DEMO_TASK_NAME: &str = "browser demo (cohort serve --demo)";
@@ -76,9 +77,10 @@ pub async fn start_demo_task(store: &SqlStore, coordinator: &Coordinator) -> Res
             coordinator.set_status(&task.id, TaskStatus::Stopped).await?;
         }
     }
-    let spec = demo_spec();
-    let clients_per_round = spec.groups().selected();
-    let created = create(store, coordinator, spec).await?;
+    let plan = TaskPlan::for_new_task(demo_spec())
+        .map_err(|e| ApiError::new(ErrorCode::InvalidTask, e.to_string()))?;
+    let clients_per_round = plan.spec().groups().selected();
+    let created = create(store, coordinator, plan).await?;
     tracing::info!(task = %created.id, "public demo task started");
     Ok(DemoTask::new(created.id, created.enrollment_token, clients_per_round))
 }

@@ -13,9 +13,10 @@ use super::lease::{LEASE_TTL_MS, Routes};
 use super::{GroupKey, Replica};
 use crate::coordinator::actor::Actor;
 use crate::coordinator::{Request, Traced, now_ms};
+use crate::round::GroupStep;
 use crate::round::TaskError;
-use crate::round::owned::{GroupAssignment, GroupReport, OwnedGroup, OwnedStep};
-use crate::spec::TaskSpec;
+use crate::round::owned::{GroupAssignment, GroupReport, OwnedGroup};
+use crate::spec::TaskPlan;
 use crate::store::{GroupRecord, GroupRowState, SqlStore, StoreError};
 
 /// Groups are handed only to replicas that beat their heart this
@@ -34,7 +35,7 @@ pub const GROUP_TICK: Duration = Duration::from_millis(200);
 pub(crate) enum GroupEvent {
     /// Run this group, just claimed (with its task's spec, or why it could
     /// not be read).
-    Own { record: Box<GroupRecord>, spec: Box<Result<TaskSpec, String>> },
+    Own { record: Box<GroupRecord>, plan: Box<Result<TaskPlan, String>> },
     /// Groups of rounds led here changed state (settled ones with their
     /// stored sum, when they completed).
     Changed(Vec<(GroupRecord, Option<Vec<u8>>)>),
@@ -77,11 +78,14 @@ impl GroupWatcher {
         let now = now_ms();
         let mut events = Vec::new();
         for record in self.store.claim_groups(&self.replica.id, now, now + LEASE_TTL_MS).await? {
-            let spec = match self.store.task(&record.key.task).await {
-                Ok(task) => serde_json::from_str::<TaskSpec>(&task.spec).map_err(|e| e.to_string()),
+            let plan = match self.store.task(&record.key.task).await {
+                Ok(task) => task
+                    .spec()
+                    .map_err(|e| e.to_string())
+                    .and_then(|spec| TaskPlan::new(spec).map_err(|e| e.to_string())),
                 Err(error) => Err(error.to_string()),
             };
-            events.push(GroupEvent::Own { record: Box::new(record), spec: Box::new(spec) });
+            events.push(GroupEvent::Own { record: Box::new(record), plan: Box::new(plan) });
         }
         let mut changed = Vec::new();
         let led = self.store.led_groups(&self.replica.id, now).await?;
@@ -139,16 +143,16 @@ impl Actor {
     }
 
     /// Starts running a group claimed for another replica's round.
-    pub(crate) async fn own(&mut self, record: GroupRecord, spec: Result<TaskSpec, String>, now: i64) {
+    pub(crate) async fn own(&mut self, record: GroupRecord, plan: Result<TaskPlan, String>, now: i64) {
         let key = record.key.clone();
-        let opened = spec
+        let opened = plan
             .map_err(|error| {
                 tracing::error!(task = %key.task, %error, "could not read the spec of a group's task");
                 TaskError::GroupReport("the task's spec could not be read")
             })
-            .and_then(|spec| {
+            .and_then(|plan| {
                 let assignment: GroupAssignment = serde_json::from_str(&record.assignment)?;
-                OwnedGroup::open(key.clone(), assignment, spec, now)
+                OwnedGroup::open(key.clone(), assignment, plan, now)
             });
         match opened {
             Ok(group) => {
@@ -178,25 +182,27 @@ impl Actor {
         let now = now_ms();
         while let Some(step) = self.owned.get_mut(key).and_then(|group| group.tick(now)) {
             match step {
-                OwnedStep::Stage(stage) => self.report_stage(key, stage).await,
-                OwnedStep::MaskedInputRequested(participants) => {
+                GroupStep::Next(stage) => self.report_stage(key, stage).await,
+                GroupStep::MaskedInputRequested(participants) => {
                     let round = key.round as i64;
                     match self.store.record_contributors(&key.task, round, &participants, now, None).await {
                         Ok(()) => self.report_stage(key, Stage::MaskedInputCollection).await,
                         Err(error) => {
                             tracing::error!(task = %key.task, round, %error, "could not record the group's contributors; the group is given up");
-                            if let Some(report) = self.owned.get(key).map(OwnedGroup::fail) {
+                            if let Some(report) = self.owned.get(key).map(OwnedGroup::failure) {
                                 self.settle_owned(key, &report, None).await;
                             }
                         }
                     }
                 }
-                OwnedStep::Unmask(job) => {
+                GroupStep::Unmask(job) => {
                     let key = key.clone();
                     self.unmask(*job, move |result| Request::OwnedUnmasked { key, result });
                 }
-                OwnedStep::Settled(report, mean) => {
-                    self.settle_owned(key, &report, mean.as_deref()).await;
+                GroupStep::Failed(_) => {
+                    if let Some(report) = self.owned.get(key).map(OwnedGroup::failure) {
+                        self.settle_owned(key, &report, None).await;
+                    }
                 }
             }
         }

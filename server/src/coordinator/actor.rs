@@ -12,24 +12,25 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::changes::Changes;
-use super::{CoordinatorError, IDLE_TICK, LiveState, MIN_TICK, Request, Shown, Traced, now_ms};
+use super::{Admission, CoordinatorError, IDLE_TICK, LiveState, MIN_TICK, Request, Shown, Traced, now_ms};
 use crate::cluster::groups::GroupEvent;
 use crate::cluster::lease::Routes;
 use crate::cluster::{GroupKey, Replica};
 use crate::metrics::Metrics;
 use crate::round::owned::OwnedGroup;
 use crate::round::{
-    Completion, FailedAttempt, InputStep, PendingUnmask, Poll, TaskEngine, TaskError, TickOutcome,
+    Completion, EngineError, FailedAttempt, InputStep, PendingUnmask, Persist, Poll, StageHost, TaskEngine,
+    TaskError, TickOutcome,
 };
-use crate::spec::TaskSpec;
+use crate::spec::TaskPlan;
 use crate::store::{Fence, SqlStore, StoreError, TaskStatus};
 
 pub(crate) async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError> {
     let task = store.task(id).await?;
-    let spec: TaskSpec = serde_json::from_str(&task.spec).map_err(TaskError::from)?;
+    let plan = TaskPlan::new(task.spec()?).map_err(TaskError::from)?;
     let latest = store.latest_checkpoint(id).await?;
     let contributed = store.contributors(id, latest.round + 1).await?;
-    Ok(TaskEngine::new(task.id, spec, task.status, &latest, contributed)?)
+    Ok(TaskEngine::new(task.id, plan, task.status, &latest, contributed)?)
 }
 
 pub(crate) struct Actor {
@@ -171,14 +172,46 @@ impl Actor {
         routes.here.contains(id) && routes.leases_hold()
     }
 
-    /// The group run here for another replica's round that `participant`
-    /// of `task` is in (while the group's lease holds).
-    pub(crate) fn owned_group(&mut self, task: &str, participant: &str) -> Option<&mut OwnedGroup> {
-        if !self.leases_hold() {
-            return None;
+    /// Where `participant` of `task` sends its stage messages: the group
+    /// run here for another replica's round that it is in (while the
+    /// group's lease holds), or the task's engine. With the group's key,
+    /// for an [`Admission`].
+    pub(crate) fn host(
+        &mut self,
+        task: &str,
+        participant: &str,
+    ) -> Result<(&mut dyn StageHost, Option<GroupKey>), CoordinatorError> {
+        let owned = self
+            .owned_members
+            .get(participant)
+            .filter(|key| key.task == task && self.leases_hold() && self.owned.contains_key(*key))
+            .cloned();
+        Ok(match owned {
+            Some(key) => (self.admitted_group(&key)?, Some(key)),
+            None => (self.engine(task)?, None),
+        })
+    }
+
+    /// The host that `admission` let the client in to: its message and
+    /// every piece of it go there without the client being looked up
+    /// again.
+    pub(crate) fn admitted(&mut self, admission: &Admission) -> Result<&mut dyn StageHost, CoordinatorError> {
+        match &admission.owned {
+            Some(key) => self.admitted_group(key),
+            None => Ok(self.engine(&admission.task)?),
         }
-        let key = self.owned_members.get(participant).filter(|key| key.task == task)?;
-        self.owned.get_mut(key)
+    }
+
+    /// The group `key` run here, while its lease holds; a group settled or
+    /// given up since refuses its clients as the engine does.
+    fn admitted_group(&mut self, key: &GroupKey) -> Result<&mut dyn StageHost, CoordinatorError> {
+        if !self.leases_hold() {
+            return Err(EngineError::NotSelected.into());
+        }
+        match self.owned.get_mut(key) {
+            Some(group) => Ok(group),
+            None => Err(EngineError::NotSelected.into()),
+        }
     }
 
     /// Closes what a client's message may have completed: the stage of the
@@ -252,45 +285,30 @@ impl Actor {
                 self.tick(&task).await;
             }
             Request::Poll { task, participant, reply } => {
-                let result = match self.owned_group(&task, &participant) {
-                    Some(group) => group.poll(&participant).map_err(Into::into),
-                    None => self.engine(&task).and_then(|e| e.poll(&participant).map_err(Into::into)),
-                };
+                let result =
+                    self.host(&task, &participant).and_then(|(host, _)| Ok(host.poll(&participant)?));
                 if let Ok(Poll::Message(bytes)) = &result {
                     self.metrics.bytes_out(bytes.len());
                 }
                 let _ = reply.send(result);
             }
-            Request::Receive { task, participant, body, reply } => {
+            Request::Receive { admission, body, reply } => {
                 let size = body.len();
-                let (result, owned) = match self.owned_group(&task, &participant) {
-                    Some(group) => {
-                        (group.receive(&participant, &body).map_err(Into::into), Some(group.key().clone()))
-                    }
-                    None => (
-                        self.engine(&task).and_then(|e| e.receive(&participant, &body).map_err(Into::into)),
-                        None,
-                    ),
-                };
+                let result = self
+                    .admitted(&admission)
+                    .and_then(|host| Ok(host.receive(&admission.participant, &body)?));
                 self.metrics.client_message(size, result.is_ok());
                 let _ = reply.send(result);
-                self.tick_after(&task, owned).await;
+                self.tick_after(&admission.task, admission.owned).await;
             }
-            Request::Input { task, participant, step, reply } => {
+            Request::Input { admission, step, reply } => {
                 let (read, finishing) = match &step {
                     InputStep::Begin(bytes) | InputStep::Piece(_, bytes) => (bytes.len(), false),
                     InputStep::Finish(_) => (0, true),
                     InputStep::Abort(_) => (0, false),
                 };
-                let (result, owned) = match self.owned_group(&task, &participant) {
-                    Some(group) => {
-                        (group.input(&participant, step).map_err(Into::into), Some(group.key().clone()))
-                    }
-                    None => (
-                        self.engine(&task).and_then(|e| e.input(&participant, step).map_err(Into::into)),
-                        None,
-                    ),
-                };
+                let result =
+                    self.admitted(&admission).and_then(|host| Ok(host.input(&admission.participant, step)?));
                 self.metrics.bytes_in(read);
                 if finishing || result.is_err() {
                     self.metrics.client_message(0, result.is_ok());
@@ -298,7 +316,7 @@ impl Actor {
                 let ended = finishing && result.is_ok();
                 let _ = reply.send(result);
                 if ended {
-                    self.tick_after(&task, owned).await;
+                    self.tick_after(&admission.task, admission.owned).await;
                 }
             }
             Request::Model { task, reply } => {
@@ -306,10 +324,10 @@ impl Actor {
                 let _ = reply.send(result);
             }
             Request::Admit { task, participant, reply } => {
-                let result = match self.owned_group(&task, &participant) {
-                    Some(group) => group.admit(&participant).map_err(Into::into),
-                    None => self.engine(&task).and_then(|e| e.admit(&participant).map_err(Into::into)),
-                };
+                let result = self.host(&task, &participant).and_then(|(host, owned)| {
+                    let limit = host.admit(&participant)?;
+                    Ok(Admission { task: task.clone(), participant: participant.clone(), limit, owned })
+                });
                 if result.is_err() {
                     // Refused before its body was read: a rejected message all the same.
                     self.metrics.client_message(0, false);
@@ -330,7 +348,7 @@ impl Actor {
                 return ControlFlow::Break(());
             }
             Request::Lease(event) => self.apply(event),
-            Request::Groups(GroupEvent::Own { record, spec }) => self.own(*record, *spec, now_ms()).await,
+            Request::Groups(GroupEvent::Own { record, plan }) => self.own(*record, *plan, now_ms()).await,
             Request::Groups(GroupEvent::Changed(changed)) => self.groups_changed(changed).await,
             Request::OwnedUnmasked { key, result } => {
                 if let Some((report, mean)) = self.owned.get(&key).map(|group| group.unmasked(result)) {
@@ -411,7 +429,7 @@ impl Actor {
                 tracing::info!(task = id, round, "round started");
                 self.divide(id, round, now).await;
             }
-            TickOutcome::MaskedInputRequested { round, participants } => {
+            TickOutcome::Persist(Persist::Contributors { round, participants }) => {
                 // Recorded before any of them can fetch the stage (this
                 // actor serves the fetches), so that a restart still knows
                 // who refuses a re-run of this round.
@@ -421,12 +439,16 @@ impl Actor {
                 if let Err(StoreError::Fenced) = recorded {
                     self.metrics.round_aborted();
                     self.drop_task(id, "another replica took its lease over", false);
-                } else if let Err(error) = recorded {
+                    return;
+                }
+                if let Err(error) = &recorded {
                     self.metrics.round_aborted();
                     tracing::error!(task = id, round, %error, "could not record the round's contributors; the round is abandoned");
-                    if let Ok(engine) = self.engine(id) {
-                        engine.withdraw(round, &participants);
-                    }
+                }
+                if let Ok(engine) = self.engine(id) {
+                    engine.advance(Persist::Contributors { round, participants }, recorded.is_ok());
+                }
+                if recorded.is_err() {
                     self.forget_groups(id).await;
                 }
             }
@@ -449,7 +471,7 @@ impl Actor {
                 let (task, round, group) = (job.task_id.clone(), job.round, job.group);
                 self.unmask(*job, move |result| Request::Unmasked { task, round, group, result });
             }
-            TickOutcome::Completed(completion) => self.store_round(id, *completion).await,
+            TickOutcome::Persist(Persist::Model(completion)) => self.store_round(id, completion).await,
         }
     }
 
@@ -466,7 +488,7 @@ impl Actor {
     }
 
     /// Persists a completed round, then lets the engine adopt it.
-    pub(crate) async fn store_round(&mut self, id: &str, completion: Completion) {
+    pub(crate) async fn store_round(&mut self, id: &str, completion: Box<Completion>) {
         let round = completion.round.round as u64;
         for (owner, holder) in completion.faulty_shares() {
             tracing::warn!(
@@ -487,7 +509,7 @@ impl Actor {
                 let stages = completion.stages().to_vec();
                 let means = completion.client_means().clone();
                 if let Ok(engine) = self.engine(id) {
-                    engine.commit(completion);
+                    engine.advance(Persist::Model(completion), true);
                     if let Some(epsilon) = engine.epsilon_spent() {
                         self.metrics.privacy_spent(id, epsilon);
                     }
@@ -522,7 +544,7 @@ impl Actor {
                 self.metrics.round_aborted();
                 tracing::error!(task = id, round, %error, "could not store the round; it will be run again");
                 if let Ok(engine) = self.engine(id) {
-                    engine.abandon(round);
+                    engine.advance(Persist::Model(completion), false);
                 }
             }
         }

@@ -135,14 +135,12 @@ pub(crate) enum Request {
         reply: oneshot::Sender<Result<Poll, CoordinatorError>>,
     },
     Receive {
-        task: String,
-        participant: String,
+        admission: Admission,
         body: Vec<u8>,
         reply: oneshot::Sender<Result<(), CoordinatorError>>,
     },
     Input {
-        task: String,
-        participant: String,
+        admission: Admission,
         step: InputStep,
         reply: oneshot::Sender<Result<u64, CoordinatorError>>,
     },
@@ -153,7 +151,7 @@ pub(crate) enum Request {
     Admit {
         task: String,
         participant: String,
-        reply: oneshot::Sender<Result<usize, CoordinatorError>>,
+        reply: oneshot::Sender<Result<Admission, CoordinatorError>>,
     },
     MayReport {
         task: String,
@@ -208,13 +206,12 @@ impl Request {
             Request::Leave { task, .. }
             | Request::CheckIn { task, .. }
             | Request::Poll { task, .. }
-            | Request::Receive { task, .. }
-            | Request::Input { task, .. }
             | Request::Model { task, .. }
             | Request::Admit { task, .. }
             | Request::MayReport { task, .. }
             | Request::Security { task, .. }
             | Request::Unmasked { task, .. } => Some(task),
+            Request::Receive { admission, .. } | Request::Input { admission, .. } => Some(&admission.task),
             Request::Lease(LeaseEvent::Adopt { id, .. } | LeaseEvent::Drop { id, .. }) => Some(id),
             Request::OwnedUnmasked { .. }
             | Request::Groups(_)
@@ -238,6 +235,24 @@ impl Request {
                 | Request::Input { step: InputStep::Begin(_) | InputStep::Piece(..), .. }
         )
     }
+}
+
+/// A client let in to post a stage message ([`Coordinator::admit`]): the
+/// largest body it may send, and where its group runs, so that the message,
+/// and every piece of a masked input, goes to that group without the
+/// client being looked up again. A group that has settled or moved since
+/// refuses the message as its engine would.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// The task.
+    pub task: String,
+    /// The participant.
+    pub participant: String,
+    /// The largest body it may send.
+    pub limit: usize,
+    /// The group run here for another replica's round that the client is
+    /// in; `None`: the task's own engine.
+    pub(crate) owned: Option<GroupKey>,
 }
 
 /// A handle to the coordinator actor; cheap to clone.
@@ -465,40 +480,27 @@ impl Coordinator {
         self.ask(|reply| Request::Poll { task: task.into(), participant: participant.into(), reply }).await
     }
 
-    /// A client's stage message.
-    pub async fn receive(
-        &self,
-        task: &str,
-        participant: &str,
-        body: Vec<u8>,
-    ) -> Result<(), CoordinatorError> {
-        self.ask(|reply| Request::Receive { task: task.into(), participant: participant.into(), body, reply })
-            .await
+    /// A client's stage message, posted under its `admission`.
+    pub async fn receive(&self, admission: &Admission, body: Vec<u8>) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::Receive { admission: admission.clone(), body, reply }).await
     }
 
     /// A step of a client's masked input arriving in pieces (see
-    /// [`InputStep`]); `Begin` answers with the upload's number. The reply
-    /// to a piece comes once it is in the sum, so a request body is read
-    /// no faster than the actor adds it.
-    pub async fn input(
-        &self,
-        task: &str,
-        participant: &str,
-        step: InputStep,
-    ) -> Result<u64, CoordinatorError> {
-        self.ask(|reply| Request::Input { task: task.into(), participant: participant.into(), step, reply })
-            .await
+    /// [`InputStep`]), posted under its `admission`; `Begin` answers with
+    /// the upload's number. The reply to a piece comes once it is in the
+    /// sum, so a request body is read no faster than the actor adds it.
+    pub async fn input(&self, admission: &Admission, step: InputStep) -> Result<u64, CoordinatorError> {
+        self.ask(|reply| Request::Input { admission: admission.clone(), step, reply }).await
     }
 
     /// Tells the actor, without waiting for it, that `upload` of a client's
     /// masked input broke off: what it added is taken back out. For a
     /// request dropped mid-body (its connection closed), from a guard's
     /// `drop`.
-    pub fn abandon_input(&self, task: &str, participant: &str, upload: u64) {
+    pub fn abandon_input(&self, admission: &Admission, upload: u64) {
         let (reply, _) = oneshot::channel();
         let step = InputStep::Abort(upload);
-        let request: Traced =
-            Request::Input { task: task.into(), participant: participant.into(), step, reply }.into();
+        let request: Traced = Request::Input { admission: admission.clone(), step, reply }.into();
         let tx = self.tx.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -513,9 +515,10 @@ impl Coordinator {
         }
     }
 
-    /// Whether a client may post a stage message now, and its size limit
-    /// (see [`TaskEngine::admit`](crate::round::TaskEngine::admit)).
-    pub async fn admit(&self, task: &str, participant: &str) -> Result<usize, CoordinatorError> {
+    /// Whether a client may post a stage message now: its
+    /// [`Admission`], with its size limit (see
+    /// [`TaskEngine::admit`](crate::round::TaskEngine::admit)).
+    pub async fn admit(&self, task: &str, participant: &str) -> Result<Admission, CoordinatorError> {
         self.ask(|reply| Request::Admit { task: task.into(), participant: participant.into(), reply }).await
     }
 

@@ -25,6 +25,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 
 use super::builder::{BuiltRound, RoundBuilder, RoundSeeds};
+use super::completion::PendingUnmask;
 use super::owned::GroupReport;
 use super::records::{
     AttemptOutcome, EngineError, FailedAttempt, GroupMetrics, Poll, RoundMetrics, StageMetrics, TaskError,
@@ -62,19 +63,73 @@ pub(super) struct RemoteGroup {
     pub(super) stage: Stage,
 }
 
-/// What closing a group's stage ([`Group::advance`]) came to.
-pub(super) enum GroupStep {
+/// What closing a group's stage ([`Group::advance`]) came to: the one
+/// hand-off from a group to whoever drives it (the task's engine, for a
+/// group of a sync round or an async group, or the replica that runs a
+/// group for another's round).
+pub enum GroupStep {
     /// The next stage is collecting.
     Next(Stage),
     /// The masked-input stage opened: these participants are about to be
-    /// asked for their masked input (see
-    /// [`TickOutcome::MaskedInputRequested`](super::TickOutcome::MaskedInputRequested)).
+    /// asked for their masked input. Each of them refuses every later
+    /// attempt of this round number (a client sends one masked input per
+    /// round), so the driver records them durably before the stage is
+    /// served, and gives the group up if it cannot.
     MaskedInputRequested(Vec<String>),
-    /// The final stage closed with a quorum: its server state, to unmask
-    /// off the runtime (the group stays `Unmasking`).
-    Unmask(Box<ServerRound>),
+    /// The final stage closed with a quorum: the job to unmask off the
+    /// runtime (the group stays `Unmasking` until its result comes back).
+    Unmask(Box<PendingUnmask>),
     /// The group was given up in this stage.
     Failed(Stage),
+}
+
+/// What serves a selected client's stage messages: a task's engine (the
+/// group of its sync round, or its async group, that the client is in), or
+/// a group this replica runs for another's round. Each says where the
+/// client sits ([`seat`](Self::seat)); the four requests a client makes
+/// are written once, here, for both.
+pub trait StageHost {
+    /// The group `participant` is in, and its client id there; refused
+    /// when it is in none that runs here now.
+    #[doc(hidden)]
+    fn seat(&mut self, participant: &str) -> Result<(&mut Group, ClientId), EngineError>;
+
+    /// The message `participant` should act on now.
+    fn poll(&mut self, participant: &str) -> Result<Poll, EngineError> {
+        let (group, id) = self.seat(participant)?;
+        group.poll(id)
+    }
+
+    /// Whether `participant` may post a stage message now, and the largest
+    /// body it may send: checked before the body is read, so a client that
+    /// is not selected, not eligible for the stage or already answered is
+    /// refused without the server reading (or holding) its message.
+    fn admit(&mut self, participant: &str) -> Result<usize, EngineError> {
+        let (group, id) = self.seat(participant)?;
+        group.admit(id)
+    }
+
+    /// Accepts `participant`'s encoded stage message.
+    fn receive(&mut self, participant: &str, bytes: &[u8]) -> Result<(), EngineError> {
+        let (group, id) = self.seat(participant)?;
+        group.receive(id, bytes)
+    }
+
+    /// A step of `participant`'s masked input arriving in pieces (see
+    /// [`InputStep`]).
+    fn input(&mut self, participant: &str, step: InputStep) -> Result<u64, EngineError> {
+        let (group, id) = self.seat(participant)?;
+        group.input(id, step)
+    }
+}
+
+/// Where a group sits, for the jobs it hands out: its task, its round
+/// (an async group's number) and its index in the round.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Place<'a> {
+    pub(super) task: &'a str,
+    pub(super) round: u64,
+    pub(super) index: usize,
 }
 
 /// What a completed group contributes: the decoded sum of its survivors'
@@ -87,7 +142,7 @@ pub(super) struct GroupSum {
 }
 
 /// One secure-aggregation instance of the round.
-pub(super) struct Group {
+pub struct Group {
     /// The round's public randomness for this group (its session id is
     /// `seeds.session`).
     pub(super) seeds: RoundSeeds,
@@ -429,7 +484,13 @@ impl Group {
     /// hold it up), or too few clients are left to reach the threshold
     /// (the group is given up at once instead of at the deadline). `None`
     /// when it is not ready.
-    pub(super) fn advance(&mut self, spec: &TaskSpec, wanted: usize, now: i64) -> Option<GroupStep> {
+    pub(super) fn advance(
+        &mut self,
+        place: Place<'_>,
+        spec: &TaskSpec,
+        wanted: usize,
+        now: i64,
+    ) -> Option<GroupStep> {
         let ready = match &self.state {
             GroupState::Collecting(s) => {
                 // Only a member that left can cut a stage short: without
@@ -464,7 +525,12 @@ impl Group {
         let stage = server.stage();
         if stage == Stage::Unmasking {
             if server.has_quorum() {
-                return Some(GroupStep::Unmask(Box::new(server)));
+                return Some(GroupStep::Unmask(Box::new(PendingUnmask {
+                    task_id: place.task.to_string(),
+                    round: place.round,
+                    group: place.index,
+                    server,
+                })));
             }
             return Some(self.fail(&server, awaited, now));
         }

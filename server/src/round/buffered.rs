@@ -21,14 +21,13 @@
 //! slot of a client whose base falls that far behind, or who has trained
 //! for longer than the advertise-keys deadline, goes to another client.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage, Variant};
 use serde::{Deserialize, Serialize};
 
-use super::active::{ActiveRound, Group, GroupState, GroupStep, deadline_for};
-use super::completion::PendingUnmask;
-use super::engine::{Schedule, TaskEngine, TickOutcome};
+use super::active::{ActiveRound, Group, GroupState, GroupStep, Place, deadline_for};
+use super::engine::{Persist, Schedule, TaskEngine, TickOutcome};
 use super::records::{AttemptOutcome, CheckIn, TaskError};
 use crate::spec::{AsyncSpec, Groups};
 
@@ -143,6 +142,31 @@ impl BufferState {
         self.groups.iter().find_map(|(number, flight)| {
             flight.round.members.get(participant).map(|(group, id)| (*number, *group, *id))
         })
+    }
+
+    /// The group being applied was stored as the next model: it is done.
+    /// Its number and members (who may still report metrics for it).
+    pub(super) fn applied(&mut self) -> Option<(u64, HashSet<String>)> {
+        let number = self.applying.take()?;
+        let flight = self.groups.remove(&number)?;
+        self.record(flight.staleness.into_values());
+        Some((number, flight.round.members.into_keys().collect()))
+    }
+
+    /// The group being applied could not be stored: it is discarded.
+    pub(super) fn abandon(&mut self) {
+        if let Some(number) = self.applying.take() {
+            self.groups.remove(&number);
+            self.groups_failed += 1;
+        }
+    }
+
+    /// Group `number`, whose masked-input request could not be recorded,
+    /// is given up before anyone was asked.
+    pub(super) fn withdraw(&mut self, number: u64) {
+        if self.groups.remove(&number).is_some() {
+            self.groups_failed += 1;
+        }
     }
 
     /// The staleness of the groups' and the histogram's updates.
@@ -271,20 +295,11 @@ impl TaskEngine {
         let mut failed = Vec::new();
         for (number, flight) in &mut state.groups {
             let Some(group) = flight.round.groups.first_mut() else { continue };
-            match group.advance(spec, wanted, now) {
-                None | Some(GroupStep::Next(_)) => {}
-                Some(GroupStep::MaskedInputRequested(participants)) => {
-                    pending.push_back(TickOutcome::MaskedInputRequested { round: *number, participants });
-                }
-                Some(GroupStep::Unmask(server)) => {
-                    pending.push_back(TickOutcome::Unmask(Box::new(PendingUnmask {
-                        task_id: task_id.clone(),
-                        round: *number,
-                        group: 0,
-                        server: *server,
-                    })))
-                }
+            let place = Place { task: task_id, round: *number, index: 0 };
+            match group.advance(place, spec, wanted, now) {
                 Some(GroupStep::Failed(stage)) => failed.push((*number, stage)),
+                Some(step) => pending.extend(step.outcome(place, false)),
+                None => {}
             }
         }
         for (number, stage) in failed {
@@ -336,7 +351,7 @@ impl TaskEngine {
                 if let Some(state) = self.fedbuff_mut() {
                     state.applying = Some(number);
                 }
-                self.pending.push_back(TickOutcome::Completed(Box::new(completion)));
+                self.pending.push_back(TickOutcome::Persist(Persist::Model(Box::new(completion))));
             }
             Err(error) => {
                 let flight = self.fedbuff_mut().and_then(|state| {
@@ -353,30 +368,6 @@ impl TaskEngine {
                     self.pending.push_back(TickOutcome::Abandoned { round: number, error, attempt });
                 }
             }
-        }
-    }
-
-    /// Adopts the applied group's next model: the group is done.
-    pub(super) fn buffered_commit(&mut self) {
-        let Some(state) = self.fedbuff_mut() else { return };
-        let Some(number) = state.applying.take() else { return };
-        if let Some(flight) = state.groups.remove(&number) {
-            let staleness: Vec<u64> = flight.staleness.values().copied().collect();
-            state.record(staleness);
-            self.recent.push_back((number, flight.round.members.into_keys().collect()));
-            while self.recent.len() > super::engine::REPORTABLE_ROUNDS {
-                self.recent.pop_front();
-            }
-        }
-    }
-
-    /// The group being applied could not be persisted: it is discarded.
-    pub(super) fn buffered_abandon(&mut self) {
-        if let Some(state) = self.fedbuff_mut()
-            && let Some(number) = state.applying.take()
-        {
-            state.groups.remove(&number);
-            state.groups_failed += 1;
         }
     }
 
@@ -403,16 +394,6 @@ impl TaskEngine {
                 self.discard_group(number, Stage::Unmasking, Some(&error), now);
                 Err(error)
             }
-        }
-    }
-
-    /// A group whose masked-input request could not be recorded is given
-    /// up before anyone was asked.
-    pub(super) fn buffered_withdraw(&mut self, number: u64) {
-        if let Some(state) = self.fedbuff_mut()
-            && state.groups.remove(&number).is_some()
-        {
-            state.groups_failed += 1;
         }
     }
 

@@ -155,7 +155,7 @@ mod tests {
         spec.secure_aggregation.variant = Some(crate::spec::VariantChoice::Active);
         // 2t > k + 1 with k = 5.
         spec.secure_aggregation.threshold = Some(4);
-        let security = spec.security().unwrap();
+        let security = crate::spec::TaskPlan::new(spec.clone()).unwrap().security();
         let builder = RoundBuilder::for_task(&spec, &security);
         let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
         let identities: Vec<[u8; 32]> = (0..6u8).map(|i| [i; 32]).collect();
@@ -178,7 +178,7 @@ mod tests {
     fn the_same_seeds_build_the_same_round_anywhere() {
         let mut spec = small_spec();
         spec.quantization.rotate = true;
-        let security = spec.security().unwrap();
+        let security = crate::spec::TaskPlan::new(spec.clone()).unwrap().security();
         let builder = RoundBuilder::for_task(&spec, &security);
         let seeds = RoundSeeds::draw(&mut rand_chacha::ChaCha20Rng::seed_from_u64(9));
         let here = builder.build_with(4, 6, Vec::new(), Some([4; 16]), seeds).unwrap();

@@ -4,9 +4,12 @@
 //!
 //! It is synchronous and takes the time as an argument, so every rule is
 //! testable without sockets or timers; the [`crate::coordinator`] actor
-//! drives it. A finished round becomes a [`Completion`] that the caller
-//! persists first and [`TaskEngine::commit`]s after: the in-memory model
-//! never runs ahead of what is stored.
+//! drives it: it hands out what the driver must act on
+//! ([`TaskEngine::tick`]) and takes back what the driver stored
+//! ([`TaskEngine::advance`]), as raft-rs's `ready()` and `advance()` do.
+//! A finished round is a [`Completion`] that the driver persists first and
+//! the engine adopts after: the in-memory model never runs ahead of what is
+//! stored.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
@@ -15,18 +18,17 @@ use cohort_crypto::policy::TaskSecurity;
 use cohort_crypto::quantize::QuantizeError;
 use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage, Variant};
 
-use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, InputStep, select};
+use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, Place, StageHost, select};
 use super::buffered::BufferState;
 use super::completion::{Completion, PendingUnmask, encode_model};
 use super::owned::{GroupAssignment, GroupKey, GroupReport};
 use super::records::{
-    AttemptOutcome, BufferMetrics, CheckIn, ClientMean, EngineError, FailedAttempt, Poll, RoundProgress,
-    TaskError,
+    AttemptOutcome, BufferMetrics, CheckIn, ClientMean, EngineError, FailedAttempt, RoundProgress, TaskError,
 };
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
 use crate::privacy::{PrivacyPlan, PrivacyView};
-use crate::spec::{TaskMode, TaskSpec};
+use crate::spec::{TaskMode, TaskPlan, TaskSpec};
 use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
 
 /// A check-in counts towards selection for this long, unless the task
@@ -36,22 +38,21 @@ pub const CHECK_IN_TTL_MS: i64 = 60_000;
 /// Completed rounds whose members may still report metrics.
 pub const REPORTABLE_ROUNDS: usize = 2;
 
-/// What [`TaskEngine::tick`] did. One tick may have several outcomes (one
-/// per group); `tick` hands them out one per call, so the caller ticks
-/// until it gets [`TickOutcome::Idle`].
+/// What [`TaskEngine::tick`] hands its driver (raft-rs's `Ready`). One
+/// tick may have several outcomes (one per group); `tick` hands them out
+/// one per call, so the driver ticks until it gets [`TickOutcome::Idle`].
+/// What must be stored before the engine may go on comes as
+/// [`TickOutcome::Persist`], and goes back to
+/// [`advance`](TaskEngine::advance) with whether it was stored: the one
+/// way back from the driver, for a sync round and an async group alike.
 #[derive(Debug)]
 pub enum TickOutcome {
     /// Nothing the caller must act on (a stage may have advanced).
     Idle,
     /// Round `.0` was started.
     Started(u64),
-    /// The masked-input stage of a group of `round` opened: `participants`
-    /// are about to be asked for their masked input. Each of them refuses
-    /// every later attempt of this round number (a client sends one masked
-    /// input per round), so the caller records them durably before the
-    /// stage is served, and [`withdraw`](TaskEngine::withdraw)s the round
-    /// if it cannot.
-    MaskedInputRequested { round: u64, participants: Vec<String> },
+    /// State to store, then to hand back to [`TaskEngine::advance`].
+    Persist(Persist),
     /// A group of a round of several was given up in `stage` (too few
     /// clients, or its unmasking failed); the round goes on with the others.
     GroupAborted { round: u64, group: usize, stage: Stage },
@@ -61,13 +62,27 @@ pub enum TickOutcome {
     /// A group's final stage is ready to be unmasked; its result goes to
     /// [`TaskEngine::unmasked`].
     Unmask(Box<PendingUnmask>),
-    /// Every group settled and some completed: the next model, to persist
-    /// and then [`commit`](TaskEngine::commit) (or
-    /// [`abandon`](TaskEngine::abandon) if it cannot be stored).
-    Completed(Box<Completion>),
     /// Every group settled but the next model could not be computed; the
     /// round was abandoned (`attempt` says why, to be kept).
     Abandoned { round: u64, error: TaskError, attempt: Box<FailedAttempt> },
+}
+
+/// What the engine cannot go on without until its driver stored it
+/// (persist, then apply: the in-memory state never runs ahead of the
+/// store). Handed back to [`TaskEngine::advance`].
+#[derive(Debug)]
+pub enum Persist {
+    /// The masked-input stage of a group of `round` opened:
+    /// `participants` are about to be asked for their masked input (see
+    /// [`GroupStep::MaskedInputRequested`]). Stored, the stage is served;
+    /// not stored, the round (an async group) is given up before anyone
+    /// was asked, and they stay selectable for it.
+    Contributors { round: u64, participants: Vec<String> },
+    /// Every group of a round (or an async group) settled and some
+    /// completed: the next model. Stored, the engine adopts it; not
+    /// stored, the round is given up (its sums were unmasked, so privacy
+    /// is spent all the same).
+    Model(Box<Completion>),
 }
 
 /// How a task's rounds run, fixed when the task loads: the sync/async fork
@@ -87,9 +102,8 @@ pub(super) enum SyncRound {
     Idle,
     /// Its groups collect, unmask and settle.
     Running(ActiveRound),
-    /// Every group settled and the round's completion was handed out: it
-    /// is being stored, then [committed](TaskEngine::commit) or
-    /// [abandoned](TaskEngine::abandon).
+    /// Every group settled and the round's completion was handed out
+    /// ([`Persist::Model`]): it is being stored.
     Persisting(ActiveRound),
 }
 
@@ -205,18 +219,19 @@ impl TaskEngine {
         matches!(self.schedule, Schedule::Async(_))
     }
 
-    /// Restores a task from its spec, status and newest checkpoint, with
+    /// Restores a task from its plan, status and newest checkpoint, with
     /// the participants that earlier attempts of the next round asked for
     /// their masked input (see [`TickOutcome::MaskedInputRequested`]).
     pub fn new(
         task_id: String,
-        spec: TaskSpec,
+        plan: TaskPlan,
         status: TaskStatus,
         latest: &CheckpointRecord,
         contributed: impl IntoIterator<Item = String>,
     ) -> Result<Self, TaskError> {
-        let security = spec.security()?;
-        let privacy = spec.privacy_plan()?;
+        let security = plan.security();
+        let privacy = plan.privacy().copied();
+        let spec = plan.into_spec();
         let decoded = checkpoint::decode(&latest.model)?;
         if decoded.layout != spec.model.layout {
             return Err(TaskError::LayoutMismatch);
@@ -507,47 +522,6 @@ impl TaskEngine {
         self.buffered_leave(participant);
     }
 
-    /// The group of the round in progress that `participant` is in, and
-    /// its client id there.
-    fn selected(&mut self, participant: &str) -> Result<(&mut Group, ClientId), EngineError> {
-        if self.status != TaskStatus::Active {
-            return Err(EngineError::Inactive(self.status));
-        }
-        if self.is_async() {
-            return self.buffered_member(participant).ok_or(EngineError::NotSelected);
-        }
-        let member = self.round().and_then(|round| round.members.get(participant).copied());
-        let Some((group, id)) = member else {
-            return Err(match &self.last_failure {
-                Some((members, attempt)) if members.contains(participant) => EngineError::Failed(format!(
-                    "round {} (attempt {}) was {}: {}",
-                    attempt.round,
-                    attempt.attempt,
-                    attempt.outcome.as_str(),
-                    attempt.reason
-                )),
-                _ => EngineError::NotSelected,
-            });
-        };
-        let round = self.round_mut().ok_or(EngineError::NotSelected)?;
-        Ok((&mut round.groups[group], id))
-    }
-
-    /// The message a selected client should act on now.
-    pub fn poll(&mut self, participant: &str) -> Result<Poll, EngineError> {
-        let (group, id) = self.selected(participant)?;
-        group.poll(id)
-    }
-
-    /// Whether `participant` may post a stage message now, and the largest
-    /// body it may send: checked before the body is read, so a client that
-    /// is not selected, not eligible for the stage or already answered is
-    /// refused without the server reading (or holding) its message.
-    pub fn admit(&mut self, participant: &str) -> Result<usize, EngineError> {
-        let (group, id) = self.selected(participant)?;
-        group.admit(id)
-    }
-
     /// Whether `participant` may report metrics for `round`: it must be in
     /// the round in progress or in one of the last
     /// [`REPORTABLE_ROUNDS`] completed rounds.
@@ -560,19 +534,6 @@ impl TaskEngine {
             self.recent.iter().any(|(number, roster)| *number == round && roster.contains(participant))
                 || self.in_buffered_group(participant, round);
         if current || recent { Ok(()) } else { Err(EngineError::NotInRound(round)) }
-    }
-
-    /// Accepts a client's encoded stage message.
-    pub fn receive(&mut self, participant: &str, bytes: &[u8]) -> Result<(), EngineError> {
-        let (group, id) = self.selected(participant)?;
-        group.receive(id, bytes)
-    }
-
-    /// A step of a client's masked input arriving in pieces (see
-    /// [`InputStep`]).
-    pub fn input(&mut self, participant: &str, step: InputStep) -> Result<u64, EngineError> {
-        let (group, id) = self.selected(participant)?;
-        group.input(id, step)
     }
 
     /// The earliest time (Unix ms) at which [`tick`](Self::tick) has
@@ -636,31 +597,12 @@ impl TaskEngine {
         let Schedule::Sync(SyncRound::Running(round)) = schedule else { return };
         let several = round.groups.len() > 1;
         for (index, group) in round.groups.iter_mut().enumerate() {
-            match group.advance(spec, wanted, now) {
-                None | Some(GroupStep::Next(_)) => {}
-                Some(GroupStep::MaskedInputRequested(participants)) => {
-                    contributed.extend(participants.iter().cloned());
-                    pending
-                        .push_back(TickOutcome::MaskedInputRequested { round: round.number, participants });
-                }
-                Some(GroupStep::Unmask(server)) => {
-                    pending.push_back(TickOutcome::Unmask(Box::new(PendingUnmask {
-                        task_id: task_id.clone(),
-                        round: round.number,
-                        group: index,
-                        server: *server,
-                    })));
-                }
-                Some(GroupStep::Failed(stage)) => {
-                    if several {
-                        pending.push_back(TickOutcome::GroupAborted {
-                            round: round.number,
-                            group: index,
-                            stage,
-                        });
-                    }
-                }
+            let place = Place { task: task_id, round: round.number, index };
+            let Some(step) = group.advance(place, spec, wanted, now) else { continue };
+            if let GroupStep::MaskedInputRequested(participants) = &step {
+                contributed.extend(participants.iter().cloned());
             }
+            pending.extend(step.outcome(place, several));
         }
     }
 
@@ -679,7 +621,9 @@ impl TaskEngine {
                 *sync = SyncRound::Persisting(round);
             }
             match self.compute(now) {
-                Ok(completion) => self.pending.push_back(TickOutcome::Completed(Box::new(completion))),
+                Ok(completion) => {
+                    self.pending.push_back(TickOutcome::Persist(Persist::Model(Box::new(completion))))
+                }
                 Err(error) => {
                     let Some(round) = self.round() else { return };
                     let attempt = Box::new(round.failed(
@@ -1005,23 +949,52 @@ impl TaskEngine {
         })
     }
 
-    /// Adopts a persisted completion as the new global model.
-    pub fn commit(&mut self, completion: Completion) {
+    /// Takes back what a [`TickOutcome::Persist`] asked the driver to
+    /// store, with whether it was: the engine goes on from there (see
+    /// [`Persist`]). Something that no longer fits the task (a round given
+    /// up meanwhile) changes nothing.
+    pub fn advance(&mut self, persisted: Persist, stored: bool) {
+        match (persisted, stored) {
+            (Persist::Contributors { .. }, true) => {}
+            (Persist::Contributors { round, participants }, false) => {
+                if let Some(state) = self.fedbuff_mut() {
+                    state.withdraw(round);
+                } else if self.round().is_some_and(|r| r.number == round) {
+                    self.end_round();
+                    for participant in &participants {
+                        self.contributed.remove(participant);
+                    }
+                }
+            }
+            (Persist::Model(completion), true) => self.adopt(*completion),
+            (Persist::Model(completion), false) => {
+                let round = completion.round.round as u64;
+                if let Some(state) = self.fedbuff_mut() {
+                    state.abandon();
+                } else if matches!(&self.schedule, Schedule::Sync(SyncRound::Persisting(r)) if r.number == round)
+                {
+                    // Its completion was computed from unmasked sums.
+                    self.unstored_releases += 1;
+                    self.end_round();
+                }
+            }
+        }
+    }
+
+    /// Adopts a stored completion as the new global model.
+    fn adopt(&mut self, completion: Completion) {
         self.weights = completion.weights;
         self.optimizer_state = completion.optimizer_state;
         self.checkpoint_bytes = bytes::Bytes::from(completion.checkpoint.model);
         self.completed = completion.round.round as u64;
         self.attempts = 0;
         self.contributed.clear();
-        if self.is_async() {
-            self.buffered_commit();
-            if self.completed >= u64::from(self.spec.rounds) {
-                self.status = TaskStatus::Completed;
-            }
-            return;
-        }
-        if let Some(round) = self.end_round() {
-            self.recent.push_back((round.number, round.members.into_keys().collect()));
+        let roster = match self.fedbuff_mut() {
+            Some(state) => state.applied(),
+            None => self.end_round().map(|round| (round.number, round.members.into_keys().collect())),
+        };
+        if let Some(roster) = roster {
+            self.recent.push_back(roster);
             while self.recent.len() > REPORTABLE_ROUNDS {
                 self.recent.pop_front();
             }
@@ -1030,35 +1003,51 @@ impl TaskEngine {
             self.status = TaskStatus::Completed;
         }
     }
+}
 
-    /// Gives up on a round (its completion could not be computed or stored).
-    pub fn abandon(&mut self, round_number: u64) {
-        if self.is_async() {
-            self.buffered_abandon();
-            return;
-        }
-        if self.round().is_some_and(|r| r.number == round_number) {
-            if matches!(self.schedule, Schedule::Sync(SyncRound::Persisting(_))) {
-                // Its completion was computed from unmasked sums.
-                self.unstored_releases += 1;
+impl GroupStep {
+    /// What a step of group `place` comes to for the engine's driver (a
+    /// group given up is reported only in a round of `several`).
+    pub(super) fn outcome(self, place: Place<'_>, several: bool) -> Option<TickOutcome> {
+        match self {
+            GroupStep::Next(_) => None,
+            GroupStep::MaskedInputRequested(participants) => {
+                Some(TickOutcome::Persist(Persist::Contributors { round: place.round, participants }))
             }
-            self.end_round();
+            GroupStep::Unmask(job) => Some(TickOutcome::Unmask(job)),
+            GroupStep::Failed(stage) => {
+                several.then_some(TickOutcome::GroupAborted { round: place.round, group: place.index, stage })
+            }
         }
     }
+}
 
-    /// Gives up on a round whose masked-input request could not be
-    /// recorded (see [`TickOutcome::MaskedInputRequested`]). Nobody was
-    /// asked, so those participants stay selectable for the round.
-    pub fn withdraw(&mut self, round_number: u64, asked: &[String]) {
+/// A client of the task's sync round or async groups.
+impl StageHost for TaskEngine {
+    /// The group of the round in progress (or the async group) that
+    /// `participant` is in; an inactive task, or a client that is in none,
+    /// is refused (told why, when the attempt it was in failed).
+    fn seat(&mut self, participant: &str) -> Result<(&mut Group, ClientId), EngineError> {
+        if self.status != TaskStatus::Active {
+            return Err(EngineError::Inactive(self.status));
+        }
         if self.is_async() {
-            self.buffered_withdraw(round_number);
-            return;
+            return self.buffered_member(participant).ok_or(EngineError::NotSelected);
         }
-        if self.round().is_some_and(|r| r.number == round_number) {
-            self.end_round();
-            for participant in asked {
-                self.contributed.remove(participant);
-            }
-        }
+        let member = self.round().and_then(|round| round.members.get(participant).copied());
+        let Some((group, id)) = member else {
+            return Err(match &self.last_failure {
+                Some((members, attempt)) if members.contains(participant) => EngineError::Failed(format!(
+                    "round {} (attempt {}) was {}: {}",
+                    attempt.round,
+                    attempt.attempt,
+                    attempt.outcome.as_str(),
+                    attempt.reason
+                )),
+                _ => EngineError::NotSelected,
+            });
+        };
+        let round = self.round_mut().ok_or(EngineError::NotSelected)?;
+        Ok((&mut round.groups[group], id))
     }
 }

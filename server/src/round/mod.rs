@@ -28,11 +28,11 @@ pub mod records;
 #[cfg(test)]
 mod tests;
 
-pub use active::InputStep;
+pub use active::{Group, GroupStep, InputStep, StageHost};
 pub use buffered::{BufferView, GroupInFlight, READY_TTL_MS};
 pub use builder::{BuiltRound, RoundBuilder, RoundSeeds};
 pub use completion::{Completion, PendingUnmask};
-pub use engine::{CHECK_IN_TTL_MS, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};
+pub use engine::{CHECK_IN_TTL_MS, Persist, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};
 pub use records::{
     AttemptOutcome, BufferMetrics, CheckIn, ClientMean, EngineError, FailedAttempt, GroupMetrics, Poll,
     RoundMetrics, RoundProgress, StageMetrics, TaskError,

@@ -24,11 +24,10 @@ use cohort_crypto::quantize::WeightedMean;
 use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage};
 use serde::{Deserialize, Serialize};
 
-use super::active::{Group, GroupStep, GroupSum, InputStep, deadline_for};
+use super::active::{Group, GroupState, GroupStep, GroupSum, Place, StageHost, deadline_for};
 use super::builder::{RoundBuilder, RoundSeeds};
-use super::completion::PendingUnmask;
-use super::records::{EngineError, Poll, StageMetrics, TaskError};
-use crate::spec::TaskSpec;
+use super::records::{EngineError, StageMetrics, TaskError};
+use crate::spec::{TaskPlan, TaskSpec};
 pub use crate::store::GroupKey;
 
 /// What an owner needs to run a group: with the task's settings, the same
@@ -150,22 +149,6 @@ impl GroupReport {
     }
 }
 
-/// What the owner must act on after a [`OwnedGroup::tick`].
-pub enum OwnedStep {
-    /// The group moved to this stage (to show the leader).
-    Stage(Stage),
-    /// Record these participants as asked for their masked input before
-    /// the stage is served (see
-    /// [`TickOutcome::MaskedInputRequested`](super::TickOutcome::MaskedInputRequested)),
-    /// or [`fail`](OwnedGroup::fail) the group if they cannot be recorded.
-    MaskedInputRequested(Vec<String>),
-    /// Unmask off the runtime and hand the result to
-    /// [`OwnedGroup::unmasked`].
-    Unmask(Box<PendingUnmask>),
-    /// The group settled: store this report (and the sum, when it completed).
-    Settled(GroupReport, Option<Vec<f32>>),
-}
-
 /// A group this replica runs for another replica's round.
 pub struct OwnedGroup {
     key: GroupKey,
@@ -179,14 +162,15 @@ pub struct OwnedGroup {
 
 impl OwnedGroup {
     /// Builds the group's protocol instance from its assignment and the
-    /// task's spec.
+    /// task's plan.
     pub fn open(
         key: GroupKey,
         assignment: GroupAssignment,
-        spec: TaskSpec,
+        plan: TaskPlan,
         now: i64,
     ) -> Result<Self, TaskError> {
-        let security = spec.security()?;
+        let security = plan.security();
+        let spec = plan.into_spec();
         let builder = RoundBuilder::for_task(&spec, &security);
         let deadline = now + deadline_for(&spec, Stage::AdvertiseKeys);
         let GroupAssignment { roster, identities, seeds, model } = assignment;
@@ -221,59 +205,29 @@ impl OwnedGroup {
         &self.group.roster
     }
 
-    fn id(&self, participant: &str) -> Result<ClientId, EngineError> {
-        self.members.get(participant).copied().ok_or(EngineError::NotSelected)
-    }
-
-    /// The message `participant` should act on now.
-    pub fn poll(&mut self, participant: &str) -> Result<Poll, EngineError> {
-        let id = self.id(participant)?;
-        self.group.poll(id)
-    }
-
-    /// Whether `participant` may post a stage message now, and its limit.
-    pub fn admit(&self, participant: &str) -> Result<usize, EngineError> {
-        self.group.admit(self.id(participant)?)
-    }
-
-    /// Accepts `participant`'s encoded stage message.
-    pub fn receive(&mut self, participant: &str, bytes: &[u8]) -> Result<(), EngineError> {
-        let id = self.id(participant)?;
-        self.group.receive(id, bytes)
-    }
-
-    /// A step of `participant`'s masked input arriving in pieces.
-    pub fn input(&mut self, participant: &str, step: InputStep) -> Result<u64, EngineError> {
-        let id = self.id(participant)?;
-        self.group.input(id, step)
-    }
-
     /// When the group's collecting stage closes at the latest (see
     /// [`TaskEngine::next_deadline`](super::TaskEngine::next_deadline)).
     pub fn next_deadline(&self) -> Option<i64> {
         self.group.deadline()
     }
 
-    /// Closes the stage when it is ready (see `Group::advance`).
-    pub fn tick(&mut self, now: i64) -> Option<OwnedStep> {
+    /// Closes the stage when it is ready (see `Group::advance`): what the
+    /// owner acts on, as the task's engine would. A group given up
+    /// ([`GroupStep::Failed`]) reports its [`failure`](Self::failure).
+    pub fn tick(&mut self, now: i64) -> Option<GroupStep> {
         let wanted = self.spec.inputs_per_group() as usize;
-        Some(match self.group.advance(&self.spec, wanted, now)? {
-            GroupStep::Next(stage) => OwnedStep::Stage(stage),
-            GroupStep::MaskedInputRequested(participants) => OwnedStep::MaskedInputRequested(participants),
-            GroupStep::Unmask(server) => OwnedStep::Unmask(Box::new(PendingUnmask {
-                task_id: self.key.task.clone(),
-                round: self.key.round,
-                group: self.key.group as usize,
-                server: *server,
-            })),
-            GroupStep::Failed(stage) => OwnedStep::Settled(GroupReport::of(&self.group, Some(stage)), None),
-        })
+        let place = Place { task: &self.key.task, round: self.key.round, index: self.key.group as usize };
+        self.group.advance(place, &self.spec, wanted, now)
     }
 
-    /// Gives the group up in its current stage (its masked-input request
-    /// could not be recorded): the report to store.
-    pub fn fail(&self) -> GroupReport {
-        let stage = self.group.stage();
+    /// The report of the group given up: in the stage it failed in, or,
+    /// if it has not failed (its masked-input request could not be
+    /// recorded), in its current stage.
+    pub fn failure(&self) -> GroupReport {
+        let stage = match self.group.state() {
+            GroupState::Failed { stage, .. } => *stage,
+            _ => self.group.stage(),
+        };
         GroupReport::of(&self.group, Some(stage))
     }
 
@@ -311,5 +265,13 @@ mod hex_keys {
                 Ok(bytes)
             })
             .collect()
+    }
+}
+
+/// A client of a group run here for another replica's round.
+impl StageHost for OwnedGroup {
+    fn seat(&mut self, participant: &str) -> Result<(&mut Group, ClientId), EngineError> {
+        let id = self.members.get(participant).copied().ok_or(EngineError::NotSelected)?;
+        Ok((&mut self.group, id))
     }
 }

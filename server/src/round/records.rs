@@ -171,8 +171,10 @@ pub struct StageMetrics {
     pub duration_ms: i64,
 }
 
-/// Metrics of one round, stored with it as JSON.
-#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+/// Metrics of one round, stored with it as JSON (a field a record stored
+/// before it existed reads as its default).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, utoipa::ToSchema)]
+#[serde(default)]
 pub struct RoundMetrics {
     /// Attempt number of this round (1 unless earlier attempts were aborted).
     pub attempt: u32,
@@ -215,7 +217,7 @@ pub struct RoundMetrics {
 }
 
 /// The group an async task applied as one model version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BufferMetrics {
     /// The group's number (its protocol instance's round number).
     pub group: u64,
@@ -224,7 +226,7 @@ pub struct BufferMetrics {
 }
 
 /// One secure-aggregation group of a round.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GroupMetrics {
     /// Clients in the group.
     pub selected: usize,
@@ -240,7 +242,7 @@ pub struct GroupMetrics {
 }
 
 /// A metric's mean over a round's survivors.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClientMean {
     /// Σ of the reported values over the number of reporters.
     pub mean: f64,

@@ -3,9 +3,9 @@
 
 use super::*;
 use crate::checkpoint;
-use crate::spec::TaskSpec;
 use crate::spec::VariantChoice;
 use crate::spec::tests::small_spec;
+use crate::spec::{TaskPlan, TaskSpec};
 use crate::store::TaskStatus;
 use cohort_crypto::ServerMessage;
 use cohort_crypto::testing::ProtocolClient;
@@ -43,7 +43,7 @@ impl NamedClient {
 
 fn engine(spec: TaskSpec) -> TaskEngine {
     let initial = TaskEngine::initial_checkpoint("t", &spec, 0).unwrap();
-    TaskEngine::new("t".into(), spec, TaskStatus::Active, &initial, []).unwrap()
+    TaskEngine::new("t".into(), TaskPlan::new(spec).unwrap(), TaskStatus::Active, &initial, []).unwrap()
 }
 
 fn participants(n: usize) -> Vec<NamedClient> {
@@ -92,7 +92,7 @@ fn complete(engine: &mut TaskEngine, round: u64, job: PendingUnmask, now: i64) -
     assert_eq!((job.round, job.group), (round, 0));
     engine.unmasked(round, job.group, job.run(), now).unwrap();
     match engine.tick(now) {
-        TickOutcome::Completed(completion) => *completion,
+        TickOutcome::Persist(Persist::Model(completion)) => *completion,
         other => panic!("no completion: {other:?}"),
     }
 }
@@ -119,7 +119,7 @@ fn a_round_updates_the_model_with_the_weighted_mean() {
     assert_eq!(metrics["stages"].as_array().unwrap().len(), 4);
     assert_eq!(metrics["total_examples"], 210);
     assert!(metrics["bytes_up_per_client"].as_f64().unwrap() > 0.0);
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     assert_eq!(engine.completed_rounds(), 1);
     let expected = weighted_mean(&clients, &[0, 1, 2, 3, 4, 5]);
     for (w, e) in engine.weights().iter().zip(&expected) {
@@ -168,7 +168,7 @@ fn an_active_round_binds_the_selected_identity_keys() {
     let stages: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     // The consistency check is the active variant's fifth stage.
     assert_eq!(stages["stages"].as_array().unwrap().len(), 5);
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     let expected = weighted_mean(&clients, &[0, 1, 2, 3, 4, 5]);
     for (w, e) in engine.weights().iter().zip(&expected) {
         assert!((w - e).abs() < 1e-4, "{:?} vs {expected:?}", engine.weights());
@@ -189,7 +189,7 @@ fn a_client_that_vanishes_is_recovered_after_the_deadline() {
     assert_eq!(completion.round.survivors, 5);
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     assert_eq!(metrics["stages"][2]["dropouts"], 1);
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     let expected = weighted_mean(&clients, &[0, 1, 3, 4, 5]);
     for (w, e) in engine.weights().iter().zip(&expected) {
         assert!((w - e).abs() < 1e-4);
@@ -206,7 +206,7 @@ fn three_clients_with_threshold_two_complete_a_round_without_one() {
     let job = run_round(&mut engine, &mut clients, &[2], &mut now).unwrap();
     let completion = complete(&mut engine, 1, job, now);
     assert_eq!((completion.round.selected, completion.round.survivors), (3, 2));
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     assert_model_is_the_mean_of(&engine, &clients, &[0, 1]);
 }
 
@@ -273,7 +273,7 @@ fn the_task_completes_after_its_rounds() {
         assert!(matches!(engine.tick(now), TickOutcome::Started(r) if r == round));
         let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
         let completion = complete(&mut engine, round, job, now);
-        engine.commit(completion);
+        engine.advance(Persist::Model(Box::new(completion)), true);
     }
     assert_eq!(engine.status(), TaskStatus::Completed);
     assert_eq!(engine.check_in("p0", None, now), CheckIn::Finished);
@@ -316,7 +316,7 @@ fn over_selection_closes_the_masked_input_stage_without_waiting_for_stragglers()
     let completion = complete(&mut engine, 1, *job, now);
     assert_eq!(completion.round.survivors, 5);
     assert_eq!(completion.round.selected, 6);
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     let expected = weighted_mean(&clients, &[1, 2, 3, 4, 5]);
     for (w, e) in engine.weights().iter().zip(&expected) {
         assert!((w - e).abs() < 1e-4);
@@ -384,7 +384,7 @@ fn only_members_of_a_recent_round_may_report() {
         assert_eq!(engine.may_report(other, round), Err(EngineError::NotInRound(round)));
         let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
         let completion = complete(&mut engine, round, job, now);
-        engine.commit(completion);
+        engine.advance(Persist::Model(Box::new(completion)), true);
         assert_eq!(engine.may_report(&format!("{prefix}3"), round), Ok(()), "just finished");
         assert_eq!(
             engine.may_report(&format!("{prefix}3"), round + 1),
@@ -471,7 +471,7 @@ fn a_rerun_of_a_round_selects_none_that_an_earlier_attempt_asked_for_a_masked_in
     assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
     // Keys, then shares: the masked-input stage opens and names who it asks.
     let (first, rest) = clients.split_at_mut(6);
-    let TickOutcome::MaskedInputRequested { round, participants } =
+    let TickOutcome::Persist(Persist::Contributors { round, participants }) =
         tick_until_not_idle(&mut engine, first, &mut now)
     else {
         panic!("the masked-input stage did not open")
@@ -504,7 +504,7 @@ fn a_rerun_of_a_round_selects_none_that_an_earlier_attempt_asked_for_a_masked_in
     assert_eq!(roster, ["p10", "p11", "p6", "p7", "p8", "p9"]);
     let job = run_round(&mut engine, rest, &[], &mut now).unwrap();
     let completion = complete(&mut engine, 1, job, now);
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     let expected = weighted_mean(&clients, &[6, 7, 8, 9, 10, 11]);
     for (w, e) in engine.weights().iter().zip(&expected) {
         assert!((w - e).abs() < 1e-4, "{:?} vs {expected:?}", engine.weights());
@@ -520,8 +520,14 @@ fn a_rerun_of_a_round_selects_none_that_an_earlier_attempt_asked_for_a_masked_in
 fn a_restored_engine_excludes_the_recorded_contributors_of_the_next_round() {
     let spec = small_spec();
     let initial = TaskEngine::initial_checkpoint("t", &spec, 0).unwrap();
-    let mut engine =
-        TaskEngine::new("t".into(), spec, TaskStatus::Active, &initial, ["p0".to_string()]).unwrap();
+    let mut engine = TaskEngine::new(
+        "t".into(),
+        TaskPlan::new(spec).unwrap(),
+        TaskStatus::Active,
+        &initial,
+        ["p0".to_string()],
+    )
+    .unwrap();
     let clients = participants(7);
     for c in &clients[..6] {
         engine.check_in(&c.name, Some(c.protocol.identity.public_key()), 0);
@@ -552,12 +558,12 @@ fn an_unrecorded_masked_input_request_is_withdrawn_and_its_participants_stay_sel
         engine.check_in(&c.name, Some(c.protocol.identity.public_key()), now);
     }
     assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
-    let TickOutcome::MaskedInputRequested { round, participants } =
+    let TickOutcome::Persist(Persist::Contributors { round, participants }) =
         tick_until_not_idle(&mut engine, &mut clients, &mut now)
     else {
         panic!("the masked-input stage did not open")
     };
-    engine.withdraw(round, &participants);
+    engine.advance(Persist::Contributors { round, participants }, false);
     assert_eq!(engine.current_round(), None);
     assert_eq!(engine.available(now), 6);
     assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
@@ -639,7 +645,7 @@ fn run_groups(
                 TickOutcome::Unmask(job) => run.jobs.push(*job),
                 TickOutcome::GroupAborted { group, stage, .. } => run.given_up.push((group, stage)),
                 TickOutcome::Aborted { stage, .. } => run.aborted = Some(stage),
-                TickOutcome::MaskedInputRequested { .. } => {}
+                TickOutcome::Persist(Persist::Contributors { .. }) => {}
                 other => panic!("unexpected {other:?}"),
             }
         };
@@ -699,7 +705,7 @@ fn a_round_of_several_groups_applies_the_sum_of_their_sums() {
         assert!(matches!(engine.tick(now), TickOutcome::Idle));
         engine.unmasked(1, job.group, job.run(), now).unwrap();
     }
-    let TickOutcome::Completed(completion) = engine.tick(now) else { panic!("no completion") };
+    let TickOutcome::Persist(Persist::Model(completion)) = engine.tick(now) else { panic!("no completion") };
     assert!(matches!(engine.tick(now), TickOutcome::Idle), "one completion per round");
     assert_eq!((completion.round.selected, completion.round.survivors), (12, 12));
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
@@ -709,7 +715,7 @@ fn a_round_of_several_groups_applies_the_sum_of_their_sums() {
     // Stages add up over the groups.
     assert_eq!(metrics["stages"][0]["eligible"], 12);
     assert_eq!(metrics["total_examples"], (1..=12).map(|k| 10 * k).sum::<u64>());
-    engine.commit(*completion);
+    engine.advance(Persist::Model(completion), true);
     assert_model_is_the_mean_of(&engine, &clients, &(0..12).collect::<Vec<_>>());
 }
 
@@ -728,12 +734,12 @@ fn a_group_below_its_threshold_is_given_up_and_the_others_complete_the_round() {
     for job in run.jobs {
         engine.unmasked(1, job.group, job.run(), now).unwrap();
     }
-    let TickOutcome::Completed(completion) = engine.tick(now) else { panic!("no completion") };
+    let TickOutcome::Persist(Persist::Model(completion)) = engine.tick(now) else { panic!("no completion") };
     assert_eq!((completion.round.selected, completion.round.survivors), (12, 8));
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     assert_eq!(metrics["groups"][1]["failed_at"], "masked-input-collection");
     assert_eq!(metrics["groups"][1]["survivors"], 0);
-    engine.commit(*completion);
+    engine.advance(Persist::Model(completion), true);
     let included: Vec<usize> = (0..12).filter(|i| !failing.contains(i)).collect();
     assert_model_is_the_mean_of(&engine, &clients, &included);
 }
@@ -772,9 +778,9 @@ fn run_owned(
         *now += 10;
         while let Some(step) = owned.tick(*now) {
             let (report, mean) = match step {
-                owned::OwnedStep::Unmask(job) => owned.unmasked(job.run()),
-                owned::OwnedStep::Settled(report, mean) => (report, mean),
-                owned::OwnedStep::Stage(_) | owned::OwnedStep::MaskedInputRequested(_) => continue,
+                GroupStep::Unmask(job) => owned.unmasked(job.run()),
+                GroupStep::Failed(_) => (owned.failure(), None),
+                GroupStep::Next(_) | GroupStep::MaskedInputRequested(_) => continue,
             };
             let stored: owned::GroupReport =
                 serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
@@ -806,7 +812,8 @@ fn a_group_run_by_another_replica_completes_the_round_from_its_report() {
     assert_eq!(engine.check_in(&name, None, now), CheckIn::Wait { retry_after_ms: 250 });
     assert_eq!(engine.poll(&name), Err(EngineError::Elsewhere("http://owner:1".into())));
     assert_eq!(engine.remote_members().len(), 4);
-    let mut owned = owned::OwnedGroup::open(key.clone(), sent, grouped_spec(), now).unwrap();
+    let mut owned =
+        owned::OwnedGroup::open(key.clone(), sent, TaskPlan::new(grouped_spec()).unwrap(), now).unwrap();
     engine.remote_adopted(&key, Stage::AdvertiseKeys);
     let CheckIn::Selected { session, .. } = engine.check_in(&name, None, now) else { panic!("not selected") };
     assert_eq!(session, Some(hex::encode(assignment.seeds.session)));
@@ -822,7 +829,7 @@ fn a_group_run_by_another_replica_completes_the_round_from_its_report() {
     let (report, mean) = run_owned(&mut owned, &mut clients, &mut now);
     assert_eq!((report.survivors, report.failed_at, report.stages.len()), (4, None, 4));
     engine.remote_settled(&key, &report, mean, now);
-    let TickOutcome::Completed(completion) = engine.tick(now) else { panic!("no completion") };
+    let TickOutcome::Persist(Persist::Model(completion)) = engine.tick(now) else { panic!("no completion") };
     assert_eq!((completion.round.selected, completion.round.survivors), (12, 12));
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     assert_eq!(metrics["groups"][2]["survivors"], 4);
@@ -830,7 +837,7 @@ fn a_group_run_by_another_replica_completes_the_round_from_its_report() {
     assert!(metrics["groups"][0].get("owner").is_none(), "run by the leader");
     assert_eq!(metrics["stages"][0]["eligible"], 12, "the owner's stages add in");
     assert_eq!(metrics["total_examples"], (1..=12).map(|k| 10 * k).sum::<u64>());
-    engine.commit(*completion);
+    engine.advance(Persist::Model(completion), true);
     assert_model_is_the_mean_of(&engine, &clients, &(0..12).collect::<Vec<_>>());
 }
 
@@ -856,12 +863,12 @@ fn a_group_lost_with_its_owner_or_misreported_is_given_up() {
     let report = owned::GroupReport { failed_at: None, survivors: 4, ..owned::GroupReport::unbuilt() };
     engine.remote_settled(&bad, &report, Some(vec![0.5; 3]), now);
     assert!(matches!(engine.tick(now), TickOutcome::GroupAborted { group: 2, stage: Stage::Unmasking, .. }));
-    let TickOutcome::Completed(completion) = engine.tick(now) else { panic!("no completion") };
+    let TickOutcome::Persist(Persist::Model(completion)) = engine.tick(now) else { panic!("no completion") };
     assert_eq!((completion.round.selected, completion.round.survivors), (12, 4));
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     assert_eq!(metrics["groups"][1]["failed_at"], "share-keys");
     assert_eq!(metrics["groups"][2]["failed_at"], "unmasking");
-    engine.commit(*completion);
+    engine.advance(Persist::Model(completion), true);
     assert_model_is_the_mean_of(&engine, &clients, &kept);
 }
 
@@ -884,11 +891,11 @@ fn a_private_task_accounts_each_round_and_stops_at_its_budget() {
         bits: 16,
     };
     spec.privacy = Some(privacy);
-    let plan = spec.privacy_plan().unwrap().unwrap();
+    let plan = *TaskPlan::new(spec.clone()).unwrap().privacy().unwrap();
     // A budget that fits two rounds and not three.
     let budget = (plan.epsilon_after(2) + plan.epsilon_after(3)) / 2.0;
     spec.privacy = Some(PrivacySpec { epsilon: Some(budget), ..privacy });
-    let security = spec.security().unwrap();
+    let security = TaskPlan::new(spec.clone()).unwrap().security();
     assert_eq!(security.privacy, Some(plan.params));
     assert_eq!((security.max_weight, security.modulus_bits), (1, 16));
     let mut engine = engine(spec);
@@ -910,7 +917,7 @@ fn a_private_task_accounts_each_round_and_stops_at_its_budget() {
         // Every client counts once; no metrics travel.
         assert_eq!(metrics["total_examples"], 6);
         assert!(metrics.get("client_means").is_none());
-        engine.commit(completion);
+        engine.advance(Persist::Model(Box::new(completion)), true);
         assert_ne!(engine.weights(), before.as_slice());
         assert!(engine.weights().iter().all(|w| w.is_finite()));
         assert_eq!(engine.epsilon_spent(), Some(plan.epsilon_after(round)));
@@ -967,13 +974,16 @@ fn a_client_that_leaves_is_not_waited_for_and_not_selected_again() {
         assert!(client.step(&mut engine));
     }
     now += 10;
-    assert!(matches!(engine.tick(now), TickOutcome::MaskedInputRequested { .. } | TickOutcome::Idle));
+    assert!(matches!(
+        engine.tick(now),
+        TickOutcome::Persist(Persist::Contributors { .. }) | TickOutcome::Idle
+    ));
     assert_eq!(engine.current_round().map(|r| r.1), Some(Stage::Unmasking), "closed without its deadline");
     let job = run_round(&mut engine, &mut clients[..2], &[], &mut now).unwrap();
     assert!(now < 1_000, "no deadline passed: {now} ms");
     let completion = complete(&mut engine, 1, job, now);
     assert_eq!((completion.round.selected, completion.round.survivors), (3, 2));
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     assert_model_is_the_mean_of(&engine, &clients, &[0, 1]);
     // Round 2 needs three: the leaver is not available until it checks in.
     engine.check_in(&clients[0].name, None, now);
@@ -1114,7 +1124,7 @@ fn masked_inputs_in_pieces_count_only_whole_and_broken_ones_are_taken_back_out()
     };
     let completion = complete(&mut engine, 1, job, now);
     assert_eq!((completion.round.selected, completion.round.survivors), (4, 2));
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     assert_model_is_the_mean_of(&engine, &clients, &[0, 1]);
 }
 
@@ -1176,7 +1186,8 @@ fn a_spec_that_validates_loads_and_steps_at_every_edge_of_its_numbers() {
                 let stored: TaskSpec = serde_json::from_value::<Value>(serde_json::to_value(&spec).unwrap())
                     .and_then(serde_json::from_value)
                     .expect(&context);
-                TaskEngine::new("t".into(), stored, TaskStatus::Active, &initial, []).expect(&context);
+                let plan = TaskPlan::new(stored).expect(&context);
+                TaskEngine::new("t".into(), plan, TaskStatus::Active, &initial, []).expect(&context);
                 let mut weights = spec.initial_weights();
                 let clip = spec.quantization.clip;
                 let update = vec![clip; weights.len()];

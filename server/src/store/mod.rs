@@ -16,6 +16,8 @@ mod sql;
 
 pub use sql::{Backend, SqlStore};
 
+use crate::spec::{TaskSpec, VariantChoice};
+
 /// Lifecycle of a task.
 #[derive(
     Debug,
@@ -63,8 +65,17 @@ impl TaskStatus {
     }
 }
 
+/// A stored name read back (a row's `status`).
+impl TryFrom<String> for TaskStatus {
+    type Error = strum::ParseError;
+
+    fn try_from(name: String) -> Result<Self, Self::Error> {
+        name.parse()
+    }
+}
+
 /// A stored task.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct TaskRecord {
     /// Identifier.
     pub id: String,
@@ -73,9 +84,11 @@ pub struct TaskRecord {
     /// The task specification, as JSON.
     pub spec: String,
     /// Status.
+    #[sqlx(try_from = "String")]
     pub status: TaskStatus,
     /// SHA-256 of the task's first enrollment token (also stored as its
     /// token named `default`, which is what enrollment checks).
+    #[sqlx(try_from = "Vec<u8>")]
     pub enrollment_token_hash: [u8; 32],
     /// Creation time.
     pub created_at: i64,
@@ -83,16 +96,32 @@ pub struct TaskRecord {
     pub updated_at: i64,
 }
 
+impl TaskRecord {
+    /// The stored spec, read back: the one reading of it, so every reader
+    /// sees the same spec with the same error. A spec stored before the
+    /// variant was a choice ran semi-honest, and says so here.
+    pub fn spec(&self) -> Result<TaskSpec, StoreError> {
+        let mut spec: TaskSpec =
+            serde_json::from_str(&self.spec).map_err(|_| StoreError::Corrupt("task spec"))?;
+        spec.secure_aggregation.variant.get_or_insert(VariantChoice::SemiHonest);
+        Ok(spec)
+    }
+}
+
 /// Which group of which attempt of a task's round.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, sqlx::FromRow)]
 pub struct GroupKey {
     /// The task.
+    #[sqlx(rename = "task_id")]
     pub task: String,
     /// The round number.
+    #[sqlx(try_from = "i64")]
     pub round: u64,
     /// The attempt of the round.
+    #[sqlx(try_from = "i64")]
     pub attempt: u32,
     /// The group's index in the round.
+    #[sqlx(rename = "group_index", try_from = "i64")]
     pub group: u32,
 }
 
@@ -125,11 +154,21 @@ impl GroupRowState {
     }
 }
 
+/// A stored name read back (a row's `state`).
+impl TryFrom<String> for GroupRowState {
+    type Error = strum::ParseError;
+
+    fn try_from(name: String) -> Result<Self, Self::Error> {
+        name.parse()
+    }
+}
+
 /// A group of a round that its leader handed to another replica, its
 /// owner.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct GroupRecord {
     /// The group.
+    #[sqlx(flatten)]
     pub key: GroupKey,
     /// The replica leading the round.
     pub leader_id: String,
@@ -140,6 +179,7 @@ pub struct GroupRecord {
     /// What the owner builds the group from, as JSON.
     pub assignment: String,
     /// Where the group is.
+    #[sqlx(try_from = "String")]
     pub state: GroupRowState,
     /// The stage the owner last reported.
     pub stage: String,
@@ -150,7 +190,7 @@ pub struct GroupRecord {
 }
 
 /// A `cohort serve` process sharing the database.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct ReplicaRecord {
     /// Random identifier, fresh per process.
     pub id: String,
@@ -206,7 +246,7 @@ pub struct EnrollmentTokenRecord {
 }
 
 /// A completed round.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct RoundRecord {
     /// The task.
     pub task_id: String,
@@ -228,7 +268,7 @@ pub struct RoundRecord {
 pub const ATTEMPTS_KEPT: i64 = 500;
 
 /// A model checkpoint with the optimizer state that goes with it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct CheckpointRecord {
     /// The task.
     pub task_id: String,

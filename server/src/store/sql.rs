@@ -5,7 +5,7 @@
 //! accept; only the migrations differ (BLOB/INTEGER against BYTEA/BIGINT).
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Row};
+use sqlx::{AnyPool, FromRow, Row};
 
 use crate::round::FailedAttempt;
 
@@ -84,22 +84,16 @@ fn classify(error: sqlx::Error, conflict: &'static str, missing: &'static str) -
     StoreError::Database(error)
 }
 
+// Records whose columns map one to one onto their fields derive
+// `sqlx::FromRow` (`TaskRecord`, `RoundRecord`, `CheckpointRecord`,
+// `ReplicaRecord`, `GroupKey`, `GroupRecord`). The three below keep a
+// mapper by hand: a participant's nullable 32-byte key, a token's rate
+// split over two columns, and an attempt's JSON column of the engine's own
+// type, none of which `try_from` on the `Any` driver can express.
+
 fn hash(row: &AnyRow, column: &str) -> StoreResult<[u8; 32]> {
     let bytes: Vec<u8> = row.try_get(column)?;
     bytes.try_into().map_err(|_| StoreError::Corrupt("hash length"))
-}
-
-fn task_from(row: &AnyRow) -> StoreResult<TaskRecord> {
-    let status: String = row.try_get("status")?;
-    Ok(TaskRecord {
-        id: row.try_get("id")?,
-        name: row.try_get("name")?,
-        spec: row.try_get("spec")?,
-        status: TaskStatus::parse(&status).ok_or(StoreError::Corrupt("task status"))?,
-        enrollment_token_hash: hash(row, "enrollment_token_hash")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    })
 }
 
 fn participant_from(row: &AnyRow) -> StoreResult<ParticipantRecord> {
@@ -139,18 +133,6 @@ fn token_from(row: &AnyRow) -> StoreResult<EnrollmentTokenRecord> {
     })
 }
 
-fn round_from(row: &AnyRow) -> StoreResult<RoundRecord> {
-    Ok(RoundRecord {
-        task_id: row.try_get("task_id")?,
-        round: row.try_get("round")?,
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-        selected: row.try_get("selected")?,
-        survivors: row.try_get("survivors")?,
-        metrics: row.try_get("metrics")?,
-    })
-}
-
 fn attempt_from(row: &AnyRow) -> StoreResult<FailedAttempt> {
     let number = |column: &'static str| -> StoreResult<u64> {
         u64::try_from(row.try_get::<i64, _>(column)?).map_err(|_| StoreError::Corrupt(column))
@@ -171,32 +153,12 @@ fn attempt_from(row: &AnyRow) -> StoreResult<FailedAttempt> {
     })
 }
 
-fn replica_from(row: &AnyRow) -> StoreResult<ReplicaRecord> {
-    Ok(ReplicaRecord {
-        id: row.try_get("id")?,
-        url: row.try_get("url")?,
-        started_at: row.try_get("started_at")?,
-        heartbeat_at: row.try_get("heartbeat_at")?,
-    })
-}
-
 /// The columns of a [`GroupRecord`].
 macro_rules! group_columns {
     () => {
         "task_id, round, attempt, group_index, leader_id, owner_id, owner_url, assignment, state, stage, \
          expires_at, report"
     };
-}
-
-fn group_key_from(row: &AnyRow) -> StoreResult<GroupKey> {
-    let number = |column: &str| -> StoreResult<i64> { Ok(row.try_get(column)?) };
-    let corrupt = |_| StoreError::Corrupt("group key");
-    Ok(GroupKey {
-        task: row.try_get("task_id")?,
-        round: u64::try_from(number("round")?).map_err(corrupt)?,
-        attempt: u32::try_from(number("attempt")?).map_err(corrupt)?,
-        group: u32::try_from(number("group_index")?).map_err(corrupt)?,
-    })
 }
 
 /// A query over the `Any` driver.
@@ -206,31 +168,6 @@ type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
 /// placeholders of `query`.
 fn bind_group<'q>(query: AnyQuery<'q>, key: &'q GroupKey) -> AnyQuery<'q> {
     query.bind(&key.task).bind(key.round as i64).bind(i64::from(key.attempt)).bind(i64::from(key.group))
-}
-
-fn group_from(row: &AnyRow) -> StoreResult<GroupRecord> {
-    let state: String = row.try_get("state")?;
-    Ok(GroupRecord {
-        key: group_key_from(row)?,
-        leader_id: row.try_get("leader_id")?,
-        owner_id: row.try_get("owner_id")?,
-        owner_url: row.try_get("owner_url")?,
-        assignment: row.try_get("assignment")?,
-        state: GroupRowState::parse(&state).ok_or(StoreError::Corrupt("group state"))?,
-        stage: row.try_get("stage")?,
-        expires_at: row.try_get("expires_at")?,
-        report: row.try_get("report")?,
-    })
-}
-
-fn checkpoint_from(row: &AnyRow) -> StoreResult<CheckpointRecord> {
-    Ok(CheckpointRecord {
-        task_id: row.try_get("task_id")?,
-        round: row.try_get("round")?,
-        model: row.try_get("model")?,
-        optimizer_state: row.try_get("optimizer_state")?,
-        created_at: row.try_get("created_at")?,
-    })
 }
 
 // Column lists as macros, so that every query stays a static string.
@@ -419,7 +356,7 @@ impl SqlStore {
             .fetch_optional(&self.pool)
             .await?
             .ok_or(StoreError::NotFound("task"))?;
-        task_from(&row)
+        Ok(TaskRecord::from_row(&row)?)
     }
 
     /// All tasks, oldest first.
@@ -428,7 +365,7 @@ impl SqlStore {
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(task_from)
+            .map(|row| Ok(TaskRecord::from_row(row)?))
             .collect()
     }
 
@@ -774,7 +711,7 @@ impl SqlStore {
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(round_from)
+            .map(|row| Ok(RoundRecord::from_row(row)?))
             .collect()
     }
 
@@ -845,7 +782,7 @@ impl SqlStore {
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::NotFound("checkpoint"))?;
-        checkpoint_from(&row)
+        Ok(CheckpointRecord::from_row(&row)?)
     }
 
     /// The checkpoint of one round.
@@ -860,7 +797,7 @@ impl SqlStore {
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::NotFound("checkpoint"))?;
-        checkpoint_from(&row)
+        Ok(CheckpointRecord::from_row(&row)?)
     }
 
     /// Rounds that still have a checkpoint, ascending.
@@ -977,7 +914,7 @@ impl SqlStore {
         .fetch_all(&self.pool)
         .await?
         .iter()
-        .map(replica_from)
+        .map(|row| Ok(ReplicaRecord::from_row(row)?))
         .collect()
     }
 
@@ -1036,7 +973,7 @@ impl SqlStore {
         .bind(now)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(|row| Ok((row.try_get("task_id")?, replica_from(row)?))).collect()
+        rows.iter().map(|row| Ok((row.try_get("task_id")?, ReplicaRecord::from_row(row)?))).collect()
     }
 
     /// Stores the groups a leader hands to other replicas for a round, in
@@ -1088,7 +1025,7 @@ impl SqlStore {
         .fetch_all(&self.pool)
         .await?
         .iter()
-        .map(group_from)
+        .map(|row| Ok(GroupRecord::from_row(row)?))
         .collect()
     }
 
@@ -1107,7 +1044,7 @@ impl SqlStore {
         .fetch_all(&self.pool)
         .await?
         .iter()
-        .map(group_key_from)
+        .map(|row| Ok(GroupKey::from_row(row)?))
         .collect()
     }
 
@@ -1171,7 +1108,7 @@ impl SqlStore {
         .fetch_all(&self.pool)
         .await?
         .iter()
-        .map(group_from)
+        .map(|row| Ok(GroupRecord::from_row(row)?))
         .collect()
     }
 
@@ -1199,7 +1136,7 @@ impl SqlStore {
         .fetch_all(&self.pool)
         .await?
         .iter()
-        .map(group_from)
+        .map(|row| Ok(GroupRecord::from_row(row)?))
         .collect()
     }
 

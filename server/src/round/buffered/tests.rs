@@ -5,9 +5,9 @@
 use cohort_crypto::testing::ProtocolClient;
 use cohort_crypto::{Stage, Variant};
 
-use crate::round::{CheckIn, Completion, PendingUnmask, Poll, TaskEngine, TickOutcome};
+use crate::round::{CheckIn, Completion, PendingUnmask, Persist, Poll, StageHost, TaskEngine, TickOutcome};
 use crate::spec::tests::small_spec;
-use crate::spec::{AsyncSpec, TaskMode, TaskSpec};
+use crate::spec::{AsyncSpec, TaskMode, TaskPlan, TaskSpec};
 use crate::store::TaskStatus;
 
 /// Buffers of three (t = 2) with up to `concurrency` clients training and
@@ -25,7 +25,7 @@ fn async_spec(concurrency: u32, max_staleness: u32) -> TaskSpec {
 
 fn engine(spec: TaskSpec) -> TaskEngine {
     let initial = TaskEngine::initial_checkpoint("t", &spec, 0).unwrap();
-    TaskEngine::new("t".into(), spec, TaskStatus::Active, &initial, []).unwrap()
+    TaskEngine::new("t".into(), TaskPlan::new(spec).unwrap(), TaskStatus::Active, &initial, []).unwrap()
 }
 
 /// A client of an async task: trains (its update is fixed) from the
@@ -133,7 +133,7 @@ fn apply(engine: &mut TaskEngine, job: PendingUnmask, now: i64) -> Completion {
     let number = job.round;
     engine.unmasked(number, 0, job.run(), now).unwrap();
     let completion = drain(engine, now).into_iter().find_map(|outcome| match outcome {
-        TickOutcome::Completed(completion) => Some(*completion),
+        TickOutcome::Persist(Persist::Model(completion)) => Some(*completion),
         _ => None,
     });
     completion.unwrap_or_else(|| panic!("group {number} gave no next model"))
@@ -203,7 +203,7 @@ fn overlapping_groups_are_applied_as_they_complete_and_stale_updates_are_refused
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     assert_eq!(metrics["buffer"]["group"], second);
     assert_eq!(metrics["buffer"]["staleness_histogram"], serde_json::json!([3]));
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     assert_eq!(engine.completed_rounds(), 1);
     assert_close(engine.weights(), &weighted(&clients, &[3, 4, 5]));
     assert!(clients[3..6].iter().all(|c| c.weight == Some(1.0)));
@@ -212,7 +212,7 @@ fn overlapping_groups_are_applied_as_they_complete_and_stale_updates_are_refused
     let after_second = engine.weights().to_vec();
     let job = run_group(&mut engine, &mut clients, &[0, 1, 2], &[], first, &mut now).unwrap();
     let completion = apply(&mut engine, job, now);
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     assert_eq!(engine.completed_rounds(), 2);
     let step = weighted(&clients, &[0, 1, 2]);
     let expected: Vec<f32> = after_second.iter().zip(&step).map(|(w, s)| w + s).collect();
@@ -242,7 +242,7 @@ fn overlapping_groups_are_applied_as_they_complete_and_stale_updates_are_refused
     let completion = apply(&mut engine, job, now);
     let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     assert_eq!(metrics["buffer"]["staleness_histogram"], serde_json::json!([2, 1]));
-    engine.commit(completion);
+    engine.advance(Persist::Model(Box::new(completion)), true);
     let step = weighted(&clients, &[0, 1, 7]);
     let expected: Vec<f32> = before.iter().zip(&step).map(|(w, s)| w + s).collect();
     assert_close(engine.weights(), &expected);
