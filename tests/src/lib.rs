@@ -1,15 +1,24 @@
-//! Support for the end-to-end tests in `tests/tests/` (the `e2e` binary and
-//! `torchscript`): they build the real artifacts (the `cohort` binary, the mobile library) with a nested cargo
-//! call, run `cohort serve` as a process, and drive it over HTTP.
+//! The workspace's test kit, for the end-to-end tests in `tests/tests/`
+//! (the `e2e` binary and `torchscript`) and the coordinator's integration
+//! tests: one coordinator harness ([`Serve`], a process or in process), one
+//! typed admin client ([`AdminClient`]), the built artifacts (the `cohort`
+//! binary and the mobile library, built with a nested cargo call), and the
+//! rounds, clients and policies the suites share.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod admin;
 pub mod identity;
 pub mod postgres;
 pub mod process;
+pub mod proxy;
+pub mod serve;
+
+pub use admin::AdminClient;
+pub use serve::{Serve, ServeOptions};
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use std::process::Output;
@@ -17,9 +26,9 @@ use std::process::Output;
 use cohort_client::checkpoint::{self, Checkpoint};
 use cohort_client::data::Dataset;
 use cohort_client::model::Model;
-use cohort_client::participant::{Method, Participant, ParticipantConfig, Request, RoundOutcome};
+use cohort_client::participant::{Participant, ParticipantConfig, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{self, LocalUpdate, Runner, Trainer, Transport};
+use cohort_client::runtime::{self, LocalUpdate, Runner, Trainer};
 use cohort_client::train::TrainConfig;
 use serde_json::{Value, json};
 
@@ -149,85 +158,13 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// `cohort serve` on a free loopback port with its own SQLite file;
-/// killed on drop.
-#[derive(Debug)]
-pub struct Serve {
-    child: Child,
-    /// Base URL.
-    pub url: String,
-    admin_token: String,
-}
-
-impl Serve {
-    /// Starts the server on a free port and waits until it says where it
-    /// listens.
-    pub fn start(scratch: &Path, admin_token: &str) -> Self {
-        Self::start_with(scratch, admin_token, &[])
-    }
-
-    /// [`start`](Self::start) with more `cohort serve` arguments.
-    pub fn start_with(scratch: &Path, admin_token: &str, extra: &[&str]) -> Self {
-        use std::io::BufRead;
-        let mut child = Command::new(&artifacts().cohort)
-            .args(["serve", "--bind", "127.0.0.1:0", "--web-assets"])
-            .arg(workspace_root().join("web/pkg"))
-            .args(extra)
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", scratch.join("cohort.db").display()))
-            .env("COHORT_ADMIN_TOKEN", admin_token)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let url = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|line| line.split_once("listening on ").map(|(_, url)| url.trim().to_string()))
-            .unwrap_or_else(|| panic!("cohort serve did not start: {:?}", child.wait()));
-        // Keep draining, so that the server never writes into a closed pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Serve { child, url, admin_token: admin_token.into() }
-    }
-
-    /// An admin request: (status, body).
-    pub fn admin(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Vec<u8>) {
-        let request = Request {
-            method,
-            path: path.into(),
-            body: body.map(|b| b.to_string().into_bytes()).unwrap_or_default(),
-            content_type: Some("application/json"),
-            bearer: Some(self.admin_token.clone()),
-        };
-        let response = HttpTransport::new(&self.url).send(&request).unwrap();
-        (response.status, response.body)
-    }
-
-    /// An admin GET of JSON.
-    pub fn admin_json(&self, path: &str) -> Value {
-        let (status, body) = self.admin(Method::Get, path, None);
-        assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
-        serde_json::from_slice(&body).unwrap()
-    }
-
-    /// Creates a task; returns its id and enrollment token.
-    pub fn create_task(&self, spec: Value) -> (String, String) {
-        let (status, body) = self.admin(Method::Post, "/admin/tasks", Some(spec));
-        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-        let created: Value = serde_json::from_slice(&body).unwrap();
-        (created["id"].as_str().unwrap().into(), created["enrollment_token"].as_str().unwrap().into())
-    }
-
-    /// The client policy for a task of this server (see [`policy_json`]),
-    /// from the spec in its task view.
-    pub fn policy_json(&self, task: &str) -> String {
-        let (status, body) = self.admin(Method::Get, &format!("/admin/tasks/{task}"), None);
-        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-        let view: Value = serde_json::from_slice(&body).unwrap();
-        policy_json(&view["spec"])
-    }
+/// The client policy that accepts the task `spec` would create (new tasks
+/// run the active variant unless they say otherwise), weakened from the
+/// default only where the small test task needs it.
+pub fn policy_for(spec: &Value) -> cohort_client::participant::Policy {
+    let mut spec: cohort_server::spec::TaskSpec = serde_json::from_value(spec.clone()).unwrap();
+    spec.secure_aggregation.default_for_new_task();
+    spec.accepting_policy().unwrap()
 }
 
 /// The client policy for a small test task (the complete graph, active
@@ -245,13 +182,6 @@ pub fn policy_json(spec: &Value) -> String {
     let margin = (2 * threshold).saturating_sub(clients).max(1);
     json!({ "min_clients": clients, "min_threshold": threshold, "min_collusion_margin": margin, "collusion": null })
         .to_string()
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 // Rounds shared by the binding tests: a 15-parameter logistic regression,
@@ -335,7 +265,7 @@ pub fn native_clients_polling(
         .enumerate()
         .map(|(k, update)| {
             let (url, task, token) = (serve.url.clone(), task.to_string(), token.to_string());
-            let policy = serde_json::from_str(&serve.policy_json(&task)).unwrap();
+            let policy = serde_json::from_str(&serve.admin().policy_json(&task)).unwrap();
             std::thread::spawn(move || {
                 let config = ParticipantConfig { poll_interval_ms, policy, ..ParticipantConfig::default() };
                 let participant = Participant::enroll(&task, &token, config);
@@ -357,10 +287,11 @@ pub fn native_clients_polling(
 pub fn checkpoint(serve: &Serve, task: &str, round: u64) -> Checkpoint {
     let path = format!("/admin/tasks/{task}/checkpoints/{round}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let (mut status, mut bytes) = serve.admin(Method::Get, &path, None);
+    let admin = serve.admin();
+    let (mut status, mut bytes) = admin.send("GET", &path, &[]);
     while status == 404 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));
-        (status, bytes) = serve.admin(Method::Get, &path, None);
+        (status, bytes) = admin.send("GET", &path, &[]);
     }
     assert_eq!(status, 200, "checkpoint {round}");
     checkpoint::decode(&bytes).unwrap()
@@ -387,8 +318,8 @@ pub fn assert_aggregate(serve: &Serve, task: &str, updates: &[LocalUpdate]) {
         let mean: f32 = updates.iter().map(|u| u.delta[j] * u.examples as f32).sum::<f32>() / total;
         assert!((got - start - mean).abs() < 1e-3, "parameter {j}: {got} vs {}", start + mean);
     }
-    let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
-    assert_eq!(rounds[0]["survivors"], json!(updates.len()), "{rounds}");
+    let rounds = serve.admin().rounds(task);
+    assert_eq!(rounds[0].survivors, updates.len() as i64, "{rounds:?}");
 }
 
 /// Compiles the Java bindings and their test programs into `classes`,

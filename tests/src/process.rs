@@ -1,10 +1,10 @@
-//! `cohort serve` as a real process, and one-shot HTTP/1.1 exchanges with
-//! it over plain TCP: for tests that kill, signal or measure the server.
+//! One-shot HTTP/1.1 exchanges with a coordinator over plain TCP, for tests
+//! that send what a client library would not (see [`crate::Serve`] for the
+//! coordinator itself).
 
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -46,11 +46,25 @@ pub fn try_exchange(
     content_type: &str,
     body: &[u8],
 ) -> Option<(u16, String, Vec<u8>)> {
+    try_exchange_with(port, method, path, token, content_type, &[], body)
+}
+
+/// [`try_exchange`] with `headers` added to the request.
+pub fn try_exchange_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    content_type: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Option<(u16, String, Vec<u8>)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let extra: String = headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}{extra}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).ok()?;
@@ -135,137 +149,6 @@ pub fn try_json_call(
     let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
     let (status, _, body) = try_exchange(port, method, path, token, "application/json", &bytes)?;
     Some((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
-}
-
-/// A `cohort serve` process; killed on drop.
-pub struct ServeProcess {
-    pub child: Child,
-    pub port: u16,
-    config: Option<PathBuf>,
-}
-
-impl ServeProcess {
-    /// Starts `cohort serve` on `port` (0: any free port) over
-    /// `database_url`, with `config` as its settings file if given, and
-    /// waits for it to say where it listens: a server that could not bind
-    /// fails here, rather than the test talking to whatever holds the port.
-    pub fn start(port: u16, database_url: &str, admin_token: &str, config: Option<&Value>) -> Self {
-        Self::start_with_env(port, database_url, admin_token, config, &[])
-    }
-
-    /// [`ServeProcess::start`] with `env` set for the process.
-    pub fn start_with_env(
-        port: u16,
-        database_url: &str,
-        admin_token: &str,
-        config: Option<&Value>,
-        env: &[(&str, &str)],
-    ) -> Self {
-        Self::spawn(port, database_url, admin_token, config, env, Stdio::null())
-    }
-
-    /// [`ServeProcess::start`] with its log (stderr) written to `log` at
-    /// the levels `filter` sets (`RUST_LOG` syntax).
-    pub fn start_logged(port: u16, database_url: &str, admin_token: &str, log: &Path, filter: &str) -> Self {
-        let file = std::fs::File::create(log).unwrap();
-        Self::spawn(port, database_url, admin_token, None, &[("RUST_LOG", filter)], Stdio::from(file))
-    }
-
-    fn spawn(
-        port: u16,
-        database_url: &str,
-        admin_token: &str,
-        config: Option<&Value>,
-        env: &[(&str, &str)],
-        stderr: Stdio,
-    ) -> Self {
-        let config = config.map(|settings| {
-            let path = std::env::temp_dir().join(format!(
-                "cohort-serve-{}-{}.json",
-                std::process::id(),
-                rand_suffix()
-            ));
-            std::fs::write(&path, settings.to_string()).unwrap();
-            path
-        });
-        let mut command = Command::new(&crate::artifacts().cohort);
-        command
-            .args(["serve", "--bind", &format!("127.0.0.1:{port}"), "--database-url", database_url])
-            .env("COHORT_ADMIN_TOKEN", admin_token)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .envs(env.iter().copied());
-        if let Some(path) = &config {
-            command.arg("--config").arg(path);
-        }
-        let mut child = command.spawn().unwrap();
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let listening = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|line| {
-                line.split_once("listening on http://127.0.0.1:").map(|(_, p)| p.trim().to_string())
-            })
-            .unwrap_or_else(|| panic!("cohort serve did not start on port {port}: {:?}", child.wait()));
-        // Keep draining, so that the server never writes into a closed pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Self { child, port: listening.parse().unwrap(), config }
-    }
-
-    /// A SQLite-backed server on a fresh file named after `name`.
-    pub fn sqlite(name: &str, admin_token: &str, config: Option<&Value>) -> (Self, PathBuf) {
-        let database = std::env::temp_dir().join(format!("cohort-{name}-{}.db", std::process::id()));
-        let _ = std::fs::remove_file(&database);
-        (Self::start(0, &format!("sqlite://{}", database.display()), admin_token, config), database)
-    }
-
-    /// Kills the process (SIGKILL: no graceful shutdown, like a crash).
-    pub fn kill(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// Sends SIGTERM.
-    pub fn terminate(&self) {
-        self.signal("TERM");
-    }
-
-    /// Sends the signal `name` (`TERM`, `STOP`, `CONT`, ...).
-    pub fn signal(&self, name: &str) {
-        let status =
-            Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success(), "kill -{name}");
-    }
-
-    /// Resident memory now and at its peak, in KiB (from /proc).
-    pub fn memory_kib(&self) -> (u64, u64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix(name))
-                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-                .unwrap_or(0)
-        };
-        (field("VmRSS:"), field("VmHWM:"))
-    }
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(path) = &self.config {
-            let _ = std::fs::remove_file(path);
-        }
-    }
 }
 
 /// Removes a SQLite database file and its journal files.

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cohort_server::api::CreatedTask;
 use cohort_tests::{Serve, artifacts, policy_json, scratch, spec, success};
 use serde_json::{Value, json};
 
@@ -95,14 +96,14 @@ fn torchscript_participants_train_a_task_whose_checkpoint_loads_with_load_state_
         "shards",
     ]);
 
-    let serve = Serve::start(&dir, "admin-token-for-torchscript");
+    let serve = Serve::in_dir(&dir, "admin-token-for-torchscript");
     let mut task = spec(6, 4);
     task["name"] = json!("torchscript");
     task["model"] = model;
     // Local training happens before the keys are advertised.
     task["deadlines"]["advertise_keys_ms"] = json!(600_000);
     let policy = policy_json(&task);
-    let (id, token) = serve.create_task(task);
+    let CreatedTask { id, enrollment_token: token, .. } = serve.admin().create_task(&task);
     let mut participants = Participants(Vec::new());
     for k in 0..6 {
         let log = std::fs::File::create(dir.join(format!("client-{k}.log"))).unwrap();
@@ -132,15 +133,11 @@ fn torchscript_participants_train_a_task_whose_checkpoint_loads_with_load_state_
         let log = std::fs::read_to_string(dir.join(format!("client-{k}.log"))).unwrap();
         assert!(status.success() && log.contains("the task is over"), "participant {k}: {status}\n{log}");
     }
-    let rounds = serve.admin_json(&format!("/admin/tasks/{id}/rounds"));
-    let survivors: Vec<&Value> = rounds.as_array().unwrap().iter().map(|r| &r["survivors"]).collect();
-    assert_eq!(survivors, [&json!(6), &json!(6)], "{rounds}");
+    let rounds = serve.admin().rounds(&id);
+    let survivors: Vec<i64> = rounds.iter().map(|r| r.survivors).collect();
+    assert_eq!(survivors, [6, 6], "{rounds:?}");
 
-    let (status, bytes) = serve.admin(
-        cohort_client::participant::Method::Get,
-        &format!("/admin/tasks/{id}/checkpoints/latest"),
-        None,
-    );
+    let (status, bytes) = serve.admin().send("GET", &format!("/admin/tasks/{id}/checkpoints/latest"), &[]);
     assert_eq!(status, 200);
     std::fs::write(dir.join("latest.safetensors"), bytes).unwrap();
     let accuracy: f64 = python_file(&dir, "evaluate.py", EVALUATE).trim().parse().unwrap();

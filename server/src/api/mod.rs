@@ -46,7 +46,7 @@ pub mod ratelimit;
 pub mod state;
 pub mod trace;
 
-pub use admin::{CreatedTask, RoundView, TaskView, TokenView, create};
+pub use admin::{CreatedTask, PlaintextReport, RoundView, StatusChanged, TaskView, TokenView, create};
 pub use client::ClientMetrics;
 pub use cohort_client::api::{Enrolled, ErrorBody, ErrorCode};
 pub use error::ApiError;

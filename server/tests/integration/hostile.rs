@@ -14,10 +14,10 @@ use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{Runner, Transport};
 use cohort_crypto::messages::MaskedVector;
 use cohort_crypto::{Client, ClientId, ClientMessage, Quantizer, ServerMessage};
+use cohort_tests::Serve;
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use serde_json::{Value, json};
-use support::Coordinator;
 
 const ADMIN: &str = "admin-token-for-the-hostile-tests";
 const MAX_BODY: usize = 1 << 16;
@@ -92,7 +92,8 @@ fn refused(response: &Response, status: u16, code: &str) {
 
 #[test]
 fn hostile_input_is_refused_and_rounds_complete() {
-    let coordinator = Coordinator::start_with("hostile", ADMIN, MAX_BODY, None);
+    let coordinator =
+        Serve::options("hostile", ADMIN).start_in_process(None, |config| config.max_message_bytes = MAX_BODY);
     let url = coordinator.url.clone();
     let mut admin = Raw { transport: HttpTransport::new(&url), credential: Some(ADMIN.into()) };
 
@@ -193,7 +194,7 @@ fn hostile_input_is_refused_and_rounds_complete() {
     // Three honest clients of the library.
     let config = ParticipantConfig {
         poll_interval_ms: 50,
-        policy: support::policy_for(&spec),
+        policy: cohort_tests::policy_for(&spec),
         ..ParticipantConfig::default()
     };
     let honest: Vec<_> = (0..3u8)

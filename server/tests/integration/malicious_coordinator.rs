@@ -16,18 +16,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cohort_client::participant::{
-    Method, Metric, MetricValues, Participant, ParticipantConfig, ParticipantError, Policy, PolicyViolation,
+    Metric, MetricValues, Participant, ParticipantConfig, ParticipantError, Policy, PolicyViolation,
     Response, RoundOutcome, TaskSecurity,
 };
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{RunError, Runner};
 use cohort_crypto::{ServerMessage, Stage, Transform, Variant};
-use serde_json::{Value, json};
-use support::Coordinator;
-use support::proxy::{
+use cohort_server::api::CreatedTask;
+use cohort_tests::Serve;
+use cohort_tests::proxy::{
     Exchange, Proxy, Tamper, replay_round_one, rewrite_enrollment, rewrite_peer_keys, rewrite_setup,
     split_survivors, split_target,
 };
+use serde_json::{Value, json};
 
 const ADMIN: &str = "admin-token-for-the-malicious-coordinator-tests";
 const CLIENTS: u32 = 4;
@@ -118,9 +119,10 @@ fn policy_rule(ending: &Ending) -> Option<&'static str> {
 }
 
 /// Starts a coordinator with one task and the proxy scripted by `tamper`.
-fn scenario(name: &str, rounds: u32, tamper: Tamper) -> (Coordinator, Proxy, String, String) {
-    let coordinator = Coordinator::start(name, ADMIN);
-    let (task, token) = coordinator.create_task(spec(name, rounds));
+fn scenario(name: &str, rounds: u32, tamper: Tamper) -> (Serve, Proxy, String, String) {
+    let coordinator = Serve::in_process(name, ADMIN);
+    let CreatedTask { id: task, enrollment_token: token, .. } =
+        coordinator.admin().create_task(&spec(name, rounds));
     let proxy = Proxy::start(&coordinator.url, tamper);
     (coordinator, proxy, task, token)
 }
@@ -180,7 +182,7 @@ fn an_active_round_sends_no_metrics_in_the_clear_even_when_asked() {
             script.log.iter().map(|e| e.path.as_str()).filter(|p| p.contains("metrics")).collect();
         assert_eq!(sent, Vec::<&str>::new(), "no client sent its metrics in the clear");
     }
-    let (status, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
+    let (status, rounds) = coordinator.admin().send("GET", &format!("/admin/tasks/{task}/rounds"), &[]);
     assert_eq!(status, 200);
     let rounds: Value = serde_json::from_slice(&rounds).unwrap();
     let mean = &rounds[0]["metrics"]["client_means"]["train_loss"];
@@ -337,9 +339,11 @@ fn a_round_replayed_from_an_earlier_round_or_another_task_is_refused() {
     }
 
     // Another task's round: clients of task B are served task A's setup.
-    let coordinator = Coordinator::start("mc-other-task", ADMIN);
-    let (task_a, token_a) = coordinator.create_task(spec("mc-task-a", 1));
-    let (task_b, token_b) = coordinator.create_task(spec("mc-task-b", 1));
+    let coordinator = Serve::in_process("mc-other-task", ADMIN);
+    let CreatedTask { id: task_a, enrollment_token: token_a, .. } =
+        coordinator.admin().create_task(&spec("mc-task-a", 1));
+    let CreatedTask { id: task_b, enrollment_token: token_b, .. } =
+        coordinator.admin().create_task(&spec("mc-task-b", 1));
     let recorded: Arc<Mutex<Option<Vec<u8>>>> = Arc::default();
     let record = recorded.clone();
     let proxy_a = Proxy::start(

@@ -5,16 +5,15 @@
 
 #![allow(clippy::unwrap_used)]
 
-use crate::support;
-
 use cohort_client::checkpoint::{self, Checkpoint};
 use cohort_client::participant::{
-    Method, Metric, MetricValues, Participant, ParticipantConfig, ParticipantError, RoundOutcome, Stage,
+    Metric, MetricValues, Participant, ParticipantConfig, ParticipantError, RoundOutcome, Stage,
 };
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{LocalUpdate, RunError, Runner, Trainer, load_state};
+use cohort_server::api::CreatedTask;
+use cohort_tests::Serve;
 use serde_json::{Value, json};
-use support::Coordinator;
 
 const ADMIN: &str = "admin-token-for-participant-tests";
 
@@ -65,7 +64,7 @@ fn spec(clients: u32, rounds: u32) -> Value {
 fn fast(spec: &Value) -> ParticipantConfig {
     ParticipantConfig {
         poll_interval_ms: 50,
-        policy: support::policy_for(spec),
+        policy: cohort_tests::policy_for(spec),
         ..ParticipantConfig::default()
     }
 }
@@ -76,8 +75,8 @@ fn update(k: usize) -> Vec<f32> {
 
 #[test]
 fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
-    let coordinator = Coordinator::start("rounds", ADMIN);
-    let (task, token) = coordinator.create_task(spec(5, 2));
+    let coordinator = Serve::in_process("rounds", ADMIN);
+    let CreatedTask { id: task, enrollment_token: token, .. } = coordinator.admin().create_task(&spec(5, 2));
     let state_dir = std::env::temp_dir().join(format!("cohort-participant-state-{}", std::process::id()));
     std::fs::create_dir_all(&state_dir).unwrap();
     let handles: Vec<_> = (0..5)
@@ -150,13 +149,13 @@ fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
     };
     let expected: Vec<f32> =
         mean(&[0, 1, 2, 3]).iter().zip(mean(&[0, 1, 2, 3, 4])).map(|(a, b)| a + b).collect();
-    let (status, bytes) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/2"), None);
+    let (status, bytes) = coordinator.admin().send("GET", &format!("/admin/tasks/{task}/checkpoints/2"), &[]);
     assert_eq!(status, 200);
     let model = checkpoint::decode(&bytes).unwrap();
     for (got, want) in model.weights.iter().zip(&expected) {
         assert!((got - want).abs() < 1e-3, "{:?} vs {expected:?}", model.weights);
     }
-    let (_, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
+    let (_, rounds) = coordinator.admin().send("GET", &format!("/admin/tasks/{task}/rounds"), &[]);
     let rounds: Vec<Value> = serde_json::from_slice(&rounds).unwrap();
     assert_eq!(rounds.iter().map(|r| r["survivors"].as_i64().unwrap()).collect::<Vec<_>>(), vec![4, 5]);
     std::fs::remove_dir_all(&state_dir).unwrap();
@@ -167,10 +166,11 @@ fn participants_train_a_task_over_http_with_a_dropout_and_a_restart() {
 /// and the model moves by the weighted mean of every survivor of both.
 #[test]
 fn a_round_in_two_groups_trains_one_model_over_http() {
-    let coordinator = Coordinator::start("groups", ADMIN);
+    let coordinator = Serve::in_process("groups", ADMIN);
     let mut grouped = spec(10, 2);
     grouped["secure_aggregation"]["group_size"] = json!(5);
-    let (task, token) = coordinator.create_task(grouped.clone());
+    let CreatedTask { id: task, enrollment_token: token, .. } =
+        coordinator.admin().create_task(&grouped.clone());
     let handles: Vec<_> = (0..10)
         .map(|k| {
             let (url, task, token, grouped) =
@@ -198,7 +198,7 @@ fn a_round_in_two_groups_trains_one_model_over_http() {
         assert_eq!(outcomes.len(), 2, "client {k}: {outcomes:?}");
         assert!(matches!(outcomes[1], RoundOutcome::Completed(_)), "client {k}: {outcomes:?}");
     }
-    let (_, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
+    let (_, rounds) = coordinator.admin().send("GET", &format!("/admin/tasks/{task}/rounds"), &[]);
     let rounds: Vec<Value> = serde_json::from_slice(&rounds).unwrap();
     assert_eq!(rounds.iter().map(|r| r["survivors"].as_i64().unwrap()).collect::<Vec<_>>(), [9, 10]);
     for (round, survivors) in rounds.iter().zip([[4, 5], [5, 5]]) {
@@ -216,7 +216,7 @@ fn a_round_in_two_groups_trains_one_model_over_http() {
     };
     let all: Vec<usize> = (0..10).collect();
     let expected: Vec<f32> = mean(&all[..9]).iter().zip(mean(&all)).map(|(a, b)| a + b).collect();
-    let (status, bytes) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/2"), None);
+    let (status, bytes) = coordinator.admin().send("GET", &format!("/admin/tasks/{task}/checkpoints/2"), &[]);
     assert_eq!(status, 200);
     let model = checkpoint::decode(&bytes).unwrap();
     for (got, want) in model.weights.iter().zip(&expected) {
@@ -240,7 +240,7 @@ impl Trainer for Reporting {
 }
 
 /// Runs `clients` participants with [`Reporting`] trainers until the task ends.
-fn run_reporting(coordinator: &Coordinator, spec: &Value, task: &str, token: &str, clients: usize) {
+fn run_reporting(coordinator: &Serve, spec: &Value, task: &str, token: &str, clients: usize) {
     let handles: Vec<_> = (0..clients)
         .map(|k| {
             let (url, task, token, spec) =
@@ -268,14 +268,15 @@ fn run_reporting(coordinator: &Coordinator, spec: &Value, task: &str, token: &st
 /// each client's in the clear, after the round, labelled as plaintext.
 #[test]
 fn metrics_travel_masked_and_in_the_clear_only_when_a_semi_honest_task_asks() {
-    let coordinator = Coordinator::start("metrics", ADMIN);
+    let coordinator = Serve::in_process("metrics", ADMIN);
     let mut plaintext = spec(4, 1);
     plaintext["secure_aggregation"]["variant"] = json!("semi-honest");
     plaintext["client_metrics"] = json!({ "plaintext": true });
     for (spec, in_the_clear) in [(spec(4, 1), false), (plaintext, true)] {
-        let (task, token) = coordinator.create_task(spec.clone());
+        let CreatedTask { id: task, enrollment_token: token, .. } =
+            coordinator.admin().create_task(&spec.clone());
         run_reporting(&coordinator, &spec, &task, &token, 4);
-        let (_, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
+        let (_, rounds) = coordinator.admin().send("GET", &format!("/admin/tasks/{task}/rounds"), &[]);
         let rounds: Value = serde_json::from_slice(&rounds).unwrap();
         let mean = &rounds[0]["metrics"]["client_means"]["train_loss"];
         assert!((mean["mean"].as_f64().unwrap() - 0.25).abs() < 1e-5, "{rounds}");
@@ -299,8 +300,8 @@ fn metrics_travel_masked_and_in_the_clear_only_when_a_semi_honest_task_asks() {
 
 #[test]
 fn refusals_and_outages_are_typed_errors() {
-    let coordinator = Coordinator::start("errors", ADMIN);
-    let (task, _) = coordinator.create_task(spec(4, 1));
+    let coordinator = Serve::in_process("errors", ADMIN);
+    let CreatedTask { id: task, enrollment_token: _, .. } = coordinator.admin().create_task(&spec(4, 1));
     let mut trainer = Fixed::new(vec![0.0; 3], 1);
     let run = |participant: Participant, url: &str, trainer: &mut Fixed| {
         Runner::new(participant, HttpTransport::new(url), None).run_round(trainer)
@@ -368,12 +369,12 @@ fn compressed_round(
     delta: fn(usize, usize) -> f32,
     tolerance: f32,
 ) -> Value {
-    let coordinator = Coordinator::start(name, ADMIN);
+    let coordinator = Serve::in_process(name, ADMIN);
     let mut spec = spec(4, 1);
     spec["model"]["layout"]["tensors"][0]["shape"] = json!([5000]);
     spec["quantization"] = quantization;
     let config = fast(&spec);
-    let (task, token) = coordinator.create_task(spec);
+    let CreatedTask { id: task, enrollment_token: token, .. } = coordinator.admin().create_task(&spec);
     let delta = move |k: usize| -> Vec<f32> { (0..5000).map(|i| delta(k, i)).collect() };
     let handles: Vec<_> = (0..4)
         .map(|k| {
@@ -392,7 +393,7 @@ fn compressed_round(
         handle.join().unwrap();
     }
     let total: f32 = (0..4).map(|k| 20.0 + 10.0 * k as f32).sum();
-    let (_, bytes) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/1"), None);
+    let (_, bytes) = coordinator.admin().send("GET", &format!("/admin/tasks/{task}/checkpoints/1"), &[]);
     let model = checkpoint::decode(&bytes).unwrap();
     let mut worst = 0.0f32;
     for i in 0..5000 {
@@ -400,7 +401,7 @@ fn compressed_round(
         worst = worst.max((model.weights[i] - expected).abs());
     }
     assert!(worst < tolerance, "{name}: largest error {worst}");
-    let (_, rounds) = coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/rounds"), None);
+    let (_, rounds) = coordinator.admin().send("GET", &format!("/admin/tasks/{task}/rounds"), &[]);
     let rounds: Vec<Value> = serde_json::from_slice(&rounds).unwrap();
     rounds[0]["metrics"].clone()
 }

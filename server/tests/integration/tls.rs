@@ -9,11 +9,12 @@ use crate::support;
 use cohort_client::participant::{Method, Participant, ParticipantConfig, ParticipantError, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{RunError, Runner, Transport};
+use cohort_server::api::CreatedTask;
 use cohort_server::service::TlsFiles;
+use cohort_tests::Serve;
 use cohort_tests::process::closed_by;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use serde_json::json;
-use support::Coordinator;
 
 const ADMIN: &str = "admin-token-for-the-tls-tests";
 
@@ -46,7 +47,7 @@ fn steady() -> support::Steady {
 #[test]
 fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
     let (ca_pem, files) = certificates();
-    let coordinator = Coordinator::start_with("tls", ADMIN, 1 << 20, Some((files, ca_pem.clone())));
+    let coordinator = Serve::options("tls", ADMIN).start_in_process(Some((files, ca_pem.clone())), |_| {});
     let url = coordinator.url.clone();
     assert!(url.starts_with("https://127.0.0.1:"), "{url}");
     let trusted = || HttpTransport::with_root_certificates(&url, ca_pem.as_bytes()).unwrap();
@@ -57,13 +58,14 @@ fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
         "secure_aggregation": { "graph": "complete", "threshold": 2 }
     });
     // The admin client trusts the CA too.
-    let (task, token) = coordinator.create_task(spec.clone());
+    let CreatedTask { id: task, enrollment_token: token, .. } =
+        coordinator.admin().create_task(&spec.clone());
 
     let config = ParticipantConfig {
         poll_interval_ms: 50,
         max_attempts: 2,
         backoff_base_ms: 10,
-        policy: support::policy_for(&spec),
+        policy: cohort_tests::policy_for(&spec),
         ..Default::default()
     };
     // The web PKI does not know our CA; plain HTTP is not TLS.
@@ -91,7 +93,7 @@ fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let bytes = loop {
         let (status, bytes) =
-            coordinator.admin(Method::Get, &format!("/admin/tasks/{task}/checkpoints/1"), None);
+            coordinator.admin().send("GET", &format!("/admin/tasks/{task}/checkpoints/1"), &[]);
         if status == 200 {
             break bytes;
         }
@@ -109,12 +111,11 @@ fn the_tls_listener_keeps_the_handshake_timeout_and_the_connection_cap() {
     use std::time::{Duration, Instant};
 
     let (ca_pem, files) = certificates();
-    let coordinator =
-        Coordinator::start_configured("tls-limits", ADMIN, 1 << 20, Some((files, ca_pem)), |config| {
-            config.connections.header_timeout = Duration::from_millis(800);
-            config.connections.idle_timeout = Duration::from_millis(800);
-            config.connections.max_connections = 8;
-        });
+    let coordinator = Serve::options("tls-limits", ADMIN).start_in_process(Some((files, ca_pem)), |config| {
+        config.connections.header_timeout = Duration::from_millis(800);
+        config.connections.idle_timeout = Duration::from_millis(800);
+        config.connections.max_connections = 8;
+    });
     let address = coordinator.url.trim_start_matches("https://").to_string();
     // No handshake at all, and half a ClientHello: both closed at the
     // handshake timeout.

@@ -18,9 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port};
-use cohort_tests::process::{
-    ServeProcess, closed_by, exchange, http, json_call, read_response, remove_database,
-};
+use cohort_tests::process::{closed_by, exchange, http, json_call, read_response};
+use cohort_tests::{AdminClient, Serve};
 use serde_json::{Value, json};
 
 const ADMIN: &str = "abuse-test-admin-token-0123456789";
@@ -56,9 +55,8 @@ fn small_task(clients_per_round: u32) -> Value {
 }
 
 fn create_task(port: u16, spec: Value) -> (String, String) {
-    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
-    assert_eq!(status, 201, "{created}");
-    (created["id"].as_str().unwrap().into(), created["enrollment_token"].as_str().unwrap().into())
+    let created = AdminClient::new(port, ADMIN).create_task(&spec);
+    (created.id, created.enrollment_token)
 }
 
 fn enroll(port: u16, task: &str, token: &str) -> String {
@@ -123,7 +121,7 @@ fn idle_half_sent_and_slow_connections_are_closed_while_health_holds() {
     // global one.
     let mut config = short_timeouts();
     config["max_connections_per_address"] = json!(8192);
-    let (server, database) = ServeProcess::sqlite("abuse-connections", ADMIN, Some(&config));
+    let server = Serve::sqlite("abuse-connections", ADMIN, Some(&config));
     let port = server.port;
     let probe = HealthProbe::start(port);
     let started = Instant::now();
@@ -185,7 +183,7 @@ fn idle_half_sent_and_slow_connections_are_closed_while_health_holds() {
     let signalled = Instant::now();
     server.terminate();
     let exit = loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
+        if let Some(status) = server.exited() {
             break status;
         }
         assert!(
@@ -202,7 +200,6 @@ fn idle_half_sent_and_slow_connections_are_closed_while_health_holds() {
         idle_count + HALF_HEADER + SLOW_BODY,
         rss_held as f64 / 1024.0
     );
-    remove_database(&database);
 }
 
 #[test]
@@ -210,7 +207,7 @@ fn connections_over_the_cap_get_a_503_and_service_comes_back() {
     let _serial = serial();
     let mut config = short_timeouts();
     config["max_connections"] = json!(64);
-    let (server, database) = ServeProcess::sqlite("abuse-cap", ADMIN, Some(&config));
+    let server = Serve::sqlite("abuse-cap", ADMIN, Some(&config));
     let port = server.port;
     let held = open(port, 64, b"");
     std::thread::sleep(Duration::from_millis(300));
@@ -239,7 +236,6 @@ fn connections_over_the_cap_get_a_503_and_service_comes_back() {
     }
     drop(held);
     drop(server);
-    remove_database(&database);
 }
 
 /// A connection to the server on 127.0.0.1:`port` from the loopback
@@ -297,7 +293,7 @@ fn one_address_is_refused_beyond_its_cap_while_another_is_served() {
     let _serial = serial();
     // Timeouts longer than the test: the held connections stay held.
     let config = json!({ "max_connections": 64, "max_connections_per_address": 8 });
-    let (server, database) = ServeProcess::sqlite("abuse-per-address", ADMIN, Some(&config));
+    let server = Serve::sqlite("abuse-per-address", ADMIN, Some(&config));
     let port = server.port;
     let held = hold_from([127, 0, 0, 1], port, 8);
     // The listener counts the held connections as it accepts them, in
@@ -319,7 +315,6 @@ fn one_address_is_refused_beyond_its_cap_while_another_is_served() {
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(server);
-    remove_database(&database);
 }
 
 /// The flood the old default per-token burst (5 000) let through: 5 000
@@ -330,7 +325,7 @@ fn one_address_is_refused_beyond_its_cap_while_another_is_served() {
 #[test]
 fn a_flood_of_enrollments_from_three_addresses_is_held_to_the_token_burst() {
     let _serial = serial();
-    let (server, database) = ServeProcess::sqlite("abuse-enroll-flood", ADMIN, None);
+    let server = Serve::sqlite("abuse-enroll-flood", ADMIN, None);
     let port = server.port;
     let (task, token) = create_task(port, small_task(4));
     let path = format!("/v1/tasks/{task}/enroll");
@@ -347,14 +342,13 @@ fn a_flood_of_enrollments_from_three_addresses_is_held_to_the_token_burst() {
     assert!((1_000..=1_000 + refilled).contains(&admitted), "{statuses:?} ({refilled} refilled)");
     assert_eq!(statuses.get(&429).copied().unwrap_or(0), 5_000 - admitted, "{statuses:?}");
     drop(server);
-    remove_database(&database);
 }
 
 #[test]
 fn silent_connections_are_closed_at_the_header_timeout_not_the_idle_timeout() {
     let _serial = serial();
     let config = json!({ "header_timeout_ms": 1000, "idle_timeout_ms": 20000 });
-    let (server, database) = ServeProcess::sqlite("abuse-silent", ADMIN, Some(&config));
+    let server = Serve::sqlite("abuse-silent", ADMIN, Some(&config));
     let port = server.port;
     let started = Instant::now();
     let mut silent = open(port, 100, b"");
@@ -377,14 +371,13 @@ fn silent_connections_are_closed_at_the_header_timeout_not_the_idle_timeout() {
         "silent connections: 120 (100 silent, 20 half a head) closed {first:?} to {last:?} after they were opened (header timeout 1 s, idle timeout 20 s)"
     );
     drop(server);
-    remove_database(&database);
 }
 
 #[test]
 fn health_and_readiness_answer_while_the_connection_cap_is_full() {
     let _serial = serial();
     let config = json!({ "max_connections": 32, "max_connections_per_address": 16 });
-    let (server, database) = ServeProcess::sqlite("abuse-probes", ADMIN, Some(&config));
+    let server = Serve::sqlite("abuse-probes", ADMIN, Some(&config));
     let port = server.port;
     // Two addresses take the whole cap between them.
     let _held = [hold_from([127, 0, 0, 1], port, 16), hold_from([127, 0, 0, 2], port, 16)];
@@ -403,7 +396,6 @@ fn health_and_readiness_answer_while_the_connection_cap_is_full() {
         }
     }
     drop(server);
-    remove_database(&database);
 }
 
 /// Sends a request head declaring `length` bytes of body and at most
@@ -442,7 +434,8 @@ fn oversized(
 #[test]
 fn floods_of_reports_and_oversized_messages_are_refused_with_memory_bounded() {
     let _serial = serial();
-    let (server, database) = ServeProcess::sqlite("abuse-floods", ADMIN, None);
+    let server = Serve::sqlite("abuse-floods", ADMIN, None);
+    let database = server.database_file().unwrap().to_path_buf();
     let port = server.port;
     // Twenty enrolled clients; no round starts (fifty are needed).
     let (task, token) = create_task(port, small_task(50));
@@ -522,7 +515,6 @@ fn floods_of_reports_and_oversized_messages_are_refused_with_memory_bounded() {
         peak as f64 / 1024.0
     );
     drop(server);
-    remove_database(&database);
 }
 
 /// Overflowing and NUL-carrying inputs against one running server.
@@ -604,20 +596,20 @@ fn refuses_overflow_and_nul(port: u16) {
 #[test]
 fn overflow_and_nul_inputs_are_refused_on_sqlite_and_postgresql() {
     let _serial = serial();
-    let (server, database) = ServeProcess::sqlite("abuse-inputs", ADMIN, None);
+    let server = Serve::sqlite("abuse-inputs", ADMIN, None);
     refuses_overflow_and_nul(server.port);
     drop(server);
-    remove_database(&database);
 
     let (url, admin) = postgres_database("inputs");
     // A URL that names no user takes PGUSER, as libpq does (when the test
     // database's URL names a user without a password).
     let (scheme, rest) = url.split_once("://").unwrap();
     let server = match rest.split_once('@') {
-        Some((user, place)) if !user.contains(':') => {
-            ServeProcess::start_with_env(0, &format!("{scheme}://{place}"), ADMIN, None, &[("PGUSER", user)])
-        }
-        _ => ServeProcess::start(0, &url, ADMIN, None),
+        Some((user, place)) if !user.contains(':') => Serve::options("inputs", ADMIN)
+            .database(&format!("{scheme}://{place}"))
+            .env("PGUSER", user)
+            .start(),
+        _ => Serve::start(0, &url, ADMIN, None),
     };
     refuses_overflow_and_nul(server.port);
     drop(server);
@@ -631,7 +623,7 @@ fn a_database_outage_fails_requests_fast_with_503_and_readiness_reports_it() {
     let upstream = postgres_port(&url);
     let mut relay = Relay::start(0, upstream);
     let relayed = relay.url_for(&url);
-    let server = ServeProcess::start(0, &relayed, ADMIN, None);
+    let server = Serve::start(0, &relayed, ADMIN, None);
     let port = server.port;
     let (task, token) = create_task(port, small_task(4));
     let credential = enroll(port, &task, &token);
@@ -718,7 +710,7 @@ fn admin_event_streams_share_their_snapshots_and_give_their_memory_back() {
     assert!(descriptors >= 4096, "this test needs 4096 file descriptors, the limit is {descriptors}");
     // All streams come from 127.0.0.1, and the cap is raised to measure 2 000.
     let config = json!({ "max_admin_streams": STREAMS, "max_connections_per_address": 8192 });
-    let (server, database) = ServeProcess::sqlite("abuse-streams", ADMIN, Some(&config));
+    let server = Serve::sqlite("abuse-streams", ADMIN, Some(&config));
     let port = server.port;
     let (task, token) = create_task(port, small_task(4));
     let paths = [format!("/admin/tasks/{task}/events"), "/admin/events".to_string()];
@@ -796,5 +788,4 @@ fn admin_event_streams_share_their_snapshots_and_give_their_memory_back() {
         mib(after - before)
     );
     drop(server);
-    remove_database(&database);
 }

@@ -12,7 +12,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use cohort_tests::process::{ServeProcess, json_call, remove_database};
+use cohort_tests::Serve;
+use cohort_tests::process::json_call;
 use serde_json::{Value, json};
 
 const ADMIN: &str = "admin-token-for-the-api-fuzzer";
@@ -31,7 +32,7 @@ fn schemathesis_finds_nothing_against_the_openapi_document() {
             "reports_per_address": null, "reports_per_credential": null
         }
     });
-    let (server, database) = ServeProcess::sqlite("api-fuzz", ADMIN, Some(&config));
+    let server = Serve::sqlite("api-fuzz", ADMIN, Some(&config));
     let port = server.port;
     // A participant's credential, so that the client API is tested past its
     // authentication.
@@ -101,5 +102,4 @@ fn schemathesis_finds_nothing_against_the_openapi_document() {
         assert!(report.contains(phase), "{phase} did not pass:\n{report}");
     }
     drop(server);
-    remove_database(&database);
 }

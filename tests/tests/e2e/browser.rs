@@ -28,6 +28,9 @@ use cohort_client::participant::{Method, Request};
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{self, LocalUpdate, Transport};
 use cohort_client::train::TrainConfig;
+use cohort_crypto::Stage;
+use cohort_server::api::CreatedTask;
+use cohort_server::store::TaskStatus;
 use cohort_tests::{
     Serve, artifact_dir, assert_aggregate, checkpoint, native_clients_polling, native_clients_with,
     native_update_of, scratch, success, workspace_root,
@@ -114,7 +117,7 @@ fn task_spec(masked_input_ms: u64) -> Value {
 
 fn start(name: &str) -> (PathBuf, Serve) {
     let dir = scratch(name);
-    let serve = Serve::start(&dir, ADMIN_TOKEN);
+    let serve = Serve::in_dir(&dir, ADMIN_TOKEN);
     (dir, serve)
 }
 
@@ -132,7 +135,7 @@ fn two_tabs_and_three_native_clients_complete_a_secure_round_shown_on_the_dashbo
     let (task, token) = (created["task"].as_str().unwrap(), created["token"].as_str().unwrap());
     assert_eq!(created["token_after_dismiss"], "", "the token is gone once dismissed");
     assert!(created["demo"].as_str().unwrap().starts_with(&format!("/demo#task={task}&token=")));
-    let spec = serve.admin_json(&format!("/admin/tasks/{task}"))["spec"].clone();
+    let spec = serve.admin().get::<Value>(&format!("/admin/tasks/{task}"))["spec"].clone();
     assert_eq!((spec["clients_per_round"].as_u64(), spec["rounds"].as_u64()), (Some(5), Some(1)));
 
     let native = natives(&serve, task, token);
@@ -187,7 +190,7 @@ fn a_tab_closed_mid_round_is_a_dropout_and_the_round_completes() {
     let _one = exclusive();
     let (dir, serve) = start("browser-dropout");
     // The masked-input stage waits this long for the closed tab.
-    let (task, token) = serve.create_task(task_spec(15_000));
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&task_spec(15_000));
     let native = natives(&serve, &task, &token);
     let tabs = browser(
         "tabs",
@@ -201,12 +204,11 @@ fn a_tab_closed_mid_round_is_a_dropout_and_the_round_completes() {
     let mut updates = native_updates();
     updates.push(tab_update(3, &initial));
     assert_aggregate(&serve, &task, &updates);
-    let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
-    let stages = rounds[0]["metrics"]["stages"].as_array().unwrap();
-    let dropouts: Vec<u64> = stages.iter().map(|s| s["dropouts"].as_u64().unwrap()).collect();
+    let rounds = serve.admin().rounds(&task);
+    let dropouts: Vec<usize> = rounds[0].metrics.stages.iter().map(|s| s.dropouts).collect();
     // Advertise, share, masked input, the consistency check (active), unmasking.
-    assert_eq!(dropouts, [0, 0, 1, 0, 0], "the tab dropped out at the masked inputs: {rounds}");
-    assert_eq!(rounds[0]["selected"], 5);
+    assert_eq!(dropouts, [0, 0, 1, 0, 0], "the tab dropped out at the masked inputs: {rounds:?}");
+    assert_eq!(rounds[0].selected, 5);
 
     let seen = browser(
         "dashboard",
@@ -228,7 +230,7 @@ fn the_dashboard_pauses_resumes_stops_and_deletes_a_task() {
     let (dir, serve) = start("browser-controls");
     let mut spec = task_spec(60_000);
     spec["privacy"] = json!({ "mechanism": "skellam", "epsilon": 8.0, "delta": 1e-5, "clip_norm": 1.0 });
-    let (task, token) = serve.create_task(spec);
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec);
     let seen = browser(
         "dashboard",
         json!({ "url": serve.url, "adminToken": ADMIN_TOKEN, "task": task, "controls": true,
@@ -242,20 +244,21 @@ fn the_dashboard_pauses_resumes_stops_and_deletes_a_task() {
     assert_eq!(seen["delete_disabled_running"], true, "a running task cannot be deleted: {seen}");
     assert_eq!(seen["finished"], "Finished tasks (1)", "{seen}");
     assert_eq!(seen["overflows"], false, "the dashboard fits 1280 px: {seen}");
-    let view = serve.admin_json(&format!("/admin/tasks/{task}"));
-    let z = view["privacy"]["noise_multiplier"].as_f64().unwrap();
+    let view = serve.admin().task(&task);
+    let z = view.live.privacy.as_ref().expect("a task under DP shows its privacy").noise_multiplier;
     assert_eq!(seen["privacy"], format!("skellam noise ×{z:.3}, clip 1"), "{seen}");
     assert_eq!(seen["epsilon"], "0.000 of 8 (δ = 0.00001)", "{seen}");
-    assert_eq!(serve.admin_json(&format!("/admin/tasks/{task}"))["status"], "stopped");
+    assert_eq!(serve.admin().task(&task).live.status, TaskStatus::Stopped);
     // The token panel: created with its rate, shown once, listed, revoked.
     let shown = seen["token"]["shown"].as_str().unwrap();
     assert!(shown.len() == 64 && shown.bytes().all(|b| b.is_ascii_hexdigit()), "{seen}");
     assert_eq!(seen["token"]["listed"][1], json!(["android", "0", "30"]), "{seen}");
     assert_eq!(seen["token"]["hidden"], true, "the token leaves the page when dismissed");
-    let tokens = serve.admin_json(&format!("/admin/tasks/{task}/tokens"));
-    assert_eq!(tokens[1]["id"], seen["token"]["id"], "{tokens}");
-    assert_eq!(tokens[1]["rate"], json!({ "per_minute": 30, "burst": 30 }), "{tokens}");
-    assert!(tokens[1]["revoked_at"].is_i64() && tokens[0]["revoked_at"].is_null(), "{tokens}");
+    let tokens = serve.admin().tokens(&task);
+    assert_eq!(Some(tokens[1].id.as_str()), seen["token"]["id"].as_str(), "{tokens:?}");
+    let rate = tokens[1].rate.map(|r| (r.per_minute, r.burst));
+    assert_eq!(rate, Some((30, 30)), "{tokens:?}");
+    assert!(tokens[1].revoked_at.is_some() && tokens[0].revoked_at.is_none(), "{tokens:?}");
     assert_eq!(seen["leaked"], json!([]), "{seen}");
     // The stopped task is deleted from the dashboard, and is gone.
     let seen = browser(
@@ -284,7 +287,7 @@ fn the_dashboard_follows_a_round_live_without_polling() {
     let mut spec = task_spec(60_000);
     spec["clients_per_round"] = json!(3);
     spec["secure_aggregation"]["threshold"] = json!(2);
-    let (task, token) = serve.create_task(spec);
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec);
     let ready = dir.join("dashboard-ready");
     let step = {
         let config = json!({ "url": serve.url, "adminToken": ADMIN_TOKEN, "task": task, "name": "dashboard-live",
@@ -362,9 +365,8 @@ fn the_dashboard_follows_a_round_live_without_polling() {
             "No differential privacy: the sums are exact.",
         ]
     );
-    let round = &serve.admin_json(&format!("/admin/tasks/{task}/rounds"))[0]["metrics"];
-    let ratio = round["compression_ratio"].as_f64().unwrap();
-    let bits = round["modulus_bits"].as_u64().unwrap();
+    let round = &serve.admin().rounds(&task)[0].metrics;
+    let (ratio, bits) = (round.compression_ratio, round.modulus_bits);
     assert_eq!(seen["ratio"], format!("{:.1} % ({bits}-bit ring)", 100.0 * ratio), "{seen}");
     assert_eq!(seen["bytes_points"], 2, "up and down for the one round: {seen}");
     assert!(seen["connection"].as_str().unwrap().starts_with("live since"), "{seen}");
@@ -381,7 +383,7 @@ fn the_dashboard_shows_an_async_tasks_buffers() {
     let mut spec = cohort_tests::spec(3, 2);
     spec["mode"] = json!("async");
     spec["async"] = json!({ "concurrency": 4, "buffer_size": 3, "max_staleness": 2 });
-    let (task, token) = serve.create_task(spec);
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec);
     join(cohort_tests::native_clients(&serve, &task, &token, 3));
     let seen = browser(
         "dashboard",
@@ -405,7 +407,7 @@ fn the_dashboard_shows_an_async_tasks_buffers() {
 fn bare_demo_tabs_join_the_public_demo_task_and_complete_a_round() {
     let _one = exclusive();
     let dir = scratch("browser-demo-task");
-    let serve = Serve::start_with(&dir, ADMIN_TOKEN, &["--demo"]);
+    let serve = Serve::in_dir_with(&dir, ADMIN_TOKEN, &["--demo"]);
     let demo = demo_task(&serve);
     let tabs = browser(
         "tabs",
@@ -417,7 +419,8 @@ fn bare_demo_tabs_join_the_public_demo_task_and_complete_a_round() {
         );
         assert!(!tab["address"].as_str().unwrap().contains(demo["enrollment_token"].as_str().unwrap()));
     }
-    let rounds = serve.admin_json(&format!("/admin/tasks/{}/rounds", demo["task"].as_str().unwrap()));
+    let rounds =
+        serve.admin().get::<Value>(&format!("/admin/tasks/{}/rounds", demo["task"].as_str().unwrap()));
     assert_eq!(
         (rounds[0]["round"].as_u64(), rounds[0]["survivors"].as_u64()),
         (Some(1), Some(3)),
@@ -427,10 +430,10 @@ fn bare_demo_tabs_join_the_public_demo_task_and_complete_a_round() {
     // A restart stops the old demo task (its token was never stored) and
     // starts a fresh one.
     drop(serve);
-    let serve = Serve::start_with(&dir, ADMIN_TOKEN, &["--demo"]);
+    let serve = Serve::in_dir_with(&dir, ADMIN_TOKEN, &["--demo"]);
     let fresh = demo_task(&serve);
     assert_ne!(fresh["task"], demo["task"]);
-    let old = serve.admin_json(&format!("/admin/tasks/{}", demo["task"].as_str().unwrap()));
+    let old = serve.admin().get::<Value>(&format!("/admin/tasks/{}", demo["task"].as_str().unwrap()));
     assert_eq!(old["status"], "stopped");
     drop(serve);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -479,7 +482,7 @@ fn plain_fedavg(initial: &Checkpoint, shards: usize, rounds: u64) -> Vec<f64> {
 fn the_public_demos_three_tabs_learn_every_digit_within_30_rounds() {
     let _one = exclusive();
     let dir = scratch("browser-demo-learns");
-    let serve = Serve::start_with(&dir, ADMIN_TOKEN, &["--demo"]);
+    let serve = Serve::in_dir_with(&dir, ADMIN_TOKEN, &["--demo"]);
     let demo = demo_task(&serve);
     let task = demo["task"].as_str().unwrap();
     let initial = checkpoint(&serve, task, 0);
@@ -538,41 +541,37 @@ fn the_public_demos_three_tabs_learn_every_digit_within_30_rounds() {
 fn demo_tabs_that_close_after_sharing_keys_or_between_rounds_do_not_stall_the_demo() {
     let _one = exclusive();
     let dir = scratch("browser-demo-dropouts");
-    let serve = Serve::start_with(&dir, ADMIN_TOKEN, &["--demo"]);
+    let serve = Serve::in_dir_with(&dir, ADMIN_TOKEN, &["--demo"]);
     let demo = demo_task(&serve);
     let task = demo["task"].as_str().unwrap();
     let seen = browser("dropouts", json!({ "url": serve.url, "name": "demo-dropouts" }));
     for tab in ["A", "D", "E"] {
         assert_eq!(seen["tabs"][tab]["problems"], json!([]), "{seen}");
     }
-    let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
-    assert_eq!(rounds[0]["selected"], 3, "{rounds}");
+    let rounds = serve.admin().rounds(task);
+    assert_eq!(rounds[0].selected, 3, "{rounds:?}");
     // Tab C stopped after its keys and shares: at the masked inputs (its
     // third stage message held), or at the consistency check when the
     // worker's first message went out before the page's interception
     // reached it. Either way the stage closed as soon as C said it left,
     // long before any deadline, and the round completed without it.
     let spec = cohort_server::api::pages::demo_spec();
-    let stages = rounds[0]["metrics"]["stages"].as_array().unwrap();
-    let dropped: Vec<&Value> = stages.iter().filter(|s| s["dropouts"] != 0).collect();
-    assert_eq!(dropped.len(), 1, "one stage lost tab C: {rounds}");
-    let (stage, survivors) = match dropped[0]["stage"].as_str().unwrap() {
-        "masked-input-collection" => ("masked input", 2),
-        "consistency-check" => ("consistency check", 3),
-        other => panic!("tab C dropped at {other}, before its shares: {rounds}"),
+    let dropped: Vec<_> = rounds[0].metrics.stages.iter().filter(|s| s.dropouts != 0).collect();
+    assert_eq!(dropped.len(), 1, "one stage lost tab C: {rounds:?}");
+    let (stage, survivors) = match dropped[0].stage {
+        Stage::MaskedInputCollection => ("masked input", 2),
+        Stage::ConsistencyCheck => ("consistency check", 3),
+        other => panic!("tab C dropped at {other}, before its shares: {rounds:?}"),
     };
-    assert_eq!(rounds[0]["survivors"], survivors, "{stage}: {rounds}");
+    assert_eq!(rounds[0].survivors, survivors, "{stage}: {rounds:?}");
     let shortest = spec.deadlines.share_keys_ms.min(spec.deadlines.unmasking_ms);
     assert!(
-        dropped[0]["duration_ms"].as_u64().unwrap() < shortest,
-        "the closed tab was waited for until the {stage} deadline: {rounds}"
+        (dropped[0].duration_ms as u64) < shortest,
+        "the closed tab was waited for until the {stage} deadline: {rounds:?}"
     );
-    assert_eq!(
-        (rounds[1]["survivors"].as_u64(), rounds[1]["metrics"]["attempt"].as_u64()),
-        (Some(3), Some(1))
-    );
-    let attempts = serve.admin_json(&format!("/admin/tasks/{task}/attempts"));
-    assert_eq!(attempts, json!([]), "no attempt failed");
+    assert_eq!((rounds[1].survivors, rounds[1].metrics.attempt), (3, 1));
+    let attempts = serve.admin().attempts(task);
+    assert!(attempts.is_empty(), "no attempt failed: {attempts:?}");
     assert_eq!(seen["tabs"]["A"]["rounds"], 2, "{seen}");
     drop(serve);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -585,7 +584,8 @@ fn demo_tabs_that_close_after_sharing_keys_or_between_rounds_do_not_stall_the_de
 fn the_dashboard_lists_failed_attempts_with_their_reason() {
     let _one = exclusive();
     let (dir, serve) = start("browser-attempts");
-    let (task, token) = serve.create_task(cohort_tests::spec(3, 2));
+    let CreatedTask { id: task, enrollment_token: token, .. } =
+        serve.admin().create_task(&cohort_tests::spec(3, 2));
     let mut transport = HttpTransport::new(&serve.url);
     let call = |transport: &mut HttpTransport, path: String, body: Vec<u8>, bearer: Option<String>| {
         let request =

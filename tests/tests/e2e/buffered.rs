@@ -15,6 +15,8 @@ use cohort_client::checkpoint::Checkpoint;
 use cohort_client::participant::{Participant, ParticipantConfig, RoundOutcome};
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{Contribution, LocalUpdate, Runner, Trainer, UpdateError};
+use cohort_server::api::{CreatedTask, RoundView, TaskView};
+use cohort_server::store::TaskStatus;
 use cohort_tests::{Fixed, Serve, checkpoint, model, native_update, scratch};
 use serde_json::{Value, json};
 
@@ -42,7 +44,7 @@ fn client(
     mut trainer: Box<dyn Trainer + Send>,
 ) -> std::thread::JoinHandle<Option<RoundOutcome>> {
     let (url, task, token) = (serve.url.clone(), task.to_string(), token.to_string());
-    let policy = serde_json::from_str(&serve.policy_json(&task)).unwrap();
+    let policy = serde_json::from_str(&serve.admin().policy_json(&task)).unwrap();
     std::thread::spawn(move || {
         let config = ParticipantConfig { poll_interval_ms: 50, policy, ..ParticipantConfig::default() };
         let mut runner =
@@ -67,14 +69,14 @@ impl Trainer for Straggler {
     }
 }
 
-fn wait_for_versions(serve: &Serve, task: &str, versions: u64) -> Value {
+fn wait_for_versions(serve: &Serve, task: &str, versions: u64) -> TaskView {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let view = serve.admin_json(&format!("/admin/tasks/{task}"));
-        if view["completed_rounds"].as_u64().unwrap() >= versions {
+        let view = serve.admin().task(task);
+        if view.live.completed_rounds >= versions {
             return view;
         }
-        assert!(Instant::now() < deadline, "{versions} versions not reached: {view}");
+        assert!(Instant::now() < deadline, "{versions} versions not reached: {view:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -82,8 +84,8 @@ fn wait_for_versions(serve: &Serve, task: &str, versions: u64) -> Value {
 #[test]
 fn groups_overlap_and_the_model_advances_while_a_straggler_trains() {
     let dir = scratch("buffered");
-    let serve = Serve::start(&dir, "buffered-admin-token");
-    let (task, token) = serve.create_task(async_spec());
+    let serve = Serve::in_dir(&dir, "buffered-admin-token");
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&async_spec());
 
     // The straggler takes the first training slot, from version 0.
     let (started_tx, started) = mpsc::channel();
@@ -110,17 +112,17 @@ fn groups_overlap_and_the_model_advances_while_a_straggler_trains() {
         assert!(matches!(handle.join().unwrap(), Some(RoundOutcome::Completed(_))));
     }
     let view = wait_for_versions(&serve, &task, 2);
-    let buffer = &view["buffer"];
-    assert_eq!(buffer["training"], 1, "only the straggler still trains: {view}");
-    assert_eq!(buffer["staleness_histogram"], json!([6]), "{view}");
-    let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
+    let buffer = view.live.buffer.as_ref().expect("an async task shows its buffer");
+    assert_eq!(buffer.training, 1, "only the straggler still trains: {view:?}");
+    assert_eq!(buffer.staleness_histogram, [6], "{view:?}");
+    let rounds = serve.admin().rounds(&task);
     let (first, second) = (&rounds[0], &rounds[1]);
     assert!(
-        first["started_at"].as_i64() < second["finished_at"].as_i64()
-            && second["started_at"].as_i64() < first["finished_at"].as_i64(),
-        "the two groups ran at the same time: {rounds}"
+        first.started_at < second.finished_at && second.started_at < first.finished_at,
+        "the two groups ran at the same time: {rounds:?}"
     );
-    assert_ne!(first["metrics"]["buffer"]["group"], second["metrics"]["buffer"]["group"]);
+    let group = |round: &RoundView| round.metrics.buffer.as_ref().map(|b| b.group);
+    assert_ne!(group(first), group(second));
 
     // The straggler finishes, two versions behind (within the bound);
     // two fresh clients, trained from version 2, complete its group.
@@ -131,9 +133,10 @@ fn groups_overlap_and_the_model_advances_while_a_straggler_trains() {
         assert!(matches!(handle.join().unwrap(), Some(RoundOutcome::Completed(_))));
     }
     let view = wait_for_versions(&serve, &task, 3);
-    assert_eq!(view["status"], "completed", "{view}");
-    let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
-    assert_eq!(rounds[2]["metrics"]["buffer"]["staleness_histogram"], json!([2, 0, 1]), "{rounds}");
+    assert_eq!(view.live.status, TaskStatus::Completed, "{view:?}");
+    let rounds = serve.admin().rounds(&task);
+    let histogram = rounds[2].metrics.buffer.as_ref().map(|b| b.staleness_histogram.clone());
+    assert_eq!(histogram, Some(vec![2, 0, 1]), "{rounds:?}");
 
     // Version 3 = version 2 + the group's mean, the straggler's update
     // scaled by 1/√3 before it was masked.
@@ -150,25 +153,24 @@ fn groups_overlap_and_the_model_advances_while_a_straggler_trains() {
 #[test]
 fn an_async_task_refuses_bad_schedules_and_queries_with_a_reason() {
     let dir = scratch("buffered-bad");
-    let serve = Serve::start(&dir, "buffered-bad-admin-token");
+    let serve = Serve::in_dir(&dir, "buffered-bad-admin-token");
     for (change, reason) in [
         (json!({ "concurrency": 2, "buffer_size": 3, "max_staleness": 2 }), "never fills"),
         (json!({ "concurrency": 7, "buffer_size": 3, "max_staleness": 0 }), "max_staleness must be"),
     ] {
         let mut spec = async_spec();
         spec["async"] = change;
-        let (status, body) =
-            serve.admin(cohort_client::participant::Method::Post, "/admin/tasks", Some(spec));
+        let (status, body) = serve.admin().send("POST", "/admin/tasks", spec.to_string().as_bytes());
         let body: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!((status, body["error"].as_str()), (400, Some("invalid_task")), "{body}");
         assert!(body["message"].as_str().unwrap().contains(reason), "{body}");
     }
     let mut spec = async_spec();
     spec["mode"] = json!("sync");
-    let (status, _) = serve.admin(cohort_client::participant::Method::Post, "/admin/tasks", Some(spec));
+    let (status, _) = serve.admin().send("POST", "/admin/tasks", spec.to_string().as_bytes());
     assert_eq!(status, 400, "async parameters without mode async");
     // A check-in's only parameter is the version an update was trained from.
-    let (task, token) = serve.create_task(async_spec());
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&async_spec());
     let enrollment = cohort_tests::identity::fresh_enrollment(&task, &token);
     let mut transport = HttpTransport::new(&serve.url);
     use cohort_client::participant::{Method, Request};

@@ -8,20 +8,18 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "../../../server/tests/integration/support/proxy.rs"]
-mod proxy;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{MutexGuard, Once};
 use std::time::Duration;
 
 use cohort_client::protocol::Stage;
-use cohort_tests::{Serve, artifacts, compile_java, scratch, success, workspace_root};
-use proxy::{
+use cohort_server::api::CreatedTask;
+use cohort_tests::proxy::{
     Proxy, Tamper, replay_round_one, rewrite_enrollment, rewrite_peer_keys, rewrite_setup, split_survivors,
     split_target,
 };
+use cohort_tests::{Serve, artifacts, compile_java, scratch, success, workspace_root};
 use serde_json::{Value, json};
 
 const ADMIN: &str = "hostile-clients-admin-token";
@@ -90,8 +88,9 @@ struct Scenario {
 impl Scenario {
     fn start(name: &str, rounds: u32, tamper: Tamper) -> Self {
         let dir = scratch(name);
-        let serve = Serve::start(&dir, ADMIN);
-        let (task, token) = serve.create_task(spec(name, rounds));
+        let serve = Serve::in_dir(&dir, ADMIN);
+        let CreatedTask { id: task, enrollment_token: token, .. } =
+            serve.admin().create_task(&spec(name, rounds));
         let proxy = Proxy::start(&serve.url, tamper);
         Scenario { serve, proxy, task, token, dir }
     }
@@ -99,7 +98,7 @@ impl Scenario {
     /// Runs [`CLIENTS`] clients of `kind` through the proxy until each has
     /// seen `rounds` outcomes, ended, or `patience` ran out.
     fn run(&self, kind: Kind, rounds: usize, patience: Duration) -> Vec<Ending> {
-        let policy = self.serve.policy_json(&self.task);
+        let policy = self.serve.admin().policy_json(&self.task);
         let (clients, rounds, patience) =
             (CLIENTS.to_string(), rounds.to_string(), patience.as_millis().to_string());
         let output = match kind {

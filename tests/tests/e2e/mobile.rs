@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use cohort_client::runtime::LocalUpdate;
+use cohort_server::api::CreatedTask;
 use cohort_tests::{
     Serve, app_update, artifacts, assert_aggregate, checkpoint, compile_java, native_clients, native_update,
     scratch, spec, success, synthetic_update, workspace_root,
@@ -46,7 +47,7 @@ fn run_java(classes: &Path, main: &str, serve: &Serve, task: &str, token: &str, 
             .arg(main)
             .args([&serve.url, task, token])
             .arg(dir.join("jvm"))
-            .arg(serve.policy_json(task)),
+            .arg(serve.admin().policy_json(task)),
         cohort_tests::CLIENT_LIMIT,
     );
     success(main, &run)
@@ -58,8 +59,8 @@ fn jvm_clients_join_a_secure_round_with_native_clients() {
     let classes = dir.join("classes");
     compile_java(&classes);
 
-    let serve = Serve::start(&dir, ADMIN);
-    let (task, token) = serve.create_task(spec(5, 3));
+    let serve = Serve::in_dir(&dir, ADMIN);
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec(5, 3));
     let natives = native_clients(&serve, &task, &token, 3);
     let stdout = run_java(&classes, "org.cohort.JvmRoundTest", &serve, &task, &token, &dir);
     println!("{stdout}");
@@ -107,7 +108,7 @@ fn run_c_client(program: &Path, serve: &Serve, task: &str, token: &str, dir: &Pa
         Command::new(program)
             .args([&serve.url, task, token])
             .arg(dir.join("c-client"))
-            .arg(serve.policy_json(task))
+            .arg(serve.admin().policy_json(task))
             .args(extra),
         cohort_tests::CLIENT_LIMIT,
     );
@@ -138,11 +139,11 @@ fn jvm_clients_take_part_in_an_async_task() {
     let dir = scratch("jvm-async");
     let classes = dir.join("classes");
     compile_java(&classes);
-    let serve = Serve::start(&dir, ADMIN);
+    let serve = Serve::in_dir(&dir, ADMIN);
     let mut spec = spec(3, 2);
     spec["mode"] = serde_json::json!("async");
     spec["async"] = serde_json::json!({ "concurrency": 3, "buffer_size": 3, "max_staleness": 1 });
-    let (task, token) = serve.create_task(spec);
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec);
     let natives = native_clients(&serve, &task, &token, 1);
     let stdout = run_java(&classes, "org.cohort.JvmAsyncTest", &serve, &task, &token, &dir);
     assert!(stdout.contains("JVM ASYNC OK"), "{stdout}");
@@ -162,8 +163,8 @@ fn jvm_clients_take_part_in_an_async_task() {
 fn a_c_client_joins_a_secure_round_through_the_header() {
     let dir = scratch("c");
     let program = compile_c_client(&dir);
-    let serve = Serve::start(&dir, ADMIN);
-    let (task, token) = serve.create_task(spec(4, 3));
+    let serve = Serve::in_dir(&dir, ADMIN);
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec(4, 3));
     run_c_client(&program, &serve, &task, &token, &dir, &[]);
     // Round 1: the callback's update for round 1.
     assert_aggregate(&serve, &task, &c_and_natives(1.0));
@@ -178,15 +179,16 @@ fn a_c_client_joins_a_secure_round_through_the_header() {
 fn a_c_client_takes_part_in_an_async_task() {
     let dir = scratch("c-async");
     let program = compile_c_client(&dir);
-    let serve = Serve::start(&dir, ADMIN);
+    let serve = Serve::in_dir(&dir, ADMIN);
     let mut spec = spec(4, 3);
     spec["mode"] = serde_json::json!("async");
     spec["async"] = serde_json::json!({ "concurrency": 4, "buffer_size": 4, "max_staleness": 1 });
-    let (task, token) = serve.create_task(spec);
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec);
     run_c_client(&program, &serve, &task, &token, &dir, &["async"]);
     // Trained from version 0: the callback's round is the base version.
     assert_aggregate(&serve, &task, &c_and_natives(0.0));
-    let rounds = serve.admin_json(&format!("/admin/tasks/{task}/rounds"));
-    assert_eq!(rounds[0]["metrics"]["buffer"]["staleness_histogram"], serde_json::json!([4]), "{rounds}");
+    let rounds = serve.admin().rounds(&task);
+    let buffer = rounds[0].metrics.buffer.as_ref().expect("an async round names its group");
+    assert_eq!(buffer.staleness_histogram, [4], "{rounds:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

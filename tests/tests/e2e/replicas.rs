@@ -16,9 +16,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cohort_server::api::{RoundView, TaskView};
 use cohort_server::cluster::balancer::spawn_haproxy;
+use cohort_server::store::TaskStatus;
 use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port, psql};
-use cohort_tests::process::{ServeProcess, json_call, try_json_call};
+use cohort_tests::process::json_call;
+use cohort_tests::{AdminClient, Serve};
 use serde_json::{Value, json};
 
 const ADMIN: &str = "replicas-test-admin-token-0123456789";
@@ -114,10 +117,10 @@ fn participants(scratch: &Path, n: usize, lb: u16, task: &str, token: &str, poli
 fn assert_completed_once(lb: u16, task: &str, last: i64, clients: &mut [Child]) {
     wait_for(Duration::from_secs(240), "the task to finish", || rounds(lb, task).len() as i64 >= last);
     assert_eq!(rounds(lb, task), (1..=last).collect::<Vec<_>>());
-    let (status, view) = json_call(lb, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
-    assert_eq!((status, view["status"].as_str()), (200, Some("completed")), "{view}");
+    let view = admin_at(lb).task(task);
+    assert_eq!(view.live.status, TaskStatus::Completed, "{view:?}");
     let path = format!("/admin/tasks/{task}/checkpoints/{last}");
-    assert_eq!(json_call(lb, "GET", &path, Some(ADMIN), None).0, 200);
+    assert_eq!(admin_at(lb).send("GET", &path, &[]).0, 200);
     wait_for_clients(clients);
 }
 
@@ -136,37 +139,36 @@ fn wait_for_clients(clients: &mut [Child]) {
     }
 }
 
-/// Creates a task through the balancer: (id, enrollment token).
-fn create_task(lb: u16, spec: &Value) -> (String, String) {
-    let (status, created) = json_call(lb, "POST", "/admin/tasks", Some(ADMIN), Some(spec.clone()));
-    assert_eq!(status, 201, "{created}");
-    (created["id"].as_str().unwrap().to_string(), created["enrollment_token"].as_str().unwrap().to_string())
+/// The admin API of the replica (or balancer) on `port`.
+fn admin_at(port: u16) -> AdminClient {
+    AdminClient::new(port, ADMIN)
 }
 
-fn rounds(port: u16, task: &str) -> Vec<i64> {
-    round_records(port, task).iter().map(|r| r["round"].as_i64().unwrap()).collect()
+/// Creates a task through the balancer: (id, enrollment token).
+fn create_task(lb: u16, spec: &Value) -> (String, String) {
+    let created = admin_at(lb).create_task(spec);
+    (created.id, created.enrollment_token)
 }
 
 // The polls below run while replicas die: a connection cut without an
 // answer is "not yet", as a client retries it.
 
-fn round_records(port: u16, task: &str) -> Vec<Value> {
-    let path = format!("/admin/tasks/{task}/rounds");
-    let Some((200, body)) = try_json_call(port, "GET", &path, Some(ADMIN), None) else {
-        return Vec::new();
-    };
-    body.as_array().unwrap().clone()
+fn rounds(port: u16, task: &str) -> Vec<i64> {
+    round_records(port, task).iter().map(|r| r.round).collect()
+}
+
+fn round_records(port: u16, task: &str) -> Vec<RoundView> {
+    admin_at(port).try_rounds(task).unwrap_or_default()
 }
 
 /// The round in progress, as the task's view shows it.
 fn current_round(port: u16, task: &str) -> Option<i64> {
-    let (status, body) = try_json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None)?;
-    (status == 200).then(|| body["current_round"].as_i64()).flatten()
+    let view: TaskView = admin_at(port).try_get(&format!("/admin/tasks/{task}"))?;
+    view.live.current_round.map(|round| round as i64)
 }
 
 fn leader(port: u16, task: &str) -> Option<String> {
-    let (status, body) = try_json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None)?;
-    (status == 200).then(|| body["leader"].as_str().map(str::to_string)).flatten()
+    admin_at(port).try_get::<TaskView>(&format!("/admin/tasks/{task}"))?.leader
 }
 
 /// An admin event stream opened straight at one replica (not through the
@@ -229,8 +231,7 @@ fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leade
     let _heavy = cohort_tests::exclusive();
     let scratch = cohort_tests::scratch("replicas");
     let (url, admin) = postgres_database("replicas");
-    let mut replicas: Vec<Option<ServeProcess>> =
-        (0..3).map(|_| Some(ServeProcess::start(0, &url, ADMIN, None))).collect();
+    let mut replicas: Vec<Option<Serve>> = (0..3).map(|_| Some(Serve::start(0, &url, ADMIN, None))).collect();
     let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
     let balancer = Balancer::start(&scratch, &ports);
     let lb = balancer.port;
@@ -243,9 +244,8 @@ fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leade
 
     // After round 1, a replica that does not lead the task dies: only
     // requests it was forwarding are lost, and clients retry them.
-    let leads = |replica: &Option<ServeProcess>| {
-        replica.as_ref().map(|r| first_leader.ends_with(&format!(":{}", r.port)))
-    };
+    let leads =
+        |replica: &Option<Serve>| replica.as_ref().map(|r| first_leader.ends_with(&format!(":{}", r.port)));
     wait_for(Duration::from_secs(120), "round 1", || !rounds(lb, &task).is_empty());
     let bystander = replicas.iter().position(|r| leads(r) == Some(false)).unwrap();
     replicas[bystander].take().unwrap().kill();
@@ -297,7 +297,7 @@ fn a_leader_paused_past_its_lease_hands_the_task_on_and_loses_no_client() {
     let _heavy = cohort_tests::exclusive();
     let scratch = cohort_tests::scratch("replicas-stall");
     let (url, admin) = postgres_database("replicas_stall");
-    let replicas: Vec<ServeProcess> = (0..3).map(|_| ServeProcess::start(0, &url, ADMIN, None)).collect();
+    let replicas: Vec<Serve> = (0..3).map(|_| Serve::start(0, &url, ADMIN, None)).collect();
     let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
     let balancer = Balancer::start(&scratch, &ports);
     let lb = balancer.port;
@@ -321,8 +321,7 @@ fn a_leader_paused_past_its_lease_hands_the_task_on_and_loses_no_client() {
     paused.signal("CONT");
     // Woken, it never says it does not know the task.
     for _ in 0..30 {
-        let (status, body) =
-            json_call(paused.port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
+        let (status, body) = admin_at(paused.port).call("GET", &format!("/admin/tasks/{task}"), None);
         assert!(status == 200 || status == 503, "{status}: {body}");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -344,7 +343,7 @@ fn a_task_no_replica_can_load_says_why_and_is_stopped_and_deleted() {
     let _heavy = cohort_tests::exclusive();
     let scratch = cohort_tests::scratch("replicas-unloadable");
     let (url, admin) = postgres_database("replicas_unloadable");
-    let first = ServeProcess::start(0, &url, ADMIN, None);
+    let first = Serve::start(0, &url, ADMIN, None);
     let (task, _) = create_task(first.port, &spec(3));
     first.kill();
     psql(
@@ -353,23 +352,22 @@ fn a_task_no_replica_can_load_says_why_and_is_stopped_and_deleted() {
             "UPDATE checkpoints SET optimizer_state = convert_to('null', 'UTF8') WHERE task_id = '{task}'"
         ),
     );
-    let replicas: Vec<ServeProcess> = (0..2).map(|_| ServeProcess::start(0, &url, ADMIN, None)).collect();
+    let replicas: Vec<Serve> = (0..2).map(|_| Serve::start(0, &url, ADMIN, None)).collect();
     let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
     let balancer = Balancer::start(&scratch, &ports);
     let lb = balancer.port;
     let path = format!("/admin/tasks/{task}");
     wait_for(Duration::from_secs(40), "the task's view to say why it does not run", || {
-        let (status, view) = json_call(lb, "GET", &path, Some(ADMIN), None);
-        status == 200 && view["stalled"].as_str().is_some_and(|why| why.contains("could not load the task"))
+        let view: Option<TaskView> = admin_at(lb).try_get(&path);
+        view.and_then(|view| view.live.stalled).is_some_and(|why| why.contains("could not load the task"))
     });
-    let (status, body) = json_call(lb, "POST", &format!("{path}/pause"), Some(ADMIN), None);
+    let (status, body) = admin_at(lb).call("POST", &format!("{path}/pause"), None);
     assert_eq!((status, body["error"].as_str()), (503, Some("unavailable")), "{body}");
-    let (status, body) = json_call(lb, "POST", &format!("{path}/stop"), Some(ADMIN), None);
-    assert_eq!((status, body["status"].as_str()), (200, Some("stopped")), "{body}");
-    assert_eq!(json_call(lb, "DELETE", &path, Some(ADMIN), None).0, 204);
-    assert_eq!(json_call(lb, "GET", &path, Some(ADMIN), None).0, 404);
-    let (status, tasks) = json_call(lb, "GET", "/admin/tasks", Some(ADMIN), None);
-    assert_eq!((status, tasks), (200, json!([])));
+    let stopped = admin_at(lb).set_status(&task, "stop");
+    assert_eq!(stopped.status, TaskStatus::Stopped, "{stopped:?}");
+    assert_eq!(admin_at(lb).send("DELETE", &path, &[]).0, 204);
+    assert_eq!(admin_at(lb).send("GET", &path, &[]).0, 404);
+    assert!(admin_at(lb).tasks().is_empty());
     drop(balancer);
     drop(replicas);
     drop_postgres_database(&url, &admin);
@@ -388,18 +386,16 @@ fn a_forwarded_request_is_logged_under_its_id_by_both_replicas() {
     let (url, admin) = postgres_database("replicas_trace");
     let logs: Vec<PathBuf> = (0..2).map(|i| scratch.join(format!("replica-{i}.log"))).collect();
     let filter = "warn,tower_http=debug";
-    let replicas: Vec<ServeProcess> =
-        logs.iter().map(|log| ServeProcess::start_logged(0, &url, ADMIN, log, filter)).collect();
+    let replicas: Vec<Serve> = logs
+        .iter()
+        .map(|log| Serve::options("trace", ADMIN).database(&url).log(log, filter).start())
+        .collect();
     // Created through the first replica, which takes its lease at once.
     let (task, _) = create_task(replicas[0].port, &spec(3));
     let get = |port: u16, id: &str| {
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let head = format!(
-            "GET /admin/tasks/{task} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-             Authorization: Bearer {ADMIN}\r\nx-request-id: {id}\r\n\r\n"
-        );
-        std::io::Write::write_all(&mut stream, head.as_bytes()).unwrap();
-        let (status, head, _) = cohort_tests::process::read_response(&mut stream);
+        let path = format!("/admin/tasks/{task}");
+        let (status, head, _) =
+            admin_at(port).try_send_with("GET", &path, &[("x-request-id", id)], &[]).unwrap();
         (status, head.to_ascii_lowercase())
     };
     // The second replica knows where the task is led after a lease tick.
@@ -451,8 +447,7 @@ fn a_round_s_groups_run_on_different_replicas_and_a_dead_one_costs_only_its_grou
     let _heavy = cohort_tests::exclusive();
     let scratch = cohort_tests::scratch("replicas-groups");
     let (url, admin) = postgres_database("replicas_groups");
-    let mut replicas: Vec<Option<ServeProcess>> =
-        (0..3).map(|_| Some(ServeProcess::start(0, &url, ADMIN, None))).collect();
+    let mut replicas: Vec<Option<Serve>> = (0..3).map(|_| Some(Serve::start(0, &url, ADMIN, None))).collect();
     let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
     let balancer = Balancer::start(&scratch, &ports);
     let lb = balancer.port;
@@ -470,19 +465,17 @@ fn a_round_s_groups_run_on_different_replicas_and_a_dead_one_costs_only_its_grou
 
     wait_for(Duration::from_secs(120), "round 1", || !rounds(lb, &task).is_empty());
     let first = &round_records(lb, &task)[0];
-    assert_eq!((first["selected"].as_i64(), first["survivors"].as_i64()), (Some(12), Some(12)), "{first}");
-    let owners: Vec<Option<&str>> =
-        first["metrics"]["groups"].as_array().unwrap().iter().map(|g| g["owner"].as_str()).collect();
-    assert_eq!(owners.len(), 3, "{first}");
+    assert_eq!((first.selected, first.survivors), (12, 12), "{first:?}");
+    let owners: Vec<Option<&str>> = first.metrics.groups.iter().map(|g| g.owner.as_deref()).collect();
+    assert_eq!(owners.len(), 3, "{first:?}");
     let handed: std::collections::HashSet<&str> = owners.iter().flatten().copied().collect();
     assert!(handed.len() >= 2 && !handed.contains(first_leader.as_str()), "groups ran elsewhere: {owners:?}");
 
     // As soon as round 2 is under way, a replica that does not lead it
     // (and so runs one of its groups) dies.
     wait_for(Duration::from_secs(60), "round 2 to start", || current_round(lb, &task) == Some(2));
-    let leads = |replica: &Option<ServeProcess>| {
-        replica.as_ref().map(|r| first_leader.ends_with(&format!(":{}", r.port)))
-    };
+    let leads =
+        |replica: &Option<Serve>| replica.as_ref().map(|r| first_leader.ends_with(&format!(":{}", r.port)));
     let victim = replicas.iter().position(|r| leads(r) == Some(false)).unwrap();
     let victim_url = format!("http://127.0.0.1:{}", replicas[victim].as_ref().unwrap().port);
     replicas[victim].take().unwrap().kill();
@@ -499,14 +492,13 @@ fn a_round_s_groups_run_on_different_replicas_and_a_dead_one_costs_only_its_grou
     assert_completed_once(lb, &task, 4, &mut clients);
     let records = round_records(lb, &task);
     let second = &records[1];
-    assert_eq!((second["selected"].as_i64(), second["survivors"].as_i64()), (Some(12), Some(8)), "{second}");
-    let groups = second["metrics"]["groups"].as_array().unwrap();
-    let failed: Vec<&Value> = groups.iter().filter(|g| g.get("failed_at").is_some()).collect();
-    assert_eq!(failed.len(), 1, "{second}");
-    assert_eq!(failed[0]["owner"].as_str(), Some(victim_url.as_str()), "{second}");
-    assert_eq!(failed[0]["survivors"], 0);
+    assert_eq!((second.selected, second.survivors), (12, 8), "{second:?}");
+    let failed: Vec<_> = second.metrics.groups.iter().filter(|g| g.failed_at.is_some()).collect();
+    assert_eq!(failed.len(), 1, "{second:?}");
+    assert_eq!(failed[0].owner.as_deref(), Some(victim_url.as_str()), "{second:?}");
+    assert_eq!(failed[0].survivors, 0);
     for later in &records[2..] {
-        assert_eq!(later["survivors"].as_i64(), Some(12), "{later}");
+        assert_eq!(later.survivors, 12, "{later:?}");
     }
     drop(balancer);
     drop(replicas);
@@ -527,7 +519,7 @@ fn a_database_outage_mid_round_loses_nothing() {
     let upstream = postgres_port(&url);
     let mut relay = Relay::start(0, upstream);
     let relayed = relay.url_for(&url);
-    let replicas: Vec<ServeProcess> = (0..2).map(|_| ServeProcess::start(0, &relayed, ADMIN, None)).collect();
+    let replicas: Vec<Serve> = (0..2).map(|_| Serve::start(0, &relayed, ADMIN, None)).collect();
     let balancer = Balancer::start(&scratch, &replicas.iter().map(|r| r.port).collect::<Vec<_>>());
     let lb = balancer.port;
     let spec = spec(4);
@@ -556,7 +548,9 @@ fn a_database_outage_mid_round_loses_nothing() {
 /// refused with a message that says what to do, and the first keeps serving.
 #[test]
 fn a_second_replica_on_sqlite_is_refused() {
-    let (first, database) = ServeProcess::sqlite("second-replica", ADMIN, None);
+    let database = std::env::temp_dir().join(format!("cohort-second-replica-{}.db", std::process::id()));
+    cohort_tests::process::remove_database(&database);
+    let first = Serve::start(0, &format!("sqlite://{}", database.display()), ADMIN, None);
     let output = Command::new(&cohort_tests::artifacts().cohort)
         .args(["serve", "--bind", "127.0.0.1:0", "--database-url"])
         .arg(format!("sqlite://{}", database.display()))
@@ -570,7 +564,7 @@ fn a_second_replica_on_sqlite_is_refused() {
     assert_eq!(json_call(first.port, "GET", "/readyz", None, None).0, 200);
     // Once the first is gone, the file is free again.
     first.kill();
-    let again = ServeProcess::start(0, &format!("sqlite://{}", database.display()), ADMIN, None);
+    let again = Serve::start(0, &format!("sqlite://{}", database.display()), ADMIN, None);
     assert_eq!(json_call(again.port, "GET", "/readyz", None, None).0, 200);
     drop(again);
     cohort_tests::process::remove_database(&database);

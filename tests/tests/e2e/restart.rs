@@ -8,24 +8,18 @@
 use std::time::{Duration, Instant};
 
 use cohort_crypto::testing::{ProtocolClient, weighted_mean};
+use cohort_server::api::{CreatedTask, RoundView};
 use cohort_tests::identity::Enrollment;
-use cohort_tests::process::{ServeProcess, http, json_call, stage_answer};
-use serde_json::{Value, json};
+use cohort_tests::process::{http, json_call, stage_answer};
+use cohort_tests::{AdminClient, Serve};
+use serde_json::json;
 
 const ADMIN: &str = "restart-test-admin-token-0123456789";
 const SECAGG: &str = "application/x-cohort-secagg";
 
-/// The client policy that accepts the task `spec` creates (the active
-/// variant unless it says otherwise).
-fn policy_for(spec: &Value) -> cohort_client::participant::Policy {
-    let mut spec: cohort_server::spec::TaskSpec = serde_json::from_value(spec.clone()).unwrap();
-    spec.secure_aggregation.default_for_new_task();
-    spec.accepting_policy().unwrap()
-}
-
 /// `cohort serve` on `port` (0: any free port) over the SQLite file.
-fn start(port: u16, database: &std::path::Path) -> ServeProcess {
-    ServeProcess::start(port, &format!("sqlite://{}", database.display()), ADMIN, None)
+fn start(port: u16, database: &std::path::Path) -> Serve {
+    Serve::start(port, &format!("sqlite://{}", database.display()), ADMIN, None)
 }
 
 struct Device {
@@ -55,10 +49,8 @@ fn enroll(port: u16, task: &str, token: &str, ids: std::ops::Range<u32>) -> Vec<
     .collect()
 }
 
-fn rounds(port: u16, task: &str) -> Vec<Value> {
-    let (status, body) = json_call(port, "GET", &format!("/admin/tasks/{task}/rounds"), Some(ADMIN), None);
-    assert_eq!(status, 200);
-    body.as_array().unwrap().clone()
+fn rounds(port: u16, task: &str) -> Vec<RoundView> {
+    AdminClient::new(port, ADMIN).rounds(task)
 }
 
 /// Steps every device until `done` holds (bounded in steps and time).
@@ -99,10 +91,8 @@ fn training_survives_a_crash_mid_round() {
         "secure_aggregation": { "graph": "complete", "threshold": 4 },
         "optimizer": { "kind": "fedavgm", "learning_rate": 1.0, "momentum": 0.5 }
     });
-    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
-    assert_eq!(status, 201, "{created}");
-    let task = created["id"].as_str().unwrap().to_string();
-    let token = created["enrollment_token"].as_str().unwrap().to_string();
+    let CreatedTask { id: task, enrollment_token: token, .. } =
+        AdminClient::new(port, ADMIN).create_task(&spec);
     let mut devices = enroll(port, &task, &token, 0..6);
 
     // Round 1 completes.
@@ -136,7 +126,7 @@ fn training_survives_a_crash_mid_round() {
         device.participant.reset();
     }
     run_until(port, &mut devices, || rounds(port, &task).len() == 3);
-    let numbers: Vec<i64> = rounds(port, &task).iter().map(|r| r["round"].as_i64().unwrap()).collect();
+    let numbers: Vec<i64> = rounds(port, &task).iter().map(|r| r.round).collect();
     assert_eq!(numbers, [1, 2, 3]);
     let (_, live) = json_call(port, "GET", &format!("/admin/tasks/{task}"), Some(ADMIN), None);
     assert_eq!(live["status"], "completed");
@@ -169,10 +159,8 @@ fn a_round_rerun_after_a_crash_leaves_out_those_asked_for_their_masked_input() {
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [3] } ] } },
         "secure_aggregation": { "graph": "complete", "threshold": 3 }
     });
-    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
-    assert_eq!(status, 201, "{created}");
-    let task = created["id"].as_str().unwrap().to_string();
-    let token = created["enrollment_token"].as_str().unwrap().to_string();
+    let CreatedTask { id: task, enrollment_token: token, .. } =
+        AdminClient::new(port, ADMIN).create_task(&spec);
     let mut first = enroll(port, &task, &token, 0..4);
 
     // Keys, shares, then every masked input: the round is past the point
@@ -247,7 +235,7 @@ fn completed(port: u16, task: &str) -> Vec<(i64, Vec<u8>)> {
     rounds(port, task)
         .iter()
         .map(|r| {
-            let round = r["round"].as_i64().unwrap();
+            let round = r.round;
             let path = format!("/admin/tasks/{task}/checkpoints/{round}");
             let (status, bytes) = http(port, "GET", &path, Some(ADMIN), "", &[]);
             assert_eq!(status, 200, "checkpoint of round {round}");
@@ -285,10 +273,8 @@ fn training_survives_repeated_crashes_at_random_points() {
         "deadlines": { "advertise_keys_ms": 4000, "share_keys_ms": 4000, "masked_input_ms": 4000, "unmasking_ms": 4000 },
         "checkpoint_retention": 20
     });
-    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec.clone()));
-    assert_eq!(status, 201, "{created}");
-    let task = created["id"].as_str().unwrap().to_string();
-    let token = created["enrollment_token"].as_str().unwrap().to_string();
+    let CreatedTask { id: task, enrollment_token: token, .. } =
+        AdminClient::new(port, ADMIN).create_task(&spec);
 
     // Patient clients: they ride out a restart with retries.
     let config = ParticipantConfig {
@@ -297,7 +283,7 @@ fn training_survives_repeated_crashes_at_random_points() {
         backoff_max_ms: 200,
         poll_interval_ms: 50,
         stage_timeout_ms: 8_000,
-        policy: policy_for(&spec),
+        policy: cohort_tests::policy_for(&spec),
         ..ParticipantConfig::default()
     };
     let mut clients: Vec<_> = (0..population as u32)

@@ -12,8 +12,10 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use cohort_crypto::testing::{ProtocolClient, weighted_mean};
+use cohort_server::api::CreatedTask;
 use cohort_tests::identity::Enrollment;
-use cohort_tests::process::{ServeProcess, http, json_call, stage_answer};
+use cohort_tests::process::{http, json_call, stage_answer};
+use cohort_tests::{AdminClient, Serve};
 use serde_json::json;
 
 const ADMIN: &str = "streaming-test-admin-token-0123456789";
@@ -65,7 +67,7 @@ fn break_off(port: u16, credential: &str, reply: &[u8]) {
 fn uploads_that_break_off_are_taken_back_out_and_the_round_is_the_mean_of_whole_inputs() {
     let database = std::env::temp_dir().join(format!("cohort-streaming-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&database);
-    let server = ServeProcess::start(0, &format!("sqlite://{}", database.display()), ADMIN, None);
+    let server = Serve::start(0, &format!("sqlite://{}", database.display()), ADMIN, None);
     let port = server.port;
     let spec = json!({
         "name": "streaming",
@@ -74,10 +76,8 @@ fn uploads_that_break_off_are_taken_back_out_and_the_round_is_the_mean_of_whole_
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [DIM] } ] } },
         "secure_aggregation": { "graph": "complete", "threshold": 3 }
     });
-    let (status, created) = json_call(port, "POST", "/admin/tasks", Some(ADMIN), Some(spec));
-    assert_eq!(status, 201, "{created}");
-    let task = created["id"].as_str().unwrap().to_string();
-    let token = created["enrollment_token"].as_str().unwrap().to_string();
+    let CreatedTask { id: task, enrollment_token: token, .. } =
+        AdminClient::new(port, ADMIN).create_task(&spec);
     let mut devices: Vec<Device> = (0..4u32)
         .map(|i| {
             let update = (0..DIM).map(|j| ((j * 7 + i as usize) % 13) as f32 * 0.01 - 0.06).collect();
@@ -92,12 +92,7 @@ fn uploads_that_break_off_are_taken_back_out_and_the_round_is_the_mean_of_whole_
         })
         .collect();
 
-    let rounds = || {
-        let (status, body) =
-            json_call(port, "GET", &format!("/admin/tasks/{task}/rounds"), Some(ADMIN), None);
-        assert_eq!(status, 200);
-        body.as_array().unwrap().clone()
-    };
+    let rounds = || AdminClient::new(port, ADMIN).rounds(&task);
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut streamed = 0;
     while rounds().is_empty() {
@@ -110,7 +105,7 @@ fn uploads_that_break_off_are_taken_back_out_and_the_round_is_the_mean_of_whole_
     assert_eq!(streamed, 4, "every masked input was long enough to be streamed");
     assert!(devices.iter().all(|d| d.breaks == 0));
     let round = &rounds()[0];
-    assert_eq!(round["survivors"], 4, "{round}");
+    assert_eq!(round.survivors, 4, "{round:?}");
 
     // The model is the mean of the four whole inputs: nothing of the
     // broken-off halves is left in the sum.

@@ -7,6 +7,7 @@
 use std::process::Command;
 
 use cohort_client::runtime::LocalUpdate;
+use cohort_server::api::CreatedTask;
 use cohort_tests::{
     Serve, app_update, assert_aggregate, checkpoint, native_clients, native_update, scratch, spec, success,
     synthetic_update, workspace_root,
@@ -19,15 +20,15 @@ fn wasm_clients_join_a_secure_round_with_native_clients() {
     cohort_tests::web_package();
 
     let dir = scratch("web");
-    let serve = Serve::start(&dir, "web-e2e-admin-token");
-    let (task, token) = serve.create_task(spec(5, 3));
+    let serve = Serve::in_dir(&dir, "web-e2e-admin-token");
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec(5, 3));
     let natives = native_clients(&serve, &task, &token, 3);
     let run = cohort_tests::output_within(
         Command::new("node").arg(workspace_root().join("web/tests/round.mjs")).args([
             &serve.url,
             &task,
             &token,
-            &serve.policy_json(&task),
+            &serve.admin().policy_json(&task),
         ]),
         cohort_tests::CLIENT_LIMIT,
     );
@@ -51,18 +52,18 @@ fn wasm_clients_join_a_secure_round_with_native_clients() {
 fn wasm_clients_take_part_in_an_async_task() {
     cohort_tests::web_package();
     let dir = scratch("web-async");
-    let serve = Serve::start(&dir, "web-async-admin-token");
+    let serve = Serve::in_dir(&dir, "web-async-admin-token");
     let mut spec = spec(3, 2);
     spec["mode"] = serde_json::json!("async");
     spec["async"] = serde_json::json!({ "concurrency": 3, "buffer_size": 3, "max_staleness": 1 });
-    let (task, token) = serve.create_task(spec);
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec);
     let natives = native_clients(&serve, &task, &token, 1);
     let run = cohort_tests::output_within(
         Command::new("node").arg(workspace_root().join("web/tests/async.mjs")).args([
             &serve.url,
             &task,
             &token,
-            &serve.policy_json(&task),
+            &serve.admin().policy_json(&task),
         ]),
         cohort_tests::CLIENT_LIMIT,
     );

@@ -1,8 +1,9 @@
 //! A malicious coordinator for the hostile-coordinator suites: a proxy in
 //! front of a real coordinator that rewrites its answers as scripted and
 //! records every request each client makes. Shared by the native suite
-//! (`server/tests/integration/malicious_coordinator.rs`) and the browser and JVM one
-//! (`tests/tests/e2e/hostile_clients.rs`), which include this file.
+//! (`server/tests/integration/malicious_coordinator.rs`) and the browser and
+//! JVM one
+//! (`tests/tests/e2e/hostile_clients.rs`).
 
 #![allow(dead_code, clippy::unwrap_used)]
 
