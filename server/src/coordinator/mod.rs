@@ -221,7 +221,10 @@ impl Request {
     }
 
     /// Whether serving this request may change what the admin API shows
-    /// (queries do not; nor does a piece of a masked input before its end).
+    /// (queries do not; nor does a piece of a masked input before its end,
+    /// nor what only concerns groups run here for other replicas' rounds,
+    /// whose tasks are shown by their leaders: the lease keeper's periodic
+    /// list of them would otherwise wake every stream every second).
     fn changes_state(&self) -> bool {
         !matches!(
             self,
@@ -233,6 +236,8 @@ impl Request {
                 | Request::Security { .. }
                 | Request::Shutdown { .. }
                 | Request::Input { step: InputStep::Begin(_) | InputStep::Piece(..), .. }
+                | Request::Lease(LeaseEvent::KeepGroups { .. })
+                | Request::Groups(GroupEvent::Own { .. })
         )
     }
 }
@@ -548,5 +553,23 @@ impl Coordinator {
     /// The current global model (round, safetensors bytes).
     pub async fn model(&self, task: &str) -> Result<(u64, bytes::Bytes), CoordinatorError> {
         self.ask(|reply| Request::Model { task: task.into(), reply }).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_a_view_shows_counts_as_a_change() {
+        let (reply, _) = oneshot::channel();
+        let leave = Request::Leave { task: "t".into(), participant: "p".into(), reply };
+        assert!(leave.changes_state(), "a client leaving changes the round's progress");
+        let (reply, _) = oneshot::channel();
+        assert!(!Request::Live { id: "t".into(), reply }.changes_state(), "a query");
+        let kept = Request::Lease(LeaseEvent::KeepGroups { keys: HashSet::new(), since: 0 });
+        assert!(!kept.changes_state(), "the groups run here for other replicas are no task's view");
+        let dropped = Request::Lease(LeaseEvent::Drop { id: "t".into(), why: "test" });
+        assert!(dropped.changes_state(), "a task no longer led here");
     }
 }
