@@ -522,7 +522,7 @@ impl Coordinator {
 
     /// Whether a client may post a stage message now: its
     /// [`Admission`], with its size limit (see
-    /// [`TaskEngine::admit`](crate::round::TaskEngine::admit)).
+    /// [`StageHost::admit`](crate::round::StageHost::admit)).
     pub async fn admit(&self, task: &str, participant: &str) -> Result<Admission, CoordinatorError> {
         self.ask(|reply| Request::Admit { task: task.into(), participant: participant.into(), reply }).await
     }

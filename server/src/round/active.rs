@@ -63,7 +63,7 @@ pub(super) struct RemoteGroup {
     pub(super) stage: Stage,
 }
 
-/// What closing a group's stage ([`Group::advance`]) came to: the one
+/// What closing a group's stage came to (`Group::advance`): the one
 /// hand-off from a group to whoever drives it (the task's engine, for a
 /// group of a sync round or an async group, or the replica that runs a
 /// group for another's round).

@@ -67,7 +67,7 @@ pub struct BuiltRound {
 
 impl<'a> RoundBuilder<'a> {
     /// Rounds of `spec`, whose security parameters are `security` (derived
-    /// once from it, see [`TaskSpec::security`]).
+    /// once from it, see [`TaskPlan::security`](crate::spec::TaskPlan::security)).
     pub fn for_task(spec: &'a TaskSpec, security: &TaskSecurity) -> Self {
         Self {
             quantization: &spec.quantization,

@@ -31,7 +31,8 @@ impl PendingUnmask {
     }
 }
 
-/// A computed round, to persist before [`TaskEngine::commit`](super::TaskEngine::commit).
+/// A computed round, to persist before the engine adopts it (see
+/// [`Persist::Model`](super::Persist::Model)).
 #[derive(Debug, Clone)]
 pub struct Completion {
     /// The round record.

@@ -221,7 +221,7 @@ impl TaskEngine {
 
     /// Restores a task from its plan, status and newest checkpoint, with
     /// the participants that earlier attempts of the next round asked for
-    /// their masked input (see [`TickOutcome::MaskedInputRequested`]).
+    /// their masked input (see [`Persist::Contributors`]).
     pub fn new(
         task_id: String,
         plan: TaskPlan,
