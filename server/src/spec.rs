@@ -580,6 +580,19 @@ pub struct TaskPlan {
     derived: DerivedRoundParameters,
     security: TaskSecurity,
     privacy: Option<PrivacyPlan>,
+    cadence: Cadence,
+}
+
+/// How a validated task's clients are scheduled: the spec's `mode` and
+/// `async` read as one value, so that a sync task with async parameters,
+/// or an async one without, cannot be represented past validation (the
+/// spec's JSON keeps its two fields).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cadence {
+    /// Rounds, one at a time.
+    Sync,
+    /// Buffered asynchronous aggregation with these parameters.
+    Async(AsyncSpec),
 }
 
 impl TaskPlan {
@@ -589,7 +602,12 @@ impl TaskPlan {
         let derived = spec.validate()?;
         let security = spec.security(&derived)?;
         let privacy = spec.plan_privacy(&derived)?;
-        Ok(Self { spec, derived, security, privacy })
+        // `validate` refused every other pairing.
+        let cadence = match (spec.mode, spec.asynchronous) {
+            (TaskMode::Async, Some(schedule)) => Cadence::Async(schedule),
+            _ => Cadence::Sync,
+        };
+        Ok(Self { spec, derived, security, privacy, cadence })
     }
 
     /// The plan of a task being created from `spec`: what it does not
@@ -620,6 +638,11 @@ impl TaskPlan {
     /// The task's differential-privacy plan, if it asks for privacy.
     pub fn privacy(&self) -> Option<&PrivacyPlan> {
         self.privacy.as_ref()
+    }
+
+    /// How its clients are scheduled.
+    pub fn cadence(&self) -> Cadence {
+        self.cadence
     }
 
     /// The spec, given back.

@@ -69,9 +69,9 @@ enum Database {
 
 impl Serve {
     /// Options for a coordinator with `admin_token` on a free port over a
-    /// fresh SQLite file named after `name`.
-    pub fn options(name: &str, admin_token: &str) -> ServeOptions {
-        let file = std::env::temp_dir().join(format!("cohort-{name}-{}.db", std::process::id()));
+    /// fresh SQLite file (see [`ServeOptions::sqlite`]).
+    pub fn options(admin_token: &str) -> ServeOptions {
+        let file = fresh_database(&format!("serve-{}", next_suffix()));
         ServeOptions {
             admin_token: admin_token.into(),
             port: 0,
@@ -85,16 +85,18 @@ impl Serve {
         }
     }
 
-    /// `cohort serve` with its SQLite file in `scratch` and the browser
-    /// client's files served.
+    /// `cohort serve` with its SQLite file in `scratch` (kept, so that a
+    /// server started again on `scratch` finds what the first stored) and
+    /// the browser client's files served.
     pub fn in_dir(scratch: &Path, admin_token: &str) -> Self {
         Self::in_dir_with(scratch, admin_token, &[])
     }
 
     /// [`in_dir`](Self::in_dir) with more `cohort serve` arguments.
     pub fn in_dir_with(scratch: &Path, admin_token: &str, args: &[&str]) -> Self {
-        let mut options = Self::options("unused", admin_token).web_assets();
-        options.database = Database::Fresh(scratch.join("cohort.db"));
+        // Kept on drop: a test restarts the server on the same directory.
+        let database = format!("sqlite://{}", scratch.join("cohort.db").display());
+        let mut options = Self::options(admin_token).web_assets().database(&database);
         options.show_log = true;
         args.iter().fold(options, |options, arg| options.arg(arg)).start()
     }
@@ -102,7 +104,7 @@ impl Serve {
     /// `cohort serve` on `port` (0: any free port) over `database_url`,
     /// with `config` as its settings file if given.
     pub fn start(port: u16, database_url: &str, admin_token: &str, config: Option<&Value>) -> Self {
-        let options = Self::options("unused", admin_token).port(port).database(database_url);
+        let options = Self::options(admin_token).port(port).database(database_url);
         match config {
             Some(config) => options.config(config).start(),
             None => options.start(),
@@ -111,7 +113,7 @@ impl Serve {
 
     /// `cohort serve` over a fresh SQLite file named after `name`.
     pub fn sqlite(name: &str, admin_token: &str, config: Option<&Value>) -> Self {
-        let options = Self::options(name, admin_token);
+        let options = Self::options(admin_token).sqlite(name);
         match config {
             Some(config) => options.config(config).start(),
             None => options.start(),
@@ -121,7 +123,7 @@ impl Serve {
     /// The service in this process over a fresh SQLite file named after
     /// `name`, plain HTTP.
     pub fn in_process(name: &str, admin_token: &str) -> Self {
-        Self::options(name, admin_token).start_in_process(None, |_| {})
+        Self::options(admin_token).sqlite(name).start_in_process(None, |_| {})
     }
 
     /// The admin API of this coordinator.
@@ -204,6 +206,14 @@ impl ServeOptions {
     /// Listen on `port` (0, the default: any free port).
     pub fn port(mut self, port: u16) -> Self {
         self.port = port;
+        self
+    }
+
+    /// A fresh SQLite file named after `name` (in the temporary
+    /// directory, removed on drop), so that a test's file is found by its
+    /// name.
+    pub fn sqlite(mut self, name: &str) -> Self {
+        self.database = Database::Fresh(fresh_database(name));
         self
     }
 
@@ -356,6 +366,11 @@ impl Serve {
         let port = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a URL with a port");
         Self { transport: transport(&url), backend, url, port, admin_token, scratch }
     }
+}
+
+/// Where the fresh SQLite file named after `name` goes.
+fn fresh_database(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("cohort-{name}-{}.db", std::process::id()))
 }
 
 fn next_suffix() -> u64 {

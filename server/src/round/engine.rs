@@ -28,7 +28,7 @@ use super::records::{
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
 use crate::privacy::{PrivacyPlan, PrivacyView};
-use crate::spec::{TaskMode, TaskPlan, TaskSpec};
+use crate::spec::{Cadence, TaskPlan, TaskSpec};
 use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
 
 /// A check-in counts towards selection for this long, unless the task
@@ -231,6 +231,10 @@ impl TaskEngine {
     ) -> Result<Self, TaskError> {
         let security = plan.security();
         let privacy = plan.privacy().copied();
+        let schedule = match plan.cadence() {
+            Cadence::Sync => Schedule::Sync(SyncRound::Idle),
+            Cadence::Async(schedule) => Schedule::Async(BufferState::new(schedule)),
+        };
         let spec = plan.into_spec();
         let decoded = checkpoint::decode(&latest.model)?;
         if decoded.layout != spec.model.layout {
@@ -255,10 +259,7 @@ impl TaskEngine {
             recent: VecDeque::new(),
             pending: VecDeque::new(),
             rng: rand_core::SeedableRng::from_seed(seed),
-            schedule: match (spec.mode, spec.asynchronous) {
-                (TaskMode::Async, Some(schedule)) => Schedule::Async(BufferState::new(schedule)),
-                _ => Schedule::Sync(SyncRound::Idle),
-            },
+            schedule,
             last_failure: None,
             spec,
         })

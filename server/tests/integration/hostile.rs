@@ -92,8 +92,9 @@ fn refused(response: &Response, status: u16, code: &str) {
 
 #[test]
 fn hostile_input_is_refused_and_rounds_complete() {
-    let coordinator =
-        Serve::options("hostile", ADMIN).start_in_process(None, |config| config.max_message_bytes = MAX_BODY);
+    let coordinator = Serve::options(ADMIN)
+        .sqlite("hostile")
+        .start_in_process(None, |config| config.max_message_bytes = MAX_BODY);
     let url = coordinator.url.clone();
     let mut admin = Raw { transport: HttpTransport::new(&url), credential: Some(ADMIN.into()) };
 

@@ -47,7 +47,8 @@ fn steady() -> support::Steady {
 #[test]
 fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
     let (ca_pem, files) = certificates();
-    let coordinator = Serve::options("tls", ADMIN).start_in_process(Some((files, ca_pem.clone())), |_| {});
+    let coordinator =
+        Serve::options(ADMIN).sqlite("tls").start_in_process(Some((files, ca_pem.clone())), |_| {});
     let url = coordinator.url.clone();
     assert!(url.starts_with("https://127.0.0.1:"), "{url}");
     let trusted = || HttpTransport::with_root_certificates(&url, ca_pem.as_bytes()).unwrap();
@@ -111,11 +112,12 @@ fn the_tls_listener_keeps_the_handshake_timeout_and_the_connection_cap() {
     use std::time::{Duration, Instant};
 
     let (ca_pem, files) = certificates();
-    let coordinator = Serve::options("tls-limits", ADMIN).start_in_process(Some((files, ca_pem)), |config| {
-        config.connections.header_timeout = Duration::from_millis(800);
-        config.connections.idle_timeout = Duration::from_millis(800);
-        config.connections.max_connections = 8;
-    });
+    let coordinator =
+        Serve::options(ADMIN).sqlite("tls-limits").start_in_process(Some((files, ca_pem)), |config| {
+            config.connections.header_timeout = Duration::from_millis(800);
+            config.connections.idle_timeout = Duration::from_millis(800);
+            config.connections.max_connections = 8;
+        });
     let address = coordinator.url.trim_start_matches("https://").to_string();
     // No handshake at all, and half a ClientHello: both closed at the
     // handshake timeout.

@@ -605,10 +605,9 @@ fn overflow_and_nul_inputs_are_refused_on_sqlite_and_postgresql() {
     // database's URL names a user without a password).
     let (scheme, rest) = url.split_once("://").unwrap();
     let server = match rest.split_once('@') {
-        Some((user, place)) if !user.contains(':') => Serve::options("inputs", ADMIN)
-            .database(&format!("{scheme}://{place}"))
-            .env("PGUSER", user)
-            .start(),
+        Some((user, place)) if !user.contains(':') => {
+            Serve::options(ADMIN).database(&format!("{scheme}://{place}")).env("PGUSER", user).start()
+        }
         _ => Serve::start(0, &url, ADMIN, None),
     };
     refuses_overflow_and_nul(server.port);

@@ -386,10 +386,8 @@ fn a_forwarded_request_is_logged_under_its_id_by_both_replicas() {
     let (url, admin) = postgres_database("replicas_trace");
     let logs: Vec<PathBuf> = (0..2).map(|i| scratch.join(format!("replica-{i}.log"))).collect();
     let filter = "warn,tower_http=debug";
-    let replicas: Vec<Serve> = logs
-        .iter()
-        .map(|log| Serve::options("trace", ADMIN).database(&url).log(log, filter).start())
-        .collect();
+    let replicas: Vec<Serve> =
+        logs.iter().map(|log| Serve::options(ADMIN).database(&url).log(log, filter).start()).collect();
     // Created through the first replica, which takes its lease at once.
     let (task, _) = create_task(replicas[0].port, &spec(3));
     let get = |port: u16, id: &str| {

@@ -7,7 +7,7 @@ use cohort_crypto::{Stage, Variant};
 
 use crate::round::{CheckIn, Completion, PendingUnmask, Persist, Poll, StageHost, TaskEngine, TickOutcome};
 use crate::spec::tests::small_spec;
-use crate::spec::{AsyncSpec, TaskMode, TaskPlan, TaskSpec};
+use crate::spec::{AsyncSpec, Cadence, TaskMode, TaskPlan, TaskSpec};
 use crate::store::TaskStatus;
 
 /// Buffers of three (t = 2) with up to `concurrency` clients training and
@@ -356,6 +356,20 @@ fn async_specs_are_checked_field_by_field() {
     spec.validate().unwrap();
     assert_eq!(spec.asynchronous.unwrap().staleness_exponent, 0.5);
     assert_eq!(spec.asynchronous.unwrap().weight(3), 0.5);
+}
+
+#[test]
+fn a_plan_reads_mode_and_async_as_one_cadence() {
+    let plan = TaskPlan::new(async_spec(6, 1)).unwrap();
+    assert_eq!(plan.cadence(), Cadence::Async(async_spec(6, 1).asynchronous.unwrap()));
+    assert_eq!(TaskPlan::new(small_spec()).unwrap().cadence(), Cadence::Sync);
+    // The pairings a cadence cannot say make no plan.
+    let mut unpaired = async_spec(6, 1);
+    unpaired.asynchronous = None;
+    assert!(TaskPlan::new(unpaired).is_err());
+    let mut unpaired = small_spec();
+    unpaired.asynchronous = async_spec(6, 1).asynchronous;
+    assert!(TaskPlan::new(unpaired).is_err());
 }
 
 #[test]
