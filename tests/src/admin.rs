@@ -17,7 +17,7 @@ use cohort_server::round::FailedAttempt;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::process::try_exchange_with;
+use crate::process::try_exchange;
 
 /// An admin client of one coordinator (or of a balancer in front of
 /// several).
@@ -60,7 +60,7 @@ impl AdminClient {
     ) -> Option<(u16, String, Vec<u8>)> {
         match &self.wire {
             Wire::Plain(port) => {
-                try_exchange_with(*port, method, path, Some(&self.token), "application/json", headers, body)
+                try_exchange(*port, method, path, Some(&self.token), "application/json", headers, body)
             }
             Wire::Tls(transport) => {
                 assert!(headers.is_empty(), "extra headers are sent over plain HTTP only");

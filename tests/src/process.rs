@@ -31,26 +31,15 @@ pub fn exchange(
     content_type: &str,
     body: &[u8],
 ) -> (u16, String, Vec<u8>) {
-    try_exchange(port, method, path, token, content_type, body)
+    try_exchange(port, method, path, token, content_type, &[], body)
         .unwrap_or_else(|| panic!("no HTTP response to {method} {path}"))
 }
 
-/// [`exchange`], or `None` when the connection closed without a response
-/// (a replica killed mid-request, a balancer cutting a marked-down
-/// server's sessions): what a client retries.
+/// [`exchange`] with `headers` added to the request, or `None` when the
+/// connection closed without a response (a replica killed mid-request, a
+/// balancer cutting a marked-down server's sessions): what a client
+/// retries.
 pub fn try_exchange(
-    port: u16,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    content_type: &str,
-    body: &[u8],
-) -> Option<(u16, String, Vec<u8>)> {
-    try_exchange_with(port, method, path, token, content_type, &[], body)
-}
-
-/// [`try_exchange`] with `headers` added to the request.
-pub fn try_exchange_with(
     port: u16,
     method: &str,
     path: &str,
@@ -133,22 +122,9 @@ pub fn json_call(
     token: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Value) {
-    try_json_call(port, method, path, token, body)
-        .unwrap_or_else(|| panic!("no HTTP response to {method} {path}"))
-}
-
-/// [`json_call`], or `None` when the connection closed without a response
-/// (see [`try_exchange`]).
-pub fn try_json_call(
-    port: u16,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> Option<(u16, Value)> {
     let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-    let (status, _, body) = try_exchange(port, method, path, token, "application/json", &bytes)?;
-    Some((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+    let (status, _, body) = exchange(port, method, path, token, "application/json", &bytes);
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
 }
 
 /// Removes a SQLite database file and its journal files.
