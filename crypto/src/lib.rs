@@ -111,6 +111,7 @@ pub mod testing;
 #[cfg(test)]
 mod uniformity_tests;
 mod unmask;
+pub mod validation;
 pub mod wire;
 
 pub use client::Client;
