@@ -108,6 +108,7 @@ fn config(clients: u32, degree: u32, threshold: u32, dim: u32) -> RoundConfig {
             transform: cohort_crypto::Transform::None,
             metrics: cohort_crypto::MetricSet::NONE,
             privacy: None,
+            validation: None,
         },
         model: None,
     }

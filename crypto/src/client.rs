@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use curve25519_dalek::scalar::Scalar;
 use rand_core::CryptoRng;
 use zeroize::Zeroizing;
 
@@ -34,6 +35,7 @@ use crate::quantize::QuantizedInput;
 use crate::secret::Secret32;
 use crate::shamir::{SHARE_LEN, Share, split};
 use crate::signature::{IdentityKey, SIGNATURE_LEN, Signed, verify_all};
+use crate::validation::{self, RoundValidation};
 
 /// Facts about the round that every stage needs.
 struct RoundView {
@@ -43,6 +45,8 @@ struct RoundView {
     /// This client's neighbours, ascending.
     neighbours: Vec<ClientId>,
     identity: Option<Arc<IdentityKey>>,
+    /// The norm this client proves its input within (validated rounds).
+    validation: Option<RoundValidation>,
 }
 
 impl RoundView {
@@ -104,6 +108,8 @@ pub struct AwaitingShares {
     /// t − 1 surviving neighbours and itself.
     own_seed_share: Share,
     input: QuantizedInput,
+    /// The blindings of the input's row commitments (validated rounds).
+    blindings: Zeroizing<Vec<Scalar>>,
     /// Neighbours that advertised keys (U1 ∩ N(u)), ascending.
     peers: Vec<AdvertisedKeys>,
 }
@@ -177,8 +183,12 @@ impl Client {
         if me.get() > config.clients {
             return Err(ProtocolError::UnknownClient(me));
         }
-        if input.len() != config.vector_len as usize {
-            return Err(ProtocolError::InputLength { expected: config.vector_len, got: input.len() as u32 });
+        // A validated round's vector ends with the blindings of the
+        // commitments, which the client appends itself.
+        let validation = RoundValidation::new(&config)?;
+        let expected = validation.as_ref().map_or(config.vector_len as usize, RoundValidation::dimension);
+        if input.len() != expected {
+            return Err(ProtocolError::InputLength { expected: expected as u32, got: input.len() as u32 });
         }
         // Headroom: no value may exceed ⌊(2^b − 1) / n⌋, or the sum could
         // wrap; under differential privacy the sum wraps by design (modular
@@ -216,7 +226,7 @@ impl Client {
         let signature = identity.as_ref().map(|key| {
             key.sign(&derive::advertise_statement(&context, me, &cipher_key, &mask_key, &seed_commitment))
         });
-        let round = RoundView { config, context, me, neighbours, identity };
+        let round = RoundView { config, context, me, neighbours, identity, validation };
         let message =
             ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, seed_commitment, signature };
         let state = AwaitingPeerKeys { round, cipher, mask, self_mask_seed, input };
@@ -345,6 +355,17 @@ impl AwaitingPeerKeys {
             envelopes.push(Envelope { peer: peer.id, ciphertext: seal.seal(&aad, &plaintext) });
             open_keys.push(open);
         }
+        // In a validated round, the commitment to the input and its proof
+        // ride with the envelopes; the blindings wait for the masking.
+        let (proof, blindings) = match &round.validation {
+            None => (None, Zeroizing::new(Vec::new())),
+            Some(validation) => {
+                let centred = Zeroizing::new(validation.centred(self.input.values()));
+                let context = RoundValidation::context(&round.context, round.me);
+                let proven = validation::prove(validation.bound(), &context, &centred, rng)?;
+                (Some(proven.proof.to_bytes()), proven.blindings)
+            }
+        };
         // The cipher key is dropped (and zeroized) here: the open keys are all
         // this client needs of it.
         let next = AwaitingShares {
@@ -354,9 +375,10 @@ impl AwaitingPeerKeys {
             self_mask_seed: self.self_mask_seed,
             own_seed_share,
             input: self.input,
+            blindings,
             peers,
         };
-        Ok((Client::AwaitingShares(next), Ok(ClientMessage::ShareKeys { context, envelopes })))
+        Ok((Client::AwaitingShares(next), Ok(ClientMessage::ShareKeys { context, envelopes, proof })))
     }
 }
 
@@ -416,6 +438,9 @@ impl AwaitingShares {
         // every mask (and then reduced modulo 2^b): no copy of x_u is made,
         // and every tile of the vector is masked before it is sent.
         let mut values = self.input.into_values();
+        if let Some(validation) = &round.validation {
+            validation.append_blindings(&mut values, &self.blindings);
+        }
         let modulus = round.config.modulus_mask();
         apply_masks(&masks, &mut values, |tile| tile.iter_mut().for_each(|v| *v &= modulus));
         drop(masks);
@@ -576,6 +601,7 @@ mod tests {
                 transform: Transform::None,
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
+                validation: None,
             },
             model: None,
         };

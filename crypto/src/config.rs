@@ -6,7 +6,7 @@ use crate::error::ConfigError;
 use crate::graph::{CommunicationGraph, GraphSpec};
 use crate::kdf::{LABEL_GRAPH_PLACEMENT, hkdf_sha256};
 use crate::metrics::MetricSet;
-use crate::quantize::{QuantizationSpec, Transform};
+use crate::quantize::{NormCheck, QuantizationSpec, Transform};
 use crate::wire::{DecodeError, Reader, Writer};
 
 pub use crate::limits::{MAX_CLIENTS, MAX_VECTOR_LEN};
@@ -139,7 +139,20 @@ impl RoundConfig {
             ));
         }
         // Also checks the ring width (2 to 32 bits) against the clients.
-        self.quantization.validate(self.modulus_bits, self.clients)
+        self.quantization.validate(self.modulus_bits, self.clients)?;
+        // A validated round's vector is the committed part and the tail of
+        // blindings (`validation::RoundValidation`).
+        if self.quantization.validation.is_some() {
+            let layout = crate::validation::RoundValidation::new(self)
+                .map_err(|_| ConfigError::BadQuantization("the validation's bound does not fit the proof"))?
+                .map(|v| v.vector_len());
+            if layout != Some(self.vector_len as usize) {
+                return Err(ConfigError::BadQuantization(
+                    "a validated round's vector is its validated dimension and the blindings' tail",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Neighbours per client.
@@ -233,6 +246,14 @@ impl RoundConfig {
                 w.u8(1).bytes(digest);
             }
         }
+        match &self.quantization.validation {
+            None => {
+                w.u8(0);
+            }
+            Some(check) => {
+                w.u8(1).u32(check.l2_clip.to_bits()).u32(check.dimension);
+            }
+        }
     }
 
     pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -279,6 +300,11 @@ impl RoundConfig {
             1 => Some(r.array::<16>()?),
             _ => return Err(DecodeError::Invalid("model digest")),
         };
+        let validation = match r.u8()? {
+            0 => None,
+            1 => Some(NormCheck { l2_clip: f32::from_bits(r.u32()?), dimension: r.u32()? }),
+            _ => return Err(DecodeError::Invalid("validation")),
+        };
         let config = RoundConfig {
             session,
             round,
@@ -289,7 +315,7 @@ impl RoundConfig {
             threshold,
             vector_len,
             modulus_bits,
-            quantization: QuantizationSpec { clip, max_weight, transform, metrics, privacy },
+            quantization: QuantizationSpec { clip, max_weight, transform, metrics, privacy, validation },
             model,
         };
         config.validate().map_err(|_| DecodeError::Invalid("round configuration"))?;
@@ -321,6 +347,7 @@ mod tests {
                 transform: Transform::None,
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
+                validation: None,
             },
             model: None,
         }
@@ -479,6 +506,7 @@ mod tests {
                 scale: 777.25,
                 noise_shares: 3,
             }),
+            validation: None,
         };
         assert_eq!(config.validate(), Ok(()));
         let bytes = ServerMessage::Setup(config.clone()).encode();
@@ -489,8 +517,8 @@ mod tests {
         }
         assert_ne!(config.context(), other.context());
         // The mechanism byte follows the metric set and the privacy flag;
-        // the model flag (none) ends the encoding.
-        let at = bytes.len() - (4 + 8 + 8 + 4) - 1 - 1;
+        // the model and validation flags (none) end the encoding.
+        let at = bytes.len() - (4 + 8 + 8 + 4) - 1 - 1 - 1;
         let mut bad = bytes.clone();
         bad[at] = 9;
         assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("DP mechanism")));
@@ -508,9 +536,10 @@ mod tests {
         let bytes = ServerMessage::Setup(config.clone()).encode();
         assert_eq!(ServerMessage::decode(&bytes), Ok(ServerMessage::Setup(config.clone())));
         assert_ne!(config.context(), base().context());
-        // The metric set is the byte before the privacy and model flags.
+        // The metric set is the byte before the privacy, model and
+        // validation flags.
         let mut bad = bytes.clone();
-        let at = bad.len() - 3;
+        let at = bad.len() - 4;
         bad[at] = 0x40;
         assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("metric set")));
     }
@@ -528,9 +557,43 @@ mod tests {
         let other = RoundConfig { model: Some([6; 16]), ..config.clone() };
         assert_ne!(config.context(), other.context());
         let mut bad = bytes.clone();
-        let at = bad.len() - 17;
+        let at = bad.len() - 18;
         bad[at] = 2;
         assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("model digest")));
-        assert!(ServerMessage::decode(&bytes[..bytes.len() - 1]).is_err(), "a digest cut short");
+        assert!(ServerMessage::decode(&bytes[..bytes.len() - 2]).is_err(), "a digest cut short");
+    }
+
+    /// The validation's clip and dimension travel with the round and are
+    /// part of its context; the vector must be the validated dimension
+    /// followed by the blindings' tail.
+    #[test]
+    fn the_validation_is_part_of_the_round() {
+        let mut config = base();
+        config.quantization.validation = Some(NormCheck { l2_clip: 2.5, dimension: 5 });
+        let layout = crate::validation::RoundValidation::new(&config).unwrap().unwrap();
+        assert_eq!(layout.dimension(), 5);
+        config.vector_len = layout.vector_len() as u32;
+        assert_eq!(config.validate(), Ok(()));
+        let bytes = ServerMessage::Setup(config.clone()).encode();
+        assert_eq!(ServerMessage::decode(&bytes), Ok(ServerMessage::Setup(config.clone())));
+        assert_eq!(bytes.len(), ServerMessage::Setup(base()).encode().len() + 8);
+        let mut other = config.clone();
+        other.quantization.validation = Some(NormCheck { l2_clip: 2.25, dimension: 5 });
+        assert_ne!(config.context(), other.context());
+        assert_ne!(config.context(), base().context());
+        let mut bad = bytes.clone();
+        let at = bad.len() - 9;
+        bad[at] = 2;
+        assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("validation")));
+        // A vector without room for the tail, or under DP, is refused.
+        assert!(
+            with(|c| c.quantization.validation = Some(NormCheck { l2_clip: 1.0, dimension: 8 })).is_err()
+        );
+        let mut short = config.clone();
+        short.vector_len -= 1;
+        assert!(short.validate().is_err());
+        let mut negative = config.clone();
+        negative.quantization.validation = Some(NormCheck { l2_clip: -1.0, dimension: 5 });
+        assert!(negative.validate().is_err());
     }
 }

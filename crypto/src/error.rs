@@ -239,6 +239,19 @@ pub enum ProtocolError {
     /// without unmasking anything.
     #[error("a masked input that broke off could not be taken back out of the sum")]
     SumDamaged,
+    /// A client could not prove its input within the round's norm bound
+    /// (its own input: the update was not clipped as the round asks).
+    #[error(transparent)]
+    Validation(#[from] crate::validation::ValidationError),
+    /// The unmasked sum of a validated round does not open the sum of the
+    /// contributors' commitments: one of them masked another vector than
+    /// the one it committed to and proved. The sum is withheld; every
+    /// contributor is a suspect.
+    #[error("the unmasked sum does not match the contributors' commitments")]
+    CommitmentMismatch {
+        /// The clients whose inputs were in the sum, ascending.
+        suspects: Vec<ClientId>,
+    },
 }
 
 /// Why an update could not be quantized or a sum decoded.

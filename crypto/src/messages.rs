@@ -6,6 +6,10 @@
 //! makes the encoding canonical and rules out duplicates at decode time.
 
 use crate::config::{MAX_CLIENTS, MAX_VECTOR_LEN, RoundConfig, RoundContext};
+
+/// Longest norm proof a message may carry (a proof for 2^24 coordinates is
+/// about 150 KB).
+const MAX_PROOF_LEN: usize = 1 << 20;
 use crate::envelope::TAG_LEN;
 use crate::error::Stage;
 use crate::ids::ClientId;
@@ -139,6 +143,9 @@ pub enum ClientMessage {
         context: RoundContext,
         /// Envelopes, ascending by receiver.
         envelopes: Vec<Envelope>,
+        /// In a validated round, the commitment to the client's input and
+        /// its norm proof ([`crate::validation::NormProof::to_bytes`]).
+        proof: Option<Vec<u8>>,
     },
     /// The masked input y_u.
     MaskedInput {
@@ -188,7 +195,13 @@ impl ClientMessage {
         } as usize;
         match stage {
             Stage::AdvertiseKeys => HEADER + 32 + 32 + 32 + 1 + SIGNATURE_LEN,
-            Stage::ShareKeys => HEADER + 4 + neighbours * (4 + ENVELOPE_LEN),
+            Stage::ShareKeys => {
+                let proof = crate::validation::RoundValidation::new(config)
+                    .ok()
+                    .flatten()
+                    .map_or(0, |v| 4 + v.bound().proof_len());
+                HEADER + 4 + neighbours * (4 + ENVELOPE_LEN) + 1 + proof
+            }
             Stage::MaskedInputCollection => {
                 HEADER + 1 + 4 + packed_len(config.vector_len as usize, config.modulus_bits)
             }
@@ -341,8 +354,22 @@ impl ClientMessage {
                 write_signature(&mut w, signature.as_ref());
                 w.finish()
             }
-            ClientMessage::ShareKeys { context, envelopes } => {
-                encode_envelopes(KIND_SHARE_KEYS, context, envelopes)
+            ClientMessage::ShareKeys { context, envelopes, proof } => {
+                let proof_len = proof.as_ref().map_or(0, |p| 4 + p.len());
+                let mut w = Writer::with_header(
+                    KIND_SHARE_KEYS,
+                    37 + envelopes.len() * (4 + ENVELOPE_LEN) + proof_len,
+                );
+                write_envelopes(&mut w, context, envelopes);
+                match proof {
+                    None => {
+                        w.u8(0);
+                    }
+                    Some(proof) => {
+                        w.u8(1).count(proof.len()).bytes(proof);
+                    }
+                }
+                w.finish()
             }
             ClientMessage::MaskedInput { context, vector } => {
                 let len = packed_len(vector.values.len(), vector.bits);
@@ -389,7 +416,15 @@ impl ClientMessage {
             }
             KIND_SHARE_KEYS => {
                 let envelopes = decode_envelope_list(&mut r)?;
-                ClientMessage::ShareKeys { context, envelopes }
+                let proof = match r.u8()? {
+                    0 => None,
+                    1 => {
+                        let len = r.count(MAX_PROOF_LEN, 1, "proof")?;
+                        Some(r.take(len)?.to_vec())
+                    }
+                    _ => return Err(DecodeError::Invalid("proof flag")),
+                };
+                ClientMessage::ShareKeys { context, envelopes, proof }
             }
             KIND_MASKED_INPUT => {
                 let (bits, len, packed) = read_packed_vector(&mut r)?;
@@ -531,11 +566,15 @@ fn read_signature(r: &mut Reader<'_>) -> Result<Option<[u8; SIGNATURE_LEN]>, Dec
 
 fn encode_envelopes(kind: u8, context: &RoundContext, envelopes: &[Envelope]) -> Vec<u8> {
     let mut w = Writer::with_header(kind, 36 + envelopes.len() * (4 + ENVELOPE_LEN));
+    write_envelopes(&mut w, context, envelopes);
+    w.finish()
+}
+
+fn write_envelopes(w: &mut Writer, context: &RoundContext, envelopes: &[Envelope]) {
     w.bytes(&context.0).count(envelopes.len());
     for envelope in envelopes {
         w.u32(envelope.peer.get()).bytes(&envelope.ciphertext);
     }
-    w.finish()
 }
 
 fn decode_envelopes(r: &mut Reader<'_>) -> Result<(RoundContext, Vec<Envelope>), DecodeError> {

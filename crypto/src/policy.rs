@@ -831,6 +831,7 @@ mod tests {
                 transform: Transform::None,
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
+                validation: None,
             },
             model: None,
         }
@@ -1030,6 +1031,7 @@ mod tests {
                 scale: 300.0,
                 noise_shares: 6,
             }),
+            validation: None,
         };
         config
     }

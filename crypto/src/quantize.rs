@@ -87,6 +87,22 @@ pub struct QuantizationSpec {
     /// ring; `clip` and the level headroom then play no part, the transform
     /// must be the rotation, and there are no weights or metrics.
     pub privacy: Option<DpParams>,
+    /// Input validation ([`crate::validation`]): each client clips its
+    /// update to an L2 norm and proves that the vector it masks is within
+    /// the bound that follows ([`Quantizer::norm_bound_sq`]).
+    pub validation: Option<NormCheck>,
+}
+
+/// The norm every input of a validated round is proven within.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NormCheck {
+    /// Each update is scaled down to at most this L2 norm before it is
+    /// transformed and quantized.
+    pub l2_clip: f32,
+    /// Coordinates of the quantized vector that are committed and proven:
+    /// the transformed update, the example count's digits and the
+    /// metrics' coordinates ([`Quantizer::encoded_len`]).
+    pub dimension: u32,
 }
 
 impl QuantizationSpec {
@@ -114,6 +130,28 @@ impl QuantizationSpec {
         }
         if self.max_weight == 0 {
             return Err(ConfigError::BadQuantization("max_weight must be at least 1"));
+        }
+        if let Some(check) = &self.validation {
+            if !(check.l2_clip.is_finite() && check.l2_clip > 0.0) {
+                return Err(ConfigError::BadQuantization(
+                    "the validation's L2 clip must be finite and positive",
+                ));
+            }
+            if check.dimension == 0 || check.dimension as usize > crate::validation::MAX_DIMENSION {
+                return Err(ConfigError::BadQuantization(
+                    "the validated dimension must be between 1 and 2^24",
+                ));
+            }
+            if self.privacy.is_some() {
+                return Err(ConfigError::BadQuantization(
+                    "input validation does not yet bound the noise of differential privacy",
+                ));
+            }
+            if matches!(self.transform, Transform::Sketch { .. }) {
+                return Err(ConfigError::BadQuantization(
+                    "input validation needs a norm-preserving transform (none or the rotation), not a sketch",
+                ));
+            }
         }
         match self.transform {
             Transform::None => {}
@@ -169,7 +207,8 @@ impl QuantizedInput {
         self.0.is_empty()
     }
 
-    pub(crate) fn values(&self) -> &[u32] {
+    /// The values (the application's own input: never log it).
+    pub fn values(&self) -> &[u32] {
         &self.0
     }
 
@@ -219,6 +258,33 @@ impl Quantizer {
             return padded_len(dimension, self.block());
         }
         self.transformed_len(dimension) + self.weight_digits() + self.metric_coordinates()
+    }
+
+    /// B² for a validated round: the largest squared L2 norm of a client's
+    /// quantized vector, centred and doubled (each value v read as 2v − L,
+    /// so that [0, L] maps onto [−L, L] in integers). An update of norm at
+    /// most the clip c₂, scaled by w/W ≤ 1 and clipped to [−c, c], lands at
+    /// 2·pos − L = Δ·L/c per coordinate before rounding, and the rounding
+    /// moves each value by less than 2: the update's part is at most
+    /// (L/c)·c₂ + 2·√d; every other coordinate (the example count's digits,
+    /// the metrics) is at most L. `None` without validation, or when the
+    /// bound does not fit the proof (2^62).
+    pub fn norm_bound_sq(&self) -> Option<u64> {
+        let check = self.spec.validation?;
+        let extra = self.weight_digits() + self.metric_coordinates();
+        let update = (check.dimension as usize).checked_sub(extra)?;
+        let levels = self.levels as f64;
+        // A relative margin for the f32 arithmetic of clipping and scaling.
+        let part = levels / f64::from(self.spec.clip) * f64::from(check.l2_clip) * (1.0 + 1e-6)
+            + 2.0 * (update as f64).sqrt()
+            + 1.0;
+        let bound_sq = part.ceil().powi(2) + extra as f64 * levels * levels;
+        (bound_sq < (1u64 << 62) as f64).then_some(bound_sq.ceil() as u64)
+    }
+
+    /// The largest per-client value, L.
+    pub fn levels(&self) -> u64 {
+        self.levels
     }
 
     /// The rotation's block (0 without one).
@@ -322,6 +388,19 @@ impl Quantizer {
         if let Some(bad) = update.iter().position(|v| !v.is_finite()) {
             return Err(QuantizeError::NonFinite(bad));
         }
+        // Under validation the update is scaled to the L2 clip first (the
+        // rotation keeps its norm), so the quantized vector is within the
+        // bound the round's proofs show.
+        let scaled = self.spec.validation.and_then(|check| {
+            let norm = update.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt();
+            let clip = f64::from(check.l2_clip);
+            (norm > clip).then(|| {
+                Zeroizing::new(
+                    update.iter().map(|&v| (f64::from(v) * clip / norm) as f32).collect::<Vec<f32>>(),
+                )
+            })
+        });
+        let update = scaled.as_deref().map_or(update, Vec::as_slice);
         let transformed = match (self.rotation(), self.sketch()) {
             (Some(rotation), _) => Some(Zeroizing::new(rotation.forward(update))),
             (_, Some((sketch, _))) => Some(Zeroizing::new(sketch.sketch(update))),
@@ -456,6 +535,7 @@ mod tests {
             transform: Transform::None,
             metrics: crate::MetricSet::NONE,
             privacy: None,
+            validation: None,
         }
     }
 
@@ -496,6 +576,7 @@ mod tests {
                 transform: Transform::None,
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
+                validation: None,
             };
             let q = Quantizer::new(spec, bits, clients).unwrap();
             let mut rng = ChaCha20Rng::seed_from_u64(u64::from(bits));
@@ -514,6 +595,7 @@ mod tests {
                 transform: Transform::None,
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
+                validation: None,
             },
             8,
             2,
@@ -553,6 +635,7 @@ mod tests {
             transform,
             metrics: crate::MetricSet::NONE,
             privacy: None,
+            validation: None,
         };
         let none = Transform::None;
         for clip in [0.0, -1.0, f32::NAN, f32::INFINITY] {
@@ -597,6 +680,7 @@ mod tests {
                     transform: Transform::None,
                     metrics: crate::MetricSet::NONE,
                     privacy: None,
+                    validation: None,
                 },
                 8,
                 200
@@ -612,6 +696,7 @@ mod tests {
                     transform: bad_block,
                     metrics: crate::MetricSet::NONE,
                     privacy: None,
+                    validation: None,
                 },
                 16,
                 4
@@ -735,6 +820,7 @@ mod tests {
             transform: Transform::None,
             metrics: crate::MetricSet::NONE,
             privacy: None,
+            validation: None,
         };
         let q = Quantizer::new(spec, bits, clients).unwrap();
         assert_eq!(q.encoded_len(5), 5 + 3);
@@ -764,6 +850,7 @@ mod tests {
             transform: Transform::None,
             metrics: crate::MetricSet::NONE,
             privacy: None,
+            validation: None,
         };
         let rotated = QuantizationSpec {
             clip: 0.2,
@@ -771,6 +858,7 @@ mod tests {
             transform: Transform::Rotate { block: 1_024, seed: [9; 32] },
             metrics: crate::MetricSet::NONE,
             privacy: None,
+            validation: None,
         };
         let a = aggregate(&Quantizer::new(plain, bits, clients).unwrap(), &updates, &weights, 2);
         let b = aggregate(&Quantizer::new(rotated, bits, clients).unwrap(), &updates, &weights, 2);
@@ -796,6 +884,7 @@ mod tests {
             transform,
             metrics: crate::MetricSet::NONE,
             privacy: None,
+            validation: None,
         };
         let q = Quantizer::new(spec, 32, clients).unwrap();
         assert_eq!(q.encoded_len(10_000), 2_500 + 1);
@@ -812,6 +901,7 @@ mod tests {
                     transform: even,
                     metrics: crate::MetricSet::NONE,
                     privacy: None,
+                    validation: None,
                 },
                 32,
                 2

@@ -26,6 +26,7 @@ use crate::shamir::Share;
 use crate::signature::{SIGNATURE_LEN, verify};
 pub use crate::unmask::FaultyShare;
 use crate::unmask::{UnmaskJob, unmask};
+use crate::validation::{self, Commitment, NormProof, RoundValidation};
 use crate::wire::{DecodeError, add_packed, last_byte_padding_is_zero, packed_len, subtract_packed};
 
 /// Values added into the running sum per piece (on the worker threads with
@@ -47,6 +48,10 @@ pub struct Aggregate {
     /// neighbour), each a key stream as long as the vector: the server's
     /// part of the key stream a round expands.
     pub masks_removed: usize,
+    /// Clients whose norm proof was refused (validated rounds): the round
+    /// went on without them, as if they had dropped out after
+    /// AdvertiseKeys. Ascending.
+    pub refused: Vec<ClientId>,
 }
 
 impl core::fmt::Debug for Aggregate {
@@ -55,6 +60,7 @@ impl core::fmt::Debug for Aggregate {
             .field("len", &self.sum.len())
             .field("contributors", &self.contributors.len())
             .field("faulty_shares", &self.faulty_shares.len())
+            .field("refused", &self.refused)
             .finish()
     }
 }
@@ -64,6 +70,7 @@ struct RoundInfo {
     config: RoundConfig,
     context: RoundContext,
     graph: CommunicationGraph,
+    validation: Option<RoundValidation>,
 }
 
 impl RoundInfo {
@@ -154,6 +161,16 @@ pub struct CollectingShares {
     inbox: Inbox,
     /// `envelopes[v]`: envelopes addressed to v, in arrival order.
     envelopes: Vec<Vec<Envelope>>,
+    /// `proofs[u]`: u's norm proof, decoded, verified when the stage closes.
+    proofs: Vec<Option<NormProof>>,
+}
+
+/// What a validated round keeps of its proofs: the input-row commitments
+/// of the clients whose proofs verified, and who was refused.
+#[derive(Default)]
+struct Validated {
+    commitments: Vec<Option<Commitment>>,
+    refused: Vec<ClientId>,
 }
 
 /// Collecting masked inputs; U2 is known.
@@ -168,6 +185,7 @@ pub struct CollectingMaskedInputs {
     arriving: Vec<bool>,
     /// A broken-off input could not be retracted: the sum is wrong.
     damaged: bool,
+    validated: Validated,
 }
 
 /// A masked input that arrives in pieces, as its request body does: begun
@@ -258,6 +276,7 @@ struct AfterMasking {
     survived: Vec<bool>,
     survivors: Vec<ClientId>,
     sum: Vec<u32>,
+    validated: Validated,
 }
 
 /// The server's state in one round.
@@ -297,8 +316,13 @@ impl ServerRound {
     pub fn new(config: RoundConfig) -> Result<Self, ProtocolError> {
         config.validate()?;
         let n = config.clients as usize;
-        let info =
-            Arc::new(RoundInfo { context: config.context(), graph: config.communication_graph(), config });
+        let validation = RoundValidation::new(&config)?;
+        let info = Arc::new(RoundInfo {
+            context: config.context(),
+            graph: config.communication_graph(),
+            config,
+            validation,
+        });
         Ok(ServerRound::CollectingKeys(CollectingKeys {
             info,
             inbox: Inbox::new(vec![true; n]),
@@ -457,8 +481,8 @@ impl ServerRound {
         let stage = self.admit(from, message.stage(), message.context())?;
         match (self, message) {
             (ServerRound::CollectingKeys(s), message) => s.receive(from, message),
-            (ServerRound::CollectingShares(s), ClientMessage::ShareKeys { envelopes, .. }) => {
-                s.receive(from, envelopes)
+            (ServerRound::CollectingShares(s), ClientMessage::ShareKeys { envelopes, proof, .. }) => {
+                s.receive(from, envelopes, proof)
             }
             (ServerRound::CollectingMaskedInputs(s), ClientMessage::MaskedInput { vector, .. }) => {
                 s.receive(from, vector)
@@ -708,12 +732,18 @@ impl CollectingKeys {
             advertised,
             inbox: Inbox::new(eligible),
             envelopes: vec![Vec::new(); n],
+            proofs: vec![None; n],
         }))
     }
 }
 
 impl CollectingShares {
-    fn receive(&mut self, from: ClientId, envelopes: Vec<Envelope>) -> Result<(), ProtocolError> {
+    fn receive(
+        &mut self,
+        from: ClientId,
+        envelopes: Vec<Envelope>,
+        proof: Option<Vec<u8>>,
+    ) -> Result<(), ProtocolError> {
         let expected = self.info.neighbours_in(from, &self.advertised);
         if envelopes.len() != expected.len()
             || envelopes.iter().zip(&expected).any(|(envelope, id)| envelope.peer != *id)
@@ -723,6 +753,18 @@ impl CollectingShares {
         if envelopes.iter().any(|envelope| envelope.ciphertext.len() != ENVELOPE_LEN) {
             return Err(invalid(from, "an envelope has the wrong length"));
         }
+        // The proof is decoded now (a malformed one refuses the message) and
+        // verified with the others when the stage closes.
+        let proof = match (&self.info.validation, proof) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(invalid(from, "a proof in a round without validation")),
+            (Some(_), None) => return Err(invalid(from, "a validated round needs the input's norm proof")),
+            (Some(validation), Some(bytes)) => Some(
+                NormProof::decode(validation.bound(), &bytes)
+                    .map_err(|_| invalid(from, "the norm proof is malformed"))?,
+            ),
+        };
+        self.proofs[from.index()] = proof;
         for Envelope { peer, ciphertext } in envelopes {
             self.envelopes[peer.index()].push(Envelope { peer: from, ciphertext });
         }
@@ -730,8 +772,25 @@ impl CollectingShares {
         Ok(())
     }
 
-    fn advance(self) -> Result<ServerRound, ProtocolError> {
+    fn advance(mut self) -> Result<ServerRound, ProtocolError> {
         let info = self.info;
+        // Every proof is verified in one batch; a client whose proof fails
+        // is taken out as if it had never shared its keys: its envelopes are
+        // withdrawn, so no neighbour masks with it and nothing of it needs
+        // unmasking.
+        let validated = match &info.validation {
+            None => Validated::default(),
+            Some(validation) => {
+                let validated = verify_proofs(&info.context, validation, &self.proofs);
+                let refused = |id: &ClientId| validated.refused.binary_search(id).is_ok();
+                for id in &validated.refused {
+                    self.inbox.received[id.index()] = false;
+                    self.inbox.count -= 1;
+                }
+                self.envelopes.iter_mut().for_each(|list| list.retain(|e| !refused(&e.peer)));
+                validated
+            }
+        };
         info.require(Stage::ShareKeys, self.inbox.count)?;
         let shared = self.inbox.received;
         // Envelopes from clients that never completed the stage cannot
@@ -749,6 +808,7 @@ impl CollectingShares {
             damaged: false,
             inbox: Inbox::new(eligible),
             sum,
+            validated,
         }))
     }
 }
@@ -829,6 +889,7 @@ impl CollectingMaskedInputs {
             survived: survived.clone(),
             survivors,
             sum: self.sum,
+            validated: self.validated,
         };
         drop(self.envelopes);
         Ok(match info.config.variant {
@@ -939,6 +1000,95 @@ impl CollectingUnmaskingShares {
         let (faulty_shares, masks_removed) = unmask(&jobs, &mut sum)?;
         let modulus = info.config.modulus_mask();
         sum.iter_mut().for_each(|v| *v &= modulus);
-        Ok(Aggregate { sum, contributors: after.survivors.clone(), faulty_shares, masks_removed })
+        if let Some(validation) = &info.validation {
+            check_commitments(&info.context, validation, &after.validated, &after.survivors, &sum)?;
+            sum.truncate(validation.dimension());
+        }
+        Ok(Aggregate {
+            sum,
+            contributors: after.survivors.clone(),
+            faulty_shares,
+            masks_removed,
+            refused: after.validated.refused,
+        })
     }
+}
+
+/// Batch-verifies the proofs received, with weights drawn from a hash of
+/// the round and every proof (no prover can know them before its proof is
+/// fixed).
+fn verify_proofs(
+    context: &RoundContext,
+    validation: &RoundValidation,
+    proofs: &[Option<NormProof>],
+) -> Validated {
+    let contexts: Vec<(ClientId, Vec<u8>)> = proofs
+        .iter()
+        .enumerate()
+        .filter(|(_, proof)| proof.is_some())
+        .map(|(index, _)| {
+            let id = ClientId::from_index(index);
+            (id, RoundValidation::context(context, id))
+        })
+        .collect();
+    let items: Vec<(&[u8], &NormProof)> = contexts
+        .iter()
+        .filter_map(|(id, bytes)| Some((bytes.as_slice(), proofs[id.index()].as_ref()?)))
+        .collect();
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    digest.update(b"cohort/validation/v1/batch-weights");
+    digest.update(&context.0);
+    items.iter().for_each(|(context, proof)| {
+        digest.update(context);
+        digest.update(&proof.to_bytes());
+    });
+    let mut rng = weights_rng(digest);
+    let verified = validation::verify_each(validation.bound(), &items, &mut rng);
+    let mut commitments = vec![None; proofs.len()];
+    let mut refused = Vec::new();
+    for ((id, _), commitment) in contexts.iter().zip(verified) {
+        match commitment {
+            Some(commitment) => commitments[id.index()] = Some(commitment),
+            None => refused.push(*id),
+        }
+    }
+    Validated { commitments, refused }
+}
+
+/// The sum check of a validated round: the unmasked sum (its committed
+/// part, centred) must open the sum of the survivors' row commitments under
+/// the unmasked sum of their blindings (the tail).
+fn check_commitments(
+    context: &RoundContext,
+    validation: &RoundValidation,
+    validated: &Validated,
+    survivors: &[ClientId],
+    sum: &[u32],
+) -> Result<(), ProtocolError> {
+    let (committed, tail) = sum.split_at(validation.dimension());
+    let centred = validation.centred_sum(committed, survivors.len());
+    let blinding_sums = validation.blinding_sums(tail);
+    let commitments: Option<Vec<&Commitment>> =
+        survivors.iter().map(|id| validated.commitments.get(id.index())?.as_ref()).collect();
+    let mismatch = || ProtocolError::CommitmentMismatch { suspects: survivors.to_vec() };
+    let rows = commitments.ok_or_else(mismatch)?;
+    // The weights need only be unpredictable before the sum is known: every
+    // commitment was fixed (and hashed into the proofs' batch) before any
+    // masked input arrived, and the sum decides them here.
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    digest.update(b"cohort/validation/v1/sum-weights");
+    digest.update(&context.0);
+    sum.iter().for_each(|v| digest.update(&v.to_le_bytes()));
+    survivors.iter().for_each(|id| digest.update(&id.get().to_le_bytes()));
+    let mut rng = weights_rng(digest);
+    validation::check_sum(validation.bound(), &rows, &centred, &blinding_sums, &mut rng)
+        .map_err(|_| mismatch())
+}
+
+/// A ChaCha20 generator keyed by a finished digest.
+fn weights_rng(digest: ring::digest::Context) -> rand_chacha::ChaCha20Rng {
+    use rand_core::SeedableRng;
+    let mut seed = [0u8; 32];
+    seed.copy_from_slice(digest.finish().as_ref());
+    rand_chacha::ChaCha20Rng::from_seed(seed)
 }

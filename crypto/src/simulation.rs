@@ -78,6 +78,9 @@ pub struct SimulationOutcome {
     /// The part of `server_ms` spent closing the last stage: reconstructing
     /// the secrets and removing the masks.
     pub unmasking_ms: f64,
+    /// Time to close each stage, in order (the ShareKeys one verifies the
+    /// norm proofs of a validated round; the last one is `unmasking_ms`).
+    pub advance_ms: Vec<f64>,
 }
 
 /// A round to simulate.
@@ -189,6 +192,7 @@ impl Simulation<'_> {
             &self.plan.after_consistency,
         ];
         let mut stage = 0;
+        let mut advance_ms = Vec::new();
         let (aggregate, unmasking_ms) = loop {
             // The server reads everything that was sent.
             // The messages are the clients' buffers: freeing them after the
@@ -215,6 +219,7 @@ impl Simulation<'_> {
             stage += 1;
             let (advanced, ms) = stopwatch.time(|| server.advance());
             server_ms += ms;
+            advance_ms.push(ms);
             let next = match advanced? {
                 Advanced::Done(aggregate) => break (aggregate, ms),
                 Advanced::Next(next) => next,
@@ -265,6 +270,7 @@ impl Simulation<'_> {
             clients: slots.into_iter().map(|slot| slot.report).collect(),
             server_ms,
             unmasking_ms,
+            advance_ms,
         }))
     }
 }
@@ -288,7 +294,12 @@ pub fn plain_sum(
     contributors: &[ClientId],
     inputs: &(dyn Fn(ClientId) -> QuantizedInput + Sync),
 ) -> Vec<u32> {
-    let mut sum = vec![0u32; config.vector_len as usize];
+    // A validated round's aggregate holds the committed part only.
+    let len = match crate::validation::RoundValidation::new(config) {
+        Ok(Some(validation)) => validation.dimension(),
+        _ => config.vector_len as usize,
+    };
+    let mut sum = vec![0u32; len];
     for &id in contributors {
         for (total, value) in sum.iter_mut().zip(inputs(id).values()) {
             *total = total.wrapping_add(*value);

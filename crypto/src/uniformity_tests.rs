@@ -65,6 +65,7 @@ fn run_round_in_ring(seed: u64, bits: u8) -> Transcript {
             transform: crate::Transform::None,
             metrics: crate::MetricSet::NONE,
             privacy: None,
+            validation: None,
         },
         model: None,
     };

@@ -467,6 +467,7 @@ impl QuantizationConfig {
             transform,
             metrics,
             privacy: None,
+            validation: None,
         })
     }
 

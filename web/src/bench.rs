@@ -51,6 +51,7 @@ pub fn secagg(
             transform: Transform::None,
             metrics: MetricSet::NONE,
             privacy: None,
+            validation: None,
         },
         model: None,
     };

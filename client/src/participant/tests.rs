@@ -13,6 +13,7 @@ fn round_config(round: u64) -> cohort_crypto::RoundConfig {
         transform: Transform::None,
         metrics: cohort_crypto::MetricSet::NONE,
         privacy: None,
+        validation: None,
     };
     let vector_len = Quantizer::new(quantization, 32, 3).unwrap().encoded_len(2) as u32;
     RoundConfig {

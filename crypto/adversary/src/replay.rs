@@ -49,6 +49,7 @@ pub fn active_round(
             transform: Transform::None,
             metrics: MetricSet::NONE,
             privacy: None,
+            validation: None,
         },
         model: None,
     };

@@ -48,6 +48,7 @@ fn fixture() -> &'static Fixture {
                 transform: Transform::None,
                 metrics: MetricSet::NONE,
                 privacy: None,
+                validation: None,
             },
             model: None,
         };

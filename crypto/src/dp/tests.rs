@@ -213,6 +213,7 @@ fn the_quantizer_carries_dp_rounds() {
         transform: Transform::Rotate { block: 64, seed: [7; 32] },
         metrics: crate::MetricSet::NONE,
         privacy: Some(p),
+        validation: None,
     };
     let q = Quantizer::new(spec, 16, 5).unwrap();
     assert_eq!(q.encoded_len(100), 128);

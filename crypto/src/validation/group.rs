@@ -21,6 +21,20 @@ pub(crate) struct Generators {
 }
 
 impl Generators {
+    /// The generators for `columns`, derived once per process and size
+    /// (they are public and fixed).
+    pub fn cached(columns: usize) -> std::sync::Arc<Self> {
+        use std::collections::BTreeMap;
+        use std::sync::{Arc, Mutex, OnceLock};
+        static CACHE: OnceLock<Mutex<BTreeMap<usize, Arc<Generators>>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(BTreeMap::new()));
+        let mut cache = match cache.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        Arc::clone(cache.entry(columns).or_insert_with(|| Arc::new(Self::new(columns))))
+    }
+
     pub fn new(columns: usize) -> Self {
         let point = |kind: &[u8], index: u64| {
             let mut input = b"cohort/validation/v1/generator/".to_vec();
@@ -174,12 +188,12 @@ impl Equations {
     }
 
     /// Adds another set of equations (another proof's).
-    pub fn absorb(&mut self, other: Equations) {
-        self.columns.iter_mut().zip(other.columns).for_each(|(a, b)| *a += b);
+    pub fn absorb(&mut self, other: &Equations) {
+        self.columns.iter_mut().zip(&other.columns).for_each(|(a, b)| *a += b);
         self.h += other.h;
         self.v += other.v;
-        self.scalars.extend(other.scalars);
-        self.points.extend(other.points);
+        self.scalars.extend_from_slice(&other.scalars);
+        self.points.extend_from_slice(&other.points);
     }
 
     /// Whether every equation added holds (with overwhelming probability).

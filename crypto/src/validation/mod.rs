@@ -32,11 +32,12 @@
 //!    accepted z' is uniform on [−(Y − T'), Y − T'] whatever x is, since an
 //!    honest |α_lᵀXβ_l| ≤ T' = ⌈√(t(u+1))⌉·⌈B⌉). Y = 2⁴⁰·T', so a restart
 //!    happens with probability about k·2⁻⁴⁰.
-//! 2. **One sum.** With 118-bit batching weights γ_l and a challenge μ, the
+//! 2. **One sum.** With 128-bit batching weights γ_l and challenges μ, ν, the
 //!    prover shows
 //!    Σ_(i,j) X_ij·(σ_i·X_ij + μ·A_ij) = B² + μ·Σ_l γ_l·z'_l,
 //!    where σ_i is 0 on the mask rows and 1 elsewhere, and
-//!    A = Σ_l γ_l·α_l⊗β_l plus γ laid out on the mask rows. The σ part is
+//!    A = Σ_l γ_l·α_l⊗β_l plus γ laid out on the mask rows plus ν^(j+1)
+//!    on the padding cells of the last input row (see below). The σ part is
 //!    ‖x‖² + a² + b² + c² + d², the A part is Σ_l γ_l·(α_lᵀXβ_l + y_l). A
 //!    sum-check over the log₂(S·t) variables of the multilinear extensions
 //!    reduces it to one point r; each round polynomial (degree 3) is sent as
@@ -68,14 +69,17 @@
 //! * *No wrap-around.* [`NormBound::new`] refuses parameters unless
 //!   S·t·(16Y)² < ℓ. Then Σ (4X_ij)² over the σ rows is an integer below ℓ,
 //!   so the sum-checked identity Σ X_ij² ≡ B² (mod ℓ), times 16, holds over
-//!   the integers: the input rows, read as the rational vector 4X/4, have
-//!   Euclidean norm at most B. A single client's committed vector is in
-//!   addition congruent to an integer vector (the sum check below makes the
-//!   sum of the committed vectors equal the integer sum the masks hid), and
-//!   any set of clients' committed vectors sums to at most their number
-//!   times B.
-//! * *Sum-check and openings.* The batching (γ, 118 bits) fails with
-//!   probability ≤ 2⁻¹¹⁸ and μ with ≤ 2/ℓ; the sum-check with
+//!   the integers: the input rows, read as the rational vector (4X)/4, have
+//!   Euclidean norm at most B. A committed vector need not be an integer
+//!   vector (two colluders may each commit ½ where their sum has 1), but the
+//!   coordinator only ever uses a sum, which [`check_sum`] ties to the
+//!   integer sum the masks hid: any set of clients' committed vectors sums
+//!   to a vector of norm at most their number times B.
+//! * *Zero padding.* The cells of the last input row past the input are
+//!   proven zero (a ν-weighted linear form in the sum-check's claim), so a
+//!   commitment cannot carry anything the unmasked sum does not.
+//! * *Sum-check and openings.* The batching (γ, 128 bits) fails with
+//!   probability ≤ 2⁻¹²⁸, μ with ≤ 2/ℓ and ν with ≤ t/ℓ; the sum-check with
 //!   ≤ 3·log₂(S·t)/ℓ; the Σ-protocol and the dot-product proof are special
 //!   sound, and the inner-product argument is sound under the discrete
 //!   logarithm assumption in Ristretto, as is the binding of every
@@ -94,6 +98,11 @@
 //! coordinator learns B, the commitments, and, after unmasking, the sum.
 //!
 //! ## What it does not do
+//! It does not say who cheated when [`check_sum`] fails: a client that
+//! masks another vector than it proved makes the sum check of its group
+//! fail, and every contributor is a suspect; the coordinator must find it
+//! across rounds (or the round is lost).
+//!
 //! It bounds the norm, not the direction: a client may still send any vector
 //! of norm ≤ B (a targeted or backdoor update within the bound), and a
 //! group's sum is only as good as the bound times the number of clients
@@ -103,11 +112,13 @@
 
 mod group;
 mod proof;
+mod round;
 mod squares;
 
 use std::sync::Arc;
 
-pub use proof::{NormProof, Proven, check_sum, prove, verify, verify_batch};
+pub use proof::{Commitment, NormProof, Proven, check_sum, prove, verify, verify_batch, verify_each};
+pub use round::RoundValidation;
 
 use group::Generators;
 
@@ -137,8 +148,8 @@ pub enum ValidationError {
 }
 
 /// The statement "‖x‖₂² ≤ B² for x ∈ Z^dimension" with the layout and the
-/// generators its proofs use. Building it derives t + 2 generators (about
-/// 20 µs each); keep it for the task.
+/// generators its proofs use. The t + 2 generators (about 10 µs each) are
+/// derived once per process and size.
 #[derive(Clone)]
 pub struct NormBound {
     dimension: usize,
@@ -202,7 +213,7 @@ impl NormBound {
             padded_rows,
             honest_projection,
             mask_bound,
-            generators: Arc::new(Generators::new(columns)),
+            generators: Generators::cached(columns),
         })
     }
 

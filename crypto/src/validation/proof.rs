@@ -5,7 +5,7 @@ use curve25519_dalek::scalar::Scalar;
 use curve25519_dalek::traits::VartimeMultiscalarMul;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{CryptoRng, Rng, SeedableRng};
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
 
 use super::group::{Equations, Fiat, decompress, eq_table, random_scalar, scalar_i128, small_msm};
 use super::{NormBound, PROBES, ValidationError, squares};
@@ -39,6 +39,17 @@ impl std::fmt::Debug for NormProof {
     }
 }
 
+/// A client's commitment to its input, decoded: the points of its input
+/// rows, what [`check_sum`] adds up.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Commitment(Vec<RistrettoPoint>);
+
+impl std::fmt::Debug for Commitment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Commitment").field(&self.0.len()).finish()
+    }
+}
+
 /// What [`prove`] hands back: the proof, and the blindings of the input-row
 /// commitments, which the client masks and sends with its input so that
 /// their sum can be unmasked with the input's sum.
@@ -50,9 +61,11 @@ pub struct Proven {
 }
 
 impl NormProof {
-    /// The commitments of the input rows, in order.
-    pub fn input_rows(&self, bound: &NormBound) -> &[CompressedRistretto] {
-        &self.rows[..bound.input_rows]
+    /// The commitment to the input, decoded (a proof verified with
+    /// [`verify_each`] hands it back without decoding it again).
+    pub fn commitment(&self, bound: &NormBound) -> Result<Commitment, ValidationError> {
+        let rows = self.rows.get(..bound.input_rows).ok_or(ValidationError::Malformed("too few rows"))?;
+        rows.iter().map(decompress).collect::<Result<_, _>>().map(Commitment)
     }
 
     /// The encoding: fixed-size fields in order, projections as 16-byte
@@ -91,7 +104,7 @@ impl NormProof {
             .map(|_| {
                 let z = i128::from_le_bytes(reader.take());
                 if z.unsigned_abs() > limit {
-                    Err(ValidationError::Rejected("a projection is too large"))
+                    Err(ValidationError::Malformed("a projection is out of range"))
                 } else {
                     Ok(z)
                 }
@@ -197,13 +210,32 @@ impl Probes {
     }
 }
 
-/// γ_l: 118-bit batching weights, so that Σ_l γ_l·(±1) fits an i128.
-fn batching_weights(seed: [u8; 32]) -> Vec<i128> {
+/// γ_l: 128-bit batching weights, each the pair of its 64-bit halves (so
+/// that sums of ±halves over the probes fit an i128).
+fn batching_weights(seed: [u8; 32]) -> Vec<[u64; 2]> {
     let mut rng = ChaCha20Rng::from_seed(seed);
-    (0..PROBES)
-        .map(|_| {
-            let wide = (u128::from(rng.next_u64()) << 64) | u128::from(rng.next_u64());
-            (wide >> 10) as i128
+    (0..PROBES).map(|_| [rng.next_u64(), rng.next_u64()]).collect()
+}
+
+/// γ as a field element: high·2^64 + low.
+fn weight_scalar([high, low]: [u64; 2]) -> Scalar {
+    Scalar::from((u128::from(high) << 64) | u128::from(low))
+}
+
+/// The columns of the last input row past the input (zero in an honest
+/// commitment, and proven so: see the sum-check's claim).
+fn padding_columns(bound: &NormBound) -> std::ops::Range<usize> {
+    let used = bound.dimension - (bound.input_rows - 1) * bound.columns;
+    used..bound.columns
+}
+
+/// ν^(j+1) for the padding columns j, the weights of their zero check.
+fn padding_weights(bound: &NormBound, nu: Scalar) -> Vec<(usize, Scalar)> {
+    let mut power = Scalar::ONE;
+    padding_columns(bound)
+        .map(|j| {
+            power *= nu;
+            (j, power)
         })
         .collect()
 }
@@ -215,6 +247,7 @@ fn start_transcript(bound: &NormBound, context: &[u8]) -> Fiat {
     fiat.u64(b"bound_sq", bound.bound_sq);
     fiat.u64(b"columns", bound.columns as u64);
     fiat.u64(b"probes", PROBES as u64);
+    fiat.u64(b"mask bits", u64::from(super::MASK_BITS));
     fiat
 }
 
@@ -244,18 +277,26 @@ pub fn prove<R: CryptoRng + ?Sized>(
     if values.len() != bound.dimension {
         return Err(ValidationError::Input("the input has the wrong dimension"));
     }
-    let norm_sq: u128 = values.iter().map(|&v| i128::from(v).unsigned_abs().pow(2)).sum();
+    let over = ValidationError::Input("the input exceeds the norm bound");
+    // Each |v| ≤ B < 2^31 and there are at most 2^24: the sum cannot overflow.
+    if values.iter().any(|&v| u128::from(v.unsigned_abs()).pow(2) > u128::from(bound.bound_sq)) {
+        return Err(over);
+    }
+    let norm_sq: u128 = values.iter().map(|&v| u128::from(v.unsigned_abs()).pow(2)).sum();
     if norm_sq > u128::from(bound.bound_sq) {
-        return Err(ValidationError::Input("the input exceeds the norm bound"));
+        return Err(over);
     }
     // norm_sq ≤ B² < 2^62: the rest fits.
     let rest = (u128::from(bound.bound_sq) - norm_sq) as u64;
     let squares = squares::four_squares(rest);
-    loop {
+    // A try is restarted with probability about k·2⁻⁴⁰; 16 restarts in a
+    // row would mean a broken generator, not bad luck.
+    for _ in 0..16 {
         if let Some(proven) = attempt(bound, context, values, squares, rng) {
             return Ok(proven);
         }
     }
+    Err(ValidationError::Input("the projections kept falling outside their range"))
 }
 
 /// One try; `None` when a masked projection falls outside the range that
@@ -324,37 +365,49 @@ fn attempt<R: CryptoRng + ?Sized>(
     projections.iter().for_each(|z| fiat.bytes(b"projection", &z.to_le_bytes()));
     let gamma = batching_weights(fiat.seed(b"batching"));
     let mu = fiat.challenge(b"mu");
+    let nu = fiat.challenge(b"nu");
 
     // The tables of the sum-check: x, μ·A and σ over all S·t cells.
-    let mut x: Vec<Scalar> = matrix.iter().map(|&v| scalar_i128(v)).collect();
+    let mut x: Zeroizing<Vec<Scalar>> = Zeroizing::new(matrix.iter().map(|&v| scalar_i128(v)).collect());
     let mut a = vec![Scalar::ZERO; cells];
     {
-        let weighted: Vec<i128> = (0..PROBES)
-            .flat_map(|l| {
-                let g = gamma[l];
-                probes.beta(l).iter().map(move |&b| g * i128::from(b))
-            })
-            .collect();
-        let mut row_sum = vec![0i128; t];
+        // A = Σ_l γ_l·α_l⊗β_l, each γ_l in two 64-bit halves so that the
+        // row sums stay exact in i128 (|Σ| ≤ k·2^64).
+        let two_64 = Scalar::from(1u128 << 64);
+        let halves: [Vec<i128>; 2] = std::array::from_fn(|half| {
+            (0..PROBES)
+                .flat_map(|l| {
+                    let g = i128::from(gamma[l][half]);
+                    probes.beta(l).iter().map(move |&b| g * i128::from(b))
+                })
+                .collect()
+        });
+        let mut row_sums = [vec![0i128; t], vec![0i128; t]];
         for i in 0..probe_rows {
-            row_sum.iter_mut().for_each(|v| *v = 0);
-            for l in 0..PROBES {
-                let sign = probes.alpha(l)[i];
-                if sign != 0 {
-                    let w = &weighted[l * t..(l + 1) * t];
-                    if sign > 0 {
-                        row_sum.iter_mut().zip(w).for_each(|(s, &w)| *s += w);
-                    } else {
-                        row_sum.iter_mut().zip(w).for_each(|(s, &w)| *s -= w);
+            for (row_sum, weighted) in row_sums.iter_mut().zip(&halves) {
+                row_sum.iter_mut().for_each(|v| *v = 0);
+                for l in 0..PROBES {
+                    let sign = probes.alpha(l)[i];
+                    if sign != 0 {
+                        let w = &weighted[l * t..(l + 1) * t];
+                        if sign > 0 {
+                            row_sum.iter_mut().zip(w).for_each(|(s, &w)| *s += w);
+                        } else {
+                            row_sum.iter_mut().zip(w).for_each(|(s, &w)| *s -= w);
+                        }
                     }
                 }
             }
-            for (cell, &v) in a[i * t..(i + 1) * t].iter_mut().zip(&row_sum) {
-                *cell = mu * scalar_i128(v);
+            for (j, cell) in a[i * t..(i + 1) * t].iter_mut().enumerate() {
+                *cell = mu * (scalar_i128(row_sums[0][j]) * two_64 + scalar_i128(row_sums[1][j]));
             }
         }
         for (l, &g) in gamma.iter().enumerate() {
-            a[mask_at + l] = mu * scalar_i128(g);
+            a[mask_at + l] = mu * weight_scalar(g);
+        }
+        let last = (bound.input_rows - 1) * t;
+        for (j, weight) in padding_weights(bound, nu) {
+            a[last + j] += mu * weight;
         }
     }
     let mask_rows = bound.first_mask_row()..bound.committed_rows();
@@ -404,7 +457,6 @@ fn attempt<R: CryptoRng + ?Sized>(
         }
     }
     let (e, a_r, s_r) = (x[0], a[0], sigma[0]);
-    x.zeroize();
     let final_blinding = previous_blinding;
 
     // The evaluation e = X̃(r) and the square: last claim − Ã·E opens to σ̃·e².
@@ -438,7 +490,7 @@ fn attempt<R: CryptoRng + ?Sized>(
         }
         omega += eq_row[i] * blindings[i];
     }
-    let d: Vec<Scalar> = (0..t).map(|_| random_scalar(rng)).collect();
+    let d: Zeroizing<Vec<Scalar>> = Zeroizing::new((0..t).map(|_| random_scalar(rng)).collect());
     let (delta_d, delta_v) = (random_scalar(rng), random_scalar(rng));
     let d_value: Scalar = d.iter().zip(&eq_col).map(|(d, e)| d * e).sum();
     let dot_mask = [
@@ -455,7 +507,7 @@ fn attempt<R: CryptoRng + ?Sized>(
     dot_openings.iter().for_each(|s| fiat.scalar(b"dot opening", s));
     let h = fiat.challenge(b"ipa base");
     let u = generators.v * h;
-    let masked: Vec<Scalar> = w.iter().zip(&d).map(|(w, d)| c2 * w + d).collect();
+    let masked: Vec<Scalar> = w.iter().zip(d.iter()).map(|(w, d)| c2 * w + d).collect();
     let (ipa, ipa_last) = inner_product(&mut fiat, masked, eq_col, generators.columns.clone(), u);
 
     Some(Proven {
@@ -526,7 +578,7 @@ pub fn verify<R: CryptoRng + ?Sized>(
 ) -> Result<(), ValidationError> {
     let mut equations = Equations::new(bound.columns);
     add_equations(bound, context, proof, &mut equations, rng)?;
-    if equations.hold(&bound.generators) {
+    if equations.hold(bound.generators.as_ref()) {
         Ok(())
     } else {
         Err(ValidationError::Rejected("the proof does not verify"))
@@ -541,23 +593,97 @@ pub fn verify_batch<R: CryptoRng + ?Sized>(
     items: &[(&[u8], &NormProof)],
     rng: &mut R,
 ) -> Vec<usize> {
-    let mut equations = Equations::new(bound.columns);
-    let mut refused = Vec::new();
-    for (index, (context, proof)) in items.iter().enumerate() {
+    let verified = verify_each(bound, items, rng);
+    verified.iter().enumerate().filter(|(_, c)| c.is_none()).map(|(index, _)| index).collect()
+}
+
+/// [`verify_batch`], handing back each accepted proof's commitment (`None`
+/// for a refused one), decoded once for the verification and the sum check.
+pub fn verify_each<R: CryptoRng + ?Sized>(
+    bound: &NormBound,
+    items: &[(&[u8], &NormProof)],
+    rng: &mut R,
+) -> Vec<Option<Commitment>> {
+    // Each proof's equations get their weights from a generator of its own,
+    // seeded from `rng`, so that they can be formed on several threads.
+    let seeds: Vec<[u8; 32]> = items
+        .iter()
+        .map(|_| {
+            let mut seed = [0u8; 32];
+            rng.fill_bytes(&mut seed);
+            seed
+        })
+        .collect();
+    let replay = |index: usize| {
+        let (context, proof) = items[index];
         let mut own = Equations::new(bound.columns);
-        match add_equations(bound, context, proof, &mut own, rng) {
-            Ok(()) => equations.absorb(own),
-            Err(_) => refused.push(index),
+        let mut rng = ChaCha20Rng::from_seed(seeds[index]);
+        add_equations(bound, context, proof, &mut own, &mut rng).ok().map(|commitment| (commitment, own))
+    };
+    #[cfg(feature = "parallel")]
+    let replayed: Vec<Option<(Commitment, Equations)>> = {
+        use rayon::prelude::*;
+        (0..items.len()).into_par_iter().map(replay).collect()
+    };
+    #[cfg(not(feature = "parallel"))]
+    let replayed: Vec<Option<(Commitment, Equations)>> = (0..items.len()).map(replay).collect();
+    let mut refused: Vec<bool> = replayed.iter().map(Option::is_none).collect();
+    let mut commitments = Vec::with_capacity(items.len());
+    let mut sets = Vec::with_capacity(items.len());
+    for (index, replayed) in replayed.into_iter().enumerate() {
+        match replayed {
+            Some((commitment, equations)) => {
+                commitments.push(Some(commitment));
+                sets.push((index, equations));
+            }
+            None => commitments.push(None),
         }
     }
-    if equations.hold(&bound.generators) {
-        return refused;
+    // One check per thread's share of the proofs (each share must hold on
+    // its own, which is as sound as one check of all).
+    #[cfg(feature = "parallel")]
+    {
+        use rayon::prelude::*;
+        let share = sets.len().div_ceil(rayon::current_num_threads()).max(1);
+        let failed: Vec<Vec<usize>> = sets
+            .par_chunks(share)
+            .map(|chunk| {
+                let mut refused = vec![false; items.len()];
+                bisect(bound, chunk, &mut refused);
+                refused.iter().enumerate().filter(|(_, r)| **r).map(|(i, _)| i).collect()
+            })
+            .collect();
+        failed.into_iter().flatten().for_each(|index| refused[index] = true);
     }
-    (0..items.len())
-        .filter(|index| {
-            refused.contains(index) || verify(bound, items[*index].0, items[*index].1, rng).is_err()
-        })
-        .collect()
+    #[cfg(not(feature = "parallel"))]
+    bisect(bound, &sets, &mut refused);
+    for (commitment, refused) in commitments.iter_mut().zip(refused) {
+        if refused {
+            *commitment = None;
+        }
+    }
+    commitments
+}
+
+/// Checks the proofs' equations together; when they fail, each half on its
+/// own, down to the proofs that fail alone: about 2·log₂ n multiplications
+/// per bad proof instead of n.
+fn bisect(bound: &NormBound, sets: &[(usize, Equations)], refused: &mut [bool]) {
+    let Some((first, _)) = sets.first() else {
+        return;
+    };
+    let mut all = Equations::new(bound.columns);
+    sets.iter().for_each(|(_, equations)| all.absorb(equations));
+    if all.hold(bound.generators.as_ref()) {
+        return;
+    }
+    if sets.len() == 1 {
+        refused[*first] = true;
+        return;
+    }
+    let (left, right) = sets.split_at(sets.len() / 2);
+    bisect(bound, left, refused);
+    bisect(bound, right, refused);
 }
 
 /// Replays the transcript and adds the proof's group equations, each with a
@@ -569,7 +695,7 @@ fn add_equations<R: CryptoRng + ?Sized>(
     proof: &NormProof,
     eqs: &mut Equations,
     rng: &mut R,
-) -> Result<(), ValidationError> {
+) -> Result<Commitment, ValidationError> {
     let t = bound.columns;
     if proof.rows.len() != bound.committed_rows()
         || proof.projections.len() != PROBES
@@ -580,7 +706,7 @@ fn add_equations<R: CryptoRng + ?Sized>(
     }
     let limit = bound.projection_limit();
     if proof.projections.iter().any(|z| z.unsigned_abs() > limit) {
-        return Err(ValidationError::Rejected("a projection is too large"));
+        return Err(ValidationError::Malformed("a projection is out of range"));
     }
     let rows: Vec<RistrettoPoint> = proof.rows.iter().map(decompress).collect::<Result<_, _>>()?;
     let mut fiat = start_transcript(bound, context);
@@ -590,12 +716,13 @@ fn add_equations<R: CryptoRng + ?Sized>(
     proof.projections.iter().for_each(|z| fiat.bytes(b"projection", &z.to_le_bytes()));
     let gamma = batching_weights(fiat.seed(b"batching"));
     let mu = fiat.challenge(b"mu");
+    let nu = fiat.challenge(b"nu");
     let claim = Scalar::from(bound.bound_sq)
         + mu * proof
             .projections
             .iter()
             .zip(&gamma)
-            .map(|(&z, &g)| scalar_i128(z) * scalar_i128(g))
+            .map(|(&z, &g)| scalar_i128(z) * weight_scalar(g))
             .sum::<Scalar>();
 
     // Sum-check rounds: 2K0 + K1 + K2 + K3 − previous − opening·H = 0.
@@ -640,10 +767,12 @@ fn add_equations<R: CryptoRng + ?Sized>(
             plus - minus
         };
         let at = bound.first_mask_row() * t + l;
-        a_r += scalar_i128(g)
+        a_r += weight_scalar(g)
             * (signed_sum(probes.alpha(l), &eq_row) * signed_sum(probes.beta(l), &eq_col)
                 + eq_row[at / t] * eq_col[at % t]);
     }
+    let padding: Scalar = padding_weights(bound, nu).into_iter().map(|(j, w)| w * eq_col[j]).sum();
+    a_r += eq_row[bound.input_rows - 1] * padding;
     let a_r = mu * a_r;
 
     // The square: z1·V + z2·H − A1 − c·E = 0 and
@@ -704,17 +833,18 @@ fn add_equations<R: CryptoRng + ?Sized>(
         *coefficient -= weight * proof.ipa_last * s_i;
     }
     eqs.v -= weight * proof.ipa_last * b_last * h;
-    Ok(())
+    Ok(Commitment(rows[..bound.input_rows].to_vec()))
 }
 
 /// The coordinator's check that the unmasked sum is the sum of what was
 /// committed: Σ_u C_(u,i) = Σ_j sum_ij·G_j + (Σ_u ρ_(u,i))·H for every input
-/// row i, checked at once under random weights. `rows` holds each counted
-/// client's input-row commitments, `sum` the integer sum of their inputs,
-/// `blinding_sum` the unmasked sum of their row blindings.
+/// row i, checked at once under random weights. `commitments` are the
+/// counted clients', `sum` the integer sum of their inputs, `blinding_sum`
+/// the unmasked sum of their row blindings. The rows are added up first
+/// (one addition per client and row), then one multiplication checks them.
 pub fn check_sum<R: CryptoRng + ?Sized>(
     bound: &NormBound,
-    rows: &[&[CompressedRistretto]],
+    commitments: &[&Commitment],
     sum: &[i128],
     blinding_sum: &[Scalar],
     rng: &mut R,
@@ -723,24 +853,21 @@ pub fn check_sum<R: CryptoRng + ?Sized>(
     if sum.len() != bound.dimension || blinding_sum.len() != bound.input_rows {
         return Err(ValidationError::Malformed("the sum has the wrong dimension"));
     }
-    let mut eqs = Equations::new(t);
-    for client in rows {
-        if client.len() != bound.input_rows {
-            return Err(ValidationError::Malformed("a client's commitment has the wrong number of rows"));
-        }
+    if commitments.iter().any(|c| c.0.len() != bound.input_rows) {
+        return Err(ValidationError::Malformed("a client's commitment has the wrong number of rows"));
     }
+    let mut eqs = Equations::new(t);
     for i in 0..bound.input_rows {
         let weight = random_scalar(rng);
-        for client in rows {
-            eqs.term(weight, decompress(&client[i])?);
-        }
-        let row = &sum[i * t..((i + 1) * t).min(sum.len())];
-        for (coefficient, &v) in eqs.columns.iter_mut().zip(row) {
+        let row: RistrettoPoint = commitments.iter().map(|c| c.0[i]).sum();
+        eqs.term(weight, row);
+        let values = &sum[i * t..((i + 1) * t).min(sum.len())];
+        for (coefficient, &v) in eqs.columns.iter_mut().zip(values) {
             *coefficient -= weight * scalar_i128(v);
         }
         eqs.h -= weight * blinding_sum[i];
     }
-    if eqs.hold(&bound.generators) {
+    if eqs.hold(bound.generators.as_ref()) {
         Ok(())
     } else {
         Err(ValidationError::Rejected("the unmasked sum does not open the sum of the commitments"))
@@ -880,7 +1007,9 @@ mod tests {
         let inputs: Vec<Vec<i64>> = (0..4).map(|u| input(m, 100, 50 + u).0).collect();
         let proven: Vec<Proven> =
             inputs.iter().enumerate().map(|(u, x)| proven(&bound, b"c", x, 60 + u as u8)).collect();
-        let rows: Vec<&[CompressedRistretto]> = proven.iter().map(|p| p.proof.input_rows(&bound)).collect();
+        let commitments: Vec<Commitment> =
+            proven.iter().map(|p| p.proof.commitment(&bound).unwrap()).collect();
+        let rows: Vec<&Commitment> = commitments.iter().collect();
         let sum: Vec<i128> = (0..m).map(|j| inputs.iter().map(|x| i128::from(x[j])).sum()).collect();
         let blinding_sum: Vec<Scalar> =
             (0..bound.input_rows()).map(|i| proven.iter().map(|p| p.blindings[i]).sum()).collect();
@@ -901,6 +1030,31 @@ mod tests {
         let mut blinding = blinding_sum.clone();
         blinding[0] += Scalar::ONE;
         assert!(check_sum(&bound, &rows, &sum, &blinding, &mut rng(74)).is_err());
+    }
+
+    #[test]
+    fn values_in_the_padding_of_the_last_row_do_not_verify() {
+        // The sum check has no entry past the input, so a commitment with
+        // something there could not open the unmasked sum: the proof shows
+        // those cells are zero, even when their squares fit the bound.
+        let m = 100; // 16 columns: the last input row uses 4 of them
+        let (mut values, norm_sq) = input(m, 20, 19);
+        let bound = NormBound::new(m, norm_sq + 9).unwrap();
+        assert!(!padding_columns(&bound).is_empty());
+        values.push(3); // 3² = 9: the norm is exactly B²
+        let proven = (0..).find_map(|_| attempt(&bound, b"c", &values, [0; 4], &mut rng(20))).unwrap();
+        assert!(verify(&bound, b"c", &proven.proof, &mut rng(21)).is_err());
+        values.pop();
+        let honest = (0..).find_map(|_| attempt(&bound, b"c", &values, [3, 0, 0, 0], &mut rng(20))).unwrap();
+        assert_eq!(verify(&bound, b"c", &honest.proof, &mut rng(21)), Ok(()));
+    }
+
+    #[test]
+    fn huge_values_are_refused_not_wrapped() {
+        let bound = NormBound::new(4, 1 << 40).unwrap();
+        for values in [[i64::MAX, 0, 0, 0], [i64::MIN, 1, 1, 1], [1 << 32, 1 << 32, 1 << 32, 1 << 32]] {
+            assert!(matches!(prove(&bound, b"c", &values, &mut rng(22)), Err(ValidationError::Input(_))));
+        }
     }
 
     /// Whether a field element's centred representative is at most `limit`.

@@ -13,3 +13,4 @@ mod properties;
 mod retention;
 mod rounds;
 mod secrets;
+mod validation;

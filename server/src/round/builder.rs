@@ -5,6 +5,8 @@
 use cohort_crypto::dp::{DpParams, block_for};
 use cohort_crypto::graph::GraphSpec;
 use cohort_crypto::policy::{GraphKind, TaskSecurity};
+use cohort_crypto::quantize::NormCheck;
+use cohort_crypto::validation::RoundValidation;
 use cohort_crypto::{MetricSet, QuantizationSpec, Quantizer, RoundConfig, Transform, Variant};
 use rand_core::Rng;
 
@@ -29,6 +31,10 @@ pub struct RoundBuilder<'a> {
     /// rotate in blocks of [`block_for`] the dimension and carry no
     /// weights or metrics.
     pub privacy: Option<(DpParams, u8)>,
+    /// Input validation: each client clips its update to this L2 norm and
+    /// proves its quantized vector within the bound that follows
+    /// ([`cohort_crypto::validation`]).
+    pub validation: Option<f32>,
 }
 
 /// A round's public randomness: its session id and the seed of its
@@ -80,6 +86,7 @@ impl<'a> RoundBuilder<'a> {
             threshold: security.threshold,
             dimension: spec.model.layout.len(),
             privacy: security.privacy.map(|params| (params, security.modulus_bits)),
+            validation: None,
         }
     }
 
@@ -119,12 +126,23 @@ impl<'a> RoundBuilder<'a> {
                     transform: Transform::Rotate { block: block_for(self.dimension), seed: transform_seed },
                     metrics: MetricSet::NONE,
                     privacy: Some(params),
+                    validation: None,
                 },
                 modulus_bits,
             ),
             None => (q.round_spec(transform_seed, self.metrics)?, q.ring_bits(clients)?),
         };
-        let quantizer = Quantizer::new(quantization, modulus_bits, clients)?;
+        let mut quantizer = Quantizer::new(quantization, modulus_bits, clients)?;
+        let mut quantization = quantization;
+        let mut vector_len = quantizer.encoded_len(self.dimension);
+        if let Some(l2_clip) = self.validation {
+            let dimension = vector_len as u32;
+            quantization.validation = Some(NormCheck { l2_clip, dimension });
+            quantizer = Quantizer::new(quantization, modulus_bits, clients)?;
+            let layout = RoundValidation::new_for(&quantization, modulus_bits, clients)
+                .map_err(|e| SpecError::field("validation", e.to_string()))?;
+            vector_len = layout.vector_len();
+        }
         let config = RoundConfig {
             session,
             round,
@@ -133,7 +151,7 @@ impl<'a> RoundBuilder<'a> {
             identities,
             graph: self.graph.clone(),
             threshold: self.threshold,
-            vector_len: quantizer.encoded_len(self.dimension) as u32,
+            vector_len: vector_len as u32,
             modulus_bits,
             quantization,
             model,

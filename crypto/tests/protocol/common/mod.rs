@@ -8,9 +8,13 @@ pub mod driver;
 use std::sync::Arc;
 
 use cohort_crypto::graph::GraphSpec;
+use cohort_crypto::quantize::NormCheck;
 use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation, SimulationOutcome, plain_sum};
-use cohort_crypto::{ClientId, ProtocolError, QuantizationSpec, QuantizedInput, RoundConfig, Variant};
+use cohort_crypto::validation::RoundValidation;
+use cohort_crypto::{
+    ClientId, ProtocolError, QuantizationSpec, QuantizedInput, Quantizer, RoundConfig, Variant,
+};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 
@@ -39,6 +43,7 @@ pub fn config(clients: u32, threshold: u32, graph: GraphSpec, vector_len: u32, b
             transform: cohort_crypto::Transform::None,
             metrics: cohort_crypto::MetricSet::NONE,
             privacy: None,
+            validation: None,
         },
         model: None,
     }
@@ -54,10 +59,29 @@ pub fn make_active(config: &mut RoundConfig, seed: u64) -> Vec<Arc<IdentityKey>>
     keys
 }
 
-/// Deterministic pseudo-random input of client `id`, within the headroom.
+/// Turns `config` into a validated round: its `vector_len` is taken as the
+/// update's dimension, each update is clipped to `l2_clip`, and the vector
+/// becomes the quantized update followed by the blindings' tail.
+pub fn validated(config: &mut RoundConfig, l2_clip: f32) {
+    let quantizer = Quantizer::new(config.quantization, config.modulus_bits, config.clients).unwrap();
+    let dimension = quantizer.encoded_len(config.vector_len as usize) as u32;
+    config.quantization.validation = Some(NormCheck { l2_clip, dimension });
+    config.vector_len = RoundValidation::new(config).unwrap().unwrap().vector_len() as u32;
+}
+
+/// Deterministic pseudo-random input of client `id`, within the headroom
+/// (in a validated round, a random update in [−1, 1] quantized as the
+/// round says, so within its norm bound).
 pub fn input_for(config: &RoundConfig, seed: u64, id: ClientId) -> QuantizedInput {
     let limit = ((1u64 << config.modulus_bits) - 1) / u64::from(config.clients);
     let mut rng = ChaCha20Rng::seed_from_u64(seed.wrapping_mul(1_000_003) + u64::from(id.get()));
+    if let Some(check) = config.quantization.validation {
+        let quantizer = Quantizer::new(config.quantization, config.modulus_bits, config.clients).unwrap();
+        let dimension = check.dimension as usize - quantizer.encoded_len(0);
+        let update: Vec<f32> =
+            (0..dimension).map(|_| (rng.next_u32() as f32 / u32::MAX as f32) * 2.0 - 1.0).collect();
+        return quantizer.encode(&update, 1, &mut rng).unwrap();
+    }
     QuantizedInput::from_values(
         (0..config.vector_len).map(|_| (rng.next_u64() % (limit + 1)) as u32).collect(),
     )

@@ -37,6 +37,12 @@ pub enum VariantArg {
     Active,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ValidateArg {
+    /// Every client proves its quantized vector within an L2 bound.
+    L2,
+}
+
 #[derive(Debug, Args)]
 pub struct SecaggArgs {
     /// Clients selected for the round (n).
@@ -83,6 +89,16 @@ pub struct SecaggArgs {
     /// Seed for inputs, keys and the choice of dropouts.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Input validation: every client clips its update, commits to its
+    /// quantized vector and proves it within the round's norm bound; the
+    /// server verifies every proof and checks the unmasked sum against the
+    /// commitments.
+    #[arg(long, value_enum)]
+    validate: Option<ValidateArg>,
+    /// The L2 clip of `--validate l2` (default √(dim/3), about the norm of
+    /// the bench's updates, uniform in [−1, 1]).
+    #[arg(long)]
+    l2_clip: Option<f32>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -130,6 +146,23 @@ struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     client_bound_ms: Option<f64>,
     total_ms: f64,
+    /// With `--validate`: one client's proving time on one core (the mean
+    /// over up to 8 clients' inputs, proven outside the round; the round's
+    /// client times include it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prove_ms_mean: Option<f64>,
+    /// With `--validate`: the server's time closing ShareKeys, where it
+    /// verifies every proof in one batch, per proof.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verify_ms_per_client: Option<f64>,
+    /// With `--validate`: the commitment and proof a client sends, plus the
+    /// blindings' digits its masked vector carries, in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    proof_bytes_per_client: Option<f64>,
+    /// With `--validate`: `proof_bytes_per_client` over the bytes of the
+    /// masked input without the blindings' digits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    proof_fraction: Option<f64>,
     bytes_up_per_client: f64,
     bytes_down_per_client: f64,
     expansion: f64,
@@ -213,6 +246,9 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         threshold: params.threshold,
         dimension: args.dim as usize,
         privacy: None,
+        validation: args
+            .validate
+            .map(|ValidateArg::L2| args.l2_clip.unwrap_or((f64::from(args.dim) / 3.0).sqrt() as f32)),
     };
     let public_keys = identities.iter().map(|key| key.public_key()).collect();
     let BuiltRound { config, quantizer } =
@@ -278,6 +314,7 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         let keystream = f64::from(neighbours + 1) * f64::from(config.vector_len) * 4.0;
         keystream / (rate / threads as f64) * 1e3 + 2.0 * f64::from(neighbours) * agreement_ms()
     });
+    let validation = validation_costs(&config, &outcome, &inputs)?;
     let finished: Vec<_> = outcome.clients.iter().filter(|c| c.finished).collect();
     let count = finished.len().max(1) as f64;
     let bytes_up = finished.iter().map(|c| c.bytes_up as f64).sum::<f64>() / count;
@@ -309,6 +346,10 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         keystream_bound_ms: openssl_ctr_rate.map(|rate| server_keystream_bytes / rate * 1e3),
         client_bound_ms,
         total_ms,
+        prove_ms_mean: validation.map(|v| v.prove_ms_mean),
+        verify_ms_per_client: validation.map(|v| v.verify_ms_per_client),
+        proof_bytes_per_client: validation.map(|v| v.proof_bytes),
+        proof_fraction: validation.map(|v| v.proof_fraction),
         bytes_up_per_client: bytes_up,
         bytes_down_per_client: finished.iter().map(|c| c.bytes_down as f64).sum::<f64>() / count,
         expansion: bytes_up / (f64::from(args.dim) * 4.0),
@@ -323,6 +364,48 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         bail!("the aggregate differs from the plain sum of the survivors' inputs");
     }
     Ok(())
+}
+
+#[derive(Clone, Copy)]
+struct ValidationCosts {
+    prove_ms_mean: f64,
+    verify_ms_per_client: f64,
+    proof_bytes: f64,
+    proof_fraction: f64,
+}
+
+/// What validation cost in a validated round: up to 8 clients' inputs
+/// proven again here on this thread (the round's own proofs ran on the
+/// bench's threads, inside the clients' times), the server's batch
+/// verification (its ShareKeys close), and the bytes.
+fn validation_costs(
+    config: &cohort_crypto::RoundConfig,
+    outcome: &cohort_crypto::simulation::SimulationOutcome,
+    inputs: &dyn Fn(ClientId) -> QuantizedInput,
+) -> Result<Option<ValidationCosts>> {
+    use cohort_crypto::validation::{self, RoundValidation};
+    let Some(layout) = RoundValidation::new(config)? else {
+        return Ok(None);
+    };
+    let mut rng = ChaCha20Rng::seed_from_u64(9);
+    let sample: Vec<ClientId> = (1..=config.clients.min(8)).filter_map(ClientId::new).collect();
+    let start = Instant::now();
+    for &id in &sample {
+        let centred = layout.centred(inputs(id).values());
+        validation::prove(layout.bound(), b"bench", &centred, &mut rng)?;
+    }
+    let prove_ms_mean = start.elapsed().as_secs_f64() * 1e3 / sample.len() as f64;
+    let proofs = outcome.clients.iter().filter(|c| c.bytes_up > 0).count().max(1);
+    let verify_ms_per_client = outcome.advance_ms.get(1).copied().unwrap_or(0.0) / proofs as f64;
+    let tail_bytes = (layout.tail_len() * usize::from(config.modulus_bits)).div_ceil(8);
+    let proof_bytes = (layout.bound().proof_len() + tail_bytes) as f64;
+    let masked_bytes = (layout.dimension() * usize::from(config.modulus_bits)).div_ceil(8) as f64;
+    Ok(Some(ValidationCosts {
+        prove_ms_mean,
+        verify_ms_per_client,
+        proof_bytes,
+        proof_fraction: proof_bytes / masked_bytes,
+    }))
 }
 
 /// This machine's AES-128-CTR rate on `threads` cores, in bytes per second,
@@ -402,6 +485,14 @@ fn print_table(r: &Report) {
         "  bytes per client   up {:.0}, down {:.0} (expansion {:.3}x over f32)",
         r.bytes_up_per_client, r.bytes_down_per_client, r.expansion
     );
+    if let (Some(prove), Some(verify), Some(bytes), Some(fraction)) =
+        (r.prove_ms_mean, r.verify_ms_per_client, r.proof_bytes_per_client, r.proof_fraction)
+    {
+        println!(
+            "  validation         prove {prove:.1} ms (one core), verify {verify:.2} ms per client (batch), {bytes:.0} bytes ({:.1} % of the masked input)",
+            fraction * 100.0
+        );
+    }
     println!("  aggregate correct  {}", r.correct);
 }
 
