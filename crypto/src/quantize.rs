@@ -268,8 +268,8 @@ impl Quantizer {
     /// moves each value by less than 2: the update's part is at most
     /// (L/c)·c₂ + 2·√d; every other coordinate (the example count's digits,
     /// the metrics) is at most L. `None` without validation, or when the
-    /// bound does not fit the proof (2^62).
-    pub fn norm_bound_sq(&self) -> Option<u64> {
+    /// bound does not fit the proof (2^100).
+    pub fn norm_bound_sq(&self) -> Option<u128> {
         let check = self.spec.validation?;
         let extra = self.weight_digits() + self.metric_coordinates();
         let update = (check.dimension as usize).checked_sub(extra)?;
@@ -279,7 +279,7 @@ impl Quantizer {
             + 2.0 * (update as f64).sqrt()
             + 1.0;
         let bound_sq = part.ceil().powi(2) + extra as f64 * levels * levels;
-        (bound_sq < (1u64 << 62) as f64).then_some(bound_sq.ceil() as u64)
+        (bound_sq < (1u128 << 100) as f64).then_some(bound_sq.ceil() as u128)
     }
 
     /// The largest per-client value, L.

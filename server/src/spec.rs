@@ -73,6 +73,40 @@ pub struct TaskSpec {
     /// `buffer_size`, and `rounds` counts model updates (applied buffers).
     #[serde(default, rename = "async", skip_serializing_if = "Option::is_none")]
     pub asynchronous: Option<AsyncSpec>,
+    /// Input validation: every client proves in zero knowledge that the
+    /// update it masked is within a norm bound, and a client whose proof
+    /// fails is left out of the round and named in its record. Left out, a
+    /// new task of the active variant without `privacy` or a sketch gets
+    /// `{"norm": "l2"}`; a stored spec without it ran without validation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<ValidationSpec>,
+}
+
+/// A task's input validation ([`TaskSpec::validation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ValidationSpec {
+    /// `"l2"`: each client scales its update to at most `l2_clip` in L2
+    /// norm and proves its quantized vector within the bound that follows;
+    /// `"none"`: no validation.
+    pub norm: NormChoice,
+    /// The L2 clip. Left out, `quantization.clip` times the square root of
+    /// the model's parameters: the largest norm an update clipped per
+    /// coordinate can have, so that no honest update is changed and a
+    /// malicious one is held to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0e9)]
+    pub l2_clip: Option<f32>,
+}
+
+/// The norm a task's inputs are validated in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NormChoice {
+    /// The Euclidean norm.
+    L2,
+    /// No validation.
+    None,
 }
 
 /// How a task's clients are scheduled.
@@ -616,6 +650,21 @@ impl TaskPlan {
     /// [`SecAggSpec::default_for_new_task`]) first.
     pub fn for_new_task(mut spec: TaskSpec) -> Result<Self, SpecError> {
         spec.secure_aggregation.default_for_new_task();
+        if spec.validation.is_none()
+            && spec.secure_aggregation.variant() == VariantChoice::Active
+            && spec.privacy.is_none()
+            && spec.quantization.sketch.is_none()
+        {
+            spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None });
+        }
+        if let Some(validation) = spec.validation.as_mut()
+            && validation.norm == NormChoice::L2
+        {
+            // The default clip is written out, so the task view shows it.
+            validation
+                .l2_clip
+                .get_or_insert(spec.quantization.clip * (spec.model.layout.len() as f32).sqrt());
+        }
         Self::new(spec)
     }
 
@@ -742,6 +791,7 @@ impl TaskSpec {
         }
 
         self.validate_mode()?;
+        self.validate_validation()?;
         self.optimizer.validate()?;
         let n = self.groups().size;
         if let Some(privacy) = &self.privacy {
@@ -875,6 +925,39 @@ impl TaskSpec {
     /// participant pins at enrollment and checks each round against (the
     /// engine builds each round from the same spec; the per-round seeds are
     /// not part of it).
+    /// The L2 clip every client's update is held to, when the task
+    /// validates its inputs.
+    pub fn validation_clip(&self) -> Option<f32> {
+        match self.validation {
+            Some(ValidationSpec { norm: NormChoice::L2, l2_clip }) => {
+                Some(l2_clip.unwrap_or(self.quantization.clip * (self.model.layout.len() as f32).sqrt()))
+            }
+            _ => None,
+        }
+    }
+
+    fn validate_validation(&self) -> Result<(), SpecError> {
+        let Some(ValidationSpec { norm: NormChoice::L2, l2_clip }) = self.validation else {
+            return Ok(());
+        };
+        if l2_clip.is_some_and(|clip| !(clip.is_finite() && clip > 0.0 && clip <= 1.0e9)) {
+            return Err(SpecError::field("validation.l2_clip", "l2_clip must be above 0 and at most 10^9"));
+        }
+        if self.privacy.is_some() {
+            return Err(SpecError::field(
+                "validation",
+                "validation does not combine with privacy yet: the noise is not bound separately",
+            ));
+        }
+        if self.quantization.sketch.is_some() {
+            return Err(SpecError::field(
+                "validation",
+                "validation needs a norm-preserving transform: not with a sketch",
+            ));
+        }
+        Ok(())
+    }
+
     fn security(&self, derived: &DerivedRoundParameters) -> Result<TaskSecurity, SpecError> {
         let n = self.groups().size;
         let variant = self.secure_aggregation.variant().into();
@@ -1003,6 +1086,7 @@ pub(crate) mod tests {
             privacy: None,
             mode: TaskMode::Sync,
             asynchronous: None,
+            validation: None,
         }
     }
 

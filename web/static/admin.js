@@ -395,6 +395,7 @@ function renderRounds(rounds) {
     cell(row, m.total_examples ?? "—", "num");
     cell(row, number(means.accuracy, 3), "num");
     cell(row, number(means.loss, 3), "num");
+    cell(row, (m.refused_inputs ?? []).join(", ") || "—").dataset.field = "refused";
     return row;
   });
   $("rounds").tBodies[0].replaceChildren(...rows);
@@ -431,6 +432,10 @@ function renderBanner(task) {
   $("banner-dp").textContent = p
     ? `Differential privacy: ε = ${number(p.epsilon_spent, 3)} spent${p.budget == null ? "" : ` of a budget of ${p.budget}`} (δ = ${p.delta}).`
     : "No differential privacy: the sums are exact.";
+  const v = task.spec?.validation;
+  $("banner-validation").textContent = v?.norm === "l2"
+    ? `Input validation: every update is proven, in zero knowledge, to have an L2 norm of at most ${number(v.l2_clip, 4)}; a client whose proof fails is left out and named.`
+    : "No input validation: a client's update is summed unchecked.";
 }
 
 function renderPrivacy(task) {

@@ -153,7 +153,7 @@ pub enum ValidationError {
 #[derive(Clone)]
 pub struct NormBound {
     dimension: usize,
-    bound_sq: u64,
+    bound_sq: u128,
     columns: usize,
     input_rows: usize,
     mask_rows: usize,
@@ -179,23 +179,23 @@ impl NormBound {
     /// most `bound_sq`. The number of columns is the power of two nearest
     /// √(8·dimension) (between 8 and 4096): proofs then carry about √(m/8)
     /// row commitments and an inner-product argument over t.
-    pub fn new(dimension: usize, bound_sq: u64) -> Result<Self, ValidationError> {
+    pub fn new(dimension: usize, bound_sq: u128) -> Result<Self, ValidationError> {
         if dimension == 0 || dimension > MAX_DIMENSION {
             return Err(ValidationError::Parameters("the dimension must be between 1 and 2^24"));
         }
-        if bound_sq == 0 || bound_sq >= 1 << 62 {
-            return Err(ValidationError::Parameters("the squared bound must be between 1 and 2^62"));
+        if bound_sq == 0 || bound_sq >= 1 << 100 {
+            return Err(ValidationError::Parameters("the squared bound must be between 1 and 2^100"));
         }
         let columns = ((8.0 * dimension as f64).sqrt().ceil() as usize).next_power_of_two().clamp(8, 4096);
         Self::with_columns(dimension, bound_sq, columns)
     }
 
-    fn with_columns(dimension: usize, bound_sq: u64, columns: usize) -> Result<Self, ValidationError> {
+    fn with_columns(dimension: usize, bound_sq: u128, columns: usize) -> Result<Self, ValidationError> {
         let input_rows = dimension.div_ceil(columns);
         let mask_rows = PROBES.div_ceil(columns);
         let padded_rows = (input_rows + 1 + mask_rows).next_power_of_two();
-        let bound = u128::from(squares::isqrt(bound_sq)) + 1;
-        let spread = u128::from(squares::isqrt(((input_rows + 1) * columns) as u64)) + 1;
+        let bound = bound_sq.isqrt() + 1;
+        let spread = (((input_rows + 1) * columns) as u128).isqrt() + 1;
         let honest_projection = spread * bound;
         let mask_bound = honest_projection << MASK_BITS;
         // S·t·(16Y)² < ℓ, ℓ > 2^252: bits(S·t) + 2·(bits(Y) + 4) ≤ 252.
@@ -223,7 +223,7 @@ impl NormBound {
     }
 
     /// B².
-    pub fn bound_sq(&self) -> u64 {
+    pub fn bound_sq(&self) -> u128 {
         self.bound_sq
     }
 

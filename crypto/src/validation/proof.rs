@@ -244,7 +244,7 @@ fn start_transcript(bound: &NormBound, context: &[u8]) -> Fiat {
     let mut fiat = Fiat::new(b"cohort/validation/v1/l2");
     fiat.bytes(b"context", context);
     fiat.u64(b"dimension", bound.dimension as u64);
-    fiat.u64(b"bound_sq", bound.bound_sq);
+    fiat.bytes(b"bound_sq", &bound.bound_sq.to_le_bytes());
     fiat.u64(b"columns", bound.columns as u64);
     fiat.u64(b"probes", PROBES as u64);
     fiat.u64(b"mask bits", u64::from(super::MASK_BITS));
@@ -278,16 +278,15 @@ pub fn prove<R: CryptoRng + ?Sized>(
         return Err(ValidationError::Input("the input has the wrong dimension"));
     }
     let over = ValidationError::Input("the input exceeds the norm bound");
-    // Each |v| ≤ B < 2^31 and there are at most 2^24: the sum cannot overflow.
-    if values.iter().any(|&v| u128::from(v.unsigned_abs()).pow(2) > u128::from(bound.bound_sq)) {
+    // Each |v| ≤ B < 2^50 and there are at most 2^24: the sum cannot overflow.
+    if values.iter().any(|&v| u128::from(v.unsigned_abs()).pow(2) > bound.bound_sq) {
         return Err(over);
     }
     let norm_sq: u128 = values.iter().map(|&v| u128::from(v.unsigned_abs()).pow(2)).sum();
-    if norm_sq > u128::from(bound.bound_sq) {
+    if norm_sq > bound.bound_sq {
         return Err(over);
     }
-    // norm_sq ≤ B² < 2^62: the rest fits.
-    let rest = (u128::from(bound.bound_sq) - norm_sq) as u64;
+    let rest = bound.bound_sq - norm_sq;
     let squares = squares::four_squares(rest);
     // A try is restarted with probability about k·2⁻⁴⁰; 16 restarts in a
     // row would mean a broken generator, not bad luck.
@@ -305,7 +304,7 @@ fn attempt<R: CryptoRng + ?Sized>(
     bound: &NormBound,
     context: &[u8],
     values: &[i64],
-    squares: [u64; 4],
+    squares: [u128; 4],
     rng: &mut R,
 ) -> Option<Proven> {
     let t = bound.columns;
@@ -319,7 +318,7 @@ fn attempt<R: CryptoRng + ?Sized>(
     }
     let squares_at = bound.squares_row() * t;
     for (k, &s) in squares.iter().enumerate() {
-        matrix[squares_at + k] = i128::from(s);
+        matrix[squares_at + k] = s as i128;
     }
     let mask_at = bound.first_mask_row() * t;
     let span = 2 * bound.mask_bound + 1;
@@ -900,7 +899,7 @@ mod tests {
         for (m, range) in [(1, 3), (10, 100), (300, 255), (5_000, 127)] {
             let (values, norm_sq) = input(m, range, m as u8);
             for bound_sq in [norm_sq.max(1), norm_sq + 1, norm_sq * 3 + 17] {
-                let bound = NormBound::new(m, bound_sq).unwrap();
+                let bound = NormBound::new(m, u128::from(bound_sq)).unwrap();
                 let proof = proven(&bound, b"round 1 client 7", &values, 1).proof;
                 assert_eq!(
                     verify(&bound, b"round 1 client 7", &proof, &mut rng(2)),
@@ -914,7 +913,7 @@ mod tests {
     #[test]
     fn the_encoding_round_trips_and_has_the_stated_length() {
         let (values, norm_sq) = input(1000, 200, 3);
-        let bound = NormBound::new(1000, norm_sq).unwrap();
+        let bound = NormBound::new(1000, u128::from(norm_sq)).unwrap();
         let proof = proven(&bound, b"c", &values, 4).proof;
         let bytes = proof.to_bytes();
         assert_eq!(bytes.len(), bound.proof_len());
@@ -922,14 +921,14 @@ mod tests {
         assert_eq!(decoded, proof);
         assert_eq!(verify(&bound, b"c", &decoded, &mut rng(5)), Ok(()));
         assert!(NormProof::decode(&bound, &bytes[1..]).is_err());
-        let other = NormBound::new(1001, norm_sq).unwrap();
+        let other = NormBound::new(1001, u128::from(norm_sq)).unwrap();
         assert!(NormProof::decode(&other, &bytes).is_err() || other.proof_len() == bytes.len());
     }
 
     #[test]
     fn the_prover_refuses_an_input_over_the_bound() {
         let (values, norm_sq) = input(64, 50, 6);
-        let bound = NormBound::new(64, norm_sq - 1).unwrap();
+        let bound = NormBound::new(64, u128::from(norm_sq - 1)).unwrap();
         assert!(matches!(prove(&bound, b"c", &values, &mut rng(7)), Err(ValidationError::Input(_))));
         assert!(matches!(prove(&bound, b"c", &values[1..], &mut rng(7)), Err(ValidationError::Input(_))));
     }
@@ -937,7 +936,7 @@ mod tests {
     #[test]
     fn every_changed_byte_of_a_proof_is_refused() {
         let (values, norm_sq) = input(200, 60, 8);
-        let bound = NormBound::new(200, norm_sq).unwrap();
+        let bound = NormBound::new(200, u128::from(norm_sq)).unwrap();
         let bytes = proven(&bound, b"c", &values, 9).proof.to_bytes();
         // One byte in every 32-byte field, whatever it is.
         for at in (0..bytes.len()).step_by(29) {
@@ -954,7 +953,7 @@ mod tests {
     #[test]
     fn a_proof_is_bound_to_its_context_and_its_bound() {
         let (values, norm_sq) = input(100, 30, 11);
-        let bound = NormBound::new(100, norm_sq).unwrap();
+        let bound = NormBound::new(100, u128::from(norm_sq)).unwrap();
         let proof = proven(&bound, b"round 4 client 2", &values, 12).proof;
         assert!(
             verify(&bound, b"round 5 client 2", &proof, &mut rng(13)).is_err(),
@@ -964,7 +963,7 @@ mod tests {
             verify(&bound, b"round 4 client 3", &proof, &mut rng(13)).is_err(),
             "claimed by another client"
         );
-        let looser = NormBound::new(100, norm_sq + 1000).unwrap();
+        let looser = NormBound::new(100, u128::from(norm_sq + 1000)).unwrap();
         assert!(verify(&looser, b"round 4 client 2", &proof, &mut rng(13)).is_err());
     }
 
@@ -972,14 +971,14 @@ mod tests {
     fn a_lie_about_the_squares_does_not_verify() {
         // The prover's sum-check then starts from a sum that is not B² (3² + 1² = 10 would be honest).
         let (values, norm_sq) = input(100, 30, 14);
-        let bound = NormBound::new(100, norm_sq + 10).unwrap();
+        let bound = NormBound::new(100, u128::from(norm_sq + 10)).unwrap();
         for squares in [[3, 0, 0, 0], [3, 1, 1, 0], [0, 0, 0, 0]] {
             let proven = (0..).find_map(|_| attempt(&bound, b"c", &values, squares, &mut rng(15))).unwrap();
             let refused = verify(&bound, b"c", &proven.proof, &mut rng(16));
             assert_eq!(refused, Err(ValidationError::Rejected("the proof does not verify")), "{squares:?}");
         }
         // Over the bound, the rest B² − ‖x‖² is negative: no integer squares exist.
-        let over = NormBound::new(100, norm_sq - 1).unwrap();
+        let over = NormBound::new(100, u128::from(norm_sq - 1)).unwrap();
         let proven = (0..).find_map(|_| attempt(&over, b"c", &values, [0; 4], &mut rng(17))).unwrap();
         assert!(verify(&over, b"c", &proven.proof, &mut rng(18)).is_err());
     }
@@ -1003,7 +1002,7 @@ mod tests {
     #[test]
     fn the_sum_opens_the_commitments_and_nothing_else_does() {
         let m = 700;
-        let bound = NormBound::new(m, m as u64 * 100 * 100).unwrap();
+        let bound = NormBound::new(m, u128::from(m as u64 * 100 * 100)).unwrap();
         let inputs: Vec<Vec<i64>> = (0..4).map(|u| input(m, 100, 50 + u).0).collect();
         let proven: Vec<Proven> =
             inputs.iter().enumerate().map(|(u, x)| proven(&bound, b"c", x, 60 + u as u8)).collect();
@@ -1039,7 +1038,7 @@ mod tests {
         // those cells are zero, even when their squares fit the bound.
         let m = 100; // 16 columns: the last input row uses 4 of them
         let (mut values, norm_sq) = input(m, 20, 19);
-        let bound = NormBound::new(m, norm_sq + 9).unwrap();
+        let bound = NormBound::new(m, u128::from(norm_sq + 9)).unwrap();
         assert!(!padding_columns(&bound).is_empty());
         values.push(3); // 3² = 9: the norm is exactly B²
         let proven = (0..).find_map(|_| attempt(&bound, b"c", &values, [0; 4], &mut rng(20))).unwrap();
@@ -1072,7 +1071,7 @@ mod tests {
         // integer norm far above B. Whatever its mask row, such a vector has
         // a projection out of range under almost every draw of the probes.
         let m = 2_000;
-        let bound = NormBound::new(m, m as u64 * 100 * 100).unwrap();
+        let bound = NormBound::new(m, u128::from(m as u64 * 100 * 100)).unwrap();
         let t = bound.columns;
         let limit = bound.projection_limit();
         let (values, _) = input(m, 100, 90);
@@ -1127,7 +1126,7 @@ mod tests {
         // a large one come from the same range, centred, with the same
         // spread (a coarse check of the uniform law the proof relies on).
         let m = 64;
-        let bound = NormBound::new(m, m as u64 * 1000 * 1000).unwrap();
+        let bound = NormBound::new(m, u128::from(m as u64 * 1000 * 1000)).unwrap();
         let limit = bound.projection_limit() as f64;
         for values in [vec![0i64; m], vec![1000i64; m]] {
             let z: Vec<f64> = (0..8u8)

@@ -10,29 +10,30 @@
 /// Below this, a rest p is written as a sum of two squares by search.
 const SEARCH_BELOW: u64 = 1 << 16;
 
-/// (a, b, c, d) with a² + b² + c² + d² = n.
-pub(crate) fn four_squares(n: u64) -> [u64; 4] {
+/// (a, b, c, d) with a² + b² + c² + d² = n, for n < 2^126.
+pub(crate) fn four_squares(n: u128) -> [u128; 4] {
     if n == 0 {
         return [0; 4];
     }
     // n = 4^e · m: decompose m and scale by 2^e.
     let e = n.trailing_zeros() / 2;
     let m = n >> (2 * e);
-    let mut a = isqrt(m);
+    let mut a = m.isqrt();
     loop {
         let rest_a = m - a * a;
-        let mut b = isqrt(rest_a);
+        let mut b = rest_a.isqrt();
         // For a large rest, the first few hundred b already give a prime
         // p ≡ 1 (mod 4) with overwhelming probability; smaller ones are
-        // searched in full.
+        // searched in full. A rest of 64 bits or more (a far below √m,
+        // never reached in practice) is skipped.
         let mut tried = 0;
         loop {
             let p = rest_a - b * b;
-            if let Some([c, d]) = two_squares(p) {
-                return [a << e, b << e, c << e, d << e];
+            if let Some([c, d]) = u64::try_from(p).ok().and_then(two_squares) {
+                return [a << e, b << e, u128::from(c) << e, u128::from(d) << e];
             }
             tried += 1;
-            if b == 0 || (tried > 4096 && rest_a >= SEARCH_BELOW) {
+            if b == 0 || (tried > 4096 && rest_a >= u128::from(SEARCH_BELOW)) {
                 break;
             }
             b -= 1;
@@ -129,7 +130,7 @@ fn pow_mod(mut base: u64, mut exponent: u64, m: u64) -> u64 {
 }
 
 /// ⌊√n⌋.
-pub(crate) fn isqrt(n: u64) -> u64 {
+fn isqrt(n: u64) -> u64 {
     n.isqrt()
 }
 
@@ -137,15 +138,15 @@ pub(crate) fn isqrt(n: u64) -> u64 {
 mod tests {
     use super::*;
 
-    fn check(n: u64) {
+    fn check(n: u128) {
         let [a, b, c, d] = four_squares(n);
-        let sum = [a, b, c, d].iter().map(|&v| u128::from(v) * u128::from(v)).sum::<u128>();
-        assert_eq!(sum, u128::from(n), "{n} = {a}² + {b}² + {c}² + {d}²");
+        let sum = [a, b, c, d].iter().map(|&v| v * v).sum::<u128>();
+        assert_eq!(sum, n, "{n} = {a}² + {b}² + {c}² + {d}²");
     }
 
     #[test]
     fn every_integer_below_twenty_thousand_decomposes() {
-        (0..20_000).for_each(check);
+        (0..20_000u128).for_each(check);
     }
 
     #[test]
@@ -155,10 +156,13 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            check(x >> 1);
-            check(x >> 20);
+            check(u128::from(x >> 1));
+            check(u128::from(x >> 20));
+            check((u128::from(x) << 36) | u128::from(x >> 28));
         }
-        for n in [u64::MAX >> 1, (1 << 62) - 1, 7 << 60, (1 << 62) + 7, 4u64.pow(31) * 7 / 4] {
+        for n in
+            [u128::from(u64::MAX >> 1), (1 << 62) - 1, 7 << 60, (1 << 100) - 1, 7 << 98, 4u128.pow(49) * 7]
+        {
             check(n);
         }
     }

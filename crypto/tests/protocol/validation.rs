@@ -16,7 +16,17 @@ fn validated_config(
     graph: GraphSpec,
     dimension: u32,
 ) -> cohort_crypto::RoundConfig {
-    let mut config = config(clients, threshold, graph, dimension, 18);
+    validated_in(clients, threshold, graph, dimension, 18)
+}
+
+fn validated_in(
+    clients: u32,
+    threshold: u32,
+    graph: GraphSpec,
+    dimension: u32,
+    bits: u8,
+) -> cohort_crypto::RoundConfig {
+    let mut config = config(clients, threshold, graph, dimension, bits);
     validated(&mut config, 0.5);
     config
 }
@@ -45,8 +55,12 @@ fn reencode_share_keys(bytes: &[u8], change: impl FnOnce(&mut Option<Vec<u8>>)) 
 
 #[test]
 fn a_validated_round_sums_what_its_clients_proved() {
-    for graph in [GraphSpec::Complete, GraphSpec::Harary { degree: 6 }] {
-        let config = validated_config(10, 4, graph, 300);
+    // An 18-bit ring (8-bit values) and the default 32-bit one, whose
+    // values and bound are far larger.
+    for (graph, bits) in
+        [(GraphSpec::Complete, 18), (GraphSpec::Harary { degree: 6 }, 18), (GraphSpec::Complete, 32)]
+    {
+        let config = validated_in(10, 4, graph, 300, bits);
         let plan =
             DropoutPlan { after_shares: ids(&[2]), after_masked_input: ids(&[9]), ..DropoutPlan::default() };
         let outcome = run_and_check(&config, Vec::new(), plan, 3).unwrap();

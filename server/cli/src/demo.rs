@@ -109,6 +109,7 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
         privacy: training.dp.spec(1.0),
         mode: Default::default(),
         asynchronous: None,
+        validation: None,
     };
     spec.validate().map_err(|e| anyhow!("{e}"))?;
     Ok(spec)

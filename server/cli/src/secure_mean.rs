@@ -64,6 +64,7 @@ pub(crate) fn simulation_spec(
         privacy,
         mode: Default::default(),
         asynchronous: None,
+        validation: None,
     }
 }
 

@@ -139,6 +139,8 @@ pub(super) struct GroupSum {
     pub(super) mean: WeightedMean,
     pub(super) survivors: u32,
     pub(super) faulty_shares: Vec<(String, String)>,
+    /// Participants whose norm proofs were refused (validated rounds).
+    pub(super) refused: Vec<String>,
 }
 
 /// One secure-aggregation instance of the round.
@@ -700,7 +702,8 @@ impl Group {
         let name = |id: ClientId| self.name(id).cloned().unwrap_or_default();
         let faulty_shares =
             aggregate.faulty_shares.iter().map(|fault| (name(fault.owner), name(fault.holder))).collect();
-        Ok(GroupSum { mean, survivors, faulty_shares })
+        let refused = aggregate.refused.iter().map(|&id| name(id)).collect();
+        Ok(GroupSum { mean, survivors, faulty_shares, refused })
     }
 
     fn metrics(&self) -> GroupMetrics {

@@ -86,7 +86,7 @@ impl<'a> RoundBuilder<'a> {
             threshold: security.threshold,
             dimension: spec.model.layout.len(),
             privacy: security.privacy.map(|params| (params, security.modulus_bits)),
-            validation: None,
+            validation: spec.validation_clip(),
         }
     }
 

@@ -920,6 +920,7 @@ impl TaskEngine {
         let faulty_shares: Vec<(String, String)> =
             done.iter().flat_map(|g| g.faulty_shares.iter().cloned()).collect();
         metrics.faulty_shares = faulty_shares.len() as u32;
+        metrics.refused_inputs = done.iter().flat_map(|g| g.refused.iter().cloned()).collect();
         metrics.client_means = client_metrics
             .means()
             .map(|(metric, mean, clients)| (metric.name().to_string(), ClientMean { mean, clients }))

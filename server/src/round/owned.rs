@@ -64,6 +64,9 @@ pub struct GroupReport {
     /// Revealed shares that did not match their owner's commitment, as
     /// (owner, holder) participants.
     pub faulty_shares: Vec<(String, String)>,
+    /// Participants whose norm proofs were refused (validated rounds).
+    #[serde(default)]
+    pub refused: Vec<String>,
     /// The group's closed stages.
     pub stages: Vec<StageMetrics>,
     /// Bytes received from the group's clients.
@@ -86,6 +89,7 @@ impl GroupReport {
             total_weight: sum.mean.total_weight,
             metrics,
             faulty_shares: sum.faulty_shares,
+            refused: sum.refused,
             ..Self::of(group, None)
         };
         (report, sum.mean.mean)
@@ -110,6 +114,7 @@ impl GroupReport {
             total_weight: 0,
             metrics: Vec::new(),
             faulty_shares: Vec::new(),
+            refused: Vec::new(),
             stages: Vec::new(),
             bytes_up: 0,
             bytes_down: 0,
@@ -132,6 +137,7 @@ impl GroupReport {
             mean: WeightedMean { mean, total_weight: self.total_weight, metrics },
             survivors: self.survivors,
             faulty_shares: self.faulty_shares.clone(),
+            refused: self.refused.clone(),
         })
     }
 

@@ -200,6 +200,11 @@ pub struct RoundMetrics {
     /// round was unmasked without them.
     #[serde(default)]
     pub faulty_shares: u32,
+    /// Participants left out of the round because their input's norm proof
+    /// did not verify (a task with `validation`): named, since the proof
+    /// was theirs to make.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_inputs: Vec<String>,
     /// Per metric, its mean over the survivors that reported it, from the
     /// sum under the masks: never one client's value.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]

@@ -252,13 +252,12 @@ fn hostile_input_is_refused_and_rounds_complete() {
             415,
             "unsupported_media_type",
         );
-        // A masked input while keys are being collected: out of order.
+        // A masked input while keys are being collected: out of order (a
+        // short one, within the stage's size limit, so that the order is
+        // what refuses it).
         let early = ClientMessage::MaskedInput {
             context,
-            vector: MaskedVector {
-                bits: round_config.modulus_bits,
-                values: vec![0; round_config.vector_len as usize],
-            },
+            vector: MaskedVector { bits: round_config.modulus_bits, values: vec![0; 8] },
         };
         refused(&attacker.post(early.encode()), 409, "out_of_phase");
         assert_eq!(attacker.post(keys.clone()).status, 202);
@@ -303,4 +302,96 @@ fn hostile_input_is_refused_and_rounds_complete() {
     for (w, d) in model.weights.iter().zip(delta()) {
         assert!((w - 2.0 * d).abs() < 1e-4, "{:?}", model.weights);
     }
+}
+
+/// THREAT_MODEL claim 62 over HTTP: a new active task validates its inputs
+/// by default; a client whose norm proof does not verify is left out of
+/// the round (which completes without it) and named in the round's record.
+#[test]
+fn a_client_whose_norm_proof_fails_is_left_out_and_named() {
+    let coordinator = Serve::options(ADMIN).sqlite("forged-proof").start_in_process(None, |_| {});
+    let url = coordinator.url.clone();
+    let mut admin = Raw { transport: HttpTransport::new(&url), credential: Some(ADMIN.into()) };
+    let spec = json!({
+        "name": "forged proof", "rounds": 1, "clients_per_round": 6,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [DIMENSION] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 4 },
+        "deadlines": { "advertise_keys_ms": 30000, "share_keys_ms": 30000, "masked_input_ms": 30000, "unmasking_ms": 30000 }
+    });
+    let created = admin.send(Method::Post, "/admin/tasks", spec.to_string().into_bytes(), "application/json");
+    assert_eq!(created.status, 201);
+    let created: Value = serde_json::from_slice(&created.body).unwrap();
+    let (task, token) = (
+        created["id"].as_str().unwrap().to_string(),
+        created["enrollment_token"].as_str().unwrap().to_string(),
+    );
+    let view = admin.send(Method::Get, &format!("/admin/tasks/{task}"), Vec::new(), "application/json");
+    let view: Value = serde_json::from_slice(&view.body).unwrap();
+    assert_eq!(view["spec"]["validation"]["norm"], "l2", "{view}");
+    // The default clip: 1 per coordinate over 16 parameters, √16 = 4.
+    assert_eq!(view["spec"]["validation"]["l2_clip"], 4.0, "{view}");
+
+    let mut attacker = Raw { transport: HttpTransport::new(&url), credential: None };
+    let identity = std::sync::Arc::new(cohort_tests::identity::fresh_identity());
+    let body = cohort_tests::identity::enrollment(&task, &token, &identity).to_string().into_bytes();
+    let enrolled = attacker.send(Method::Post, &format!("/v1/tasks/{task}/enroll"), body, "application/json");
+    assert_eq!(enrolled.status, 201);
+    let enrolled: Value = serde_json::from_slice(&enrolled.body).unwrap();
+    let attacker_id = enrolled["participant_id"].as_str().unwrap().to_string();
+    attacker.credential = Some(enrolled["credential"].as_str().unwrap().into());
+
+    let config = ParticipantConfig {
+        poll_interval_ms: 50,
+        policy: cohort_tests::policy_for(&spec),
+        ..ParticipantConfig::default()
+    };
+    let honest: Vec<_> = (0..5u8)
+        .map(|k| {
+            let (url, task, token) = (url.clone(), task.clone(), token.clone());
+            std::thread::spawn(move || {
+                let participant = Participant::enroll(&task, &token, config).with_seed([k + 11; 32]);
+                let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
+                runner.run_round(&mut honest()).unwrap()
+            })
+        })
+        .collect();
+
+    // The attacker plays the protocol, but changes a byte of its proof.
+    let mut rng = ChaCha20Rng::seed_from_u64(7);
+    let me = ClientId::new(attacker.selected(1)).unwrap();
+    let setup = attacker.fetch();
+    let ServerMessage::Setup(round_config) = &setup else { panic!("expected the setup") };
+    assert!(round_config.quantization.validation.is_some(), "the round does not validate its inputs");
+    let quantizer =
+        Quantizer::new(round_config.quantization, round_config.modulus_bits, round_config.clients).unwrap();
+    let input = quantizer.encode(&delta(), 7, &mut rng).unwrap();
+    let (client, keys) = Client::start(setup.clone(), me, Some(identity), input, &mut rng).unwrap();
+    assert_eq!(attacker.post(keys.encode()).status, 202);
+    let (_, shares) = client.handle(attacker.fetch(), &mut rng);
+    let ClientMessage::ShareKeys { context, envelopes, proof } = shares.unwrap() else {
+        panic!("expected ShareKeys")
+    };
+    let mut proof = proof.expect("a validated round's ShareKeys carries the proof");
+    let at = proof.len() - 69;
+    proof[at] ^= 1;
+    let forged = ClientMessage::ShareKeys { context, envelopes, proof: Some(proof) };
+    assert_eq!(
+        attacker.post(forged.encode()).status,
+        202,
+        "decoded on arrival, verified at the stage's close"
+    );
+
+    for handle in honest {
+        let outcome = handle.join().unwrap();
+        assert!(
+            matches!(outcome, Some(cohort_client::participant::RoundOutcome::Completed(_))),
+            "{outcome:?}"
+        );
+    }
+    let rounds =
+        admin.send(Method::Get, &format!("/admin/tasks/{task}/rounds"), Vec::new(), "application/json");
+    let rounds: Vec<Value> = serde_json::from_slice(&rounds.body).unwrap();
+    assert_eq!(rounds.len(), 1);
+    assert_eq!(rounds[0]["survivors"], 5, "{}", rounds[0]);
+    assert_eq!(rounds[0]["metrics"]["refused_inputs"], json!([attacker_id]), "{}", rounds[0]);
 }
