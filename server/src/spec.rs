@@ -97,6 +97,32 @@ pub struct ValidationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(exclusive_minimum = 0.0, maximum = 1.0e9)]
     pub l2_clip: Option<f32>,
+    /// A robust rule across a round's group sums, beside the proofs (or
+    /// instead of them, with `"norm": "none"`): see [`GroupRule`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_rule: Option<GroupRule>,
+}
+
+/// How a round combines its secure-aggregation groups' means
+/// ([`crate::round::robust`]); without one, their example-weighted mean.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum GroupRule {
+    /// A group whose mean update is longer (L2) than `max` is left out.
+    Norm {
+        /// The longest group mean kept.
+        #[schema(exclusive_minimum = 0.0, maximum = 1.0e9)]
+        max: f32,
+    },
+    /// The coordinate-wise median of the groups' means.
+    Median,
+    /// Per coordinate, the mean of the groups' means after `trim` of them
+    /// at each end are dropped.
+    TrimmedMean {
+        /// The fraction dropped at each end, in [0, 0.5).
+        #[schema(minimum = 0.0, exclusive_maximum = 0.5)]
+        trim: f32,
+    },
 }
 
 /// The norm a task's inputs are validated in.
@@ -655,7 +681,7 @@ impl TaskPlan {
             && spec.privacy.is_none()
             && spec.quantization.sketch.is_none()
         {
-            spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None });
+            spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None });
         }
         if let Some(validation) = spec.validation.as_mut()
             && validation.norm == NormChoice::L2
@@ -929,7 +955,7 @@ impl TaskSpec {
     /// validates its inputs.
     pub fn validation_clip(&self) -> Option<f32> {
         match self.validation {
-            Some(ValidationSpec { norm: NormChoice::L2, l2_clip }) => {
+            Some(ValidationSpec { norm: NormChoice::L2, l2_clip, .. }) => {
                 Some(l2_clip.unwrap_or(self.quantization.clip * (self.model.layout.len() as f32).sqrt()))
             }
             _ => None,
@@ -937,7 +963,19 @@ impl TaskSpec {
     }
 
     fn validate_validation(&self) -> Result<(), SpecError> {
-        let Some(ValidationSpec { norm: NormChoice::L2, l2_clip }) = self.validation else {
+        match self.validation.and_then(|v| v.group_rule) {
+            Some(GroupRule::Norm { max }) if !(max.is_finite() && max > 0.0 && max <= 1.0e9) => {
+                return Err(SpecError::field(
+                    "validation.group_rule.max",
+                    "max must be above 0 and at most 10^9",
+                ));
+            }
+            Some(GroupRule::TrimmedMean { trim }) if !(0.0..0.5).contains(&trim) => {
+                return Err(SpecError::field("validation.group_rule.trim", "trim must be in [0, 0.5)"));
+            }
+            _ => {}
+        }
+        let Some(ValidationSpec { norm: NormChoice::L2, l2_clip, .. }) = self.validation else {
             return Ok(());
         };
         if l2_clip.is_some_and(|clip| !(clip.is_finite() && clip > 0.0 && clip <= 1.0e9)) {
@@ -1102,6 +1140,33 @@ pub(crate) mod tests {
         assert_eq!(spec.initial_weights().len(), 7840);
     }
 
+    /// A new task of the active variant validates its inputs unless it says
+    /// otherwise, with the default clip written out; a semi-honest one, a
+    /// stored spec and one that opts out do not.
+    #[test]
+    fn a_new_active_task_validates_its_inputs_by_default() {
+        let active = || {
+            let mut spec = small_spec();
+            spec.secure_aggregation.threshold = Some(4); // a majority of six
+            spec
+        };
+        let plan = TaskPlan::for_new_task(active()).unwrap();
+        let validation = plan.spec().validation.unwrap();
+        assert_eq!((validation.norm, validation.l2_clip), (NormChoice::L2, Some(2.0)), "clip 1 × √4");
+        assert_eq!(plan.spec().validation_clip(), Some(2.0));
+        let mut semi = small_spec();
+        semi.secure_aggregation.variant = Some(VariantChoice::SemiHonest);
+        assert_eq!(TaskPlan::for_new_task(semi).unwrap().spec().validation, None);
+        assert_eq!(TaskPlan::new(small_spec()).unwrap().spec().validation_clip(), None, "a stored spec");
+        let mut off = active();
+        off.validation = Some(ValidationSpec { norm: NormChoice::None, l2_clip: None, group_rule: None });
+        let off = TaskPlan::for_new_task(off).unwrap();
+        assert_eq!(off.spec().validation_clip(), None);
+        // The section survives the JSON a task view shows.
+        let json = serde_json::to_value(plan.spec()).unwrap();
+        assert_eq!(json["validation"], serde_json::json!({ "norm": "l2", "l2_clip": 2.0 }));
+    }
+
     #[test]
     fn invalid_specs_are_refused_with_a_reason() {
         type Mutation = fn(&mut TaskSpec);
@@ -1140,6 +1205,41 @@ pub(crate) mod tests {
                 "odd number of rows",
             ),
             (|s| s.optimizer = ServerOptimizer::FedAvg { learning_rate: -1.0 }, "learning_rate"),
+            (
+                |s| {
+                    s.validation =
+                        Some(ValidationSpec { norm: NormChoice::L2, l2_clip: Some(-1.0), group_rule: None })
+                },
+                "l2_clip",
+            ),
+            (
+                |s| {
+                    s.validation =
+                        Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None });
+                    s.quantization.sketch = Some(SketchConfig { rows: 3, columns: 10, top_k: 0 });
+                },
+                "not with a sketch",
+            ),
+            (
+                |s| {
+                    s.validation = Some(ValidationSpec {
+                        norm: NormChoice::None,
+                        l2_clip: None,
+                        group_rule: Some(GroupRule::TrimmedMean { trim: 0.5 }),
+                    })
+                },
+                "trim",
+            ),
+            (
+                |s| {
+                    s.validation = Some(ValidationSpec {
+                        norm: NormChoice::None,
+                        l2_clip: None,
+                        group_rule: Some(GroupRule::Norm { max: f32::NAN }),
+                    })
+                },
+                "max",
+            ),
             (|s| s.secure_aggregation.threshold = Some(9), "threshold"),
             (
                 |s| {

@@ -395,7 +395,8 @@ function renderRounds(rounds) {
     cell(row, m.total_examples ?? "—", "num");
     cell(row, number(means.accuracy, 3), "num");
     cell(row, number(means.loss, 3), "num");
-    cell(row, (m.refused_inputs ?? []).join(", ") || "—").dataset.field = "refused";
+    const rejected = m.rejected_groups ? `${m.rejected_groups} group${m.rejected_groups === 1 ? "" : "s"} left out by the group rule` : "";
+    cell(row, [(m.refused_inputs ?? []).join(", "), rejected].filter(Boolean).join("; ") || "—").dataset.field = "refused";
     return row;
   });
   $("rounds").tBodies[0].replaceChildren(...rows);
@@ -436,6 +437,11 @@ function renderBanner(task) {
   $("banner-validation").textContent = v?.norm === "l2"
     ? `Input validation: every update is proven, in zero knowledge, to have an L2 norm of at most ${number(v.l2_clip, 4)}; a client whose proof fails is left out and named.`
     : "No input validation: a client's update is summed unchecked.";
+  const rule = v?.group_rule;
+  if (rule) {
+    const what = { norm: `groups whose mean is longer than ${rule.max} are left out`, median: "the coordinate-wise median of the groups' means", trimmed_mean: `the groups' means trimmed by ${rule.trim} at each end` }[rule.kind];
+    $("banner-validation").textContent += ` Across groups: ${what}.`;
+  }
 }
 
 function renderPrivacy(task) {

@@ -25,6 +25,7 @@ use super::owned::{GroupAssignment, GroupKey, GroupReport};
 use super::records::{
     AttemptOutcome, BufferMetrics, CheckIn, ClientMean, EngineError, FailedAttempt, RoundProgress, TaskError,
 };
+use super::robust::{self, GroupRule};
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
 use crate::privacy::{PrivacyPlan, PrivacyView};
@@ -870,7 +871,7 @@ impl TaskEngine {
         now: i64,
     ) -> Result<Completion, TaskError> {
         let dimension = self.spec.model.layout.len();
-        let done: Vec<&GroupSum> = round
+        let mut done: Vec<&GroupSum> = round
             .groups
             .iter()
             .filter_map(|g| match g.state() {
@@ -878,12 +879,26 @@ impl TaskEngine {
                 _ => None,
             })
             .collect();
+        let rule = self.spec.validation.and_then(|v| v.group_rule);
+        let completed_groups = done.len();
+        if let Some(GroupRule::Norm { max }) = rule {
+            done.retain(|g| robust::norm(&g.mean.mean) <= f64::from(max));
+            if done.is_empty() {
+                return Err(TaskError::AllGroupsRejected);
+            }
+        }
+        let rejected_groups = (completed_groups - done.len()) as u32;
         let total_weight: u64 = done.iter().map(|g| g.mean.total_weight).sum();
         if total_weight == 0 {
             return Err(QuantizeError::NoExamples.into());
         }
-        let mean: Vec<f32> = match done.as_slice() {
-            [only] => only.mean.mean.clone(),
+        let means = || done.iter().map(|g| g.mean.mean.as_slice()).collect::<Vec<_>>();
+        let mean: Vec<f32> = match (done.as_slice(), rule) {
+            ([only], _) => only.mean.mean.clone(),
+            (groups, Some(GroupRule::Median)) if groups.len() >= 3 => robust::coordinate_median(&means()),
+            (groups, Some(GroupRule::TrimmedMean { trim })) if groups.len() >= 3 => {
+                robust::trimmed_mean(&means(), trim)
+            }
             _ => {
                 let mut sum = vec![0f64; dimension];
                 for group in &done {
@@ -921,6 +936,7 @@ impl TaskEngine {
             done.iter().flat_map(|g| g.faulty_shares.iter().cloned()).collect();
         metrics.faulty_shares = faulty_shares.len() as u32;
         metrics.refused_inputs = done.iter().flat_map(|g| g.refused.iter().cloned()).collect();
+        metrics.rejected_groups = rejected_groups;
         metrics.client_means = client_metrics
             .means()
             .map(|(metric, mean, clients)| (metric.name().to_string(), ClientMean { mean, clients }))

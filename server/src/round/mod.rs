@@ -25,6 +25,7 @@ mod completion;
 pub mod engine;
 pub mod owned;
 pub mod records;
+pub mod robust;
 #[cfg(test)]
 mod tests;
 

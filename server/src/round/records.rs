@@ -49,6 +49,9 @@ pub enum TaskError {
     Optimizer(#[from] crate::optimizer::OptimizerError),
     /// A group run by another replica could not be built from its
     /// assignment, or its stored report does not fit the round.
+    #[error("every group's mean is longer than the task's group rule allows")]
+    AllGroupsRejected,
+    /// A completed group's report from another replica does not fit.
     #[error("group of another replica: {0}")]
     GroupReport(&'static str),
 }
@@ -205,6 +208,10 @@ pub struct RoundMetrics {
     /// was theirs to make.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refused_inputs: Vec<String>,
+    /// Groups whose means the task's group rule left out of the round's
+    /// sum (`validation.group_rule`: a mean longer than its `max`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rejected_groups: u32,
     /// Per metric, its mean over the survivors that reported it, from the
     /// sum under the masks: never one client's value.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -302,4 +309,8 @@ pub struct RoundProgress {
     /// Of those, groups given up (too few clients).
     #[serde(default)]
     pub groups_failed: usize,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }

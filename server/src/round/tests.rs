@@ -1199,3 +1199,54 @@ fn a_spec_that_validates_loads_and_steps_at_every_edge_of_its_numbers() {
     }
     assert!(checked > 50, "only {checked} specs validated: the edges are not exercised");
 }
+
+/// A task's group rule (`validation.group_rule`, THREAT_MODEL claim 67): a
+/// group whose mean is longer than the rule's `max` is left out of the
+/// round's sum and counted; the median takes the coordinate-wise median of
+/// the groups' means. Here one client sends a large update with a large
+/// example count, which dominates its group's mean.
+#[test]
+fn a_group_rule_leaves_out_or_outvotes_a_poisoned_group() {
+    use crate::spec::{GroupRule, NormChoice, ValidationSpec};
+    for rule in [GroupRule::Norm { max: 1.0 }, GroupRule::Median] {
+        let mut spec = grouped_spec();
+        spec.validation =
+            Some(ValidationSpec { norm: NormChoice::None, l2_clip: None, group_rule: Some(rule) });
+        let mut engine = engine(spec);
+        let mut clients = twelve();
+        clients[0] = NamedClient::new(0, vec![1.0; 4], 5000);
+        for c in &clients {
+            engine.check_in(&c.name, None, 0);
+        }
+        assert!(matches!(engine.tick(0), TickOutcome::Started(1)));
+        let groups: Vec<Vec<usize>> = (0..3).map(|g| group_members(&engine, &clients, g)).collect();
+        let mut now = 0;
+        let run = run_groups(&mut engine, &mut clients, &[], &mut now);
+        for job in run.jobs {
+            engine.unmasked(1, job.group, job.run(), now).unwrap();
+        }
+        let TickOutcome::Persist(Persist::Model(completion)) = engine.tick(now) else {
+            panic!("no completion")
+        };
+        let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+        engine.advance(Persist::Model(completion), true);
+        let means: Vec<Vec<f32>> = groups.iter().map(|members| weighted_mean(&clients, members)).collect();
+        let poisoned = groups.iter().position(|members| members.contains(&0)).unwrap();
+        assert!(robust::norm(&means[poisoned]) > 1.0, "{:?}", means[poisoned]);
+        let expected = match rule {
+            GroupRule::Norm { .. } => {
+                assert_eq!(metrics["rejected_groups"], 1, "{metrics}");
+                let kept: Vec<usize> = (0..12).filter(|i| !groups[poisoned].contains(i)).collect();
+                weighted_mean(&clients, &kept)
+            }
+            _ => {
+                assert!(metrics.get("rejected_groups").is_none(), "{metrics}");
+                robust::coordinate_median(&means.iter().map(Vec::as_slice).collect::<Vec<_>>())
+            }
+        };
+        for (w, e) in engine.weights().iter().zip(&expected) {
+            assert!((w - e).abs() < 1e-3, "{rule:?}: {:?} vs {expected:?}", engine.weights());
+        }
+        assert!(robust::norm(engine.weights()) < 0.7, "{rule:?}: the poisoned group moved the model");
+    }
+}
