@@ -7,6 +7,11 @@
 // browser's version.
 //
 //   node web/tests/bench.mjs '{"clients": 75, "dim": 100000, "t": 50, "bits": 32}'
+//
+// With "prove": m, it times one client's input-validation proof over m
+// values instead (`benchProve`).
+//
+//   node web/tests/bench.mjs '{"prove": 100000}'
 import { readFile } from "node:fs/promises";
 import { dirname, join, normalize } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -17,9 +22,9 @@ const config = { clients: 75, dim: 100000, t: 50, bits: 32, ...JSON.parse(proces
 const pkg = join(dirname(fileURLToPath(import.meta.url)), "..", "pkg");
 const page = `<!doctype html><meta charset="utf-8"><title>bench</title>
 <script type="module">
-import init, { benchSecagg } from "/pkg/cohort_web.js";
+import init, { benchProve, benchSecagg } from "/pkg/cohort_web.js";
 await init();
-window.report = JSON.parse(benchSecagg(${config.clients}, ${config.dim}, ${config.t}, ${config.bits}));
+window.report = JSON.parse(${config.prove ? `benchProve(${config.prove})` : `benchSecagg(${config.clients}, ${config.dim}, ${config.t}, ${config.bits})`});
 </script>`;
 const types = { ".js": "text/javascript", ".wasm": "application/wasm" };
 

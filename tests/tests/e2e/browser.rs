@@ -671,6 +671,18 @@ fn the_browser_bench_times_a_round_of_the_wasm_client_in_chromium() {
     assert_eq!((report["survivors"].as_u64(), report["k"].as_u64()), (Some(6), Some(5)), "{report}");
     let (mean, max) = (report["client_ms_mean"].as_f64().unwrap(), report["client_ms_max"].as_f64().unwrap());
     assert!(mean > 0.0 && mean <= max && max <= report["total_ms"].as_f64().unwrap(), "{report}");
+    // The input-validation proof in the browser (docs/BENCHMARKS.md, input
+    // validation): proven and verified there.
+    let output = cohort_tests::output_within(
+        Command::new("node")
+            .arg(workspace_root().join("web/tests/bench.mjs"))
+            .arg(json!({ "prove": 2000 }).to_string()),
+        cohort_tests::CLIENT_LIMIT,
+    );
+    let stdout = success("web/tests/bench.mjs", &output);
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+    assert_eq!(report["dim"], 2000, "{report}");
+    assert!(report["prove_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{report}");
 }
 
 /// `web/tests/webcrypto.mjs`, the probe of what Chromium's WebCrypto takes
