@@ -96,8 +96,8 @@ pub struct QuantizationSpec {
 /// The norm every input of a validated round is proven within.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct NormCheck {
-    /// Each update is scaled down to at most this L2 norm before it is
-    /// transformed and quantized.
+    /// Each update, transformed and clipped per coordinate, is scaled down
+    /// to at most this L2 norm before it is quantized.
     pub l2_clip: f32,
     /// Coordinates of the quantized vector that are committed and proven:
     /// the transformed update, the example count's digits and the
@@ -262,9 +262,9 @@ impl Quantizer {
 
     /// B² for a validated round: the largest squared L2 norm of a client's
     /// quantized vector, centred and doubled (each value v read as 2v − L,
-    /// so that [0, L] maps onto [−L, L] in integers). An update of norm at
-    /// most the clip c₂, scaled by w/W ≤ 1 and clipped to [−c, c], lands at
-    /// 2·pos − L = Δ·L/c per coordinate before rounding, and the rounding
+    /// so that [0, L] maps onto [−L, L] in integers). An update clipped to
+    /// [−c, c], scaled to norm at most the L2 clip c₂ and by w/W ≤ 1, lands
+    /// at 2·pos − L = Δ·L/c per coordinate before rounding, and the rounding
     /// moves each value by less than 2: the update's part is at most
     /// (L/c)·c₂ + 2·√d; every other coordinate (the example count's digits,
     /// the metrics) is at most L. `None` without validation, or when the
@@ -388,19 +388,6 @@ impl Quantizer {
         if let Some(bad) = update.iter().position(|v| !v.is_finite()) {
             return Err(QuantizeError::NonFinite(bad));
         }
-        // Under validation the update is scaled to the L2 clip first (the
-        // rotation keeps its norm), so the quantized vector is within the
-        // bound the round's proofs show.
-        let scaled = self.spec.validation.and_then(|check| {
-            let norm = update.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt();
-            let clip = f64::from(check.l2_clip);
-            (norm > clip).then(|| {
-                Zeroizing::new(
-                    update.iter().map(|&v| (f64::from(v) * clip / norm) as f32).collect::<Vec<f32>>(),
-                )
-            })
-        });
-        let update = scaled.as_deref().map_or(update, Vec::as_slice);
         let transformed = match (self.rotation(), self.sketch()) {
             (Some(rotation), _) => Some(Zeroizing::new(rotation.forward(update))),
             (_, Some((sketch, _))) => Some(Zeroizing::new(sketch.sketch(update))),
@@ -408,6 +395,15 @@ impl Quantizer {
         };
         let values = transformed.as_deref().map_or(update, Vec::as_slice);
         let clip = f64::from(self.spec.clip);
+        // Under validation the vector, once clipped per coordinate, is
+        // scaled down to the L2 clip, so the quantized vector is within the
+        // bound the round's proofs show. An L2 clip of clip·√d never scales
+        // anything (a vector clipped to [−c, c]^d is no longer than c·√d).
+        let shrink = self.spec.validation.map_or(1.0, |check| {
+            let norm = values.iter().map(|&v| f64::from(v).clamp(-clip, clip).powi(2)).sum::<f64>().sqrt();
+            let l2 = f64::from(check.l2_clip);
+            if norm > l2 { l2 / norm } else { 1.0 }
+        });
         let scale = f64::from(weight) / f64::from(self.spec.max_weight);
         let levels = self.levels as f64;
         let to_unit = levels / (2.0 * clip);
@@ -430,7 +426,7 @@ impl Quantizer {
                 } else {
                     value
                 };
-                let position = (clipped * scale + clip) * to_unit;
+                let position = (clipped * shrink * scale + clip) * to_unit;
                 let position = if position < 0.0 {
                     0.0
                 } else if position > levels {
@@ -526,7 +522,7 @@ impl Quantizer {
 mod tests {
     use super::*;
     use rand_chacha::ChaCha20Rng;
-    use rand_core::SeedableRng;
+    use rand_core::{Rng, SeedableRng};
 
     fn spec() -> QuantizationSpec {
         QuantizationSpec {
@@ -536,6 +532,52 @@ mod tests {
             metrics: crate::MetricSet::NONE,
             privacy: None,
             validation: None,
+        }
+    }
+
+    /// Under validation: the default L2 clip (clip·√d) changes no update,
+    /// however spiky; a tighter one scales the clipped update down; and
+    /// every encoded vector, centred and doubled, is within the bound the
+    /// round's proofs show, for the 8-bit and the 32-bit ring.
+    #[test]
+    fn the_l2_clip_scales_only_what_exceeds_it_and_the_bound_holds() {
+        let d = 200;
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let spiky: Vec<f32> =
+            (0..d).map(|i| if i % 7 == 0 { 40.0 } else { (i as f32 * 0.3).sin() }).collect();
+        let validated = |l2_clip: f32| QuantizationSpec {
+            validation: Some(NormCheck { l2_clip, dimension: d as u32 + 1 }),
+            ..spec()
+        };
+        for (bits, clients) in [(18, 1000), (32, 10)] {
+            let plain = Quantizer::new(spec(), bits, clients).unwrap();
+            let default = Quantizer::new(validated((d as f32).sqrt()), bits, clients).unwrap();
+            let a = plain.encode(&spiky, 700, &mut ChaCha20Rng::seed_from_u64(9)).unwrap();
+            let b = default.encode(&spiky, 700, &mut ChaCha20Rng::seed_from_u64(9)).unwrap();
+            assert_eq!(a.values(), b.values(), "the default clip changed an update");
+            let tight = Quantizer::new(validated(2.0), bits, clients).unwrap();
+            for _ in 0..20 {
+                let update: Vec<f32> =
+                    (0..d).map(|_| (rng.next_u32() as f32 / u32::MAX as f32) * 6.0 - 3.0).collect();
+                for q in [&default, &tight] {
+                    let encoded = q.encode(&update, 1000, &mut rng).unwrap();
+                    let levels = q.levels() as i128;
+                    let norm_sq: u128 = encoded
+                        .values()
+                        .iter()
+                        .map(|&v| (2 * i128::from(v) - levels).unsigned_abs().pow(2))
+                        .sum();
+                    assert!(norm_sq <= q.norm_bound_sq().unwrap(), "{bits} bits: {norm_sq} over the bound");
+                }
+            }
+            // The tight clip halves a vector twice its length (up to rounding).
+            let long: Vec<f32> = vec![4.0 / (d as f32).sqrt(); d];
+            let decoded = {
+                let encoded = tight.encode(&long, 1000, &mut rng).unwrap();
+                tight.decode(encoded.values(), 1, d).unwrap().mean
+            };
+            let norm = decoded.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+            assert!((norm - 2.0).abs() < 0.05, "{bits} bits: {norm}");
         }
     }
 

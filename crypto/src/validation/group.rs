@@ -140,7 +140,15 @@ pub(crate) fn small_msm(values: &[i128], points: &[RistrettoPoint]) -> Ristretto
     debug_assert_eq!(values.len(), points.len());
     let max = values.iter().map(|v| v.unsigned_abs()).max().unwrap_or(0);
     if max >= BUCKETS {
-        return RistrettoPoint::vartime_multiscalar_mul(values.iter().map(|&v| scalar_i128(v)), points);
+        // A negative value as a scalar is ℓ − |v|, 253 bits wide: negate the
+        // point instead, so that every scalar stays as short as |v| and
+        // Pippenger's windows above it are empty.
+        let signed: Vec<RistrettoPoint> =
+            values.iter().zip(points).map(|(&v, p)| if v < 0 { -p } else { *p }).collect();
+        return RistrettoPoint::vartime_multiscalar_mul(
+            values.iter().map(|v| Scalar::from(v.unsigned_abs())),
+            &signed,
+        );
     }
     let mut buckets = vec![RistrettoPoint::identity(); max as usize + 1];
     for (&value, point) in values.iter().zip(points) {

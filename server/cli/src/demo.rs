@@ -18,7 +18,9 @@ use cohort_crypto::config::active_threshold_holds;
 use cohort_server::api::auth::new_token;
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::service::{Service, ServiceConfig};
-use cohort_server::spec::{GraphChoice, SecAggSpec, TaskPlan, TaskSpec, VariantChoice};
+use cohort_server::spec::{
+    GraphChoice, NormChoice, SecAggSpec, TaskPlan, TaskSpec, ValidationSpec, VariantChoice,
+};
 use serde_json::Value;
 
 use crate::admin::{admin, admin_get};
@@ -41,6 +43,20 @@ pub struct DemoArgs {
     /// Where results.json and accuracy.png go.
     #[arg(long, default_value = "cohort-demo")]
     out: PathBuf,
+    /// Input validation: every client proves its update within the task's
+    /// L2 bound (`l2`, the coordinator's default for an active task; not
+    /// with differential privacy), or nothing is checked (`none`).
+    #[arg(long, value_enum, default_value_t = DemoValidation::L2)]
+    validation: DemoValidation,
+}
+
+/// The demo task's input validation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoValidation {
+    /// Every update proven within an L2 bound.
+    L2,
+    /// No validation.
+    None,
 }
 
 pub fn demo(args: &DemoArgs) -> Result<()> {
@@ -54,10 +70,14 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
             Timing { clock: Clock::uniform(&sizes, args.training.local.epochs), over_selection: 0.0 };
         (in_process(&experiment, &args.training, args.training.clients, false, threads(), &timing)?, None)
     } else {
-        secure_over_http(&experiment, &args.training)?
+        secure_over_http(&experiment, &args.training, args.validation)?
     };
     let mode = if args.plain { "plain" } else { "secure" };
     let mut config = serde_json::Map::new();
+    if !args.plain {
+        let validated = args.validation == DemoValidation::L2 && args.training.dp.spec(1.0).is_none();
+        config.insert("validation".into(), Value::from(if validated { "l2" } else { "none" }));
+    }
     if let Some(privacy) = privacy {
         config.insert("privacy".into(), privacy);
     }
@@ -65,7 +85,12 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
 }
 
 /// The task the demo's coordinator runs.
-fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Result<TaskSpec> {
+fn demo_spec(
+    training: &TrainingArgs,
+    model: &Model,
+    largest_shard: usize,
+    validation: DemoValidation,
+) -> Result<TaskSpec> {
     let n = training.clients as u32;
     let vanishing = (f64::from(n) * training.dropout).ceil() as u32;
     let threshold = threshold(n, vanishing);
@@ -109,7 +134,16 @@ fn demo_spec(training: &TrainingArgs, model: &Model, largest_shard: usize) -> Re
         privacy: training.dp.spec(1.0),
         mode: Default::default(),
         asynchronous: None,
-        validation: None,
+        // Not with differential privacy, which it does not combine with yet.
+        validation: Some(ValidationSpec {
+            norm: if validation == DemoValidation::L2 && training.dp.spec(1.0).is_none() {
+                NormChoice::L2
+            } else {
+                NormChoice::None
+            },
+            l2_clip: None,
+            group_rule: None,
+        }),
     };
     spec.validate().map_err(|e| anyhow!("{e}"))?;
     Ok(spec)
@@ -131,11 +165,12 @@ impl Drop for Clients {
 fn secure_over_http(
     experiment: &Experiment,
     training: &TrainingArgs,
+    validation: DemoValidation,
 ) -> Result<(Vec<RoundRow>, Option<Value>)> {
     let work = std::env::temp_dir().join(format!("cohort-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
-    let result = run_coordinator_and_clients(experiment, training, &work);
+    let result = run_coordinator_and_clients(experiment, training, &work, validation);
     if result.is_ok() {
         let _ = std::fs::remove_dir_all(&work);
     } else {
@@ -148,6 +183,7 @@ fn run_coordinator_and_clients(
     experiment: &Experiment,
     training: &TrainingArgs,
     work: &Path,
+    validation: DemoValidation,
 ) -> Result<(Vec<RoundRow>, Option<Value>)> {
     for (k, shard) in experiment.shards.iter().enumerate() {
         write_shard(&work.join(format!("shard-{k}")), shard)?;
@@ -172,7 +208,7 @@ fn run_coordinator_and_clients(
     }))?;
     let url = service.url();
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);
-    let spec = demo_spec(training, &experiment.model, largest)?;
+    let spec = demo_spec(training, &experiment.model, largest, validation)?;
     let mut transport = HttpTransport::new(&url);
     let created: Value = serde_json::from_slice(&admin(
         &mut transport,
@@ -190,6 +226,12 @@ fn run_coordinator_and_clients(
         created["threshold"],
         training.clients
     );
+    match spec.validation_clip() {
+        Some(clip) => {
+            println!("Input validation: every update is proven, in zero knowledge, within L2 norm {clip}.")
+        }
+        None => println!("No input validation."),
+    }
     // The clients accept this task and nothing weaker; where the task is
     // below the default policy (few clients, a high dropout rate) the
     // policy is lowered to it, and the demo says so.

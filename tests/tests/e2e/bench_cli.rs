@@ -32,11 +32,11 @@ fn sparse_round_with_dropouts_reports_a_correct_aggregate() {
     assert!(k < 59 && k % 2 == 0 && t >= 1 && t <= k, "k = {k}, t = {t}");
     // A survivor with no dropped neighbours before ShareKeys uploads exactly:
     // AdvertiseKeys 133 bytes (keys and the seed commitment), ShareKeys
-    // 40 + 156k, MaskedInput 41 + 4(dim + 1), Unmasking 44 + 72(k + 1):
-    // a share per neighbour and its own seed share (see
-    // crypto/src/messages.rs).
+    // 41 + 156k (the last byte says it carries no norm proof), MaskedInput
+    // 41 + 4(dim + 1), Unmasking 44 + 72(k + 1): a share per neighbour and
+    // its own seed share (see crypto/src/messages.rs).
     let up = report["bytes_up_per_client"].as_f64().unwrap();
-    assert_eq!(up, (258 + 72 + 4 * 2001 + 228 * k) as f64);
+    assert_eq!(up, (259 + 72 + 4 * 2001 + 228 * k) as f64);
     let expansion = report["expansion"].as_f64().unwrap();
     assert!((expansion - up / 8000.0).abs() < 1e-9);
     for key in
@@ -48,6 +48,25 @@ fn sparse_round_with_dropouts_reports_a_correct_aggregate() {
     for key in ["openssl_ctr_rate", "keystream_bound_ms", "client_bound_ms"] {
         assert!(report.get(key).is_none(), "{key}");
     }
+}
+
+/// `--validate l2`: every client proves its input, the server verifies the
+/// proofs and the sum against the commitments, and the report says what it
+/// cost (docs/BENCHMARKS.md, input validation).
+#[test]
+fn a_validated_round_reports_what_its_proofs_cost() {
+    let (ok, report, stderr) =
+        bench(&["--clients", "12", "--dim", "3000", "--bits", "8", "--dropout", "0.1", "--validate", "l2"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(report["correct"], true);
+    assert_eq!(report["survivors"], 11);
+    for key in ["prove_ms_mean", "verify_ms_per_client", "proof_bytes_per_client", "proof_fraction"] {
+        assert!(report[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {report}");
+    }
+    // Without --validate these are not reported.
+    let (ok, plain, stderr) = bench(&["--clients", "12", "--dim", "3000", "--bits", "8"]);
+    assert!(ok, "{stderr}");
+    assert!(plain.get("prove_ms_mean").is_none() && plain.get("proof_bytes_per_client").is_none(), "{plain}");
 }
 
 #[test]
