@@ -53,7 +53,8 @@ const [endA, endB] = await Promise.all([
 for (const end of [endA, endB]) {
   console.log(JSON.stringify(end));
   check(end.kind === "round_ended" && end.outcome === "completed" && end.round === 1, JSON.stringify(end));
-  check(end.bytes_up > 0 && end.bytes_down > end.bytes_up, "traffic");
+  // Both ways; the upload carries the input's norm proof, so it may be the larger.
+  check(end.bytes_up > 0 && end.bytes_down > 0, "traffic");
 }
 check(reports.length === 1 && reports[0].examples === rows, JSON.stringify(reports));
 check(typeof reports[0].local_accuracy === "number", "local accuracy reported");

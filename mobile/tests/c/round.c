@@ -78,7 +78,8 @@ int main(int argc, char **argv) {
     CHECK(result.outcome == COHORT_OUTCOME_COMPLETED && (buffered ? result.round > 0 : result.round == 1),
           "outcome %d, round %llu",
           (int)result.outcome, (unsigned long long)result.round);
-    CHECK(calls == 1 && result.bytes_up > 0 && result.bytes_down > result.bytes_up, "calls %d", calls);
+    /* Both ways; the upload carries the input's norm proof, so it may be the larger. */
+    CHECK(calls == 1 && result.bytes_up > 0 && result.bytes_down > 0, "calls %d", calls);
 
     size_t length = 0;
     CHECK(cohort_client_global_model(client, NULL, 0, &length) == COHORT_STATUS_INVALID_ARGUMENT && length == 15,

@@ -78,7 +78,8 @@ public final class JvmRoundTest {
             System.out.println("round: " + result);
             check(result.outcome() == RoundResult.Outcome.COMPLETED, "completed: " + result);
             check(result.round() == 1, "round 1: " + result);
-            check(result.bytesUp() > 0 && result.bytesDown() > result.bytesUp(), "traffic: " + result);
+            // Both ways; the upload carries the input's norm proof, so it may be the larger.
+            check(result.bytesUp() > 0 && result.bytesDown() > 0, "traffic: " + result);
         }
         check(a.globalModel() != null && a.globalModel().length == 15, "the global model is kept");
         check(b.lastCompletedRound() == 1, "b completed round 1");
