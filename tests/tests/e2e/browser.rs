@@ -357,12 +357,20 @@ fn the_dashboard_follows_a_round_live_without_polling() {
     assert_eq!(seen["live_hidden"], true, "no round in progress after the task's only round");
     assert_eq!(seen["enrolled"], "3", "the three enrollments, pushed: {seen}");
     let banner: Vec<&str> = seen["banner"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    // A new active task validates its inputs, with the default clip
+    // (clip 1 times the square root of the model's parameters).
+    let clip = serve.admin().task(&task).spec.validation.and_then(|v| v.l2_clip).unwrap();
+    let validation = format!(
+        "Input validation: every update is proven, in zero knowledge, to have an L2 norm of at most {clip:.4}; \
+         a client whose proof fails is left out and named."
+    );
     assert_eq!(
         banner,
         [
             "Active secure aggregation: updates stay hidden even from this coordinator",
             "The coordinator only ever learns sums of at least 2 clients' updates.",
             "No differential privacy: the sums are exact.",
+            validation.as_str(),
         ]
     );
     let round = &serve.admin().rounds(&task)[0].metrics;
