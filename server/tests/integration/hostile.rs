@@ -80,6 +80,39 @@ impl Raw {
     }
 }
 
+/// `count` honest library clients of `task`, each on its own thread,
+/// running rounds until the task says it finished; each hands back its
+/// first round's outcome and the number of rounds it took part in.
+fn honest_clients(
+    url: &str,
+    task: &str,
+    token: &str,
+    spec: &Value,
+    count: u8,
+    seed: u8,
+) -> Vec<std::thread::JoinHandle<(Option<cohort_client::participant::RoundOutcome>, u32)>> {
+    let config = ParticipantConfig {
+        poll_interval_ms: 50,
+        policy: cohort_tests::policy_for(spec),
+        ..ParticipantConfig::default()
+    };
+    (0..count)
+        .map(|k| {
+            let (url, task, token) = (url.to_string(), task.to_string(), token.to_string());
+            std::thread::spawn(move || {
+                let participant = Participant::enroll(&task, &token, config).with_seed([seed + k; 32]);
+                let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
+                let first = runner.run_round(&mut honest()).unwrap();
+                let mut rounds = u32::from(first.is_some());
+                while runner.run_round(&mut honest()).unwrap().is_some() {
+                    rounds += 1;
+                }
+                (first, rounds)
+            })
+        })
+        .collect()
+}
+
 /// A 4xx whose JSON body names the error and explains it.
 #[track_caller]
 fn refused(response: &Response, status: u16, code: &str) {
@@ -193,25 +226,7 @@ fn hostile_input_is_refused_and_rounds_complete() {
     assert_eq!(silent.send(Method::Post, "/v1/checkin", Vec::new(), "application/json").status, 200);
 
     // Three honest clients of the library.
-    let config = ParticipantConfig {
-        poll_interval_ms: 50,
-        policy: cohort_tests::policy_for(&spec),
-        ..ParticipantConfig::default()
-    };
-    let honest: Vec<_> = (0..3u8)
-        .map(|k| {
-            let (url, task, token) = (url.clone(), task.clone(), token.clone());
-            std::thread::spawn(move || {
-                let participant = Participant::enroll(&task, &token, config).with_seed([k + 1; 32]);
-                let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
-                let mut rounds = 0;
-                while runner.run_round(&mut honest()).unwrap().is_some() {
-                    rounds += 1;
-                }
-                rounds
-            })
-        })
-        .collect();
+    let honest = honest_clients(&url, &task, &token, &spec, 3, 1);
 
     let mut rng = ChaCha20Rng::seed_from_u64(99);
     let mut round_one_keys = Vec::new();
@@ -286,7 +301,7 @@ fn hostile_input_is_refused_and_rounds_complete() {
     }
 
     for handle in honest {
-        assert_eq!(handle.join().unwrap(), 2, "every honest client took part in both rounds");
+        assert_eq!(handle.join().unwrap().1, 2, "every honest client took part in both rounds");
     }
     let rounds =
         admin.send(Method::Get, &format!("/admin/tasks/{task}/rounds"), Vec::new(), "application/json");
@@ -340,24 +355,7 @@ fn a_client_whose_norm_proof_fails_is_left_out_and_named() {
     let attacker_id = enrolled["participant_id"].as_str().unwrap().to_string();
     attacker.credential = Some(enrolled["credential"].as_str().unwrap().into());
 
-    let config = ParticipantConfig {
-        poll_interval_ms: 50,
-        policy: cohort_tests::policy_for(&spec),
-        ..ParticipantConfig::default()
-    };
-    let honest: Vec<_> = (0..5u8)
-        .map(|k| {
-            let (url, task, token) = (url.clone(), task.clone(), token.clone());
-            std::thread::spawn(move || {
-                let participant = Participant::enroll(&task, &token, config).with_seed([k + 11; 32]);
-                let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
-                let outcome = runner.run_round(&mut honest()).unwrap();
-                // On until the task says it finished: its round is stored.
-                while runner.run_round(&mut honest()).unwrap().is_some() {}
-                outcome
-            })
-        })
-        .collect();
+    let honest = honest_clients(&url, &task, &token, &spec, 5, 11);
 
     // The attacker plays the protocol, but changes a byte of its proof.
     let mut rng = ChaCha20Rng::seed_from_u64(7);
@@ -385,7 +383,7 @@ fn a_client_whose_norm_proof_fails_is_left_out_and_named() {
     );
 
     for handle in honest {
-        let outcome = handle.join().unwrap();
+        let (outcome, _) = handle.join().unwrap();
         assert!(
             matches!(outcome, Some(cohort_client::participant::RoundOutcome::Completed(_))),
             "{outcome:?}"
