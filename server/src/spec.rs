@@ -683,13 +683,12 @@ impl TaskPlan {
         {
             spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None });
         }
+        let default_clip = spec.default_l2_clip();
         if let Some(validation) = spec.validation.as_mut()
             && validation.norm == NormChoice::L2
         {
             // The default clip is written out, so the task view shows it.
-            validation
-                .l2_clip
-                .get_or_insert(spec.quantization.clip * (spec.model.layout.len() as f32).sqrt());
+            validation.l2_clip.get_or_insert(default_clip);
         }
         Self::new(spec)
     }
@@ -956,10 +955,16 @@ impl TaskSpec {
     pub fn validation_clip(&self) -> Option<f32> {
         match self.validation {
             Some(ValidationSpec { norm: NormChoice::L2, l2_clip, .. }) => {
-                Some(l2_clip.unwrap_or(self.quantization.clip * (self.model.layout.len() as f32).sqrt()))
+                Some(l2_clip.unwrap_or_else(|| self.default_l2_clip()))
             }
             _ => None,
         }
+    }
+
+    /// `quantization.clip` times √(parameters): the longest update clipped
+    /// per coordinate, the L2 clip when the spec names none.
+    fn default_l2_clip(&self) -> f32 {
+        self.quantization.clip * (self.model.layout.len() as f32).sqrt()
     }
 
     fn validate_validation(&self) -> Result<(), SpecError> {

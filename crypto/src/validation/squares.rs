@@ -45,13 +45,13 @@ pub(crate) fn four_squares(n: u128) -> [u128; 4] {
 
 /// (c, d) with c² + d² = p, when this module can find one.
 fn two_squares(p: u64) -> Option<[u64; 2]> {
-    let root = isqrt(p);
+    let root = p.isqrt();
     if root * root == p {
         return Some([root, 0]);
     }
     if p < SEARCH_BELOW {
-        return (1..=isqrt(p / 2)).find_map(|c| {
-            let d = isqrt(p - c * c);
+        return (1..=(p / 2).isqrt()).find_map(|c| {
+            let d = (p - c * c).isqrt();
             (c * c + d * d == p).then_some([d, c])
         });
     }
@@ -65,7 +65,7 @@ fn two_squares(p: u64) -> Option<[u64; 2]> {
         (r0, r1) = (r1, r0 % r1);
     }
     let c = r1;
-    let d = isqrt(p - c * c);
+    let d = (p - c * c).isqrt();
     (c * c + d * d == p).then_some([c, d])
 }
 
@@ -127,11 +127,6 @@ fn pow_mod(mut base: u64, mut exponent: u64, m: u64) -> u64 {
         exponent >>= 1;
     }
     result
-}
-
-/// ⌊√n⌋.
-fn isqrt(n: u64) -> u64 {
-    n.isqrt()
 }
 
 #[cfg(test)]

@@ -75,13 +75,19 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
     let mode = if args.plain { "plain" } else { "secure" };
     let mut config = serde_json::Map::new();
     if !args.plain {
-        let validated = args.validation == DemoValidation::L2 && args.training.dp.spec(1.0).is_none();
+        let validated = validates(args.validation, &args.training);
         config.insert("validation".into(), Value::from(if validated { "l2" } else { "none" }));
     }
     if let Some(privacy) = privacy {
         config.insert("privacy".into(), privacy);
     }
     write_results(&args.out, mode, &args.training, &rows, config)
+}
+
+/// Whether the demo's task validates its inputs: as asked, and never with
+/// differential privacy, which validation does not combine with yet.
+fn validates(validation: DemoValidation, training: &TrainingArgs) -> bool {
+    validation == DemoValidation::L2 && training.dp.spec(1.0).is_none()
 }
 
 /// The task the demo's coordinator runs.
@@ -136,11 +142,7 @@ fn demo_spec(
         asynchronous: None,
         // Not with differential privacy, which it does not combine with yet.
         validation: Some(ValidationSpec {
-            norm: if validation == DemoValidation::L2 && training.dp.spec(1.0).is_none() {
-                NormChoice::L2
-            } else {
-                NormChoice::None
-            },
+            norm: if validates(validation, training) { NormChoice::L2 } else { NormChoice::None },
             l2_clip: None,
             group_rule: None,
         }),

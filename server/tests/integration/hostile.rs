@@ -66,6 +66,22 @@ impl Raw {
         panic!("no stage message within 30 s");
     }
 
+    /// Enrolls with a fresh identity key and keeps the credential; returns
+    /// the key and the participant's id.
+    fn enroll(
+        &mut self,
+        task: &str,
+        token: &str,
+    ) -> (std::sync::Arc<cohort_crypto::signature::IdentityKey>, String) {
+        let identity = std::sync::Arc::new(cohort_tests::identity::fresh_identity());
+        let body = cohort_tests::identity::enrollment(task, token, &identity).to_string().into_bytes();
+        let enrolled = self.send(Method::Post, &format!("/v1/tasks/{task}/enroll"), body, "application/json");
+        assert_eq!(enrolled.status, 201);
+        let enrolled: Value = serde_json::from_slice(&enrolled.body).unwrap();
+        self.credential = Some(enrolled["credential"].as_str().unwrap().into());
+        (identity, enrolled["participant_id"].as_str().unwrap().to_string())
+    }
+
     /// Checks in until selected; returns the client id.
     fn selected(&mut self, round: u64) -> u32 {
         for _ in 0..600 {
@@ -201,12 +217,7 @@ fn hostile_input_is_refused_and_rounds_complete() {
         413,
         "payload_too_large",
     );
-    let identity = std::sync::Arc::new(cohort_tests::identity::fresh_identity());
-    let body = cohort_tests::identity::enrollment(&task, &token, &identity).to_string().into_bytes();
-    let enrolled = attacker.send(Method::Post, &enroll, body, "application/json");
-    assert_eq!(enrolled.status, 201);
-    let enrolled: Value = serde_json::from_slice(&enrolled.body).unwrap();
-    attacker.credential = Some(enrolled["credential"].as_str().unwrap().into());
+    let (identity, _) = attacker.enroll(&task, &token);
     refused(
         &attacker.send(Method::Post, "/v1/metrics", br#"{"round": "one"}"#.to_vec(), "application/json"),
         400,
@@ -217,12 +228,7 @@ fn hostile_input_is_refused_and_rounds_complete() {
     // cannot close before its deadline, so the attacker's messages below
     // always meet it open, whatever the honest clients' pace.
     let mut silent = Raw { transport: HttpTransport::new(&url), credential: None };
-    let quiet = std::sync::Arc::new(cohort_tests::identity::fresh_identity());
-    let body = cohort_tests::identity::enrollment(&task, &token, &quiet).to_string().into_bytes();
-    let enrolled = silent.send(Method::Post, &enroll, body, "application/json");
-    assert_eq!(enrolled.status, 201);
-    let enrolled: Value = serde_json::from_slice(&enrolled.body).unwrap();
-    silent.credential = Some(enrolled["credential"].as_str().unwrap().into());
+    silent.enroll(&task, &token);
     assert_eq!(silent.send(Method::Post, "/v1/checkin", Vec::new(), "application/json").status, 200);
 
     // Three honest clients of the library.
@@ -326,34 +332,21 @@ fn hostile_input_is_refused_and_rounds_complete() {
 fn a_client_whose_norm_proof_fails_is_left_out_and_named() {
     let coordinator = Serve::options(ADMIN).sqlite("forged-proof").start_in_process(None, |_| {});
     let url = coordinator.url.clone();
-    let mut admin = Raw { transport: HttpTransport::new(&url), credential: Some(ADMIN.into()) };
     let spec = json!({
         "name": "forged proof", "rounds": 1, "clients_per_round": 6,
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [DIMENSION] } ] } },
         "secure_aggregation": { "graph": "complete", "threshold": 4 },
         "deadlines": { "advertise_keys_ms": 30000, "share_keys_ms": 30000, "masked_input_ms": 30000, "unmasking_ms": 30000 }
     });
-    let created = admin.send(Method::Post, "/admin/tasks", spec.to_string().into_bytes(), "application/json");
-    assert_eq!(created.status, 201);
-    let created: Value = serde_json::from_slice(&created.body).unwrap();
-    let (task, token) = (
-        created["id"].as_str().unwrap().to_string(),
-        created["enrollment_token"].as_str().unwrap().to_string(),
-    );
-    let view = admin.send(Method::Get, &format!("/admin/tasks/{task}"), Vec::new(), "application/json");
-    let view: Value = serde_json::from_slice(&view.body).unwrap();
-    assert_eq!(view["spec"]["validation"]["norm"], "l2", "{view}");
+    let admin = coordinator.admin();
+    let cohort_server::api::CreatedTask { id: task, enrollment_token: token, .. } = admin.create_task(&spec);
+    let validation = admin.task(&task).spec.validation.unwrap();
+    assert_eq!(validation.norm, cohort_server::spec::NormChoice::L2);
     // The default clip: 1 per coordinate over 16 parameters, √16 = 4.
-    assert_eq!(view["spec"]["validation"]["l2_clip"], 4.0, "{view}");
+    assert_eq!(validation.l2_clip, Some(4.0));
 
     let mut attacker = Raw { transport: HttpTransport::new(&url), credential: None };
-    let identity = std::sync::Arc::new(cohort_tests::identity::fresh_identity());
-    let body = cohort_tests::identity::enrollment(&task, &token, &identity).to_string().into_bytes();
-    let enrolled = attacker.send(Method::Post, &format!("/v1/tasks/{task}/enroll"), body, "application/json");
-    assert_eq!(enrolled.status, 201);
-    let enrolled: Value = serde_json::from_slice(&enrolled.body).unwrap();
-    let attacker_id = enrolled["participant_id"].as_str().unwrap().to_string();
-    attacker.credential = Some(enrolled["credential"].as_str().unwrap().into());
+    let (identity, attacker_id) = attacker.enroll(&task, &token);
 
     let honest = honest_clients(&url, &task, &token, &spec, 5, 11);
 
@@ -389,10 +382,8 @@ fn a_client_whose_norm_proof_fails_is_left_out_and_named() {
             "{outcome:?}"
         );
     }
-    let rounds =
-        admin.send(Method::Get, &format!("/admin/tasks/{task}/rounds"), Vec::new(), "application/json");
-    let rounds: Vec<Value> = serde_json::from_slice(&rounds.body).unwrap();
+    let rounds = admin.rounds(&task);
     assert_eq!(rounds.len(), 1);
-    assert_eq!(rounds[0]["survivors"], 5, "{}", rounds[0]);
-    assert_eq!(rounds[0]["metrics"]["refused_inputs"], json!([attacker_id]), "{}", rounds[0]);
+    assert_eq!(rounds[0].survivors, 5, "{rounds:?}");
+    assert_eq!(rounds[0].metrics.refused_inputs, [attacker_id], "{rounds:?}");
 }
