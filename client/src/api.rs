@@ -135,6 +135,10 @@ pub enum ErrorCode {
     IdentityRequired,
     /// A metrics report that is malformed.
     InvalidMetrics,
+    /// The participant was excluded from the task: the sums of groups it
+    /// was in did not match their members' commitments until it was the
+    /// one suspect left (a validated task). It is never selected again.
+    Excluded,
     /// A round number that is not valid here.
     InvalidRound,
     /// A query string the endpoint does not take.
@@ -219,7 +223,7 @@ impl ErrorCode {
             InvalidBody | InvalidJson | InvalidTask | InvalidIdentity | IdentityRequired | InvalidMetrics
             | InvalidRound | InvalidQuery | InvalidTokenRequest | MalformedMessage => 400,
             Unauthorized | CredentialExpired | TokenRevoked => 401,
-            PlaintextMetricsOff => 403,
+            PlaintextMetricsOff | Excluded => 403,
             NotFound | TaskNotFound => 404,
             RequestTimeout => 408,
             TaskInactive | Conflict | NotSelected | NotInRound | WrongRound | OutOfPhase | Duplicate
@@ -293,7 +297,7 @@ mod tests {
             assert_eq!(serde_json::from_value::<ErrorCode>(json).unwrap(), code);
             assert!(seen.insert(code.as_str()), "{code:?} repeats a name");
         }
-        assert_eq!(seen.len(), 35, "every variant, the unknown one included");
+        assert_eq!(seen.len(), 36, "every variant, the unknown one included");
     }
 
     /// The statuses clients and the API document rely on: retryable
@@ -313,6 +317,7 @@ mod tests {
             (ErrorCode::InvalidJson, 400),
             (ErrorCode::CredentialExpired, 401),
             (ErrorCode::PlaintextMetricsOff, 403),
+            (ErrorCode::Excluded, 403),
             (ErrorCode::NotFound, 404),
             (ErrorCode::RequestTimeout, 408),
             (ErrorCode::NotSelected, 409),

@@ -396,7 +396,9 @@ function renderRounds(rounds) {
     cell(row, number(means.accuracy, 3), "num");
     cell(row, number(means.loss, 3), "num");
     const rejected = m.rejected_groups ? `${m.rejected_groups} group${m.rejected_groups === 1 ? "" : "s"} left out by the group rule` : "";
-    cell(row, [(m.refused_inputs ?? []).join(", "), rejected].filter(Boolean).join("; ") || "—").dataset.field = "refused";
+    const suspects = m.suspects?.length ? `sum check failed: ${m.suspects.length} suspects` : "";
+    const excluded = m.excluded?.length ? `excluded ${m.excluded.join(", ")}` : "";
+    cell(row, [(m.refused_inputs ?? []).join(", "), rejected, suspects, excluded].filter(Boolean).join("; ") || "—").dataset.field = "refused";
     return row;
   });
   $("rounds").tBodies[0].replaceChildren(...rows);
@@ -441,6 +443,12 @@ function renderBanner(task) {
   if (rule) {
     const what = { norm: `groups whose mean is longer than ${rule.max} are left out`, median: "the coordinate-wise median of the groups' means", trimmed_mean: `the groups' means trimmed by ${rule.trim} at each end` }[rule.kind];
     $("banner-validation").textContent += ` Across groups: ${what}.`;
+  }
+  if (task.excluded?.length) {
+    $("banner-validation").textContent += ` Excluded for masking another update than they proved: ${task.excluded.join(", ")}.`;
+  }
+  if (task.suspected?.length) {
+    $("banner-validation").textContent += ` Suspected after a failed sum check: ${task.suspected.length} clients.`;
   }
 }
 

@@ -48,6 +48,8 @@ pub use cohort_crypto::policy::{Collusion, Policy, PolicyViolation, PrivacyBudge
 pub use cohort_crypto::quantize::QuantizeError;
 pub use cohort_crypto::{Metric, MetricValues};
 
+#[cfg(feature = "adversary")]
+pub mod adversary;
 mod http;
 mod outcome;
 mod round;
@@ -169,6 +171,10 @@ pub struct Participant {
     /// is sent (a task with differential privacy).
     spending: Option<f64>,
     events: VecDeque<Action>,
+    /// A cheating participant's attack (feature `adversary`: tests and
+    /// measurements).
+    #[cfg(feature = "adversary")]
+    attack: Option<adversary::Attack>,
 }
 
 impl std::fmt::Debug for Participant {
@@ -229,7 +235,17 @@ impl Participant {
             trained_on: None,
             spending: None,
             events: VecDeque::new(),
+            #[cfg(feature = "adversary")]
+            attack: None,
         }
+    }
+
+    /// A participant that cheats with `attack` in every round (feature
+    /// `adversary`: the tests and measurements of input validation).
+    #[cfg(feature = "adversary")]
+    pub fn cheating(mut self, attack: adversary::Attack) -> Self {
+        self.attack = Some(attack);
+        self
     }
 
     /// The state to persist (after enrollment and after each round).

@@ -60,7 +60,12 @@ impl Participant {
             }
         };
         match step {
-            Ok((client, reply)) => {
+            #[allow(unused_mut)] // Changed only by a cheating participant.
+            Ok((client, mut reply)) => {
+                #[cfg(feature = "adversary")]
+                if let (Some(attack), Some(rng)) = (self.attack, self.round_rng.as_mut()) {
+                    attack.apply(&mut reply, rng);
+                }
                 if matches!(reply, ClientMessage::MaskedInput { .. })
                     && let Some(saved) = &mut self.saved
                 {

@@ -363,6 +363,8 @@ pub(super) async fn view(state: &AppState, task: &TaskRecord) -> ApiResult<TaskV
                             .into()
                     })
                 }),
+                suspected: Vec::new(),
+                excluded: state.store.exclusions(&task.id).await?,
             }
         }
         Err(e) => return Err(e.into()),

@@ -150,6 +150,9 @@ impl From<CoordinatorError> for ApiError {
                 ErrorCode::PlaintextMetricsOff,
                 "this task takes clients' metrics only in aggregate, inside the masked inputs",
             ),
+            CoordinatorError::Engine(error @ EngineError::Excluded) => {
+                ApiError::new(ErrorCode::Excluded, error.to_string())
+            }
             CoordinatorError::Engine(EngineError::Inactive(status)) => {
                 ApiError::new(ErrorCode::TaskInactive, format!("the task is {}", status.as_str()))
             }

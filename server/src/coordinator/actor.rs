@@ -30,7 +30,8 @@ pub(crate) async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, Coord
     let plan = TaskPlan::new(task.spec()?).map_err(TaskError::from)?;
     let latest = store.latest_checkpoint(id).await?;
     let contributed = store.contributors(id, latest.round + 1).await?;
-    Ok(TaskEngine::new(task.id, plan, task.status, &latest, contributed)?)
+    let excluded = store.exclusions(id).await?;
+    Ok(TaskEngine::new(task.id, plan, task.status, &latest, contributed)?.with_exclusions(excluded))
 }
 
 pub(crate) struct Actor {
@@ -264,15 +265,20 @@ impl Actor {
                         buffer: engine.buffer(now_ms()),
                         last_failure: engine.last_failure().cloned(),
                         stalled: engine.stalled(now_ms()),
+                        suspected: engine.suspected(),
+                        excluded: engine.excluded(),
                     }
                 });
                 let _ = reply.send(result);
             }
             Request::CheckIn { task, participant, identity, trained_on, reply } => {
                 let now = now_ms();
-                let result = self
-                    .engine(&task)
-                    .map(|engine| engine.check_in_trained(&participant, identity, trained_on, now));
+                let result = self.engine(&task).and_then(|engine| {
+                    if engine.is_excluded(&participant) {
+                        return Err(EngineError::Excluded.into());
+                    }
+                    Ok(engine.check_in_trained(&participant, identity, trained_on, now))
+                });
                 let _ = reply.send(result);
                 // A check-in may complete the cohort: start the round now.
                 self.tick(&task).await;
@@ -472,6 +478,27 @@ impl Actor {
                 self.unmask(*job, move |result| Request::Unmasked { task, round, group, result });
             }
             TickOutcome::Persist(Persist::Model(completion)) => self.store_round(id, completion).await,
+            TickOutcome::Excluded { round, participants } => {
+                // Excluded at once in memory (the safe side); stored so that
+                // a restart still excludes them. A store that fails here
+                // loses the record, not the exclusion, until a restart.
+                for participant in &participants {
+                    tracing::warn!(task = id, round, participant, "excluded: isolated by failed sum checks");
+                }
+                match self
+                    .store
+                    .record_exclusions(id, round as i64, &participants, now, self.fences.get(id))
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(StoreError::Fenced) => {
+                        self.drop_task(id, "another replica took its lease over", false)
+                    }
+                    Err(error) => {
+                        tracing::error!(task = id, round, %error, "could not record the exclusions")
+                    }
+                }
+            }
         }
     }
 

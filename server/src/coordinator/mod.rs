@@ -101,6 +101,14 @@ pub struct LiveState {
     /// replica leading it (and why, when this replica could not load it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalled: Option<String>,
+    /// A validated task: participants in a group whose sum check failed
+    /// and not cleared since (one of them masked another vector than it
+    /// committed to); later rounds split them up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspected: Vec<String>,
+    /// Participants the failed sum checks isolated: never selected again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded: Vec<String>,
 }
 
 pub(crate) enum Request {

@@ -21,11 +21,11 @@ use cohort_crypto::quantize::WeightedMean;
 use cohort_crypto::{
     Advanced, Aggregate, ClientId, IncomingInput, ProtocolError, Quantizer, ServerRound, Stage, Variant,
 };
-use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 
 use super::builder::{BuiltRound, RoundBuilder, RoundSeeds};
 use super::completion::PendingUnmask;
+use super::engine::SumCheck;
 use super::owned::GroupReport;
 use super::records::{
     AttemptOutcome, EngineError, FailedAttempt, GroupMetrics, Poll, RoundMetrics, StageMetrics, TaskError,
@@ -627,10 +627,22 @@ impl Group {
                 Ok(())
             }
             Err(error) => {
-                self.give_up(Stage::Unmasking, None);
+                self.give_up(Stage::Unmasking, Some(error.to_string()));
                 Err(error)
             }
         })
+    }
+
+    /// What a validated group's unmasking `result` says of its
+    /// contributors: their sum check passed, or failed (`None` for any
+    /// other failure, which says nothing about who cheated).
+    pub(super) fn sum_check(&self, result: &Result<Aggregate, ProtocolError>) -> Option<SumCheck> {
+        let names = |ids: &[ClientId]| ids.iter().filter_map(|&id| self.name(id).cloned()).collect();
+        match result {
+            Ok(aggregate) => Some(SumCheck::Passed(names(&aggregate.contributors))),
+            Err(ProtocolError::CommitmentMismatch { suspects }) => Some(SumCheck::Failed(names(suspects))),
+            Err(_) => None,
+        }
     }
 
     /// Hands the group to the replica at `owner`: it runs there from now
@@ -723,7 +735,8 @@ pub(super) struct ActiveRound {
     /// Each selected participant's group and client id in it.
     pub(super) members: HashMap<String, (usize, ClientId)>,
     pub(super) groups: Vec<Group>,
-    /// What every group shares (attempt, degree, threshold, ring).
+    /// What every group shares (attempt, degree, threshold, ring), and
+    /// the suspects and exclusions of its sum checks as they come.
     pub(super) metrics: RoundMetrics,
 }
 
@@ -862,17 +875,6 @@ impl ActiveRound {
             stages: self.stages(),
         }
     }
-}
-
-/// `n` of the `candidates`, drawn uniformly at random (an unbiased
-/// partial Fisher–Yates shuffle), in random order.
-pub(super) fn select(
-    mut candidates: Vec<(String, Option<[u8; 32]>)>,
-    n: usize,
-    rng: &mut ChaCha20Rng,
-) -> Vec<(String, Option<[u8; 32]>)> {
-    let (chosen, _) = candidates.partial_shuffle(rng, n);
-    chosen.to_vec()
 }
 
 /// How long `stage` may collect messages.

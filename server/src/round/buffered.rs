@@ -379,12 +379,17 @@ impl TaskEngine {
         now: i64,
     ) -> Result<(), TaskError> {
         let dimension = self.spec.model.layout.len();
-        let outcome = self
+        let validated = self.spec.validation.is_some();
+        let group = self
             .fedbuff_mut()
             .and_then(|state| state.groups.get_mut(&number))
             .and_then(|flight| flight.round.groups.first_mut())
-            .and_then(|group| group.unmasked(result, dimension))
             .ok_or(TaskError::NoSuchRound(number))?;
+        let check = validated.then(|| group.sum_check(&result)).flatten();
+        let outcome = group.unmasked(result, dimension).ok_or(TaskError::NoSuchRound(number))?;
+        if let Some(check) = check {
+            self.sum_checked(check);
+        }
         match outcome {
             Ok(()) => {
                 self.apply_next(now);

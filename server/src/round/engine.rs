@@ -13,12 +13,14 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
+use rand::seq::SliceRandom;
+
 use cohort_crypto::metrics::MetricSums;
 use cohort_crypto::policy::TaskSecurity;
 use cohort_crypto::quantize::QuantizeError;
 use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage, Variant};
 
-use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, Place, StageHost, select};
+use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, Place, StageHost};
 use super::buffered::BufferState;
 use super::completion::{Completion, PendingUnmask, encode_model};
 use super::owned::{GroupAssignment, GroupKey, GroupReport};
@@ -26,6 +28,7 @@ use super::records::{
     AttemptOutcome, BufferMetrics, CheckIn, ClientMean, EngineError, FailedAttempt, RoundProgress, TaskError,
 };
 use super::robust::{self, GroupRule};
+use super::suspects::Suspects;
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
 use crate::privacy::{PrivacyPlan, PrivacyView};
@@ -66,6 +69,20 @@ pub enum TickOutcome {
     /// Every group settled but the next model could not be computed; the
     /// round was abandoned (`attempt` says why, to be kept).
     Abandoned { round: u64, error: TaskError, attempt: Box<FailedAttempt> },
+    /// Failed sum checks isolated these participants (a validated task):
+    /// they are excluded from every later round. The driver stores them,
+    /// so that a restarted coordinator still excludes them.
+    Excluded { round: u64, participants: Vec<String> },
+}
+
+/// What a validated group's sum check said about its members.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SumCheck {
+    /// The unmasked sum opened the contributors' commitments.
+    Passed(Vec<String>),
+    /// It did not: one of these contributors masked another vector than
+    /// it committed to.
+    Failed(Vec<String>),
 }
 
 /// What the engine cannot go on without until its driver stored it
@@ -161,6 +178,9 @@ pub struct TaskEngine {
     /// The members of the last attempt that failed, and why it did: they
     /// are told so when they next ask for a stage.
     last_failure: Option<(HashSet<String>, FailedAttempt)>,
+    /// Validated tasks: who the failed sum checks point at, and who was
+    /// excluded (see [`super::suspects`]).
+    suspects: Suspects,
 }
 
 impl TaskEngine {
@@ -262,8 +282,32 @@ impl TaskEngine {
             rng: rand_core::SeedableRng::from_seed(seed),
             schedule,
             last_failure: None,
+            suspects: Suspects::default(),
             spec,
         })
+    }
+
+    /// The engine with the participants the task already excluded (read
+    /// back from the store): they are never selected again.
+    pub fn with_exclusions(mut self, excluded: impl IntoIterator<Item = String>) -> Self {
+        self.suspects = Suspects::new(excluded);
+        self
+    }
+
+    /// Whether `participant` was excluded from the task.
+    pub fn is_excluded(&self, participant: &str) -> bool {
+        self.suspects.is_excluded(participant)
+    }
+
+    /// The participants excluded from the task, ascending.
+    pub fn excluded(&self) -> Vec<String> {
+        self.suspects.excluded().iter().cloned().collect()
+    }
+
+    /// Participants under suspicion (in a group whose sum check failed,
+    /// not cleared since), ascending.
+    pub fn suspected(&self) -> Vec<String> {
+        self.suspects.suspected().into_iter().cloned().collect()
     }
 
     /// The initial checkpoint of a new task (round 0).
@@ -418,6 +462,13 @@ impl TaskEngine {
                  unmasked beside the first): new clients must enroll"
             ));
         }
+        let suspected = self.suspects.suspected().len();
+        if suspected > 0 {
+            why.push_str(&format!(
+                "; {suspected} clients are suspects of a failed sum check (one of them masked another vector \
+                 than it committed to), found across rounds of two groups or more"
+            ));
+        }
         Some(why)
     }
 
@@ -429,7 +480,9 @@ impl TaskEngine {
         self.checked_in
             .iter()
             .filter(move |(id, (seen, _))| {
-                now - *seen <= self.availability_ms() && !self.contributed.contains(*id)
+                now - *seen <= self.availability_ms()
+                    && !self.contributed.contains(*id)
+                    && !self.suspects.is_excluded(id)
             })
             .map(|(id, (_, identity))| (id, *identity))
     }
@@ -671,11 +724,21 @@ impl TaskEngine {
         self.checked_in.retain(|_, (seen, _)| now - *seen <= window);
         let groups = self.spec.groups();
         let n = groups.selected() as usize;
-        let candidates: Vec<_> = self.selectable(now).map(|(id, identity)| (id.clone(), identity)).collect();
+        let mut candidates: Vec<_> =
+            self.selectable(now).map(|(id, identity)| (id.clone(), identity)).collect();
         if candidates.len() < n {
             return None;
         }
-        let selected = select(candidates, n, &mut self.rng);
+        // A random selection, seated so that no group holds more than half
+        // of a set of suspects (see `suspects`).
+        candidates.shuffle(&mut self.rng);
+        let mut selected = self.suspects.order(
+            candidates,
+            |(id, _)| id.as_str(),
+            groups.count as usize,
+            groups.size as usize,
+        );
+        selected.truncate(n);
         let number = self.completed + 1;
         let attempt = self.attempts + 1;
         // Every client of the round trains from the current model, and its
@@ -713,20 +776,48 @@ impl TaskEngine {
             return self.buffered_unmasked(round_number, result, now);
         }
         let dimension = self.spec.model.layout.len();
+        let validated = self.spec.validation.is_some();
         let round = self
             .running_mut()
             .filter(|r| r.number == round_number)
             .ok_or(TaskError::NoSuchRound(round_number))?;
-        let outcome = round
-            .groups
-            .get_mut(group)
-            .and_then(|target| target.unmasked(result, dimension))
-            .ok_or(TaskError::NoSuchRound(round_number))?;
+        let target = round.groups.get_mut(group).ok_or(TaskError::NoSuchRound(round_number))?;
+        let check = validated.then(|| target.sum_check(&result)).flatten();
+        let outcome = target.unmasked(result, dimension).ok_or(TaskError::NoSuchRound(round_number))?;
+        if let Some(check) = check {
+            self.sum_checked(check);
+        }
         if outcome.is_err() {
             self.given_up(round_number, group, Stage::Unmasking);
         }
         self.settle(now);
         outcome
+    }
+
+    /// Takes a validated group's sum check: its members are cleared, or
+    /// suspected; the participants isolated by it are excluded, recorded
+    /// with the round in progress, and handed to the driver to store.
+    pub(super) fn sum_checked(&mut self, check: SumCheck) {
+        let isolated = match &check {
+            SumCheck::Passed(members) => {
+                self.suspects.passed(members);
+                Vec::new()
+            }
+            SumCheck::Failed(members) => self.suspects.failed(members),
+        };
+        let round = self.completed + 1;
+        if let Some(active) = self.round_mut() {
+            let metrics = &mut active.metrics;
+            if let SumCheck::Failed(members) = &check {
+                metrics.suspects.extend(members.iter().cloned());
+                metrics.suspects.sort();
+                metrics.suspects.dedup();
+            }
+            metrics.excluded.extend(isolated.iter().cloned());
+        }
+        if !isolated.is_empty() {
+            self.pending.push_back(TickOutcome::Excluded { round, participants: isolated });
+        }
     }
 
     /// A round of several groups reports group `group` of round `round`,
@@ -829,8 +920,12 @@ impl TaskEngine {
     /// [`tick`](Self::tick) hands out the round's outcome.
     pub fn remote_settled(&mut self, key: &GroupKey, report: &GroupReport, mean: Option<Vec<f32>>, now: i64) {
         let dimension = self.spec.model.layout.len();
+        let validated = self.spec.validation.is_some();
         let Some(group) = self.remote_group(key) else { return };
         let Some(failed) = group.settle_remote(report, mean, dimension) else { return };
+        if let Some(check) = report.sum_check().filter(|_| validated) {
+            self.sum_checked(check);
+        }
         if let Some(stage) = failed {
             self.given_up(key.round, key.group as usize, stage);
         }

@@ -16,6 +16,8 @@
 //!   groups' sums turned into a checkpoint and round record;
 //! * `buffered`: async tasks (FedBuff): groups that open as clients are
 //!   ready and whose sums are applied as they settle;
+//! * [`suspects`]: the group testing that finds, across rounds, a client
+//!   whose input failed its group's sum check (validated tasks);
 //! * [`records`]: what the engine answers clients and shows the admin API.
 
 mod active;
@@ -26,6 +28,7 @@ pub mod engine;
 pub mod owned;
 pub mod records;
 pub mod robust;
+pub mod suspects;
 #[cfg(test)]
 mod tests;
 
@@ -33,7 +36,7 @@ pub use active::{Group, GroupStep, InputStep, StageHost};
 pub use buffered::{BufferView, GroupInFlight, READY_TTL_MS};
 pub use builder::{BuiltRound, RoundBuilder, RoundSeeds};
 pub use completion::{Completion, PendingUnmask};
-pub use engine::{CHECK_IN_TTL_MS, Persist, REPORTABLE_ROUNDS, TaskEngine, TickOutcome};
+pub use engine::{CHECK_IN_TTL_MS, Persist, REPORTABLE_ROUNDS, SumCheck, TaskEngine, TickOutcome};
 pub use records::{
     AttemptOutcome, BufferMetrics, CheckIn, ClientMean, EngineError, FailedAttempt, GroupMetrics, Poll,
     RoundMetrics, RoundProgress, StageMetrics, TaskError,

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::active::{Group, GroupState, GroupStep, GroupSum, Place, StageHost, deadline_for};
 use super::builder::{RoundBuilder, RoundSeeds};
+use super::engine::SumCheck;
 use super::records::{EngineError, StageMetrics, TaskError};
 use crate::spec::{TaskPlan, TaskSpec};
 pub use crate::store::GroupKey;
@@ -75,6 +76,20 @@ pub struct GroupReport {
     pub bytes_down: u64,
     /// The stage the group was given up in, if it was.
     pub failed_at: Option<Stage>,
+    /// A validated group: its sum check, as the leader's suspects take it
+    /// (`None`: not validated, or the group failed before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sum_check: Option<ReportedCheck>,
+}
+
+/// A validated group's sum check in an owner's report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportedCheck {
+    /// The sum opened these contributors' commitments.
+    Passed(Vec<String>),
+    /// It did not: one of these masked another vector.
+    Failed(Vec<String>),
 }
 
 impl GroupReport {
@@ -119,7 +134,16 @@ impl GroupReport {
             bytes_up: 0,
             bytes_down: 0,
             failed_at: Some(Stage::AdvertiseKeys),
+            sum_check: None,
         }
+    }
+
+    /// The group's sum check, for the leader's suspects.
+    pub(super) fn sum_check(&self) -> Option<SumCheck> {
+        self.sum_check.clone().map(|check| match check {
+            ReportedCheck::Passed(members) => SumCheck::Passed(members),
+            ReportedCheck::Failed(members) => SumCheck::Failed(members),
+        })
     }
 
     /// The group's sum again, from this report and its stored `mean` of
@@ -241,7 +265,15 @@ impl OwnedGroup {
     /// failure in the unmasking stage.
     pub fn unmasked(&self, result: Result<Aggregate, ProtocolError>) -> (GroupReport, Option<Vec<f32>>) {
         let dimension = self.spec.model.layout.len();
-        match result.map_err(TaskError::from).and_then(|aggregate| self.group.decode(aggregate, dimension)) {
+        let sum_check =
+            self.spec.validation.and_then(|_| self.group.sum_check(&result)).map(|check| match check {
+                SumCheck::Passed(members) => ReportedCheck::Passed(members),
+                SumCheck::Failed(members) => ReportedCheck::Failed(members),
+            });
+        let (report, mean) = match result
+            .map_err(TaskError::from)
+            .and_then(|aggregate| self.group.decode(aggregate, dimension))
+        {
             Ok(sum) => {
                 let (report, mean) = GroupReport::completed(&self.group, sum);
                 (report, Some(mean))
@@ -250,7 +282,8 @@ impl OwnedGroup {
                 tracing::warn!(task = %self.key.task, round = self.key.round, group = self.key.group, %error, "a group could not be unmasked");
                 (GroupReport::of(&self.group, Some(Stage::Unmasking)), None)
             }
-        }
+        };
+        (GroupReport { sum_check, ..report }, mean)
     }
 }
 

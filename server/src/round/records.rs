@@ -100,6 +100,13 @@ pub enum EngineError {
     /// may send it again.
     #[error("the server could not keep this message's bytes; send it again")]
     Spool,
+    /// The participant was excluded from the task (see
+    /// [`super::suspects`]).
+    #[error(
+        "this participant was excluded from the task: every group it was in failed its sum check until it \
+         was the one suspect left (its masked input was not the vector it committed to)"
+    )]
+    Excluded,
 }
 
 /// How an attempt of a round ended without a new model.
@@ -212,6 +219,16 @@ pub struct RoundMetrics {
     /// sum (`validation.group_rule`: a mean longer than its `max`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rejected_groups: u32,
+    /// Members of the round's groups whose unmasked sum did not open their
+    /// members' commitments (a validated task): each group's sum was
+    /// withheld, and one of them masked another vector than it committed
+    /// to. Later rounds split them up until the cheater is alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspects: Vec<String>,
+    /// Participants this round isolated as cheaters: excluded from every
+    /// later round of the task.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded: Vec<String>,
     /// Per metric, its mean over the survivors that reported it, from the
     /// sum under the masks: never one client's value.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]

@@ -409,6 +409,7 @@ impl SqlStore {
         for statement in [
             "DELETE FROM client_metrics WHERE task_id = $1",
             "DELETE FROM round_contributors WHERE task_id = $1",
+            "DELETE FROM participant_exclusions WHERE task_id = $1",
             "DELETE FROM round_groups WHERE task_id = $1",
             "DELETE FROM round_attempts WHERE task_id = $1",
             "DELETE FROM rounds WHERE task_id = $1",
@@ -681,6 +682,47 @@ impl SqlStore {
         self.check_fence(&mut tx, task_id, fence).await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Records participants a validated task excluded in `round` (see
+    /// `round::suspects`); one already recorded stays as it was. Fenced by
+    /// `fence` when it is given.
+    pub async fn record_exclusions(
+        &self,
+        task_id: &str,
+        round: i64,
+        participants: &[String],
+        now: i64,
+        fence: Option<&Fence>,
+    ) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        for participant in participants {
+            sqlx::query(
+                "INSERT INTO participant_exclusions (task_id, participant_id, round, excluded_at) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (task_id, participant_id) DO NOTHING",
+            )
+            .bind(task_id)
+            .bind(participant)
+            .bind(round)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| classify(e, "participant exclusion", "task"))?;
+        }
+        self.check_fence(&mut tx, task_id, fence).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The participants a task excluded, ascending.
+    pub async fn exclusions(&self, task_id: &str) -> StoreResult<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT participant_id FROM participant_exclusions WHERE task_id = $1 ORDER BY participant_id",
+        )
+        .bind(task_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|row| Ok(row.try_get("participant_id")?)).collect()
     }
 
     /// Every participant an attempt of `round` asked for its masked input,

@@ -387,3 +387,105 @@ fn a_client_whose_norm_proof_fails_is_left_out_and_named() {
     assert_eq!(rounds[0].survivors, 5, "{rounds:?}");
     assert_eq!(rounds[0].metrics.refused_inputs, [attacker_id], "{rounds:?}");
 }
+
+/// THREAT_MODEL claim 68 over HTTP: a client that proves its honest update
+/// and masks another vector makes its group's sum check fail; the round
+/// goes on with its other group, later rounds split the suspects up, and
+/// the cheater alone is excluded: named in the round that isolated it, in
+/// the task's view, refused at check-in with `excluded`, and still
+/// excluded after the coordinator restarts.
+#[test]
+fn a_client_that_masks_another_vector_is_found_and_excluded() {
+    use cohort_client::api::ErrorCode;
+    use cohort_client::participant::ParticipantError;
+    use cohort_client::participant::adversary::Attack;
+    use cohort_client::runtime::RunError;
+
+    let db = tempfile::tempdir().unwrap();
+    let database = format!("sqlite://{}?mode=rwc", db.path().join("cheater.db").display());
+    let rounds = 8;
+    let spec = json!({
+        "name": "cheater", "rounds": rounds, "clients_per_round": 8,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [DIMENSION] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 3, "group_size": 4 },
+        "deadlines": { "advertise_keys_ms": 30000, "share_keys_ms": 30000, "masked_input_ms": 30000, "unmasking_ms": 30000 }
+    });
+    let coordinator = Serve::options(ADMIN).database(&database).start_in_process(None, |_| {});
+    let url = coordinator.url.clone();
+    let admin = coordinator.admin();
+    let cohort_server::api::CreatedTask { id: task, enrollment_token: token, .. } = admin.create_task(&spec);
+    assert!(admin.task(&task).spec.validation.is_some(), "a new active task validates its inputs");
+
+    let config = ParticipantConfig {
+        poll_interval_ms: 50,
+        policy: cohort_tests::policy_for(&spec),
+        ..ParticipantConfig::default()
+    };
+    let cheater = {
+        let (url, task, token, config) = (url.clone(), task.clone(), token.clone(), config);
+        std::thread::spawn(move || {
+            let participant =
+                Participant::enroll(&task, &token, config).with_seed([99; 32]).cheating(Attack::Scaled);
+            let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
+            let mut joined = 0;
+            loop {
+                match runner.run_round(&mut honest()) {
+                    Ok(Some(_)) => joined += 1,
+                    Ok(None) => {
+                        return (
+                            joined,
+                            None,
+                            runner.participant().saved_state().map(|s| s.participant_id.clone()),
+                        );
+                    }
+                    Err(error) => {
+                        return (
+                            joined,
+                            Some(error),
+                            runner.participant().saved_state().map(|s| s.participant_id.clone()),
+                        );
+                    }
+                }
+            }
+        })
+    };
+    let honest = honest_clients(&url, &task, &token, &spec, 9, 31);
+    let (joined, error, cheater_id) = cheater.join().unwrap();
+    let cheater_id = cheater_id.expect("the cheater enrolled");
+    match error {
+        Some(RunError::Participant(ParticipantError::Rejected {
+            status: 403,
+            code: ErrorCode::Excluded,
+            ..
+        })) => {}
+        other => panic!("the cheater should be refused as excluded after {joined} rounds, got {other:?}"),
+    }
+    for handle in honest {
+        let (_, completed) = handle.join().unwrap();
+        assert!(completed >= 1, "an honest client took part in no round");
+    }
+
+    // Every round completed (its other group's sum counts), and none holds
+    // the cheater's input.
+    let records = admin.rounds(&task);
+    assert_eq!(records.len(), rounds as usize, "the task reached its last round");
+    let isolating: Vec<_> = records.iter().filter(|r| !r.metrics.excluded.is_empty()).collect();
+    assert_eq!(isolating.len(), 1, "{records:?}");
+    assert_eq!(isolating[0].metrics.excluded, std::slice::from_ref(&cheater_id));
+    assert!(isolating[0].metrics.suspects.contains(&cheater_id));
+    for record in &records {
+        let failed = record.metrics.groups.iter().filter(|g| g.failed_at.is_some()).count();
+        assert_eq!(failed > 0, !record.metrics.suspects.is_empty(), "round {}: {record:?}", record.round);
+        assert!(failed <= 1, "one cheater fails one group at most: {record:?}");
+    }
+    // The group testing takes ⌈log₂ 4⌉ + 1 failed groups at most.
+    let failed_rounds = records.iter().filter(|r| !r.metrics.suspects.is_empty()).count();
+    assert!((1..=3).contains(&failed_rounds), "{failed_rounds} rounds with a failed sum check");
+    assert_eq!(admin.task(&task).live.excluded, std::slice::from_ref(&cheater_id));
+
+    // After a restart the exclusion holds.
+    drop(coordinator);
+    let coordinator = Serve::options(ADMIN).database(&database).start_in_process(None, |_| {});
+    let admin = coordinator.admin();
+    assert_eq!(admin.task(&task).live.excluded, [cheater_id]);
+}
