@@ -48,6 +48,83 @@ pub struct DemoArgs {
     /// with differential privacy), or nothing is checked (`none`).
     #[arg(long, value_enum, default_value_t = DemoValidation::L2)]
     validation: DemoValidation,
+    /// Clients selected per round (default: every client; with
+    /// `--malicious`, the honest ones, rounded down to even).
+    #[arg(long)]
+    per_round: Option<u32>,
+    /// Clients per secure-aggregation group, each its own protocol
+    /// instance with its own threshold (default: one group; with
+    /// `--malicious`, half of a round).
+    #[arg(long)]
+    group_size: Option<u32>,
+    /// How many of the clients cheat (a build with the `adversary`
+    /// feature): they prove their honest update and mask another. The task
+    /// then selects the others' number per round (rounded down to even), in
+    /// two secure-aggregation groups, so that a round goes on when one
+    /// group's sum check fails and the cheaters can be isolated.
+    #[cfg(feature = "adversary")]
+    #[arg(long, default_value_t = 0)]
+    malicious: usize,
+    /// What the cheating clients add to their masked input: `scaled` (half
+    /// the ring on every coordinate, the largest shift of the sum) or
+    /// `random`.
+    #[cfg(feature = "adversary")]
+    #[arg(long, default_value = "scaled")]
+    attack: cohort_client::participant::adversary::Attack,
+}
+
+/// The cheating clients of a demo: how many (the last ones) and their
+/// attack, with the round's selection and group size.
+#[derive(Debug, Clone, Copy)]
+struct Cheating {
+    count: usize,
+    per_round: Option<u32>,
+    group_size: Option<u32>,
+    #[cfg(feature = "adversary")]
+    attack: cohort_client::participant::adversary::Attack,
+}
+
+impl Cheating {
+    fn of(args: &DemoArgs) -> Self {
+        let (per_round, group_size) = (args.per_round, args.group_size);
+        #[cfg(feature = "adversary")]
+        return Cheating {
+            count: args.malicious.min(args.training.clients),
+            per_round,
+            group_size,
+            attack: args.attack,
+        };
+        #[cfg(not(feature = "adversary"))]
+        Cheating { count: 0, per_round, group_size }
+    }
+
+    /// The task's selection per round and its group size, as asked; by
+    /// default every client in one group, or, with cheaters, two groups of
+    /// half the honest clients each.
+    fn selection(self, clients: usize) -> (u32, Option<u32>) {
+        let honest = (clients - self.count) as u32;
+        let per_round = self.per_round.unwrap_or(if self.count == 0 { honest } else { honest / 2 * 2 });
+        let group_size = self.group_size.or((self.count > 0).then_some(per_round / 2));
+        (per_round.clamp(1, clients as u32), group_size.filter(|&size| size < per_round))
+    }
+
+    /// The `cohort participate` arguments of client `k` of `clients`.
+    fn args(self, k: usize, clients: usize) -> Vec<String> {
+        #[cfg(feature = "adversary")]
+        if k >= clients - self.count {
+            let attack = match self.attack {
+                cohort_client::participant::adversary::Attack::Scaled => "scaled",
+                cohort_client::participant::adversary::Attack::Random => "random",
+            };
+            return vec!["--attack".into(), attack.into()];
+        }
+        let _ = (k, clients);
+        Vec::new()
+    }
+
+    fn is_cheater(self, k: usize, clients: usize) -> bool {
+        k >= clients - self.count
+    }
 }
 
 /// The demo task's input validation.
@@ -70,13 +147,19 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
             Timing { clock: Clock::uniform(&sizes, args.training.local.epochs), over_selection: 0.0 };
         (in_process(&experiment, &args.training, args.training.clients, false, threads(), &timing)?, None)
     } else {
-        secure_over_http(&experiment, &args.training, args.validation)?
+        secure_over_http(&experiment, &args.training, args.validation, Cheating::of(args))?
     };
     let mode = if args.plain { "plain" } else { "secure" };
     let mut config = serde_json::Map::new();
     if !args.plain {
         let validated = validates(args.validation, &args.training);
         config.insert("validation".into(), Value::from(if validated { "l2" } else { "none" }));
+        let cheating = Cheating::of(args);
+        if cheating.count > 0 {
+            config.insert("malicious".into(), Value::from(cheating.count));
+            #[cfg(feature = "adversary")]
+            config.insert("attack".into(), Value::from(format!("{:?}", cheating.attack).to_lowercase()));
+        }
     }
     if let Some(privacy) = privacy {
         config.insert("privacy".into(), privacy);
@@ -96,8 +179,11 @@ fn demo_spec(
     model: &Model,
     largest_shard: usize,
     validation: DemoValidation,
+    cheating: Cheating,
 ) -> Result<TaskSpec> {
-    let n = training.clients as u32;
+    let (per_round, group_size) = cheating.selection(training.clients);
+    // Each group is its own protocol instance, with its own threshold.
+    let n = group_size.unwrap_or(per_round);
     let vanishing = (f64::from(n) * training.dropout).ceil() as u32;
     let threshold = threshold(n, vanishing);
     let spec = TaskSpec {
@@ -108,7 +194,7 @@ fn demo_spec(
             init: cohort_server::spec::ModelInit::FanIn { seed: training.seed() },
         },
         rounds: training.rounds as u32,
-        clients_per_round: n,
+        clients_per_round: per_round,
         over_selection: 0.0,
         secure_aggregation: SecAggSpec {
             // The active variant needs a threshold above half of the n
@@ -121,6 +207,7 @@ fn demo_spec(
             }),
             graph: GraphChoice::Complete,
             threshold: Some(threshold),
+            group_size,
             ..SecAggSpec::default()
         },
         quantization: quantization(training, largest_shard),
@@ -168,11 +255,12 @@ fn secure_over_http(
     experiment: &Experiment,
     training: &TrainingArgs,
     validation: DemoValidation,
+    cheating: Cheating,
 ) -> Result<(Vec<RoundRow>, Option<Value>)> {
     let work = std::env::temp_dir().join(format!("cohort-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
-    let result = run_coordinator_and_clients(experiment, training, &work, validation);
+    let result = run_coordinator_and_clients(experiment, training, &work, validation, cheating);
     if result.is_ok() {
         let _ = std::fs::remove_dir_all(&work);
     } else {
@@ -186,6 +274,7 @@ fn run_coordinator_and_clients(
     training: &TrainingArgs,
     work: &Path,
     validation: DemoValidation,
+    cheating: Cheating,
 ) -> Result<(Vec<RoundRow>, Option<Value>)> {
     for (k, shard) in experiment.shards.iter().enumerate() {
         write_shard(&work.join(format!("shard-{k}")), shard)?;
@@ -210,7 +299,7 @@ fn run_coordinator_and_clients(
     }))?;
     let url = service.url();
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);
-    let spec = demo_spec(training, &experiment.model, largest, validation)?;
+    let spec = demo_spec(training, &experiment.model, largest, validation, cheating)?;
     let mut transport = HttpTransport::new(&url);
     let created: Value = serde_json::from_slice(&admin(
         &mut transport,
@@ -257,6 +346,7 @@ fn run_coordinator_and_clients(
             .args(training.local.to_args())
             .args(["--dropout", &training.dropout.to_string()])
             .args(["--policy", &policy])
+            .args(cheating.args(k, training.clients))
             .env("COHORT_ENROLLMENT_TOKEN", &token)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -270,6 +360,19 @@ fn run_coordinator_and_clients(
         "Started {} client processes; each trains locally and uploads only masked updates.",
         training.clients
     );
+    if cheating.count > 0 {
+        println!(
+            "The last {} of them cheat: each proves its honest update and masks another.",
+            cheating.count
+        );
+    }
+    if spec.clients_per_round as usize != training.clients || spec.secure_aggregation.group_size.is_some() {
+        println!(
+            "Rounds select {} clients in groups of {}.",
+            spec.clients_per_round,
+            spec.secure_aggregation.group_size.unwrap_or(spec.clients_per_round)
+        );
+    }
 
     let progress = Progress::new(training.rounds);
     let mut rows: Vec<RoundRow> = Vec::new();
@@ -321,6 +424,27 @@ fn run_coordinator_and_clients(
                 staleness: None,
             };
             progress.row(&row);
+            let named = |field: &str| -> Vec<String> {
+                metrics[field]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            };
+            let (suspects, excluded) = (named("suspects"), named("excluded"));
+            if !suspects.is_empty() {
+                progress.println(&format!(
+                    "Round {round}: a group's sum did not match its members' commitments and was left out \
+                     ({} suspects){}.",
+                    suspects.len(),
+                    if excluded.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; excluded {}", excluded.join(", "))
+                    }
+                ));
+            }
             rows.push(row);
             last_finished = Some(finished);
             previous_model = model_bytes;
@@ -341,7 +465,8 @@ fn run_coordinator_and_clients(
         }
         for (k, child) in clients.0.iter_mut().enumerate() {
             if let Some(status) = child.try_wait()? {
-                if !status.success() {
+                // A cheater ends when the coordinator excludes it.
+                if !status.success() && !cheating.is_cheater(k, training.clients) {
                     let log =
                         std::fs::read_to_string(work.join(format!("client-{k}.log"))).unwrap_or_default();
                     let tail: Vec<&str> = log.lines().rev().take(5).collect();
@@ -372,4 +497,36 @@ fn run_coordinator_and_clients(
         _ => None,
     };
     Ok((rows, privacy))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cheating(count: usize, per_round: Option<u32>, group_size: Option<u32>) -> Cheating {
+        Cheating {
+            count,
+            per_round,
+            group_size,
+            #[cfg(feature = "adversary")]
+            attack: cohort_client::participant::adversary::Attack::Scaled,
+        }
+    }
+
+    #[test]
+    fn rounds_select_every_client_or_two_groups_of_the_honest_ones() {
+        assert_eq!(cheating(0, None, None).selection(10), (10, None));
+        // One cheater of ten: two groups of four, so that a round goes on
+        // when one group's sum check fails, and nine clients fill it once
+        // the cheater is excluded.
+        assert_eq!(cheating(1, None, None).selection(10), (8, Some(4)));
+        assert_eq!(cheating(2, None, None).selection(10), (8, Some(4)));
+        // The honest baseline of the same rounds, as asked.
+        assert_eq!(cheating(0, Some(8), Some(4)).selection(10), (8, Some(4)));
+        // A group as large as the round is one group.
+        assert_eq!(cheating(0, Some(8), Some(8)).selection(10), (8, None));
+        assert_eq!(cheating(0, Some(40), None).selection(10), (10, None));
+        assert!(!cheating(1, None, None).is_cheater(8, 10));
+        assert!(cheating(1, None, None).is_cheater(9, 10));
+    }
 }

@@ -73,6 +73,13 @@ pub struct ParticipateArgs {
     /// rides out about 20 s of outage.
     #[arg(long, default_value_t = ParticipantConfig::default().max_attempts)]
     max_attempts: u32,
+    /// Cheat (a build with the `adversary` feature, for measuring input
+    /// validation): prove the honest update, then add to the masked input
+    /// half the ring (`scaled`) or random ring values (`random`). An
+    /// exclusion by the coordinator ends the process.
+    #[cfg(feature = "adversary")]
+    #[arg(long)]
+    pub attack: Option<cohort_client::participant::adversary::Attack>,
 }
 
 pub fn participate(args: &ParticipateArgs) -> Result<()> {
@@ -120,6 +127,11 @@ fn run(args: &ParticipateArgs, mut trainer: impl Trainer) -> Result<()> {
     let participant = match args.state.as_deref().map(load_state).transpose()?.flatten() {
         Some(saved) if saved.task_id == args.task => Participant::resume(saved, Some(&token), config),
         _ => Participant::enroll(&args.task, &token, config),
+    };
+    #[cfg(feature = "adversary")]
+    let participant = match args.attack {
+        Some(attack) => participant.cheating(attack),
+        None => participant,
     };
     let mut runner = Runner::new(participant, transport, args.state.clone());
     let mut rng =

@@ -41,6 +41,11 @@ impl Progress {
         self.bar.set_message("");
     }
 
+    /// A line of its own between the rows.
+    pub(crate) fn println(&self, line: &str) {
+        self.bar.suspend(|| println!("{line}"));
+    }
+
     /// Rounds done and what the current one is doing.
     pub(crate) fn bar(&self, done: u64, stage: &str) {
         self.bar.set_position(done);
