@@ -361,10 +361,10 @@ impl Actor {
                     self.settle_owned(&key, &report, mean.as_deref()).await;
                 }
             }
-            Request::Unmasked { task, round, group, result } => {
+            Request::Unmasked { task, round, group, session, result } => {
                 let now = now_ms();
                 if let Ok(engine) = self.engine(&task)
-                    && let Err(error) = engine.unmasked(round, group, result, now)
+                    && let Err(error) = engine.unmasked(round, group, session, result, now)
                 {
                     tracing::warn!(task, round, group, %error, "a group could not be unmasked; the round goes on without it");
                 }
@@ -474,8 +474,8 @@ impl Actor {
                 self.forget_groups(id).await;
             }
             TickOutcome::Unmask(job) => {
-                let (task, round, group) = (job.task_id.clone(), job.round, job.group);
-                self.unmask(*job, move |result| Request::Unmasked { task, round, group, result });
+                let (task, round, group, session) = (job.task_id.clone(), job.round, job.group, job.session);
+                self.unmask(*job, move |result| Request::Unmasked { task, round, group, session, result });
             }
             TickOutcome::Persist(Persist::Model(completion)) => self.store_round(id, completion).await,
             TickOutcome::Excluded { round, participants } => {

@@ -175,6 +175,7 @@ pub(crate) enum Request {
         task: String,
         round: u64,
         group: usize,
+        session: [u8; 16],
         result: Result<Aggregate, ProtocolError>,
     },
     /// A group run here for another replica's round was unmasked.

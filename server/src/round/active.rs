@@ -531,6 +531,7 @@ impl Group {
                     task_id: place.task.to_string(),
                     round: place.round,
                     group: place.index,
+                    session: self.seeds.session,
                     server,
                 })));
             }

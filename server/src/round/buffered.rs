@@ -251,7 +251,14 @@ impl TaskEngine {
     fn form_groups(&mut self, now: i64) {
         let version = self.completed;
         let Self {
-            schedule: Schedule::Async(state), spec: task_spec, security, rng, task_id, pending, ..
+            schedule: Schedule::Async(state),
+            spec: task_spec,
+            security,
+            rng,
+            task_id,
+            pending,
+            suspects,
+            ..
         } = self
         else {
             return;
@@ -259,8 +266,30 @@ impl TaskEngine {
         let spec = state.spec;
         state.ready.retain(|w| now - w.seen <= READY_TTL_MS && spec.fresh(w.base, version));
         let k = state.spec.buffer_size as usize;
-        while state.ready.len() >= k {
-            let members: Vec<Waiting> = state.ready.drain(..k).collect();
+        loop {
+            // The oldest ready updates, but never two members of one pool of
+            // suspects (see `suspects`): a later one waits for the next group.
+            let mut seats: Vec<usize> = Vec::with_capacity(k);
+            for (i, waiting) in state.ready.iter().enumerate() {
+                if seats.len() == k {
+                    break;
+                }
+                let mate =
+                    |&j: &usize| suspects.share_pool(&state.ready[j].participant, &waiting.participant);
+                if !seats.iter().any(mate) {
+                    seats.push(i);
+                }
+            }
+            if seats.len() < k {
+                break;
+            }
+            let mut index = 0;
+            let (members, kept): (Vec<Waiting>, Vec<Waiting>) =
+                std::mem::take(&mut state.ready).into_iter().partition(|_| {
+                    index += 1;
+                    seats.contains(&(index - 1))
+                });
+            state.ready = kept;
             let number = (state.last_number + 1).max(u64::try_from(now).unwrap_or(0));
             let selected = members.iter().map(|w| (w.participant.clone(), w.identity)).collect();
             let groups = Groups { count: 1, size: state.spec.buffer_size };
@@ -375,6 +404,7 @@ impl TaskEngine {
     pub(super) fn buffered_unmasked(
         &mut self,
         number: u64,
+        session: [u8; 16],
         result: Result<Aggregate, ProtocolError>,
         now: i64,
     ) -> Result<(), TaskError> {
@@ -384,11 +414,12 @@ impl TaskEngine {
             .fedbuff_mut()
             .and_then(|state| state.groups.get_mut(&number))
             .and_then(|flight| flight.round.groups.first_mut())
+            .filter(|g| g.seeds.session == session)
             .ok_or(TaskError::NoSuchRound(number))?;
         let check = validated.then(|| group.sum_check(&result)).flatten();
         let outcome = group.unmasked(result, dimension).ok_or(TaskError::NoSuchRound(number))?;
         if let Some(check) = check {
-            self.sum_checked(check);
+            self.sum_checked(&check, Some(number));
         }
         match outcome {
             Ok(()) => {

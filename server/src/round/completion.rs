@@ -18,6 +18,10 @@ pub struct PendingUnmask {
     pub round: u64,
     /// The group of the round (see [`super::TaskEngine::unmasked`]).
     pub group: usize,
+    /// The group's session id: unique to its attempt, so that a result
+    /// that comes back after its attempt ended is never taken for the
+    /// next attempt's group.
+    pub session: [u8; 16],
     pub(super) server: ServerRound,
 }
 

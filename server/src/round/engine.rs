@@ -180,7 +180,7 @@ pub struct TaskEngine {
     last_failure: Option<(HashSet<String>, FailedAttempt)>,
     /// Validated tasks: who the failed sum checks point at, and who was
     /// excluded (see [`super::suspects`]).
-    suspects: Suspects,
+    pub(super) suspects: Suspects,
 }
 
 impl TaskEngine {
@@ -448,8 +448,11 @@ impl TaskEngine {
             return None;
         }
         // Checked in recently but not selectable: asked by an earlier attempt.
-        let recent =
-            self.checked_in.values().filter(|(seen, _)| now - *seen <= self.availability_ms()).count();
+        let recent = self
+            .checked_in
+            .iter()
+            .filter(|(id, (seen, _))| now - *seen <= self.availability_ms() && !self.suspects.is_excluded(id))
+            .count();
         let excluded = recent - available;
         let mut why = format!(
             "waiting for clients: {available} available, round {} selects {wanted}",
@@ -769,11 +772,12 @@ impl TaskEngine {
         &mut self,
         round_number: u64,
         group: usize,
+        session: [u8; 16],
         result: Result<Aggregate, ProtocolError>,
         now: i64,
     ) -> Result<(), TaskError> {
         if self.is_async() {
-            return self.buffered_unmasked(round_number, result, now);
+            return self.buffered_unmasked(round_number, session, result, now);
         }
         let dimension = self.spec.model.layout.len();
         let validated = self.spec.validation.is_some();
@@ -781,11 +785,16 @@ impl TaskEngine {
             .running_mut()
             .filter(|r| r.number == round_number)
             .ok_or(TaskError::NoSuchRound(round_number))?;
-        let target = round.groups.get_mut(group).ok_or(TaskError::NoSuchRound(round_number))?;
+        // A result of an attempt that ended meanwhile finds nothing.
+        let target = round
+            .groups
+            .get_mut(group)
+            .filter(|g| g.seeds.session == session)
+            .ok_or(TaskError::NoSuchRound(round_number))?;
         let check = validated.then(|| target.sum_check(&result)).flatten();
         let outcome = target.unmasked(result, dimension).ok_or(TaskError::NoSuchRound(round_number))?;
         if let Some(check) = check {
-            self.sum_checked(check);
+            self.sum_checked(&check, None);
         }
         if outcome.is_err() {
             self.given_up(round_number, group, Stage::Unmasking);
@@ -797,18 +806,26 @@ impl TaskEngine {
     /// Takes a validated group's sum check: its members are cleared, or
     /// suspected; the participants isolated by it are excluded, recorded
     /// with the round in progress, and handed to the driver to store.
-    pub(super) fn sum_checked(&mut self, check: SumCheck) {
-        let isolated = match &check {
+    pub(super) fn sum_checked(&mut self, check: &SumCheck, async_group: Option<u64>) {
+        let round = self.completed + 1;
+        let Self { suspects, pending, schedule, .. } = self;
+        let isolated = match check {
             SumCheck::Passed(members) => {
-                self.suspects.passed(members);
+                suspects.passed(members);
                 Vec::new()
             }
-            SumCheck::Failed(members) => self.suspects.failed(members),
+            SumCheck::Failed(members) => suspects.failed(members),
         };
-        let round = self.completed + 1;
-        if let Some(active) = self.round_mut() {
-            let metrics = &mut active.metrics;
-            if let SumCheck::Failed(members) = &check {
+        // The record of the sync round in progress, or of the async group.
+        let metrics = match (schedule, async_group) {
+            (Schedule::Sync(sync), None) => sync.get_mut().map(|r| &mut r.metrics),
+            (Schedule::Async(state), Some(number)) => {
+                state.groups.get_mut(&number).map(|f| &mut f.round.metrics)
+            }
+            _ => None,
+        };
+        if let Some(metrics) = metrics {
+            if let SumCheck::Failed(members) = check {
                 metrics.suspects.extend(members.iter().cloned());
                 metrics.suspects.sort();
                 metrics.suspects.dedup();
@@ -816,7 +833,7 @@ impl TaskEngine {
             metrics.excluded.extend(isolated.iter().cloned());
         }
         if !isolated.is_empty() {
-            self.pending.push_back(TickOutcome::Excluded { round, participants: isolated });
+            pending.push_back(TickOutcome::Excluded { round, participants: isolated });
         }
     }
 
@@ -923,8 +940,10 @@ impl TaskEngine {
         let validated = self.spec.validation.is_some();
         let Some(group) = self.remote_group(key) else { return };
         let Some(failed) = group.settle_remote(report, mean, dimension) else { return };
-        if let Some(check) = report.sum_check().filter(|_| validated) {
-            self.sum_checked(check);
+        // The owner's names, held to the group's roster.
+        let roster: HashSet<String> = group.roster.iter().cloned().collect();
+        if let Some(check) = report.sum_check(&roster).filter(|_| validated) {
+            self.sum_checked(&check, None);
         }
         if let Some(stage) = failed {
             self.given_up(key.round, key.group as usize, stage);

@@ -138,11 +138,13 @@ impl GroupReport {
         }
     }
 
-    /// The group's sum check, for the leader's suspects.
-    pub(super) fn sum_check(&self) -> Option<SumCheck> {
-        self.sum_check.clone().map(|check| match check {
-            ReportedCheck::Passed(members) => SumCheck::Passed(members),
-            ReportedCheck::Failed(members) => SumCheck::Failed(members),
+    /// The group's sum check, for the leader's suspects: the names the
+    /// owner reported that are in the group's `roster`.
+    pub(super) fn sum_check(&self, roster: &std::collections::HashSet<String>) -> Option<SumCheck> {
+        let listed = |members: &[String]| members.iter().filter(|m| roster.contains(*m)).cloned().collect();
+        self.sum_check.as_ref().map(|check| match check {
+            ReportedCheck::Passed(members) => SumCheck::Passed(listed(members)),
+            ReportedCheck::Failed(members) => SumCheck::Failed(listed(members)),
         })
     }
 

@@ -18,26 +18,29 @@
 //!
 //! * A **pool** is a set of participants known (as far as the checks
 //!   tell) to hold a cheater. A failed group whose members outside one
-//!   pool were all *cleared* (in a group that passed since they were last
-//!   in one that failed) narrows that pool to its members in the group;
-//!   any other failed group is a new pool, and its members are no longer
-//!   cleared. A pass clears its members but takes no one out of a pool: a
-//!   cheater may behave in one round and cheat in the next.
+//!   pool were all *cleared* (in a group that passed) narrows that pool
+//!   to its members in the group; any other failed group is a new pool.
+//!   A pass clears its members but takes no one out of a pool: a cheater
+//!   may behave in one round and cheat in the next.
 //! * A pool of one is the cheater: it is **excluded** from every later
 //!   round of the task (and the exclusion is stored), and every pool it
 //!   was in is explained and dropped.
-//! * [`Suspects::order`] seats each pool's members so that no group holds
-//!   more than half of a pool (over several groups, dealt round robin,
-//!   filled with cleared participants first; a round of one group takes
-//!   at most half a pool). A round therefore halves a pool or clears half
-//!   of it, and the task's other groups complete meanwhile.
+//! * [`Suspects::order`] selects as the coordinator always does (at
+//!   random: a suspect is selected no more often than anyone else), then
+//!   seats the selected members of a pool half in one group and half in
+//!   another, each filled with cleared participants first; a round of one
+//!   group takes at most half of a pool. A failure therefore narrows a
+//!   pool (to one, at once, when its only member in the group is the
+//!   cheater), and the task's other groups complete meanwhile. An async
+//!   group never seats two members of one pool.
 //!
 //! No honest client is ever excluded when there is one cheater, however
 //! it chooses when to cheat (it is in every failed group, so in every
 //! pool), or when there are any number that cheat in every group they are
 //! in (they are never cleared, so a narrowing is always explained by the
-//! pool). A pool of `g` members isolates its cheater within ⌈log₂ g⌉
-//! failed groups when it is split over several groups. Several cheaters
+//! pool). Each failed group with cleared company at least halves the
+//! cheater's pool; with clients coming and going the company is not
+//! always cleared, and a failure then opens a pool instead. Several cheaters
 //! that take turns (one passes to be cleared, then cheats beside another's
 //! pool) can get an honest client excluded: a loss of that client's
 //! contributions, never a wrong sum (THREAT_MODEL, claims 68–69).
@@ -90,6 +93,9 @@ impl Suspects {
     pub fn failed(&mut self, members: &[String]) -> Vec<String> {
         let members: BTreeSet<String> =
             members.iter().filter(|m| !self.excluded.contains(*m)).cloned().collect();
+        if members.is_empty() {
+            return Vec::new();
+        }
         let touched: Vec<usize> =
             (0..self.pools.len()).filter(|&i| self.pools[i].iter().any(|p| members.contains(p))).collect();
         // A pool explains the failure when everyone else in the group was
@@ -99,11 +105,10 @@ impl Suspects {
             .filter(|&i| members.iter().all(|m| self.pools[i].contains(m) || self.cleared.contains(m)))
             .collect();
         if explaining.is_empty() {
-            // No pool explains it: the group is a pool of its own, and none
-            // of its members is cleared any more.
-            members.iter().for_each(|m| {
-                self.cleared.remove(m);
-            });
+            // No pool explains it: the group is a pool of its own. Its
+            // cleared members stay cleared: with one cheater clearing is
+            // never relied on, and a cheater that cheats in every group is
+            // never cleared.
             self.pools.push(members);
         } else {
             for i in explaining {
@@ -121,16 +126,24 @@ impl Suspects {
         isolated.into_iter().collect()
     }
 
+    /// Whether `a` and `b` are in one pool: an async group (which forms
+    /// as clients are ready, not by [`order`](Self::order)) never seats
+    /// two such, so that a cheater cannot keep a pool-mate beside it.
+    pub fn share_pool(&self, a: &str, b: &str) -> bool {
+        self.pools.iter().any(|pool| pool.contains(a) && pool.contains(b))
+    }
+
     /// `candidates` (in random order) reordered for a round of `count`
     /// groups of `size`: the first `count · size` are the round's
     /// selection, group by group. Excluded participants are left out; with
     /// no pool, the order is kept.
     ///
-    /// Each pair of groups tests one pool: half its members in one group,
-    /// half in the other, each filled with cleared participants first, so
-    /// that a failure narrows the pool (or its pass is explained). A round
-    /// of one group tests half of one pool. Members of pools not tested
-    /// this round come last.
+    /// The selection is the first candidates, as drawn: suspects are not
+    /// selected more often than anyone else (a round of one group takes at
+    /// most half of each pool, the next candidates outside the pools
+    /// instead). Then each pair of groups tests one pool: half its
+    /// selected members in one group, half in the other, each filled with
+    /// cleared participants first, so that a failure narrows the pool.
     pub fn order<T>(
         &self,
         candidates: Vec<T>,
@@ -138,34 +151,45 @@ impl Suspects {
         count: usize,
         size: usize,
     ) -> Vec<T> {
-        let candidates: Vec<T> = candidates.into_iter().filter(|c| !self.is_excluded(name(c))).collect();
+        let mut chosen: Vec<T> = candidates.into_iter().filter(|c| !self.is_excluded(name(c))).collect();
         if self.pools.is_empty() || count == 0 || size == 0 {
-            return candidates;
+            return chosen;
+        }
+        let pool_of = |c: &T| self.pools.iter().position(|pool| pool.contains(name(c)));
+        let mut rest = chosen.split_off((count * size).min(chosen.len()));
+        if count == 1 {
+            let mut taken = vec![0usize; self.pools.len()];
+            for candidate in &mut chosen {
+                let Some(k) = pool_of(candidate) else { continue };
+                if taken[k] < self.pools[k].len().div_ceil(2) {
+                    taken[k] += 1;
+                } else if let Some(j) = rest.iter().position(|c| pool_of(c).is_none()) {
+                    std::mem::swap(candidate, &mut rest[j]);
+                }
+            }
         }
         let tested = (count / 2).max(1).min(self.pools.len());
         let mut members: Vec<Vec<T>> = (0..tested).map(|_| Vec::new()).collect();
-        let (mut cleared, mut others, mut deferred) = (Vec::new(), Vec::new(), Vec::new());
-        for candidate in candidates {
-            let c = name(&candidate);
-            match self.pools.iter().position(|pool| pool.contains(c)) {
+        let (mut cleared, mut others) = (Vec::new(), Vec::new());
+        for candidate in chosen {
+            match pool_of(&candidate) {
                 Some(k) if k < tested => members[k].push(candidate),
-                Some(_) => deferred.push(candidate),
-                None if self.cleared.contains(c) => cleared.push(candidate),
-                None => others.push(candidate),
+                _ if self.cleared.contains(name(&candidate)) => cleared.push(candidate),
+                _ => others.push(candidate),
             }
         }
         let mut seats: Vec<Vec<T>> = (0..count).map(|_| Vec::with_capacity(size)).collect();
+        let mut spare = Vec::new();
         for (k, pool) in members.into_iter().enumerate() {
             let half = pool.len().div_ceil(2).min(size);
             let mut pool = pool.into_iter();
             seats[2 * k].extend(pool.by_ref().take(half));
-            match seats.get_mut(2 * k + 1) {
-                Some(pair) => pair.extend(pool.by_ref().take(size)),
-                None => deferred.extend(pool.by_ref()),
+            if let Some(pair) = seats.get_mut(2 * k + 1) {
+                pair.extend(pool.by_ref().take(size));
             }
-            deferred.extend(pool);
+            spare.extend(pool);
         }
-        let mut fill = cleared.into_iter().chain(others).chain(deferred);
+        let mut fill = cleared.into_iter().chain(others).chain(spare);
         for group in &mut seats {
             while group.len() < size {
                 let Some(next) = fill.next() else { break };
@@ -175,7 +199,7 @@ impl Suspects {
         // Groups are chunks of `size` in order: a short group (too few
         // candidates) must come last.
         seats.sort_by_key(|group| std::cmp::Reverse(group.len()));
-        seats.into_iter().flatten().chain(fill).collect()
+        seats.into_iter().flatten().chain(fill).chain(rest).collect()
     }
 }
 
@@ -335,6 +359,38 @@ mod tests {
         assert!(suspects.failed(&names(0..3)).is_empty());
         assert_eq!(suspects.suspected().len(), 3);
         assert!(suspects.order(names(0..3), |c| c.as_str(), 1, 3).len() == 3);
+    }
+
+    /// A cheater that cheats once and then behaves keeps its pool for
+    /// ever; its pool is still selected no more often than anyone else.
+    #[test]
+    fn suspects_are_selected_as_often_as_anyone_else() {
+        let mut suspects = Suspects::default();
+        suspects.passed(&names(5..20));
+        suspects.failed(&names(0..5));
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
+        let mut selected = [0u32; 40];
+        for _ in 0..4000 {
+            let mut candidates = names(0..40);
+            candidates.shuffle(&mut rng);
+            for c in &suspects.order(candidates, |c| c.as_str(), 2, 5)[..10] {
+                selected[c[1..].parse::<usize>().unwrap()] += 1;
+            }
+        }
+        // Each client: 10 of 40 seats a round, 1 000 of 4 000 rounds.
+        for (client, &count) in selected.iter().enumerate() {
+            assert!((850..1150).contains(&count), "c{client:02}: selected {count} times of 4000");
+        }
+    }
+
+    #[test]
+    fn pool_mates_are_known_to_share_a_pool() {
+        let mut suspects = Suspects::default();
+        suspects.failed(&names(0..3));
+        assert!(suspects.share_pool("c00", "c02"));
+        assert!(!suspects.share_pool("c00", "c05"));
+        assert!(suspects.failed(&[]).is_empty());
+        assert_eq!(suspects.pools.len(), 1);
     }
 
     #[test]

@@ -90,7 +90,7 @@ fn run_round(
 /// hands out.
 fn complete(engine: &mut TaskEngine, round: u64, job: PendingUnmask, now: i64) -> Completion {
     assert_eq!((job.round, job.group), (round, 0));
-    engine.unmasked(round, job.group, job.run(), now).unwrap();
+    engine.unmasked(round, job.group, job.session, job.run(), now).unwrap();
     match engine.tick(now) {
         TickOutcome::Persist(Persist::Model(completion)) => *completion,
         other => panic!("no completion: {other:?}"),
@@ -100,6 +100,29 @@ fn complete(engine: &mut TaskEngine, round: u64, job: PendingUnmask, now: i64) -
 /// The weighted mean update of the `included` clients.
 fn weighted_mean(clients: &[NamedClient], included: &[usize]) -> Vec<f32> {
     cohort_crypto::testing::weighted_mean(&included.iter().map(|&i| &clients[i].protocol).collect::<Vec<_>>())
+}
+
+/// An unmasking result is applied only to the attempt it was computed
+/// for: one that names another session (an attempt that ended while its
+/// job ran) finds nothing, and the group still waits for its own.
+#[test]
+fn an_unmasking_result_of_another_attempt_is_refused() {
+    let mut engine = engine(small_spec());
+    let mut clients = participants(6);
+    let mut now = 0;
+    for c in &clients {
+        engine.check_in(&c.name, None, now);
+    }
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
+    let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+    let mut other = job.session;
+    other[0] ^= 1;
+    let (group, session) = (job.group, job.session);
+    let result = job.run();
+    assert!(matches!(engine.unmasked(1, group, other, result.clone(), now), Err(TaskError::NoSuchRound(1))));
+    assert!(matches!(engine.tick(now), TickOutcome::Idle), "nothing was settled");
+    engine.unmasked(1, group, session, result, now).unwrap();
+    assert!(matches!(engine.tick(now), TickOutcome::Persist(Persist::Model(_))));
 }
 
 #[test]
@@ -703,7 +726,7 @@ fn a_round_of_several_groups_applies_the_sum_of_their_sums() {
     for job in run.jobs {
         // Nothing is handed out before the last group is in.
         assert!(matches!(engine.tick(now), TickOutcome::Idle));
-        engine.unmasked(1, job.group, job.run(), now).unwrap();
+        engine.unmasked(1, job.group, job.session, job.run(), now).unwrap();
     }
     let TickOutcome::Persist(Persist::Model(completion)) = engine.tick(now) else { panic!("no completion") };
     assert!(matches!(engine.tick(now), TickOutcome::Idle), "one completion per round");
@@ -732,7 +755,7 @@ fn a_group_below_its_threshold_is_given_up_and_the_others_complete_the_round() {
     assert_eq!(run.jobs.len(), 2);
     assert_eq!(engine.poll(&clients[failing[2]].name), Ok(Poll::Dropped));
     for job in run.jobs {
-        engine.unmasked(1, job.group, job.run(), now).unwrap();
+        engine.unmasked(1, job.group, job.session, job.run(), now).unwrap();
     }
     let TickOutcome::Persist(Persist::Model(completion)) = engine.tick(now) else { panic!("no completion") };
     assert_eq!((completion.round.selected, completion.round.survivors), (12, 8));
@@ -823,7 +846,7 @@ fn a_group_run_by_another_replica_completes_the_round_from_its_report() {
     // A group that has begun is not handed off.
     assert!(engine.assignment(0).is_none());
     for job in run.jobs {
-        engine.unmasked(1, job.group, job.run(), now).unwrap();
+        engine.unmasked(1, job.group, job.session, job.run(), now).unwrap();
     }
     assert!(matches!(engine.tick(now), TickOutcome::Idle), "the remote group is still out");
     let (report, mean) = run_owned(&mut owned, &mut clients, &mut now);
@@ -855,7 +878,7 @@ fn a_group_lost_with_its_owner_or_misreported_is_given_up() {
     engine.remote_adopted(&bad, Stage::Unmasking);
     let run = run_groups(&mut engine, &mut clients, &[], &mut now);
     for job in run.jobs {
-        engine.unmasked(1, job.group, job.run(), now).unwrap();
+        engine.unmasked(1, job.group, job.session, job.run(), now).unwrap();
     }
     engine.remote_lost(&lost, now);
     assert!(matches!(engine.tick(now), TickOutcome::GroupAborted { group: 1, stage: Stage::ShareKeys, .. }));
@@ -1223,7 +1246,7 @@ fn a_group_rule_leaves_out_or_outvotes_a_poisoned_group() {
         let mut now = 0;
         let run = run_groups(&mut engine, &mut clients, &[], &mut now);
         for job in run.jobs {
-            engine.unmasked(1, job.group, job.run(), now).unwrap();
+            engine.unmasked(1, job.group, job.session, job.run(), now).unwrap();
         }
         let TickOutcome::Persist(Persist::Model(completion)) = engine.tick(now) else {
             panic!("no completion")

@@ -131,7 +131,7 @@ fn run_group(
 /// Unmasks a group and takes the next model the engine hands out.
 fn apply(engine: &mut TaskEngine, job: PendingUnmask, now: i64) -> Completion {
     let number = job.round;
-    engine.unmasked(number, 0, job.run(), now).unwrap();
+    engine.unmasked(number, 0, job.session, job.run(), now).unwrap();
     let completion = drain(engine, now).into_iter().find_map(|outcome| match outcome {
         TickOutcome::Persist(Persist::Model(completion)) => Some(*completion),
         _ => None,
@@ -395,4 +395,35 @@ fn group_numbers_grow_across_a_restart_and_within_one_millisecond() {
     let renumbered: Vec<u64> =
         clients[..3].iter_mut().filter_map(|c| selected_round(&c.ready(&mut second, later))).collect();
     assert_eq!(renumbered, [later as u64]);
+}
+
+/// An async group forms from the oldest ready updates, but never seats
+/// two members of one pool of suspects: a cheater cannot keep a pool-mate
+/// beside it (see `suspects`); the later one waits for the next group.
+#[test]
+fn an_async_group_never_seats_two_suspects_of_one_pool() {
+    let mut engine = engine(async_spec(6, 4));
+    engine.suspects.failed(&["a0".to_string(), "a1".to_string(), "a9".to_string()]);
+    let mut clients: Vec<AsyncClient> = (0..6).map(AsyncClient::new).collect();
+    for client in &mut clients {
+        assert!(matches!(client.ask(&mut engine, 0), CheckIn::Train { version: 0 }));
+    }
+    // Ready in order a0, a1, a2, …: the first group is a0, a2, a3; a1
+    // waits and goes with a4 and a5.
+    for client in &mut clients {
+        client.ready(&mut engine, 1);
+    }
+    let groups: Vec<Vec<String>> = engine
+        .fedbuff()
+        .unwrap()
+        .groups
+        .values()
+        .map(|f| {
+            let mut members: Vec<String> = f.round.members.keys().cloned().collect();
+            members.sort();
+            members
+        })
+        .collect();
+    let named = |names: [&str; 3]| names.map(String::from).to_vec();
+    assert_eq!(groups, [named(["a0", "a2", "a3"]), named(["a1", "a4", "a5"])]);
 }
