@@ -124,7 +124,7 @@ fn simulation<'a>(
         after_shares: (1..=dropped).filter_map(ClientId::new).collect(),
         ..DropoutPlan::default()
     };
-    Simulation { config: config.clone(), identities: Vec::new(), plan, inputs, seed: 1 }
+    Simulation { config: config.clone(), identities: Vec::new(), plan, inputs, seed: 1, tamper: None }
 }
 
 /// The server's unmasking stage alone (reconstruction of 90 seeds and 10

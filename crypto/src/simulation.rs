@@ -14,7 +14,7 @@ use crate::client::Client;
 use crate::config::RoundConfig;
 use crate::error::ProtocolError;
 use crate::ids::ClientId;
-use crate::messages::ServerMessage;
+use crate::messages::{ClientMessage, ServerMessage};
 use crate::quantize::QuantizedInput;
 use crate::server::{Advanced, Aggregate, ServerRound};
 use crate::signature::IdentityKey;
@@ -95,7 +95,13 @@ pub struct Simulation<'a> {
     pub inputs: &'a (dyn Fn(ClientId) -> QuantizedInput + Sync),
     /// Seed of the clients' random generators.
     pub seed: u64,
+    /// Changes a client's reply before it is sent (a simulated cheater:
+    /// `cohort simulate --malicious`); `None` for honest clients.
+    pub tamper: Option<Tamper<'a>>,
 }
+
+/// A simulated cheater's change to its reply of a stage.
+pub type Tamper<'a> = &'a (dyn Fn(ClientId, &mut ClientMessage) + Sync);
 
 struct Slot {
     id: ClientId,
@@ -247,7 +253,13 @@ impl Simulation<'_> {
                 let ((next, reply), ms) = stopwatch.time(|| match ServerMessage::decode(bytes) {
                     Ok(message) => {
                         let (next, reply) = state.handle(message, &mut slot.rng);
-                        (next, reply.map(|reply| reply.encode()))
+                        let reply = reply.map(|mut reply| {
+                            if let Some(tamper) = self.tamper {
+                                tamper(slot.id, &mut reply);
+                            }
+                            reply.encode()
+                        });
+                        (next, reply)
                     }
                     Err(error) => (state, Err(ProtocolError::from(error))),
                 });

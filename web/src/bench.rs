@@ -70,8 +70,14 @@ pub fn secagg(
                 .collect(),
         )
     };
-    let simulation =
-        Simulation { config, identities: Vec::new(), plan: DropoutPlan::default(), inputs: &inputs, seed: 5 };
+    let simulation = Simulation {
+        config,
+        identities: Vec::new(),
+        plan: DropoutPlan::default(),
+        inputs: &inputs,
+        seed: 5,
+        tamper: None,
+    };
     let clock = Clock(now);
     let (outcome, total_ms) = clock.time(|| simulation.run(&clock));
     let outcome = outcome?;

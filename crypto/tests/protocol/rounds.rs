@@ -102,8 +102,14 @@ fn small_rings_aggregate_without_wrapping() {
     let config = config(10, 6, GraphSpec::Complete, DIM, 8);
     let value = |j: u32, id: ClientId| if j % 3 == 0 { 25 } else { (j + id.get()) % 26 };
     let inputs = |id: ClientId| QuantizedInput::from_values((0..DIM).map(|j| value(j, id)).collect());
-    let run =
-        Simulation { config, identities: Vec::new(), plan: DropoutPlan::default(), inputs: &inputs, seed: 6 };
+    let run = Simulation {
+        config,
+        identities: Vec::new(),
+        plan: DropoutPlan::default(),
+        inputs: &inputs,
+        seed: 6,
+        tamper: None,
+    };
     let outcome = run.run(&NoStopwatch).unwrap();
     assert_eq!(outcome.aggregate.contributors.len(), 10);
     let exact: Vec<u64> = (0..DIM)
@@ -194,8 +200,14 @@ fn stopping_before_unmasking_then_advancing_gives_the_same_sum() {
     let full = run(&config, Vec::new(), plan.clone(), 11).unwrap();
     let cfg = config.clone();
     let inputs = move |id: cohort_crypto::ClientId| input_for(&cfg, 11, id);
-    let simulation =
-        Simulation { config: config.clone(), identities: Vec::new(), plan, inputs: &inputs, seed: 11 };
+    let simulation = Simulation {
+        config: config.clone(),
+        identities: Vec::new(),
+        plan,
+        inputs: &inputs,
+        seed: 11,
+        tamper: None,
+    };
     let server = simulation.run_to_unmasking().unwrap();
     assert_eq!(server.stage(), Stage::Unmasking);
     assert!(server.is_complete());

@@ -129,7 +129,7 @@ impl Cheating {
 
 /// The demo task's input validation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DemoValidation {
+pub(crate) enum DemoValidation {
     /// Every update proven within an L2 bound.
     L2,
     /// No validation.
@@ -145,7 +145,18 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
         let sizes: Vec<usize> = experiment.shards.iter().map(Dataset::len).collect();
         let timing =
             Timing { clock: Clock::uniform(&sizes, args.training.local.epochs), over_selection: 0.0 };
-        (in_process(&experiment, &args.training, args.training.clients, false, threads(), &timing)?, None)
+        (
+            in_process(
+                &experiment,
+                &args.training,
+                args.training.clients,
+                false,
+                threads(),
+                &timing,
+                &Default::default(),
+            )?,
+            None,
+        )
     } else {
         secure_over_http(&experiment, &args.training, args.validation, Cheating::of(args))?
     };

@@ -4,11 +4,13 @@
 use anyhow::{Result, anyhow};
 use cohort_client::runtime::LocalUpdate;
 use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
-use cohort_crypto::{ClientId, Metric, QuantizedInput, Variant};
+use cohort_crypto::{ClientId, ClientMessage, Metric, ProtocolError, QuantizedInput, Variant};
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::privacy::PrivacySpec;
 use cohort_server::round::{BuiltRound, RoundBuilder};
-use cohort_server::spec::{GraphChoice, QuantizationConfig, SecAggSpec, TaskPlan, TaskSpec};
+use cohort_server::spec::{
+    GraphChoice, NormChoice, QuantizationConfig, SecAggSpec, TaskPlan, TaskSpec, ValidationSpec,
+};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 
@@ -24,6 +26,44 @@ pub(crate) struct SecureMean {
     pub(crate) masked_input_bytes: usize,
     /// The clients' mean training loss (none under DP).
     pub(crate) client_loss: Option<f64>,
+    /// Σ of the survivors' example counts.
+    pub(crate) weight: u64,
+}
+
+/// What a simulated cheater adds to its masked input, after proving its
+/// honest update (`cohort simulate --malicious`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Attack {
+    /// Half the ring on every coordinate: the largest shift of the sum.
+    Scaled,
+    /// A uniformly random ring element on every coordinate.
+    Random,
+}
+
+impl Attack {
+    /// Changes `message` if it is a masked input (`salt` varies the
+    /// random shift per client and round).
+    fn apply(self, message: &mut ClientMessage, salt: u64) {
+        let ClientMessage::MaskedInput { vector, .. } = message else { return };
+        let mask = if vector.bits >= 32 { u32::MAX } else { (1u32 << vector.bits) - 1 };
+        let mut rng = ChaCha20Rng::seed_from_u64(salt);
+        for value in &mut vector.values {
+            let shift = match self {
+                Attack::Scaled => (mask >> 1) + 1,
+                Attack::Random => rand_core::Rng::next_u32(&mut rng),
+            };
+            *value = value.wrapping_add(shift) & mask;
+        }
+    }
+}
+
+/// How one in-process group ended.
+pub(crate) enum GroupOutcome {
+    /// Unmasked (and, in a validated round, its sum check passed).
+    Done(SecureMean),
+    /// Its unmasked sum did not open the contributors' commitments: the
+    /// indices (into the group's updates) of the contributors.
+    Mismatch(Vec<usize>),
 }
 
 /// The task an in-process round of `n` clients runs: `vanishing` of them
@@ -35,6 +75,7 @@ pub(crate) fn simulation_spec(
     dimension: usize,
     privacy: Option<PrivacySpec>,
     rounds: u32,
+    validated: bool,
 ) -> TaskSpec {
     TaskSpec {
         name: "simulation".into(),
@@ -64,7 +105,11 @@ pub(crate) fn simulation_spec(
         privacy,
         mode: Default::default(),
         asynchronous: None,
-        validation: None,
+        validation: validated.then_some(ValidationSpec {
+            norm: NormChoice::L2,
+            l2_clip: None,
+            group_rule: None,
+        }),
     }
 }
 
@@ -77,6 +122,23 @@ pub(crate) fn secure_mean(
     seed: u64,
     dimension: usize,
 ) -> Result<SecureMean> {
+    match secure_group(updates, dropped, spec, seed, dimension, &[], Attack::Scaled)? {
+        GroupOutcome::Done(mean) => Ok(mean),
+        GroupOutcome::Mismatch(_) => Err(anyhow!("the sum did not open the commitments")),
+    }
+}
+
+/// [`secure_mean`] with `cheaters` (indices into `updates`) that change
+/// their masked input by `attack` after proving their honest update.
+pub(crate) fn secure_group(
+    updates: &[LocalUpdate],
+    dropped: &[usize],
+    spec: &TaskSpec,
+    seed: u64,
+    dimension: usize,
+    cheaters: &[usize],
+    attack: Attack,
+) -> Result<GroupOutcome> {
     let n = updates.len() as u32;
     // A semi-honest round: the simulated clients have no identity keys.
     let security = cohort_crypto::policy::TaskSecurity {
@@ -103,12 +165,37 @@ pub(crate) fn secure_mean(
         encode(id.get() as usize - 1).unwrap_or_else(|_| unreachable!("every input was encoded once above"))
     };
     let masked_input_bytes = cohort_crypto::wire::packed_len(config.vector_len as usize, config.modulus_bits);
-    let simulation = Simulation { config, identities: Vec::new(), plan, inputs: &input, seed };
-    let outcome = simulation.run(&NoStopwatch)?;
+    let tamper = |id: ClientId, message: &mut ClientMessage| {
+        if cheaters.contains(&id.index()) {
+            attack.apply(message, seed ^ (id.get() as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+        }
+    };
+    let tamper: cohort_crypto::simulation::Tamper<'_> = &tamper;
+    let simulation = Simulation {
+        config,
+        identities: Vec::new(),
+        plan,
+        inputs: &input,
+        seed,
+        tamper: (!cheaters.is_empty()).then_some(tamper),
+    };
+    let outcome = match simulation.run(&NoStopwatch) {
+        Ok(outcome) => outcome,
+        Err(ProtocolError::CommitmentMismatch { suspects }) => {
+            return Ok(GroupOutcome::Mismatch(suspects.iter().map(|id| id.index()).collect()));
+        }
+        Err(error) => return Err(error.into()),
+    };
     let survivors = outcome.aggregate.contributors.len() as u32;
     let mean = quantizer.decode(&outcome.aggregate.sum, survivors, dimension)?;
     let finished: Vec<_> = outcome.clients.iter().filter(|c| c.finished).collect();
     let bytes_up = finished.iter().map(|c| c.bytes_up as f64).sum::<f64>() / finished.len().max(1) as f64;
     let client_loss = mean.metrics.mean(Metric::TrainLoss);
-    Ok(SecureMean { mean: mean.mean, bytes_up, masked_input_bytes, client_loss })
+    Ok(GroupOutcome::Done(SecureMean {
+        mean: mean.mean,
+        bytes_up,
+        masked_input_bytes,
+        client_loss,
+        weight: mean.total_weight,
+    }))
 }

@@ -15,7 +15,8 @@ use cohort_client::runtime::LocalUpdate;
 use cohort_crypto::Metric;
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::privacy::{PrivacyPlan, PrivacySpec, PrivacyView};
-use cohort_server::spec::{AsyncSpec, TaskPlan, TaskSpec};
+use cohort_server::round::suspects::Suspects;
+use cohort_server::spec::{AsyncSpec, GroupRule, TaskPlan, TaskSpec};
 use rand::RngExt;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
@@ -26,7 +27,7 @@ use crate::experiment::Experiment;
 use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
 use crate::schedule::{Clock, ScheduleArgs};
-use crate::secure_mean::{secure_mean, simulation_spec};
+use crate::secure_mean::{Attack, GroupOutcome, SecureMean, secure_group, secure_mean, simulation_spec};
 use crate::training::{TrainingArgs, announce_updates, evaluate, prepare, quantization};
 
 #[derive(Debug, Args)]
@@ -48,6 +49,91 @@ pub struct SimulateArgs {
     /// Where results.json and accuracy.png go.
     #[arg(long, default_value = "cohort-simulate")]
     out: PathBuf,
+    #[command(flatten)]
+    adversity: AdversityArgs,
+}
+
+/// Cheating clients, input validation and robust rules in the secure
+/// rounds of `cohort simulate` (sync mode).
+#[derive(Debug, Args)]
+pub(crate) struct AdversityArgs {
+    /// Input validation: every update proven, in zero knowledge, within
+    /// the L2 clip (`l2`; a failed sum check leaves its group out, and its
+    /// cheater is found across rounds and excluded, as by the coordinator),
+    /// or nothing checked (`none`).
+    #[arg(long, value_enum, default_value_t = crate::demo::DemoValidation::None)]
+    validation: crate::demo::DemoValidation,
+    /// Clients per secure-aggregation group (default: one group a round).
+    #[arg(long)]
+    group_size: Option<usize>,
+    /// Fraction of the clients that cheat: each proves its honest update
+    /// and adds `--attack` to its masked input.
+    #[arg(long, default_value_t = 0.0)]
+    malicious: f64,
+    /// What a cheater adds: half the ring on every coordinate (`scaled`)
+    /// or random ring values (`random`).
+    #[arg(long, value_enum, default_value_t = Attack::Scaled)]
+    attack: Attack,
+    /// A robust rule across each round's group means: `norm:MAX` (a group
+    /// whose mean is longer is left out), `median` (coordinate-wise) or
+    /// `trimmed:T` (trimmed mean, T in [0, 0.5)).
+    #[arg(long, value_parser = parse_rule)]
+    group_rule: Option<GroupRule>,
+}
+
+fn parse_rule(text: &str) -> Result<GroupRule, String> {
+    let number = |v: &str| v.parse::<f32>().map_err(|e| format!("{text}: {e}"));
+    match text.split_once(':') {
+        None if text == "median" => Ok(GroupRule::Median),
+        Some(("norm", max)) => Ok(GroupRule::Norm { max: number(max)? }),
+        Some(("trimmed", trim)) => Ok(GroupRule::TrimmedMean { trim: number(trim)? }),
+        _ => Err(format!("unknown group rule {text:?} (norm:MAX, median, trimmed:T)")),
+    }
+}
+
+/// The adversity of a run, settled: which clients cheat and how, whether
+/// inputs are validated, the groups and their rule.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Adversity {
+    cheaters: BTreeSet<usize>,
+    attack: Option<Attack>,
+    validated: bool,
+    group_size: Option<usize>,
+    rule: Option<GroupRule>,
+}
+
+impl Adversity {
+    fn of(args: &AdversityArgs, clients: usize, seed: u64) -> Result<Self> {
+        if !(0.0..=0.5).contains(&args.malicious) {
+            bail!("--malicious is a fraction of the clients, at most 0.5");
+        }
+        let count = (args.malicious * clients as f64).round() as usize;
+        let mut all: Vec<usize> = (0..clients).collect();
+        all.shuffle(&mut ChaCha20Rng::seed_from_u64(seed ^ 0xbad_c11e));
+        Ok(Self {
+            cheaters: all[..count].iter().copied().collect(),
+            attack: (count > 0).then_some(args.attack),
+            validated: args.validation == crate::demo::DemoValidation::L2,
+            group_size: args.group_size,
+            rule: args.group_rule,
+        })
+    }
+
+    /// Whether the rounds run as plain groups of the protocol (the
+    /// simulation's path before any of this).
+    fn is_none(&self) -> bool {
+        self.attack.is_none() && !self.validated && self.group_size.is_none() && self.rule.is_none()
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "malicious": self.cheaters.len(),
+            "attack": self.attack.map(|a| format!("{a:?}").to_lowercase()),
+            "validation": if self.validated { "l2" } else { "none" },
+            "group_size": self.group_size,
+            "group_rule": self.rule,
+        })
+    }
 }
 
 pub fn simulate(args: &SimulateArgs) -> Result<()> {
@@ -96,9 +182,20 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
                     "{mode} aggregation in process, {selected} of {} clients selected per round, {per_round} awaited:",
                     args.training.clients
                 );
-                let rows = in_process(&experiment, &args.training, per_round, !args.plain, threads, &timing)?;
+                let adversity = Adversity::of(&args.adversity, args.training.clients, args.training.seed())?;
+                if !adversity.is_none() {
+                    if args.plain {
+                        bail!("--malicious, --validation, --group-size and --group-rule need secure aggregation");
+                    }
+                    if adversity.validated && args.training.dp.spec(1.0).is_some() {
+                        bail!("input validation does not combine with differential privacy yet");
+                    }
+                    config.insert("adversity".into(), adversity.json());
+                }
+                let rows =
+                    in_process(&experiment, &args.training, per_round, !args.plain, threads, &timing, &adversity)?;
                 if let Some(asked) = &args.training.dp.spec(selected as f64 / args.training.clients as f64) {
-                    let task = round_task(&experiment, &args.training, selected, selected - per_round);
+                    let task = round_task(&experiment, &args.training, selected, selected - per_round, false);
                     let plan = TaskPlan::new(task).map_err(|e| anyhow!("{e}"))?;
                     if let Some(plan) = plan.privacy() {
                         config.insert("privacy".into(), privacy_json(asked, plan)?);
@@ -149,7 +246,13 @@ pub(crate) fn privacy_json(spec: &PrivacySpec, plan: &PrivacyPlan) -> Result<Val
 /// The task an in-process group of `n` clients runs, `late` of them cut
 /// as stragglers: its dropout, quantization and privacy (the same each
 /// round).
-fn round_task(experiment: &Experiment, training: &TrainingArgs, n: usize, late: usize) -> TaskSpec {
+fn round_task(
+    experiment: &Experiment,
+    training: &TrainingArgs,
+    n: usize,
+    late: usize,
+    validated: bool,
+) -> TaskSpec {
     let vanishing = late as u32 + ((n - late) as f64 * training.dropout).ceil() as u32;
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);
     simulation_spec(
@@ -159,6 +262,7 @@ fn round_task(experiment: &Experiment, training: &TrainingArgs, n: usize, late: 
         experiment.model.len(),
         training.dp.spec(n as f64 / training.clients as f64),
         training.rounds as u32,
+        validated,
     )
 }
 
@@ -198,12 +302,22 @@ pub(crate) fn in_process(
     secure: bool,
     threads: usize,
     timing: &Timing,
+    adversity: &Adversity,
 ) -> Result<Vec<RoundRow>> {
     let layout = experiment.model.layout();
     let mut weights = layout.fan_in_init(training.seed());
     let mut rng = ChaCha20Rng::seed_from_u64(training.seed() ^ 0x5e1e_c7ed);
     let n = timing.selected(per_round, training.clients)?;
-    let task = round_task(experiment, training, n, n - per_round);
+    // Each group is its own protocol instance over `size` clients.
+    let size = adversity.group_size.unwrap_or(n).clamp(2, n);
+    let task = match adversity.group_size {
+        Some(_) => {
+            let late = (n - per_round).min(size.saturating_sub(2));
+            round_task(experiment, training, size, late, adversity.validated)
+        }
+        None => round_task(experiment, training, n, n - per_round, adversity.validated),
+    };
+    let mut suspects = Suspects::default();
     if task.privacy.is_some() && !secure {
         bail!("differential privacy needs secure aggregation: drop --plain");
     }
@@ -219,9 +333,24 @@ pub(crate) fn in_process(
         let global =
             Checkpoint { layout: layout.clone(), weights: weights.clone(), metadata: Default::default() };
         let mut clients: Vec<usize> = (0..training.clients).collect();
-        let (chosen, _) = clients.partial_shuffle(&mut rng, n);
-        let mut clients = chosen.to_vec();
-        clients.sort_unstable();
+        let clients = if adversity.is_none() {
+            let (chosen, _) = clients.partial_shuffle(&mut rng, n);
+            let mut chosen = chosen.to_vec();
+            chosen.sort_unstable();
+            chosen
+        } else {
+            // Seated as the coordinator seats them: excluded clients left
+            // out, suspects split across groups.
+            clients.shuffle(&mut rng);
+            let names: Vec<String> = clients.iter().map(usize::to_string).collect();
+            let ordered = suspects.order(names, String::as_str, n.div_ceil(size), size);
+            let mut chosen: Vec<usize> = ordered.iter().filter_map(|c| c.parse().ok()).take(n).collect();
+            if chosen.len() < n {
+                bail!("round {round}: {} clients left to select, {n} wanted", chosen.len());
+            }
+            chosen.truncate(n);
+            chosen
+        };
         // The awaited are the first to finish; the round ends with the last of them.
         let mut by_time: Vec<usize> = (0..n).collect();
         by_time.sort_by(|&a, &b| {
@@ -244,8 +373,26 @@ pub(crate) fn in_process(
             .map_err(|e| anyhow!("local training: {e}"))?;
         progress.bar(round - 1, if secure { "secure aggregation" } else { "aggregation" });
         let survivors: Vec<usize> = (0..n).filter(|i| !dropped.contains(i)).collect();
-        let aggregate =
-            aggregate(&updates, &dropped, &survivors, secure.then_some(&task), training.seed() ^ round)?;
+        let aggregate = if adversity.is_none() {
+            aggregate(&updates, &dropped, &survivors, secure.then_some(&task), training.seed() ^ round)?
+        } else {
+            let seed = training.seed() ^ round;
+            let run =
+                adversarial_round(&updates, &clients, &dropped, &task, seed, size, adversity, &mut suspects)?;
+            if !run.suspects.is_empty() {
+                progress.println(&format!(
+                    "Round {round}: {} group(s) failed the sum check ({} suspects){}.",
+                    run.failed_groups,
+                    run.suspects.len(),
+                    if run.excluded.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; excluded client(s) {}", run.excluded.join(", "))
+                    }
+                ));
+            }
+            run.mean
+        };
         ServerOptimizer::default().step(
             &mut weights,
             &aggregate.mean,
@@ -271,7 +418,124 @@ pub(crate) fn in_process(
         rows.push(row);
     }
     progress.finish();
+    if adversity.validated {
+        let excluded: BTreeSet<usize> = suspects.excluded().iter().filter_map(|c| c.parse().ok()).collect();
+        let honest = excluded.difference(&adversity.cheaters).count();
+        println!(
+            "Excluded {} of the {} cheating clients, and {honest} honest clients; {} clients still suspected.",
+            excluded.intersection(&adversity.cheaters).count(),
+            adversity.cheaters.len(),
+            suspects.suspected().len()
+        );
+    }
     Ok(rows)
+}
+
+/// What a round of several groups, some with cheaters, produced.
+struct AdversarialRound {
+    mean: GroupMean,
+    failed_groups: usize,
+    suspects: Vec<String>,
+    excluded: Vec<String>,
+}
+
+/// A round of groups of `size` over the `clients` (in seat order; their
+/// `updates` alike), the `dropped` positions vanishing after their key
+/// shares; each group through the protocol core, its cheaters changing
+/// their masked input. A validated group whose sum check fails is left
+/// out and feeds `suspects`; the groups' means are combined as the
+/// coordinator does (weighted, or by the rule).
+#[allow(clippy::too_many_arguments)]
+fn adversarial_round(
+    updates: &[LocalUpdate],
+    clients: &[usize],
+    dropped: &[usize],
+    task: &TaskSpec,
+    seed: u64,
+    size: usize,
+    adversity: &Adversity,
+    suspects: &mut Suspects,
+) -> Result<AdversarialRound> {
+    let dimension = updates.first().map_or(0, |u| u.delta.len());
+    let mut done: Vec<SecureMean> = Vec::new();
+    let (mut failed_groups, mut named, mut excluded) = (0, Vec::new(), Vec::new());
+    for (g, start) in (0..clients.len()).step_by(size).enumerate() {
+        let end = (start + size).min(clients.len());
+        let members = &clients[start..end];
+        let group_dropped: Vec<usize> =
+            dropped.iter().filter(|&&i| (start..end).contains(&i)).map(|i| i - start).collect();
+        let cheaters: Vec<usize> =
+            (0..members.len()).filter(|&i| adversity.cheaters.contains(&members[i])).collect();
+        let attack = adversity.attack.unwrap_or(Attack::Scaled);
+        let group_seed = seed ^ (g as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        match secure_group(
+            &updates[start..end],
+            &group_dropped,
+            task,
+            group_seed,
+            dimension,
+            &cheaters,
+            attack,
+        )? {
+            GroupOutcome::Done(mean) => {
+                if adversity.validated {
+                    let survivors: Vec<String> = (0..members.len())
+                        .filter(|i| !group_dropped.contains(i))
+                        .map(|i| members[i].to_string())
+                        .collect();
+                    suspects.passed(&survivors);
+                }
+                done.push(mean);
+            }
+            GroupOutcome::Mismatch(contributors) => {
+                failed_groups += 1;
+                let names: Vec<String> = contributors.iter().map(|&i| members[i].to_string()).collect();
+                excluded.extend(suspects.failed(&names));
+                named.extend(names);
+            }
+        }
+    }
+    if done.is_empty() {
+        bail!("every group of the round failed its sum check");
+    }
+    let total: u64 = done.iter().map(|g| g.weight).sum();
+    let kept: Vec<&SecureMean> = match adversity.rule {
+        Some(GroupRule::Norm { max }) => {
+            done.iter().filter(|g| cohort_server::round::robust::norm(&g.mean) <= f64::from(max)).collect()
+        }
+        _ => done.iter().collect(),
+    };
+    if kept.is_empty() {
+        bail!("the group rule left every group out");
+    }
+    let means: Vec<&[f32]> = kept.iter().map(|g| g.mean.as_slice()).collect();
+    let mean = match adversity.rule {
+        Some(GroupRule::Median) if kept.len() >= 3 => cohort_server::round::robust::coordinate_median(&means),
+        Some(GroupRule::TrimmedMean { trim }) if kept.len() >= 3 => {
+            cohort_server::round::robust::trimmed_mean(&means, trim)
+        }
+        _ => {
+            let weight: u64 = kept.iter().map(|g| g.weight).sum();
+            (0..dimension)
+                .map(|j| {
+                    let sum: f64 = kept.iter().map(|g| f64::from(g.mean[j]) * g.weight as f64).sum();
+                    (sum / weight.max(1) as f64) as f32
+                })
+                .collect()
+        }
+    };
+    let losses: Vec<f64> = done.iter().filter_map(|g| g.client_loss).collect();
+    Ok(AdversarialRound {
+        mean: GroupMean {
+            mean,
+            bytes_up: done.iter().map(|g| g.bytes_up * g.weight as f64).sum::<f64>() / total.max(1) as f64,
+            client_loss: (!losses.is_empty()).then(|| losses.iter().sum::<f64>() / losses.len() as f64),
+            masked: done.first().map(|g| g.masked_input_bytes),
+        },
+        failed_groups,
+        suspects: named,
+        excluded,
+    })
 }
 
 /// What one group's aggregation produced.
@@ -355,7 +619,7 @@ pub(crate) fn buffered(
 ) -> Result<Buffered> {
     let layout = experiment.model.layout();
     let (k, concurrency) = (spec.buffer_size as usize, spec.concurrency as usize);
-    let task = round_task(experiment, training, k, 0);
+    let task = round_task(experiment, training, k, 0, false);
     let mut rng = ChaCha20Rng::seed_from_u64(training.seed() ^ 0xa5_7a1e);
     let mut weights = layout.fan_in_init(training.seed());
     let mut bases: BTreeMap<u64, Checkpoint> = BTreeMap::new();

@@ -95,7 +95,8 @@ pub fn run(
 ) -> Result<SimulationOutcome, ProtocolError> {
     let cfg = config.clone();
     let inputs = move |id: ClientId| input_for(&cfg, seed, id);
-    Simulation { config: config.clone(), identities, plan, inputs: &inputs, seed }.run(&NoStopwatch)
+    Simulation { config: config.clone(), identities, plan, inputs: &inputs, seed, tamper: None }
+        .run(&NoStopwatch)
 }
 
 /// Runs a round and checks the aggregate against the plain sum of the

@@ -300,8 +300,14 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         let taken = prepared.get(id.get() as usize - 1).and_then(|slot| slot.lock().ok()?.take());
         taken.unwrap_or_else(|| inputs(id))
     };
-    let simulation =
-        Simulation { config: config.clone(), identities, plan, inputs: &take_input, seed: args.seed };
+    let simulation = Simulation {
+        config: config.clone(),
+        identities,
+        plan,
+        inputs: &take_input,
+        seed: args.seed,
+        tamper: None,
+    };
     let start = Instant::now();
     let outcome = pool.install(|| simulation.run(&WallClock)).context("the round failed")?;
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
