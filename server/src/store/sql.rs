@@ -668,17 +668,36 @@ impl SqlStore {
     ) -> StoreResult<()> {
         let participants =
             serde_json::to_string(participants).map_err(|_| StoreError::Corrupt("round contributors"))?;
+        let statement = "INSERT INTO round_contributors (task_id, round, participants, recorded_at) \
+                         VALUES ($1, $2, $3, $4)";
+        self.insert_fenced(statement, "round contributors", task_id, round, &[participants], now, fence).await
+    }
+
+    /// Runs the insert `statement` once for each of `values`, bound as
+    /// (`task_id`, `round`, value, `now`), in one transaction fenced by
+    /// `fence` when it is given.
+    #[allow(clippy::too_many_arguments)]
+    async fn insert_fenced(
+        &self,
+        statement: &'static str,
+        what: &'static str,
+        task_id: &str,
+        round: i64,
+        values: &[String],
+        now: i64,
+        fence: Option<&Fence>,
+    ) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO round_contributors (task_id, round, participants, recorded_at) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(task_id)
-        .bind(round)
-        .bind(participants)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| classify(e, "round contributors", "task"))?;
+        for value in values {
+            sqlx::query(statement)
+                .bind(task_id)
+                .bind(round)
+                .bind(value)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| classify(e, what, "task"))?;
+        }
         self.check_fence(&mut tx, task_id, fence).await?;
         tx.commit().await?;
         Ok(())
@@ -695,23 +714,9 @@ impl SqlStore {
         now: i64,
         fence: Option<&Fence>,
     ) -> StoreResult<()> {
-        let mut tx = self.pool.begin().await?;
-        for participant in participants {
-            sqlx::query(
-                "INSERT INTO participant_exclusions (task_id, participant_id, round, excluded_at) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (task_id, participant_id) DO NOTHING",
-            )
-            .bind(task_id)
-            .bind(participant)
-            .bind(round)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| classify(e, "participant exclusion", "task"))?;
-        }
-        self.check_fence(&mut tx, task_id, fence).await?;
-        tx.commit().await?;
-        Ok(())
+        let statement = "INSERT INTO participant_exclusions (task_id, round, participant_id, excluded_at) \
+                         VALUES ($1, $2, $3, $4) ON CONFLICT (task_id, participant_id) DO NOTHING";
+        self.insert_fenced(statement, "participant exclusion", task_id, round, participants, now, fence).await
     }
 
     /// The participants a task excluded, ascending.

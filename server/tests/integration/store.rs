@@ -380,6 +380,41 @@ fn attempt(round: u64, ended_at: i64) -> FailedAttempt {
 /// A leader whose lease another replica took over (it was paused past the
 /// lease) writes nothing for the task: not a round, not an attempt, not a
 /// round's contributors. Its successor's writes go through.
+/// Exclusions (claim 68): kept per task, once per participant whatever
+/// the round that repeats it, fenced like every write of a task's leader.
+async fn exclusions_are_kept_once_per_task_and_fenced(store: &SqlStore) {
+    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.create_task(&task("u", 1), &checkpoint("u", 0)).await.unwrap();
+    let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(store.exclusions("t").await.unwrap().is_empty());
+    store.record_exclusions("t", 3, &names(&["p7", "p2"]), 10, None).await.unwrap();
+    store.record_exclusions("t", 5, &names(&["p2"]), 20, None).await.unwrap();
+    store.record_exclusions("u", 1, &names(&["q1"]), 20, None).await.unwrap();
+    assert_eq!(store.exclusions("t").await.unwrap(), names(&["p2", "p7"]));
+    assert_eq!(store.exclusions("u").await.unwrap(), names(&["q1"]));
+    assert!(matches!(
+        store.record_exclusions("nope", 1, &names(&["p1"]), 30, None).await,
+        Err(StoreError::NotFound(_))
+    ));
+    // A leader whose lease lapsed writes nothing.
+    store.heartbeat(&replica("a", 100)).await.unwrap();
+    store.heartbeat(&replica("b", 100)).await.unwrap();
+    assert_eq!(store.acquire_lease("t", "a", 100, 200).await.unwrap(), Some(1));
+    assert_eq!(store.acquire_lease("t", "b", 300, 400).await.unwrap(), Some(2));
+    let stale = Fence { replica: "a".into(), generation: 1 };
+    assert!(matches!(
+        store.record_exclusions("t", 6, &names(&["p9"]), 310, Some(&stale)).await,
+        Err(StoreError::Fenced)
+    ));
+    assert_eq!(store.exclusions("t").await.unwrap(), names(&["p2", "p7"]));
+    // Deleting the task deletes them.
+    store.set_task_status("t", TaskStatus::Stopped, 320, None).await.unwrap();
+    store.release_lease("t", "b").await.unwrap();
+    store.delete_task("t").await.unwrap();
+    assert!(store.exclusions("t").await.unwrap().is_empty());
+    assert_eq!(store.exclusions("u").await.unwrap(), names(&["q1"]));
+}
+
 async fn writes_are_fenced_by_the_lease_generation(store: &SqlStore) {
     store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
     for id in ["a", "b"] {
@@ -575,6 +610,7 @@ on_both_backends!(
     rounds_are_atomic_ordered_and_pruned,
     client_metrics_once_per_round,
     round_contributors_last_until_their_round_completes,
+    exclusions_are_kept_once_per_task_and_fenced,
     replicas_and_task_leases,
     writes_are_fenced_by_the_lease_generation,
     a_deleted_task_leaves_nothing_behind,
