@@ -53,6 +53,14 @@ fn run_java(classes: &Path, main: &str, serve: &Serve, task: &str, token: &str, 
     success(main, &run)
 }
 
+/// The task validates its inputs (a new active task does by default): the
+/// bindings' clients prove their updates through the core, or their
+/// ShareKeys is refused and the round cannot complete with them.
+fn assert_validated(serve: &Serve, task: &str) {
+    let norm = serve.admin().task(task).spec.validation.map(|v| v.norm);
+    assert_eq!(norm, Some(cohort_server::spec::NormChoice::L2));
+}
+
 #[test]
 fn jvm_clients_join_a_secure_round_with_native_clients() {
     let dir = scratch("jvm");
@@ -61,6 +69,7 @@ fn jvm_clients_join_a_secure_round_with_native_clients() {
 
     let serve = Serve::in_dir(&dir, ADMIN);
     let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec(5, 3));
+    assert_validated(&serve, &task);
     let natives = native_clients(&serve, &task, &token, 3);
     let stdout = run_java(&classes, "org.cohort.JvmRoundTest", &serve, &task, &token, &dir);
     println!("{stdout}");
@@ -165,6 +174,7 @@ fn a_c_client_joins_a_secure_round_through_the_header() {
     let program = compile_c_client(&dir);
     let serve = Serve::in_dir(&dir, ADMIN);
     let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec(4, 3));
+    assert_validated(&serve, &task);
     run_c_client(&program, &serve, &task, &token, &dir, &[]);
     // Round 1: the callback's update for round 1.
     assert_aggregate(&serve, &task, &c_and_natives(1.0));
