@@ -169,6 +169,48 @@ fn the_simulator_trains_with_secure_aggregation_and_dropouts() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Claim 68 in the simulator: with cheaters that prove their honest update
+/// and shift their masked input, validated rounds of several groups leave
+/// the cheaters' groups out, exclude exactly the cheaters and keep
+/// learning; without validation the same cheaters ruin the model.
+#[test]
+fn the_simulator_finds_and_excludes_cheaters_in_validated_rounds() {
+    let common = [
+        "simulate",
+        "--dataset",
+        "mnist",
+        "--model",
+        "logreg",
+        "--clients",
+        "40",
+        "--clients-per-round",
+        "20",
+        "--group-size",
+        "5",
+        "--rounds",
+        "12",
+        "--partition",
+        "iid",
+        "--malicious",
+        "0.05",
+    ];
+    let (validated_dir, open_dir) = (scratch("cheaters-l2"), scratch("cheaters-none"));
+    let (stdout, validated) =
+        cohort_printing(&[&common[..], &["--validation", "l2"]].concat(), &validated_dir);
+    assert_eq!(validated["config"]["adversity"]["malicious"], 2);
+    assert!(stdout.contains("failed the sum check"), "{stdout}");
+    assert!(
+        stdout.contains("Excluded 2 of the 2 cheating clients, and 0 honest clients"),
+        "every cheater, and no honest client, excluded:\n{stdout}"
+    );
+    let (_, open) = cohort_printing(&[&common[..], &["--validation", "none"]].concat(), &open_dir);
+    let (kept, ruined) = (accuracies(&validated)[11], accuracies(&open)[11]);
+    assert!(kept > 0.7, "validated: {:?}", accuracies(&validated));
+    assert!(ruined < kept - 0.3, "without validation {ruined}, with {kept}");
+    std::fs::remove_dir_all(&validated_dir).unwrap();
+    std::fs::remove_dir_all(&open_dir).unwrap();
+}
+
 /// `--threads` sets the cores that local training and secure aggregation
 /// use, and the result does not depend on it; a population of more than
 /// twenty clients has its label histograms summarised, not listed.
