@@ -65,7 +65,14 @@ struct Waiting {
     base: u64,
     identity: Option<[u8; 32]>,
     seen: i64,
+    /// When its update became ready.
+    since: i64,
 }
+
+/// How long the oldest ready update waits for a group that seats at most
+/// half of each pool of suspects before it is seated with the oldest
+/// others all the same (see `suspects`).
+const SEATING_WAIT_MS: i64 = 5_000;
 
 /// A group in flight: its protocol instance and what each member was told.
 pub(super) struct InFlight {
@@ -221,6 +228,7 @@ impl TaskEngine {
                         base,
                         identity,
                         seen: now,
+                        since: now,
                     }),
                 }
                 self.form_groups(now);
@@ -267,21 +275,29 @@ impl TaskEngine {
         state.ready.retain(|w| now - w.seen <= READY_TTL_MS && spec.fresh(w.base, version));
         let k = state.spec.buffer_size as usize;
         loop {
-            // The oldest ready updates, but never two members of one pool of
-            // suspects (see `suspects`): a later one waits for the next group.
+            if state.ready.len() < k {
+                break;
+            }
+            // The oldest ready updates, but at most half of a pool of
+            // suspects in one group (see `suspects`): a later member waits
+            // for the next group. When the pools leave too few to fill a
+            // group for `SEATING_WAIT_MS`, the oldest go together all the
+            // same: training never waits long for the search.
             let mut seats: Vec<usize> = Vec::with_capacity(k);
             for (i, waiting) in state.ready.iter().enumerate() {
                 if seats.len() == k {
                     break;
                 }
-                let mate =
-                    |&j: &usize| suspects.share_pool(&state.ready[j].participant, &waiting.participant);
-                if !seats.iter().any(mate) {
+                let seated = seats.iter().map(|&j| state.ready[j].participant.as_str());
+                if suspects.may_seat(seated, &waiting.participant) {
                     seats.push(i);
                 }
             }
             if seats.len() < k {
-                break;
+                if state.ready.iter().all(|w| now - w.since < SEATING_WAIT_MS) {
+                    break;
+                }
+                seats = (0..k).collect();
             }
             let mut index = 0;
             let (members, kept): (Vec<Waiting>, Vec<Waiting>) =

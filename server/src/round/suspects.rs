@@ -27,23 +27,30 @@
 //!   was in is explained and dropped.
 //! * [`Suspects::order`] selects as the coordinator always does (at
 //!   random: a suspect is selected no more often than anyone else), then
-//!   seats the selected members of a pool half in one group and half in
-//!   another, each filled with cleared participants first; a round of one
-//!   group takes at most half of a pool. A failure therefore narrows a
+//!   seats the selected members of the pools a failure touched last half
+//!   in one group and half in another, each filled with cleared
+//!   participants first; a round of one group takes at most half of a
+//!   pool while other candidates are left. A failure there narrows the
 //!   pool (to one, at once, when its only member in the group is the
 //!   cheater), and the task's other groups complete meanwhile. An async
-//!   group never seats two members of one pool.
+//!   group seats at most half of a pool, unless the pools leave too few
+//!   ready clients to fill it for a few seconds: then the oldest go
+//!   together (training does not wait for the search).
 //!
 //! No honest client is ever excluded when there is one cheater, however
 //! it chooses when to cheat (it is in every failed group, so in every
 //! pool), or when there are any number that cheat in every group they are
 //! in (they are never cleared, so a narrowing is always explained by the
-//! pool). Each failed group with cleared company at least halves the
-//! cheater's pool; with clients coming and going the company is not
-//! always cleared, and a failure then opens a pool instead. Several cheaters
-//! that take turns (one passes to be cleared, then cheats beside another's
-//! pool) can get an honest client excluded: a loss of that client's
-//! contributions, never a wrong sum (THREAT_MODEL, claims 68–69).
+//! pool). A cheater is found only by failing: one that cheats once and
+//! then behaves stays a suspect and is never excluded (it costs nothing
+//! more). A failure beside uncleared company (clients coming and going,
+//! or members of a pool not tested that round) opens a pool instead of
+//! narrowing one, so the rounds it takes vary. Several cheaters that take
+//! turns (one passes to be cleared, then cheats beside another's pool) can
+//! get an honest client excluded: a loss of that client's contributions,
+//! never a wrong sum. Pools live in memory: a restart (or a new leader)
+//! starts the search again, while exclusions are stored (THREAT_MODEL,
+//! claims 68–69).
 
 use std::collections::BTreeSet;
 
@@ -109,11 +116,20 @@ impl Suspects {
             // cleared members stay cleared: with one cheater clearing is
             // never relied on, and a cheater that cheats in every group is
             // never cleared.
-            self.pools.push(members);
+            self.pools.insert(0, members);
         } else {
-            for i in explaining {
+            for &i in &explaining {
                 self.pools[i].retain(|p| members.contains(p));
             }
+            // The pools a failure just touched come first: they are the
+            // ones `order` tests (a pool whose cheater stopped cheating
+            // would otherwise hold a test slot for ever).
+            let (mut fresh, stale): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pools)
+                .into_iter()
+                .enumerate()
+                .partition(|(i, _)| explaining.contains(i));
+            fresh.extend(stale);
+            self.pools = fresh.into_iter().map(|(_, pool)| pool).collect();
         }
         let isolated: BTreeSet<String> =
             self.pools.iter().filter(|pool| pool.len() == 1).flatten().cloned().collect();
@@ -126,11 +142,16 @@ impl Suspects {
         isolated.into_iter().collect()
     }
 
-    /// Whether `a` and `b` are in one pool: an async group (which forms
-    /// as clients are ready, not by [`order`](Self::order)) never seats
-    /// two such, so that a cheater cannot keep a pool-mate beside it.
-    pub fn share_pool(&self, a: &str, b: &str) -> bool {
-        self.pools.iter().any(|pool| pool.contains(a) && pool.contains(b))
+    /// Whether an async group that already seats `seated` may seat
+    /// `candidate` as well: no group holds more than half of a pool (as a
+    /// round of one group), so that a cheater cannot keep its pool-mates
+    /// beside it and a failure beside cleared clients halves its pool.
+    /// Async groups form as clients are ready, not by [`order`](Self::order).
+    pub fn may_seat<'a>(&self, seated: impl Iterator<Item = &'a str> + Clone, candidate: &str) -> bool {
+        self.pools
+            .iter()
+            .filter(|pool| pool.contains(candidate))
+            .all(|pool| seated.clone().filter(|s| pool.contains(*s)).count() < pool.len().div_ceil(2))
     }
 
     /// `candidates` (in random order) reordered for a round of `count`
@@ -384,13 +405,34 @@ mod tests {
     }
 
     #[test]
-    fn pool_mates_are_known_to_share_a_pool() {
+    fn an_async_group_seats_at_most_half_of_a_pool() {
         let mut suspects = Suspects::default();
-        suspects.failed(&names(0..3));
-        assert!(suspects.share_pool("c00", "c02"));
-        assert!(!suspects.share_pool("c00", "c05"));
+        suspects.failed(&names(0..4));
+        let seated = ["c00", "c01", "c07"];
+        // Three of a pool of four would be more than half.
+        assert!(!suspects.may_seat(seated.iter().copied(), "c02"));
+        assert!(suspects.may_seat(seated[..1].iter().copied(), "c02"));
+        assert!(suspects.may_seat(seated.iter().copied(), "c09"));
         assert!(suspects.failed(&[]).is_empty());
         assert_eq!(suspects.pools.len(), 1);
+    }
+
+    /// A pool whose cheater stopped cheating does not hold the test slot:
+    /// the pool a failure just touched is the one tested next.
+    #[test]
+    fn the_pool_a_failure_touched_last_is_tested_first() {
+        let mut suspects = Suspects::default();
+        suspects.passed(&names(20..40));
+        suspects.failed(&names(0..6));
+        suspects.failed(&names(10..16));
+        let ordered = suspects.order(names(0..40), |c| c.as_str(), 2, 8);
+        let in_newest = |group: &[String]| group.iter().filter(|c| names(10..16).contains(c)).count();
+        assert_eq!((in_newest(&ordered[0..8]), in_newest(&ordered[8..16])), (3, 3), "{ordered:?}");
+        // Narrowing the older pool makes it the one tested.
+        suspects.failed(&["c00".into(), "c01".into(), "c02".into(), "c20".into()]);
+        let ordered = suspects.order(names(0..40), |c| c.as_str(), 2, 8);
+        let in_older = |group: &[String]| group.iter().filter(|c| names(0..3).contains(c)).count();
+        assert_eq!((in_older(&ordered[0..8]), in_older(&ordered[8..16])), (2, 1), "{ordered:?}");
     }
 
     #[test]
