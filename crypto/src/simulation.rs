@@ -103,6 +103,47 @@ pub struct Simulation<'a> {
 /// A simulated cheater's change to its reply of a stage.
 pub type Tamper<'a> = &'a (dyn Fn(ClientId, &mut ClientMessage) + Sync);
 
+/// What a cheating client adds to its masked input after proving its
+/// honest update: the attacks `cohort simulate --malicious` and the
+/// participant's `adversary` feature measure input validation with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attack {
+    /// Half the ring on every coordinate: the largest shift of the sum one
+    /// input can make, as an update scaled far past the clip would (no
+    /// honest quantizer can produce it).
+    Scaled,
+    /// A uniformly random element of the ring on every coordinate: a
+    /// random update of any size.
+    Random,
+}
+
+impl core::str::FromStr for Attack {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "scaled" => Ok(Attack::Scaled),
+            "random" => Ok(Attack::Random),
+            other => Err(format!("unknown attack {other:?} (scaled, random)")),
+        }
+    }
+}
+
+impl Attack {
+    /// Changes `message` if it is a masked input.
+    pub fn apply(self, message: &mut ClientMessage, rng: &mut impl rand_core::Rng) {
+        let ClientMessage::MaskedInput { vector, .. } = message else { return };
+        let mask = if vector.bits >= 32 { u32::MAX } else { (1u32 << vector.bits) - 1 };
+        for value in &mut vector.values {
+            let shift = match self {
+                Attack::Scaled => (mask >> 1) + 1,
+                Attack::Random => rng.next_u32(),
+            };
+            *value = value.wrapping_add(shift) & mask;
+        }
+    }
+}
+
 struct Slot {
     id: ClientId,
     state: Option<Client>,

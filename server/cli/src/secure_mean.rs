@@ -3,7 +3,7 @@
 
 use anyhow::{Result, anyhow};
 use cohort_client::runtime::LocalUpdate;
-use cohort_crypto::simulation::{DropoutPlan, NoStopwatch, Simulation};
+use cohort_crypto::simulation::{Attack, DropoutPlan, NoStopwatch, Simulation};
 use cohort_crypto::{ClientId, ClientMessage, Metric, ProtocolError, QuantizedInput, Variant};
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::privacy::PrivacySpec;
@@ -28,33 +28,6 @@ pub(crate) struct SecureMean {
     pub(crate) client_loss: Option<f64>,
     /// Σ of the survivors' example counts.
     pub(crate) weight: u64,
-}
-
-/// What a simulated cheater adds to its masked input, after proving its
-/// honest update (`cohort simulate --malicious`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Attack {
-    /// Half the ring on every coordinate: the largest shift of the sum.
-    Scaled,
-    /// A uniformly random ring element on every coordinate.
-    Random,
-}
-
-impl Attack {
-    /// Changes `message` if it is a masked input (`salt` varies the
-    /// random shift per client and round).
-    fn apply(self, message: &mut ClientMessage, salt: u64) {
-        let ClientMessage::MaskedInput { vector, .. } = message else { return };
-        let mask = if vector.bits >= 32 { u32::MAX } else { (1u32 << vector.bits) - 1 };
-        let mut rng = ChaCha20Rng::seed_from_u64(salt);
-        for value in &mut vector.values {
-            let shift = match self {
-                Attack::Scaled => (mask >> 1) + 1,
-                Attack::Random => rand_core::Rng::next_u32(&mut rng),
-            };
-            *value = value.wrapping_add(shift) & mask;
-        }
-    }
 }
 
 /// How one in-process group ended.
@@ -167,7 +140,8 @@ pub(crate) fn secure_group(
     let masked_input_bytes = cohort_crypto::wire::packed_len(config.vector_len as usize, config.modulus_bits);
     let tamper = |id: ClientId, message: &mut ClientMessage| {
         if cheaters.contains(&id.index()) {
-            attack.apply(message, seed ^ (id.get() as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+            let salt = seed ^ (id.get() as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+            attack.apply(message, &mut ChaCha20Rng::seed_from_u64(salt));
         }
     };
     let tamper: cohort_crypto::simulation::Tamper<'_> = &tamper;

@@ -27,8 +27,9 @@ use crate::experiment::Experiment;
 use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
 use crate::schedule::{Clock, ScheduleArgs};
-use crate::secure_mean::{Attack, GroupOutcome, SecureMean, secure_group, secure_mean, simulation_spec};
+use crate::secure_mean::{GroupOutcome, SecureMean, secure_group, secure_mean, simulation_spec};
 use crate::training::{TrainingArgs, announce_updates, evaluate, prepare, quantization};
+use cohort_crypto::simulation::Attack;
 
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
@@ -72,7 +73,7 @@ pub(crate) struct AdversityArgs {
     malicious: f64,
     /// What a cheater adds: half the ring on every coordinate (`scaled`)
     /// or random ring values (`random`).
-    #[arg(long, value_enum, default_value_t = Attack::Scaled)]
+    #[arg(long, default_value = "scaled")]
     attack: Attack,
     /// A robust rule across each round's group means: `norm:MAX` (a group
     /// whose mean is longer is left out), `median` (coordinate-wise) or
