@@ -102,8 +102,8 @@ pub struct LiveState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalled: Option<String>,
     /// A validated task: participants in a group whose sum check failed
-    /// and not cleared since (one of them masked another vector than it
-    /// committed to); later rounds split them up.
+    /// (one of them masked another vector than it committed to), narrowed
+    /// by later failures; later rounds split them up.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub suspected: Vec<String>,
     /// Participants the failed sum checks isolated: never selected again.

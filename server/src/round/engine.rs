@@ -304,8 +304,8 @@ impl TaskEngine {
         self.suspects.excluded().iter().cloned().collect()
     }
 
-    /// Participants under suspicion (in a group whose sum check failed,
-    /// not cleared since), ascending.
+    /// Participants under suspicion (in a pool: members of failed groups,
+    /// narrowed by later failures), ascending.
     pub fn suspected(&self) -> Vec<String> {
         self.suspects.suspected().into_iter().cloned().collect()
     }
