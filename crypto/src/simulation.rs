@@ -121,15 +121,22 @@ impl core::str::FromStr for Attack {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "scaled" => Ok(Attack::Scaled),
-            "random" => Ok(Attack::Random),
-            other => Err(format!("unknown attack {other:?} (scaled, random)")),
-        }
+        [Attack::Scaled, Attack::Random]
+            .into_iter()
+            .find(|attack| attack.name() == s)
+            .ok_or_else(|| format!("unknown attack {s:?} (scaled, random)"))
     }
 }
 
 impl Attack {
+    /// The attack's name, as parsed from the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Attack::Scaled => "scaled",
+            Attack::Random => "random",
+        }
+    }
+
     /// Changes `message` if it is a masked input.
     pub fn apply(self, message: &mut ClientMessage, rng: &mut impl rand_core::Rng) {
         let ClientMessage::MaskedInput { vector, .. } = message else { return };
@@ -360,4 +367,18 @@ pub fn plain_sum(
     }
     let modulus = config.modulus_mask();
     sum.iter().map(|v| v & modulus).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Attack;
+
+    #[test]
+    fn an_attack_is_parsed_from_its_name_and_nothing_else() {
+        for attack in [Attack::Scaled, Attack::Random] {
+            assert_eq!(attack.name().parse::<Attack>(), Ok(attack));
+        }
+        assert!("Scaled".parse::<Attack>().is_err());
+        assert!("".parse::<Attack>().is_err());
+    }
 }

@@ -112,11 +112,7 @@ impl Cheating {
     fn args(self, k: usize, clients: usize) -> Vec<String> {
         #[cfg(feature = "adversary")]
         if k >= clients - self.count {
-            let attack = match self.attack {
-                cohort_client::participant::adversary::Attack::Scaled => "scaled",
-                cohort_client::participant::adversary::Attack::Random => "random",
-            };
-            return vec!["--attack".into(), attack.into()];
+            return vec!["--attack".into(), self.attack.name().into()];
         }
         let _ = (k, clients);
         Vec::new()
@@ -169,7 +165,7 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
         if cheating.count > 0 {
             config.insert("malicious".into(), Value::from(cheating.count));
             #[cfg(feature = "adversary")]
-            config.insert("attack".into(), Value::from(format!("{:?}", cheating.attack).to_lowercase()));
+            config.insert("attack".into(), Value::from(cheating.attack.name()));
         }
     }
     if let Some(privacy) = privacy {

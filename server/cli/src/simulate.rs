@@ -129,7 +129,7 @@ impl Adversity {
     fn json(&self) -> Value {
         json!({
             "malicious": self.cheaters.len(),
-            "attack": self.attack.map(|a| format!("{a:?}").to_lowercase()),
+            "attack": self.attack.map(Attack::name),
             "validation": if self.validated { "l2" } else { "none" },
             "group_size": self.group_size,
             "group_rule": self.rule,
