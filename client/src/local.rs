@@ -158,6 +158,19 @@ impl Pause {
         Ok(())
     }
 
+    /// Raises the flag in memory only: a running round stops as for a
+    /// pause, but nothing is written, so the client is not paused after a
+    /// restart (a process that is told to stop, not to pause).
+    pub fn interrupt(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+    }
+
+    /// Lowers what [`interrupt`](Self::interrupt) raised; a pause kept in
+    /// the file stays raised.
+    pub fn clear_interrupt(&self) {
+        self.flag.store(self.file.as_ref().is_some_and(|file| file.exists()), Ordering::SeqCst);
+    }
+
     /// Whether the flag is raised.
     pub fn is_paused(&self) -> bool {
         self.flag.load(Ordering::SeqCst)

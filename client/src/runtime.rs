@@ -297,6 +297,17 @@ impl<T: Transport> Runner<T> {
         }
     }
 
+    /// Tells the coordinator that this client leaves the task for now (it
+    /// is not selected again until it checks in again), as a process that
+    /// stops for good does. Sends one request and does not retry; `false`
+    /// when there was nothing to send (not enrolled) or no answer came.
+    pub fn leave(&mut self) -> bool {
+        let Some(request) = self.participant.leave_request() else {
+            return false;
+        };
+        self.transport.send(&request).is_ok_and(|response| (200..300).contains(&response.status))
+    }
+
     /// Sleeps, waking early when interrupted.
     fn sleep(&self, duration: Duration) {
         if self.interrupt.is_none() {

@@ -450,6 +450,20 @@ impl MobileClient {
         self.pause.resume().map_err(|e| storage_error(&self.storage_dir.join(PAUSED_FILE), &e))
     }
 
+    /// Stops for good: a running [`participate`](Self::participate)
+    /// returns [`Error::Paused`] within moments (the round under way is
+    /// left, a dropout), and the coordinator is told that this client
+    /// leaves, so that no round waits for it; checking in again (the next
+    /// `participate`) makes it selectable again. Nothing is kept: unlike
+    /// [`pause`](Self::pause), a restarted app is not paused. Returns
+    /// whether the coordinator acknowledged the leave (it is asked once).
+    pub fn leave(&self) -> bool {
+        self.pause.interrupt();
+        let mut session = lock(&self.session);
+        self.pause.clear_interrupt();
+        session.runner.leave()
+    }
+
     /// Whether the client is paused.
     pub fn is_paused(&self) -> bool {
         self.pause.is_paused()
@@ -530,6 +544,22 @@ mod tests {
         client.resume().unwrap();
         client.resume().unwrap();
         assert!(!MobileClient::open(config(&dir)).unwrap().is_paused());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn leaving_is_not_a_pause_and_keeps_one() {
+        let dir = scratch("leave");
+        let client = MobileClient::open(config(&dir)).unwrap();
+        // Not enrolled: nothing to tell the coordinator, and nothing kept.
+        assert!(!client.leave());
+        assert!(!client.is_paused(), "leaving lowers its own stop");
+        drop(client);
+        assert!(!MobileClient::open(config(&dir)).unwrap().is_paused(), "leaving writes no pause");
+        let client = MobileClient::open(config(&dir)).unwrap();
+        client.pause().unwrap();
+        assert!(!client.leave());
+        assert!(client.is_paused(), "leaving keeps a pause the app asked for");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
