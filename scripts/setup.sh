@@ -136,6 +136,24 @@ else
     log "the PyTorch venv $torch_venv is ready (skipped)"
 fi
 
+# The Python package (python/, `import cohort`) and pytest, in the PyTorch
+# venv: what a PyTorch user installs with `pip install ./python`. Built again
+# only when its sources or the Rust crates under it changed.
+if ! "$torch_venv/bin/python" -c "import pytest" >/dev/null 2>&1; then
+    log "adding pytest to $torch_venv"
+    "$torch_venv/bin/pip" install --quiet --disable-pip-version-check "pytest>=8,<10"
+fi
+stamp="$torch_venv/cohort-python.stamp"
+sources="$( (git ls-files -s Cargo.lock python client crypto mobile; git diff HEAD -- Cargo.lock python client crypto mobile) 2>/dev/null | sha256sum | cut -d' ' -f1)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$sources" ]] || ! "$torch_venv/bin/python" -c "import cohort" >/dev/null 2>&1; then
+    log "building and installing the Python package cohort into $torch_venv (pip install ./python)"
+    CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/cohort-target}" \
+        "$torch_venv/bin/pip" install --quiet --disable-pip-version-check ./python
+    echo "$sources" >"$stamp"
+else
+    log "the Python package cohort is installed in $torch_venv (skipped)"
+fi
+
 if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     echo "error: the fuzz smoke test needs a nightly toolchain (rustup toolchain list shows none)" >&2
     exit 1
