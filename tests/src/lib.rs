@@ -41,6 +41,8 @@ pub struct Artifacts {
     pub mobile_shared: PathBuf,
     /// `libcohort_mobile.a`.
     pub mobile_static: PathBuf,
+    /// The Python package's native module (`libcohort_native.so`).
+    pub python_native: PathBuf,
 }
 
 /// The workspace root.
@@ -89,6 +91,7 @@ pub fn artifacts() -> &'static Artifacts {
         let mut cohort = None;
         let mut shared = None;
         let mut archive = None;
+        let mut python_native = None;
         for line in String::from_utf8_lossy(&output.stdout).lines() {
             let Ok(message) = serde_json::from_str::<Value>(line) else { continue };
             if message["reason"] != "compiler-artifact" {
@@ -98,6 +101,15 @@ pub fn artifacts() -> &'static Artifacts {
                 if message["target"]["name"] == "cohort" {
                     cohort = Some(PathBuf::from(executable));
                 }
+            }
+            if message["target"]["name"] == "cohort_native" {
+                python_native = message["filenames"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .find(|file| file.ends_with(".so") || file.ends_with(".dylib"))
+                    .map(PathBuf::from);
             }
             if message["target"]["name"] == "cohort_mobile" {
                 for file in message["filenames"].as_array().into_iter().flatten().filter_map(Value::as_str) {
@@ -113,6 +125,7 @@ pub fn artifacts() -> &'static Artifacts {
             cohort: cohort.expect("the cohort binary was built"),
             mobile_shared: shared.expect("the mobile cdylib was built"),
             mobile_static: archive.expect("the mobile staticlib was built"),
+            python_native: python_native.expect("the Python package's native module was built"),
         }
     })
 }
@@ -148,6 +161,52 @@ pub fn python() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/tmp/cohort-venv/bin/python"));
     assert!(path.exists(), "{} is missing: run scripts/setup.sh (or set COHORT_PYTHON)", path.display());
     path
+}
+
+/// The Python of the PyTorch venv `scripts/setup.sh` makes (torch, NumPy,
+/// safetensors, pytest), or `COHORT_TORCH_VENV`'s.
+pub fn torch_python() -> PathBuf {
+    let venv = std::env::var_os("COHORT_TORCH_VENV")
+        .map_or_else(|| PathBuf::from("/var/tmp/cohort-torch-venv"), PathBuf::from);
+    let python = venv.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup.sh (or set COHORT_TORCH_VENV)",
+        python.display()
+    );
+    python
+}
+
+/// The `cohort` Python package as this test process built it: the sources
+/// of `python/python/cohort` with the native module built beside the
+/// `cohort` binary (not the copy `scripts/setup.sh` installed in the venv,
+/// which may be older), assembled once per process in a directory to put
+/// on `PYTHONPATH`.
+pub fn python_package() -> &'static Path {
+    static PACKAGE: OnceLock<PathBuf> = OnceLock::new();
+    PACKAGE.get_or_init(|| {
+        let root = std::env::temp_dir().join(format!("cohort-python-package-{}", std::process::id()));
+        let package = root.join("cohort");
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&package).unwrap();
+        let sources = workspace_root().join("python/python/cohort");
+        for entry in std::fs::read_dir(&sources).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::copy(&path, package.join(path.file_name().unwrap())).unwrap();
+            }
+        }
+        std::fs::copy(&artifacts().python_native, package.join("_native.abi3.so")).unwrap();
+        root
+    })
+}
+
+/// A command that runs the PyTorch venv's Python with the `cohort` package
+/// of [`python_package`] first on its path.
+pub fn python_command() -> Command {
+    let mut command = Command::new(torch_python());
+    command.env("PYTHONPATH", python_package()).env("PYTHONDONTWRITEBYTECODE", "1");
+    command
 }
 
 /// A fresh scratch directory under the system's temporary directory.

@@ -1,5 +1,6 @@
 //! The hostile-coordinator suite against the browser client (its wasm
-//! build, under Node) and the JVM client (through JNI): the scripted proxy
+//! build, under Node), the JVM client (through JNI) and the Python package
+//! (`import cohort`, in the PyTorch venv): the scripted proxy
 //! of the native suite (`server/tests/integration/malicious_coordinator.rs`) sits in
 //! front of a real `cohort serve` and rewrites what the clients are told;
 //! each attack checks the refusal each client reports and, from the
@@ -39,15 +40,19 @@ enum Kind {
     Wasm,
     /// The JVM client through JNI.
     Jvm,
+    /// The Python package.
+    Python,
 }
 
 /// One client's ending: its round outcomes (`(outcome, rule)`), then the
-/// refusal that ended it, if any (`(message, rule)`).
+/// refusal that ended it, if any (`(message, rule)`, and the Python
+/// client's exception class).
 #[derive(Debug)]
 struct Ending {
     outcomes: Vec<(String, Option<String>)>,
     error: Option<String>,
     rule: Option<String>,
+    exception: Option<String>,
 }
 
 /// One scenario at a time: each runs four clients and a coordinator.
@@ -62,6 +67,7 @@ fn built(kind: Kind) -> PathBuf {
     match kind {
         Kind::Wasm => cohort_tests::web_package(),
         Kind::Jvm => JAVA.call_once(|| compile_java(&classes)),
+        Kind::Python => drop(cohort_tests::python_package()),
     }
     classes
 }
@@ -129,6 +135,14 @@ impl Scenario {
                     cohort_tests::CLIENT_LIMIT,
                 )
             }
+            Kind::Python => cohort_tests::output_within(
+                cohort_tests::python_command()
+                    .arg(workspace_root().join("python/tests/hostile_clients.py"))
+                    .args([&self.proxy.url, &self.task, &self.token])
+                    .arg(self.dir.join("python"))
+                    .args([&policy, &clients, &rounds, &patience]),
+                cohort_tests::CLIENT_LIMIT,
+            ),
         };
         let stdout = success(&format!("the {kind:?} clients"), &output);
         let endings: Vec<Value> = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
@@ -145,6 +159,7 @@ impl Scenario {
                     .collect(),
                 error: text(&e["error"]),
                 rule: text(&e["rule"]),
+                exception: text(&e["exception"]),
             })
             .collect()
     }
@@ -179,6 +194,9 @@ fn attacks(kind: Kind) {
     let scenario = Scenario::start(&name("below-policy"), 1, rewrite_enrollment(|s| s.clients = 3));
     for ending in scenario.run(kind, 1, Duration::from_secs(60)) {
         assert_eq!(ending.rule.as_deref(), Some("min_clients"), "{kind:?}: {ending:?}");
+        if kind == Kind::Python {
+            assert_eq!(ending.exception.as_deref(), Some("PolicyError"), "{ending:?}");
+        }
     }
     assert!(scenario.proxy.posted().is_empty(), "{kind:?}");
     let script = scenario.proxy.script.lock().unwrap();
@@ -204,6 +222,9 @@ fn attacks(kind: Kind) {
                 );
             } else {
                 assert_eq!(ending.rule.as_deref(), Some("pinned"), "{kind:?} {attack}: {ending:?}");
+                if kind == Kind::Python {
+                    assert_eq!(ending.exception.as_deref(), Some("PolicyError"), "{ending:?}");
+                }
             }
         }
         assert!(scenario.proxy.posted().is_empty(), "{kind:?} {attack}: {:?}", scenario.proxy.posted());
@@ -257,4 +278,9 @@ fn wasm_clients_refuse_every_attack_of_a_malicious_coordinator() {
 #[test]
 fn jvm_clients_refuse_every_attack_of_a_malicious_coordinator() {
     attacks(Kind::Jvm);
+}
+
+#[test]
+fn python_clients_refuse_every_attack_of_a_malicious_coordinator() {
+    attacks(Kind::Python);
 }

@@ -52,14 +52,9 @@ fn the_readme_pytorch_snippet_evaluates_a_checkpoint_as_cohort_does() {
     std::fs::write(dir.join("model.safetensors"), checkpoint::encode(&layout, &weights, &metadata).unwrap())
         .unwrap();
     std::fs::write(dir.join("evaluate.py"), readme_snippet()).unwrap();
-    let venv = std::env::var_os("COHORT_TORCH_VENV")
-        .map_or_else(|| "/var/tmp/cohort-torch-venv".into(), PathBuf::from);
-    let run = Command::new(venv.join("bin/python"))
-        .arg("evaluate.py")
-        .arg("model.safetensors")
-        .current_dir(&dir)
-        .output()
-        .unwrap_or_else(|e| panic!("the PyTorch venv of scripts/setup.sh: {e}"));
+    let python = cohort_tests::torch_python();
+    let run =
+        Command::new(&python).arg("evaluate.py").arg("model.safetensors").current_dir(&dir).output().unwrap();
     let stdout = success("the README's evaluate.py", &run);
     let printed: f32 = stdout.trim().strip_prefix("test accuracy ").unwrap().parse().unwrap();
     // The same weights and inputs: at most a handful of the 10 000 test
@@ -68,11 +63,8 @@ fn the_readme_pytorch_snippet_evaluates_a_checkpoint_as_cohort_does() {
     // The scaling is part of it: without it the same model scores otherwise.
     let unscaled = readme_snippet().replace("/ 255.0", "");
     std::fs::write(dir.join("unscaled.py"), unscaled).unwrap();
-    let run = Command::new(venv.join("bin/python"))
-        .args(["unscaled.py", "model.safetensors"])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
+    let run =
+        Command::new(&python).args(["unscaled.py", "model.safetensors"]).current_dir(&dir).output().unwrap();
     let wrong: f32 =
         success("unscaled.py", &run).trim().strip_prefix("test accuracy ").unwrap().parse().unwrap();
     assert!((wrong - accuracy).abs() > 0.02, "the scaling makes no difference: {wrong} vs {accuracy}");
