@@ -102,15 +102,15 @@ impl Trainer for Relay {
         self.ask
             .send(Ask::Train { contribution, weights, layout })
             .map_err(|_| UpdateError::Application("the Python side is gone".into()))?;
-        let trained = match self.answers.recv() {
+        let mut trained = match self.answers.recv() {
             Ok(answer) => answer.map_err(UpdateError::Application)?,
             Err(_) => return Err(UpdateError::Application("the Python side is gone".into())),
         };
-        // The update is computed here, against the participant's own copy
-        // of the global model: the application may have changed the
-        // arrays it was given.
-        let delta =
-            trained.weights.iter().zip(&model.weights).map(|(local, global)| local - global).collect();
+        // The update is computed here, in place, against the participant's
+        // own copy of the global model: the application may have changed
+        // the arrays it was given.
+        trained.weights.iter_mut().zip(&model.weights).for_each(|(local, global)| *local -= global);
+        let delta = std::mem::take(&mut *trained.weights);
         Ok(LocalUpdate { delta, examples: trained.examples, metrics: trained.metrics })
     }
 }
