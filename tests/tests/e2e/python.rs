@@ -3,11 +3,13 @@
 //!
 //! 1. four Python processes train a PyTorch 2NN of their own on
 //!    Fashion-MNIST shards from `cohort partition`, beside two native
-//!    `cohort participate` processes, in an active, validated task; one
-//!    Python client kills itself in the middle of round 1's training. Round
-//!    1 completes without it (a dropout at the key advertisement, once its
-//!    deadline has passed), and its model is the initial one plus the
-//!    weighted mean of the five survivors' updates, within quantization.
+//!    `cohort participate` processes and one wasm client (the browser
+//!    client's build under Node, with a fixed update), in an active,
+//!    validated task; one Python client kills itself in the middle of round
+//!    1's training. Round 1 completes without it (a dropout at the key
+//!    advertisement, once its deadline has passed), and its model is the
+//!    initial one plus the weighted mean of the six survivors' updates,
+//!    within quantization.
 //!    Restarted on the same state directory, the client goes on as the same
 //!    participant and takes part in round 2 with everyone;
 //! 2. the README's "Train your own PyTorch model" example, as written,
@@ -156,11 +158,12 @@ fn finish(child: &mut Child, limit: Duration, what: &str) -> (std::process::Exit
 #[test]
 fn python_clients_train_a_pytorch_model_beside_native_ones_and_survive_a_kill() {
     let _one = cohort_tests::exclusive();
+    cohort_tests::web_package();
     let dir = scratch("python-federation");
     let shards = partition(&dir);
     let serve = Serve::in_dir(&dir, ADMIN);
     let CreatedTask { id: task, enrollment_token: token, .. } =
-        serve.admin().create_task(&task_spec(2, 6, 4));
+        serve.admin().create_task(&task_spec(2, 7, 4));
     let view = serve.admin().task(&task);
     assert_eq!(view.spec.validation.map(|v| v.norm), Some(cohort_server::spec::NormChoice::L2));
     let policy = serve.admin().policy_json(&task);
@@ -170,6 +173,14 @@ fn python_clients_train_a_pytorch_model_beside_native_ones_and_survive_a_kill() 
     let mut dying = python_client(&serve, &task, &token, &policy, &dir, 3, true);
     let mut natives: Vec<Child> =
         (4..6).map(|k| native(&serve, &task, &token, &policy, &shards, k)).collect();
+    // The browser client's wasm build under Node, handing in 0.01 for every
+    // parameter with a weight of 3 (web/tests/hostile.mjs, one client).
+    let mut wasm = Command::new("node")
+        .arg(workspace_root().join("web/tests/hostile.mjs"))
+        .args([&serve.url, &task, &token, &policy, "1", "2", "600000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
 
     // The dying client is killed by its own hand in round 1's training.
     let (status, _) = finish(&mut dying, Duration::from_secs(300), "the dying Python client");
@@ -210,17 +221,27 @@ fn python_clients_train_a_pytorch_model_beside_native_ones_and_survive_a_kill() 
         let (status, _) = finish(native, Duration::from_secs(300), "a native client");
         assert!(status.success(), "{status:?}");
     }
+    let (status, stdout) = finish(&mut wasm, Duration::from_secs(300), "the wasm client");
+    assert!(status.success(), "{status:?}");
+    let endings: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+    let completed = json!({ "outcome": "completed", "rule": null });
+    assert_eq!(endings[0]["outcomes"], json!([completed, completed]), "the wasm client: {endings}");
 
-    // Round 1: the five survivors' updates, and the killed client a
-    // dropout at the key advertisement.
+    // Round 1: the six survivors' updates, and the killed client a dropout
+    // at the key advertisement.
     let initial = checkpoint(&serve, &task, 0);
     let mut updates: Vec<LocalUpdate> = (0..3).map(|k| saved_update(&dir, k, 1)).collect();
     updates.extend((4..6).map(|k| native_update(&shards, k, &initial)));
+    updates.push(LocalUpdate {
+        delta: vec![0.01; two_nn().len()],
+        examples: 3,
+        metrics: cohort_client::participant::MetricValues::new(),
+    });
     assert_aggregate(&serve, &task, &updates);
     let rounds = serve.admin().rounds(&task);
     let dropouts: Vec<usize> = rounds[0].metrics.stages.iter().map(|s| s.dropouts).collect();
     assert_eq!(dropouts.first(), Some(&1), "{rounds:?}");
-    assert_eq!(rounds[1].survivors, 6, "round 2 with the restarted client: {rounds:?}");
+    assert_eq!(rounds[1].survivors, 7, "round 2 with the restarted client: {rounds:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
