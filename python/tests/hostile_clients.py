@@ -1,6 +1,7 @@
-"""Driven by tests/tests/e2e/hostile_clients.rs: Python clients run against
-a scripted malicious coordinator until each has seen the given number of
-round outcomes, ended with an exception, or the patience ran out. Each
+"""Driven by tests/tests/e2e/hostile_clients.rs (and python.rs's async
+test): Python clients run against a scripted malicious coordinator (or a
+plain one) until each has seen the given number of round outcomes, ended
+with an exception, or the patience ran out. Each
 hands in a fixed update (the global model plus 0.01 everywhere). Prints
 one JSON line:
 [{"outcomes": [{"outcome": "completed", "rule": null}], "error": ..., "rule": ..., "exception": ...}]

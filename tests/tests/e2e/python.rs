@@ -14,7 +14,8 @@
 //!    participant and takes part in round 2 with everyone;
 //! 2. the README's "Train your own PyTorch model" example, as written,
 //!    trains in a federation with native clients;
-//! 3. the package's pytest suite (python/tests) passes.
+//! 3. three Python clients take part in an async task;
+//! 4. the package's pytest suite (python/tests) passes.
 //!
 //! The hostile-coordinator suite runs Python clients too
 //! (`hostile_clients.rs`).
@@ -295,6 +296,43 @@ fn the_readme_pytorch_example_trains_in_a_federation() {
     }
     let rounds = serve.admin().rounds(&task);
     assert_eq!(rounds[0].survivors, 4, "{rounds:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An async task (FedBuff): three Python clients fill a buffer of three,
+/// each trained from version 0; version 1 is their weighted mean.
+#[test]
+fn python_clients_take_part_in_an_async_task() {
+    let dir = scratch("python-async");
+    let serve = Serve::in_dir(&dir, ADMIN);
+    let mut spec = cohort_tests::spec(3, 2);
+    spec["mode"] = json!("async");
+    spec["async"] = json!({ "concurrency": 3, "buffer_size": 3, "max_staleness": 1 });
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec);
+    let policy = serve.admin().policy_json(&task);
+    // Three clients that hand in the global model plus 0.01, at weight 3.
+    let output = cohort_tests::output_within(
+        python_command()
+            .arg(workspace_root().join("python/tests/hostile_clients.py"))
+            .args([&serve.url, &task, &token])
+            .arg(dir.join("clients"))
+            .args([&policy, "3", "1", "120000"]),
+        cohort_tests::CLIENT_LIMIT,
+    );
+    let stdout = success("three Python clients", &output);
+    let endings: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+    for ending in endings.as_array().unwrap() {
+        assert_eq!(ending["outcomes"], json!([{ "outcome": "completed", "rule": null }]), "{endings}");
+    }
+    let update = || LocalUpdate {
+        delta: vec![0.01; cohort_tests::model().len()],
+        examples: 3,
+        metrics: cohort_client::participant::MetricValues::new(),
+    };
+    assert_aggregate(&serve, &task, &[update(), update(), update()]);
+    let rounds = serve.admin().rounds(&task);
+    let buffer = rounds[0].metrics.buffer.as_ref().expect("an async round names its group");
+    assert_eq!(buffer.staleness_histogram, [3], "{rounds:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
