@@ -4,8 +4,8 @@
 //! lives here once.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::Checkpoint;
 use crate::data::Dataset;
@@ -120,23 +120,43 @@ impl Trainer for LocalTraining {
 /// restarted application is still paused.
 #[derive(Debug, Clone)]
 pub struct Pause {
+    /// Raised while paused or interrupted: what the runner reads.
     flag: Arc<AtomicBool>,
+    /// Whether paused and whether interrupted, changed together with the
+    /// flag (and the file) under the lock, so that a pause and an
+    /// interrupt never undo each other.
+    state: Arc<Mutex<(bool, bool)>>,
     file: Option<PathBuf>,
 }
 
 impl Pause {
     /// A pause held in memory only, lowered.
     pub fn in_memory() -> Self {
-        Self { flag: Arc::new(AtomicBool::new(false)), file: None }
+        Self {
+            flag: Arc::new(AtomicBool::new(false)),
+            state: Arc::new(Mutex::new((false, false))),
+            file: None,
+        }
     }
 
     /// A pause kept in `file`: raised while the file exists.
     pub fn in_file(file: &Path) -> Self {
-        Self { flag: Arc::new(AtomicBool::new(file.exists())), file: Some(file.to_path_buf()) }
+        let paused = file.exists();
+        Self {
+            flag: Arc::new(AtomicBool::new(paused)),
+            state: Arc::new(Mutex::new((paused, false))),
+            file: Some(file.to_path_buf()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, (bool, bool)> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Raises the flag (and writes the file).
     pub fn pause(&self) -> std::io::Result<()> {
+        let mut state = self.state();
+        state.0 = true;
         self.flag.store(true, Ordering::SeqCst);
         match &self.file {
             Some(file) => std::fs::write(file, b"paused\n"),
@@ -144,9 +164,10 @@ impl Pause {
         }
     }
 
-    /// Lowers the flag (and removes the file); lowering a lowered flag is
-    /// not an error.
+    /// Lowers the pause (and removes the file); lowering a lowered flag is
+    /// not an error. An interrupt under way stays raised.
     pub fn resume(&self) -> std::io::Result<()> {
+        let mut state = self.state();
         if let Some(file) = &self.file {
             match std::fs::remove_file(file) {
                 Ok(()) => {}
@@ -154,7 +175,8 @@ impl Pause {
                 Err(e) => return Err(e),
             }
         }
-        self.flag.store(false, Ordering::SeqCst);
+        state.0 = false;
+        self.flag.store(state.1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -162,16 +184,19 @@ impl Pause {
     /// pause, but nothing is written, so the client is not paused after a
     /// restart (a process that is told to stop, not to pause).
     pub fn interrupt(&self) {
+        let mut state = self.state();
+        state.1 = true;
         self.flag.store(true, Ordering::SeqCst);
     }
 
-    /// Lowers what [`interrupt`](Self::interrupt) raised; a pause kept in
-    /// the file stays raised.
+    /// Lowers what [`interrupt`](Self::interrupt) raised; a pause stays.
     pub fn clear_interrupt(&self) {
-        self.flag.store(self.file.as_ref().is_some_and(|file| file.exists()), Ordering::SeqCst);
+        let mut state = self.state();
+        state.1 = false;
+        self.flag.store(state.0, Ordering::SeqCst);
     }
 
-    /// Whether the flag is raised.
+    /// Whether the flag is raised (paused, or interrupted).
     pub fn is_paused(&self) -> bool {
         self.flag.load(Ordering::SeqCst)
     }
@@ -250,5 +275,29 @@ mod tests {
         let memory = Pause::in_memory();
         memory.pause().unwrap();
         assert!(memory.clone().is_paused());
+    }
+
+    #[test]
+    fn an_interrupt_and_a_pause_never_undo_each_other() {
+        let file = std::env::temp_dir().join(format!("cohort-interrupt-{}", std::process::id()));
+        let _ = std::fs::remove_file(&file);
+        let pause = Pause::in_file(&file);
+        let flag = pause.flag();
+        // An interrupt is not kept, and lowering it lowers the flag.
+        pause.interrupt();
+        assert!(flag.load(Ordering::SeqCst) && !file.exists());
+        pause.clear_interrupt();
+        assert!(!flag.load(Ordering::SeqCst));
+        // A pause during an interrupt outlives the interrupt's end.
+        pause.interrupt();
+        pause.pause().unwrap();
+        pause.clear_interrupt();
+        assert!(flag.load(Ordering::SeqCst) && file.exists());
+        // A resume during an interrupt leaves the interrupt raised.
+        pause.interrupt();
+        pause.resume().unwrap();
+        assert!(flag.load(Ordering::SeqCst), "the resume lowered an interrupt under way");
+        pause.clear_interrupt();
+        assert!(!flag.load(Ordering::SeqCst) && !file.exists());
     }
 }

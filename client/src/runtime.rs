@@ -283,7 +283,14 @@ impl<T: Transport> Runner<T> {
                     match trainer.train(Contribution { round, nonce }, &model) {
                         Ok(update) => {
                             let (delta, examples, metrics) = update.into_parts();
-                            self.participant.submit(delta, examples, metrics)?
+                            if let Err(refused) = self.participant.submit(delta, examples, metrics) {
+                                // An update that does not fit (no examples,
+                                // non-finite values): leave the round rather
+                                // than wait in it for an update that will not
+                                // come, and say why.
+                                self.participant.leave(&format!("the update was refused: {refused}"));
+                                return Err(refused.into());
+                            }
                         }
                         Err(reason) => self.participant.vanish(&format!("local training failed: {reason}")),
                     }
