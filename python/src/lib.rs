@@ -25,6 +25,8 @@
 #![allow(unsafe_code)]
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -82,10 +84,13 @@ enum Ask {
 }
 
 /// The participant's side of a round's callback: hands the model to the
-/// calling thread and waits for its update.
+/// calling thread and waits for its update, or gives up when the client is
+/// paused or left meanwhile (from the training function itself, another
+/// thread or a signal handler), so that no lock waits for training.
 struct Relay {
     ask: mpsc::Sender<Ask>,
     answers: mpsc::Receiver<Result<Trained, String>>,
+    client: Arc<MobileClient>,
 }
 
 /// The application's answer: its local weights (not yet the update).
@@ -102,9 +107,17 @@ impl Trainer for Relay {
         self.ask
             .send(Ask::Train { contribution, weights, layout })
             .map_err(|_| UpdateError::Application("the Python side is gone".into()))?;
-        let mut trained = match self.answers.recv() {
-            Ok(answer) => answer.map_err(UpdateError::Application)?,
-            Err(_) => return Err(UpdateError::Application("the Python side is gone".into())),
+        let mut trained = loop {
+            match self.answers.recv_timeout(SIGNAL_POLL) {
+                Ok(answer) => break answer.map_err(UpdateError::Application)?,
+                Err(mpsc::RecvTimeoutError::Timeout) if self.client.is_paused() => {
+                    return Err(UpdateError::Application("paused or left during training".into()));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(UpdateError::Application("the Python side is gone".into()));
+                }
+            }
         };
         // The update is computed here, in place, against the participant's
         // own copy of the global model: the application may have changed
@@ -120,7 +133,27 @@ impl Trainer for Relay {
 /// applications.
 #[pyclass(frozen, module = "cohort._native")]
 struct NativeClient {
-    inner: MobileClient,
+    inner: Arc<MobileClient>,
+    /// A round runs: `participate` is not reentrant.
+    busy: Arc<AtomicBool>,
+}
+
+/// Lowers the busy flag when `participate` returns, however it returns.
+struct Busy(Arc<AtomicBool>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// The message of a caught panic.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 #[pymethods]
@@ -141,7 +174,7 @@ impl NativeClient {
         let config =
             Config { server_url, task_id, enrollment_token, storage_dir, ca_certificate_pem, policy_json };
         let inner = py.detach(|| MobileClient::open(config)).map_err(|e| raise(py, &e))?;
-        Ok(Self { inner })
+        Ok(Self { inner: Arc::new(inner), busy: Arc::new(AtomicBool::new(false)) })
     }
 
     /// Takes part in the next round this client is selected for; blocks
@@ -158,52 +191,79 @@ impl NativeClient {
     /// `KeyboardInterrupt`), leaves the round (a dropout), tells the
     /// coordinator this client leaves, and is raised here.
     fn participate(&self, py: Python<'_>, train: Bound<'_, PyAny>) -> PyResult<Py<PyTuple>> {
+        if self.busy.swap(true, Ordering::SeqCst) {
+            return Err(raise(
+                py,
+                &Error::InvalidArgument(
+                    "a round is already running on this client (participate is not reentrant)".into(),
+                ),
+            ));
+        }
+        let _busy = Busy(Arc::clone(&self.busy));
         let (ask, mut asked) = mpsc::channel::<Ask>();
         let (answer, answers) = mpsc::channel::<Result<Trained, String>>();
-        let client = &self.inner;
-        std::thread::scope(|scope| {
-            let done = ask.clone();
-            scope.spawn(move || {
-                let mut relay = Relay { ask, answers };
-                let result = client.participate(Some(&mut relay));
-                let _ = done.send(Ask::Done(result));
+        let client = Arc::clone(&self.inner);
+        let done = ask.clone();
+        // Not a scoped thread: after a second Ctrl-C this call returns
+        // while the participant finishes leaving on its own.
+        std::thread::spawn(move || {
+            let mut relay = Relay { ask, answers, client: Arc::clone(&client) };
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                client.participate(Some(&mut relay))
+            }))
+            .unwrap_or_else(|panic| Err(Error::Internal(panic_message(&*panic))));
+            let _ = done.send(Ask::Done(result));
+        });
+        loop {
+            let (next, receiver) = py.detach(move || (asked.recv_timeout(SIGNAL_POLL), asked));
+            asked = receiver;
+            let failure = match next {
+                Ok(Ask::Done(result)) => {
+                    return result.map_err(|e| raise(py, &e)).and_then(|r| round_tuple(py, &r));
+                }
+                Ok(Ask::Train { contribution, weights, layout }) => {
+                    match call_train(py, &train, contribution, weights, &layout) {
+                        Ok(update) => {
+                            let _ = answer.send(Ok(update));
+                            continue;
+                        }
+                        Err(error) => error,
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => match py.check_signals() {
+                    Ok(()) => continue,
+                    Err(error) => error,
+                },
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(raise(py, &Error::Internal("the participant's thread ended".into())));
+                }
+            };
+            // Stop: the participant's thread gets no update, leaves the
+            // round and returns; then the coordinator is told. That is
+            // waited for while Python may still interrupt the wait (a
+            // second Ctrl-C): the leave then goes on in its thread.
+            let _ = answer.send(Err("stopped by the application".into()));
+            let (left, mut leaving) = mpsc::channel::<bool>();
+            let client = Arc::clone(&self.inner);
+            std::thread::spawn(move || {
+                let _ = left.send(client.leave());
             });
             loop {
-                let (next, receiver) = py.detach(move || (asked.recv_timeout(SIGNAL_POLL), asked));
-                asked = receiver;
-                let failure = match next {
-                    Ok(Ask::Done(result)) => {
-                        return result.map_err(|e| raise(py, &e)).and_then(|r| round_tuple(py, &r));
-                    }
-                    Ok(Ask::Train { contribution, weights, layout }) => {
-                        match call_train(py, &train, contribution, weights, &layout) {
-                            Ok(update) => {
-                                let _ = answer.send(Ok(update));
-                                continue;
-                            }
-                            Err(error) => error,
-                        }
-                    }
-                    Err(mpsc::RecvTimeoutError::Timeout) => match py.check_signals() {
-                        Ok(()) => continue,
-                        Err(error) => error,
-                    },
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        return Err(raise(py, &Error::Internal("the participant's thread ended".into())));
-                    }
-                };
-                // Stop: the participant's thread gets no update, leaves the
-                // round and returns; then the coordinator is told.
-                let _ = answer.send(Err("stopped by the application".into()));
-                py.detach(|| client.leave());
-                return Err(failure);
+                let (next, receiver) = py.detach(move || (leaving.recv_timeout(SIGNAL_POLL), leaving));
+                leaving = receiver;
+                match next {
+                    Err(mpsc::RecvTimeoutError::Timeout) if py.check_signals().is_ok() => {}
+                    _ => break,
+                }
             }
-        })
+            return Err(failure);
+        }
     }
 
-    /// Pauses: a running `participate` returns `PausedError` within
-    /// moments, and so does every later one until `resume`, also after a
-    /// restart (the pause is kept in the storage directory).
+    /// Pauses: a running `participate` leaves its round and returns
+    /// `PausedError` within moments (a training function that is running
+    /// finishes first), and so does every later one until `resume`, also
+    /// after a restart (the pause is kept in the storage directory).
     fn pause(&self, py: Python<'_>) -> PyResult<()> {
         self.inner.pause().map_err(|e| raise(py, &e))
     }
@@ -219,9 +279,9 @@ impl NativeClient {
         self.inner.is_paused()
     }
 
-    /// Stops a running `participate` and tells the coordinator that this
-    /// client leaves (it is not selected until it takes part again);
-    /// whether the coordinator acknowledged it.
+    /// Stops a running `participate` (which returns `PausedError`) and
+    /// tells the coordinator that this client leaves (it is not selected
+    /// until it takes part again); whether the coordinator acknowledged it.
     fn leave(&self, py: Python<'_>) -> bool {
         py.detach(|| self.inner.leave())
     }
@@ -301,12 +361,19 @@ fn call_train(
                 array.shape()
             )));
         }
-        let values =
-            array.as_slice().map_err(|_| invalid(format!("tensor {name} is not contiguous (C order)")))?;
+        // as_slice also takes Fortran order, which would be read scrambled.
+        let values = array
+            .as_slice()
+            .ok()
+            .filter(|_| array.is_c_contiguous())
+            .ok_or_else(|| invalid(format!("tensor {name} is not contiguous in C order")))?;
         flat.extend_from_slice(values);
     }
-    let examples: u32 =
-        examples.extract().map_err(|_| invalid("examples must be an integer from 0 to 4294967295".into()))?;
+    let examples: u32 = examples
+        .extract()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| invalid("examples must be an integer from 1 to 4294967295".into()))?;
     let mut values = MetricValues::new();
     if !metrics.is_none() {
         let metrics = metrics.cast::<PyDict>().map_err(|_| invalid("metrics must be a dict".into()))?;

@@ -70,9 +70,9 @@ def test_updates_that_do_not_fit_say_what_is_wrong():
         cohort.Update({"fc.weight": weight.T, "fc.bias": bias}, 1).tensors(LAYOUT)
     with pytest.raises(cohort.InvalidUpdateError, match="1 tensors for a model of 2"):
         cohort.Update([weight], 1).tensors(LAYOUT)
-    with pytest.raises(cohort.InvalidUpdateError, match="not numbers"):
+    with pytest.raises(cohort.InvalidUpdateError, match="not real numbers"):
         cohort.Update([np.array([["a"] * 4] * 3), bias], 1).tensors(LAYOUT)
-    for examples in (-1, 2**32, 1.5, True, "3"):
+    for examples in (0, -1, 2**32, 1.5, True, "3"):
         with pytest.raises(cohort.InvalidUpdateError, match="examples"):
             cohort.Update([weight, bias], examples)
     with pytest.raises(cohort.InvalidUpdateError, match="unknown metric 'f1'"):
@@ -82,9 +82,27 @@ def test_updates_that_do_not_fit_say_what_is_wrong():
         cohort.Update([weight, bias], -1)
 
 
+def test_scalars_stay_scalars_and_complex_numbers_are_refused():
+    layout = [("scale", ()), ("w", (2,))]
+    tensors = cohort.Update({"scale": np.float64(2.5), "w": [1, 2]}, 1).tensors(layout)
+    assert tensors[0].shape == () and tensors[0] == 2.5
+    assert tensors[1].dtype == np.float32
+    with pytest.raises(cohort.InvalidUpdateError, match="not real numbers"):
+        cohort.Update({"scale": 1j, "w": [1, 2]}, 1).tensors(layout)
+
+
+def test_a_fortran_ordered_array_is_sent_in_c_order():
+    fortran = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    tensors = cohort.Update([fortran, np.zeros(3, np.float32)], 1).tensors(LAYOUT)
+    assert tensors[0].flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(tensors[0].reshape(-1), np.arange(12, dtype=np.float32))
+
+
 def test_metrics_take_their_names_and_flowers_aliases():
     update = cohort.Update([], 1, metrics={"loss": 0.25, "accuracy": 0.5, "eval_loss": 1})
     assert update.metrics == {"train_loss": 0.25, "train_accuracy": 0.5, "eval_loss": 1.0}
+    with pytest.raises(cohort.InvalidUpdateError, match="given twice"):
+        cohort.Update([], 1, metrics={"loss": 0.25, "train_loss": 0.5})
 
 
 torch = pytest.importorskip("torch")
@@ -123,7 +141,7 @@ class FlowerStyle:
 
     def fit(self, parameters, config):
         self.seen.append((len(parameters), config["server_round"], config.get("lr")))
-        return [p + 1 for p in parameters], 7, {"loss": 0.5, "f1": 0.9, "note": "text"}
+        return [p + 1 for p in parameters], 7, {"loss": 0.5, "f1": 0.9, "note": "text", "accuracy": 87.5}
 
 
 def test_a_numpy_client_runs_as_a_training_function(caplog):
@@ -136,6 +154,8 @@ def test_a_numpy_client_runs_as_a_training_function(caplog):
     # Only what secure aggregation can count is sent, with a warning for the rest.
     assert update.metrics == {"train_loss": 0.5}
     assert "'f1'" in caplog.text and "'note'" in caplog.text
+    # An accuracy in per cent is outside the core's range: dropped, not the round.
+    assert "'accuracy' is not sent: 87.5 is outside [0, 1]" in caplog.text
     tensors = update.tensors(m.layout)
     np.testing.assert_array_equal(tensors[1], [13.0, 14.0, 15.0])
 

@@ -20,6 +20,10 @@ __all__ = ["Client", "Model", "Round", "Update", "RoundResult", "METRICS"]
 
 logger = logging.getLogger("cohort")
 
+#: Largest loss a metric carries (the core's fixed-point range); an
+#: accuracy is a fraction in [0, 1].
+MAX_LOSS = 4096.0
+
 #: The metrics a round can aggregate (securely, as the update is): a
 #: training function may report any of them by name. ``loss`` and
 #: ``accuracy`` stand for ``train_loss`` and ``train_accuracy``.
@@ -124,8 +128,8 @@ class Update:
     def __init__(self, weights: Tensors, examples: int, metrics: Optional[Mapping[str, float]] = None):
         if isinstance(examples, bool) or not isinstance(examples, (int, np.integer)):
             raise InvalidUpdateError(f"examples must be an integer, not {type(examples).__name__}")
-        if not 0 <= int(examples) <= 0xFFFF_FFFF:
-            raise InvalidUpdateError(f"examples must be from 0 to 4294967295, not {examples}")
+        if not 1 <= int(examples) <= 0xFFFF_FFFF:
+            raise InvalidUpdateError(f"examples must be from 1 to 4294967295, not {examples}")
         self.weights = weights
         self.examples = int(examples)
         self.metrics = _metrics(metrics or {})
@@ -167,13 +171,16 @@ def _as_float32(value: Any, name: str) -> np.ndarray:
         import torch
 
         tensor = value.detach()
+        if tensor.is_complex():
+            raise InvalidUpdateError(f"tensor {name} is of {tensor.dtype}, not real numbers")
         if tensor.dtype != torch.float32:
             tensor = tensor.to(torch.float32)
-        value = tensor.cpu().numpy()
+        value = tensor.cpu().resolve_conj().resolve_neg().numpy()
     array = np.asarray(value)
-    if not np.issubdtype(array.dtype, np.floating) and not np.issubdtype(array.dtype, np.integer):
-        raise InvalidUpdateError(f"tensor {name} is of {array.dtype}, not numbers")
-    return np.ascontiguousarray(array, dtype=np.float32)
+    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        raise InvalidUpdateError(f"tensor {name} is of {array.dtype}, not real numbers")
+    # Keeps a 0-d tensor 0-d (np.ascontiguousarray would make it 1-d).
+    return np.asarray(array, dtype=np.float32, order="C")
 
 
 def _metrics(metrics: Mapping[str, float]) -> Dict[str, float]:
@@ -182,8 +189,21 @@ def _metrics(metrics: Mapping[str, float]) -> Dict[str, float]:
         key = _ALIASES.get(name, name)
         if key not in METRICS:
             raise InvalidUpdateError(f"unknown metric {name!r}: the metrics are {', '.join(METRICS)}")
+        if key in out:
+            raise InvalidUpdateError(f"metric {key} is given twice ({name!r} stands for it)")
         out[key] = float(value)
     return out
+
+
+def _metric_problem(key: str, value: Any) -> Optional[str]:
+    """Why a metric's value cannot be sent (the core's ranges), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        return "not a number"
+    value = float(value)
+    top = 1.0 if key.endswith("accuracy") else MAX_LOSS
+    if not 0.0 <= value <= top:
+        return f"{value} is outside [0, {top:g}]"
+    return None
 
 
 @dataclass(frozen=True)
@@ -331,8 +351,10 @@ class Client:
                   file=sys.stderr, flush=True)
 
     def pause(self) -> None:
-        """Pauses: a running round is left within moments, and the client
-        takes part in none until :meth:`resume`, also after a restart."""
+        """Pauses: a running round is left within moments (a training
+        function that is running finishes first) and raises
+        :class:`PausedError`; the client takes part in none until
+        :meth:`resume`, also after a restart."""
         self._native.pause()
 
     def resume(self) -> None:
@@ -344,7 +366,8 @@ class Client:
         return bool(self._native.paused)
 
     def leave(self) -> bool:
-        """Leaves a running round and tells the coordinator that this client
+        """Leaves a running round (which raises :class:`PausedError` in the
+        thread that runs it) and tells the coordinator that this client
         leaves (it is not selected until it takes part again); whether the
         coordinator acknowledged it."""
         return bool(self._native.leave())

@@ -38,8 +38,8 @@ class InvalidArgumentError(CohortError, ValueError):
 
 
 class PausedError(CohortError):
-    """The client is paused (``Client.pause``), or was paused while a round
-    ran; call ``Client.resume`` first."""
+    """The client is paused (``Client.pause``; call ``Client.resume``), or
+    was paused or left (``Client.leave``) while a round ran."""
 
 
 class UnreachableError(CohortError, ConnectionError):

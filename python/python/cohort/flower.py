@@ -27,7 +27,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from ._client import _ALIASES, METRICS, Client, Model, Round, TrainFn, Update
+from ._client import _ALIASES, METRICS, Client, Model, Round, TrainFn, Update, _metric_problem
 from ._errors import InvalidUpdateError
 
 __all__ = ["from_numpy_client", "run_numpy_client"]
@@ -59,11 +59,18 @@ def from_numpy_client(numpy_client: Any, config: Optional[Mapping[str, Any]] = N
         new_parameters, examples, metrics = result
         kept: Dict[str, float] = {}
         for name, value in dict(metrics or {}).items():
-            if _ALIASES.get(name, name) in METRICS and isinstance(value, (int, float, np.number)):
+            key = _ALIASES.get(name, name)
+            if key not in METRICS:
+                problem = "not one Cohort aggregates securely"
+            elif key in {_ALIASES.get(k, k) for k in kept}:
+                problem = "given twice"
+            else:
+                problem = _metric_problem(key, value)
+            if problem is None:
                 kept[name] = float(value)
             elif name not in dropped:
                 dropped.add(name)
-                logger.warning("metric %r is not one Cohort aggregates securely: it is not sent", name)
+                logger.warning("metric %r is not sent: %s", name, problem)
         return Update(list(new_parameters), examples=int(examples), metrics=kept)
 
     return train

@@ -15,7 +15,9 @@
 //! 2. the README's "Train your own PyTorch model" example, as written,
 //!    trains in a federation with native clients;
 //! 3. three Python clients take part in an async task;
-//! 4. the package's pytest suite (python/tests) passes.
+//! 4. Ctrl-C stops a Python client at once and its leave request reaches
+//!    the coordinator;
+//! 5. the package's pytest suite (python/tests) passes.
 //!
 //! The hostile-coordinator suite runs Python clients too
 //! (`hostile_clients.rs`).
@@ -333,6 +335,56 @@ fn python_clients_take_part_in_an_async_task() {
     let rounds = serve.admin().rounds(&task);
     let buffer = rounds[0].metrics.buffer.as_ref().expect("an async round names its group");
     assert_eq!(buffer.staleness_histogram, [3], "{rounds:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Ctrl-C: a Python client waiting to be selected stops at once with
+/// `KeyboardInterrupt`, and its leave request reaches the coordinator,
+/// which no longer counts it as available.
+#[test]
+fn ctrl_c_stops_a_python_client_and_tells_the_coordinator() {
+    let dir = scratch("python-interrupt");
+    let serve = Serve::in_dir(&dir, ADMIN);
+    // Three a round: two clients wait for selection as long as it takes.
+    let CreatedTask { id: task, enrollment_token: token, .. } =
+        serve.admin().create_task(&cohort_tests::spec(3, 2));
+    let policy = serve.admin().policy_json(&task);
+    let script = "import cohort, json, sys\n\
+        url, task, token, state, policy = sys.argv[1:6]\n\
+        client = cohort.Client(url, task, token, state, policy=json.loads(policy))\n\
+        client.train(lambda model, round: cohort.Update(list(model.numpy().values()), 1))\n\
+        client.run()\n";
+    let mut clients: Vec<Child> = (0..2)
+        .map(|k| {
+            python_command()
+                .args(["-c", script, &serve.url, &task, &token])
+                .arg(dir.join(format!("state-{k}")))
+                .arg(&policy)
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let available = || serve.admin().task(&task).live.available_clients;
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("both clients checked in", &|| available() == 2);
+    let pid = clients[0].id().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let started = Instant::now();
+    let (status, _) = finish(&mut clients[0], Duration::from_secs(10), "the interrupted client");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(clients[0].stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success() && stderr.contains("KeyboardInterrupt"), "{status:?}: {stderr}");
+    println!("stopped {} ms after Ctrl-C", started.elapsed().as_millis());
+    wait_for("the leave request reached the coordinator", &|| available() == 1);
+    let _ = clients[1].kill();
+    let _ = clients[1].wait();
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
