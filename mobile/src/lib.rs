@@ -321,8 +321,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The message of a caught panic, for the error the entry point reports.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+/// The message of a caught panic, for the error the entry point reports
+/// (here and in the Python binding).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_string())

@@ -33,7 +33,7 @@ use std::time::Duration;
 use cohort_client::checkpoint::Checkpoint;
 use cohort_client::protocol::{Metric, MetricValues};
 use cohort_client::runtime::{Contribution, LocalUpdate, Trainer, UpdateError};
-use cohort_mobile::{Config, Error, MobileClient, Outcome, RoundResult};
+use cohort_mobile::{Config, Error, MobileClient, Outcome, RoundResult, panic_message};
 use numpy::{PyArray1, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -145,15 +145,6 @@ impl Drop for Busy {
     fn drop(&mut self) {
         self.0.store(false, Ordering::SeqCst);
     }
-}
-
-/// The message of a caught panic.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }
 
 #[pymethods]

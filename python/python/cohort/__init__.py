@@ -21,20 +21,8 @@ the last request is the Rust core's (``cohort._native``)::
 Flower ``NumPyClient`` objects run unchanged through :mod:`cohort.flower`.
 """
 
-from ._errors import (
-    CohortError,
-    InternalError,
-    InvalidArgumentError,
-    InvalidUpdateError,
-    PausedError,
-    PolicyError,
-    ProtocolError,
-    RejectedError,
-    StorageError,
-    TaskNotFoundError,
-    UnauthorizedError,
-    UnreachableError,
-)
+from . import _errors
+from ._errors import *  # noqa: F401,F403 (one class per kind of error, listed in _errors.__all__)
 from ._client import METRICS, Client, Model, Round, RoundResult, Update
 from . import flower
 
@@ -48,16 +36,5 @@ __all__ = [
     "RoundResult",
     "METRICS",
     "flower",
-    "CohortError",
-    "InvalidArgumentError",
-    "PausedError",
-    "UnreachableError",
-    "UnauthorizedError",
-    "TaskNotFoundError",
-    "RejectedError",
-    "ProtocolError",
-    "InvalidUpdateError",
-    "StorageError",
-    "InternalError",
-    "PolicyError",
+    *_errors.__all__,
 ]
