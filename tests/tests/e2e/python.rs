@@ -305,6 +305,7 @@ fn the_readme_pytorch_example_trains_in_a_federation() {
 /// each trained from version 0; version 1 is their weighted mean.
 #[test]
 fn python_clients_take_part_in_an_async_task() {
+    let _one = cohort_tests::exclusive();
     let dir = scratch("python-async");
     let serve = Serve::in_dir(&dir, ADMIN);
     let mut spec = cohort_tests::spec(3, 2);
@@ -343,6 +344,7 @@ fn python_clients_take_part_in_an_async_task() {
 /// which no longer counts it as available.
 #[test]
 fn ctrl_c_stops_a_python_client_and_tells_the_coordinator() {
+    let _one = cohort_tests::exclusive();
     let dir = scratch("python-interrupt");
     let serve = Serve::in_dir(&dir, ADMIN);
     // Three a round: two clients wait for selection as long as it takes.
@@ -390,6 +392,7 @@ fn ctrl_c_stops_a_python_client_and_tells_the_coordinator() {
 
 #[test]
 fn the_python_package_unit_tests_pass() {
+    let _one = cohort_tests::exclusive();
     let output = python_command()
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(workspace_root().join("python/tests"))
