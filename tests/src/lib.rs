@@ -209,6 +209,16 @@ pub fn python_command() -> Command {
     command
 }
 
+/// Waits until `done` holds, asking every 100 ms; fails the test, naming
+/// `what`, after `limit`.
+pub fn wait_for(limit: std::time::Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// A fresh scratch directory under the system's temporary directory.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("cohort-e2e-{name}-{}", std::process::id()));

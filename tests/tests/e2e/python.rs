@@ -34,7 +34,8 @@ use cohort_client::runtime::{Contribution, LocalTrainer, LocalUpdate, Trainer};
 use cohort_client::train::TrainConfig;
 use cohort_server::api::CreatedTask;
 use cohort_tests::{
-    Serve, artifacts, assert_aggregate, checkpoint, python_command, scratch, success, workspace_root,
+    Serve, artifacts, assert_aggregate, checkpoint, python_command, scratch, success, wait_for,
+    workspace_root,
 };
 use serde_json::{Value, json};
 
@@ -139,6 +140,17 @@ fn saved_update(dir: &Path, k: usize, round: u64) -> LocalUpdate {
     LocalUpdate { delta, examples, metrics: cohort_client::participant::MetricValues::new() }
 }
 
+/// What the fixed-update drivers (`web/tests/hostile.mjs`,
+/// `python/tests/hostile_clients.py`) hand in: 0.01 for every parameter, at
+/// weight 3.
+fn fixed_update(parameters: usize) -> LocalUpdate {
+    LocalUpdate {
+        delta: vec![0.01; parameters],
+        examples: 3,
+        metrics: cohort_client::participant::MetricValues::new(),
+    }
+}
+
 /// Waits for a process to end within `limit`; its exit status and stdout.
 fn finish(child: &mut Child, limit: Duration, what: &str) -> (std::process::ExitStatus, String) {
     let deadline = Instant::now() + limit;
@@ -194,11 +206,7 @@ fn python_clients_train_a_pytorch_model_beside_native_ones_and_survive_a_kill() 
     // Round 1 goes on without it: stored once its key advertisement's
     // deadline has passed. (A client restarted before that would simply
     // take its seat again: it had sent nothing of the round.)
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while serve.admin().rounds(&task).is_empty() {
-        assert!(Instant::now() < deadline, "round 1 was not stored");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for(Duration::from_secs(300), "round 1 to be stored", || !serve.admin().rounds(&task).is_empty());
     // Restarted on the same state directory: it resumes its enrollment.
     let mut restarted = python_client(&serve, &task, &token, &policy, &dir, 3, false);
 
@@ -235,11 +243,7 @@ fn python_clients_train_a_pytorch_model_beside_native_ones_and_survive_a_kill() 
     let initial = checkpoint(&serve, &task, 0);
     let mut updates: Vec<LocalUpdate> = (0..3).map(|k| saved_update(&dir, k, 1)).collect();
     updates.extend((4..6).map(|k| native_update(&shards, k, &initial)));
-    updates.push(LocalUpdate {
-        delta: vec![0.01; two_nn().len()],
-        examples: 3,
-        metrics: cohort_client::participant::MetricValues::new(),
-    });
+    updates.push(fixed_update(two_nn().len()));
     assert_aggregate(&serve, &task, &updates);
     let rounds = serve.admin().rounds(&task);
     let dropouts: Vec<usize> = rounds[0].metrics.stages.iter().map(|s| s.dropouts).collect();
@@ -327,11 +331,7 @@ fn python_clients_take_part_in_an_async_task() {
     for ending in endings.as_array().unwrap() {
         assert_eq!(ending["outcomes"], json!([{ "outcome": "completed", "rule": null }]), "{endings}");
     }
-    let update = || LocalUpdate {
-        delta: vec![0.01; cohort_tests::model().len()],
-        examples: 3,
-        metrics: cohort_client::participant::MetricValues::new(),
-    };
+    let update = || fixed_update(cohort_tests::model().len());
     assert_aggregate(&serve, &task, &[update(), update(), update()]);
     let rounds = serve.admin().rounds(&task);
     let buffer = rounds[0].metrics.buffer.as_ref().expect("an async round names its group");
@@ -368,14 +368,7 @@ fn ctrl_c_stops_a_python_client_and_tells_the_coordinator() {
         })
         .collect();
     let available = || serve.admin().task(&task).live.available_clients;
-    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !done() {
-            assert!(Instant::now() < deadline, "{what}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    wait_for("both clients checked in", &|| available() == 2);
+    wait_for(Duration::from_secs(60), "both clients to check in", || available() == 2);
     let pid = clients[0].id().to_string();
     assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
     let started = Instant::now();
@@ -384,7 +377,7 @@ fn ctrl_c_stops_a_python_client_and_tells_the_coordinator() {
     std::io::Read::read_to_string(clients[0].stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(!status.success() && stderr.contains("KeyboardInterrupt"), "{status:?}: {stderr}");
     println!("stopped {} ms after Ctrl-C", started.elapsed().as_millis());
-    wait_for("the leave request reached the coordinator", &|| available() == 1);
+    wait_for(Duration::from_secs(60), "the leave request to reach the coordinator", || available() == 1);
     let _ = clients[1].kill();
     let _ = clients[1].wait();
     std::fs::remove_dir_all(&dir).unwrap();

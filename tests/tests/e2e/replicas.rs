@@ -21,7 +21,7 @@ use cohort_server::cluster::balancer::spawn_haproxy;
 use cohort_server::store::TaskStatus;
 use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port, psql};
 use cohort_tests::process::json_call;
-use cohort_tests::{AdminClient, Serve};
+use cohort_tests::{AdminClient, Serve, wait_for};
 use serde_json::{Value, json};
 
 const ADMIN: &str = "replicas-test-admin-token-0123456789";
@@ -218,14 +218,6 @@ impl RawEvents {
 }
 
 /// Waits until `done` holds, at most `limit`.
-fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn rounds_complete_exactly_once_through_the_balancer_when_replicas_and_the_leader_die() {
     let _heavy = cohort_tests::exclusive();
