@@ -135,13 +135,13 @@ impl Trainer for Relay {
 struct NativeClient {
     inner: Arc<MobileClient>,
     /// A round runs: `participate` is not reentrant.
-    busy: Arc<AtomicBool>,
+    busy: AtomicBool,
 }
 
 /// Lowers the busy flag when `participate` returns, however it returns.
-struct Busy(Arc<AtomicBool>);
+struct Busy<'a>(&'a AtomicBool);
 
-impl Drop for Busy {
+impl Drop for Busy<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::SeqCst);
     }
@@ -165,7 +165,7 @@ impl NativeClient {
         let config =
             Config { server_url, task_id, enrollment_token, storage_dir, ca_certificate_pem, policy_json };
         let inner = py.detach(|| MobileClient::open(config)).map_err(|e| raise(py, &e))?;
-        Ok(Self { inner: Arc::new(inner), busy: Arc::new(AtomicBool::new(false)) })
+        Ok(Self { inner: Arc::new(inner), busy: AtomicBool::new(false) })
     }
 
     /// Takes part in the next round this client is selected for; blocks
@@ -190,7 +190,7 @@ impl NativeClient {
                 ),
             ));
         }
-        let _busy = Busy(Arc::clone(&self.busy));
+        let _busy = Busy(&self.busy);
         let (ask, mut asked) = mpsc::channel::<Ask>();
         let (answer, answers) = mpsc::channel::<Result<Trained, String>>();
         let client = Arc::clone(&self.inner);
