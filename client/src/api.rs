@@ -145,12 +145,17 @@ pub enum ErrorCode {
     InvalidQuery,
     /// An enrollment-token request that is malformed.
     InvalidTokenRequest,
+    /// A project, key or quota request that is malformed.
+    InvalidProjectRequest,
     /// No credential or token, or a wrong one.
     Unauthorized,
     /// The credential has expired: enroll again.
     CredentialExpired,
     /// The enrollment token was revoked.
     TokenRevoked,
+    /// The caller's key may not do this: its role is too low, or only the
+    /// deployment's admin token may.
+    Forbidden,
     /// No such record.
     NotFound,
     /// No such task, or it is not running.
@@ -191,6 +196,9 @@ pub enum ErrorCode {
     RateLimited,
     /// The coordinator holds as many tasks or parameters as it may.
     CapacityExceeded,
+    /// The project holds as many unfinished tasks or parameters as its
+    /// quota allows (the message names the quota).
+    QuotaExceeded,
     /// The database cannot be reached, or the coordinator is shutting
     /// down: retry later.
     Unavailable,
@@ -220,10 +228,19 @@ impl ErrorCode {
     pub fn status(self) -> u16 {
         use ErrorCode::*;
         match self {
-            InvalidBody | InvalidJson | InvalidTask | InvalidIdentity | IdentityRequired | InvalidMetrics
-            | InvalidRound | InvalidQuery | InvalidTokenRequest | MalformedMessage => 400,
+            InvalidBody
+            | InvalidJson
+            | InvalidTask
+            | InvalidIdentity
+            | IdentityRequired
+            | InvalidMetrics
+            | InvalidRound
+            | InvalidQuery
+            | InvalidTokenRequest
+            | InvalidProjectRequest
+            | MalformedMessage => 400,
             Unauthorized | CredentialExpired | TokenRevoked => 401,
-            PlaintextMetricsOff | Excluded => 403,
+            PlaintextMetricsOff | Excluded | Forbidden => 403,
             NotFound | TaskNotFound => 404,
             RequestTimeout => 408,
             TaskInactive | Conflict | NotSelected | NotInRound | WrongRound | OutOfPhase | Duplicate
@@ -231,7 +248,7 @@ impl ErrorCode {
             Dropped => 410,
             PayloadTooLarge => 413,
             UnsupportedMediaType => 415,
-            CryptoFailure | InvalidMessage | CapacityExceeded => 422,
+            CryptoFailure | InvalidMessage | CapacityExceeded | QuotaExceeded => 422,
             RateLimited => 429,
             Internal | Unknown => 500,
             Unavailable => 503,

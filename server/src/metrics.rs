@@ -2,6 +2,13 @@
 //! the OpenMetrics text format at `/metrics`. Every value is an aggregate
 //! over clients: counts, byte totals, durations and means of the masked
 //! sums; nothing about one client.
+//!
+//! Two registries: the process's (rounds, messages, bytes, stage and
+//! upload durations over every task), which anyone who reaches `/metrics`
+//! reads, and the tasks' (each series labelled with its `project` and
+//! `task`: rounds completed and aborted, survivors, the means of client
+//! metrics, the privacy spent), which only the admin token reads whole and
+//! a project's key reads for its project ([`Scope`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,13 +60,34 @@ struct UploadLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct MetricLabel {
+struct TaskMetricLabel {
+    project: String,
+    task: String,
     metric: String,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// A task's series: its project first (what [`Scope::Project`] filters on).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct TaskLabel {
+    project: String,
     task: String,
+}
+
+impl TaskLabel {
+    fn new(project: &str, task: &str) -> Self {
+        Self { project: project.to_string(), task: task.to_string() }
+    }
+}
+
+/// What a scrape of `/metrics` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope<'a> {
+    /// No credential: the process's series only.
+    Public,
+    /// The admin token: the process's and every task's.
+    All,
+    /// A project's key: its tasks' series only.
+    Project(&'a str),
 }
 
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -90,8 +118,16 @@ struct Instruments {
     stage_seconds: Histograms<StageLabel>,
     stage_dropouts: Family<StageLabel, Counter>,
     upload_seconds: Histograms<UploadLabel>,
-    client_means: Family<MetricLabel, FloatGauge>,
+    /// The tasks' series.
+    tasks: Registry,
+    task_rounds_completed: Family<TaskLabel, Counter>,
+    task_rounds_aborted: Family<TaskLabel, Counter>,
+    task_survivors: Family<TaskLabel, Gauge>,
+    client_means: Family<TaskMetricLabel, FloatGauge>,
     epsilon_spent: Family<TaskLabel, FloatGauge>,
+    /// The metrics whose means each task's last round carried, to remove
+    /// them when the next does not.
+    means_shown: std::sync::Mutex<BTreeMap<TaskLabel, Vec<String>>>,
 }
 
 impl Default for Instruments {
@@ -109,8 +145,13 @@ impl Default for Instruments {
             stage_seconds: Family::new_with_constructor(stage_buckets),
             stage_dropouts: Family::default(),
             upload_seconds: Family::new_with_constructor(upload_buckets),
+            tasks: Registry::default(),
+            task_rounds_completed: Family::default(),
+            task_rounds_aborted: Family::default(),
+            task_survivors: Family::default(),
             client_means: Family::default(),
             epsilon_spent: Family::default(),
+            means_shown: Default::default(),
         };
         let r = &mut instruments.registry;
         r.register("cohort_rounds_started", "Rounds started", instruments.rounds_started.clone());
@@ -155,9 +196,26 @@ impl Default for Instruments {
             Unit::Seconds,
             instruments.upload_seconds.clone(),
         );
+        let r = &mut instruments.tasks;
+        r.register(
+            "cohort_task_rounds_completed",
+            "A task's rounds completed by this replica",
+            instruments.task_rounds_completed.clone(),
+        );
+        r.register(
+            "cohort_task_rounds_aborted",
+            "A task's rounds aborted or abandoned on this replica",
+            instruments.task_rounds_aborted.clone(),
+        );
+        r.register(
+            "cohort_task_round_surviving_clients",
+            "Clients in a task's last completed round's aggregate",
+            instruments.task_survivors.clone(),
+        );
         r.register(
             "cohort_round_client_metric_mean",
-            "A client metric's mean over the last completed round's survivors (from its sum under the masks)",
+            "A client metric's mean over a task's last completed round's survivors (from its sum under the \
+             masks)",
             instruments.client_means.clone(),
         );
         r.register(
@@ -188,28 +246,47 @@ impl Metrics {
         self.inner.rounds_started.inc();
     }
 
-    /// A round was aborted or abandoned.
-    pub fn round_aborted(&self) {
+    /// A round of `project`'s `task` was aborted or abandoned.
+    pub fn round_aborted(&self, project: &str, task: &str) {
+        self.process_round_aborted();
+        self.inner.task_rounds_aborted.get_or_create(&TaskLabel::new(project, task)).inc();
+    }
+
+    /// A round was aborted or abandoned, of a task whose project is not
+    /// known here any more: counted for the process only.
+    pub fn process_round_aborted(&self) {
         self.inner.rounds_aborted.inc();
     }
 
-    /// A round completed.
+    /// A round of `project`'s `task` completed.
     pub fn round_completed(
         &self,
+        (project, task): (&str, &str),
         selected: i64,
         survivors: i64,
         stages: &[StageRecord],
         means: &BTreeMap<String, ClientMean>,
     ) {
         let m = &self.inner;
+        let label = TaskLabel::new(project, task);
         m.rounds_completed.inc();
         m.selected.set(selected);
         m.survivors.set(survivors);
-        // The last round's means only: a metric it did not carry is gone.
-        m.client_means.clear();
-        for (metric, mean) in means {
-            m.client_means.get_or_create(&MetricLabel { metric: metric.clone() }).set(mean.mean);
+        m.task_rounds_completed.get_or_create(&label).inc();
+        m.task_survivors.get_or_create(&label).set(survivors);
+        // The task's last round's means only: a metric it did not carry
+        // is gone.
+        let mut shown = m.means_shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for metric in shown.remove(&label).unwrap_or_default() {
+            m.client_means.remove(&TaskMetricLabel { project: project.into(), task: task.into(), metric });
         }
+        for (metric, mean) in means {
+            let series =
+                TaskMetricLabel { project: project.into(), task: task.into(), metric: metric.clone() };
+            m.client_means.get_or_create(&series).set(mean.mean);
+        }
+        shown.insert(label, means.keys().cloned().collect());
+        drop(shown);
         for stage in stages {
             let label = StageLabel { stage: stage.stage.to_string() };
             m.stage_seconds.get_or_create(&label).observe(stage.duration_ms as f64 / 1e3);
@@ -218,8 +295,22 @@ impl Metrics {
     }
 
     /// A task under differential privacy has spent `epsilon` so far.
-    pub fn privacy_spent(&self, task: &str, epsilon: f64) {
-        self.inner.epsilon_spent.get_or_create(&TaskLabel { task: task.to_string() }).set(epsilon);
+    pub fn privacy_spent(&self, project: &str, task: &str, epsilon: f64) {
+        self.inner.epsilon_spent.get_or_create(&TaskLabel::new(project, task)).set(epsilon);
+    }
+
+    /// Removes every series of a deleted task.
+    pub fn forget_task(&self, project: &str, task: &str) {
+        let m = &self.inner;
+        let label = TaskLabel::new(project, task);
+        m.task_rounds_completed.remove(&label);
+        m.task_rounds_aborted.remove(&label);
+        m.task_survivors.remove(&label);
+        m.epsilon_spent.remove(&label);
+        let shown = m.means_shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&label);
+        for metric in shown.unwrap_or_default() {
+            m.client_means.remove(&TaskMetricLabel { project: project.into(), task: task.into(), metric });
+        }
     }
 
     /// A client message of `size` bytes was accepted or refused.
@@ -245,11 +336,33 @@ impl Metrics {
         self.inner.upload_seconds.get_or_create(&UploadLabel { kind }).observe(took.as_secs_f64());
     }
 
-    /// The OpenMetrics text exposition ([`CONTENT_TYPE`]).
-    pub fn render(&self) -> String {
+    /// The OpenMetrics text exposition ([`CONTENT_TYPE`]) of what `scope`
+    /// reads.
+    pub fn render(&self, scope: Scope<'_>) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
+        match scope {
+            Scope::Public => {
+                let _ = encode_registry(&mut out, &self.inner.registry);
+            }
+            Scope::All => {
+                let _ = encode_registry(&mut out, &self.inner.registry);
+                let _ = encode_registry(&mut out, &self.inner.tasks);
+            }
+            Scope::Project(project) => {
+                let mut tasks = String::new();
+                let _ = encode_registry(&mut tasks, &self.inner.tasks);
+                // Every task series is labelled `project` first; a project
+                // id is `default` or hex, so it needs no escaping.
+                let ours = format!("{{project=\"{project}\",");
+                for line in tasks.lines().filter(|line| line.starts_with('#') || line.contains(&ours)) {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
+        let _ = encode_eof(&mut out);
         out
     }
 }
@@ -272,9 +385,9 @@ mod tests {
             duration_ms: 1500,
         };
         let means = BTreeMap::from([("train_loss".to_string(), ClientMean { mean: 0.5, clients: 9 })]);
-        metrics.round_completed(10, 9, &[stage], &means);
+        metrics.round_completed(("p1", "t1"), 10, 9, &[stage], &means);
         metrics.upload(Upload::masked_input, Duration::from_millis(3));
-        let text = metrics.render();
+        let text = metrics.render(Scope::All);
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(text.contains("# TYPE cohort_rounds_completed counter\ncohort_rounds_completed_total 1\n"));
         assert!(text.contains("cohort_bytes_in_total 107\n"));
@@ -301,13 +414,55 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("cohort_stage_dropouts_total{stage=\"share-keys\"} 1\n"));
-        assert!(text.contains("cohort_round_client_metric_mean{metric=\"train_loss\"} 0.5\n"));
-        metrics.privacy_spent("t1", 1.25);
-        assert!(metrics.render().contains("cohort_privacy_epsilon_spent{task=\"t1\"} 1.25\n"));
+        assert!(text.contains(
+            "cohort_round_client_metric_mean{project=\"p1\",task=\"t1\",metric=\"train_loss\"} 0.5\n"
+        ));
+        metrics.privacy_spent("p1", "t1", 1.25);
+        assert!(
+            metrics
+                .render(Scope::All)
+                .contains("cohort_privacy_epsilon_spent{project=\"p1\",task=\"t1\"} 1.25\n")
+        );
         // A later round without the metric no longer shows its mean.
-        metrics.round_completed(10, 10, &[], &BTreeMap::new());
-        let text = metrics.render();
+        metrics.round_completed(("p1", "t1"), 10, 10, &[], &BTreeMap::new());
+        let text = metrics.render(Scope::All);
         assert!(!text.contains("cohort_round_client_metric_mean{"), "{text}");
         assert!(text.contains("cohort_rounds_completed_total 2\n"), "{text}");
+        assert!(
+            text.contains("cohort_task_rounds_completed_total{project=\"p1\",task=\"t1\"} 2\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_scrape_reads_only_what_its_scope_may() {
+        let metrics = Metrics::default();
+        let means = BTreeMap::from([("loss".to_string(), ClientMean { mean: 0.25, clients: 4 })]);
+        metrics.round_completed(("p1", "a"), 5, 4, &[], &means);
+        metrics.round_completed(("p2", "b"), 5, 5, &[], &means);
+        metrics.round_aborted("p2", "b");
+        // Anyone: the process's series, no task's.
+        let public = metrics.render(Scope::Public);
+        assert!(public.contains("cohort_rounds_completed_total 2\n"), "{public}");
+        assert!(!public.contains("task=") && !public.contains("project="), "{public}");
+        assert!(public.ends_with("# EOF\n") && public.matches("# EOF").count() == 1, "{public}");
+        // A project: its own tasks' series only.
+        let p1 = metrics.render(Scope::Project("p1"));
+        assert!(
+            p1.contains("cohort_round_client_metric_mean{project=\"p1\",task=\"a\",metric=\"loss\"} 0.25\n"),
+            "{p1}"
+        );
+        assert!(p1.contains("cohort_task_round_surviving_clients{project=\"p1\",task=\"a\"} 4\n"), "{p1}");
+        assert!(!p1.contains("p2") && !p1.contains("task=\"b\""), "{p1}");
+        assert!(!p1.contains("cohort_bytes_in"), "the process's series are not a project's: {p1}");
+        assert!(p1.ends_with("# EOF\n") && p1.matches("# EOF").count() == 1, "{p1}");
+        // The admin token: everything.
+        let all = metrics.render(Scope::All);
+        assert!(all.contains("cohort_task_rounds_aborted_total{project=\"p2\",task=\"b\"} 1\n"), "{all}");
+        assert!(all.contains("task=\"a\"") && all.contains("cohort_bytes_in"), "{all}");
+        assert_eq!(all.matches("# EOF").count(), 1);
+        // A deleted task's series are gone.
+        metrics.forget_task("p1", "a");
+        assert!(!metrics.render(Scope::All).contains("task=\"a\""));
     }
 }

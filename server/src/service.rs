@@ -43,6 +43,8 @@ pub struct ServiceConfig {
     pub max_total_parameters: usize,
     /// Admin event streams open at once (see [`crate::api::events`]).
     pub max_admin_streams: usize,
+    /// How long the audit log keeps an entry (see [`crate::api::projects`]).
+    pub audit_retention_ms: i64,
     /// Where the other replicas sharing the database reach this one
     /// (default: `http://` and the bound address; set it when binding an
     /// unspecified address such as 0.0.0.0).
@@ -66,6 +68,7 @@ impl ServiceConfig {
             rate_limits: RateLimits::default(),
             max_total_parameters: crate::api::DEFAULT_MAX_TOTAL_PARAMETERS,
             max_admin_streams: crate::api::events::DEFAULT_MAX_ADMIN_STREAMS,
+            audit_retention_ms: DEFAULT_AUDIT_RETENTION_DAYS * 86_400_000,
             public_url: None,
         }
     }
@@ -107,8 +110,12 @@ impl TlsFiles {
     }
 }
 
-/// How often rate limiters forget clients that went quiet.
+/// How often rate limiters forget clients that went quiet, and the audit
+/// log its entries past their retention.
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long the audit log keeps an entry, by default: 400 days, a year and
+/// a margin for the audits that look a year back.
+pub const DEFAULT_AUDIT_RETENTION_DAYS: i64 = 400;
 
 impl std::fmt::Debug for ServiceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -246,11 +253,18 @@ impl Service {
         };
         let state = app_state(store.clone(), coordinator.clone(), metrics.clone(), &config, demo_task);
         let limiters = state.config.limiters.clone();
+        let (audit_store, retention) = (store.clone(), config.audit_retention_ms);
         let pruner = tokio::spawn(async move {
             let mut every = tokio::time::interval(PRUNE_EVERY);
             loop {
                 every.tick().await;
                 limiters.prune();
+                // Every replica prunes; the deletes are idempotent.
+                match audit_store.prune_audit(crate::coordinator::now_ms().saturating_sub(retention)).await {
+                    Ok(0) => {}
+                    Ok(pruned) => tracing::info!(pruned, "audit log entries past their retention deleted"),
+                    Err(error) => tracing::warn!(%error, "could not prune the audit log"),
+                }
             }
         });
         let (shutdown, signal) = oneshot::channel::<()>();

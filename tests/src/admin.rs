@@ -49,6 +49,11 @@ impl AdminClient {
         Self { wire: Wire::Tls(transport), token: token.into() }
     }
 
+    /// The token or key this client presents.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
     /// One call with `headers` added, or `None` when the connection closed
     /// without a response.
     pub fn try_send_with(

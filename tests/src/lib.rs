@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod admin;
+pub mod balancer;
 pub mod identity;
 pub mod postgres;
 pub mod process;

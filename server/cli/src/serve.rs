@@ -28,7 +28,8 @@ pub struct ServeArgs {
     /// web_assets, demo, max_connections, max_connections_per_address,
     /// header_timeout_ms,
     /// idle_timeout_ms, body_min_rate, body_grace_ms, shutdown_grace_ms,
-    /// rate_limits, max_total_parameters, max_admin_streams, public_url;
+    /// rate_limits, max_total_parameters, max_admin_streams,
+    /// audit_retention_days, public_url;
     /// see the README).
     /// Flags take precedence.
     #[arg(long)]
@@ -76,6 +77,7 @@ struct FileConfig {
     rate_limits: Option<RateLimits>,
     max_total_parameters: Option<usize>,
     max_admin_streams: Option<usize>,
+    audit_retention_days: Option<u32>,
     public_url: Option<String>,
 }
 
@@ -151,6 +153,9 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         rate_limits: file.rate_limits.unwrap_or_default(),
         max_total_parameters: file.max_total_parameters.unwrap_or(defaults.max_total_parameters),
         max_admin_streams: file.max_admin_streams.unwrap_or(defaults.max_admin_streams),
+        audit_retention_ms: file
+            .audit_retention_days
+            .map_or(defaults.audit_retention_ms, |days| i64::from(days.max(1)) * 86_400_000),
         public_url: args.public_url.or(file.public_url),
         ..defaults
     })
@@ -215,6 +220,10 @@ mod tests {
         assert_eq!(file.rate_limits, Some(RateLimits::default()));
         assert_eq!(file.max_total_parameters, Some(cohort_server::api::DEFAULT_MAX_TOTAL_PARAMETERS));
         assert_eq!(file.max_admin_streams, Some(cohort_server::api::events::DEFAULT_MAX_ADMIN_STREAMS));
+        assert_eq!(
+            file.audit_retention_days.map(i64::from),
+            Some(cohort_server::service::DEFAULT_AUDIT_RETENTION_DAYS)
+        );
         // The default cap depends on the machine's descriptor limit; the
         // README shows the most it can be.
         let shown = ConnectionLimits {

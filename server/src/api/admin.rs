@@ -14,8 +14,9 @@ use super::SAFETENSORS_CONTENT_TYPE;
 use super::auth::{new_id, new_token, token_hash};
 use super::client::ClientMetrics;
 use super::error::{ApiError, ApiResult};
-use super::extract::{Admin, RawBody, TaskId, decimal, is_valid_id, json_body};
+use super::extract::{RawBody, TaskId, decimal, is_valid_id, json_body};
 use super::openapi::{Binary, Refused, RetryLater, TaskPath};
+use super::projects::{Audit, Caller, DEFAULT_PROJECT, Quotas, logged};
 use super::ratelimit::Rate;
 use super::state::AppState;
 use crate::cluster::Whereabouts;
@@ -24,8 +25,8 @@ use crate::privacy::PrivacyView;
 use crate::round::{FailedAttempt, RoundMetrics, TaskEngine, TaskError};
 use crate::spec::{TaskPlan, TaskSpec};
 use crate::store::{
-    ATTEMPTS_KEPT, ClientMetricsRecord, EnrollmentTokenRecord, RoundRecord, SqlStore, StoreError, TaskRecord,
-    TaskStatus,
+    ATTEMPTS_KEPT, ClientMetricsRecord, EnrollmentTokenRecord, Role, RoundRecord, SqlStore, StoreError,
+    TaskRecord, TaskStatus,
 };
 
 /// Reply to task creation. The enrollment token is shown only here.
@@ -77,43 +78,114 @@ pub struct CreatedTask {
                 ("enroll" = (operation_id = "enroll", parameters(("id" = "$response.body#/id"))))
             )),
         (status = 400, response = Refused), (status = 401, response = Refused),
+        (status = 403, response = Refused), (status = 404, response = Refused),
         (status = 408, response = Refused), (status = 413, response = Refused),
-        (status = 422, description = "The coordinator holds as many parameters as it may (capacity_exceeded)", body = ErrorBody),
+        (status = 422, description = "The coordinator holds as many parameters as it may (capacity_exceeded), or the \
+            project as many unfinished tasks or parameters as its quotas allow (quota_exceeded)", body = ErrorBody),
         (status = 503, response = RetryLater)
     )
 )]
 pub(super) async fn create_task(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
+    query: Result<axum::extract::Query<CreateQuery>, axum::extract::rejection::QueryRejection>,
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<CreatedTask>)> {
-    let spec: TaskSpec = json_body(&body)?;
-    let plan =
-        TaskPlan::for_new_task(spec).map_err(|e| ApiError::new(ErrorCode::InvalidTask, e.to_string()))?;
-    let _creating = state.creating.lock().await;
-    let requested = plan.spec().model.layout.len();
-    // Counted from the store: the tasks of every replica sharing it.
-    let mut loaded = 0usize;
-    for task in state.store.tasks().await?.iter().filter(|task| !task.status.is_final()) {
-        loaded = loaded.saturating_add(task.spec()?.model.layout.len());
+    let mut audit = Audit::new(&caller, "task.create", "tasks");
+    let result = async {
+        let query = query.map_err(|_| {
+            ApiError::new(ErrorCode::InvalidQuery, "the only query parameter is project, a project's id")
+        })?;
+        let project = match (caller.project(), query.0.project) {
+            (Some(own), None) => own.to_string(),
+            (None, requested) => requested.unwrap_or_else(|| DEFAULT_PROJECT.to_string()),
+            (Some(_), Some(requested)) => requested,
+        };
+        let project = caller.project_record(&state, &project).await?;
+        audit.in_project(&project.id);
+        caller.require(Role::Operator)?;
+        let spec: TaskSpec = json_body(&body)?;
+        let plan =
+            TaskPlan::for_new_task(spec).map_err(|e| ApiError::new(ErrorCode::InvalidTask, e.to_string()))?;
+        let _creating = state.creating.lock().await;
+        let requested = plan.spec().model.layout.len();
+        // Counted from the store: the tasks of every replica sharing it.
+        let (mut loaded, mut ours, mut ours_unfinished) = (0usize, 0usize, 0u32);
+        for task in state.store.tasks().await?.iter().filter(|task| !task.status.is_final()) {
+            let parameters = task.spec()?.model.layout.len();
+            loaded = loaded.saturating_add(parameters);
+            if task.project_id == project.id {
+                ours = ours.saturating_add(parameters);
+                ours_unfinished += 1;
+            }
+        }
+        let quotas = Quotas::of(&project)?;
+        if let Some(most) = quotas.unfinished_tasks
+            && ours_unfinished >= most
+        {
+            return Err(ApiError::new(
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "quota unfinished_tasks: the project has {ours_unfinished} unfinished tasks of the {most} \
+                     its quota allows; stop one first"
+                ),
+            ));
+        }
+        if let Some(most) = quotas.parameters
+            && (ours.saturating_add(requested) as u64) > most
+        {
+            return Err(ApiError::new(
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "quota parameters: the model has {requested} parameters and the project's unfinished \
+                     tasks already hold {ours} of the {most} its quota allows"
+                ),
+            ));
+        }
+        if loaded.saturating_add(requested) > state.config.max_total_parameters {
+            // What the other projects hold is theirs: a key is told only
+            // that the server is full.
+            let message = match caller.project() {
+                None => format!(
+                    "the model has {requested} parameters and unfinished tasks already hold {loaded} of the \
+                     server's {}; stop a task or raise max_total_parameters",
+                    state.config.max_total_parameters
+                ),
+                Some(_) => format!(
+                    "the model has {requested} parameters, more than the server has room for now; stop one \
+                     of the project's tasks or ask the operators"
+                ),
+            };
+            return Err(ApiError::new(ErrorCode::CapacityExceeded, message));
+        }
+        let created = create(&state.store, &state.coordinator, plan, &project.id, Some(&mut audit)).await?;
+        Ok((StatusCode::CREATED, Json(created)))
     }
-    if loaded.saturating_add(requested) > state.config.max_total_parameters {
-        return Err(ApiError::new(
-            ErrorCode::CapacityExceeded,
-            format!(
-                "the model has {requested} parameters and unfinished tasks already hold {loaded} of the \
-                 server's {}; stop a task or raise max_total_parameters",
-                state.config.max_total_parameters
-            ),
-        ));
-    }
-    let created = create(&state.store, &state.coordinator, plan).await?;
-    Ok((StatusCode::CREATED, Json(created)))
+    .await;
+    audit.finish(&state, result).await
 }
 
-/// Stores the task `plan` makes with its initial checkpoint and starts
-/// running it.
-pub async fn create(store: &SqlStore, coordinator: &Coordinator, plan: TaskPlan) -> ApiResult<CreatedTask> {
+/// Query of task creation.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct CreateQuery {
+    /// The project the task belongs to: the admin token's choice (default
+    /// `default`); a key's is its own project.
+    #[param(pattern = "^(default|[0-9a-f]{32})$")]
+    project: Option<String>,
+}
+
+/// Stores the task `plan` makes, in `project`, with its initial checkpoint
+/// and starts running it; `audit`, the admin action's entry, is written
+/// with it.
+pub async fn create(
+    store: &SqlStore,
+    coordinator: &Coordinator,
+    plan: TaskPlan,
+    project: &str,
+    mut audit: Option<&mut Audit>,
+) -> ApiResult<CreatedTask> {
     let spec = plan.spec();
     let derived = plan.derived();
     let now = now_ms();
@@ -138,16 +210,27 @@ pub async fn create(store: &SqlStore, coordinator: &Coordinator, plan: TaskPlan)
         enrollment_token_hash: token_hash(&enrollment_token),
         created_at: now,
         updated_at: now,
+        project_id: project.to_string(),
     };
-    store.create_task(&record, &initial).await?;
+    if let Some(audit) = audit.as_deref_mut() {
+        audit.on(format!("tasks/{id}"));
+    }
+    let entry = audit.as_deref().map(|audit| audit.success(StatusCode::CREATED));
+    store.create_task(&record, &initial, entry.as_ref()).await?;
+    if let Some(audit) = audit.as_deref_mut() {
+        audit.succeeded();
+    }
     if let Err(error) = coordinator.load(&id).await {
-        // Not left behind half made: a task nobody can run is deleted.
-        if let Err(cleanup) = store.delete_task(&id).await {
+        // Not left behind half made: a task nobody can run is deleted, and
+        // the log says so.
+        let error = ApiError::from(error);
+        let entry = audit.as_deref().map(|audit| audit.failure(&error));
+        if let Err(cleanup) = store.delete_task(&id, entry.as_ref()).await {
             tracing::error!(task = %id, %cleanup, "could not delete a task that failed to load");
         }
-        return Err(error.into());
+        return Err(error);
     }
-    tracing::info!(task = %id, name = %spec.name, "task created");
+    tracing::info!(task = %id, name = %spec.name, project, "task created");
     Ok(CreatedTask { id, enrollment_token, degree: derived.degree, threshold: derived.threshold })
 }
 
@@ -212,7 +295,7 @@ impl TokenView {
     responses(
         (status = 201, description = "Created; the token is shown only here", body = TokenView,
             links(("revokeToken" = (operation_id = "revokeToken", parameters(("id" = "$request.path.id"), ("token" = "$response.body#/id")))))),
-        (status = 400, response = Refused), (status = 401, response = Refused),
+        (status = 400, response = Refused), (status = 401, response = Refused), (status = 403, response = Refused),
         (status = 404, response = Refused), (status = 408, response = Refused),
         (status = 409, description = "The task is over, or the name is taken", body = ErrorBody),
         (status = 413, response = Refused), (status = 429, response = RetryLater),
@@ -220,13 +303,30 @@ impl TokenView {
     )
 )]
 pub(super) async fn create_token(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
     RawBody(body): RawBody,
 ) -> ApiResult<(StatusCode, Json<TokenView>)> {
+    let mut audit = Audit::new(&caller, "token.create", format!("tasks/{id}/tokens"));
+    let result = async {
+        let task = caller.task(&state, &id).await?;
+        audit.in_project(&task.project_id);
+        caller.require(Role::Operator)?;
+        new_token_for(&state, task, &body, &mut audit).await
+    }
+    .await;
+    audit.finish(&state, result).await
+}
+
+async fn new_token_for(
+    state: &AppState,
+    task: TaskRecord,
+    body: &[u8],
+    audit: &mut Audit,
+) -> ApiResult<(StatusCode, Json<TokenView>)> {
     let invalid = |message: &str| ApiError::new(ErrorCode::InvalidTokenRequest, message);
-    let request: NewToken = json_body(&body)?;
+    let request: NewToken = json_body(body)?;
     let name = request.name.trim();
     if name.is_empty() || !crate::spec::name_fits(&request.name) {
         return Err(invalid(
@@ -238,21 +338,22 @@ pub(super) async fn create_token(
             "rate.per_minute and rate.burst must be at least 1 (leave rate out for the default)",
         ));
     }
-    let task = state.store.task(&id).await?;
     if task.status.is_final() {
         return Err(ApiError::new(ErrorCode::TaskInactive, format!("the task is {}", task.status.as_str())));
     }
     let token = new_token();
     let record = EnrollmentTokenRecord {
         id: new_id(),
-        task_id: id,
+        task_id: task.id,
         name: name.to_string(),
         token_hash: token_hash(&token),
         rate: request.rate.map(|rate| (rate.per_minute, rate.burst)),
         created_at: now_ms(),
         revoked_at: None,
     };
-    state.store.add_enrollment_token(&record).await?;
+    audit.on(format!("tasks/{}/tokens/{}", record.task_id, record.id));
+    state.store.add_enrollment_token(&record, Some(&audit.success(StatusCode::CREATED))).await?;
+    audit.succeeded();
     tracing::info!(task = %record.task_id, token = %record.id, name = %record.name, "enrollment token created");
     let view = TokenView { token: Some(token), ..TokenView::of(record, 0) };
     Ok((StatusCode::CREATED, Json(view)))
@@ -268,11 +369,11 @@ pub(super) async fn create_token(
     )
 )]
 pub(super) async fn list_tokens(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<Json<Vec<TokenView>>> {
-    state.store.task(&id).await?;
+    caller.task(&state, &id).await?;
     Ok(Json(token_views(&state, &id).await?))
 }
 
@@ -291,20 +392,33 @@ pub(super) async fn token_views(state: &AppState, id: &str) -> ApiResult<Vec<Tok
         ("token" = String, Path, description = "The token's id (the first token's is the task's)", pattern = "^[0-9a-f]{32}$")),
     responses(
         (status = 200, description = "Revoked", body = TokenView),
-        (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
+        (status = 401, response = Refused), (status = 403, response = Refused), (status = 404, response = Refused),
+        (status = 503, response = RetryLater)
     )
 )]
 pub(super) async fn revoke_token(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<TokenView>> {
-    let token_id = params
-        .get("token")
-        .filter(|t| is_valid_id(t))
-        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "enrollment token not found"))?;
-    let revoked = state.store.revoke_enrollment_token(&id, token_id, now_ms()).await?;
+    let token_id = params.get("token").cloned().unwrap_or_default();
+    let resource = format!("tasks/{id}/tokens/{}", logged(&token_id, is_valid_id(&token_id)));
+    let mut audit = Audit::new(&caller, "token.revoke", resource);
+    let result = async {
+        let task = caller.task(&state, &id).await?;
+        audit.in_project(&task.project_id);
+        caller.require(Role::Operator)?;
+        if !is_valid_id(&token_id) {
+            return Err(ApiError::new(ErrorCode::NotFound, "enrollment token not found"));
+        }
+        let entry = audit.success(StatusCode::OK);
+        let revoked = state.store.revoke_enrollment_token(&id, &token_id, now_ms(), Some(&entry)).await?;
+        audit.succeeded();
+        Ok(revoked)
+    }
+    .await;
+    let revoked = audit.finish(&state, result).await?;
     tracing::info!(task = %id, token = %revoked.id, "enrollment token revoked");
     let enrolled = state
         .store
@@ -331,6 +445,9 @@ pub struct TaskView {
     /// task is finished or between leaders).
     #[serde(default)]
     pub leader: Option<String>,
+    /// The project it belongs to.
+    #[serde(default)]
+    pub project: String,
     #[serde(flatten)]
     pub live: LiveState,
 }
@@ -381,12 +498,14 @@ pub(super) async fn view(state: &AppState, task: &TaskRecord) -> ApiResult<TaskV
         created_at: task.created_at,
         spec,
         leader,
+        project: task.project_id.clone(),
         live,
     })
 }
 
-/// Every task; a task another replica leads is shown as that replica
-/// sees it (its live round), or from the store if it does not answer.
+/// Every task the caller sees (a key: its project's); a task another
+/// replica leads is shown as that replica sees it (its live round), or
+/// from the store if it does not answer.
 #[utoipa::path(
     get, path = "/admin/tasks", tag = "admin", operation_id = "listTasks",
     security(("admin" = [])),
@@ -396,22 +515,23 @@ pub(super) async fn view(state: &AppState, task: &TaskRecord) -> ApiResult<TaskV
     )
 )]
 pub(super) async fn list_tasks(
-    _: Admin,
+    caller: Caller,
     headers: HeaderMap,
     State(state): State<AppState>,
 ) -> ApiResult<Json<Vec<TaskView>>> {
-    Ok(Json(task_views(&state, headers.get(header::AUTHORIZATION)).await?))
+    Ok(Json(task_views(&state, headers.get(header::AUTHORIZATION), caller.project()).await?))
 }
 
-/// Every task; a task another replica leads is asked of it (with the
-/// request's `authorization`), or read from the store if it does not
-/// answer.
+/// The tasks of `project` (`None`: every task); a task another replica
+/// leads is asked of it (with the request's `authorization`), or read from
+/// the store if it does not answer.
 pub(super) async fn task_views(
     state: &AppState,
     authorization: Option<&axum::http::HeaderValue>,
+    project: Option<&str>,
 ) -> ApiResult<Vec<TaskView>> {
     let mut views = Vec::new();
-    for task in state.store.tasks().await? {
+    for task in state.store.tasks().await?.into_iter().filter(|t| project.is_none_or(|p| p == t.project_id)) {
         if let Whereabouts::At(url) = state.coordinator.whereabouts(&task.id) {
             let path = format!("/admin/tasks/{}", task.id);
             if let Some(remote) = state.forwarder.get_json::<TaskView>(&url, &path, authorization).await {
@@ -434,11 +554,11 @@ pub(super) async fn task_views(
     )
 )]
 pub(super) async fn get_task(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<Json<TaskView>> {
-    let task = state.store.task(&id).await?;
+    let task = caller.task(&state, &id).await?;
     Ok(Json(view(&state, &task).await?))
 }
 
@@ -451,23 +571,35 @@ pub(super) async fn get_task(
     security(("admin" = [])), params(TaskPath),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 401, response = Refused), (status = 403, response = Refused), (status = 404, response = Refused),
         (status = 409, description = "The task is not over: stop it first", body = ErrorBody),
         (status = 503, response = RetryLater)
     )
 )]
 pub(super) async fn delete_task(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<StatusCode> {
-    let task = state.store.task(&id).await?;
-    if !task.status.is_final() {
-        return Err(ApiError::new(ErrorCode::Conflict, "the task is not over: stop it before deleting it"));
+    let mut audit = Audit::new(&caller, "task.delete", format!("tasks/{id}"));
+    let result = async {
+        let task = caller.task(&state, &id).await?;
+        audit.in_project(&task.project_id);
+        caller.require(Role::Operator)?;
+        if !task.status.is_final() {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                "the task is not over: stop it before deleting it",
+            ));
+        }
+        state.store.delete_task(&id, Some(&audit.success(StatusCode::NO_CONTENT))).await?;
+        audit.succeeded();
+        state.metrics.forget_task(&task.project_id, &id);
+        tracing::info!(task = %id, "task deleted");
+        Ok(StatusCode::NO_CONTENT)
     }
-    state.store.delete_task(&id).await?;
-    tracing::info!(task = %id, "task deleted");
-    Ok(StatusCode::NO_CONTENT)
+    .await;
+    audit.finish(&state, result).await
 }
 
 /// A task's new status.
@@ -488,6 +620,8 @@ enum StatusChangeResponses {
     Changed(StatusChanged),
     #[response(status = 401)]
     Unauthorized(#[ref_response] Refused),
+    #[response(status = 403)]
+    Forbidden(#[ref_response] Refused),
     #[response(status = 404)]
     NotFound(#[ref_response] Refused),
     /// The task is over (stopped or completed)
@@ -497,10 +631,24 @@ enum StatusChangeResponses {
     Unavailable(#[ref_response] RetryLater),
 }
 
-async fn change_status(state: &AppState, id: &str, status: TaskStatus) -> ApiResult<Json<StatusChanged>> {
-    state.store.task(id).await?;
-    state.coordinator.set_status(id, status).await?;
-    Ok(Json(StatusChanged { id: id.to_string(), status }))
+async fn change_status(
+    caller: &Caller,
+    state: &AppState,
+    id: &str,
+    action: &'static str,
+    status: TaskStatus,
+) -> ApiResult<Json<StatusChanged>> {
+    let mut audit = Audit::new(caller, action, format!("tasks/{id}"));
+    let result = async {
+        let task = caller.task(state, id).await?;
+        audit.in_project(&task.project_id);
+        caller.require(Role::Operator)?;
+        state.coordinator.set_status(id, status, Some(audit.success(StatusCode::OK))).await?;
+        audit.succeeded();
+        Ok(Json(StatusChanged { id: id.to_string(), status }))
+    }
+    .await;
+    audit.finish(state, result).await
 }
 
 /// Pauses a task: no new round starts; the one in progress runs to its end.
@@ -510,11 +658,11 @@ async fn change_status(state: &AppState, id: &str, status: TaskStatus) -> ApiRes
     responses(StatusChangeResponses)
 )]
 pub(super) async fn pause_task(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<Json<StatusChanged>> {
-    change_status(&state, &id, TaskStatus::Paused).await
+    change_status(&caller, &state, &id, "task.pause", TaskStatus::Paused).await
 }
 
 /// Resumes a paused task.
@@ -524,11 +672,11 @@ pub(super) async fn pause_task(
     responses(StatusChangeResponses)
 )]
 pub(super) async fn resume_task(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<Json<StatusChanged>> {
-    change_status(&state, &id, TaskStatus::Active).await
+    change_status(&caller, &state, &id, "task.resume", TaskStatus::Active).await
 }
 
 /// Stops a task for good.
@@ -538,11 +686,11 @@ pub(super) async fn resume_task(
     responses(StatusChangeResponses)
 )]
 pub(super) async fn stop_task(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<Json<StatusChanged>> {
-    change_status(&state, &id, TaskStatus::Stopped).await
+    change_status(&caller, &state, &id, "task.stop", TaskStatus::Stopped).await
 }
 
 /// A completed round as the admin API shows it.
@@ -592,11 +740,11 @@ pub struct PlaintextReport {
     )
 )]
 pub(super) async fn list_rounds(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<Json<Vec<RoundView>>> {
-    let task = state.store.task(&id).await?;
+    let task = caller.task(&state, &id).await?;
     Ok(Json(round_views(&state, &task, 0).await?))
 }
 
@@ -667,7 +815,7 @@ pub(super) struct AttemptsQuery {
     )
 )]
 pub(super) async fn list_attempts(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
     query: Result<axum::extract::Query<AttemptsQuery>, axum::extract::rejection::QueryRejection>,
@@ -676,7 +824,7 @@ pub(super) async fn list_attempts(
     if !(1..=ATTEMPTS_KEPT).contains(&limit) {
         return Err(bad_limit());
     }
-    state.store.task(&id).await?;
+    caller.task(&state, &id).await?;
     Ok(Json(attempt_views(&state, &id, limit).await?))
 }
 
@@ -706,19 +854,32 @@ fn bad_limit() -> ApiError {
     )
 )]
 pub(super) async fn get_checkpoint(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Response> {
     let round = params.get("round").map(String::as_str).unwrap_or_default();
-    let record = if round == "latest" {
-        state.store.latest_checkpoint(&id).await?
-    } else {
-        let number = decimal(round)
-            .ok_or_else(|| ApiError::new(ErrorCode::InvalidRound, "round must be a number or \"latest\""))?;
-        state.store.checkpoint(&id, number as i64).await?
-    };
+    let well_formed = round == "latest" || decimal(round).is_some();
+    let resource = format!("tasks/{id}/checkpoints/{}", logged(round, well_formed));
+    let mut audit = Audit::new(&caller, "checkpoint.download", resource);
+    let result = async {
+        let task = caller.task(&state, &id).await?;
+        audit.in_project(&task.project_id);
+        let record = if round == "latest" {
+            state.store.latest_checkpoint(&id).await?
+        } else {
+            let number = decimal(round).ok_or_else(|| {
+                ApiError::new(ErrorCode::InvalidRound, "round must be a number or \"latest\"")
+            })?;
+            state.store.checkpoint(&id, number as i64).await?
+        };
+        audit.on(format!("tasks/{id}/checkpoints/{}", record.round));
+        audit.write(&state, StatusCode::OK).await?;
+        Ok(record)
+    }
+    .await;
+    let record = audit.finish(&state, result).await?;
     let disposition = format!("attachment; filename=\"{id}-round-{}.safetensors\"", record.round);
     Ok((
         [

@@ -116,6 +116,7 @@ pub(super) async fn enroll(
         ));
     }
     let now = now_ms();
+    project_enrollment_quota(&state, &task.project_id, now).await?;
     let credential = new_token();
     let participant = ParticipantRecord {
         id: new_id(),
@@ -131,6 +132,29 @@ pub(super) async fn enroll(
     let enrolled =
         Enrolled { participant_id: participant.id, credential, expires_at: participant.expires_at, security };
     Ok((StatusCode::CREATED, Json(enrolled)))
+}
+
+/// Refuses (`429`) an enrollment over the `enrollments_per_minute` quota
+/// of the task's project: counted in the store over every task of the
+/// project, so that the replicas leading them share the count (enrollments
+/// at the same instant may pass it by a few).
+async fn project_enrollment_quota(state: &AppState, project: &str, now: i64) -> ApiResult<()> {
+    const MINUTE_MS: i64 = 60_000;
+    let quotas = super::projects::Quotas::of(&state.store.project(project).await?)?;
+    let Some(most) = quotas.enrollments_per_minute else { return Ok(()) };
+    let (recent, oldest) = state.store.enrollments_since(project, now - MINUTE_MS).await?;
+    if recent < i64::from(most) {
+        return Ok(());
+    }
+    let wait = oldest.map_or(MINUTE_MS, |oldest| (oldest + MINUTE_MS - now).clamp(1, MINUTE_MS));
+    Err(ApiError::new(
+        ErrorCode::RateLimited,
+        format!(
+            "quota enrollments_per_minute: the project's tasks enrolled {recent} clients in the last minute, \
+             of the {most} its quota allows; retry later"
+        ),
+    )
+    .retry_after(std::time::Duration::from_millis(wait as u64)))
 }
 
 /// Checks in: says whether the client is selected for the round in

@@ -61,6 +61,16 @@ impl ApiError {
         self.status
     }
 
+    /// The stable reason.
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// The explanation.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// The body the refusal is sent with, its retry hint `retry` unless it
     /// has one of its own.
     pub(super) fn body(&self, retry: Duration) -> ErrorBody {

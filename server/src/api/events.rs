@@ -38,14 +38,18 @@
 //! connects again after `retry_after_ms`.
 //!
 //! **A cap.** At most `max_admin_streams` streams are open at once in a
-//! process (the admin token is the one admin credential, so this is the
-//! cap per credential); one more is refused with a `429` and
-//! `Retry-After`. A stream forwarded to a task's leader counts at the
-//! leader.
+//! process, and at most a project's `connections` quota of them for its
+//! keys; one more is refused with a `429` and `Retry-After`. A stream
+//! forwarded to a task's leader counts at the leader.
 //!
-//! The admin token is checked when the stream opens: the browser's
-//! `EventSource` cannot send an `Authorization` header, so the dashboard
-//! reads the stream with `fetch`, which can.
+//! **Projects.** A key follows only its project's tasks, and its task
+//! list holds only them (the lists of each project are produced apart).
+//! The key is checked when the stream opens: the browser's `EventSource`
+//! cannot send an `Authorization` header, so the dashboard reads the
+//! stream with `fetch`, which can. A stream opened with a key ends after
+//! [`KEY_STREAM_LIFETIME`] with a `reauthenticate` event (and at the
+//! key's expiry, if sooner), so that a revoked key reads for at most that
+//! long; the reader connects again, with its key checked anew.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -67,8 +71,9 @@ use tokio_stream::wrappers::WatchStream;
 
 use super::admin::{attempt_views, round_views, task_views, token_views, view};
 use super::error::{ApiError, ApiResult};
-use super::extract::{Admin, TaskId};
+use super::extract::TaskId;
 use super::openapi::{Refused, RetryLater, TaskEvent, TaskListEvent, TaskPath};
+use super::projects::{Caller, Identity, Quotas};
 use super::state::AppState;
 use crate::api::ErrorCode;
 use crate::cluster::Whereabouts;
@@ -92,13 +97,45 @@ const RETRY: Duration = Duration::from_secs(2);
 const OVER_CAP_RETRY: Duration = Duration::from_secs(5);
 /// A keep-alive comment.
 const COMMENT: &[u8] = b":\n\n";
+/// Longest a stream opened with a project key stays open: a revoked key
+/// reads no longer than this.
+pub const KEY_STREAM_LIFETIME: Duration = Duration::from_secs(300);
 
 /// The streams of one process: the cap, and the producers running.
 #[derive(Clone)]
 pub struct Streams {
     open: Arc<Semaphore>,
+    /// The cap on streams open at once.
+    max_open: usize,
+    /// Streams open per project (its keys').
+    per_project: OpenPerProject,
     tasks: Feeds<String, TaskSnapshot>,
-    list: Feeds<(), ListSnapshot>,
+    /// The task list of one project, or of every one (`None`).
+    list: Feeds<Option<String>, ListSnapshot>,
+}
+
+/// Streams open per project.
+type OpenPerProject = Arc<Mutex<HashMap<String, u32>>>;
+
+/// A stream's place under the caps, given back when it closes.
+#[derive(Debug)]
+struct Admitted {
+    _open: OwnedSemaphorePermit,
+    project: Option<(OpenPerProject, String)>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some((counts, project)) = self.project.take() {
+            let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(count) = counts.get_mut(&project) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    counts.remove(&project);
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Streams {
@@ -116,18 +153,54 @@ impl Default for Streams {
 impl Streams {
     /// At most `max_open` streams at once.
     pub fn new(max_open: usize) -> Self {
-        Self { open: Arc::new(Semaphore::new(max_open)), tasks: Feeds::default(), list: Feeds::default() }
+        Self {
+            open: Arc::new(Semaphore::new(max_open)),
+            max_open,
+            per_project: Arc::default(),
+            tasks: Feeds::default(),
+            list: Feeds::default(),
+        }
     }
 
-    /// A place for one more stream, or the refusal.
-    fn admit(&self) -> ApiResult<OwnedSemaphorePermit> {
-        self.open.clone().try_acquire_owned().map_err(|_| {
+    /// A place for one more stream of `caller`, or the refusal: over the
+    /// process's cap, or over the `connections` quota of the caller's
+    /// project.
+    async fn admit(&self, state: &AppState, caller: &Caller) -> ApiResult<Admitted> {
+        let project = match caller.project() {
+            Some(id) => Some((id.to_string(), Quotas::of(&state.store.project(id).await?)?.connections)),
+            None => None,
+        };
+        self.admit_in(project)
+    }
+
+    /// A place for one more stream of `project` (with its `connections`
+    /// quota), or of the admin token (`None`).
+    fn admit_in(&self, project: Option<(String, Option<u32>)>) -> ApiResult<Admitted> {
+        let open = self.open.clone().try_acquire_owned().map_err(|_| {
             ApiError::new(
                 ErrorCode::RateLimited,
                 "too many admin event streams are open; close one or retry later",
             )
             .retry_after(OVER_CAP_RETRY)
-        })
+        })?;
+        let Some((project, quota)) = project else { return Ok(Admitted { _open: open, project: None }) };
+        // A project without a quota of its own takes at most a quarter of
+        // the cap, so that one tenant cannot hold every stream.
+        let most = quota.unwrap_or_else(|| (self.max_open / 4).max(1) as u32);
+        let mut counts = self.per_project.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = counts.entry(project.clone()).or_default();
+        if *count >= most {
+            return Err(ApiError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "quota connections: the project's keys hold {count} event streams open here, of the \
+                     {most} its quota allows; close one or retry later"
+                ),
+            )
+            .retry_after(OVER_CAP_RETRY));
+        }
+        *count += 1;
+        Ok(Admitted { _open: open, project: Some((self.per_project.clone(), project)) })
     }
 
     /// Producers running (tasks followed, and the list if it is).
@@ -157,18 +230,19 @@ impl Streams {
     )
 )]
 pub(super) async fn task_events(
-    _: Admin,
+    caller: Caller,
     State(state): State<AppState>,
     TaskId(id): TaskId,
 ) -> ApiResult<Response> {
-    let open = state.streams.admit()?;
-    // A task that does not exist is refused before the stream starts.
-    state.store.task(&id).await?;
+    // A task that does not exist (or is another project's) is refused
+    // before the stream starts.
+    caller.task(&state, &id).await?;
+    let open = state.streams.admit(&state, &caller).await?;
     let feed = state.streams.tasks.clone();
     let snapshots = feed.subscribe(id.clone(), |sender| {
         tokio::spawn(produce_task(state.clone(), id.clone(), sender));
     });
-    Ok(stream(snapshots, open))
+    Ok(stream(snapshots, open, &caller))
 }
 
 /// The task list's changes as Server-Sent Events: `tasks` (every task with
@@ -187,31 +261,50 @@ pub(super) async fn task_events(
     )
 )]
 pub(super) async fn task_list_events(
-    _: Admin,
+    caller: Caller,
     headers: HeaderMap,
     State(state): State<AppState>,
 ) -> ApiResult<Response> {
-    let open = state.streams.admit()?;
-    // The list asks other replicas for the tasks they lead with the admin
-    // token it was opened with (checked above; the deployment has one).
+    let open = state.streams.admit(&state, &caller).await?;
+    // The list asks other replicas for the tasks they lead with the
+    // credential it was opened with (checked above: the admin token, or a
+    // key of the project whose list it is).
     let mut authorization = headers.get(header::AUTHORIZATION).cloned();
     if let Some(value) = authorization.as_mut() {
         value.set_sensitive(true);
     }
     let feed = state.streams.list.clone();
-    let snapshots = feed.subscribe((), |sender| {
-        tokio::spawn(produce_list(state.clone(), authorization, sender));
+    let scope = caller.project().map(str::to_string);
+    let snapshots = feed.subscribe(scope.clone(), |sender| {
+        tokio::spawn(produce_list(state.clone(), authorization, scope, sender));
     });
-    Ok(stream(snapshots, open))
+    Ok(stream(snapshots, open, &caller))
 }
 
-fn stream<S: Snapshot>(snapshots: watch::Receiver<Published<S>>, open: OwnedSemaphorePermit) -> Response {
+fn stream<S: Snapshot>(
+    snapshots: watch::Receiver<Published<S>>,
+    open: Admitted,
+    caller: &Caller,
+) -> Response {
+    // A key's stream ends in time for its key to be checked again.
+    let lifetime = match &caller.identity {
+        Identity::Admin => None,
+        Identity::Key(key) => {
+            let mut lifetime = KEY_STREAM_LIFETIME;
+            if let Some(expiry) = key.expires_at {
+                let left = u64::try_from(expiry.saturating_sub(crate::coordinator::now_ms())).unwrap_or(0);
+                lifetime = lifetime.min(Duration::from_millis(left));
+            }
+            Some(Box::pin(tokio::time::sleep(lifetime)))
+        }
+    };
     let body = EventBody {
         snapshots: WatchStream::new(snapshots),
         sent: None,
         queue: VecDeque::new(),
         ending: false,
         keep_alive: Box::pin(tokio::time::sleep(KEEP_ALIVE)),
+        lifetime,
         _open: open,
     };
     (
@@ -597,14 +690,15 @@ async fn read_task(state: &AppState, id: &str, last: &mut TaskState) -> ApiResul
 async fn produce_list(
     state: AppState,
     authorization: Option<HeaderValue>,
-    producer: Producer<(), ListSnapshot>,
+    project: Option<String>,
+    producer: Producer<Option<String>, ListSnapshot>,
 ) {
     let mut changes = state.coordinator.changes();
     let mut tasks = Tracked::default();
     loop {
         let read_at = Instant::now();
         changes.mark_unchanged();
-        match task_views(&state, authorization.as_ref()).await {
+        match task_views(&state, authorization.as_ref(), project.as_deref()).await {
             Ok(views) => producer.publish(ListSnapshot { tasks: tasks.update("tasks", to_json(&views)) }),
             Err(error) => return producer.end(unavailable(error)),
         }
@@ -624,7 +718,9 @@ struct EventBody<S: Snapshot> {
     /// The last event is queued: end after it.
     ending: bool,
     keep_alive: Pin<Box<Sleep>>,
-    _open: OwnedSemaphorePermit,
+    /// When a key's stream ends (`None`: the admin token's, never).
+    lifetime: Option<Pin<Box<Sleep>>>,
+    _open: Admitted,
 }
 
 impl<S: Snapshot> http_body::Body for EventBody<S> {
@@ -637,6 +733,16 @@ impl<S: Snapshot> http_body::Body for EventBody<S> {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
         loop {
+            // A key's stream past its lifetime sends nothing more than the
+            // request to sign in again, whenever its reader comes back.
+            if !this.ending
+                && let Some(lifetime) = this.lifetime.as_mut()
+                && lifetime.as_mut().poll(cx).is_ready()
+            {
+                this.queue.clear();
+                this.queue.push_back(frame("reauthenticate", "{}"));
+                this.ending = true;
+            }
             if let Some(next) = this.queue.pop_front() {
                 this.keep_alive.as_mut().reset(Instant::now() + KEEP_ALIVE);
                 return Poll::Ready(Some(Ok(Frame::data(next))));
@@ -774,11 +880,64 @@ mod tests {
     #[test]
     fn streams_over_the_cap_are_refused_with_a_retry_hint() {
         let streams = Streams::new(2);
-        let held = [streams.admit().unwrap(), streams.admit().unwrap()];
-        let refused = streams.admit().unwrap_err();
+        let held = [streams.admit_in(None).unwrap(), streams.admit_in(None).unwrap()];
+        let refused = streams.admit_in(None).unwrap_err();
         assert_eq!(refused.status(), axum::http::StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(refused.body(Duration::ZERO).retry_after_ms, Some(5000));
         drop(held);
-        assert!(streams.admit().is_ok());
+        assert!(streams.admit_in(None).is_ok());
+    }
+
+    #[test]
+    fn a_project_without_a_quota_takes_a_quarter_of_the_cap() {
+        let streams = Streams::new(8);
+        let unset = || Some(("acme".to_string(), None));
+        let held = [streams.admit_in(unset()).unwrap(), streams.admit_in(unset()).unwrap()];
+        assert!(streams.admit_in(unset()).unwrap_err().message().starts_with("quota connections"));
+        // The admin token is held to the cap only.
+        let admin: Vec<_> = (0..6).map(|_| streams.admit_in(None).unwrap()).collect();
+        drop((held, admin));
+    }
+
+    /// A key's stream past its lifetime sends the request to sign in again
+    /// and ends, even with a newer snapshot waiting (its reader came back
+    /// after the key may have been revoked).
+    #[tokio::test]
+    async fn a_key_s_stream_past_its_lifetime_sends_nothing_but_reauthenticate() {
+        use http_body_util::BodyExt;
+        let (sender, receiver) = watch::channel(Published::Snapshot(Arc::new(ListSnapshot {
+            tasks: versioned(0, "event: tasks\ndata: [\"secret\"]\n\n"),
+        })));
+        let body = EventBody {
+            snapshots: WatchStream::new(receiver),
+            sent: None,
+            queue: VecDeque::new(),
+            ending: false,
+            keep_alive: Box::pin(tokio::time::sleep(KEEP_ALIVE)),
+            lifetime: Some(Box::pin(tokio::time::sleep(Duration::ZERO))),
+            _open: Streams::new(1).admit_in(None).unwrap(),
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let sent = body.collect().await.unwrap().to_bytes();
+        assert_eq!(sent, frame("reauthenticate", "{}"));
+        drop(sender);
+    }
+
+    #[test]
+    fn a_projects_streams_are_held_to_its_connections_quota() {
+        let streams = Streams::new(10);
+        let acme = || Some(("acme".to_string(), Some(2)));
+        let held = [streams.admit_in(acme()).unwrap(), streams.admit_in(acme()).unwrap()];
+        let refused = streams.admit_in(acme()).unwrap_err();
+        assert_eq!(refused.status(), axum::http::StatusCode::TOO_MANY_REQUESTS);
+        assert!(refused.message().starts_with("quota connections"), "{refused}");
+        // Another project, and the admin token, are not counted against it.
+        let other = streams.admit_in(Some(("other".to_string(), Some(1)))).unwrap();
+        let admin = streams.admit_in(None).unwrap();
+        drop(held);
+        let again = streams.admit_in(acme()).unwrap();
+        assert_eq!(streams.per_project.lock().unwrap().get("acme"), Some(&1));
+        drop((again, other, admin));
+        assert!(streams.per_project.lock().unwrap().is_empty(), "closed streams give their place back");
     }
 }

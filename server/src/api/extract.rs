@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use cohort_client::api::ErrorCode;
 use http_body_util::BodyExt;
 
-use super::auth::{token_hash, verify_token};
+use super::auth::token_hash;
 use super::error::{ApiError, ApiResult};
 use super::listener::SlowBody;
 use super::ratelimit::Call;
@@ -33,20 +33,6 @@ pub(crate) fn bearer_of(headers: &axum::http::HeaderMap) -> Option<&str> {
 /// request's extensions.
 pub(crate) fn peer_of(extensions: &axum::http::Extensions) -> Option<IpAddr> {
     extensions.get::<ConnectInfo<SocketAddr>>().map(|info| info.0.ip())
-}
-
-/// The caller holds the admin token.
-pub struct Admin;
-
-impl FromRequestParts<AppState> for Admin {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        match bearer(parts) {
-            Some(token) if verify_token(token, &state.config.admin_token_hash) => Ok(Admin),
-            _ => Err(ApiError::new(ErrorCode::Unauthorized, "a valid admin token is required")),
-        }
-    }
 }
 
 /// The caller is an enrolled participant with an unexpired credential.
@@ -181,6 +167,12 @@ pub struct TaskId(pub String);
 pub fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let invalid = |e: serde_json::Error| ApiError::new(ErrorCode::InvalidJson, e.to_string());
     let UniqueKeys(mut value) = serde_json::from_slice(body).map_err(invalid)?;
+    // Every body of the API is an object: serde would also read a struct
+    // from an array of its fields in order (`[null, null]` for a body whose
+    // fields are all optional), which the document does not allow.
+    if !value.is_object() {
+        return Err(ApiError::new(ErrorCode::InvalidJson, "the body must be a JSON object"));
+    }
     integral_numbers(&mut value);
     serde_json::from_value(value).map_err(invalid)
 }
@@ -354,6 +346,12 @@ mod tests {
 
     #[test]
     fn a_key_named_twice_in_any_object_is_refused() {
+        // A struct is not read from an array of its fields, nor from any
+        // other value than an object.
+        for not_an_object in ["[1, 2, 0.5, []]", "[]", "null", "3", "\"x\""] {
+            let error = json_body::<Body>(not_an_object.as_bytes()).unwrap_err();
+            assert_eq!(error.status(), axum::http::StatusCode::BAD_REQUEST, "{not_an_object}");
+        }
         let error = json_body::<Body>(br#"{"count": 1, "count": 2, "big": 2, "share": 0.5, "items": []}"#)
             .unwrap_err();
         assert!(error.to_string().contains("duplicate key `count`"), "{error}");
@@ -363,6 +361,7 @@ mod tests {
         // The same key in sibling objects, and every kind of value, pass.
         let fine = br#"{"a": [{"k": 1}, {"k": -2.5}], "b": {"k": null}, "c": "s", "d": false, "e": 18446744073709551615}"#;
         let value = json_body::<serde_json::Value>(fine).unwrap();
+        let _array_inside = json_body::<serde_json::Value>(br#"{"a": [[1], [2]]}"#).unwrap();
         assert_eq!(value, serde_json::from_slice::<serde_json::Value>(fine).unwrap());
     }
 

@@ -1,9 +1,11 @@
 //! The coordinator's HTTP API and pages.
 //!
-//! * Admin API (JSON, `Authorization: Bearer <admin token>`): create, list,
-//!   inspect, pause, resume and stop tasks; list rounds with their metrics;
-//!   download checkpoints (safetensors); follow a task, or the task list, as
-//!   Server-Sent Events ([`events`]).
+//! * Admin API (JSON, `Authorization: Bearer <admin token or project key>`):
+//!   create, list, inspect, pause, resume and stop tasks; list rounds with
+//!   their metrics; download checkpoints (safetensors); follow a task, or
+//!   the task list, as Server-Sent Events ([`events`]). Projects, their
+//!   keys and roles, quotas and the audit log ([`projects`]): a key sees
+//!   its own project only.
 //! * Client API: enroll with a task's enrollment token and receive a
 //!   credential; then, with `Authorization: Bearer <credential>`, check in,
 //!   download the global model, fetch and post secure-aggregation stage
@@ -42,6 +44,7 @@ pub mod extract;
 pub mod listener;
 pub mod openapi;
 pub mod pages;
+pub mod projects;
 pub mod ratelimit;
 pub mod state;
 pub mod trace;
@@ -99,6 +102,17 @@ pub fn app(state: AppState) -> Router {
         .routes(routes!(events::task_list_events))
         .route_layer(to_leader.clone())
         .layer(DefaultBodyLimit::max(JSON_LIMIT));
+    // Projects, keys and the audit log: in the shared store, served by any
+    // replica.
+    let projects = OpenApiRouter::new()
+        .routes(routes!(projects::create_project, projects::list_projects))
+        .routes(routes!(projects::get_project))
+        .routes(routes!(projects::set_quotas))
+        .routes(routes!(projects::create_key, projects::list_keys))
+        .routes(routes!(projects::revoke_key))
+        .routes(routes!(projects::list_audit))
+        .routes(routes!(projects::session))
+        .layer(DefaultBodyLimit::max(JSON_LIMIT));
     // The client API's JSON bodies are small; enrollment's is read before
     // its token is checked, so it gets the small limit too.
     let client_json = OpenApiRouter::new()
@@ -119,6 +133,7 @@ pub fn app(state: AppState) -> Router {
         .routes(routes!(ready))
         .routes(routes!(prometheus))
         .merge(admin)
+        .merge(projects)
         .merge(client_json)
         .merge(messages)
         .split_for_parts();
@@ -191,9 +206,30 @@ fn not_ready() -> Response {
 
 /// The coordinator's metrics in the OpenMetrics text format (which
 /// Prometheus scrapes), with histograms of stage durations and uploads.
+/// Without a credential: this process's series over every task. With the
+/// admin token: those and every task's series, labelled with its `project`
+/// and `task`. With a project key: that project's tasks' series only.
 #[utoipa::path(get, path = "/metrics", tag = "operations", operation_id = "metrics",
-    responses((status = 200, description = "OpenMetrics text exposition",
-        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String)))]
-async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], state.metrics.render())
+    security((), ("admin" = [])),
+    responses(
+        (status = 200, description = "OpenMetrics text exposition",
+            content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String),
+        (status = 401, response = openapi::Refused), (status = 503, response = openapi::RetryLater)
+    ))]
+async fn prometheus(
+    State(state): State<AppState>,
+    mut parts: axum::http::request::Parts,
+) -> Result<Response, ApiError> {
+    use crate::metrics::Scope;
+    use axum::extract::FromRequestParts;
+    let caller = match extract::bearer_of(&parts.headers) {
+        None => None,
+        Some(_) => Some(projects::Caller::from_request_parts(&mut parts, &state).await?),
+    };
+    let scope = match caller.as_ref().map(|caller| caller.project()) {
+        None => Scope::Public,
+        Some(None) => Scope::All,
+        Some(Some(project)) => Scope::Project(project),
+    };
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], state.metrics.render(scope)).into_response())
 }

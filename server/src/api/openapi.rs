@@ -83,7 +83,7 @@ pub struct TaskEvent;
 
 impl utoipa::PartialSchema for TaskEvent {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        server_sent_event(&["task", "rounds", "attempts", "tokens", "moved", "unavailable"])
+        server_sent_event(&["task", "rounds", "attempts", "tokens", "moved", "reauthenticate", "unavailable"])
     }
 }
 
@@ -94,7 +94,7 @@ pub struct TaskListEvent;
 
 impl utoipa::PartialSchema for TaskListEvent {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        server_sent_event(&["tasks", "unavailable"])
+        server_sent_event(&["tasks", "reauthenticate", "unavailable"])
     }
 }
 
@@ -116,7 +116,9 @@ impl utoipa::ToSchema for TaskListEvent {}
     components(responses(Refused, RetryLater), schemas(super::admin::StatusChanged)),
     modifiers(&SecuritySchemes),
     tags(
-        (name = "admin", description = "Tasks, their enrollment tokens, rounds and checkpoints (the admin token)"),
+        (name = "admin", description = "Tasks, their enrollment tokens, rounds and checkpoints (the admin token, or a \
+            project's key: its project's tasks only, as its role allows)"),
+        (name = "projects", description = "Projects, their keys with roles, quotas and audit log"),
         (name = "client", description = "What a participant calls (its credential from enrollment)"),
         (name = "operations", description = "Liveness, readiness and metrics")
     )
@@ -133,7 +135,14 @@ impl utoipa::Modify for SecuritySchemes {
                 HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some(description)).build(),
             )
         };
-        components.add_security_scheme("admin", bearer("The coordinator's admin token"));
+        components.add_security_scheme(
+            "admin",
+            bearer(
+                "The deployment's admin token (every project), or a project's key (`cohort_key_` and 64 hex \
+                 digits): its project only; a `viewer` reads, an `operator` also runs tasks and their tokens, \
+                 an `owner` also manages keys and reads the audit log",
+            ),
+        );
         components.add_security_scheme("client", bearer("A credential from /v1/tasks/{id}/enroll"));
     }
 }

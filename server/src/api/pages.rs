@@ -73,14 +73,19 @@ pub fn demo_spec() -> TaskSpec {
 /// and creates a fresh one.
 pub async fn start_demo_task(store: &SqlStore, coordinator: &Coordinator) -> Result<DemoTask, ApiError> {
     for task in store.tasks().await? {
-        if task.name == DEMO_TASK_NAME && !task.status.is_final() {
-            coordinator.set_status(&task.id, TaskStatus::Stopped).await?;
+        // The demo's tasks are the admin token's, in the project `default`;
+        // another project's task of that name is its own.
+        if task.name == DEMO_TASK_NAME
+            && task.project_id == super::projects::DEFAULT_PROJECT
+            && !task.status.is_final()
+        {
+            coordinator.set_status(&task.id, TaskStatus::Stopped, None).await?;
         }
     }
     let plan = TaskPlan::for_new_task(demo_spec())
         .map_err(|e| ApiError::new(ErrorCode::InvalidTask, e.to_string()))?;
     let clients_per_round = plan.spec().groups().selected();
-    let created = create(store, coordinator, plan).await?;
+    let created = create(store, coordinator, plan, super::projects::DEFAULT_PROJECT, None).await?;
     tracing::info!(task = %created.id, "public demo task started");
     Ok(DemoTask::new(created.id, created.enrollment_token, clients_per_round))
 }

@@ -56,6 +56,10 @@ pub struct RateLimits {
     pub reports_per_address: Option<Rate>,
     /// Metric reports of one participant.
     pub reports_per_credential: Option<Rate>,
+    /// Refused admin requests of one project key, each written to the
+    /// audit log; past it a key's refusals are `429` and not written, so
+    /// that no key can flood the log the projects share.
+    pub admin_refusals_per_key: Option<Rate>,
 }
 
 impl Default for RateLimits {
@@ -74,6 +78,7 @@ impl Default for RateLimits {
             check_in_per_credential: Some(Rate { per_minute: 120, burst: 30 }),
             reports_per_address: Some(Rate { per_minute: 12_000, burst: 4_000 }),
             reports_per_credential: Some(Rate { per_minute: 12, burst: 6 }),
+            admin_refusals_per_key: Some(Rate { per_minute: 120, burst: 240 }),
         }
     }
 }
@@ -87,6 +92,9 @@ pub enum Call {
     CheckIn,
     /// `POST /v1/metrics`.
     Report,
+    /// An admin request of a project key that was refused (and is written
+    /// to the audit log).
+    AdminRefusal,
 }
 
 type Keyed<K> = Option<DefaultKeyedRateLimiter<K>>;
@@ -106,6 +114,7 @@ struct Inner {
     check_in_credential: Keyed<String>,
     report_address: Keyed<IpAddr>,
     report_credential: Keyed<String>,
+    admin_refusal_key: Keyed<String>,
     /// Tokens with a rate of their own: token id → its rate and limiter.
     own_rates: Mutex<HashMap<String, (Rate, DefaultDirectRateLimiter)>>,
     clock: DefaultClock,
@@ -127,6 +136,7 @@ impl Limiters {
             check_in_credential: keyed(limits.check_in_per_credential),
             report_address: keyed(limits.reports_per_address),
             report_credential: keyed(limits.reports_per_credential),
+            admin_refusal_key: keyed(limits.admin_refusals_per_key),
             own_rates: Mutex::default(),
             clock: DefaultClock::default(),
         }))
@@ -147,6 +157,7 @@ impl Limiters {
             Call::Enroll => (&inner.enroll_address, &inner.enroll_token),
             Call::CheckIn => (&inner.check_in_address, &inner.check_in_credential),
             Call::Report => (&inner.report_address, &inner.report_credential),
+            Call::AdminRefusal => (&None, &inner.admin_refusal_key),
         };
         if let (Some(limiter), Some(address)) = (by_address, address) {
             limiter.check_key(&address).map_err(|not_until| not_until.wait_time_from(inner.clock.now()))?;
@@ -185,8 +196,14 @@ impl Limiters {
             limiter.retain_recent();
             limiter.shrink_to_fit();
         }
-        for limiter in
-            [&inner.enroll_token, &inner.check_in_credential, &inner.report_credential].into_iter().flatten()
+        for limiter in [
+            &inner.enroll_token,
+            &inner.check_in_credential,
+            &inner.report_credential,
+            &inner.admin_refusal_key,
+        ]
+        .into_iter()
+        .flatten()
         {
             limiter.retain_recent();
             limiter.shrink_to_fit();
@@ -201,11 +218,16 @@ impl Limiters {
             .flatten()
             .map(|l| l.len())
             .sum();
-        let credentials: usize = [&inner.enroll_token, &inner.check_in_credential, &inner.report_credential]
-            .into_iter()
-            .flatten()
-            .map(|l| l.len())
-            .sum();
+        let credentials: usize = [
+            &inner.enroll_token,
+            &inner.check_in_credential,
+            &inner.report_credential,
+            &inner.admin_refusal_key,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|l| l.len())
+        .sum();
         addresses + credentials
     }
 }
@@ -222,6 +244,7 @@ mod tests {
             check_in_per_credential: Some(rate),
             reports_per_address: Some(rate),
             reports_per_credential: None,
+            admin_refusals_per_key: None,
         }
     }
 
@@ -311,6 +334,24 @@ mod tests {
         assert!((1_000..=1_000 + refilled).contains(&admitted), "{admitted} admitted");
     }
 
+    /// A project key's refused admin requests, each an audit entry, are
+    /// limited per key, so that one key cannot flood the shared log.
+    #[test]
+    fn a_keys_refusals_are_limited_per_key() {
+        let limits = RateLimits {
+            admin_refusals_per_key: Some(Rate { per_minute: 60, burst: 3 }),
+            ..RateLimits::default()
+        };
+        let limiters = Limiters::new(&limits);
+        for _ in 0..3 {
+            assert_eq!(limiters.check(Call::AdminRefusal, None, Some("k1")), Ok(()));
+        }
+        let wait = limiters.check(Call::AdminRefusal, None, Some("k1")).unwrap_err();
+        assert!(wait > Duration::from_millis(500) && wait <= Duration::from_secs(1), "{wait:?}");
+        assert_eq!(limiters.check(Call::AdminRefusal, None, Some("k2")), Ok(()), "another key is its own");
+        assert_eq!(RateLimits::default().admin_refusals_per_key, Some(Rate { per_minute: 120, burst: 240 }));
+    }
+
     #[test]
     fn switched_off_limits_never_refuse() {
         let off = RateLimits {
@@ -320,6 +361,7 @@ mod tests {
             check_in_per_credential: None,
             reports_per_address: None,
             reports_per_credential: None,
+            admin_refusals_per_key: None,
         };
         let limiters = Limiters::new(&off);
         for _ in 0..1000 {

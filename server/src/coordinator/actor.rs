@@ -23,7 +23,7 @@ use crate::round::{
     TaskError, TickOutcome,
 };
 use crate::spec::TaskPlan;
-use crate::store::{Fence, SqlStore, StoreError, TaskStatus};
+use crate::store::{AuditRecord, Fence, SqlStore, StoreError, TaskStatus};
 
 pub(crate) async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, CoordinatorError> {
     let task = store.task(id).await?;
@@ -31,7 +31,9 @@ pub(crate) async fn load(store: &SqlStore, id: &str) -> Result<TaskEngine, Coord
     let latest = store.latest_checkpoint(id).await?;
     let contributed = store.contributors(id, latest.round + 1).await?;
     let excluded = store.exclusions(id).await?;
-    Ok(TaskEngine::new(task.id, plan, task.status, &latest, contributed)?.with_exclusions(excluded))
+    Ok(TaskEngine::new(task.id, plan, task.status, &latest, contributed)?
+        .with_exclusions(excluded)
+        .with_project(task.project_id))
 }
 
 pub(crate) struct Actor {
@@ -152,6 +154,15 @@ impl Actor {
         self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).here.remove(id);
     }
 
+    /// Counts an aborted round of the task `id` (its own series only while
+    /// its engine, which knows its project, is here).
+    fn round_aborted(&self, id: &str) {
+        match self.engines.get(id) {
+            Some(engine) => self.metrics.round_aborted(engine.project(), id),
+            None => self.metrics.process_round_aborted(),
+        }
+    }
+
     /// The engine of a task led here, while this replica can show it
     /// still holds the task's lease (see [`Routes::leases_hold`]).
     pub(crate) fn engine(&mut self, id: &str) -> Result<&mut TaskEngine, CoordinatorError> {
@@ -247,8 +258,8 @@ impl Actor {
                 let result = self.take(&id, now_ms()).await.map(drop);
                 let _ = reply.send(result);
             }
-            Request::SetStatus { id, status, reply } => {
-                let result = self.set_status(&id, status).await;
+            Request::SetStatus { id, status, audit, reply } => {
+                let result = self.set_status(&id, status, audit.as_ref()).await;
                 let _ = reply.send(result);
             }
             Request::Live { id, reply } => {
@@ -378,7 +389,12 @@ impl Actor {
     /// nobody leads can only be stopped (the API serves that anywhere once
     /// no replica has led the task for a while; a leader that appears
     /// drops a stopped task).
-    pub(crate) async fn set_status(&mut self, id: &str, status: TaskStatus) -> Result<(), CoordinatorError> {
+    pub(crate) async fn set_status(
+        &mut self,
+        id: &str,
+        status: TaskStatus,
+        audit: Option<&AuditRecord>,
+    ) -> Result<(), CoordinatorError> {
         let leading = self.engine(id).is_ok();
         if !leading && !status.is_final() {
             // Over already (the store says so), or led elsewhere (retry).
@@ -388,7 +404,7 @@ impl Actor {
             });
         }
         let fence = if leading { self.fences.get(id).cloned() } else { None };
-        match self.store.set_task_status(id, status, now_ms(), fence.as_ref()).await {
+        match self.store.set_task_status(id, status, now_ms(), fence.as_ref(), audit).await {
             Err(StoreError::Fenced) => {
                 self.drop_task(id, "another replica took its lease over", false);
                 return Err(CoordinatorError::UnknownTask);
@@ -443,12 +459,12 @@ impl Actor {
                 let recorded =
                     self.store.record_contributors(id, round as i64, &participants, now, fence).await;
                 if let Err(StoreError::Fenced) = recorded {
-                    self.metrics.round_aborted();
+                    self.round_aborted(id);
                     self.drop_task(id, "another replica took its lease over", false);
                     return;
                 }
                 if let Err(error) = &recorded {
-                    self.metrics.round_aborted();
+                    self.round_aborted(id);
                     tracing::error!(task = id, round, %error, "could not record the round's contributors; the round is abandoned");
                 }
                 if let Ok(engine) = self.engine(id) {
@@ -462,13 +478,13 @@ impl Actor {
                 tracing::warn!(task = id, round, group, %stage, "group given up: too few clients; the round goes on without it");
             }
             TickOutcome::Aborted { round, stage, attempt } => {
-                self.metrics.round_aborted();
+                self.round_aborted(id);
                 tracing::warn!(task = id, round, %stage, reason = attempt.reason, "round aborted: too few clients");
                 self.record_attempt(id, &attempt).await;
                 self.forget_groups(id).await;
             }
             TickOutcome::Abandoned { round, error, attempt } => {
-                self.metrics.round_aborted();
+                self.round_aborted(id);
                 tracing::warn!(task = id, round, %error, "round abandoned");
                 self.record_attempt(id, &attempt).await;
                 self.forget_groups(id).await;
@@ -535,25 +551,26 @@ impl Actor {
                 let selected = completion.round.selected;
                 let stages = completion.stages().to_vec();
                 let means = completion.client_means().clone();
+                let metrics = self.metrics.clone();
                 if let Ok(engine) = self.engine(id) {
                     engine.advance(Persist::Model(completion), true);
                     if let Some(epsilon) = engine.epsilon_spent() {
-                        self.metrics.privacy_spent(id, epsilon);
+                        metrics.privacy_spent(engine.project(), id, epsilon);
                     }
-                    self.metrics.round_completed(selected, survivors, &stages, &means);
+                    metrics.round_completed((engine.project(), id), selected, survivors, &stages, &means);
                     tracing::info!(task = id, round, survivors, "round completed");
                 }
                 self.forget_groups(id).await;
             }
             Err(StoreError::Fenced) => {
-                self.metrics.round_aborted();
+                self.round_aborted(id);
                 self.drop_task(id, "another replica took its lease over; its round is not stored", false);
             }
             Err(StoreError::Conflict(reason)) => {
                 // Another replica recorded this round while it led the
                 // task: this engine's model is stale. Reload it from the
                 // store (the lease keeper drops it if the lease is lost).
-                self.metrics.round_aborted();
+                self.round_aborted(id);
                 tracing::warn!(
                     task = id,
                     round,
@@ -568,7 +585,7 @@ impl Actor {
                 }
             }
             Err(error) => {
-                self.metrics.round_aborted();
+                self.round_aborted(id);
                 tracing::error!(task = id, round, %error, "could not store the round; it will be run again");
                 if let Ok(engine) = self.engine(id) {
                     engine.advance(Persist::Model(completion), false);
@@ -578,7 +595,8 @@ impl Actor {
     }
 
     pub(crate) async fn complete_task(&mut self, id: &str, status: TaskStatus) {
-        if let Err(error) = self.store.set_task_status(id, status, now_ms(), self.fences.get(id)).await {
+        if let Err(error) = self.store.set_task_status(id, status, now_ms(), self.fences.get(id), None).await
+        {
             tracing::error!(task = id, %error, status = status.as_str(), "could not mark the task final");
         }
         let _ = self.store.release_lease(id, &self.replica.id).await;

@@ -27,7 +27,7 @@ use crate::cluster::lease::{LeaseEvent, LeaseKeeper, Routes};
 use crate::cluster::{GroupKey, Replica, Whereabouts};
 use crate::metrics::Metrics;
 use crate::round::{CheckIn, EngineError, InputStep, Poll, RoundProgress, TaskError};
-use crate::store::{SqlStore, StoreError, TaskStatus};
+use crate::store::{AuditRecord, SqlStore, StoreError, TaskStatus};
 use actor::Actor;
 use changes::Changes;
 
@@ -119,6 +119,7 @@ pub(crate) enum Request {
     SetStatus {
         id: String,
         status: TaskStatus,
+        audit: Option<AuditRecord>,
         reply: oneshot::Sender<Result<(), CoordinatorError>>,
     },
     Live {
@@ -455,9 +456,15 @@ impl Coordinator {
         self.ask(|reply| Request::Load { id: id.to_string(), reply }).await
     }
 
-    /// Pauses, resumes or stops a task (persisted first).
-    pub async fn set_status(&self, id: &str, status: TaskStatus) -> Result<(), CoordinatorError> {
-        self.ask(|reply| Request::SetStatus { id: id.to_string(), status, reply }).await
+    /// Pauses, resumes or stops a task (persisted first, with `audit`,
+    /// the admin action's entry, in the same transaction).
+    pub async fn set_status(
+        &self,
+        id: &str,
+        status: TaskStatus,
+        audit: Option<AuditRecord>,
+    ) -> Result<(), CoordinatorError> {
+        self.ask(|reply| Request::SetStatus { id: id.to_string(), status, audit, reply }).await
     }
 
     /// The live state of a loaded task.

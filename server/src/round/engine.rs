@@ -144,6 +144,8 @@ impl SyncRound {
 /// One task's coordinator state.
 pub struct TaskEngine {
     pub(super) task_id: String,
+    /// The project the task belongs to (its metrics are labelled with it).
+    project: String,
     pub(super) spec: TaskSpec,
     /// The security parameters every round repeats (derived once, at load).
     pub(super) security: TaskSecurity,
@@ -284,7 +286,19 @@ impl TaskEngine {
             last_failure: None,
             suspects: Suspects::default(),
             spec,
+            project: "default".into(),
         })
+    }
+
+    /// The engine of a task of `project`.
+    pub fn with_project(mut self, project: impl Into<String>) -> Self {
+        self.project = project.into();
+        self
+    }
+
+    /// The project the task belongs to.
+    pub fn project(&self) -> &str {
+        &self.project
     }
 
     /// The engine with the participants the task already excluded (read

@@ -1,5 +1,5 @@
-//! Persistence: tasks, participants and their credentials, completed
-//! rounds, checkpoints and client metrics.
+//! Persistence: projects, their keys and audit log, tasks, participants and
+//! their credentials, completed rounds, checkpoints and client metrics.
 //!
 //! [`SqlStore`] is the coordinator's storage, on SQLite (the default: a
 //! file created and migrated on start) and PostgreSQL (`postgres://` URLs)
@@ -13,8 +13,10 @@
 //! round is either fully recorded or not at all.
 
 mod sql;
+mod tenancy;
 
 pub use sql::{Backend, SqlStore};
+pub use tenancy::{AUDIT_PAGE_MAX, ApiKeyRecord, AuditRecord, ProjectRecord, Role};
 
 use crate::spec::{TaskSpec, VariantChoice};
 
@@ -94,6 +96,8 @@ pub struct TaskRecord {
     pub created_at: i64,
     /// Last status change.
     pub updated_at: i64,
+    /// The project it belongs to.
+    pub project_id: String,
 }
 
 impl TaskRecord {

@@ -9,6 +9,7 @@ use sqlx::{AnyPool, FromRow, Row};
 
 use crate::round::FailedAttempt;
 
+use super::tenancy::{AuditRecord, maybe_audit};
 use super::{
     ATTEMPTS_KEPT, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence, GroupKey,
     GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, StoreError, StoreResult,
@@ -66,13 +67,13 @@ fn with_default_user(url: &str, env: impl Fn(&str) -> Option<String>) -> StoreRe
 /// The coordinator's storage (see [the module](super)).
 #[derive(Debug, Clone)]
 pub struct SqlStore {
-    pool: AnyPool,
+    pub(super) pool: AnyPool,
     backend: Backend,
 }
 
 /// Maps unique-key violations to [`StoreError::Conflict`] and foreign-key
 /// violations to [`StoreError::NotFound`].
-fn classify(error: sqlx::Error, conflict: &'static str, missing: &'static str) -> StoreError {
+pub(super) fn classify(error: sqlx::Error, conflict: &'static str, missing: &'static str) -> StoreError {
     if let sqlx::Error::Database(db) = &error {
         if db.is_unique_violation() {
             return StoreError::Conflict(conflict);
@@ -91,7 +92,7 @@ fn classify(error: sqlx::Error, conflict: &'static str, missing: &'static str) -
 // split over two columns, and an attempt's JSON column of the engine's own
 // type, none of which `try_from` on the `Any` driver can express.
 
-fn hash(row: &AnyRow, column: &str) -> StoreResult<[u8; 32]> {
+pub(super) fn hash(row: &AnyRow, column: &str) -> StoreResult<[u8; 32]> {
     let bytes: Vec<u8> = row.try_get(column)?;
     bytes.try_into().map_err(|_| StoreError::Corrupt("hash length"))
 }
@@ -173,7 +174,7 @@ fn bind_group<'q>(query: AnyQuery<'q>, key: &'q GroupKey) -> AnyQuery<'q> {
 // Column lists as macros, so that every query stays a static string.
 macro_rules! task_columns {
     () => {
-        "id, name, spec, status, enrollment_token_hash, created_at, updated_at"
+        "id, name, spec, status, enrollment_token_hash, created_at, updated_at, project_id"
     };
 }
 macro_rules! participant_columns {
@@ -307,19 +308,29 @@ impl SqlStore {
 impl SqlStore {
     /// Creates a task with its initial checkpoint (round 0) and its first
     /// enrollment token, named `default`, whose id is the task's.
-    pub async fn create_task(&self, task: &TaskRecord, initial: &CheckpointRecord) -> StoreResult<()> {
+    pub async fn create_task(
+        &self,
+        task: &TaskRecord,
+        initial: &CheckpointRecord,
+        audit: Option<&AuditRecord>,
+    ) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(concat!("INSERT INTO tasks (", task_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7)"))
-            .bind(&task.id)
-            .bind(&task.name)
-            .bind(&task.spec)
-            .bind(task.status.as_str())
-            .bind(task.enrollment_token_hash.to_vec())
-            .bind(task.created_at)
-            .bind(task.updated_at)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| classify(e, "a task with this id exists", "task"))?;
+        sqlx::query(concat!(
+            "INSERT INTO tasks (",
+            task_columns!(),
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        ))
+        .bind(&task.id)
+        .bind(&task.name)
+        .bind(&task.spec)
+        .bind(task.status.as_str())
+        .bind(task.enrollment_token_hash.to_vec())
+        .bind(task.created_at)
+        .bind(task.updated_at)
+        .bind(&task.project_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| classify(e, "a task with this id exists", "project"))?;
         insert_token(
             &mut tx,
             &EnrollmentTokenRecord {
@@ -345,6 +356,7 @@ impl SqlStore {
         .bind(initial.created_at)
         .execute(&mut *tx)
         .await?;
+        maybe_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -377,6 +389,7 @@ impl SqlStore {
         status: TaskStatus,
         now: i64,
         fence: Option<&Fence>,
+        audit: Option<&AuditRecord>,
     ) -> StoreResult<()> {
         let current = self.task(id).await?;
         if current.status.is_final() && current.status != status {
@@ -395,6 +408,7 @@ impl SqlStore {
         if updated.rows_affected() != 1 {
             return Err(StoreError::Conflict("the task changed concurrently"));
         }
+        maybe_audit(&mut tx, audit).await?;
         self.check_fence(&mut tx, id, fence).await?;
         tx.commit().await?;
         Ok(())
@@ -402,7 +416,7 @@ impl SqlStore {
 
     /// Deletes a task and everything stored for it: participants, tokens,
     /// rounds, attempts, checkpoints, metrics, leases and groups.
-    pub async fn delete_task(&self, id: &str) -> StoreResult<()> {
+    pub async fn delete_task(&self, id: &str, audit: Option<&AuditRecord>) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         // Children before their parents (no table cascades); participants
         // before the tokens they enrolled with.
@@ -424,6 +438,7 @@ impl SqlStore {
         if deleted.rows_affected() == 0 {
             return Err(StoreError::NotFound("task"));
         }
+        maybe_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -467,9 +482,14 @@ impl SqlStore {
     }
 
     /// Adds an enrollment token; refused if the task has one of that name.
-    pub async fn add_enrollment_token(&self, token: &EnrollmentTokenRecord) -> StoreResult<()> {
+    pub async fn add_enrollment_token(
+        &self,
+        token: &EnrollmentTokenRecord,
+        audit: Option<&AuditRecord>,
+    ) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         insert_token(&mut tx, token).await?;
+        maybe_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -533,6 +553,7 @@ impl SqlStore {
         task_id: &str,
         token_id: &str,
         now: i64,
+        audit: Option<&AuditRecord>,
     ) -> StoreResult<EnrollmentTokenRecord> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
@@ -559,6 +580,7 @@ impl SqlStore {
         .fetch_optional(&mut *tx)
         .await?
         .ok_or(StoreError::NotFound("enrollment token"))?;
+        maybe_audit(&mut tx, audit).await?;
         tx.commit().await?;
         token_from(&row)
     }

@@ -602,8 +602,9 @@ async fn a_task_that_cannot_load_is_refused_or_stopped_and_deleted() {
         enrollment_token_hash: token_hash("broken-token"),
         created_at: 1,
         updated_at: 1,
+        project_id: "default".into(),
     };
-    store.create_task(&record, &initial).await.unwrap();
+    store.create_task(&record, &initial, None).await.unwrap();
     store.close().await;
 
     let api = Api::reopen(name).await;
@@ -975,9 +976,47 @@ async fn a_secure_round_through_the_api_updates_the_model() {
     assert_eq!(means["eval_accuracy"]["clients"], 3, "{means}");
     assert!(means.get("global_loss").is_none(), "nobody reported it: {means}");
     assert!(rounds[0].get("plaintext_client_metrics").is_none(), "{rounds}");
-    let (_, bytes, _) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    // The task's series: to the admin token, labelled with its project and
+    // task; never to an anonymous scrape.
+    let scrape = |token: Option<&str>| {
+        let mut request = Request::get("/metrics");
+        if let Some(token) = token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    let (_, bytes, _) = api.send(scrape(Some(ADMIN))).await;
     let text = String::from_utf8(bytes).unwrap();
-    assert!(text.contains("cohort_round_client_metric_mean{metric=\"train_loss\"} 0.87"), "{text}");
+    let series = format!(
+        "cohort_round_client_metric_mean{{project=\"default\",task=\"{id}\",metric=\"train_loss\"}} 0.87"
+    );
+    assert!(text.contains(&series), "{text}");
+    let (_, bytes, _) = api.send(scrape(None)).await;
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(!text.contains("cohort_round_client_metric_mean{") && !text.contains(&id), "{text}");
+    let (status, _, _) = api.send(scrape(Some("not-a-key"))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // A key of the task's project (`default`) reads its series; a key of
+    // another project none of them.
+    let key_of = |project: String| {
+        let api = &api;
+        async move {
+            let body = json!({ "name": "scraper", "role": "viewer" });
+            let (status, key) =
+                api.call("POST", &format!("/admin/projects/{project}/keys"), Some(ADMIN), Some(body)).await;
+            assert_eq!(status, StatusCode::CREATED, "{key}");
+            key["key"].as_str().unwrap().to_string()
+        }
+    };
+    let (_, other) = api.call("POST", "/admin/projects", Some(ADMIN), Some(json!({ "name": "other" }))).await;
+    let other_key = key_of(other["id"].as_str().unwrap().to_string()).await;
+    let (_, bytes, _) = api.send(scrape(Some(&other_key))).await;
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(!text.contains(&id) && !text.contains("cohort_bytes_in"), "{text}");
+    let own_key = key_of("default".to_string()).await;
+    let (_, bytes, _) = api.send(scrape(Some(&own_key))).await;
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.contains(&series), "{text}");
     let report = json!({ "round": 1, "kind": "train", "metrics": { "train_loss": 0.25 } });
     let (status, body) = api.call("POST", "/v1/metrics", Some(&clients[0].credential), Some(report)).await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::FORBIDDEN, Some("plaintext_metrics_off")));

@@ -14,9 +14,9 @@ use cohort_server::api::auth::token_hash;
 use cohort_server::round::{AttemptOutcome, FailedAttempt};
 use cohort_server::store::Backend;
 use cohort_server::store::{
-    CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence, GroupKey, GroupRecord,
-    GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, SqlStore, StoreError, TaskRecord,
-    TaskStatus,
+    ApiKeyRecord, AuditRecord, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence, GroupKey,
+    GroupRecord, GroupRowState, ParticipantRecord, ProjectRecord, ReplicaRecord, Role, RoundRecord, SqlStore,
+    StoreError, TaskRecord, TaskStatus,
 };
 use sqlx::Connection;
 
@@ -89,6 +89,7 @@ fn task(id: &str, created_at: i64) -> TaskRecord {
         enrollment_token_hash: token_hash(id),
         created_at,
         updated_at: created_at,
+        project_id: "default".to_string(),
     }
 }
 
@@ -128,33 +129,33 @@ fn participant(id: &str, task_id: &str, credential: u8) -> ParticipantRecord {
 }
 
 async fn tasks_and_status(store: &SqlStore) {
-    store.create_task(&task("b", 2), &checkpoint("b", 0)).await.unwrap();
-    store.create_task(&task("a", 1), &checkpoint("a", 0)).await.unwrap();
+    store.create_task(&task("b", 2), &checkpoint("b", 0), None).await.unwrap();
+    store.create_task(&task("a", 1), &checkpoint("a", 0), None).await.unwrap();
     assert!(matches!(
-        store.create_task(&task("a", 3), &checkpoint("a", 0)).await,
+        store.create_task(&task("a", 3), &checkpoint("a", 0), None).await,
         Err(StoreError::Conflict(_))
     ));
     let ids: Vec<String> = store.tasks().await.unwrap().into_iter().map(|t| t.id).collect();
     assert_eq!(ids, ["a", "b"]);
     assert_eq!(store.task("a").await.unwrap(), task("a", 1));
     assert!(matches!(store.task("missing").await, Err(StoreError::NotFound("task"))));
-    store.set_task_status("a", TaskStatus::Paused, 50, None).await.unwrap();
+    store.set_task_status("a", TaskStatus::Paused, 50, None, None).await.unwrap();
     let paused = store.task("a").await.unwrap();
     assert_eq!((paused.status, paused.updated_at), (TaskStatus::Paused, 50));
-    store.set_task_status("a", TaskStatus::Stopped, 60, None).await.unwrap();
+    store.set_task_status("a", TaskStatus::Stopped, 60, None, None).await.unwrap();
     assert!(matches!(
-        store.set_task_status("a", TaskStatus::Active, 70, None).await,
+        store.set_task_status("a", TaskStatus::Active, 70, None, None).await,
         Err(StoreError::Conflict(_))
     ));
     assert_eq!(store.task("a").await.unwrap().status, TaskStatus::Stopped);
     assert!(matches!(
-        store.set_task_status("zz", TaskStatus::Paused, 1, None).await,
+        store.set_task_status("zz", TaskStatus::Paused, 1, None, None).await,
         Err(StoreError::NotFound(_))
     ));
 }
 
 async fn participants_and_credentials(store: &SqlStore) {
-    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
     store.add_participant(&participant("p1", "t", 1)).await.unwrap();
     store.add_participant(&participant("p2", "t", 2)).await.unwrap();
     assert!(matches!(store.add_participant(&participant("p3", "t", 1)).await, Err(StoreError::Conflict(_))));
@@ -182,8 +183,8 @@ async fn participants_and_credentials(store: &SqlStore) {
 /// unique per task; a token is found by its hash; revoking it stamps it
 /// once and ends the credentials it issued, and nothing else.
 async fn enrollment_tokens_per_application(store: &SqlStore) {
-    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
-    store.create_task(&task("u", 2), &checkpoint("u", 0)).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
+    store.create_task(&task("u", 2), &checkpoint("u", 0), None).await.unwrap();
     let tokens = store.enrollment_tokens("t").await.unwrap();
     assert_eq!(tokens.len(), 1);
     assert_eq!((tokens[0].0.id.as_str(), tokens[0].0.name.as_str(), tokens[0].1), ("t", "default", 0));
@@ -197,14 +198,17 @@ async fn enrollment_tokens_per_application(store: &SqlStore) {
         created_at: 10,
         revoked_at: None,
     };
-    store.add_enrollment_token(&app).await.unwrap();
+    store.add_enrollment_token(&app, None).await.unwrap();
     let same_name = EnrollmentTokenRecord { id: "app2".into(), token_hash: [43; 32], ..app.clone() };
-    assert!(matches!(store.add_enrollment_token(&same_name).await, Err(StoreError::Conflict(_))));
+    assert!(matches!(store.add_enrollment_token(&same_name, None).await, Err(StoreError::Conflict(_))));
     // The same name in another task is another token.
-    store.add_enrollment_token(&EnrollmentTokenRecord { task_id: "u".into(), ..same_name }).await.unwrap();
+    store
+        .add_enrollment_token(&EnrollmentTokenRecord { task_id: "u".into(), ..same_name }, None)
+        .await
+        .unwrap();
     let orphan =
         EnrollmentTokenRecord { id: "x".into(), task_id: "nope".into(), token_hash: [44; 32], ..app.clone() };
-    assert!(store.add_enrollment_token(&orphan).await.is_err());
+    assert!(store.add_enrollment_token(&orphan, None).await.is_err());
     assert_eq!(store.enrollment_token_by_hash(&[42; 32]).await.unwrap(), app);
     assert!(matches!(store.enrollment_token_by_hash(&[99; 32]).await, Err(StoreError::NotFound(_))));
 
@@ -215,17 +219,20 @@ async fn enrollment_tokens_per_application(store: &SqlStore) {
         store.enrollment_tokens("t").await.unwrap().into_iter().map(|(t, n)| (t.id, n)).collect();
     assert_eq!(counts, [("t".to_string(), 1), ("app".to_string(), 1)]);
 
-    let revoked = store.revoke_enrollment_token("t", "app", 500).await.unwrap();
+    let revoked = store.revoke_enrollment_token("t", "app", 500, None).await.unwrap();
     assert_eq!(revoked.revoked_at, Some(500));
-    assert_eq!(store.revoke_enrollment_token("t", "app", 900).await.unwrap().revoked_at, Some(500));
+    assert_eq!(store.revoke_enrollment_token("t", "app", 900, None).await.unwrap().revoked_at, Some(500));
     assert_eq!(store.participant_by_credential(&[1; 32]).await.unwrap().expires_at, 500);
     assert_eq!(store.participant_by_credential(&[2; 32]).await.unwrap().expires_at, 10_000);
-    assert!(matches!(store.revoke_enrollment_token("u", "app", 1).await, Err(StoreError::NotFound(_))));
-    assert!(matches!(store.revoke_enrollment_token("t", "ghost", 1).await, Err(StoreError::NotFound(_))));
+    assert!(matches!(store.revoke_enrollment_token("u", "app", 1, None).await, Err(StoreError::NotFound(_))));
+    assert!(matches!(
+        store.revoke_enrollment_token("t", "ghost", 1, None).await,
+        Err(StoreError::NotFound(_))
+    ));
 }
 
 async fn rounds_are_atomic_ordered_and_pruned(store: &SqlStore) {
-    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
     assert_eq!(store.latest_checkpoint("t").await.unwrap(), checkpoint("t", 0));
     // Out of order: refused, nothing written.
     assert!(matches!(
@@ -254,7 +261,7 @@ async fn rounds_are_atomic_ordered_and_pruned(store: &SqlStore) {
 }
 
 async fn client_metrics_once_per_round(store: &SqlStore) {
-    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
     store.add_participant(&participant("p", "t", 3)).await.unwrap();
     let metrics = ClientMetricsRecord {
         task_id: "t".into(),
@@ -277,8 +284,8 @@ async fn client_metrics_once_per_round(store: &SqlStore) {
 }
 
 async fn round_contributors_last_until_their_round_completes(store: &SqlStore) {
-    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
-    store.create_task(&task("u", 1), &checkpoint("u", 0)).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
+    store.create_task(&task("u", 1), &checkpoint("u", 0), None).await.unwrap();
     let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     assert!(store.contributors("t", 1).await.unwrap().is_empty());
     // Two attempts of round 1 (the second after a restart), one of round 2
@@ -311,8 +318,8 @@ fn replica(id: &str, now: i64) -> ReplicaRecord {
 }
 
 async fn replicas_and_task_leases(store: &SqlStore) {
-    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
-    store.create_task(&task("u", 1), &checkpoint("u", 0)).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
+    store.create_task(&task("u", 1), &checkpoint("u", 0), None).await.unwrap();
     for (id, now) in [("a", 100), ("b", 100), ("c", 50)] {
         store.heartbeat(&replica(id, now)).await.unwrap();
     }
@@ -383,8 +390,8 @@ fn attempt(round: u64, ended_at: i64) -> FailedAttempt {
 /// Exclusions (claim 68): kept per task, once per participant whatever
 /// the round that repeats it, fenced like every write of a task's leader.
 async fn exclusions_are_kept_once_per_task_and_fenced(store: &SqlStore) {
-    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
-    store.create_task(&task("u", 1), &checkpoint("u", 0)).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
+    store.create_task(&task("u", 1), &checkpoint("u", 0), None).await.unwrap();
     let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     assert!(store.exclusions("t").await.unwrap().is_empty());
     store.record_exclusions("t", 3, &names(&["p7", "p2"]), 10, None).await.unwrap();
@@ -408,15 +415,15 @@ async fn exclusions_are_kept_once_per_task_and_fenced(store: &SqlStore) {
     ));
     assert_eq!(store.exclusions("t").await.unwrap(), names(&["p2", "p7"]));
     // Deleting the task deletes them.
-    store.set_task_status("t", TaskStatus::Stopped, 320, None).await.unwrap();
+    store.set_task_status("t", TaskStatus::Stopped, 320, None, None).await.unwrap();
     store.release_lease("t", "b").await.unwrap();
-    store.delete_task("t").await.unwrap();
+    store.delete_task("t", None).await.unwrap();
     assert!(store.exclusions("t").await.unwrap().is_empty());
     assert_eq!(store.exclusions("u").await.unwrap(), names(&["q1"]));
 }
 
 async fn writes_are_fenced_by_the_lease_generation(store: &SqlStore) {
-    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
     for id in ["a", "b"] {
         store.heartbeat(&replica(id, 100)).await.unwrap();
     }
@@ -439,14 +446,14 @@ async fn writes_are_fenced_by_the_lease_generation(store: &SqlStore) {
     // Nor can it change the task's status or its successor's groups.
     let current = fence("b", 2);
     store.assign_groups(&[group("t", 1, 1, 0, "owner", 1_000)], Some(&current)).await.unwrap();
-    assert!(fenced(store.set_task_status("t", TaskStatus::Paused, 305, Some(&stale)).await));
+    assert!(fenced(store.set_task_status("t", TaskStatus::Paused, 305, Some(&stale), None).await));
     assert!(fenced(store.assign_groups(&[group("t", 1, 2, 0, "owner", 1_000)], Some(&stale)).await));
     assert!(fenced(store.delete_groups("t", Some(&stale)).await));
     assert_eq!(store.task("t").await.unwrap().status, TaskStatus::Active);
     let groups = store.group_routes(300).await.unwrap();
     assert_eq!(groups.iter().map(|g| g.key.attempt).collect::<Vec<_>>(), [1], "b's group stands");
     // The lease's holder writes.
-    store.set_task_status("t", TaskStatus::Paused, 315, Some(&current)).await.unwrap();
+    store.set_task_status("t", TaskStatus::Paused, 315, Some(&current), None).await.unwrap();
     store.delete_groups("t", Some(&current)).await.unwrap();
     assert!(store.group_routes(300).await.unwrap().is_empty());
     store.record_contributors("t", 1, &["p3".to_string()], 320, Some(&current)).await.unwrap();
@@ -463,7 +470,7 @@ async fn writes_are_fenced_by_the_lease_generation(store: &SqlStore) {
 /// another task.
 async fn a_deleted_task_leaves_nothing_behind(store: &SqlStore) {
     for id in ["t", "u"] {
-        store.create_task(&task(id, 1), &checkpoint(id, 0)).await.unwrap();
+        store.create_task(&task(id, 1), &checkpoint(id, 0), None).await.unwrap();
         store.add_participant(&participant(&format!("{id}-p"), id, id.as_bytes()[0])).await.unwrap();
         store.record_contributors(id, 1, &[format!("{id}-p")], 10, None).await.unwrap();
         store.complete_round(&round(id, 1), &checkpoint(id, 1), 5, None).await.unwrap();
@@ -471,7 +478,7 @@ async fn a_deleted_task_leaves_nothing_behind(store: &SqlStore) {
         store.heartbeat(&replica("a", 100)).await.unwrap();
         store.acquire_lease(id, "a", 100, 200).await.unwrap();
     }
-    store.delete_task("t").await.unwrap();
+    store.delete_task("t", None).await.unwrap();
     assert!(matches!(store.task("t").await, Err(StoreError::NotFound(_))));
     assert!(matches!(store.participant_by_credential(&[b't'; 32]).await, Err(StoreError::NotFound(_))));
     assert!(store.rounds("t").await.unwrap().is_empty());
@@ -485,7 +492,7 @@ async fn a_deleted_task_leaves_nothing_behind(store: &SqlStore) {
     assert_eq!(store.rounds("u").await.unwrap().len(), 1);
     assert_eq!(store.attempts("u", 10).await.unwrap().len(), 1);
     assert_eq!(store.latest_checkpoint("u").await.unwrap().round, 1);
-    assert!(matches!(store.delete_task("t").await, Err(StoreError::NotFound(_))));
+    assert!(matches!(store.delete_task("t", None).await, Err(StoreError::NotFound(_))));
 }
 
 fn group(task: &str, round: u64, attempt: u32, group: u32, owner: &str, expires_at: i64) -> GroupRecord {
@@ -506,7 +513,7 @@ fn group(task: &str, round: u64, attempt: u32, group: u32, owner: &str, expires_
 /// settles its own; a lapsed one is marked lost once, and an owner cannot
 /// settle a group that is no longer its.
 async fn round_groups_between_leader_and_owners(store: &SqlStore) {
-    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
     let key = |g: u32| GroupKey { task: "t".into(), round: 1, attempt: 1, group: g };
     // An earlier round's rows are replaced by the next assignment.
     store.assign_groups(&[group("t", 1, 1, 0, "old", 50)], None).await.unwrap();
@@ -572,7 +579,7 @@ async fn round_groups_between_leader_and_owners(store: &SqlStore) {
 
 async fn data_survives_reconnection(url: &str) {
     let store = SqlStore::connect(url).await.unwrap();
-    store.create_task(&task("t", 1), &checkpoint("t", 0)).await.unwrap();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
     store.complete_round(&round("t", 1), &checkpoint("t", 1), 5, None).await.unwrap();
     store.close().await;
     // Reconnecting re-runs migrations (a no-op) and finds everything.
@@ -580,6 +587,225 @@ async fn data_survives_reconnection(url: &str) {
     assert_eq!(again.rounds("t").await.unwrap(), vec![round("t", 1)]);
     assert_eq!(again.latest_checkpoint("t").await.unwrap(), checkpoint("t", 1));
     again.close().await;
+}
+
+fn entry(project: Option<&str>, action: &str, at: i64) -> AuditRecord {
+    AuditRecord {
+        seq: 0,
+        at,
+        project_id: project.map(str::to_string),
+        actor: "admin".into(),
+        role: "admin".into(),
+        action: action.into(),
+        resource: format!("{action}/{at}"),
+        address: Some("127.0.0.1".into()),
+        outcome: "ok".into(),
+        status: 200,
+        message: String::new(),
+    }
+}
+
+fn key(id: &str, project: &str, role: Role, hash: u8) -> ApiKeyRecord {
+    ApiKeyRecord {
+        id: id.into(),
+        project_id: project.into(),
+        name: format!("key {id}"),
+        role,
+        key_hash: [hash; 32],
+        created_at: 10,
+        expires_at: Some(1_000),
+        revoked_at: None,
+        created_by: "admin".into(),
+    }
+}
+
+/// Projects, their keys and the audit log: the `default` project exists
+/// from the migration on; names are unique; a task belongs to a project
+/// that exists; a change and its audit entry commit together, and a
+/// change refused leaves no entry of its own; the log pages newest first
+/// per project and is pruned by age.
+async fn projects_keys_and_the_audit_log(store: &SqlStore) {
+    let projects = store.projects().await.unwrap();
+    assert_eq!(projects.len(), 1);
+    assert_eq!((projects[0].id.as_str(), projects[0].name.as_str()), ("default", "default"));
+    let acme = ProjectRecord { id: "p1".into(), name: "acme".into(), quotas: "{}".into(), created_at: 5 };
+    store.create_project(&acme, &entry(Some("p1"), "project.create", 5)).await.unwrap();
+    assert_eq!(store.project("p1").await.unwrap(), acme);
+    let same_name = ProjectRecord { id: "p2".into(), ..acme.clone() };
+    assert!(matches!(
+        store.create_project(&same_name, &entry(Some("p2"), "project.create", 6)).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(store.project("p2").await, Err(StoreError::NotFound(_))));
+    store
+        .set_quotas("p1", r#"{"unfinished_tasks":2}"#, &entry(Some("p1"), "project.quotas", 7))
+        .await
+        .unwrap();
+    assert_eq!(store.project("p1").await.unwrap().quotas, r#"{"unfinished_tasks":2}"#);
+    assert!(matches!(
+        store.set_quotas("nope", "{}", &entry(None, "project.quotas", 8)).await,
+        Err(StoreError::NotFound(_))
+    ));
+
+    // Tasks: in a project that exists; the task's entry commits with it.
+    let ours = TaskRecord { project_id: "p1".into(), ..task("t", 1) };
+    store.create_task(&ours, &checkpoint("t", 0), Some(&entry(Some("p1"), "task.create", 9))).await.unwrap();
+    assert_eq!(store.task("t").await.unwrap().project_id, "p1");
+    let orphan = TaskRecord { project_id: "nope".into(), ..task("u", 2) };
+    assert!(
+        store.create_task(&orphan, &checkpoint("u", 0), Some(&entry(None, "task.create", 10))).await.is_err()
+    );
+    assert!(matches!(store.task("u").await, Err(StoreError::NotFound(_))));
+    store
+        .set_task_status("t", TaskStatus::Stopped, 20, None, Some(&entry(Some("p1"), "task.stop", 11)))
+        .await
+        .unwrap();
+    // Refused (the task is over): neither the change nor its entry.
+    assert!(
+        store
+            .set_task_status("t", TaskStatus::Active, 21, None, Some(&entry(Some("p1"), "task.resume", 12)))
+            .await
+            .is_err()
+    );
+
+    // Keys: unique names per project, found by hash, revoked once.
+    store.add_key(&key("k1", "p1", Role::Owner, 1), &entry(Some("p1"), "key.create", 13)).await.unwrap();
+    store.add_key(&key("k2", "p1", Role::Viewer, 2), &entry(Some("p1"), "key.create", 14)).await.unwrap();
+    store
+        .add_key(&key("k3", "default", Role::Operator, 3), &entry(Some("default"), "key.create", 15))
+        .await
+        .unwrap();
+    let clash = ApiKeyRecord { id: "k4".into(), key_hash: [4; 32], ..key("k1", "p1", Role::Viewer, 1) };
+    assert!(matches!(
+        store.add_key(&clash, &entry(Some("p1"), "key.create", 16)).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(store.add_key(&key("k5", "nope", Role::Owner, 5), &entry(None, "key.create", 17)).await.is_err());
+    assert_eq!(store.key_by_hash(&[2; 32]).await.unwrap(), key("k2", "p1", Role::Viewer, 2));
+    assert!(matches!(store.key_by_hash(&[9; 32]).await, Err(StoreError::NotFound(_))));
+    let ids: Vec<String> = store.keys("p1").await.unwrap().into_iter().map(|k| k.id).collect();
+    assert_eq!(ids, ["k1", "k2"]);
+    let revoked = store.revoke_key("p1", "k2", 50, &entry(Some("p1"), "key.revoke", 18)).await.unwrap();
+    assert_eq!(revoked.revoked_at, Some(50));
+    assert_eq!(
+        store.revoke_key("p1", "k2", 60, &entry(Some("p1"), "key.revoke", 19)).await.unwrap().revoked_at,
+        Some(50)
+    );
+    // Another project's key is not found through this one.
+    assert!(matches!(
+        store.revoke_key("p1", "k3", 70, &entry(Some("p1"), "key.revoke", 20)).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(store.key_by_hash(&[3; 32]).await.unwrap().revoked_at, None);
+    store
+        .audit(&AuditRecord {
+            outcome: "forbidden".into(),
+            status: 403,
+            ..entry(Some("p1"), "task.pause", 21)
+        })
+        .await
+        .unwrap();
+
+    // The log: exactly the entries whose changes committed, and the
+    // refusal written on its own, newest first.
+    let actions = |entries: &[AuditRecord]| -> Vec<(String, i64)> {
+        entries.iter().map(|e| (e.action.clone(), e.at)).collect()
+    };
+    let all = store.audit_log(None, None, 100).await.unwrap();
+    let expected: Vec<(String, i64)> = [
+        ("task.pause", 21),
+        ("key.revoke", 19),
+        ("key.revoke", 18),
+        ("key.create", 15),
+        ("key.create", 14),
+        ("key.create", 13),
+        ("task.stop", 11),
+        ("task.create", 9),
+        ("project.quotas", 7),
+        ("project.create", 5),
+    ]
+    .into_iter()
+    .map(|(a, t)| (a.to_string(), t))
+    .collect();
+    assert_eq!(actions(&all), expected);
+    assert!(all.windows(2).all(|w| w[0].seq > w[1].seq), "seq ascends with time");
+    assert_eq!(all[0].outcome, "forbidden");
+    assert_eq!(all[1].address.as_deref(), Some("127.0.0.1"));
+    let defaults = store.audit_log(Some("default"), None, 100).await.unwrap();
+    assert_eq!(actions(&defaults), [("key.create".to_string(), 15)]);
+    // Pages: three at a time, the next before the last seq.
+    let first = store.audit_log(Some("p1"), None, 3).await.unwrap();
+    let second = store.audit_log(Some("p1"), Some(first[2].seq), 3).await.unwrap();
+    let named = |list: &[(&str, i64)]| -> Vec<(String, i64)> {
+        list.iter().map(|(a, t)| (a.to_string(), *t)).collect()
+    };
+    assert_eq!(actions(&first), named(&[("task.pause", 21), ("key.revoke", 19), ("key.revoke", 18)]));
+    assert_eq!(actions(&second), named(&[("key.create", 14), ("key.create", 13), ("task.stop", 11)]));
+    // Pruned by age.
+    assert_eq!(store.prune_audit(10).await.unwrap(), 3);
+    assert_eq!(store.audit_log(None, None, 100).await.unwrap().len(), expected.len() - 3);
+}
+
+/// A database migrated before projects existed, with a task in it: the
+/// migration puts the task in the project `default` (which the admin token
+/// holds) and everything else about it stays.
+async fn a_database_from_before_projects_keeps_its_tasks(url: &str, backend: &str) {
+    let old = tempfile::tempdir().unwrap();
+    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations").join(backend);
+    for entry in std::fs::read_dir(&migrations).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.as_str() < "0009" {
+            std::fs::copy(&path, old.path().join(&name)).unwrap();
+        }
+    }
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.unwrap();
+    sqlx::migrate::Migrator::new(old.path()).await.unwrap().run(&pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO tasks (id, name, spec, status, enrollment_token_hash, created_at, updated_at) \
+         VALUES ('t', 'task t', '{\"rounds\":3}', 'paused', $1, 1, 2)",
+    )
+    .bind(token_hash("t").to_vec())
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+
+    let store = SqlStore::connect(url).await.unwrap();
+    let stored = store.task("t").await.unwrap();
+    assert_eq!(stored, TaskRecord { status: TaskStatus::Paused, updated_at: 2, ..task("t", 1) });
+    assert_eq!(stored.project_id, "default");
+    assert_eq!(store.project("default").await.unwrap().name, "default");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_sqlite_database_from_before_projects_keeps_its_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("old.db").display());
+    a_database_from_before_projects_keeps_its_tasks(&url, "sqlite").await;
+}
+
+#[tokio::test]
+async fn a_postgres_database_from_before_projects_keeps_its_tasks() {
+    let fixture = Fixture::postgres().await;
+    // A fresh, empty database of its own.
+    let Cleanup::Database { admin_url, name } = &fixture.cleanup else { unreachable!() };
+    let mut admin = sqlx::PgConnection::connect(admin_url).await.unwrap();
+    let old = format!("{name}_old");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {old}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {old}"))).execute(&mut admin).await.unwrap();
+    let (base, _) = admin_url.rsplit_once('/').unwrap();
+    a_database_from_before_projects_keeps_its_tasks(&format!("{base}/{old}"), "postgres").await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {old}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    fixture.finish().await;
 }
 
 macro_rules! on_both_backends {
@@ -615,6 +841,7 @@ on_both_backends!(
     writes_are_fenced_by_the_lease_generation,
     a_deleted_task_leaves_nothing_behind,
     round_groups_between_leader_and_owners,
+    projects_keys_and_the_audit_log,
 );
 
 #[tokio::test]

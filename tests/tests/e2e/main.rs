@@ -21,4 +21,5 @@ mod replicas;
 mod restart;
 mod setup;
 mod streaming;
+mod tenancy;
 mod web;

