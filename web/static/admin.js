@@ -5,6 +5,11 @@
 // admin token. The token stays in this tab's sessionStorage and travels
 // only in the Authorization header. Everything the server returns is
 // written as text (textContent), never parsed as markup.
+//
+// Signed in with a project's key, the page shows that project only and
+// hides what the key's role may not do (elements marked `data-role`); the
+// server refuses it anyway. The admin token also sees the projects, their
+// quotas and use, their keys and the audit log.
 
 import { lineChart } from "/web/chart.js";
 
@@ -20,6 +25,11 @@ const STAGE_LABELS = {
 const DROPOUT_STAGES = ["advertise-keys", "share-keys", "masked-input-collection", "unmasking"];
 
 let token = sessionStorage.getItem(TOKEN_KEY);
+// Who signed in (GET /admin/session): the role, and the key's project.
+let session = null;
+const RANK = { viewer: 0, operator: 1, owner: 2, admin: 3 };
+// The project whose keys and audit log are shown (a key: its own).
+let keysProject = null;
 let selected = new URLSearchParams(location.hash.slice(1)).get("task");
 // Statuses after which no round runs again.
 const FINAL = ["stopped", "completed", "budget_spent"];
@@ -74,20 +84,195 @@ $("login-form").addEventListener("submit", async (event) => {
   token = $("admin-token").value.trim();
   $("admin-token").value = "";
   try {
-    await api("GET", "/admin/tasks");
+    session = await api("GET", "/admin/session");
     sessionStorage.setItem(TOKEN_KEY, token);
     start();
   } catch (error) {
     token = null;
-    showLogin(error.status === 401 ? "That token was refused." : `Cannot reach the coordinator: ${error.message}`);
+    showLogin(error.status === 401 ? `Refused: ${error.message}.` : `Cannot reach the coordinator: ${error.message}`);
   }
 });
 
 $("logout").addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
   token = null;
+  session = null;
   stopStreams();
   showLogin();
+});
+
+// --- session, projects, keys, audit ------------------------------------------
+
+const allowed = (role) => session !== null && RANK[session.role] >= RANK[role];
+const when = (ms) => (ms == null ? "—" : new Date(ms).toLocaleString());
+
+/** Hides what the signed-in role may not do. */
+function applyRole() {
+  for (const element of document.querySelectorAll("[data-role]")) {
+    element.classList.toggle("role-hidden", !allowed(element.dataset.role));
+  }
+}
+
+function renderSession() {
+  if (session.role === "admin") {
+    $("session").textContent = "Signed in with the admin token: every project.";
+  } else {
+    const expiry = session.expires_at ? `; the key expires ${when(session.expires_at)}` : "";
+    $("session").textContent =
+      `Signed in to project ${session.project.name} as ${session.role} (key ${session.name})${expiry}.`;
+  }
+}
+
+async function loadProjects() {
+  if (!allowed("admin")) return;
+  try {
+    const projects = await api("GET", "/admin/projects");
+    $("projects").tBodies[0].replaceChildren(...projects.map((p) => {
+      const row = document.createElement("tr");
+      row.classList.toggle("chosen", p.id === keysProject);
+      cell(row, p.name);
+      cell(row, p.id);
+      const limit = (used, most) => (most == null ? `${used}` : `${used} / ${most}`);
+      cell(row, limit(p.usage.unfinished_tasks, p.quotas.unfinished_tasks), "num");
+      cell(row, limit(p.usage.parameters, p.quotas.parameters), "num");
+      cell(row, `${p.usage.keys}`, "num");
+      const quotas = Object.entries(p.quotas).filter(([, v]) => v != null).map(([k, v]) => `${k} ${v}`);
+      cell(row, quotas.join(", ") || "none");
+      row.addEventListener("click", () => { keysProject = p.id; loadProjects(); loadKeys(); loadAudit(); });
+      return row;
+    }));
+  } catch (error) {
+    if (error.status === 401) return refused();
+    $("project-error").textContent = `projects: ${error.message}`;
+  }
+}
+
+$("project-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  $("project-error").textContent = "";
+  const quotas = {};
+  if ($("project-tasks").value !== "") quotas.unfinished_tasks = Number($("project-tasks").value);
+  if ($("project-parameters").value !== "") quotas.parameters = Number($("project-parameters").value);
+  try {
+    const created = await api("POST", "/admin/projects", { name: $("project-name").value, quotas });
+    $("project-form").reset();
+    keysProject = created.id;
+    await loadProjects();
+    loadKeys();
+    loadAudit();
+  } catch (error) {
+    $("project-error").textContent = `new project: ${error.message}`;
+  }
+});
+
+async function loadKeys() {
+  const show = allowed("owner") && keysProject !== null;
+  $("keys-section").classList.toggle("hidden", !show);
+  if (!show) return;
+  const project = keysProject;
+  try {
+    const [view, keys] = await Promise.all([
+      api("GET", `/admin/projects/${encodeURIComponent(project)}`),
+      api("GET", `/admin/projects/${encodeURIComponent(project)}/keys`),
+    ]);
+    if (project !== keysProject) return;
+    $("keys-project").textContent = view.name;
+    $("keys").tBodies[0].replaceChildren(...keys.map((k) => {
+      const row = document.createElement("tr");
+      cell(row, k.name);
+      cell(row, k.role);
+      cell(row, k.id);
+      cell(row, when(k.created_at));
+      cell(row, when(k.expires_at));
+      cell(row, when(k.revoked_at));
+      const actions = cell(row, "");
+      if (k.revoked_at == null) {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.textContent = "Revoke";
+        button.addEventListener("click", () => revokeKey(k));
+        actions.append(button);
+      }
+      return row;
+    }));
+  } catch (error) {
+    if (error.status === 401) return refused();
+    $("key-error").textContent = `keys: ${error.message}`;
+  }
+}
+
+async function revokeKey(k) {
+  if (!confirm(`Revoke the key ${k.name}? Every request with it is refused from now on.`)) return;
+  $("key-error").textContent = "";
+  try {
+    await api("POST", `/admin/projects/${encodeURIComponent(keysProject)}/keys/${encodeURIComponent(k.id)}/revoke`);
+  } catch (error) {
+    if (error.status === 401) return refused();
+    $("key-error").textContent = `revoke: ${error.message}`;
+  }
+  loadKeys();
+  loadAudit();
+}
+
+$("key-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  $("key-error").textContent = "";
+  const body = { name: $("key-name").value, role: $("key-role").value };
+  const days = Number($("key-days").value);
+  if (days > 0) body.expires_in_s = Math.round(days * 86_400);
+  try {
+    const created = await api("POST", `/admin/projects/${encodeURIComponent(keysProject)}/keys`, body);
+    $("key-new-name").textContent = `${created.name} (${created.role})`;
+    $("key-new-value").textContent = created.key;
+    $("key-new").classList.remove("hidden");
+    $("key-form").reset();
+  } catch (error) {
+    $("key-error").textContent = `new key: ${error.message}`;
+  }
+  loadKeys();
+  loadAudit();
+});
+
+$("key-new-done").addEventListener("click", () => {
+  $("key-new-value").textContent = "";
+  $("key-new").classList.add("hidden");
+});
+
+// The audit page shown: entries before this seq (null: the newest).
+let auditBefore = null;
+let auditNext = null;
+
+async function loadAudit() {
+  const show = allowed("owner") && keysProject !== null;
+  $("audit-section").classList.toggle("hidden", !show);
+  if (!show) return;
+  const query = new URLSearchParams({ project: keysProject, limit: "50" });
+  if (auditBefore !== null) query.set("before", `${auditBefore}`);
+  try {
+    const page = await api("GET", `/admin/audit?${query}`);
+    auditNext = page.next_before;
+    $("audit-older").disabled = auditNext === null;
+    $("audit").tBodies[0].replaceChildren(...page.entries.map((e) => {
+      const row = document.createElement("tr");
+      cell(row, when(e.at));
+      cell(row, e.actor);
+      cell(row, e.role);
+      cell(row, e.action);
+      cell(row, e.resource);
+      cell(row, e.address ?? "—");
+      cell(row, e.outcome === "ok" ? `ok (${e.status})` : `${e.outcome} (${e.status}): ${e.message}`,
+        e.outcome === "ok" ? "" : "error");
+      return row;
+    }));
+  } catch (error) {
+    if (error.status === 401) return refused();
+    $("audit-error").textContent = `audit log: ${error.message}`;
+  }
+}
+
+$("audit-newest").addEventListener("click", () => { auditBefore = null; loadAudit(); });
+$("audit-older").addEventListener("click", () => {
+  if (auditNext !== null) { auditBefore = auditNext; loadAudit(); }
 });
 
 // --- server push ----------------------------------------------------------
@@ -129,7 +314,8 @@ async function readEvents(body, onEvent) {
  * Follows the event stream at `path` until `stop()` is called: each event
  * goes to `handlers[name]`; a stream that ends or fails is opened again
  * (after `retry_after_ms` when the server said, at once when the task
- * moved to another replica, else after a second). Returns `stop`.
+ * moved to another replica or the key is to be checked again, else after
+ * a second). Returns `stop`.
  */
 function follow(path, handlers) {
   const controller = new AbortController();
@@ -147,7 +333,8 @@ function follow(path, handlers) {
         if (!response.ok) throw new ApiError(`${response.status} ${response.statusText}`);
         connection(`live since ${new Date().toLocaleTimeString()}`);
         await readEvents(response.body, (name, data) => {
-          if (name === "moved") wait = 0;
+          // A key's stream ends now and then to check the key again.
+          if (name === "moved" || name === "reauthenticate") wait = 0;
           else if (name === "unavailable") wait = data.retry_after_ms ?? wait;
           handlers[name]?.(data);
         });
@@ -167,6 +354,7 @@ function connection(text, failed = false) {
 }
 
 function refused() {
+  session = null;
   stopStreams();
   sessionStorage.removeItem(TOKEN_KEY);
   token = null;
@@ -737,9 +925,23 @@ $("create-form").addEventListener("submit", async (event) => {
 $("rounds-newer").addEventListener("click", () => { roundsPage = Math.max(0, roundsPage - 1); renderHistory(); });
 $("rounds-older").addEventListener("click", () => { roundsPage += 1; renderHistory(); });
 
-function start() {
+async function start() {
+  if (session === null) {
+    try {
+      session = await api("GET", "/admin/session");
+    } catch (error) {
+      if (error.status === 401) return refused();
+      return showLogin(`Cannot reach the coordinator: ${error.message}`);
+    }
+  }
+  keysProject = session.project?.id ?? keysProject;
   $("login").classList.add("hidden");
   $("dashboard").classList.remove("hidden");
+  applyRole();
+  renderSession();
+  loadProjects();
+  loadKeys();
+  loadAudit();
   stopStreams();
   stopList = follow("/admin/events", { tasks: renderTasks });
   followSelected();

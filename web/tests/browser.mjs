@@ -42,6 +42,12 @@
 //              application with the form, reads it once, dismisses it,
 //              revokes it, then clicks pause, resume, stop and reads the
 //              status the API reports after each; prints what it saw
+//   projects   {url, artifacts, name, keys: {who: key}}
+//              signs in with each key (or the admin token) in its own context and
+//              prints, per signer, what the dashboard shows: the session line, the
+//              tasks listed, which controls that write are shown, the projects,
+//              the keys and the audit log's rows; an owner also creates a viewer
+//              key with the form and reads it once
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
@@ -407,7 +413,51 @@ async function bare() {
   return { join: await page.isVisible("#join-form"), client: await page.isVisible("#client"), problems: page.problems };
 }
 
-const steps = { create, tabs, dashboard, dropouts, learn, live, bare };
+async function projects() {
+  const seen = {};
+  const problems = [];
+  for (const [who, key] of Object.entries(config.keys)) {
+    const page = await newPage(await browser.newContext(), who);
+    await page.goto(`${config.url}/admin`);
+    await page.fill("#admin-token", key);
+    await page.click("#login-form button[type=submit]");
+    await page.waitForSelector("#dashboard:not(.hidden)");
+    await page.waitForFunction(() => document.querySelectorAll("#tasks tbody tr, #finished tbody tr").length > 0);
+    const owner = await page.evaluate(() => !document.getElementById("keys-section").classList.contains("hidden"));
+    if (owner) await page.waitForFunction(() => document.querySelectorAll("#audit tbody tr").length > 0);
+    const shown = (id) => page.evaluate((id) => {
+      const element = document.getElementById(id);
+      return element.closest(".role-hidden, .hidden") === null;
+    }, id);
+    const rows = (id) => page.evaluate((id) =>
+      [...document.querySelectorAll(`#${id} tbody tr`)].map((row) => [...row.cells].map((c) => c.textContent)), id);
+    const result = {
+      session: await page.textContent("#session"),
+      tasks: await page.evaluate(() =>
+        [...document.querySelectorAll("#tasks tbody tr, #finished tbody tr")].map((row) => row.dataset.task)),
+      new_task: await shown("show-create"),
+      token_form: await page.evaluate(() => document.getElementById("token-form").closest(".role-hidden") === null),
+      projects: await shown("projects-section") ? await rows("projects") : null,
+      keys: owner ? await rows("keys") : null,
+      audit: owner ? await rows("audit") : null,
+    };
+    if (owner) {
+      await page.fill("#key-name", "made in the dashboard");
+      await page.selectOption("#key-role", "viewer");
+      await page.click("#key-form button[type=submit]");
+      await page.waitForSelector("#key-new:not(.hidden)");
+      result.created_key = await page.textContent("#key-new-value");
+      await page.click("#key-new-done");
+      result.created_key_hidden = (await page.textContent("#key-new-value")) === "";
+    }
+    await shot(page, `${config.name}-${who}`);
+    problems.push(...page.problems);
+    seen[who] = result;
+  }
+  return { seen, problems };
+}
+
+const steps = { create, tabs, dashboard, dropouts, learn, live, bare, projects };
 try {
   if (!steps[step]) throw new Error(`unknown step ${step}`);
   console.log(JSON.stringify(await steps[step]()));

@@ -271,12 +271,94 @@ fn the_dashboard_pauses_resumes_stops_and_deletes_a_task() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The dashboard signed in with a project's key shows that project only
+/// and hides what the key's role may not do: a viewer sees its task and no
+/// control that writes, an owner also its keys (and makes one with the
+/// form, shown once) and its audit log; the admin token sees the projects
+/// with their quotas and use. The server refuses the hidden actions anyway
+/// (`tenancy`).
+#[test]
+fn the_dashboard_signs_in_with_a_project_key_and_shows_its_project_only() {
+    let _one = exclusive();
+    let (dir, serve) = start("browser-projects");
+    let admin = serve.admin();
+    let (_, project) = admin.call(
+        "POST",
+        "/admin/projects",
+        Some(&json!({ "name": "acme", "quotas": { "unfinished_tasks": 3 } })),
+    );
+    let project = project["id"].as_str().unwrap().to_string();
+    let key = |by: &cohort_tests::AdminClient, role: &str| {
+        let (status, key) = by.call(
+            "POST",
+            &format!("/admin/projects/{project}/keys"),
+            Some(&json!({ "name": role, "role": role })),
+        );
+        assert_eq!(status, 201, "{key}");
+        (key["key"].as_str().unwrap().to_string(), key["id"].as_str().unwrap().to_string())
+    };
+    let (owner, owner_id) = key(&admin, "owner");
+    let owner_client = cohort_tests::AdminClient::new(serve.port, &owner);
+    let (viewer, _) = key(&owner_client, "viewer");
+    let (operator, _) = key(&owner_client, "operator");
+    let ours = cohort_tests::AdminClient::new(serve.port, &operator).create_task(&task_spec(60_000)).id;
+    let theirs = admin.create_task(&task_spec(60_000)).id;
+    let seen = browser(
+        "projects",
+        json!({ "url": serve.url, "name": "dashboard-projects",
+                "keys": { "viewer": viewer, "owner": owner, "admin": ADMIN_TOKEN } }),
+    );
+    let seen = &seen["seen"];
+    let viewer = &seen["viewer"];
+    assert_eq!(viewer["tasks"], json!([ours]), "a key lists its project's tasks only: {viewer}");
+    assert!(viewer["session"].as_str().unwrap().contains("project acme as viewer"), "{viewer}");
+    assert_eq!((&viewer["new_task"], &viewer["token_form"]), (&json!(false), &json!(false)), "{viewer}");
+    assert_eq!((&viewer["projects"], &viewer["keys"]), (&Value::Null, &Value::Null), "{viewer}");
+    let owner = &seen["owner"];
+    assert_eq!(owner["tasks"], json!([ours]), "{owner}");
+    assert_eq!(owner["new_task"], true, "{owner}");
+    let names: Vec<&str> = owner["keys"].as_array().unwrap().iter().map(|k| k[0].as_str().unwrap()).collect();
+    assert_eq!(names, ["owner", "viewer", "operator"], "{owner}");
+    // The audit log: newest first, the operator's task and the owner's keys.
+    let audit = owner["audit"].as_array().unwrap();
+    let actions: Vec<(&str, &str)> =
+        audit.iter().map(|row| (row[1].as_str().unwrap(), row[3].as_str().unwrap())).collect();
+    assert_eq!(
+        actions[1..],
+        [
+            (owner_id.as_str(), "key.create"),
+            (owner_id.as_str(), "key.create"),
+            ("admin", "key.create"),
+            ("admin", "project.create")
+        ],
+        "{owner}"
+    );
+    assert_eq!(actions[0].1, "task.create", "{owner}");
+    let made = owner["created_key"].as_str().unwrap();
+    assert!(made.starts_with("cohort_key_") && made.len() == 75, "{owner}");
+    assert_eq!(owner["created_key_hidden"], true, "the key leaves the page when dismissed");
+    assert_eq!(cohort_tests::AdminClient::new(serve.port, made).call("GET", "/admin/tasks", None).0, 200);
+    let admin_seen = &seen["admin"];
+    let mut listed: Vec<String> =
+        admin_seen["tasks"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    listed.sort();
+    let mut both = vec![ours.clone(), theirs.clone()];
+    both.sort();
+    assert_eq!(listed, both, "the admin token sees every project's tasks: {admin_seen}");
+    let projects = admin_seen["projects"].as_array().unwrap();
+    let acme = projects.iter().find(|row| row[0] == "acme").unwrap_or_else(|| panic!("{admin_seen}"));
+    assert_eq!(acme[2], "1 / 3", "acme's unfinished tasks of its quota: {admin_seen}");
+    assert!(projects.iter().any(|row| row[0] == "default"), "{admin_seen}");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The dashboard follows a round as it happens, pushed by the server: each
 /// stage of the active protocol in turn, with a timeline bar per closed
 /// stage, then the completed round with its traffic and compression, and
 /// the task's privacy facts on top, and the enrollments as they happen. It
-/// never polls: the only requests are the token check and the two event
-/// streams.
+/// never polls: the only requests are the sign-in (`/admin/session`), the
+/// project list (the admin token's), read once, and the two event streams.
 /// How often the live dashboard test's clients ask for their next message.
 const LIVE_POLL_MS: u64 = 700;
 
@@ -349,7 +431,8 @@ fn the_dashboard_follows_a_round_live_without_polling() {
         [
             "GET /admin".to_string(),
             "GET /admin/events".into(),
-            "GET /admin/tasks".into(),
+            "GET /admin/projects".into(),
+            "GET /admin/session".into(),
             format!("GET /admin/tasks/{task}/events"),
         ],
         "{seen}"
