@@ -16,7 +16,7 @@ use super::client::ClientMetrics;
 use super::error::{ApiError, ApiResult};
 use super::extract::{RawBody, TaskId, decimal, is_valid_id, json_body};
 use super::openapi::{Binary, Refused, RetryLater, TaskPath};
-use super::projects::{Audit, Caller, DEFAULT_PROJECT, Quotas, logged};
+use super::projects::{Audit, Caller, DEFAULT_PROJECT, GivenName, Quotas, logged};
 use super::ratelimit::Rate;
 use super::state::AppState;
 use crate::cluster::Whereabouts;
@@ -238,15 +238,8 @@ pub async fn create(
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NewToken {
-    /// The application it is for; unique within the task: 1 to 200
-    /// characters, not all white space, no control characters (kept
-    /// without the white space around it).
-    #[schema(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F][^\\u0000-\\u001F\\u007F-\\u009F]*$"
-    )]
-    name: String,
+    /// The application it is for; unique within the task.
+    name: GivenName,
     /// Its own enrollment rate (default: the server's `enroll_per_token`).
     #[serde(default)]
     rate: Option<Rate>,
@@ -327,12 +320,7 @@ async fn new_token_for(
 ) -> ApiResult<(StatusCode, Json<TokenView>)> {
     let invalid = |message: &str| ApiError::new(ErrorCode::InvalidTokenRequest, message);
     let request: NewToken = json_body(body)?;
-    let name = request.name.trim();
-    if name.is_empty() || !crate::spec::name_fits(&request.name) {
-        return Err(invalid(
-            "name must be 1 to 200 characters, not all white space, without control characters",
-        ));
-    }
+    let name = request.name.checked(ErrorCode::InvalidTokenRequest)?;
     if request.rate.is_some_and(|rate| rate.per_minute == 0 || rate.burst == 0) {
         return Err(invalid(
             "rate.per_minute and rate.burst must be at least 1 (leave rate out for the default)",
@@ -345,7 +333,7 @@ async fn new_token_for(
     let record = EnrollmentTokenRecord {
         id: new_id(),
         task_id: task.id,
-        name: name.to_string(),
+        name,
         token_hash: token_hash(&token),
         rate: request.rate.map(|rate| (rate.per_minute, rate.burst)),
         created_at: now_ms(),

@@ -371,14 +371,8 @@ pub(super) async fn project_view(state: &AppState, record: ProjectRecord) -> Api
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NewProject {
-    /// Its name, unique on the coordinator: 1 to 200 characters, not all
-    /// white space, no control characters.
-    #[schema(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F][^\\u0000-\\u001F\\u007F-\\u009F]*$"
-    )]
-    name: String,
+    /// Its name, unique on the coordinator.
+    name: GivenName,
     /// Its limits (default: none beyond the server's).
     #[serde(default)]
     quotas: Quotas,
@@ -394,15 +388,42 @@ pub(super) struct ProjectPath {
     project: String,
 }
 
-fn checked_name(name: &str, invalid: ErrorCode) -> ApiResult<String> {
-    let trimmed = name.trim();
-    if trimmed.is_empty() || !crate::spec::name_fits(name) {
-        return Err(ApiError::new(
-            invalid,
-            "name must be 1 to 200 characters, not all white space, without control characters",
-        ));
+/// A name a person gives (an application's enrollment token, a project, a
+/// key): 1 to 200 characters, not all white space, no control characters;
+/// kept without the white space around it.
+#[derive(Deserialize)]
+#[serde(transparent)]
+pub(super) struct GivenName(String);
+
+impl utoipa::PartialSchema for GivenName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(200))
+            .pattern(Some(
+                "^[^\\u0000-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F][^\\u0000-\\u001F\\u007F-\\u009F]*$",
+            ))
+            .description(Some("1 to 200 characters, not all white space, no control characters"))
+            .into()
     }
-    Ok(trimmed.to_string())
+}
+
+impl utoipa::ToSchema for GivenName {}
+
+impl GivenName {
+    /// The name, trimmed, or the refusal with `invalid`.
+    pub(super) fn checked(&self, invalid: ErrorCode) -> ApiResult<String> {
+        let trimmed = self.0.trim();
+        if trimmed.is_empty() || !crate::spec::name_fits(&self.0) {
+            return Err(ApiError::new(
+                invalid,
+                "name must be 1 to 200 characters, not all white space, without control characters",
+            ));
+        }
+        Ok(trimmed.to_string())
+    }
 }
 
 /// The `project` path parameter.
@@ -445,7 +466,7 @@ pub(super) async fn create_project(
     let result = async {
         caller.require_admin()?;
         let request: NewProject = json_body(&body)?;
-        let name = checked_name(&request.name, ErrorCode::InvalidProjectRequest)?;
+        let name = request.name.checked(ErrorCode::InvalidProjectRequest)?;
         request.quotas.check()?;
         let record = ProjectRecord {
             id: new_id(),
@@ -551,14 +572,8 @@ pub(super) async fn set_quotas(
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NewKey {
-    /// Who or what it is for; unique within the project: 1 to 200
-    /// characters, not all white space, no control characters.
-    #[schema(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F][^\\u0000-\\u001F\\u007F-\\u009F]*$"
-    )]
-    name: String,
+    /// Who or what it is for; unique within the project.
+    name: GivenName,
     /// What it may do.
     role: Role,
     /// How long it works, in seconds from now (at most ten years); default:
@@ -643,7 +658,7 @@ pub(super) async fn create_key(
         audit.in_project(&record.id);
         caller.require(Role::Owner)?;
         let request: NewKey = json_body(&body)?;
-        let name = checked_name(&request.name, ErrorCode::InvalidProjectRequest)?;
+        let name = request.name.checked(ErrorCode::InvalidProjectRequest)?;
         let now = now_ms();
         if request.expires_in_s.is_some_and(|s| !(1..=MAX_KEY_LIFETIME_S).contains(&s)) {
             return Err(ApiError::new(
@@ -849,4 +864,39 @@ pub(super) async fn session(caller: Caller, State(state): State<AppState>) -> Ap
         name,
         expires_at,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names of tokens, projects and keys are one schema, with the
+    /// bounds the server checks.
+    #[test]
+    fn a_given_name_is_documented_with_its_bounds_and_checked_alike() {
+        let schema = serde_json::to_value(<GivenName as utoipa::PartialSchema>::schema()).unwrap();
+        assert_eq!(
+            (schema["type"].as_str(), schema["minLength"].as_u64()),
+            (Some("string"), Some(1)),
+            "{schema}"
+        );
+        assert_eq!(schema["maxLength"].as_u64(), Some(200), "{schema}");
+        let pattern = schema["pattern"].as_str().unwrap_or_else(|| panic!("{schema}"));
+        assert!(pattern.starts_with("^[^\\u0000-\\u001F"), "{pattern}");
+        let name = |text: &str| GivenName(text.into()).checked(ErrorCode::InvalidProjectRequest);
+        assert_eq!(name("  acme ").unwrap(), "acme");
+        for refused in ["", "   ", "a\u{7}b", &"x".repeat(201)] {
+            let error = name(refused).unwrap_err();
+            assert_eq!(error.code(), ErrorCode::InvalidProjectRequest, "{refused:?}");
+        }
+        assert_eq!(name(&"é".repeat(200)).unwrap().chars().count(), 200);
+    }
+
+    #[test]
+    fn only_ids_are_written_to_the_log_as_given() {
+        assert_eq!(logged("0123456789abcdef0123456789abcdef", true), "0123456789abcdef0123456789abcdef");
+        assert_eq!(logged("\n forged entry", false), "(malformed)");
+        assert!(is_project_id("default") && is_project_id(&"a".repeat(32)));
+        assert!(!is_project_id("Default") && !is_project_id(&"A".repeat(32)) && !is_project_id(""));
+    }
 }

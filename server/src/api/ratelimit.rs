@@ -187,24 +187,28 @@ impl Limiters {
         entry.1.check().map_err(|not_until| not_until.wait_time_from(inner.clock.now()))
     }
 
+    /// The limiters keyed by address, and those keyed by a credential.
+    fn keyed(&self) -> ([&Keyed<IpAddr>; 3], [&Keyed<String>; 4]) {
+        let inner = &self.0;
+        (
+            [&inner.enroll_address, &inner.check_in_address, &inner.report_address],
+            [
+                &inner.enroll_token,
+                &inner.check_in_credential,
+                &inner.report_credential,
+                &inner.admin_refusal_key,
+            ],
+        )
+    }
+
     /// Forgets keys whose limits have fully recovered.
     pub fn prune(&self) {
-        let inner = &self.0;
-        for limiter in
-            [&inner.enroll_address, &inner.check_in_address, &inner.report_address].into_iter().flatten()
-        {
+        let (addresses, credentials) = self.keyed();
+        for limiter in addresses.into_iter().flatten() {
             limiter.retain_recent();
             limiter.shrink_to_fit();
         }
-        for limiter in [
-            &inner.enroll_token,
-            &inner.check_in_credential,
-            &inner.report_credential,
-            &inner.admin_refusal_key,
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for limiter in credentials.into_iter().flatten() {
             limiter.retain_recent();
             limiter.shrink_to_fit();
         }
@@ -212,22 +216,9 @@ impl Limiters {
 
     /// Keys currently remembered, over every limiter.
     pub fn tracked(&self) -> usize {
-        let inner = &self.0;
-        let addresses: usize = [&inner.enroll_address, &inner.check_in_address, &inner.report_address]
-            .into_iter()
-            .flatten()
-            .map(|l| l.len())
-            .sum();
-        let credentials: usize = [
-            &inner.enroll_token,
-            &inner.check_in_credential,
-            &inner.report_credential,
-            &inner.admin_refusal_key,
-        ]
-        .into_iter()
-        .flatten()
-        .map(|l| l.len())
-        .sum();
+        let (addresses, credentials) = self.keyed();
+        let addresses: usize = addresses.into_iter().flatten().map(|l| l.len()).sum();
+        let credentials: usize = credentials.into_iter().flatten().map(|l| l.len()).sum();
         addresses + credentials
     }
 }
