@@ -353,18 +353,39 @@ pub struct ProjectView {
 
 /// The project `record` with what it uses.
 pub(super) async fn project_view(state: &AppState, record: ProjectRecord) -> ApiResult<ProjectView> {
-    let quotas = Quotas::of(&record)?;
-    let mut usage = Usage::default();
-    for task in state.store.tasks().await?.into_iter().filter(|task| task.project_id == record.id) {
-        usage.tasks += 1;
-        if !task.status.is_final() {
-            usage.unfinished_tasks += 1;
-            usage.parameters += task.spec()?.model.layout.len() as u64;
+    let mut views = project_views(state, vec![record]).await?;
+    views.pop().ok_or_else(|| StoreError::NotFound("project").into())
+}
+
+/// The projects `records` with what each uses, from one read of the tasks
+/// (the list of every project does not read them once per project).
+pub(super) async fn project_views(
+    state: &AppState,
+    records: Vec<ProjectRecord>,
+) -> ApiResult<Vec<ProjectView>> {
+    let tasks = state.store.tasks().await?;
+    let mut views = Vec::with_capacity(records.len());
+    for record in records {
+        let quotas = Quotas::of(&record)?;
+        let mut usage = Usage::default();
+        for task in tasks.iter().filter(|task| task.project_id == record.id) {
+            usage.tasks += 1;
+            if !task.status.is_final() {
+                usage.unfinished_tasks += 1;
+                usage.parameters += task.spec()?.model.layout.len() as u64;
+            }
         }
+        usage.keys =
+            state.store.keys(&record.id).await?.iter().filter(|key| key.revoked_at.is_none()).count() as u32;
+        views.push(ProjectView {
+            id: record.id,
+            name: record.name,
+            created_at: record.created_at,
+            quotas,
+            usage,
+        });
     }
-    usage.keys =
-        state.store.keys(&record.id).await?.iter().filter(|key| key.revoked_at.is_none()).count() as u32;
-    Ok(ProjectView { id: record.id, name: record.name, created_at: record.created_at, quotas, usage })
+    Ok(views)
 }
 
 /// A request for a project.
@@ -505,11 +526,8 @@ pub(super) async fn list_projects(
     caller: Caller,
     State(state): State<AppState>,
 ) -> ApiResult<Json<Vec<ProjectView>>> {
-    let mut views = Vec::new();
-    for project in state.store.projects().await?.into_iter().filter(|p| caller.sees(&p.id)) {
-        views.push(project_view(&state, project).await?);
-    }
-    Ok(Json(views))
+    let projects = state.store.projects().await?.into_iter().filter(|p| caller.sees(&p.id)).collect();
+    Ok(Json(project_views(&state, projects).await?))
 }
 
 /// One project, with its quotas and use.
