@@ -314,7 +314,7 @@ mod tests {
             assert_eq!(serde_json::from_value::<ErrorCode>(json).unwrap(), code);
             assert!(seen.insert(code.as_str()), "{code:?} repeats a name");
         }
-        assert_eq!(seen.len(), 36, "every variant, the unknown one included");
+        assert_eq!(seen.len(), 39, "every variant, the unknown one included");
     }
 
     /// The statuses clients and the API document rely on: retryable
@@ -342,6 +342,9 @@ mod tests {
             (ErrorCode::PayloadTooLarge, 413),
             (ErrorCode::UnsupportedMediaType, 415),
             (ErrorCode::CapacityExceeded, 422),
+            (ErrorCode::InvalidProjectRequest, 400),
+            (ErrorCode::Forbidden, 403),
+            (ErrorCode::QuotaExceeded, 422),
         ];
         for (code, status) in pinned {
             assert_eq!(code.status(), status, "{code:?}");
