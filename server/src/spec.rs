@@ -163,8 +163,10 @@ pub struct AsyncSpec {
     pub buffer_size: u32,
     /// The most model versions an update may lag behind its base (S); a
     /// staler update is refused and its client re-bases on the current
-    /// model. At least 1.
-    #[schema(minimum = 1, maximum = 1_000)]
+    /// model. At least 1; 4 unless given. A client gives up its training
+    /// slot sooner, after ⌈C / K⌉ versions (see [`AsyncSpec::slot_lag`]).
+    #[serde(default = "default_max_staleness")]
+    #[schema(minimum = 1, maximum = 1_000, default = 4)]
     pub max_staleness: u32,
     /// An update s versions stale is weighted (1 + s)^−a by its client
     /// before masking; 0.5 (the default) is FedBuff's 1/√(1 + s), 0 weighs
@@ -172,6 +174,10 @@ pub struct AsyncSpec {
     #[serde(default = "default_staleness_exponent")]
     #[schema(minimum = 0.0, maximum = 4.0, default = 0.5)]
     pub staleness_exponent: f64,
+}
+
+fn default_max_staleness() -> u32 {
+    4
 }
 
 fn default_staleness_exponent() -> f64 {
@@ -227,6 +233,24 @@ impl AsyncSpec {
     /// behind.
     pub fn fresh(&self, base: u64, version: u64) -> bool {
         base <= version && version - base <= u64::from(self.max_staleness)
+    }
+
+    /// How many versions a client's base may lag while it still holds a
+    /// training slot: ⌈C / K⌉, at most `max_staleness`. With C clients
+    /// training and K updates a version, about C / K versions pass while a
+    /// client of typical speed trains, so a client lagging further is slow
+    /// for this population: its slot goes to another client, and its
+    /// update, if it arrives within `max_staleness`, still counts
+    /// (weighted). A straggler then delays no version, and its data is not
+    /// lost as it would be under a tight `max_staleness`.
+    pub fn slot_lag(&self) -> u64 {
+        u64::from(self.concurrency.div_ceil(self.buffer_size.max(1)).min(self.max_staleness))
+    }
+
+    /// Whether a client that started training from version `base` still
+    /// holds its slot at version `version` (see [`AsyncSpec::slot_lag`]).
+    pub fn holds_slot(&self, base: u64, version: u64) -> bool {
+        base <= version && version - base <= self.slot_lag()
     }
 
     /// The weight of an update `staleness` versions behind: (1 + s)^−a.
@@ -910,10 +934,9 @@ impl TaskSpec {
             (TaskMode::Sync, Some(_)) => {
                 Err(SpecError::field("async", "async parameters need mode \"async\""))
             }
-            (TaskMode::Async, None) => Err(SpecError::field(
-                "async",
-                "mode \"async\" needs async: {concurrency, buffer_size, max_staleness}",
-            )),
+            (TaskMode::Async, None) => {
+                Err(SpecError::field("async", "mode \"async\" needs async: {concurrency, buffer_size}"))
+            }
             (TaskMode::Async, Some(schedule)) => {
                 schedule.validate()?;
                 if self.clients_per_round != schedule.buffer_size {

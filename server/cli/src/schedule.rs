@@ -63,7 +63,9 @@ pub struct ScheduleArgs {
     #[arg(long)]
     pub(crate) buffer_size: Option<u32>,
     /// Async: the most model versions an update may lag behind (S); a
-    /// staler one is refused and its client re-bases.
+    /// staler one is refused and its client re-bases. A client gives up
+    /// its training slot sooner, once it lags ⌈C / K⌉ versions, and its
+    /// update still counts if it arrives within S.
     #[arg(long, default_value_t = 4)]
     pub(crate) max_staleness: u32,
     /// Async: an update s versions stale is weighted (1 + s)^−a.

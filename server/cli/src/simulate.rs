@@ -166,10 +166,17 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
                 );
                 let run = buffered(&experiment, &args.training, &spec, !args.plain, threads, &clock)?;
                 println!(
-                    "{} updates refused as staler than {} versions (their clients re-based).",
-                    run.stale, spec.max_staleness
+                    "{} updates refused as staler than {} versions (their clients re-based); {:.1} clients \
+                     trained at once on average (slots: {}, held for {} versions).",
+                    run.stale,
+                    spec.max_staleness,
+                    run.training_at_once,
+                    spec.concurrency,
+                    spec.slot_lag()
                 );
-                config.insert("schedule".into(), schedule_json(&args.schedule, Some(&spec), Some(run.stale)));
+                let mut schedule = schedule_json(&args.schedule, Some(&spec), Some(run.stale));
+                schedule["training_at_once"] = json!(run.training_at_once);
+                config.insert("schedule".into(), schedule);
                 run.rows
             }
             None => {
@@ -223,6 +230,7 @@ fn schedule_json(schedule: &ScheduleArgs, buffered: Option<&AsyncSpec>, stale: O
             value["concurrency"] = json!(spec.concurrency);
             value["buffer_size"] = json!(spec.buffer_size);
             value["max_staleness"] = json!(spec.max_staleness);
+            value["slot_lag"] = json!(spec.slot_lag());
             value["staleness_exponent"] = json!(spec.staleness_exponent);
             value["stale_updates_refused"] = json!(stale);
         }
@@ -599,6 +607,10 @@ struct Job {
 pub(crate) struct Buffered {
     pub(crate) rows: Vec<RoundRow>,
     pub(crate) stale: u64,
+    /// Clients training at once, on average over the run (the finished
+    /// trainings' simulated seconds over the run's): above the
+    /// concurrency when slow clients train on without a slot.
+    pub(crate) training_at_once: f64,
 }
 
 /// Buffered asynchronous aggregation in process (FedBuff): `concurrency`
@@ -606,10 +618,11 @@ pub(crate) struct Buffered {
 /// started; a finished update joins the buffer, and every `buffer_size`
 /// of them are one secure-aggregation group whose mean (each update
 /// weighted by its client for its staleness, (1 + s)^−a) is applied at
-/// once as the next version. A client whose base falls more than
-/// `max_staleness` versions behind no longer holds a training slot (its
-/// update will be refused, and it re-bases when it next checks in), so a
-/// new client starts in its place. `training.rounds` versions in all.
+/// once as the next version. A client whose base lags more than the
+/// spec's slot lag (⌈C / K⌉ versions) no longer holds a training slot, so
+/// a new client starts in its place; its update still counts if it
+/// arrives at most `max_staleness` versions stale, and is refused (its
+/// client re-bases) otherwise. `training.rounds` versions in all.
 pub(crate) fn buffered(
     experiment: &Experiment,
     training: &TrainingArgs,
@@ -624,7 +637,14 @@ pub(crate) fn buffered(
     let mut rng = ChaCha20Rng::seed_from_u64(training.seed() ^ 0xa5_7a1e);
     let mut weights = layout.fan_in_init(training.seed());
     let mut bases: BTreeMap<u64, Checkpoint> = BTreeMap::new();
-    let mut state = Schedule { version: 0, now: 0.0, jobs: Vec::new(), buffer: Vec::new(), stale: 0 };
+    let mut state = Schedule {
+        version: 0,
+        now: 0.0,
+        jobs: Vec::new(),
+        buffer: Vec::new(),
+        stale: 0,
+        trained_seconds: 0.0,
+    };
     let progress = Progress::new(training.rounds);
     let mut rows = Vec::new();
     let mut groups = 0u64;
@@ -634,8 +654,9 @@ pub(crate) fn buffered(
     state.fill(concurrency, training.clients, clock, &mut rng);
     while state.version < training.rounds {
         let Some(job) = state.next_finished() else { bail!("no client is training: the schedule stalled") };
+        state.trained_seconds += clock.training(job.client);
         if !spec.fresh(job.base, state.version) {
-            // A stale update is refused; the slot was already given away.
+            // A stale update is refused; its slot was given away long ago.
             state.stale += 1;
             continue;
         }
@@ -684,9 +705,12 @@ pub(crate) fn buffered(
         bases.insert(state.version, checkpoint_of(&layout, &weights));
         state.evict(spec);
         state.fill(concurrency, training.clients, clock, &mut rng);
-        // A client whose slot was given away is refused: only the others train.
-        let holding = state.jobs.iter().filter(|(_, slot)| *slot).map(|(job, _)| job);
-        let in_use: BTreeSet<u64> = holding.chain(&state.buffer).map(|job| job.base).collect();
+        // The bases of every update that may still be applied.
+        let version = state.version;
+        let in_use: BTreeSet<u64> = (state.jobs.iter().map(|(job, _)| job).chain(&state.buffer))
+            .map(|job| job.base)
+            .filter(|&base| spec.fresh(base, version))
+            .collect();
         bases.retain(|version, _| *version == state.version || in_use.contains(version));
         let (accuracy, loss) = evaluate(experiment, &weights);
         let mut histogram = vec![0u64; staleness.iter().max().map_or(0, |&s| s as usize + 1)];
@@ -711,7 +735,8 @@ pub(crate) fn buffered(
         rows.push(row);
     }
     progress.finish();
-    Ok(Buffered { rows, stale: state.stale })
+    let training_at_once = if state.now > 0.0 { state.trained_seconds / state.now } else { 0.0 };
+    Ok(Buffered { rows, stale: state.stale, training_at_once })
 }
 
 fn checkpoint_of(layout: &ModelLayout, weights: &[f32]) -> Checkpoint {
@@ -728,6 +753,8 @@ struct Schedule {
     /// Finished updates waiting for the buffer to fill.
     buffer: Vec<Job>,
     stale: u64,
+    /// The simulated seconds of every finished training, refused or not.
+    trained_seconds: f64,
 }
 
 impl Schedule {
@@ -762,11 +789,12 @@ impl Schedule {
         Some(job)
     }
 
-    /// Frees the slots of clients whose base is more than `max_staleness`
-    /// versions old: their update can no longer be accepted.
+    /// Frees the slots of clients whose base lags more than the spec's
+    /// slot lag: they train on, and their update counts if it is still
+    /// fresh when it arrives.
     fn evict(&mut self, spec: &AsyncSpec) {
         for (job, slot) in &mut self.jobs {
-            if !spec.fresh(job.base, self.version) {
+            if !spec.holds_slot(job.base, self.version) {
                 *slot = false;
             }
         }

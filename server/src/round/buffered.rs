@@ -17,9 +17,12 @@
 //! discarded without applying anything.
 //!
 //! Staleness is bounded: an update more than `max_staleness` versions
-//! behind is refused ([`CheckIn::Stale`]) and its client re-bases; the
-//! slot of a client whose base falls that far behind, or who has trained
-//! for longer than the advertise-keys deadline, goes to another client.
+//! behind is refused ([`CheckIn::Stale`]) and its client re-bases. A slow
+//! client gives up its slot sooner: once its base lags more than ⌈C / K⌉
+//! versions ([`AsyncSpec::slot_lag`], about the lag of a client of typical
+//! speed), or once it has trained for longer than the advertise-keys
+//! deadline, its slot goes to another client; it trains on, and its update
+//! still counts if it arrives within `max_staleness`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -140,7 +143,7 @@ impl BufferState {
     fn slots_held(&self, version: u64, allowance: i64, now: i64) -> usize {
         self.training
             .values()
-            .filter(|(base, since)| self.spec.fresh(*base, version) && now - since <= allowance)
+            .filter(|(base, since)| self.spec.holds_slot(*base, version) && now - since <= allowance)
             .count()
     }
 

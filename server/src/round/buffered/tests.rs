@@ -300,6 +300,83 @@ fn slots_go_to_others_when_a_trainer_falls_behind_or_takes_too_long() {
     assert!(engine.buffer(now).unwrap().groups.is_empty());
 }
 
+/// With C = K, a client of typical speed sees about one version pass while
+/// it trains: one that lags two gives its slot to another client, trains
+/// on, and its update still counts (weighted) while it is within
+/// `max_staleness`; later, it is refused.
+#[test]
+fn a_slow_client_gives_up_its_slot_after_the_slot_lag_and_still_counts_within_the_bound() {
+    let spec = async_spec(3, 3);
+    assert_eq!(spec.asynchronous.unwrap().slot_lag(), 1);
+    let mut engine = engine(spec);
+    let mut clients: Vec<AsyncClient> = (0..9).map(AsyncClient::new).collect();
+    let mut now = 0;
+    // The slow client 0 and two others train from version 0.
+    for client in &mut clients[..3] {
+        assert_eq!(client.ask(&mut engine, now), CheckIn::Train { version: 0 });
+    }
+    assert_eq!(clients[3].ask(&mut engine, now), CheckIn::Wait { retry_after_ms: 1_000 });
+    // Version 1 from clients 1, 2 and 3 (who takes 1's slot).
+    assert_eq!(clients[1].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    assert_eq!(clients[3].ask(&mut engine, now), CheckIn::Train { version: 0 });
+    assert_eq!(clients[2].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    assert_eq!(clients[4].ask(&mut engine, now), CheckIn::Train { version: 0 });
+    let number = selected_round(&clients[3].ready(&mut engine, now)).expect("a full buffer");
+    let job = run_group(&mut engine, &mut clients, &[1, 2, 3], &[], number, &mut now).unwrap();
+    let completion = apply(&mut engine, job, now);
+    engine.advance(Persist::Model(Box::new(completion)), true);
+    // Clients 0 and 4 lag one version, within the slot lag: they hold two
+    // of the three slots.
+    assert_eq!(engine.buffer(now).unwrap().training, 2);
+    assert_eq!(clients[5].ask(&mut engine, now), CheckIn::Train { version: 1 });
+    assert_eq!(clients[6].ask(&mut engine, now), CheckIn::Wait { retry_after_ms: 1_000 });
+    // Version 2 from clients 4, 5 and 6 (who takes 4's slot).
+    assert_eq!(clients[4].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    assert_eq!(clients[6].ask(&mut engine, now), CheckIn::Train { version: 1 });
+    assert_eq!(clients[5].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    let number = selected_round(&clients[6].ready(&mut engine, now)).expect("a full buffer");
+    let job = run_group(&mut engine, &mut clients, &[4, 5, 6], &[], number, &mut now).unwrap();
+    let completion = apply(&mut engine, job, now);
+    engine.advance(Persist::Model(Box::new(completion)), true);
+    assert_eq!(engine.completed_rounds(), 2);
+    // Client 0 lags two versions, more than the slot lag: its slot is free
+    // although it has not reported, and three others train.
+    assert_eq!(engine.buffer(now).unwrap().training, 0);
+    for i in [1, 2, 3] {
+        assert_eq!(clients[i].ask(&mut engine, now), CheckIn::Train { version: 2 });
+    }
+    assert_eq!(clients[7].ask(&mut engine, now), CheckIn::Wait { retry_after_ms: 1_000 });
+    // Its update, two versions stale, is within max_staleness 3: it joins
+    // a group, weighted 1/√3.
+    assert_eq!(clients[0].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    assert_eq!(clients[1].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    let number = selected_round(&clients[2].ready(&mut engine, now)).expect("a full buffer");
+    let before = engine.weights().to_vec();
+    let job = run_group(&mut engine, &mut clients, &[0, 1, 2], &[], number, &mut now).unwrap();
+    assert_eq!(clients[0].weight, Some(f64::from((1.0f32 / 3.0).sqrt())));
+    let completion = apply(&mut engine, job, now);
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    assert_eq!(metrics["buffer"]["staleness_histogram"], serde_json::json!([2, 0, 1]));
+    engine.advance(Persist::Model(Box::new(completion)), true);
+    let step = weighted(&clients, &[0, 1, 2]);
+    let expected: Vec<f32> = before.iter().zip(&step).map(|(w, s)| w + s).collect();
+    assert_close(engine.weights(), &expected);
+    // Version 4 from client 3 (still in its slot) and 1 and 2 again.
+    for i in [1, 2] {
+        assert_eq!(clients[i].ask(&mut engine, now), CheckIn::Train { version: 3 });
+    }
+    assert_eq!(clients[1].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    assert_eq!(clients[2].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
+    let number = selected_round(&clients[3].ready(&mut engine, now)).expect("a full buffer");
+    let job = run_group(&mut engine, &mut clients, &[1, 2, 3], &[], number, &mut now).unwrap();
+    let completion = apply(&mut engine, job, now);
+    engine.advance(Persist::Model(Box::new(completion)), true);
+    // An update four versions stale, more than max_staleness, is refused.
+    clients[8].base = 0;
+    assert_eq!(clients[8].ready(&mut engine, now), CheckIn::Stale { version: 4, max_staleness: 3 });
+    assert_eq!(engine.buffer(now).unwrap().refused_stale, 1);
+}
+
 #[test]
 fn an_active_async_task_takes_only_clients_with_identity_keys_and_stops_when_paused() {
     let mut spec = async_spec(4, 1);
@@ -356,6 +433,27 @@ fn async_specs_are_checked_field_by_field() {
     spec.validate().unwrap();
     assert_eq!(spec.asynchronous.unwrap().staleness_exponent, 0.5);
     assert_eq!(spec.asynchronous.unwrap().weight(3), 0.5);
+    // Without max_staleness, the default bound of 4.
+    let json = serde_json::json!({"concurrency": 10, "buffer_size": 10});
+    let schedule: AsyncSpec = serde_json::from_value(json).unwrap();
+    assert_eq!((schedule.max_staleness, schedule.staleness_exponent), (4, 0.5));
+}
+
+/// A slot is held for ⌈C / K⌉ versions, never longer than the staleness
+/// bound: the versions that pass while a client of typical speed trains.
+#[test]
+fn the_slot_lag_is_the_versions_a_typical_client_sees_pass() {
+    let lag = |concurrency, buffer_size, max_staleness| {
+        AsyncSpec { concurrency, buffer_size, max_staleness, staleness_exponent: 0.5 }.slot_lag()
+    };
+    assert_eq!(lag(10, 10, 4), 1);
+    assert_eq!(lag(13, 10, 4), 2);
+    assert_eq!(lag(30, 10, 4), 3);
+    assert_eq!(lag(100, 10, 4), 4, "at most the bound");
+    assert_eq!(lag(100, 10, 20), 10);
+    let spec = AsyncSpec { concurrency: 10, buffer_size: 10, max_staleness: 4, staleness_exponent: 0.5 };
+    assert!(spec.holds_slot(3, 4) && !spec.holds_slot(2, 4) && !spec.holds_slot(5, 4));
+    assert!(spec.fresh(0, 4) && !spec.fresh(0, 5));
 }
 
 #[test]
