@@ -481,11 +481,13 @@ impl Group {
     }
 
     /// Closes the collecting stage when it is ready: every eligible client
-    /// answered or left, its deadline passed, in the masked-input stage
-    /// `wanted` inputs arrived (so that over-selected stragglers do not
-    /// hold it up), or too few clients are left to reach the threshold
-    /// (the group is given up at once instead of at the deadline). `None`
-    /// when it is not ready.
+    /// answered or left, its deadline passed, in the advertise-keys or the
+    /// masked-input stage `wanted` answers arrived (so that over-selected
+    /// stragglers hold up neither: a client trains before it advertises
+    /// its keys, and one that has not advertised them by then is simply
+    /// not in the round), or too few clients are left to reach the
+    /// threshold (the group is given up at once instead of at the
+    /// deadline). `None` when it is not ready.
     pub(super) fn advance(
         &mut self,
         place: Place<'_>,
@@ -506,7 +508,8 @@ impl Group {
                 s.is_complete()
                     || cut_short
                     || now >= self.deadline
-                    || (s.stage() == Stage::MaskedInputCollection && s.received() >= wanted)
+                    || (matches!(s.stage(), Stage::AdvertiseKeys | Stage::MaskedInputCollection)
+                        && s.received() >= wanted)
             }
             _ => false,
         };

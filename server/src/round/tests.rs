@@ -346,6 +346,44 @@ fn over_selection_closes_the_masked_input_stage_without_waiting_for_stragglers()
     }
 }
 
+/// A client trains before it advertises its keys: with over-selection the
+/// advertise-keys stage closes once the target advertised, and the slowest
+/// trainer is not in the round (it costs no recovery and holds no one up).
+#[test]
+fn over_selection_closes_the_advertise_keys_stage_without_waiting_for_slow_trainers() {
+    let mut spec = small_spec();
+    spec.clients_per_round = 5;
+    spec.over_selection = 0.2;
+    let mut engine = engine(spec);
+    let mut clients = participants(6);
+    let mut now = 0;
+    for c in &clients {
+        engine.check_in(&c.name, None, now);
+    }
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
+    // Four advertise: the stage waits for a fifth.
+    for c in clients.iter_mut().skip(2) {
+        assert!(c.step(&mut engine));
+    }
+    now += 10;
+    engine.tick(now);
+    assert_eq!(engine.current_round(), Some((1, Stage::AdvertiseKeys)));
+    // The fifth closes it, long before the deadline; client 0 still trains.
+    assert!(clients[1].step(&mut engine));
+    now += 10;
+    engine.tick(now);
+    assert_eq!(engine.current_round(), Some((1, Stage::ShareKeys)));
+    assert!(clients[0].answer(&mut engine).is_none(), "the slow trainer is out of the round");
+    let job = run_round(&mut engine, &mut clients[1..], &[], &mut now).unwrap();
+    let completion = complete(&mut engine, 1, job, now);
+    assert_eq!((completion.round.survivors, completion.round.selected), (5, 6));
+    engine.advance(Persist::Model(Box::new(completion)), true);
+    let expected = weighted_mean(&clients, &[1, 2, 3, 4, 5]);
+    for (w, e) in engine.weights().iter().zip(&expected) {
+        assert!((w - e).abs() < 1e-4);
+    }
+}
+
 #[test]
 fn stage_messages_are_admitted_only_from_eligible_senders_within_the_round_size() {
     let mut engine = engine(small_spec());
