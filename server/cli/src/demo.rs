@@ -19,7 +19,8 @@ use cohort_server::api::auth::new_token;
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::service::{Service, ServiceConfig};
 use cohort_server::spec::{
-    GraphChoice, NormChoice, SecAggSpec, TaskPlan, TaskSpec, ValidationSpec, VariantChoice,
+    AsyncSpec, GraphChoice, NormChoice, SecAggSpec, TaskMode, TaskPlan, TaskSpec, ValidationSpec,
+    VariantChoice,
 };
 use serde_json::Value;
 
@@ -28,7 +29,7 @@ use crate::datasets::write_shard;
 use crate::experiment::Experiment;
 use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
-use crate::schedule::Clock;
+use crate::schedule::{Clock, Mode, ScheduleArgs};
 use crate::simulate::{Timing, in_process, privacy_json, threads};
 use crate::training::{TrainingArgs, announce_updates, evaluate, prepare, quantization, threshold};
 
@@ -57,6 +58,18 @@ pub struct DemoArgs {
     /// `--malicious`, half of a round).
     #[arg(long)]
     group_size: Option<u32>,
+    /// The task's schedule (`--mode async` with `--concurrency` and
+    /// `--buffer-size`, or sync rounds with `--over-selection`) and, with
+    /// `--speed` or `--stragglers`, each client's pace: client k takes at
+    /// least its simulated training time (as in `cohort simulate`, times
+    /// `--time-scale`) over each update. Each row's `sim_seconds` is then
+    /// the wall time since the task was created, over the time scale.
+    #[command(flatten)]
+    schedule: ScheduleArgs,
+    /// Wall seconds per simulated second of training, with `--speed` or
+    /// `--stragglers`.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
     /// How many of the clients cheat (a build with the `adversary`
     /// feature): they prove their honest update and mask another. The task
     /// then selects the others' number per round (rounded down to even), in
@@ -132,8 +145,52 @@ pub(crate) enum DemoValidation {
     None,
 }
 
+/// How the demo's task schedules its clients, and how fast each trains.
+struct DemoSchedule {
+    asynchronous: Option<AsyncSpec>,
+    over_selection: f64,
+    /// Each client's least seconds per update, when paced.
+    paces: Option<Vec<f64>>,
+    time_scale: f64,
+}
+
+impl DemoSchedule {
+    fn of(args: &DemoArgs, experiment: &Experiment) -> Result<Self> {
+        let asynchronous = args.schedule.async_spec(args.training.clients)?;
+        if !(args.time_scale.is_finite() && args.time_scale > 0.0 && args.time_scale <= 100.0) {
+            bail!("--time-scale must be above 0 and at most 100");
+        }
+        let paced = args.schedule.speed.is_some() || args.schedule.stragglers.is_some();
+        if args.plain && (paced || asynchronous.is_some() || args.schedule.over_selection != 0.0) {
+            bail!(
+                "--plain runs every client in process: the schedule flags are for the coordinator over HTTP \
+                 (cohort simulate schedules clients in process)"
+            );
+        }
+        if asynchronous.is_some() && (args.per_round.is_some() || args.group_size.is_some()) {
+            bail!("an async task's groups are its buffers: --buffer-size, not --per-round or --group-size");
+        }
+        let paces = paced.then(|| {
+            let sizes: Vec<usize> = experiment.shards.iter().map(Dataset::len).collect();
+            let clock = Clock::new(&args.schedule, &sizes, args.training.local.epochs, args.training.seed());
+            (0..sizes.len()).map(|k| clock.training(k) * args.time_scale).collect()
+        });
+        Ok(Self {
+            asynchronous,
+            over_selection: args.schedule.over_selection,
+            paces,
+            time_scale: args.time_scale,
+        })
+    }
+
+    fn mode(&self) -> Mode {
+        if self.asynchronous.is_some() { Mode::Async } else { Mode::Sync }
+    }
+}
+
 pub fn demo(args: &DemoArgs) -> Result<()> {
     let experiment = prepare(&args.training)?;
+    let schedule = DemoSchedule::of(args, &experiment)?;
     announce_updates(&args.training, !args.plain);
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let (rows, privacy) = if args.plain {
@@ -154,7 +211,7 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
             None,
         )
     } else {
-        secure_over_http(&experiment, &args.training, args.validation, Cheating::of(args))?
+        secure_over_http(&experiment, &args.training, args.validation, Cheating::of(args), &schedule)?
     };
     let mode = if args.plain { "plain" } else { "secure" };
     let mut config = serde_json::Map::new();
@@ -187,10 +244,21 @@ fn demo_spec(
     largest_shard: usize,
     validation: DemoValidation,
     cheating: Cheating,
+    schedule: &DemoSchedule,
 ) -> Result<TaskSpec> {
-    let (per_round, group_size) = cheating.selection(training.clients);
-    // Each group is its own protocol instance, with its own threshold.
-    let n = group_size.unwrap_or(per_round);
+    let (per_round, group_size) = match &schedule.asynchronous {
+        Some(_) if cheating.count > 0 => {
+            bail!("cheating clients are isolated across sync rounds: drop --mode async")
+        }
+        // Each buffer is the task's one group.
+        Some(buffered) => (buffered.buffer_size, None),
+        None => cheating.selection(training.clients),
+    };
+    // Each group is its own protocol instance, with its own threshold; an
+    // over-selected round's group holds every selected client.
+    let n = group_size
+        .unwrap_or_else(|| (f64::from(per_round) * (1.0 + schedule.over_selection)).ceil() as u32)
+        .min(training.clients as u32);
     let vanishing = (f64::from(n) * training.dropout).ceil() as u32;
     let threshold = threshold(n, vanishing);
     let spec = TaskSpec {
@@ -202,7 +270,7 @@ fn demo_spec(
         },
         rounds: training.rounds as u32,
         clients_per_round: per_round,
-        over_selection: 0.0,
+        over_selection: schedule.over_selection,
         secure_aggregation: SecAggSpec {
             // The active variant needs a threshold above half of the n
             // holders of a seed's shares; a dropout rate that leaves fewer survivors than
@@ -232,8 +300,11 @@ fn demo_spec(
         client_metrics: Default::default(),
         // Every client takes part in every round: no amplification.
         privacy: training.dp.spec(1.0),
-        mode: Default::default(),
-        asynchronous: None,
+        mode: match schedule.mode() {
+            Mode::Sync => TaskMode::Sync,
+            Mode::Async => TaskMode::Async,
+        },
+        asynchronous: schedule.asynchronous,
         // Not with differential privacy, which it does not combine with yet.
         validation: Some(ValidationSpec {
             norm: if validates(validation, training) { NormChoice::L2 } else { NormChoice::None },
@@ -263,11 +334,12 @@ fn secure_over_http(
     training: &TrainingArgs,
     validation: DemoValidation,
     cheating: Cheating,
+    schedule: &DemoSchedule,
 ) -> Result<(Vec<RoundRow>, Option<Value>)> {
     let work = std::env::temp_dir().join(format!("cohort-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
-    let result = run_coordinator_and_clients(experiment, training, &work, validation, cheating);
+    let result = run_coordinator_and_clients(experiment, training, &work, validation, cheating, schedule);
     if result.is_ok() {
         let _ = std::fs::remove_dir_all(&work);
     } else {
@@ -282,6 +354,7 @@ fn run_coordinator_and_clients(
     work: &Path,
     validation: DemoValidation,
     cheating: Cheating,
+    schedule: &DemoSchedule,
 ) -> Result<(Vec<RoundRow>, Option<Value>)> {
     for (k, shard) in experiment.shards.iter().enumerate() {
         write_shard(&work.join(format!("shard-{k}")), shard)?;
@@ -306,7 +379,7 @@ fn run_coordinator_and_clients(
     }))?;
     let url = service.url();
     let largest = experiment.shards.iter().map(Dataset::len).max().unwrap_or(1);
-    let spec = demo_spec(training, &experiment.model, largest, validation, cheating)?;
+    let spec = demo_spec(training, &experiment.model, largest, validation, cheating, schedule)?;
     let mut transport = HttpTransport::new(&url);
     let created: Value = serde_json::from_slice(&admin(
         &mut transport,
@@ -354,6 +427,14 @@ fn run_coordinator_and_clients(
             .args(["--dropout", &training.dropout.to_string()])
             .args(["--policy", &policy])
             .args(cheating.args(k, training.clients))
+            .args(
+                schedule
+                    .paces
+                    .as_ref()
+                    .map(|paces| ["--pace".to_string(), format!("{:.3}", paces[k])])
+                    .into_iter()
+                    .flatten(),
+            )
             .env("COHORT_ENROLLMENT_TOKEN", &token)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -373,13 +454,42 @@ fn run_coordinator_and_clients(
             cheating.count
         );
     }
-    if spec.clients_per_round as usize != training.clients || spec.secure_aggregation.group_size.is_some() {
+    match &schedule.asynchronous {
+        Some(buffered) => println!(
+            "Async (FedBuff): {} clients train at once, every {} finished updates are one group and one model \
+             version; updates at most {} versions stale count, and a slow client gives up its slot after {}.",
+            buffered.concurrency,
+            buffered.buffer_size,
+            buffered.max_staleness,
+            buffered.slot_lag()
+        ),
+        None if spec.selected_per_round() != spec.clients_per_round => println!(
+            "Rounds select {} clients in groups of {} and close when {} have sent their masked inputs.",
+            spec.selected_per_round(),
+            spec.groups().size,
+            spec.clients_per_round
+        ),
+        None if spec.clients_per_round as usize != training.clients
+            || spec.secure_aggregation.group_size.is_some() =>
+        {
+            println!(
+                "Rounds select {} clients in groups of {}.",
+                spec.clients_per_round,
+                spec.secure_aggregation.group_size.unwrap_or(spec.clients_per_round)
+            )
+        }
+        None => {}
+    }
+    if let Some(paces) = &schedule.paces {
+        let mut sorted = paces.clone();
+        sorted.sort_by(f64::total_cmp);
         println!(
-            "Rounds select {} clients in groups of {}.",
-            spec.clients_per_round,
-            spec.secure_aggregation.group_size.unwrap_or(spec.clients_per_round)
+            "Each client takes at least its simulated training time over an update: median {:.1} s, slowest {:.1} s.",
+            sorted[sorted.len() / 2],
+            sorted[sorted.len() - 1]
         );
     }
+    let mut created_at = None::<i64>;
 
     let progress = Progress::new(training.rounds);
     let mut rows: Vec<RoundRow> = Vec::new();
@@ -400,6 +510,7 @@ fn run_coordinator_and_clients(
             admin_get(&mut transport, &admin_token, &format!("/admin/tasks/{task}/rounds"))?;
         if last_finished.is_none() {
             last_finished = view["created_at"].as_i64();
+            created_at = last_finished;
         }
         for record in rounds.iter().skip(rows.len()) {
             let round = record["round"].as_u64().context("round number")?;
@@ -420,7 +531,10 @@ fn run_coordinator_and_clients(
                 loss,
                 client_loss: metrics["client_means"]["train_loss"]["mean"].as_f64(),
                 seconds: (finished - last_finished.unwrap_or(finished)) as f64 / 1e3,
-                sim_seconds: None,
+                sim_seconds: schedule
+                    .paces
+                    .as_ref()
+                    .map(|_| (finished - created_at.unwrap_or(finished)) as f64 / 1e3 / schedule.time_scale),
                 bytes_up_per_client: metrics["bytes_up_per_client"].as_f64().unwrap_or_default(),
                 bytes_down_per_client: metrics["bytes_down_per_client"].as_f64().unwrap_or_default()
                     + previous_model.len() as f64,
@@ -428,7 +542,9 @@ fn run_coordinator_and_clients(
                 compression_ratio: metrics["compression_ratio"].as_f64().unwrap_or_default(),
                 masked_input_ratio: None,
                 epsilon: metrics["epsilon"].as_f64(),
-                staleness: None,
+                staleness: metrics["buffer"]["staleness_histogram"]
+                    .as_array()
+                    .map(|counts| counts.iter().filter_map(Value::as_u64).collect()),
             };
             progress.row(&row);
             let named = |field: &str| -> Vec<String> {

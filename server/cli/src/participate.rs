@@ -2,16 +2,18 @@
 //! local shard driven by the participant runtime.
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
+use cohort_client::checkpoint::Checkpoint;
 #[cfg(feature = "tch")]
 use cohort_client::model::TorchScriptModel;
 use cohort_client::participant::{Participant, ParticipantConfig, RoundOutcome, Stage};
 #[cfg(feature = "tch")]
 use cohort_client::runtime::LocalTrainer;
 use cohort_client::runtime::http::HttpTransport;
-use cohort_client::runtime::{Runner, Trainer, load_state};
+use cohort_client::runtime::{Contribution, LocalUpdate, Runner, Trainer, UpdateError, load_state};
 use cohort_client::train::TrainConfig;
 use cohort_crypto::policy::Policy;
 use rand_chacha::ChaCha20Rng;
@@ -73,6 +75,11 @@ pub struct ParticipateArgs {
     /// rides out about 20 s of outage.
     #[arg(long, default_value_t = ParticipantConfig::default().max_attempts)]
     max_attempts: u32,
+    /// Take at least this many seconds over each local training, waiting
+    /// after it if it was faster: a slow device, for measuring schedules
+    /// (`cohort demo --speed`, `--stragglers`).
+    #[arg(long, value_parser = parse_pace)]
+    pace: Option<f64>,
     /// Cheat (a build with the `adversary` feature, for measuring input
     /// validation): prove the honest update, then add to the masked input
     /// half the ring (`scaled`) or random ring values (`random`). An
@@ -89,7 +96,35 @@ pub fn participate(args: &ParticipateArgs) -> Result<()> {
     }
     let data = read_shard(&args.shard)?;
     let model = built_in(&args.model, data.features.ncols(), data.classes)?;
-    run(args, client_trainer(&model, data, &train, train.seed, args.index))
+    let trainer = client_trainer(&model, data, &train, train.seed, args.index);
+    match args.pace {
+        Some(seconds) => run(args, Paced { trainer, at_least: Duration::from_secs_f64(seconds) }),
+        None => run(args, trainer),
+    }
+}
+
+fn parse_pace(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if seconds.is_finite() && (0.0..=86_400.0).contains(&seconds) => Ok(seconds),
+        _ => Err(format!("expected seconds between 0 and 86400, got {text:?}")),
+    }
+}
+
+/// A trainer that takes at least `at_least` over each update.
+struct Paced<T> {
+    trainer: T,
+    at_least: Duration,
+}
+
+impl<T: Trainer> Trainer for Paced<T> {
+    fn train(&mut self, contribution: Contribution, model: &Checkpoint) -> Result<LocalUpdate, UpdateError> {
+        let started = Instant::now();
+        let update = self.trainer.train(contribution, model);
+        if let Some(rest) = self.at_least.checked_sub(started.elapsed()) {
+            std::thread::sleep(rest);
+        }
+        update
+    }
 }
 
 /// A TorchScript module saved with `torch.jit.save`, trained on libtorch.
