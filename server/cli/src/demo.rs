@@ -30,7 +30,7 @@ use crate::experiment::Experiment;
 use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
 use crate::schedule::{Clock, Mode, ScheduleArgs};
-use crate::simulate::{Timing, in_process, privacy_json, threads};
+use crate::simulate::{Timing, in_process, privacy_json, schedule_json, threads};
 use crate::training::{TrainingArgs, announce_updates, evaluate, prepare, quantization, threshold};
 
 #[derive(Debug, Args)]
@@ -218,6 +218,11 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
     if !args.plain {
         let validated = validates(args.validation, &args.training);
         config.insert("validation".into(), Value::from(if validated { "l2" } else { "none" }));
+        let mut recorded = schedule_json(&args.schedule, schedule.asynchronous.as_ref(), None);
+        if schedule.paces.is_some() {
+            recorded["time_scale"] = Value::from(schedule.time_scale);
+        }
+        config.insert("schedule".into(), recorded);
         let cheating = Cheating::of(args);
         if cheating.count > 0 {
             config.insert("malicious".into(), Value::from(cheating.count));

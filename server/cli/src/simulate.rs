@@ -218,7 +218,11 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
 }
 
 /// The schedule of a run as results.json records it.
-fn schedule_json(schedule: &ScheduleArgs, buffered: Option<&AsyncSpec>, stale: Option<u64>) -> Value {
+pub(crate) fn schedule_json(
+    schedule: &ScheduleArgs,
+    buffered: Option<&AsyncSpec>,
+    stale: Option<u64>,
+) -> Value {
     let mut value = json!({
         "mode": if buffered.is_some() { "async" } else { "sync" },
         "speed": schedule.speed.map(|sigma| format!("lognormal:{sigma}")),

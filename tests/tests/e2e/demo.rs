@@ -140,6 +140,68 @@ fn the_demo_recovers_from_clients_that_vanish_mid_round() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The demo runs the simulator's schedules against the coordinator:
+/// an async task (buffers of ten, each row a version with its staleness
+/// histogram) and over-selected sync rounds, with every client process
+/// paced to its simulated training time; rows carry the time since the
+/// task was created.
+#[test]
+fn the_demo_runs_async_and_over_selected_tasks_against_paced_clients() {
+    let common = [
+        "demo",
+        "--dataset",
+        "mnist",
+        "--model",
+        "logreg",
+        "--clients",
+        "12",
+        "--epochs",
+        "1",
+        "--validation",
+        "none",
+        "--speed",
+        "lognormal:0.5",
+        "--stragglers",
+        "0.2:10",
+        "--time-scale",
+        "0.05",
+        "--rounds",
+        "3",
+    ];
+    let dir = scratch("async");
+    let (stdout, results) = cohort_printing(
+        &[&common[..], &["--mode", "async", "--concurrency", "10", "--buffer-size", "10"]].concat(),
+        &dir,
+    );
+    assert!(stdout.contains("Async (FedBuff): 10 clients train at once"), "{stdout}");
+    assert!(stdout.contains("a slow client gives up its slot after 1."), "{stdout}");
+    let schedule = &results["config"]["schedule"];
+    assert_eq!((schedule["mode"].as_str(), schedule["max_staleness"].as_u64()), (Some("async"), Some(4)));
+    assert_eq!(schedule["time_scale"].as_f64(), Some(0.05));
+    let versions = results["rounds"].as_array().unwrap();
+    assert_eq!(versions.len(), 3);
+    for (i, version) in versions.iter().enumerate() {
+        assert_eq!(version["round"], i as u64 + 1);
+        let histogram: Vec<u64> =
+            version["staleness"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+        assert_eq!(histogram.iter().sum::<u64>(), 10, "a buffer of ten: {version}");
+        assert!(histogram.len() <= 5, "nothing staler than four versions: {version}");
+    }
+    let times: Vec<f64> = versions.iter().map(|r| r["sim_seconds"].as_f64().unwrap()).collect();
+    assert!(times[0] > 0.0 && times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let dir = scratch("over-selected");
+    let (stdout, results) =
+        cohort_printing(&[&common[..], &["--per-round", "10", "--over-selection", "0.2"]].concat(), &dir);
+    assert!(stdout.contains("Rounds select 12 clients in groups of 12 and close when 10"), "{stdout}");
+    assert_eq!(results["config"]["schedule"]["over_selection"].as_f64(), Some(0.2));
+    let rounds = results["rounds"].as_array().unwrap();
+    assert!(rounds.iter().all(|r| r["survivors"] == 10 && r["staleness"].is_null()), "{rounds:?}");
+    assert!(accuracies(&results)[2] > 0.7, "{:?}", accuracies(&results));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The in-process simulator runs the same training with secure
 /// aggregation, its dropouts counted in every round.
 #[test]
