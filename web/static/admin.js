@@ -674,9 +674,10 @@ function renderBuffer(task) {
   $("buffer").classList.toggle("hidden", !b);
   if (!b) return;
   $("buffer-version").textContent = b.version;
-  $("buffer-training").textContent = `${b.training} / ${b.concurrency}`;
+  $("buffer-training").textContent = `${b.training} / ${b.concurrency}` +
+    (b.training_on ? ` (+${b.training_on} past their slot)` : "");
   $("buffer-waiting").textContent = `${b.waiting} / ${b.buffer_size}`;
-  $("buffer-bound").textContent = `${b.max_staleness} versions`;
+  $("buffer-bound").textContent = `${b.max_staleness} versions, slot ${b.slot_lag}`;
   $("buffer-refused").textContent = b.refused_stale;
   $("buffer-failed").textContent = b.groups_failed;
   const now = Date.now();

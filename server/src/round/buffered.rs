@@ -91,6 +91,10 @@ pub struct BufferView {
     pub version: u64,
     /// Clients holding a training slot, of `concurrency`.
     pub training: usize,
+    /// Clients that gave up their slot (their base lags more than
+    /// `slot_lag` versions) and train on: their update still counts if it
+    /// arrives within `max_staleness`.
+    pub training_on: usize,
     /// The task's concurrency.
     pub concurrency: u32,
     /// Finished updates waiting for a group, of `buffer_size`.
@@ -99,6 +103,9 @@ pub struct BufferView {
     pub buffer_size: u32,
     /// The staleness bound.
     pub max_staleness: u32,
+    /// How many versions a client's base may lag while it holds its slot
+    /// (⌈C / K⌉, at most the bound).
+    pub slot_lag: u64,
     /// The groups in flight, oldest first.
     pub groups: Vec<GroupInFlight>,
     /// How many applied updates were 0, 1, 2, … versions stale.
@@ -144,6 +151,18 @@ impl BufferState {
         self.training
             .values()
             .filter(|(base, since)| self.spec.holds_slot(*base, version) && now - since <= allowance)
+            .count()
+    }
+
+    /// Clients past their slot lag whose update may still count.
+    fn training_on(&self, version: u64, allowance: i64, now: i64) -> usize {
+        self.training
+            .values()
+            .filter(|(base, since)| {
+                !self.spec.holds_slot(*base, version)
+                    && self.spec.fresh(*base, version)
+                    && now - since <= allowance
+            })
             .count()
     }
 
@@ -502,10 +521,12 @@ impl TaskEngine {
         Some(BufferView {
             version,
             training: state.slots_held(version, allowance, now),
+            training_on: state.training_on(version, allowance, now),
             concurrency: state.spec.concurrency,
             waiting: state.ready.iter().filter(|w| now - w.seen <= READY_TTL_MS).count(),
             buffer_size: state.spec.buffer_size,
             max_staleness: state.spec.max_staleness,
+            slot_lag: state.spec.slot_lag(),
             groups,
             staleness_histogram: state.histogram.clone(),
             refused_stale: state.refused_stale,

@@ -484,7 +484,7 @@ fn the_dashboard_shows_an_async_tasks_buffers() {
     assert_eq!(
         seen["buffer"],
         json!({
-            "version": "1", "training": "0 / 4", "waiting": "0 / 3", "bound": "2 versions", "groups": 0,
+            "version": "1", "training": "0 / 4", "waiting": "0 / 3", "bound": "2 versions, slot 2", "groups": 0,
             "histogram": [["0 behind", "3", "100%"]], "clients": "3 per buffer (async)",
         }),
         "{seen}"

@@ -327,7 +327,7 @@ fn a_slow_client_gives_up_its_slot_after_the_slot_lag_and_still_counts_within_th
     engine.advance(Persist::Model(Box::new(completion)), true);
     // Clients 0 and 4 lag one version, within the slot lag: they hold two
     // of the three slots.
-    assert_eq!(engine.buffer(now).unwrap().training, 2);
+    assert_eq!((engine.buffer(now).unwrap().training, engine.buffer(now).unwrap().training_on), (2, 0));
     assert_eq!(clients[5].ask(&mut engine, now), CheckIn::Train { version: 1 });
     assert_eq!(clients[6].ask(&mut engine, now), CheckIn::Wait { retry_after_ms: 1_000 });
     // Version 2 from clients 4, 5 and 6 (who takes 4's slot).
@@ -341,7 +341,8 @@ fn a_slow_client_gives_up_its_slot_after_the_slot_lag_and_still_counts_within_th
     assert_eq!(engine.completed_rounds(), 2);
     // Client 0 lags two versions, more than the slot lag: its slot is free
     // although it has not reported, and three others train.
-    assert_eq!(engine.buffer(now).unwrap().training, 0);
+    let view = engine.buffer(now).unwrap();
+    assert_eq!((view.training, view.training_on, view.slot_lag), (0, 1, 1));
     for i in [1, 2, 3] {
         assert_eq!(clients[i].ask(&mut engine, now), CheckIn::Train { version: 2 });
     }
