@@ -66,7 +66,7 @@ fn load(path: &PathBuf) -> Result<Run> {
     let label = match (budget, schedule["mode"].as_str()) {
         (Some(epsilon), _) => format!("ε = {epsilon}"),
         (None, Some("async")) => format!(
-            "async, {} at once, buffers of {}",
+            "async, {} slots, buffers of {}",
             schedule["concurrency"].as_u64().unwrap_or(0),
             schedule["buffer_size"].as_u64().unwrap_or(0)
         ),
@@ -74,6 +74,11 @@ fn load(path: &PathBuf) -> Result<Run> {
             format!("sync, {:.0}% over-selection", schedule["over_selection"].as_f64().unwrap_or(0.0) * 100.0)
         }
         (None, _) => format!("no DP ({})", results["config"]["aggregation"].as_str().unwrap_or("run")),
+    };
+    // A demo's paced clients against the coordinator, not the simulator.
+    let label = match schedule["time_scale"].as_f64() {
+        Some(_) => format!("{label}, coordinator"),
+        None => label,
     };
     Ok(Run { label, budget, accuracy, timed })
 }

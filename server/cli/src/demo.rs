@@ -207,7 +207,8 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
                 threads(),
                 &timing,
                 &Default::default(),
-            )?,
+            )?
+            .0,
             None,
         )
     } else {
@@ -461,7 +462,7 @@ fn run_coordinator_and_clients(
     }
     match &schedule.asynchronous {
         Some(buffered) => println!(
-            "Async (FedBuff): {} clients train at once, every {} finished updates are one group and one model \
+            "Async (FedBuff): {} training slots, every {} finished updates are one group and one model \
              version; updates at most {} versions stale count, and a slow client gives up its slot after {}.",
             buffered.concurrency,
             buffered.buffer_size,

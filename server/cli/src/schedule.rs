@@ -55,7 +55,8 @@ pub struct ScheduleArgs {
     /// dropouts (after their key shares).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) over_selection: f64,
-    /// Async: clients training at once.
+    /// Async: training slots (C): clients training at once, not counting
+    /// slow ones that gave up their slot and train on.
     #[arg(long)]
     pub(crate) concurrency: Option<u32>,
     /// Async: updates per buffer (K), each buffer one secure-aggregation

@@ -160,7 +160,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
                     bail!("differential privacy is accounted for synchronous rounds only: drop --mode async");
                 }
                 println!(
-                    "{mode} buffered asynchronous aggregation in process: {} of {} clients training at once, \
+                    "{mode} buffered asynchronous aggregation in process: {} training slots for {} clients, \
                      buffers of {}, staleness at most {}:",
                     spec.concurrency, args.training.clients, spec.buffer_size, spec.max_staleness
                 );
@@ -200,8 +200,9 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
                     }
                     config.insert("adversity".into(), adversity.json());
                 }
-                let rows =
+                let (rows, training_at_once) =
                     in_process(&experiment, &args.training, per_round, !args.plain, threads, &timing, &adversity)?;
+                println!("{training_at_once:.1} clients trained at once on average ({selected} selected a round).");
                 if let Some(asked) = &args.training.dp.spec(selected as f64 / args.training.clients as f64) {
                     let task = round_task(&experiment, &args.training, selected, selected - per_round, false);
                     let plan = TaskPlan::new(task).map_err(|e| anyhow!("{e}"))?;
@@ -209,7 +210,9 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
                         config.insert("privacy".into(), privacy_json(asked, plan)?);
                     }
                 }
-                config.insert("schedule".into(), schedule_json(&args.schedule, None, None));
+                let mut schedule = schedule_json(&args.schedule, None, None);
+                schedule["training_at_once"] = json!(training_at_once);
+                config.insert("schedule".into(), schedule);
                 rows
             }
         })
@@ -307,7 +310,9 @@ impl Timing {
 /// after their key shares), a `dropout` fraction of the others vanishing
 /// too; secure aggregation through the protocol core, or the plain
 /// weighted mean. Each round lasts, on the simulated clock, until the
-/// last awaited client finished training.
+/// last awaited client finished training. Also returns the clients
+/// training at once on average: every selected client's training time
+/// (the cut ones train to the end, unaware), over the run's.
 pub(crate) fn in_process(
     experiment: &Experiment,
     training: &TrainingArgs,
@@ -316,8 +321,9 @@ pub(crate) fn in_process(
     threads: usize,
     timing: &Timing,
     adversity: &Adversity,
-) -> Result<Vec<RoundRow>> {
+) -> Result<(Vec<RoundRow>, f64)> {
     let layout = experiment.model.layout();
+    let mut trained_seconds = 0.0;
     let mut weights = layout.fan_in_init(training.seed());
     let mut rng = ChaCha20Rng::seed_from_u64(training.seed() ^ 0x5e1e_c7ed);
     let n = timing.selected(per_round, training.clients)?;
@@ -371,6 +377,7 @@ pub(crate) fn in_process(
         });
         let (awaited, late) = by_time.split_at(per_round);
         now += awaited.iter().map(|&i| timing.clock.training(clients[i])).fold(0.0, f64::max);
+        trained_seconds += clients.iter().map(|&k| timing.clock.training(k)).sum::<f64>();
         let vanishing = (per_round as f64 * training.dropout).ceil() as usize;
         let mut order = awaited.to_vec();
         order.shuffle(&mut rng);
@@ -441,7 +448,7 @@ pub(crate) fn in_process(
             suspects.suspected().len()
         );
     }
-    Ok(rows)
+    Ok((rows, if now > 0.0 { trained_seconds / now } else { 0.0 }))
 }
 
 /// What a round of several groups, some with cheaters, produced.

@@ -173,7 +173,7 @@ fn the_demo_runs_async_and_over_selected_tasks_against_paced_clients() {
         &[&common[..], &["--mode", "async", "--concurrency", "10", "--buffer-size", "10"]].concat(),
         &dir,
     );
-    assert!(stdout.contains("Async (FedBuff): 10 clients train at once"), "{stdout}");
+    assert!(stdout.contains("Async (FedBuff): 10 training slots"), "{stdout}");
     assert!(stdout.contains("a slow client gives up its slot after 1."), "{stdout}");
     let schedule = &results["config"]["schedule"];
     assert_eq!((schedule["mode"].as_str(), schedule["max_staleness"].as_u64()), (Some("async"), Some(4)));
