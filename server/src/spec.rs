@@ -917,6 +917,17 @@ impl TaskSpec {
                 ),
             ));
         }
+        let wanted = self.inputs_per_group();
+        if self.over_selection > 0.0 && threshold > wanted {
+            return Err(SpecError::field(
+                "secure_aggregation.threshold",
+                format!(
+                    "with over-selection a group goes on with the first {wanted} of its clients to advertise their \
+                     keys (clients_per_round over the groups), fewer than the threshold {threshold}: lower the \
+                     threshold or over_selection"
+                ),
+            ));
+        }
         if self.client_metrics.plaintext && active {
             return Err(SpecError::field(
                 "client_metrics.plaintext",
@@ -1269,6 +1280,16 @@ pub(crate) mod tests {
                 "max",
             ),
             (|s| s.secure_aggregation.threshold = Some(9), "threshold"),
+            (
+                |s| {
+                    // Twelve selected, the first six to advertise their
+                    // keys go on: never the seven the threshold needs.
+                    s.over_selection = 1.0;
+                    s.secure_aggregation.threshold = Some(7);
+                },
+                "the first 6 of its clients to advertise their keys (clients_per_round over the groups), fewer \
+                 than the threshold 7",
+            ),
             (
                 |s| {
                     // Half the six clients corrupt and half dropping out: no

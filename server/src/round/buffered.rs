@@ -94,6 +94,7 @@ pub struct BufferView {
     /// Clients that gave up their slot (their base lags more than
     /// `slot_lag` versions) and train on: their update still counts if it
     /// arrives within `max_staleness`.
+    #[serde(default)]
     pub training_on: usize,
     /// The task's concurrency.
     pub concurrency: u32,
@@ -105,6 +106,7 @@ pub struct BufferView {
     pub max_staleness: u32,
     /// How many versions a client's base may lag while it holds its slot
     /// (⌈C / K⌉, at most the bound).
+    #[serde(default)]
     pub slot_lag: u64,
     /// The groups in flight, oldest first.
     pub groups: Vec<GroupInFlight>,

@@ -171,7 +171,7 @@ fn hostile_input_is_refused_and_rounds_complete() {
     refused(&huge, 413, "payload_too_large");
 
     let spec = json!({
-        "name": "hostile", "rounds": 2, "clients_per_round": 4, "over_selection": 0.25,
+        "name": "hostile", "rounds": 2, "clients_per_round": 5,
         "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [DIMENSION] } ] } },
         "secure_aggregation": { "graph": "complete", "threshold": 3 },
         "deadlines": { "advertise_keys_ms": 2000, "share_keys_ms": 30000, "masked_input_ms": 30000, "unmasking_ms": 30000 }
@@ -225,8 +225,10 @@ fn hostile_input_is_refused_and_rounds_complete() {
     );
 
     // A fifth client that checks in and then stays silent: the key stage
-    // cannot close before its deadline, so the attacker's messages below
-    // always meet it open, whatever the honest clients' pace.
+    // waits for all five selected (there is no over-selection, which would
+    // close it once enough advertised), so it cannot close before its
+    // deadline and the attacker's messages below always meet it open,
+    // whatever the honest clients' pace.
     let mut silent = Raw { transport: HttpTransport::new(&url), credential: None };
     silent.enroll(&task, &token);
     assert_eq!(silent.send(Method::Post, "/v1/checkin", Vec::new(), "application/json").status, 200);
