@@ -262,9 +262,16 @@ fn demo_spec(
     };
     // Each group is its own protocol instance, with its own threshold; an
     // over-selected round's group holds every selected client.
-    let n = group_size
-        .unwrap_or_else(|| (f64::from(per_round) * (1.0 + schedule.over_selection)).ceil() as u32)
-        .min(training.clients as u32);
+    let selected = (f64::from(per_round) * (1.0 + schedule.over_selection)).ceil() as u32;
+    if selected as usize > training.clients {
+        bail!(
+            "{per_round} clients a round with {} over-selection select {selected}, more than the {} clients: \
+             pass a smaller --per-round",
+            schedule.over_selection,
+            training.clients
+        );
+    }
+    let n = group_size.unwrap_or(selected);
     let vanishing = (f64::from(n) * training.dropout).ceil() as u32;
     let threshold = threshold(n, vanishing);
     let spec = TaskSpec {
@@ -470,7 +477,7 @@ fn run_coordinator_and_clients(
             buffered.slot_lag()
         ),
         None if spec.selected_per_round() != spec.clients_per_round => println!(
-            "Rounds select {} clients in groups of {} and close when {} have sent their masked inputs.",
+            "Rounds select {} clients in groups of {} and go on without the slowest once {} have trained.",
             spec.selected_per_round(),
             spec.groups().size,
             spec.clients_per_round

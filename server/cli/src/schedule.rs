@@ -51,8 +51,9 @@ pub struct ScheduleArgs {
     #[arg(long, default_value_t = EXAMPLES_PER_SECOND)]
     pub(crate) examples_per_second: f64,
     /// Sync: extra clients selected per round, as a fraction; the round
-    /// closes when --clients-per-round of them finished, the slowest are
-    /// dropouts (after their key shares).
+    /// closes when --clients-per-round of them finished training, and the
+    /// slowest are cut (as the coordinator cuts those that have not
+    /// advertised their keys by then).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) over_selection: f64,
     /// Async: training slots (C): clients training at once, not counting
