@@ -756,6 +756,12 @@ impl TaskEngine {
             groups.size as usize,
         );
         selected.truncate(n);
+        // A selected client is busy until it checks in again (when its
+        // round is over for it): one cut from this round while it still
+        // trains is not selected for the next in the meantime.
+        for (id, _) in &selected {
+            self.checked_in.remove(id);
+        }
         let number = self.completed + 1;
         let attempt = self.attempts + 1;
         // Every client of the round trains from the current model, and its

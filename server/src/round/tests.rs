@@ -373,6 +373,9 @@ fn over_selection_closes_the_advertise_keys_stage_without_waiting_for_slow_train
     now += 10;
     engine.tick(now);
     assert_eq!(engine.current_round(), Some((1, Stage::ShareKeys)));
+    // The five in the round polled since their selection; the slow trainer
+    // has not checked in since, and is not selectable while it trains.
+    assert_eq!(engine.available(now), 5);
     assert!(clients[0].answer(&mut engine).is_none(), "the slow trainer is out of the round");
     let job = run_round(&mut engine, &mut clients[1..], &[], &mut now).unwrap();
     let completion = complete(&mut engine, 1, job, now);
@@ -382,6 +385,9 @@ fn over_selection_closes_the_advertise_keys_stage_without_waiting_for_slow_train
     for (w, e) in engine.weights().iter().zip(&expected) {
         assert!((w - e).abs() < 1e-4);
     }
+    // Client 0 checked in again (above, after its training): selectable.
+    assert_eq!(engine.available(now), 6);
+    assert!(matches!(engine.tick(now), TickOutcome::Started(2)));
 }
 
 #[test]

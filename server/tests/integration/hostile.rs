@@ -239,6 +239,12 @@ fn hostile_input_is_refused_and_rounds_complete() {
     let mut rng = ChaCha20Rng::seed_from_u64(99);
     let mut round_one_keys = Vec::new();
     for round in 1..=2u64 {
+        if round == 2 {
+            // A selected client is selectable again once it checks in
+            // again: the silent one does, and is selected (and silent)
+            // once more.
+            assert_eq!(silent.send(Method::Post, "/v1/checkin", Vec::new(), "application/json").status, 200);
+        }
         let me = ClientId::new(attacker.selected(round)).unwrap();
         let setup = attacker.fetch();
         let ServerMessage::Setup(round_config) = &setup else { panic!("expected the setup") };
