@@ -302,19 +302,26 @@ fn the_task_completes_after_its_rounds() {
     assert_eq!(engine.check_in("p0", None, now), CheckIn::Finished);
 }
 
-#[test]
-fn over_selection_closes_the_masked_input_stage_without_waiting_for_stragglers() {
+/// Rounds that wait for five of six selected clients, the first started
+/// with all six checked in.
+fn over_selected() -> (TaskEngine, Vec<NamedClient>) {
     let mut spec = small_spec();
     spec.clients_per_round = 5;
     spec.over_selection = 0.2;
     assert_eq!(spec.selected_per_round(), 6);
     let mut engine = engine(spec);
-    let mut clients = participants(6);
-    let mut now = 0;
+    let clients = participants(6);
     for c in &clients {
-        engine.check_in(&c.name, None, now);
+        engine.check_in(&c.name, None, 0);
     }
-    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
+    assert!(matches!(engine.tick(0), TickOutcome::Started(1)));
+    (engine, clients)
+}
+
+#[test]
+fn over_selection_closes_the_masked_input_stage_without_waiting_for_stragglers() {
+    let (mut engine, mut clients) = over_selected();
+    let mut now = 0;
     // Keys and shares from everybody.
     for _ in 0..2 {
         for c in clients.iter_mut() {
@@ -351,16 +358,8 @@ fn over_selection_closes_the_masked_input_stage_without_waiting_for_stragglers()
 /// trainer is not in the round (it costs no recovery and holds no one up).
 #[test]
 fn over_selection_closes_the_advertise_keys_stage_without_waiting_for_slow_trainers() {
-    let mut spec = small_spec();
-    spec.clients_per_round = 5;
-    spec.over_selection = 0.2;
-    let mut engine = engine(spec);
-    let mut clients = participants(6);
+    let (mut engine, mut clients) = over_selected();
     let mut now = 0;
-    for c in &clients {
-        engine.check_in(&c.name, None, now);
-    }
-    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
     // Four advertise: the stage waits for a fifth.
     for c in clients.iter_mut().skip(2) {
         assert!(c.step(&mut engine));

