@@ -96,7 +96,11 @@ pub fn participate(args: &ParticipateArgs) -> Result<()> {
     }
     let data = read_shard(&args.shard)?;
     let model = built_in(&args.model, data.features.ncols(), data.classes)?;
-    let trainer = client_trainer(&model, data, &train, train.seed, args.index);
+    paced(args, client_trainer(&model, data, &train, train.seed, args.index))
+}
+
+/// Runs `trainer`, paced as `--pace` asks.
+fn paced(args: &ParticipateArgs, trainer: impl Trainer) -> Result<()> {
     match args.pace {
         Some(seconds) => run(args, Paced { trainer, at_least: Duration::from_secs_f64(seconds) }),
         None => run(args, trainer),
@@ -133,7 +137,7 @@ fn torchscript(args: &ParticipateArgs, train: &TrainConfig) -> Result<()> {
     let data = read_shard(&args.shard)?;
     let model = TorchScriptModel::load_best_available(&args.model, data.features.ncols(), data.classes)
         .with_context(|| format!("loading {}", args.model))?;
-    run(args, LocalTrainer { model, data, config: client_config(train, train.seed, args.index) })
+    paced(args, LocalTrainer { model, data, config: client_config(train, train.seed, args.index) })
 }
 
 #[cfg(not(feature = "tch"))]
