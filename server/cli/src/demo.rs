@@ -29,7 +29,7 @@ use crate::datasets::write_shard;
 use crate::experiment::Experiment;
 use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
-use crate::schedule::{Clock, Mode, ScheduleArgs};
+use crate::schedule::{Clock, ScheduleArgs};
 use crate::simulate::{Timing, in_process, privacy_json, schedule_json, threads};
 use crate::training::{TrainingArgs, announce_updates, evaluate, prepare, quantization, threshold};
 
@@ -182,10 +182,6 @@ impl DemoSchedule {
             time_scale: args.time_scale,
         })
     }
-
-    fn mode(&self) -> Mode {
-        if self.asynchronous.is_some() { Mode::Async } else { Mode::Sync }
-    }
 }
 
 pub fn demo(args: &DemoArgs) -> Result<()> {
@@ -313,10 +309,7 @@ fn demo_spec(
         client_metrics: Default::default(),
         // Every client takes part in every round: no amplification.
         privacy: training.dp.spec(1.0),
-        mode: match schedule.mode() {
-            Mode::Sync => TaskMode::Sync,
-            Mode::Async => TaskMode::Async,
-        },
+        mode: if schedule.asynchronous.is_some() { TaskMode::Async } else { TaskMode::Sync },
         asynchronous: schedule.asynchronous,
         // Not with differential privacy, which it does not combine with yet.
         validation: Some(ValidationSpec {
