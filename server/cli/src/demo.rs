@@ -215,7 +215,7 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
     if !args.plain {
         let validated = validates(args.validation, &args.training);
         config.insert("validation".into(), Value::from(if validated { "l2" } else { "none" }));
-        let mut recorded = schedule_json(&args.schedule, schedule.asynchronous.as_ref(), None);
+        let mut recorded = schedule_json(&args.schedule, schedule.asynchronous.as_ref(), None, None);
         if schedule.paces.is_some() {
             recorded["time_scale"] = Value::from(schedule.time_scale);
         }

@@ -174,8 +174,8 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
                     spec.concurrency,
                     spec.slot_lag()
                 );
-                let mut schedule = schedule_json(&args.schedule, Some(&spec), Some(run.stale));
-                schedule["training_at_once"] = json!(run.training_at_once);
+                let schedule =
+                    schedule_json(&args.schedule, Some(&spec), Some(run.stale), Some(run.training_at_once));
                 config.insert("schedule".into(), schedule);
                 run.rows
             }
@@ -210,9 +210,10 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
                         config.insert("privacy".into(), privacy_json(asked, plan)?);
                     }
                 }
-                let mut schedule = schedule_json(&args.schedule, None, None);
-                schedule["training_at_once"] = json!(training_at_once);
-                config.insert("schedule".into(), schedule);
+                config.insert(
+                    "schedule".into(),
+                    schedule_json(&args.schedule, None, None, Some(training_at_once)),
+                );
                 rows
             }
         })
@@ -221,10 +222,13 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
 }
 
 /// The schedule of a run as results.json records it.
+/// With the simulator's outcome of the run, when there is one: the
+/// updates refused as stale (async) and the clients training at once.
 pub(crate) fn schedule_json(
     schedule: &ScheduleArgs,
     buffered: Option<&AsyncSpec>,
     stale: Option<u64>,
+    training_at_once: Option<f64>,
 ) -> Value {
     let mut value = json!({
         "mode": if buffered.is_some() { "async" } else { "sync" },
@@ -242,6 +246,9 @@ pub(crate) fn schedule_json(
             value["stale_updates_refused"] = json!(stale);
         }
         None => value["over_selection"] = json!(schedule.over_selection),
+    }
+    if let Some(at_once) = training_at_once {
+        value["training_at_once"] = json!(at_once);
     }
     value
 }
