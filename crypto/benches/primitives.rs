@@ -109,6 +109,7 @@ fn config(clients: u32, degree: u32, threshold: u32, dim: u32) -> RoundConfig {
             metrics: cohort_crypto::MetricSet::NONE,
             privacy: None,
             validation: None,
+            scale: None,
         },
         model: None,
     }

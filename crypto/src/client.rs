@@ -192,11 +192,22 @@ impl Client {
         }
         // Headroom: no value may exceed ⌊(2^b − 1) / n⌋, or the sum could
         // wrap; under differential privacy the sum wraps by design (modular
-        // clipping), so any value of the ring is an input.
+        // clipping), so any value of the ring is an input, and so is any
+        // value of a fitted ring's update part (its example count and
+        // metrics after it must not wrap).
         let ring = (1u64 << config.modulus_bits) - 1;
-        let limit =
-            if config.quantization.privacy.is_some() { ring } else { ring / u64::from(config.clients) };
-        if input.values().iter().any(|&v| u64::from(v) > limit) {
+        let (limit, exact_from) = match (&config.quantization.privacy, config.quantization.scale) {
+            (Some(_), _) => (ring, input.len()),
+            (None, Some(_)) => {
+                let quantizer =
+                    crate::Quantizer::new(config.quantization, config.modulus_bits, config.clients)?;
+                (ring / u64::from(config.clients), input.len().saturating_sub(quantizer.tail_len()))
+            }
+            (None, None) => (ring / u64::from(config.clients), 0),
+        };
+        if input.values().iter().any(|&v| u64::from(v) > ring)
+            || input.values()[exact_from..].iter().any(|&v| u64::from(v) > limit)
+        {
             return Err(ProtocolError::InvalidMessage {
                 client: me,
                 reason: "input value exceeds the round's headroom",
@@ -602,6 +613,7 @@ mod tests {
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
                 validation: None,
+                scale: None,
             },
             model: None,
         };

@@ -41,7 +41,7 @@ impl Rotation {
 
     /// (start, size) of every block of a `len`-coordinate vector: whole
     /// blocks, then the tail's powers of two, largest first.
-    fn blocks(&self, len: usize) -> impl Iterator<Item = (usize, usize)> {
+    pub(crate) fn blocks(&self, len: usize) -> impl Iterator<Item = (usize, usize)> {
         let whole = len / self.block * self.block;
         let full = (0..whole).step_by(self.block).map(move |start| (start, self.block));
         let tail = len - whole;

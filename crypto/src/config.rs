@@ -254,6 +254,14 @@ impl RoundConfig {
                 w.u8(1).u32(check.l2_clip.to_bits()).u32(check.dimension);
             }
         }
+        match self.quantization.scale {
+            None => {
+                w.u8(0);
+            }
+            Some(scale) => {
+                w.u8(1).u64(scale.to_bits());
+            }
+        }
     }
 
     pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -305,6 +313,11 @@ impl RoundConfig {
             1 => Some(NormCheck { l2_clip: f32::from_bits(r.u32()?), dimension: r.u32()? }),
             _ => return Err(DecodeError::Invalid("validation")),
         };
+        let scale = match r.u8()? {
+            0 => None,
+            1 => Some(f64::from_bits(r.u64()?)),
+            _ => return Err(DecodeError::Invalid("fitted ring scale")),
+        };
         let config = RoundConfig {
             session,
             round,
@@ -315,7 +328,15 @@ impl RoundConfig {
             threshold,
             vector_len,
             modulus_bits,
-            quantization: QuantizationSpec { clip, max_weight, transform, metrics, privacy, validation },
+            quantization: QuantizationSpec {
+                clip,
+                max_weight,
+                transform,
+                metrics,
+                privacy,
+                validation,
+                scale,
+            },
             model,
         };
         config.validate().map_err(|_| DecodeError::Invalid("round configuration"))?;
@@ -348,6 +369,7 @@ mod tests {
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
                 validation: None,
+                scale: None,
             },
             model: None,
         }
@@ -507,6 +529,7 @@ mod tests {
                 noise_shares: 3,
             }),
             validation: None,
+            scale: None,
         };
         assert_eq!(config.validate(), Ok(()));
         let bytes = ServerMessage::Setup(config.clone()).encode();
@@ -518,7 +541,7 @@ mod tests {
         assert_ne!(config.context(), other.context());
         // The mechanism byte follows the metric set and the privacy flag;
         // the model and validation flags (none) end the encoding.
-        let at = bytes.len() - (4 + 8 + 8 + 4) - 1 - 1 - 1;
+        let at = bytes.len() - (4 + 8 + 8 + 4) - 1 - 1 - 1 - 1;
         let mut bad = bytes.clone();
         bad[at] = 9;
         assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("DP mechanism")));
@@ -536,10 +559,10 @@ mod tests {
         let bytes = ServerMessage::Setup(config.clone()).encode();
         assert_eq!(ServerMessage::decode(&bytes), Ok(ServerMessage::Setup(config.clone())));
         assert_ne!(config.context(), base().context());
-        // The metric set is the byte before the privacy, model and
-        // validation flags.
+        // The metric set is the byte before the privacy, model,
+        // validation and scale flags.
         let mut bad = bytes.clone();
-        let at = bad.len() - 4;
+        let at = bad.len() - 5;
         bad[at] = 0x40;
         assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("metric set")));
     }
@@ -557,7 +580,7 @@ mod tests {
         let other = RoundConfig { model: Some([6; 16]), ..config.clone() };
         assert_ne!(config.context(), other.context());
         let mut bad = bytes.clone();
-        let at = bad.len() - 18;
+        let at = bad.len() - 19;
         bad[at] = 2;
         assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("model digest")));
         assert!(ServerMessage::decode(&bytes[..bytes.len() - 2]).is_err(), "a digest cut short");
@@ -582,7 +605,7 @@ mod tests {
         assert_ne!(config.context(), other.context());
         assert_ne!(config.context(), base().context());
         let mut bad = bytes.clone();
-        let at = bad.len() - 9;
+        let at = bad.len() - 10;
         bad[at] = 2;
         assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("validation")));
         // A vector without room for the tail, or under DP, is refused.
@@ -595,5 +618,35 @@ mod tests {
         let mut negative = config.clone();
         negative.quantization.validation = Some(NormCheck { l2_clip: -1.0, dimension: 5 });
         assert!(negative.validate().is_err());
+    }
+
+    /// A fitted ring's scale travels with the round and is part of its
+    /// context: a round at another scale is another round.
+    #[test]
+    fn the_fitted_scale_is_part_of_the_round() {
+        let mut config = base();
+        config.quantization.transform = Transform::Rotate { block: 8, seed: [3; 32] };
+        let exact = config.clone();
+        config.quantization.scale = Some(37.5);
+        assert_eq!(config.validate(), Ok(()));
+        let bytes = ServerMessage::Setup(config.clone()).encode();
+        assert_eq!(ServerMessage::decode(&bytes), Ok(ServerMessage::Setup(config.clone())));
+        assert_eq!(bytes.len(), ServerMessage::Setup(exact.clone()).encode().len() + 8);
+        assert_ne!(config.context(), exact.context());
+        let mut other = config.clone();
+        other.quantization.scale = Some(37.25);
+        assert_ne!(config.context(), other.context());
+        let mut bad = bytes.clone();
+        let at = bad.len() - 9;
+        bad[at] = 2;
+        assert_eq!(ServerMessage::decode(&bad), Err(DecodeError::Invalid("fitted ring scale")));
+        // A scale that is not a positive number is refused where it is decoded.
+        for scale in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let mut bad = bytes.clone();
+            let at = bad.len() - 8;
+            bad[at..].copy_from_slice(&scale.to_bits().to_le_bytes());
+            assert!(ServerMessage::decode(&bad).is_err(), "scale {scale}");
+        }
+        assert!(ServerMessage::decode(&bytes[..bytes.len() - 1]).is_err(), "a scale cut short");
     }
 }

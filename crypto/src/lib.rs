@@ -121,7 +121,7 @@ pub use graph::GraphSpec;
 pub use ids::ClientId;
 pub use messages::{ClientMessage, ServerMessage};
 pub use metrics::{Metric, MetricSet, MetricSums, MetricValues};
-pub use quantize::{QuantizationSpec, QuantizedInput, Quantizer, Transform};
+pub use quantize::{QuantizationSpec, QuantizedInput, Quantizer, SumSpread, Transform};
 pub use secret::Secret32;
 pub use server::{Advanced, Aggregate, FaultyShare, IncomingInput, ServerRound};
 pub use wire::DecodeError;

@@ -832,6 +832,7 @@ mod tests {
                 metrics: crate::MetricSet::NONE,
                 privacy: None,
                 validation: None,
+                scale: None,
             },
             model: None,
         }
@@ -1032,6 +1033,7 @@ mod tests {
                 noise_shares: 6,
             }),
             validation: None,
+            scale: None,
         };
         config
     }

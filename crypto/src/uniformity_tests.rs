@@ -66,6 +66,7 @@ fn run_round_in_ring(seed: u64, bits: u8) -> Transcript {
             metrics: crate::MetricSet::NONE,
             privacy: None,
             validation: None,
+            scale: None,
         },
         model: None,
     };

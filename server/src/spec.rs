@@ -4,7 +4,7 @@
 use cohort_crypto::config::active_threshold_holds;
 use cohort_crypto::params::{Adversary, ParameterTarget, derive_complete, derive_sparse};
 use cohort_crypto::policy::{GraphKind, Policy, TaskSecurity, TransformKind};
-use cohort_crypto::{MetricSet, QuantizationSpec, Quantizer, Transform, Variant};
+use cohort_crypto::{MetricSet, QuantizationSpec, Quantizer, SumSpread, Transform, Variant};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::ModelLayout;
@@ -480,11 +480,20 @@ pub struct QuantizationConfig {
     /// Bits of the ring the masked vectors live in (ignored when `bits`
     /// is set).
     pub modulus_bits: u8,
-    /// Bits per client value (4 to 16): the ring then has
-    /// bits + ⌈log₂ n⌉ bits for n selected clients, and the upload shrinks
-    /// accordingly.
+    /// Bits per value (4 to 16). In the exact ring, each client's value
+    /// has `bits` bits and the ring bits + ⌈log₂ n⌉ for n clients per
+    /// group; in a fitted ring (`ring: fitted`) the ring itself has `bits`
+    /// bits, whatever n. The upload shrinks accordingly.
     #[schema(minimum = 4, maximum = 16)]
     pub bits: Option<u8>,
+    /// How the ring holds the sum (with `bits`): `exact` (the default)
+    /// sizes it for n worst-case values, so no sum ever wraps; `fitted`
+    /// (with `rotate`) keeps it at `bits` bits and fits each round's scale
+    /// to the spread of the last sum the coordinator decoded (modular
+    /// clipping: about one coordinate in 400 000 may wrap, which the
+    /// rotation spreads thin). Not with validation; under privacy the
+    /// privacy plan fits its own ring.
+    pub ring: RingSizing,
     /// Randomized Hadamard rotation (blocks of 4096, fresh signs each
     /// round) before quantization; the coordinator inverts it.
     pub rotate: bool,
@@ -492,6 +501,19 @@ pub struct QuantizationConfig {
     pub sketch: Option<SketchConfig>,
     /// Largest example count a client may report.
     pub max_weight: u32,
+}
+
+/// How a task's ring holds the sum of its clients' values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RingSizing {
+    /// bits + ⌈log₂ n⌉ bits: no sum of n clients' values can wrap.
+    #[default]
+    Exact,
+    /// `bits` bits, each round's values scaled to the spread of the last
+    /// sum ([`cohort_crypto::quantize::SumSpread`]); the first round (and
+    /// the first after a restart) at the scale that cannot wrap.
+    Fitted,
 }
 
 /// A count sketch's shape.
@@ -513,28 +535,60 @@ pub const ROTATION_BLOCK: u32 = 4096;
 
 impl Default for QuantizationConfig {
     fn default() -> Self {
-        Self { clip: 1.0, modulus_bits: 32, bits: None, rotate: false, sketch: None, max_weight: 1 << 14 }
+        Self {
+            clip: 1.0,
+            modulus_bits: 32,
+            bits: None,
+            ring: RingSizing::Exact,
+            rotate: false,
+            sketch: None,
+            max_weight: 1 << 14,
+        }
     }
 }
 
 impl QuantizationConfig {
     /// Ring bits for rounds of `clients` selected clients.
     pub fn ring_bits(&self, clients: u32) -> Result<u8, SpecError> {
-        match self.bits {
-            None => Ok(self.modulus_bits),
-            Some(bits) if (4..=16).contains(&bits) => {
+        match (self.bits, self.ring) {
+            (None, RingSizing::Fitted) => {
+                Err(SpecError::field("quantization.ring", "a fitted ring needs bits"))
+            }
+            (Some(bits), RingSizing::Fitted) if (4..=16).contains(&bits) => {
+                if !self.rotate {
+                    return Err(SpecError::field("quantization.ring", "a fitted ring needs rotate"));
+                }
+                // The first round's scale must leave each input a step.
+                match cohort_crypto::quantize::safe_scale(bits, clients, self.clip) {
+                    Some(_) => Ok(bits),
+                    None => Err(SpecError::field(
+                        "quantization.bits",
+                        format!(
+                            "a fitted ring of {bits} bits holds at most {} clients per group",
+                            (1u32 << (bits - 1)) / 2 - 1
+                        ),
+                    )),
+                }
+            }
+            (None, RingSizing::Exact) => Ok(self.modulus_bits),
+            (Some(bits), RingSizing::Exact) if (4..=16).contains(&bits) => {
                 cohort_crypto::quantize::modulus_bits_for(bits, clients).ok_or_else(|| {
                     SpecError::field("quantization.bits", "bits plus the clients' headroom exceed 32")
                 })
             }
-            Some(_) => Err(SpecError::field("quantization.bits", "bits must be between 4 and 16")),
+            (Some(_), _) => Err(SpecError::field("quantization.bits", "bits must be between 4 and 16")),
         }
     }
 
     /// The protocol's quantization for one round; `seed` (public, fresh
     /// per round) picks the rotation's signs or the sketch's hashes, and
     /// the vectors have room for `metrics`.
-    pub fn round_spec(&self, seed: [u8; 32], metrics: MetricSet) -> Result<QuantizationSpec, SpecError> {
+    pub fn round_spec(
+        &self,
+        seed: [u8; 32],
+        metrics: MetricSet,
+        scale: Option<f64>,
+    ) -> Result<QuantizationSpec, SpecError> {
         let transform = match (self.rotate, self.sketch) {
             (false, None) => Transform::None,
             (true, None) => Transform::Rotate { block: ROTATION_BLOCK, seed },
@@ -552,6 +606,10 @@ impl QuantizationConfig {
             metrics,
             privacy: None,
             validation: None,
+            scale: match self.ring {
+                RingSizing::Exact => None,
+                RingSizing::Fitted => scale,
+            },
         })
     }
 
@@ -563,7 +621,20 @@ impl QuantizationConfig {
         seed: [u8; 32],
         metrics: MetricSet,
     ) -> Result<Quantizer, SpecError> {
-        Ok(Quantizer::new(self.round_spec(seed, metrics)?, self.ring_bits(clients)?, clients)?)
+        let scale = self.scale_for(clients, None);
+        Ok(Quantizer::new(self.round_spec(seed, metrics, scale)?, self.ring_bits(clients)?, clients)?)
+    }
+
+    /// The scale of a fitted ring's round of `clients` inputs when the
+    /// last sum spread as `last` ([`SumSpread::for_group`] takes it to
+    /// this group's size): fitted to it, or the safe scale without one;
+    /// `None` for the exact ring.
+    pub fn scale_for(&self, clients: u32, last: Option<&SumSpread>) -> Option<f64> {
+        if self.ring != RingSizing::Fitted {
+            return None;
+        }
+        let bits = self.ring_bits(clients).ok()?;
+        cohort_crypto::quantize::fitted_scale(last, bits, clients, self.clip)
     }
 }
 
@@ -704,6 +775,7 @@ impl TaskPlan {
             && spec.secure_aggregation.variant() == VariantChoice::Active
             && spec.privacy.is_none()
             && spec.quantization.sketch.is_none()
+            && spec.quantization.ring == RingSizing::Exact
         {
             spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None });
         }
@@ -1032,6 +1104,12 @@ impl TaskSpec {
                 "validation needs a norm-preserving transform: not with a sketch",
             ));
         }
+        if self.quantization.ring == RingSizing::Fitted {
+            return Err(SpecError::field(
+                "validation",
+                "validation needs the exact ring: its sum check opens the commitments to a sum that never wraps",
+            ));
+        }
         Ok(())
     }
 
@@ -1054,7 +1132,7 @@ impl TaskSpec {
                 model_bound: self.mode == TaskMode::Sync,
             });
         }
-        let round = self.quantization.round_spec([0; 32], MetricSet::NONE)?;
+        let round = self.quantization.round_spec([0; 32], MetricSet::NONE, None)?;
         Ok(TaskSecurity {
             variant,
             clients: n,
@@ -1204,6 +1282,60 @@ pub(crate) mod tests {
         // The section survives the JSON a task view shows.
         let json = serde_json::to_value(plan.spec()).unwrap();
         assert_eq!(json["validation"], serde_json::json!({ "norm": "l2", "l2_clip": 2.0 }));
+    }
+
+    /// A fitted ring: `bits` bits whatever the clients, with the rotation,
+    /// room for the first round's safe scale, and without validation (a
+    /// new active task in a fitted ring is not validated by default); the
+    /// JSON names it, and a spec without the field is the exact ring.
+    #[test]
+    fn a_fitted_ring_is_the_bits_with_the_rotation_and_no_validation() {
+        let fitted = || {
+            let mut spec = small_spec();
+            spec.quantization.bits = Some(9);
+            spec.quantization.ring = RingSizing::Fitted;
+            spec.quantization.rotate = true;
+            spec
+        };
+        let plan = TaskPlan::new(fitted()).unwrap();
+        assert_eq!(plan.security().modulus_bits, 9);
+        assert_eq!(fitted().quantization.ring_bits(127).ok(), Some(9));
+        let refusal = |spec: TaskSpec| TaskPlan::new(spec).unwrap_err().to_string();
+        assert!(
+            fitted().quantization.ring_bits(128).unwrap_err().to_string().contains("at most 127 clients")
+        );
+        assert!(
+            refusal(TaskSpec {
+                quantization: QuantizationConfig { rotate: false, ..fitted().quantization },
+                ..fitted()
+            })
+            .contains("needs rotate")
+        );
+        assert!(
+            refusal(TaskSpec {
+                quantization: QuantizationConfig { bits: None, ..fitted().quantization },
+                ..fitted()
+            })
+            .contains("needs bits")
+        );
+        let validated = TaskSpec {
+            validation: Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None }),
+            ..fitted()
+        };
+        assert!(refusal(validated).contains("exact ring"));
+        let mut active = fitted();
+        active.secure_aggregation.threshold = Some(4);
+        let plan = TaskPlan::for_new_task(active).unwrap();
+        assert_eq!(plan.security().variant, Variant::Active);
+        assert_eq!(plan.spec().validation, None);
+        let json = serde_json::to_value(fitted().quantization).unwrap();
+        assert_eq!(json["ring"], "fitted");
+        let exact: QuantizationConfig = serde_json::from_str(r#"{"bits": 8, "rotate": true}"#).unwrap();
+        assert_eq!(exact.ring, RingSizing::Exact);
+        assert_eq!(exact.ring_bits(100).ok(), Some(15));
+        // The exact ring never announces a scale; a fitted one always does.
+        assert_eq!(exact.scale_for(100, None), None);
+        assert_eq!(fitted().quantization.scale_for(6, None), cohort_crypto::quantize::safe_scale(9, 6, 1.0));
     }
 
     #[test]
@@ -1447,7 +1579,7 @@ pub(crate) mod tests {
         let parsed: QuantizationConfig =
             serde_json::from_str(r#"{"bits": 8, "rotate": true, "clip": 0.1}"#).unwrap();
         assert_eq!((parsed.bits, parsed.rotate, parsed.modulus_bits), (Some(8), true, 32));
-        let spec = parsed.round_spec([5; 32], MetricSet::NONE).unwrap();
+        let spec = parsed.round_spec([5; 32], MetricSet::NONE, None).unwrap();
         assert_eq!(spec.transform, Transform::Rotate { block: ROTATION_BLOCK, seed: [5; 32] });
     }
 }

@@ -53,6 +53,7 @@ pub fn secagg(
             metrics: MetricSet::NONE,
             privacy: None,
             validation: None,
+            scale: None,
         },
         model: None,
     };

@@ -579,7 +579,9 @@ function renderRounds(rounds) {
     cell(row, bytes(m.bytes_up_per_client), "num");
     cell(row, bytes(m.bytes_down_per_client), "num");
     const ratio = Number.isFinite(m.compression_ratio) ? `${(100 * m.compression_ratio).toFixed(1)} %` : "—";
-    cell(row, m.modulus_bits ? `${ratio} (${m.modulus_bits}-bit ring)` : ratio, "num").dataset.field = "ratio";
+    // A fitted ring's scale is what the round's sum was sized for.
+    const ring = m.ring_scale ? `${m.modulus_bits}-bit ring fitted at ${number(m.ring_scale, 1)} steps per unit` : `${m.modulus_bits}-bit ring`;
+    cell(row, m.modulus_bits ? `${ratio} (${ring})` : ratio, "num").dataset.field = "ratio";
     cell(row, m.total_examples ?? "—", "num");
     cell(row, number(means.accuracy, 3), "num");
     cell(row, number(means.loss, 3), "num");

@@ -14,6 +14,7 @@ fn round_config(round: u64) -> cohort_crypto::RoundConfig {
         metrics: cohort_crypto::MetricSet::NONE,
         privacy: None,
         validation: None,
+        scale: None,
     };
     let vector_len = Quantizer::new(quantization, 32, 3).unwrap().encoded_len(2) as u32;
     RoundConfig {

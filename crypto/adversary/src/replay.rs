@@ -50,6 +50,7 @@ pub fn active_round(
             metrics: MetricSet::NONE,
             privacy: None,
             validation: None,
+            scale: None,
         },
         model: None,
     };

@@ -49,6 +49,7 @@ fn fixture() -> &'static Fixture {
                 metrics: MetricSet::NONE,
                 privacy: None,
                 validation: None,
+                scale: None,
             },
             model: None,
         };

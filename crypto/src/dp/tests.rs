@@ -214,6 +214,7 @@ fn the_quantizer_carries_dp_rounds() {
         metrics: crate::MetricSet::NONE,
         privacy: Some(p),
         validation: None,
+        scale: None,
     };
     let q = Quantizer::new(spec, 16, 5).unwrap();
     assert_eq!(q.encoded_len(100), 128);

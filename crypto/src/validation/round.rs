@@ -145,6 +145,7 @@ mod tests {
             metrics: crate::MetricSet::NONE,
             privacy: None,
             validation: Some(NormCheck { l2_clip: 1.0, dimension }),
+            scale: None,
         };
         let quantizer = Quantizer::new(spec, modulus_bits, clients).unwrap();
         RoundValidation::for_quantizer(&quantizer, spec.validation.unwrap()).unwrap()

@@ -159,6 +159,29 @@ fn clients_refuse_inputs_above_the_headroom() {
         ),
         "64 was accepted: four such inputs wrap the sum to 0"
     );
+    // A fitted ring (10 clients in Z_{2^9}, the update's 4 coordinates then
+    // the example count's digits): the update part may hold any value of the
+    // ring (its sum wraps by design), the example count's digits still at
+    // most ⌊511 / 10⌋ = 51, and nothing beyond the ring.
+    let mut fitted = crate::common::config(10, 6, GraphSpec::Complete, 4, 9);
+    fitted.quantization.transform = cohort_crypto::Transform::Rotate { block: 4, seed: [1; 32] };
+    fitted.quantization.scale = Some(10.0);
+    let quantizer =
+        cohort_crypto::Quantizer::new(fitted.quantization, fitted.modulus_bits, fitted.clients).unwrap();
+    fitted.vector_len = quantizer.encoded_len(4) as u32;
+    assert_eq!(fitted.vector_len, 5, "four coordinates and one digit of the example count");
+    let setup = ServerRound::new(fitted).unwrap().setup_message();
+    let wide = QuantizedInput::from_values(vec![511, 300, 0, 52, 51]);
+    assert!(Client::start(setup.clone(), id(1), None, wide, &mut rng).is_ok());
+    for above in [vec![0, 0, 0, 0, 52], vec![512, 0, 0, 0, 1]] {
+        assert!(
+            matches!(
+                Client::start(setup.clone(), id(1), None, QuantizedInput::from_values(above.clone()), &mut rng),
+                Err(ProtocolError::InvalidMessage { reason, .. }) if reason.contains("headroom")
+            ),
+            "{above:?} was accepted"
+        );
+    }
 }
 
 #[test]

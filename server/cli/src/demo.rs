@@ -187,7 +187,7 @@ impl DemoSchedule {
 pub fn demo(args: &DemoArgs) -> Result<()> {
     let experiment = prepare(&args.training)?;
     let schedule = DemoSchedule::of(args, &experiment)?;
-    announce_updates(&args.training, !args.plain);
+    announce_updates(&args.training, !args.plain, validates(args.validation, &args.training));
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let (rows, privacy) = if args.plain {
         println!("Plaintext FedAvg in process (baseline), {} rounds:", args.training.rounds);
@@ -230,7 +230,7 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
     if let Some(privacy) = privacy {
         config.insert("privacy".into(), privacy);
     }
-    write_results(&args.out, mode, &args.training, &rows, config)
+    write_results(&args.out, mode, &args.training, &rows, config, validates(args.validation, &args.training))
 }
 
 /// Whether the demo's task validates its inputs: as asked, and never with
@@ -294,7 +294,7 @@ fn demo_spec(
             group_size,
             ..SecAggSpec::default()
         },
-        quantization: quantization(training, largest_shard),
+        quantization: quantization(training, largest_shard, validates(validation, training)),
         deadlines: cohort_server::spec::StageDeadlines {
             // Local training happens before the keys are advertised.
             advertise_keys_ms: 600_000,
@@ -551,6 +551,8 @@ fn run_coordinator_and_clients(
                 staleness: metrics["buffer"]["staleness_histogram"]
                     .as_array()
                     .map(|counts| counts.iter().filter_map(Value::as_u64).collect()),
+                wrapped: None,
+                ring_scale: metrics["ring_scale"].as_f64(),
             };
             progress.row(&row);
             let named = |field: &str| -> Vec<String> {

@@ -116,6 +116,8 @@ mod tests {
             masked_input_ratio: None,
             epsilon: None,
             staleness: None,
+            wrapped: None,
+            ring_scale: None,
         };
         let text = format_row(&row);
         assert!(text.contains("86.88%"), "{text}");

@@ -38,21 +38,32 @@ pub(crate) struct RoundRow {
     /// versions stale.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) staleness: Option<Vec<u64>>,
+    /// In a fitted ring, the coordinates of the round's sums that wrapped
+    /// (`simulate`, which holds every input, alone can count them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) wrapped: Option<u64>,
+    /// In a fitted ring, the round's scale (steps per unit of the weighted
+    /// sum; the lowest of its groups').
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ring_scale: Option<f64>,
 }
 
 /// Writes results.json (with `extra` in its config: `privacy`, the noise
 /// and budget of a run under differential privacy; `schedule`, the
-/// simulated clock's) and the chart.
+/// simulated clock's) and the chart; `validated`: the run proved its
+/// inputs (so kept the exact ring).
 pub(crate) fn write_results(
     out: &Path,
     mode: &str,
     training: &TrainingArgs,
     rows: &[RoundRow],
     extra: Map<String, Value>,
+    validated: bool,
 ) -> Result<()> {
     // Compression applies to secure aggregation without DP (whose plan,
     // under `privacy`, sets its own clip, rotation and ring).
     let compression = (mode == "secure" && training.dp.spec(1.0).is_none()).then_some(&training.compression);
+    let ring = compression.and_then(|c| c.ring(training.clients as u32, validated));
     let mut results = json!({
         "config": {
             "aggregation": mode,
@@ -67,7 +78,8 @@ pub(crate) fn write_results(
             "momentum": decimal(training.local.momentum),
             "prox_mu": decimal(training.local.prox_mu),
             "dropout": training.dropout,
-            "bits": compression.and_then(CompressionArgs::bits),
+            "bits": ring.map(|(_, bits)| bits),
+            "ring": ring.map(|(ring, _)| ring),
             "rotate": compression.map(CompressionArgs::rotate),
             "clip": compression.map(|c| decimal(c.clip())),
             "seed": training.seed(),

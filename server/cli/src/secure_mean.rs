@@ -3,11 +3,13 @@
 
 use anyhow::{Result, anyhow};
 use cohort_client::runtime::LocalUpdate;
+use cohort_crypto::SumSpread;
+use cohort_crypto::quantize::lift;
 use cohort_crypto::simulation::{Attack, DropoutPlan, NoStopwatch, Simulation};
 use cohort_crypto::{ClientId, ClientMessage, Metric, ProtocolError, QuantizedInput, Variant};
 use cohort_server::optimizer::ServerOptimizer;
 use cohort_server::privacy::PrivacySpec;
-use cohort_server::round::{BuiltRound, RoundBuilder};
+use cohort_server::round::{BuiltRound, RoundBuilder, RoundSeeds};
 use cohort_server::spec::{
     GraphChoice, NormChoice, QuantizationConfig, SecAggSpec, TaskPlan, TaskSpec, ValidationSpec,
 };
@@ -28,6 +30,41 @@ pub(crate) struct SecureMean {
     pub(crate) client_loss: Option<f64>,
     /// Σ of the survivors' example counts.
     pub(crate) weight: u64,
+    /// In a fitted ring: its scale, the sum's spread for the next round's,
+    /// and how many of its coordinates wrapped.
+    pub(crate) fitted: Option<FittedSum>,
+}
+
+/// A fitted ring's round in the simulator.
+#[derive(Debug, Clone)]
+pub(crate) struct FittedSum {
+    /// The round's scale (the lowest of its groups').
+    pub(crate) scale: f64,
+    /// The sum's spread, for the next round's scale; `None` when a sum
+    /// wrapped throughout (the next round then runs at the safe scale).
+    pub(crate) spread: Option<SumSpread>,
+    /// Coordinates of the sum that wrapped, against the integer sum of the
+    /// same inputs (which only a simulation, holding every input, can count).
+    pub(crate) wrapped: u64,
+    /// Whether the sum wrapped throughout, as the coordinator tells
+    /// ([`cohort_crypto::quantize::WeightedMean::overflowed`]).
+    pub(crate) overflowed: bool,
+}
+
+impl FittedSum {
+    /// The fitted sums of several groups as one round's.
+    pub(crate) fn combine(self, other: Self) -> Self {
+        let spread = match (self.spread, other.spread) {
+            (Some(a), Some(b)) => Some(a.widest(&b).unwrap_or(a)),
+            _ => None,
+        };
+        Self {
+            scale: self.scale.min(other.scale),
+            spread,
+            wrapped: self.wrapped + other.wrapped,
+            overflowed: self.overflowed || other.overflowed,
+        }
+    }
 }
 
 /// How one in-process group ended.
@@ -94,15 +131,19 @@ pub(crate) fn secure_mean(
     spec: &TaskSpec,
     seed: u64,
     dimension: usize,
+    spread: Option<&SumSpread>,
 ) -> Result<SecureMean> {
-    match secure_group(updates, dropped, spec, seed, dimension, &[], Attack::Scaled)? {
+    match secure_group(updates, dropped, spec, seed, dimension, &[], Attack::Scaled, spread)? {
         GroupOutcome::Done(mean) => Ok(mean),
         GroupOutcome::Mismatch(_) => Err(anyhow!("the sum did not open the commitments")),
     }
 }
 
 /// [`secure_mean`] with `cheaters` (indices into `updates`) that change
-/// their masked input by `attack` after proving their honest update.
+/// their masked input by `attack` after proving their honest update. In a
+/// fitted ring the scale is fitted to `spread` (per input), the last sum's,
+/// as the coordinator fits it.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn secure_group(
     updates: &[LocalUpdate],
     dropped: &[usize],
@@ -111,6 +152,7 @@ pub(crate) fn secure_group(
     dimension: usize,
     cheaters: &[usize],
     attack: Attack,
+    spread: Option<&SumSpread>,
 ) -> Result<GroupOutcome> {
     let n = updates.len() as u32;
     // A semi-honest round: the simulated clients have no identity keys.
@@ -119,8 +161,10 @@ pub(crate) fn secure_group(
         ..TaskPlan::new(spec.clone()).map_err(|e| anyhow!("secure-aggregation parameters: {e}"))?.security()
     };
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let mut seeds = RoundSeeds::draw(&mut rng);
+    seeds.scale = spec.quantization.scale_for(n, spread);
     let BuiltRound { config, quantizer } =
-        RoundBuilder::for_task(spec, &security).build(1, n, Vec::new(), None, &mut rng)?;
+        RoundBuilder::for_task(spec, &security).build_with(1, n, Vec::new(), None, seeds)?;
     // Stochastic rounding draws from a per-client generator, so that the
     // simulation may ask for an input any number of times.
     let encode = |i: usize| {
@@ -138,6 +182,7 @@ pub(crate) fn secure_group(
         encode(id.get() as usize - 1).unwrap_or_else(|_| unreachable!("every input was encoded once above"))
     };
     let masked_input_bytes = cohort_crypto::wire::packed_len(config.vector_len as usize, config.modulus_bits);
+    let (quantizer_scale, bits) = (config.quantization.scale, config.modulus_bits);
     let tamper = |id: ClientId, message: &mut ClientMessage| {
         if cheaters.contains(&id.index()) {
             let salt = seed ^ (id.get() as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
@@ -162,6 +207,26 @@ pub(crate) fn secure_group(
     };
     let survivors = outcome.aggregate.contributors.len() as u32;
     let mean = quantizer.decode(&outcome.aggregate.sum, survivors, dimension)?;
+    let fitted = match quantizer_scale {
+        Some(scale) => {
+            // The sum over the integers, against the ring's, lifted.
+            let mut exact = vec![0i64; dimension];
+            for id in &outcome.aggregate.contributors {
+                let input = encode(id.index())?;
+                for (e, &v) in exact.iter_mut().zip(input.values()) {
+                    *e += lift(v, bits);
+                }
+            }
+            let wrapped =
+                exact.iter().zip(&outcome.aggregate.sum).filter(|&(&e, &s)| lift(s, bits) != e).count()
+                    as u64;
+            // A sum that wrapped throughout leaves the next round at the
+            // safe scale, as the coordinator does (its spread says nothing).
+            let spread = quantizer.spread(&mean, survivors).filter(|_| !mean.overflowed());
+            Some(FittedSum { scale, spread, wrapped, overflowed: mean.overflowed() })
+        }
+        None => None,
+    };
     let finished: Vec<_> = outcome.clients.iter().filter(|c| c.finished).collect();
     let bytes_up = finished.iter().map(|c| c.bytes_up as f64).sum::<f64>() / finished.len().max(1) as f64;
     let client_loss = mean.metrics.mean(Metric::TrainLoss);
@@ -171,5 +236,6 @@ pub(crate) fn secure_group(
         masked_input_bytes,
         client_loss,
         weight: mean.total_weight,
+        fitted,
     }))
 }

@@ -27,8 +27,9 @@ use crate::experiment::Experiment;
 use crate::progress::Progress;
 use crate::results::{RoundRow, write_results};
 use crate::schedule::{Clock, ScheduleArgs};
-use crate::secure_mean::{GroupOutcome, SecureMean, secure_group, secure_mean, simulation_spec};
+use crate::secure_mean::{FittedSum, GroupOutcome, SecureMean, secure_group, secure_mean, simulation_spec};
 use crate::training::{TrainingArgs, announce_updates, evaluate, prepare, quantization};
+use cohort_crypto::SumSpread;
 use cohort_crypto::simulation::Attack;
 
 #[derive(Debug, Args)]
@@ -140,7 +141,8 @@ impl Adversity {
 pub fn simulate(args: &SimulateArgs) -> Result<()> {
     let buffered_spec = args.schedule.async_spec(args.training.clients)?;
     let experiment = prepare(&args.training)?;
-    announce_updates(&args.training, !args.plain);
+    let validated = args.adversity.validation == crate::demo::DemoValidation::L2;
+    announce_updates(&args.training, !args.plain, validated);
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let sizes: Vec<usize> = experiment.shards.iter().map(Dataset::len).collect();
     let clock = Clock::new(&args.schedule, &sizes, args.training.local.epochs, args.training.seed());
@@ -218,7 +220,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
             }
         })
     })?;
-    write_results(&args.out, mode, &args.training, &rows, config)
+    write_results(&args.out, mode, &args.training, &rows, config, validated)
 }
 
 /// The schedule of a run as results.json records it.
@@ -281,7 +283,7 @@ fn round_task(
     simulation_spec(
         n as u32,
         vanishing,
-        quantization(training, largest),
+        quantization(training, largest, validated),
         experiment.model.len(),
         training.dp.spec(n as f64 / training.clients as f64),
         training.rounds as u32,
@@ -353,6 +355,8 @@ pub(crate) fn in_process(
     let mut now = 0.0;
     // How many updates each client trained: what its training is seeded with.
     let mut trained = vec![0u64; training.clients];
+    // A fitted ring's guide, as the coordinator keeps it.
+    let mut spread: Option<SumSpread> = None;
     for round in 1..=training.rounds {
         let started = Instant::now();
         let model_bytes = checkpoint::encode(&layout, &weights, &Default::default())?;
@@ -401,11 +405,21 @@ pub(crate) fn in_process(
         progress.bar(round - 1, if secure { "secure aggregation" } else { "aggregation" });
         let survivors: Vec<usize> = (0..n).filter(|i| !dropped.contains(i)).collect();
         let aggregate = if adversity.is_none() {
-            aggregate(&updates, &dropped, &survivors, secure.then_some(&task), training.seed() ^ round)?
+            let task = secure.then_some(&task);
+            aggregate(&updates, &dropped, &survivors, task, training.seed() ^ round, spread.as_ref())?
         } else {
             let seed = training.seed() ^ round;
-            let run =
-                adversarial_round(&updates, &clients, &dropped, &task, seed, size, adversity, &mut suspects)?;
+            let run = adversarial_round(
+                &updates,
+                &clients,
+                &dropped,
+                &task,
+                seed,
+                size,
+                adversity,
+                &mut suspects,
+                spread.as_ref(),
+            )?;
             if !run.suspects.is_empty() {
                 progress.println(&format!(
                     "Round {round}: {} group(s) failed the sum check ({} suspects){}.",
@@ -440,7 +454,12 @@ pub(crate) fn in_process(
             masked_input_ratio: aggregate.masked.map(|bytes| bytes as f64 / (4.0 * layout.len() as f64)),
             epsilon: privacy.as_ref().map(|plan| plan.epsilon_after(round)),
             staleness: None,
+            wrapped: aggregate.fitted.as_ref().map(|fitted| fitted.wrapped),
+            ring_scale: aggregate.fitted.as_ref().map(|fitted| fitted.scale),
         };
+        if let Some(fitted) = aggregate.fitted {
+            spread = fitted.spread;
+        }
         progress.row(&row);
         rows.push(row);
     }
@@ -482,6 +501,7 @@ fn adversarial_round(
     size: usize,
     adversity: &Adversity,
     suspects: &mut Suspects,
+    spread: Option<&SumSpread>,
 ) -> Result<AdversarialRound> {
     let dimension = updates.first().map_or(0, |u| u.delta.len());
     let mut done: Vec<SecureMean> = Vec::new();
@@ -503,6 +523,7 @@ fn adversarial_round(
             dimension,
             &cheaters,
             attack,
+            spread,
         )? {
             GroupOutcome::Done(mean) => {
                 if adversity.validated {
@@ -558,6 +579,7 @@ fn adversarial_round(
             bytes_up: done.iter().map(|g| g.bytes_up * g.weight as f64).sum::<f64>() / total.max(1) as f64,
             client_loss: (!losses.is_empty()).then(|| losses.iter().sum::<f64>() / losses.len() as f64),
             masked: done.first().map(|g| g.masked_input_bytes),
+            fitted: done.iter().filter_map(|g| g.fitted.clone()).reduce(FittedSum::combine),
         },
         failed_groups,
         suspects: named,
@@ -572,6 +594,8 @@ struct GroupMean {
     client_loss: Option<f64>,
     /// The masked input's size, under secure aggregation.
     masked: Option<usize>,
+    /// In a fitted ring: the round's scale, its sums' spread and wraps.
+    fitted: Option<FittedSum>,
 }
 
 /// The survivors' weighted mean: through secure aggregation of the task
@@ -583,15 +607,22 @@ fn aggregate(
     survivors: &[usize],
     secure: Option<&TaskSpec>,
     seed: u64,
+    spread: Option<&SumSpread>,
 ) -> Result<GroupMean> {
     let dimension = updates.first().map_or(0, |u| u.delta.len());
     if let Some(task) = secure {
-        let round = secure_mean(updates, dropped, task, seed, dimension)?;
+        let mut round = secure_mean(updates, dropped, task, seed, dimension, spread)?;
+        if round.fitted.as_ref().is_some_and(|fitted| fitted.overflowed) {
+            // As the coordinator does: the sum is not used, and the round
+            // runs again at the safe scale.
+            round = secure_mean(updates, dropped, task, seed, dimension, None)?;
+        }
         return Ok(GroupMean {
             mean: round.mean,
             bytes_up: round.bytes_up,
             client_loss: round.client_loss,
             masked: Some(round.masked_input_bytes),
+            fitted: round.fitted,
         });
     }
     let losses: Vec<f64> =
@@ -607,7 +638,7 @@ fn aggregate(
             (sum / total) as f32
         })
         .collect();
-    Ok(GroupMean { mean, bytes_up: 4.0 * dimension as f64 + 4.0, client_loss, masked: None })
+    Ok(GroupMean { mean, bytes_up: 4.0 * dimension as f64 + 4.0, client_loss, masked: None, fitted: None })
 }
 
 /// A client training, on the simulated clock.
@@ -666,6 +697,7 @@ pub(crate) fn buffered(
     let progress = Progress::new(training.rounds);
     let mut rows = Vec::new();
     let mut groups = 0u64;
+    let mut spread: Option<SumSpread> = None;
     // How many updates each client trained: what its training is seeded with.
     let mut trained = vec![0u64; training.clients];
     bases.insert(0, checkpoint_of(&layout, &weights));
@@ -712,8 +744,9 @@ pub(crate) fn buffered(
         order.shuffle(&mut rng);
         let dropped = order[..vanishing].to_vec();
         let survivors: Vec<usize> = (0..k).filter(|i| !dropped.contains(i)).collect();
+        let task = secure.then_some(&task);
         let aggregate =
-            aggregate(&updates, &dropped, &survivors, secure.then_some(&task), training.seed() ^ groups)?;
+            aggregate(&updates, &dropped, &survivors, task, training.seed() ^ groups, spread.as_ref())?;
         ServerOptimizer::default().step(
             &mut weights,
             &aggregate.mean,
@@ -748,7 +781,12 @@ pub(crate) fn buffered(
             masked_input_ratio: aggregate.masked.map(|bytes| bytes as f64 / (4.0 * layout.len() as f64)),
             epsilon: None,
             staleness: Some(histogram),
+            wrapped: aggregate.fitted.as_ref().map(|fitted| fitted.wrapped),
+            ring_scale: aggregate.fitted.as_ref().map(|fitted| fitted.scale),
         };
+        if let Some(fitted) = aggregate.fitted {
+            spread = fitted.spread;
+        }
         progress.row(&row);
         rows.push(row);
     }

@@ -12,7 +12,7 @@ use cohort_client::partition::Scheme;
 use cohort_client::train::TrainConfig;
 use cohort_crypto::dp::Mechanism;
 use cohort_server::privacy::PrivacySpec;
-use cohort_server::spec::QuantizationConfig;
+use cohort_server::spec::{QuantizationConfig, RingSizing};
 
 use crate::experiment::{Experiment, ExperimentSetup};
 
@@ -52,15 +52,24 @@ pub struct TrainingArgs {
 }
 
 /// How client updates are compressed before masking. The default is the
-/// setting docs/BENCHMARKS.md measured to cost no accuracy ("Compression
-/// under secure aggregation": 8 bits, rotated, clip 0.1 ended within 0.1
-/// point of float updates at 37.8 % of their upload).
+/// setting docs/BENCHMARKS.md measured ("Compression under secure
+/// aggregation"): rotated, clip 0.1, 9-bit values in a ring fitted to the
+/// sum (28 % of float32's upload at 100 clients); a validated run keeps
+/// the exact ring, 8-bit values with ⌈log₂ clients⌉ bits of headroom.
 #[derive(Debug, Clone, Args)]
 pub struct CompressionArgs {
-    /// Bits per client value, 4 to 16. The masked upload has
-    /// bits + ⌈log₂ clients⌉ bits per coordinate.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u8).range(4..=16))]
-    pub(crate) bits: u8,
+    /// Bits per value, 4 to 16. In a fitted ring every masked value has
+    /// this many bits (default 9, more for groups above 127 clients); in
+    /// the exact ring each client's value has them and the ring
+    /// ⌈log₂ clients⌉ more (default 8).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(4..=16))]
+    pub(crate) bits: Option<u8>,
+    /// How the ring holds the sum: `fitted` (each round's scale fitted to
+    /// the spread of the last sum, so a coordinate may wrap: about one in
+    /// 400 000) or `exact` (sized for the worst case: never wraps).
+    /// Validated runs, and runs with `--rotate false`, use the exact ring.
+    #[arg(long, value_enum, default_value_t = RingArg::Fitted)]
+    pub(crate) ring: RingArg,
     /// Float updates in a 32-bit ring instead: no compression (the
     /// baseline; no rotation and clip 1.0 unless asked for).
     #[arg(long, conflicts_with = "bits")]
@@ -75,10 +84,35 @@ pub struct CompressionArgs {
     pub(crate) clip: Option<f32>,
 }
 
+/// How the ring holds the sum (`--ring`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum RingArg {
+    /// Fitted to the spread of the last sum (modular clipping).
+    Fitted,
+    /// Sized for n worst-case values.
+    Exact,
+}
+
 impl CompressionArgs {
-    /// Bits per value, `None` at full precision.
-    pub(crate) fn bits(&self) -> Option<u8> {
-        (!self.full_precision).then_some(self.bits)
+    /// The ring of a run whose groups have up to `clients` clients
+    /// (`validated`: its inputs are proven, which needs the exact ring);
+    /// `None` at full precision.
+    pub(crate) fn ring(&self, clients: u32, validated: bool) -> Option<(RingSizing, u8)> {
+        if self.full_precision {
+            return None;
+        }
+        // The fitted ring's spread model needs the rotation.
+        if validated || self.ring == RingArg::Exact || !self.rotate() {
+            return Some((RingSizing::Exact, self.bits.unwrap_or(8)));
+        }
+        // 9 bits, or the fewest that leave each of the first round's
+        // inputs a step of the safe scale.
+        let bits = self.bits.unwrap_or_else(|| {
+            (9..=16)
+                .find(|&b| cohort_crypto::quantize::safe_scale(b, clients, self.clip()).is_some())
+                .unwrap_or(16)
+        });
+        Some((RingSizing::Fitted, bits))
     }
 
     pub(crate) fn rotate(&self) -> bool {
@@ -90,12 +124,17 @@ impl CompressionArgs {
     }
 
     /// In words, for the run's header.
-    pub(crate) fn describe(&self) -> String {
-        match self.bits() {
+    pub(crate) fn describe(&self, clients: u32, validated: bool) -> String {
+        let rotated = if self.rotate() { ", rotated" } else { "" };
+        match self.ring(clients, validated) {
             None => format!("float updates in a 32-bit ring, clip {}", self.clip()),
-            Some(bits) => format!(
-                "{bits}-bit values{}, clip {}",
-                if self.rotate() { ", rotated" } else { "" },
+            Some((RingSizing::Exact, bits)) => format!(
+                "{bits}-bit values{rotated}, clip {}, in a ring of {} bits that no sum can wrap",
+                self.clip(),
+                cohort_crypto::quantize::modulus_bits_for(bits, clients).unwrap_or(32)
+            ),
+            Some((RingSizing::Fitted, bits)) => format!(
+                "{bits}-bit values{rotated}, clip {}, in a ring fitted to the last sum's spread",
                 self.clip()
             ),
         }
@@ -248,8 +287,10 @@ pub(crate) fn prepare(training: &TrainingArgs) -> Result<Experiment> {
 }
 
 /// Says what each client sends: under secure aggregation its compression
-/// (or its differential privacy), in a plaintext run the float update.
-pub(crate) fn announce_updates(training: &TrainingArgs, secure: bool) {
+/// (or its differential privacy), in a plaintext run the float update
+/// (`validated`: the inputs are proven).
+pub(crate) fn announce_updates(training: &TrainingArgs, secure: bool, validated: bool) {
+    let clients = training.clients as u32;
     match (secure, training.dp.spec(1.0)) {
         (false, _) => println!("Updates: float32 in the clear (plaintext FedAvg, the baseline)."),
         (true, Some(dp)) => println!(
@@ -258,7 +299,7 @@ pub(crate) fn announce_updates(training: &TrainingArgs, secure: bool) {
             dp.mechanism.as_str(),
             dp.bits
         ),
-        (true, None) => println!("Updates: {}.", training.compression.describe()),
+        (true, None) => println!("Updates: {}.", training.compression.describe(clients, validated)),
     }
 }
 
@@ -276,11 +317,19 @@ pub(crate) fn threshold(n: u32, vanishing: u32) -> u32 {
     (n / 2 + 1).min(n.saturating_sub(vanishing)).max(2)
 }
 
-/// Quantization as the flags ask, weights up to the largest shard.
-pub(crate) fn quantization(training: &TrainingArgs, largest_shard: usize) -> QuantizationConfig {
+/// Quantization as the flags ask, weights up to the largest shard
+/// (`validated`: the inputs are proven). A fitted ring's default bits
+/// suit a group of every client.
+pub(crate) fn quantization(
+    training: &TrainingArgs,
+    largest_shard: usize,
+    validated: bool,
+) -> QuantizationConfig {
+    let ring = training.compression.ring(training.clients as u32, validated);
     QuantizationConfig {
         max_weight: largest_shard.next_power_of_two() as u32,
-        bits: training.compression.bits(),
+        bits: ring.map(|(_, bits)| bits),
+        ring: ring.map_or(RingSizing::Exact, |(ring, _)| ring),
         rotate: training.compression.rotate(),
         clip: training.compression.clip(),
         ..QuantizationConfig::default()

@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt;
 
 use cohort_crypto::messages::MASKED_INPUT_HEADER_LEN;
 use cohort_crypto::policy::TaskSecurity;
-use cohort_crypto::quantize::WeightedMean;
+use cohort_crypto::quantize::{SumSpread, WeightedMean};
 use cohort_crypto::{
     Advanced, Aggregate, ClientId, IncomingInput, ProtocolError, Quantizer, ServerRound, Stage, Variant,
 };
@@ -759,12 +759,14 @@ impl ActiveRound {
         spec: &TaskSpec,
         security: &TaskSecurity,
         rng: &mut ChaCha20Rng,
+        spread: Option<&SumSpread>,
         now: i64,
     ) -> Option<Self> {
         let builder = RoundBuilder::for_task(spec, security);
         let mut members = HashMap::with_capacity(selected.len());
         let mut opened = Vec::with_capacity(groups.count as usize);
         let mut modulus_bits = 0;
+        let mut ring_scale: Option<f64> = None;
         for (index, chunk) in selected.chunks(groups.size as usize).enumerate() {
             let identities = match security.variant {
                 Variant::Active => chunk.iter().filter_map(|(_, identity)| *identity).collect(),
@@ -775,7 +777,14 @@ impl ActiveRound {
                 members.insert(participant.clone(), (index, ClientId::new(i as u32 + 1)?));
             }
             let deadline = now + deadline_for(spec, Stage::AdvertiseKeys);
-            let seeds = RoundSeeds::draw(rng);
+            let mut seeds = RoundSeeds::draw(rng);
+            // Under DP the privacy plan fits its own ring.
+            if spec.privacy.is_none() {
+                seeds.scale = spec.quantization.scale_for(roster.len() as u32, spread);
+            }
+            if let Some(scale) = seeds.scale {
+                ring_scale = Some(ring_scale.map_or(scale, |lowest: f64| lowest.min(scale)));
+            }
             let (group, bits) =
                 Group::open(&builder, number, roster, identities, model, seeds, deadline, now)?;
             modulus_bits = bits;
@@ -788,6 +797,7 @@ impl ActiveRound {
             groups: opened,
             metrics: RoundMetrics {
                 modulus_bits,
+                ring_scale,
                 attempt,
                 degree: security.degree,
                 threshold: security.threshold,

@@ -290,6 +290,7 @@ impl TaskEngine {
             task_id,
             pending,
             suspects,
+            spread,
             ..
         } = self
         else {
@@ -334,8 +335,16 @@ impl TaskEngine {
             let selected = members.iter().map(|w| (w.participant.clone(), w.identity)).collect();
             let groups = Groups { count: 1, size: state.spec.buffer_size };
             let Some(round) = ActiveRound::open(
-                number, 1, selected, groups, // Its members trained from different versions.
-                None, task_spec, security, rng, now,
+                number,
+                1,
+                selected,
+                groups, // Its members trained from different versions.
+                None,
+                task_spec,
+                security,
+                rng,
+                spread.as_ref(),
+                now,
             ) else {
                 tracing::error!(task = %task_id, "an async group could not be opened");
                 return;

@@ -38,10 +38,11 @@ pub struct RoundBuilder<'a> {
 }
 
 /// A round's public randomness: its session id and the seed of its
-/// quantizer's transform. Both are announced to every client of the round;
-/// with the task's settings and the roster they fix the round, so that
-/// another coordinator replica builds the same round from them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// quantizer's transform, with the scale of a fitted ring. All are
+/// announced to every client of the round; with the task's settings and
+/// the roster they fix the round, so that another coordinator replica
+/// builds the same round from them.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RoundSeeds {
     /// The session id.
     #[serde(with = "hex::serde")]
@@ -49,12 +50,17 @@ pub struct RoundSeeds {
     /// The transform seed.
     #[serde(with = "hex::serde")]
     pub transform: [u8; 32],
+    /// A fitted ring's scale ([`QuantizationConfig::scale_for`]), chosen
+    /// by the coordinator that opened the round; `None` in the exact ring
+    /// (and, in a fitted ring, the safe scale).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<f64>,
 }
 
 impl RoundSeeds {
-    /// Fresh seeds drawn from `rng`.
+    /// Fresh seeds drawn from `rng`, without a scale.
     pub fn draw(rng: &mut impl Rng) -> Self {
-        let mut seeds = Self { session: [0; 16], transform: [0; 32] };
+        let mut seeds = Self { session: [0; 16], transform: [0; 32], scale: None };
         rng.fill_bytes(&mut seeds.session);
         rng.fill_bytes(&mut seeds.transform);
         seeds
@@ -116,7 +122,7 @@ impl<'a> RoundBuilder<'a> {
         model: Option<[u8; 16]>,
         seeds: RoundSeeds,
     ) -> Result<BuiltRound, SpecError> {
-        let RoundSeeds { session, transform: transform_seed } = seeds;
+        let RoundSeeds { session, transform: transform_seed, scale } = seeds;
         let q = self.quantization;
         let (quantization, modulus_bits) = match self.privacy {
             Some((params, modulus_bits)) => (
@@ -127,10 +133,14 @@ impl<'a> RoundBuilder<'a> {
                     metrics: MetricSet::NONE,
                     privacy: Some(params),
                     validation: None,
+                    scale: None,
                 },
                 modulus_bits,
             ),
-            None => (q.round_spec(transform_seed, self.metrics)?, q.ring_bits(clients)?),
+            None => {
+                let scale = scale.or_else(|| q.scale_for(clients, None));
+                (q.round_spec(transform_seed, self.metrics, scale)?, q.ring_bits(clients)?)
+            }
         };
         let mut quantizer = Quantizer::new(quantization, modulus_bits, clients)?;
         let mut quantization = quantization;
@@ -212,5 +222,44 @@ mod tests {
         assert_ne!(builder.build_with(4, 6, Vec::new(), Some([4; 16]), other).unwrap().config, here.config);
         let elsewhere = builder.build_with(4, 6, Vec::new(), Some([5; 16]), seeds).unwrap();
         assert_ne!(elsewhere.config.context(), here.config.context());
+    }
+
+    /// A fitted ring's scale travels in the seeds bit for bit (JSON, as a
+    /// replica is sent them), so the replica builds the same round; seeds
+    /// without a scale build the safe scale's round, and the exact ring
+    /// ignores a scale.
+    #[test]
+    fn a_fitted_ring_scale_rides_in_the_seeds() {
+        use crate::spec::RingSizing;
+        let mut spec = small_spec();
+        spec.quantization.rotate = true;
+        spec.quantization.bits = Some(9);
+        spec.quantization.ring = RingSizing::Fitted;
+        let security = crate::spec::TaskPlan::new(spec.clone()).unwrap().security();
+        let builder = RoundBuilder::for_task(&spec, &security);
+        let mut seeds = RoundSeeds::draw(&mut rand_chacha::ChaCha20Rng::seed_from_u64(9));
+        // A scale whose shortest decimal form is long.
+        seeds.scale = Some(1_234_567.0 / 3.0 / 1_000.0);
+        let here = builder.build_with(4, 6, Vec::new(), Some([4; 16]), seeds).unwrap();
+        assert_eq!(here.config.quantization.scale, seeds.scale);
+        let sent: RoundSeeds = serde_json::from_str(&serde_json::to_string(&seeds).unwrap()).unwrap();
+        assert_eq!(sent.scale.map(f64::to_bits), seeds.scale.map(f64::to_bits));
+        let there = RoundBuilder::for_task(&spec, &security)
+            .build_with(4, 6, Vec::new(), Some([4; 16]), sent)
+            .unwrap();
+        assert_eq!(here.config.context(), there.config.context());
+        let unscaled = RoundSeeds { scale: None, ..seeds };
+        let safe = builder.build_with(4, 6, Vec::new(), Some([4; 16]), unscaled).unwrap();
+        assert_eq!(safe.config.quantization.scale, cohort_crypto::quantize::safe_scale(9, 6, 1.0));
+        // Seeds stored before the field existed read as no scale.
+        let old = r#"{"session":"00000000000000000000000000000000","transform":"0000000000000000000000000000000000000000000000000000000000000000"}"#;
+        assert_eq!(serde_json::from_str::<RoundSeeds>(old).unwrap().scale, None);
+        let mut exact = spec.clone();
+        exact.quantization.ring = RingSizing::Exact;
+        let exact_security = crate::spec::TaskPlan::new(exact.clone()).unwrap().security();
+        let round = RoundBuilder::for_task(&exact, &exact_security)
+            .build_with(4, 6, Vec::new(), None, seeds)
+            .unwrap();
+        assert_eq!(round.config.quantization.scale, None);
     }
 }

@@ -48,6 +48,8 @@ pub struct Completion {
     pub(super) stages: Vec<StageMetrics>,
     pub(super) faulty_shares: Vec<(String, String)>,
     pub(super) client_means: BTreeMap<String, ClientMean>,
+    /// A fitted ring's spread of this model's sums, per input.
+    pub(super) spread: Option<cohort_crypto::SumSpread>,
 }
 
 impl Completion {

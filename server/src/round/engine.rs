@@ -17,7 +17,7 @@ use rand::seq::SliceRandom;
 
 use cohort_crypto::metrics::MetricSums;
 use cohort_crypto::policy::TaskSecurity;
-use cohort_crypto::quantize::QuantizeError;
+use cohort_crypto::quantize::{QuantizeError, SumSpread};
 use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage, Variant};
 
 use super::active::{ActiveRound, Group, GroupState, GroupStep, GroupSum, Place, StageHost};
@@ -32,7 +32,7 @@ use super::suspects::Suspects;
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
 use crate::privacy::{PrivacyPlan, PrivacyView};
-use crate::spec::{Cadence, TaskPlan, TaskSpec};
+use crate::spec::{Cadence, ROTATION_BLOCK, RingSizing, TaskPlan, TaskSpec};
 use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
 
 /// A check-in counts towards selection for this long, unless the task
@@ -183,6 +183,10 @@ pub struct TaskEngine {
     /// Validated tasks: who the failed sum checks point at, and who was
     /// excluded (see [`super::suspects`]).
     pub(super) suspects: Suspects,
+    /// A fitted ring's guide: how far the last adopted model's sums spread,
+    /// per input (the widest of its groups). Kept in memory only: after a
+    /// restart the first round runs at the safe scale again.
+    pub(super) spread: Option<SumSpread>,
 }
 
 impl TaskEngine {
@@ -285,6 +289,7 @@ impl TaskEngine {
             schedule,
             last_failure: None,
             suspects: Suspects::default(),
+            spread: None,
             spec,
             project: "default".into(),
         })
@@ -776,6 +781,7 @@ impl TaskEngine {
             &self.spec,
             &self.security,
             &mut self.rng,
+            self.spread.as_ref(),
             now,
         )?;
         self.attempts = attempt;
@@ -1013,21 +1019,31 @@ impl TaskEngine {
                 _ => None,
             })
             .collect();
+        // A fitted ring's sum that wrapped throughout (its scale overshot)
+        // is left out, and the next round runs at the safe scale
+        // (`spread_of`). When every group's did, the round completes with
+        // the model as it was: its clients contributed, so they could not
+        // run the round again, and the task goes on.
+        let unmasked = done.len();
+        done.retain(|g| !g.mean.overflowed());
+        let overflowed_groups = (unmasked - done.len()) as u32;
+        let wrapped = done.is_empty();
         let rule = self.spec.validation.and_then(|v| v.group_rule);
         let completed_groups = done.len();
         if let Some(GroupRule::Norm { max }) = rule {
             done.retain(|g| robust::norm(&g.mean.mean) <= f64::from(max));
-            if done.is_empty() {
+            if done.is_empty() && !wrapped {
                 return Err(TaskError::AllGroupsRejected);
             }
         }
         let rejected_groups = (completed_groups - done.len()) as u32;
         let total_weight: u64 = done.iter().map(|g| g.mean.total_weight).sum();
-        if total_weight == 0 {
+        if total_weight == 0 && !wrapped {
             return Err(QuantizeError::NoExamples.into());
         }
         let means = || done.iter().map(|g| g.mean.mean.as_slice()).collect::<Vec<_>>();
         let mean: Vec<f32> = match (done.as_slice(), rule) {
+            ([], _) => vec![0.0; dimension],
             ([only], _) => only.mean.mean.clone(),
             (groups, Some(GroupRule::Median)) if groups.len() >= 3 => robust::coordinate_median(&means()),
             (groups, Some(GroupRule::TrimmedMean { trim })) if groups.len() >= 3 => {
@@ -1044,12 +1060,15 @@ impl TaskEngine {
                 sum.iter().map(|s| (s / total_weight as f64) as f32).collect()
             }
         };
+        let spread = self.spread_of(round);
         let mut client_metrics = MetricSums::default();
         done.iter().for_each(|g| client_metrics.merge(&g.mean.metrics));
         let survivors: u32 = done.iter().map(|g| g.survivors).sum();
         let mut weights = self.weights.clone();
         let mut state = self.optimizer_state.clone();
-        self.spec.optimizer.step(&mut weights, &mean, &mut state)?;
+        if !wrapped {
+            self.spec.optimizer.step(&mut weights, &mean, &mut state)?;
+        }
         let selected = round.selected() as f64;
         let (bytes_up, bytes_down) = round.bytes();
         let mut metrics = round.metrics.clone();
@@ -1071,6 +1090,7 @@ impl TaskEngine {
         metrics.faulty_shares = faulty_shares.len() as u32;
         metrics.refused_inputs = done.iter().flat_map(|g| g.refused.iter().cloned()).collect();
         metrics.rejected_groups = rejected_groups;
+        metrics.overflowed_groups = overflowed_groups;
         metrics.client_means = client_metrics
             .means()
             .map(|(metric, mean, clients)| (metric.name().to_string(), ClientMean { mean, clients }))
@@ -1098,7 +1118,34 @@ impl TaskEngine {
             stages: metrics.stages.clone(),
             client_means: metrics.client_means.clone(),
             faulty_shares,
+            spread,
         })
+    }
+
+    /// In a fitted ring, the widest spread of `round`'s completed groups'
+    /// sums, for the next round's scale; `None` (the safe scale next) when
+    /// one of them wrapped throughout, since its spread says nothing.
+    fn spread_of(&self, round: &ActiveRound) -> Option<SumSpread> {
+        if self.spec.quantization.ring != RingSizing::Fitted || self.spec.privacy.is_some() {
+            return None;
+        }
+        let sums: Vec<(&Group, &GroupSum)> = round
+            .groups
+            .iter()
+            .filter_map(|g| match g.state() {
+                GroupState::Done(sum) => Some((g, sum)),
+                _ => None,
+            })
+            .collect();
+        if sums.iter().any(|(_, sum)| sum.mean.overflowed()) {
+            return None;
+        }
+        let spread = |(group, sum): &(&Group, &GroupSum)| {
+            let factor = sum.mean.total_weight as f64 / f64::from(self.spec.quantization.max_weight);
+            let weighted: Vec<f32> = sum.mean.mean.iter().map(|&v| (f64::from(v) * factor) as f32).collect();
+            Some(SumSpread::of(&weighted, ROTATION_BLOCK, sum.survivors)?.measured_at(group.seeds.scale))
+        };
+        sums.iter().filter_map(spread).reduce(|a, b| a.widest(&b).unwrap_or(a))
     }
 
     /// Takes back what a [`TickOutcome::Persist`] asked the driver to
@@ -1135,6 +1182,7 @@ impl TaskEngine {
 
     /// Adopts a stored completion as the new global model.
     fn adopt(&mut self, completion: Completion) {
+        self.spread = completion.spread;
         self.weights = completion.weights;
         self.optimizer_state = completion.optimizer_state;
         self.checkpoint_bytes = bytes::Bytes::from(completion.checkpoint.model);

@@ -33,14 +33,15 @@ pub use crate::store::GroupKey;
 
 /// What an owner needs to run a group: with the task's settings, the same
 /// protocol instance that the leader would have run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GroupAssignment {
     /// The group's participants in client-id order (id = position + 1).
     pub roster: Vec<String>,
     /// Their Ed25519 identity keys, in the same order (active variant only).
     #[serde(with = "hex_keys")]
     pub identities: Vec<[u8; 32]>,
-    /// The group's public seeds (session id, transform seed).
+    /// The group's public seeds (session id, transform seed, a fitted
+    /// ring's scale).
     pub seeds: RoundSeeds,
     /// The digest of the model the round trains from (hex), which the
     /// group's round configuration names.
@@ -59,6 +60,10 @@ pub struct GroupReport {
     pub survivors: u32,
     /// Σ of their weights.
     pub total_weight: u64,
+    /// In a fitted ring, the fraction of the sum's coordinates beyond half
+    /// the ring ([`WeightedMean::overflow`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overflow: Option<f64>,
     /// Per metric: its name, the sum over the survivors that reported it
     /// and their number.
     pub metrics: Vec<(String, f64, u32)>,
@@ -102,6 +107,7 @@ impl GroupReport {
         let report = Self {
             survivors: sum.survivors,
             total_weight: sum.mean.total_weight,
+            overflow: sum.mean.overflow,
             metrics,
             faulty_shares: sum.faulty_shares,
             refused: sum.refused,
@@ -127,6 +133,7 @@ impl GroupReport {
         Self {
             survivors: 0,
             total_weight: 0,
+            overflow: None,
             metrics: Vec::new(),
             faulty_shares: Vec::new(),
             refused: Vec::new(),
@@ -160,7 +167,7 @@ impl GroupReport {
             metrics.insert(metric, *total, *reporters);
         }
         Ok(GroupSum {
-            mean: WeightedMean { mean, total_weight: self.total_weight, metrics },
+            mean: WeightedMean { mean, total_weight: self.total_weight, metrics, overflow: self.overflow },
             survivors: self.survivors,
             faulty_shares: self.faulty_shares.clone(),
             refused: self.refused.clone(),

@@ -51,6 +51,7 @@ pub enum TaskError {
     /// assignment, or its stored report does not fit the round.
     #[error("every group's mean is longer than the task's group rule allows")]
     AllGroupsRejected,
+
     /// A completed group's report from another replica does not fit.
     #[error("group of another replica: {0}")]
     GroupReport(&'static str),
@@ -204,6 +205,16 @@ pub struct RoundMetrics {
     pub update_norm: f64,
     /// Bits of the ring the masked inputs lived in.
     pub modulus_bits: u8,
+    /// A fitted ring's scale (steps per unit of the weighted sum; the
+    /// lowest of the round's groups'): the sum wrapped where it strayed
+    /// beyond ±2^(b−1)/scale. Absent in the exact ring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_scale: Option<f64>,
+    /// Groups whose sum, in a fitted ring, wrapped throughout (a scale that
+    /// overshot) and was left out; when every group's did, the round kept
+    /// the model as it was and the next runs at the safe scale.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub overflowed_groups: u32,
     /// Upload per selected client over the float32 update's size.
     pub compression_ratio: f64,
     /// Revealed shares that did not match their owner's commitment; the

@@ -1316,3 +1316,139 @@ fn a_group_rule_leaves_out_or_outvotes_a_poisoned_group() {
         assert!(robust::norm(engine.weights()) < 0.7, "{rule:?}: the poisoned group moved the model");
     }
 }
+
+/// Parameters of the fitted-ring tests' model.
+const D: usize = 256;
+
+/// [`small_spec`] with a model of [`D`] parameters in a fitted ring of 9
+/// bits, weights up to 64.
+fn fitted_spec() -> TaskSpec {
+    use crate::spec::{QuantizationConfig, RingSizing};
+    let mut spec = small_spec();
+    spec.model.layout.tensors[0].shape = vec![D];
+    spec.quantization = QuantizationConfig {
+        bits: Some(9),
+        ring: RingSizing::Fitted,
+        rotate: true,
+        max_weight: 64,
+        ..QuantizationConfig::default()
+    };
+    spec
+}
+
+/// A fitted ring: the first round runs at the safe scale, the next at the
+/// scale fitted to the first's sum,
+/// each announced to the clients and recorded with the round, and both
+/// rounds' means come back within the ring's rounding.
+#[test]
+fn a_fitted_ring_runs_each_round_at_the_scale_of_the_last_sum() {
+    use cohort_crypto::quantize::{SumSpread, fitted_scale, safe_scale};
+    let spec = fitted_spec();
+    let max_weight = spec.quantization.max_weight;
+    let mut engine = engine(spec);
+    let safe = safe_scale(9, 6, 1.0).unwrap();
+    let mut next_scale = safe;
+    for round in 1..=3u64 {
+        let expected_scale = next_scale;
+        // Updates of one direction and their own parts, weights 10 to 60.
+        let mut clients: Vec<NamedClient> = (0..6)
+            .map(|i| {
+                let update = (0..D)
+                    .map(|j| 0.02 * ((j as f32 * 0.7).sin() + 0.3 * ((i * D + j) as f32).cos()))
+                    .collect();
+                NamedClient::new(i, update, 10 * (i as u32 + 1))
+            })
+            .collect();
+        let mut now = round as i64 * 1_000_000;
+        for c in &clients {
+            engine.check_in(&c.name, None, now);
+        }
+        assert!(matches!(engine.tick(now), TickOutcome::Started(r) if r == round));
+        let Ok(Poll::Message(setup)) = engine.poll(&clients[0].name) else { panic!("no setup") };
+        let Ok(ServerMessage::Setup(config)) = ServerMessage::decode(&setup) else { panic!("not a setup") };
+        assert_eq!(config.modulus_bits, 9, "the ring is the bits, whatever the clients");
+        // The engine fits to the decoded sum, this test to the weights'
+        // change: the same up to f32 rounding.
+        let scale = config.quantization.scale.unwrap();
+        assert!(
+            (scale / expected_scale - 1.0).abs() < 1e-3,
+            "round {round}: {scale} against {expected_scale}"
+        );
+        let expected_scale = scale;
+        let before = engine.weights().to_vec();
+        let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+        let completion = complete(&mut engine, round, job, now);
+        let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+        assert_eq!(metrics["ring_scale"].as_f64(), Some(expected_scale));
+        engine.advance(Persist::Model(Box::new(completion)), true);
+        let mean = weighted_mean(&clients, &[0, 1, 2, 3, 4, 5]);
+        // Rounding: about √6/2 steps of the sum, over s·Σw/W.
+        let tolerance = 4.0 * 6f64.sqrt() / 2.0 * f64::from(max_weight) / (expected_scale * 210.0);
+        for ((w, b), e) in engine.weights().iter().zip(&before).zip(&mean) {
+            assert!(f64::from((w - b) - e).abs() < tolerance, "round {round}: {w} − {b} against {e}");
+        }
+        // The next scale: fitted to this round's decoded sum.
+        let sum: Vec<f32> = engine
+            .weights()
+            .iter()
+            .zip(&before)
+            .map(|(w, b)| ((w - b) as f64 * 210.0 / f64::from(max_weight)) as f32)
+            .collect();
+        let spread = SumSpread::of(&sum, crate::spec::ROTATION_BLOCK, 6).unwrap();
+        next_scale = fitted_scale(Some(&spread.measured_at(Some(expected_scale))), 9, 6, 1.0).unwrap();
+        if round == 1 {
+            assert_eq!(next_scale, 8.0 * safe, "the second round climbs by the largest step");
+        }
+    }
+    assert!(next_scale > 20.0 * safe, "the fitted scale uses the ring: {next_scale} against {safe}");
+}
+
+/// A fitted ring's scale that overshot (here a spread measured far too
+/// small): the round's sum wraps throughout and the coordinator does not
+/// use it. The round completes with the model as it was (its clients
+/// contributed, so they could not run it again), records the overflowed
+/// group, and the next round runs at the safe scale and moves the model.
+#[test]
+fn a_fitted_sum_that_wrapped_is_not_used_and_the_next_round_is_safe() {
+    use cohort_crypto::quantize::{SumSpread, safe_scale};
+    let mut engine = engine(fitted_spec());
+    let clients = || -> Vec<NamedClient> {
+        (0..6)
+            .map(|i| {
+                let update = (0..D).map(|j| 0.3 * ((i * D + j) as f32 * 0.37).sin()).collect();
+                NamedClient::new(i, update, 10 * (i as u32 + 1))
+            })
+            .collect()
+    };
+    // As if the last sum had all but vanished at a high scale.
+    engine.spread =
+        Some(SumSpread::of(&[1e-6; D], crate::spec::ROTATION_BLOCK, 6).unwrap().measured_at(Some(1e4)));
+    let before = engine.weights().to_vec();
+    let mut now = 0;
+    for round in 1..=2u64 {
+        let mut members = clients();
+        for c in &members {
+            engine.check_in(&c.name, None, now);
+        }
+        assert!(matches!(engine.tick(now), TickOutcome::Started(r) if r == round));
+        let Ok(Poll::Message(setup)) = engine.poll(&members[0].name) else { panic!("no setup") };
+        let Ok(ServerMessage::Setup(config)) = ServerMessage::decode(&setup) else { panic!("not a setup") };
+        let job = run_round(&mut engine, &mut members, &[], &mut now).unwrap();
+        let completion = complete(&mut engine, round, job, now);
+        let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+        engine.advance(Persist::Model(Box::new(completion)), true);
+        assert_eq!(engine.completed_rounds(), round);
+        if round == 1 {
+            assert_eq!(config.quantization.scale, Some(8e4), "8 times the last scale");
+            assert_eq!(metrics["overflowed_groups"], 1, "{metrics}");
+            assert_eq!(engine.weights(), &before[..], "a wrapped sum moved the model");
+            assert!(engine.spread.is_none(), "the next round is not at the safe scale");
+        } else {
+            assert_eq!(config.quantization.scale, safe_scale(9, 6, 1.0));
+            assert!(metrics.get("overflowed_groups").is_none(), "{metrics}");
+            assert_ne!(engine.weights(), &before[..]);
+            assert!(engine.spread.is_some());
+        }
+        now += 10_000;
+    }
+}

@@ -346,6 +346,22 @@ fn compressed_updates_aggregate_over_http() {
     assert!(ratio > 0.3 && ratio < 0.38, "upload over float32: {ratio}");
 }
 
+/// A ring fitted to the sum: 9 bits whatever the clients, the first
+/// round at the scale at which no sum of four can wrap, and the weighted
+/// mean within that scale's rounding.
+#[test]
+fn a_fitted_ring_aggregates_over_http() {
+    let quantization = json!({ "bits": 9, "ring": "fitted", "rotate": true, "clip": 0.5, "max_weight": 64 });
+    let delta = |k: usize, i: usize| ((i * (k + 1)) as f32 * 0.01).sin() * 0.1;
+    // A step of 1/125.5 per unit of the weighted sum: the mean's error is
+    // about one step times W/Σw = 64/140 per coordinate, 0.004.
+    let metrics = compressed_round("fitted", quantization, delta, 0.03);
+    assert_eq!(metrics["modulus_bits"], 9, "no headroom for the clients");
+    assert_eq!(metrics["ring_scale"].as_f64(), Some((255.0 / 4.0 - 1.0) / 0.5));
+    let ratio = metrics["compression_ratio"].as_f64().unwrap();
+    assert!(ratio > 9.0 / 32.0 && ratio < 0.35, "upload over float32: {ratio}");
+}
+
 /// A count sketch of 5 × 400 buckets stands in for a 5000-coordinate
 /// update that has a few large coordinates: the heavy ones come back.
 #[test]

@@ -139,15 +139,21 @@ fn invalid_arguments_fail_with_a_clear_message() {
 }
 
 /// `--bits` packs the masked input to bits + ⌈log₂ n⌉ bits per coordinate
-/// (plus the weight's digits); `--rotate` keeps the length and the result.
+/// (plus the weight's digits), or to the bits alone in a fitted ring;
+/// `--rotate` keeps the length and the result.
 #[test]
 fn bits_shrink_the_upload_exactly_and_rotation_keeps_the_sum() {
     let base = ["--clients", "20", "--dim", "4000", "--graph", "complete", "--t", "11"];
     let (ok, full, stderr) = bench(&base);
     assert!(ok, "{stderr}");
-    for (extra, ring) in
-        [(&["--bits", "8"][..], 13u64), (&["--bits", "8", "--rotate"][..], 13), (&["--bits", "4"][..], 9)]
-    {
+    // A fitted ring keeps the ring at the bits whatever the clients.
+    let fitted = ["--bits", "9", "--rotate", "--ring", "fitted"];
+    for (extra, ring) in [
+        (&["--bits", "8"][..], 13u64),
+        (&["--bits", "8", "--rotate"][..], 13),
+        (&["--bits", "4"][..], 9),
+        (&fitted[..], 9),
+    ] {
         let (ok, report, stderr) = bench(&[&base[..], extra].concat());
         assert!(ok, "{extra:?}: {stderr}");
         assert_eq!(report["correct"], true, "{extra:?}");

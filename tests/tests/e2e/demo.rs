@@ -111,34 +111,67 @@ fn the_demo_matches_plaintext_fedavg() {
     std::fs::remove_dir_all(&plain_dir).unwrap();
 }
 
-/// By default the demo sends 8-bit values with rotation over HTTP: the
-/// upload drops to about (8 + ⌈log₂ 4⌉) / 32 of float32, the table shows
-/// that ratio, and the model still learns. (Without input validation: its
-/// proof, about 10 kB, would be a third of this small model's float32
-/// size again; the test above covers it.)
+/// By default (without validation) the demo sends 9-bit values with
+/// rotation over HTTP, in a ring fitted to the sum: the upload drops to
+/// about 9/32 of float32 whatever the clients, the table shows that ratio,
+/// the coordinator runs the first round at the safe scale and fits each
+/// next one to the last sum (at most 8× higher a round), and the model
+/// still learns. `--ring exact` puts ⌈log₂ 4⌉ = 2 bits back. (Without input
+/// validation: its proof, about 10 kB, would be a third of this small
+/// model's float32 size again; the test above covers it.)
 #[test]
 fn the_demo_compresses_by_default_and_learns_with_a_third_of_the_upload() {
     let dir = scratch("bits");
     let (stdout, results) = cohort_printing(&[&["demo", "--validation", "none"][..], &SMALL].concat(), &dir);
     assert!(stdout.contains("No input validation."), "{stdout}");
-    assert!(stdout.contains("Updates: 8-bit values, rotated, clip 0.1."), "{stdout}");
-    assert_eq!(results["config"]["bits"], 8);
+    assert!(
+        stdout
+            .contains("Updates: 9-bit values, rotated, clip 0.1, in a ring fitted to the last sum's spread."),
+        "{stdout}"
+    );
+    assert_eq!(results["config"]["bits"], 9);
+    assert_eq!(results["config"]["ring"], "fitted");
     assert_eq!(results["config"]["rotate"], true);
     assert_eq!(results["config"]["clip"].to_string(), "0.1");
     let mut table = stdout.lines().skip_while(|l| !l.trim_start().starts_with("round "));
     let header = table.next().unwrap();
     let rows: Vec<&str> = table.collect();
     let column = header.find("of f32").unwrap() + "of f32".len();
+    // Four clients in Z_{2^9}: (255 / 4 − 1) / 0.1 steps per unit can never wrap.
+    let safe = (255.0 / 4.0 - 1.0) / f64::from(0.1f32);
+    let mut last_scale = None;
     for round in results["rounds"].as_array().unwrap() {
         let ratio = round["compression_ratio"].as_f64().unwrap();
-        assert!(ratio > 10.0 / 32.0 && ratio < 0.36, "{ratio}");
+        assert!(ratio > 9.0 / 32.0 && ratio < 0.33, "{ratio}");
         // The row shows the same ratio, right-aligned under its heading.
         let row =
             rows.iter().find(|l| l.split_whitespace().next() == Some(&round["round"].to_string())).unwrap();
         let shown = row[..column].rsplit(' ').next().unwrap();
         assert_eq!(shown, format!("{:.1}%", ratio * 100.0), "{row}");
+        let scale = round["ring_scale"].as_f64().expect("a fitted round records its scale");
+        match last_scale {
+            None => assert!((scale / safe - 1.0).abs() < 1e-9, "round 1 at {scale}, not the safe {safe}"),
+            Some(last) => assert!(scale > last && scale <= 8.0 * last * (1.0 + 1e-9), "{last} then {scale}"),
+        }
+        last_scale = Some(scale);
     }
     assert!(accuracies(&results)[2] > 0.8, "{:?}", accuracies(&results));
+    std::fs::remove_dir_all(&dir).unwrap();
+    let dir = scratch("exact");
+    // One round of the same run in the exact ring.
+    let mut one_round = SMALL.to_vec();
+    let at = one_round.iter().position(|&a| a == "--rounds").unwrap() + 1;
+    one_round[at] = "1";
+    let exact =
+        cohort(&[&["demo", "--validation", "none", "--ring", "exact"][..], &one_round].concat(), &dir);
+    assert_eq!(
+        (exact["config"]["bits"].as_u64(), exact["config"]["ring"].as_str()),
+        (Some(8), Some("exact"))
+    );
+    let round = &exact["rounds"][0];
+    assert!(round["ring_scale"].is_null(), "{round}");
+    let ratio = round["compression_ratio"].as_f64().unwrap();
+    assert!(ratio > 10.0 / 32.0 && ratio < 0.36, "{ratio}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

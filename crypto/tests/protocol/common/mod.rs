@@ -44,6 +44,7 @@ pub fn config(clients: u32, threshold: u32, graph: GraphSpec, vector_len: u32, b
             metrics: cohort_crypto::MetricSet::NONE,
             privacy: None,
             validation: None,
+            scale: None,
         },
         model: None,
     }

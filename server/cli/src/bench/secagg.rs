@@ -14,7 +14,7 @@ use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::simulation::{DropoutPlan, Simulation, Stopwatch, plain_sum};
 use cohort_crypto::{ClientId, MetricSet, QuantizedInput, Variant};
 use cohort_server::round::{BuiltRound, RoundBuilder};
-use cohort_server::spec::QuantizationConfig;
+use cohort_server::spec::{QuantizationConfig, RingSizing};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
@@ -86,6 +86,11 @@ pub struct SecaggArgs {
     /// Randomized Hadamard rotation of every update before quantization.
     #[arg(long)]
     rotate: bool,
+    /// With --bits and --rotate: `fitted` keeps the ring at --bits bits
+    /// whatever N (a round at the scale that cannot wrap, a task's first),
+    /// `exact` (the default) adds ⌈log₂ N⌉.
+    #[arg(long, value_enum, default_value_t = crate::training::RingArg::Exact)]
+    ring: crate::training::RingArg,
     /// Seed for inputs, keys and the choice of dropouts.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -225,6 +230,10 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         clip: 1.0,
         modulus_bits: args.modulus_bits,
         bits: args.bits,
+        ring: match args.ring {
+            crate::training::RingArg::Exact => RingSizing::Exact,
+            crate::training::RingArg::Fitted => RingSizing::Fitted,
+        },
         rotate: args.rotate,
         sketch: None,
         max_weight: 1 << 12,
