@@ -586,9 +586,10 @@ function renderRounds(rounds) {
     cell(row, number(means.accuracy, 3), "num");
     cell(row, number(means.loss, 3), "num");
     const rejected = m.rejected_groups ? `${m.rejected_groups} group${m.rejected_groups === 1 ? "" : "s"} left out by the group rule` : "";
+    const wrapped = m.overflowed_groups ? `${m.overflowed_groups} group${m.overflowed_groups === 1 ? "" : "s"} wrapped in the fitted ring, left out` : "";
     const suspects = m.suspects?.length ? `sum check failed: ${m.suspects.length} suspects` : "";
     const excluded = m.excluded?.length ? `excluded ${m.excluded.join(", ")}` : "";
-    cell(row, [(m.refused_inputs ?? []).join(", "), rejected, suspects, excluded].filter(Boolean).join("; ") || "—").dataset.field = "refused";
+    cell(row, [(m.refused_inputs ?? []).join(", "), rejected, wrapped, suspects, excluded].filter(Boolean).join("; ") || "—").dataset.field = "refused";
     return row;
   });
   $("rounds").tBodies[0].replaceChildren(...rows);
