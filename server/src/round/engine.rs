@@ -32,7 +32,7 @@ use super::suspects::Suspects;
 use crate::checkpoint;
 use crate::optimizer::OptimizerState;
 use crate::privacy::{PrivacyPlan, PrivacyView};
-use crate::spec::{Cadence, ROTATION_BLOCK, RingSizing, TaskPlan, TaskSpec};
+use crate::spec::{Cadence, RingSizing, TaskPlan, TaskSpec};
 use crate::store::{CheckpointRecord, RoundRecord, TaskStatus};
 
 /// A check-in counts towards selection for this long, unless the task
@@ -1140,12 +1140,9 @@ impl TaskEngine {
         if sums.iter().any(|(_, sum)| sum.mean.overflowed()) {
             return None;
         }
-        let spread = |(group, sum): &(&Group, &GroupSum)| {
-            let factor = sum.mean.total_weight as f64 / f64::from(self.spec.quantization.max_weight);
-            let weighted: Vec<f32> = sum.mean.mean.iter().map(|&v| (f64::from(v) * factor) as f32).collect();
-            Some(SumSpread::of(&weighted, ROTATION_BLOCK, sum.survivors)?.measured_at(group.seeds.scale))
-        };
-        sums.iter().filter_map(spread).reduce(|a, b| a.widest(&b).unwrap_or(a))
+        sums.iter()
+            .filter_map(|(group, sum)| group.quantizer.spread(&sum.mean, sum.survivors))
+            .reduce(|a, b| a.widest(&b).unwrap_or(a))
     }
 
     /// Takes back what a [`TickOutcome::Persist`] asked the driver to
