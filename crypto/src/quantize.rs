@@ -230,7 +230,8 @@ impl SumSpread {
     /// with σ² = (growth·s·rms)² + summands/4 (the stochastic rounding adds
     /// at most ¼ step² per input).
     pub fn expected_wraps(&self, scale: f64, modulus_bits: u8, summands: u32, growth: f64) -> f64 {
-        let half = f64::from(1u32 << (modulus_bits - 1));
+        // b within 1 to 32, the rings a round may have.
+        let half = f64::from(1u32 << (modulus_bits.clamp(1, 32) - 1));
         let rounding = f64::from(summands) / 4.0;
         self.blocks
             .iter()
@@ -451,8 +452,9 @@ fn ring_mask(modulus_bits: u8) -> u64 {
 }
 
 /// A coordinate of Z_{2^b} as the integer in (−2^(b−1), 2^(b−1)] it
-/// stands for.
+/// stands for (b is taken within 1 to 32, the rings a round may have).
 pub fn lift(value: u32, modulus_bits: u8) -> i64 {
+    let modulus_bits = modulus_bits.clamp(1, 32);
     let value = i64::from(value) & ring_mask(modulus_bits) as i64;
     let half = 1i64 << (modulus_bits - 1);
     if value > half { value - (1i64 << modulus_bits) } else { value }
@@ -1224,6 +1226,12 @@ mod tests {
         assert_eq!(lift(512 + 3, 9), 3, "bits above the ring are ignored");
         assert_eq!(lift(u32::MAX, 32), -1);
         assert_eq!(lift(1 << 31, 32), 1 << 31);
+        // Bits outside the rings a round may have are taken to the nearest.
+        assert_eq!(lift(3, 0), lift(3, 1));
+        assert_eq!(lift(u32::MAX, 64), -1);
+        let spread = SumSpread { blocks: vec![(8, 1.0)], summands: 1, measured_at: None };
+        assert_eq!(spread.expected_wraps(1.0, 0, 1, 1.0), spread.expected_wraps(1.0, 1, 1, 1.0));
+        assert_eq!(spread.expected_wraps(1.0, 64, 1, 1.0), spread.expected_wraps(1.0, 32, 1, 1.0));
     }
 
     /// A fitted ring decodes the weighted mean, the example count and the
