@@ -103,6 +103,16 @@ pub const TARGET_WRAP_RATE: f64 = 2.5e-6;
 /// [`SumSpread::scale_for`].
 pub const SPREAD_GROWTH: f64 = 1.25;
 
+/// The most clients per group a fitted ring of `modulus_bits` bits holds:
+/// ⌊(2^(b−1) − 1) / 2⌋, the most at which [`safe_scale`] leaves each input
+/// a step.
+pub fn max_fitted_clients(modulus_bits: u8) -> u32 {
+    if !(2..=32).contains(&modulus_bits) {
+        return 0;
+    }
+    ((1u32 << (modulus_bits - 1)) - 1) / 2
+}
+
 /// The first round's scale of a fitted ring, before any sum was seen:
 /// the largest s at which `clients` inputs, each clipped to [−c, c] and
 /// rounded up by at most one step, can never wrap (n·(s·c + 1) ≤ 2^(b−1) − 1).
@@ -1317,6 +1327,13 @@ mod tests {
             }
         }
         assert_eq!(safe_scale(9, 255, 1.0), None, "less than one step per input");
+        // The largest group a ring holds is the last with a safe scale.
+        for bits in 2..=32u8 {
+            let most = max_fitted_clients(bits);
+            assert!(most == 0 || safe_scale(bits, most, 0.5).is_some(), "{bits} bits");
+            assert_eq!(safe_scale(bits, most + 1, 0.5), None, "{bits} bits");
+        }
+        assert_eq!(max_fitted_clients(9), 127);
         assert!(safe_scale(9, 127, 1.0).is_some());
         assert_eq!(safe_scale(9, 128, 1.0), None);
         assert_eq!(safe_scale(9, 0, 1.0), None);

@@ -565,7 +565,7 @@ impl QuantizationConfig {
                         "quantization.bits",
                         format!(
                             "a fitted ring of {bits} bits holds at most {} clients per group",
-                            (1u32 << (bits - 1)) / 2 - 1
+                            cohort_crypto::quantize::max_fitted_clients(bits)
                         ),
                     )),
                 }

@@ -141,8 +141,8 @@ pub(crate) fn secure_mean(
 
 /// [`secure_mean`] with `cheaters` (indices into `updates`) that change
 /// their masked input by `attack` after proving their honest update. In a
-/// fitted ring the scale is fitted to `spread` (per input), the last sum's,
-/// as the coordinator fits it.
+/// fitted ring the scale is fitted to `spread`, the last sum's, as the
+/// coordinator fits it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn secure_group(
     updates: &[LocalUpdate],

@@ -93,6 +93,15 @@ pub(crate) enum RingArg {
     Exact,
 }
 
+impl From<RingArg> for RingSizing {
+    fn from(ring: RingArg) -> Self {
+        match ring {
+            RingArg::Fitted => RingSizing::Fitted,
+            RingArg::Exact => RingSizing::Exact,
+        }
+    }
+}
+
 impl CompressionArgs {
     /// The ring of a run whose groups have up to `clients` clients
     /// (`validated`: its inputs are proven, which needs the exact ring);
@@ -105,12 +114,9 @@ impl CompressionArgs {
         if validated || self.ring == RingArg::Exact || !self.rotate() {
             return Some((RingSizing::Exact, self.bits.unwrap_or(8)));
         }
-        // 9 bits, or the fewest that leave each of the first round's
-        // inputs a step of the safe scale.
+        // 9 bits, or the fewest that hold a group of every client.
         let bits = self.bits.unwrap_or_else(|| {
-            (9..=16)
-                .find(|&b| cohort_crypto::quantize::safe_scale(b, clients, self.clip()).is_some())
-                .unwrap_or(16)
+            (9..=16).find(|&b| cohort_crypto::quantize::max_fitted_clients(b) >= clients).unwrap_or(16)
         });
         Some((RingSizing::Fitted, bits))
     }

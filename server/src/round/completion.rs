@@ -48,7 +48,8 @@ pub struct Completion {
     pub(super) stages: Vec<StageMetrics>,
     pub(super) faulty_shares: Vec<(String, String)>,
     pub(super) client_means: BTreeMap<String, ClientMean>,
-    /// A fitted ring's spread of this model's sums, per input.
+    /// A fitted ring's spread of this model's sums (the widest of its
+    /// groups', at the largest group's size).
     pub(super) spread: Option<cohort_crypto::SumSpread>,
 }
 

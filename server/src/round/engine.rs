@@ -183,9 +183,9 @@ pub struct TaskEngine {
     /// Validated tasks: who the failed sum checks point at, and who was
     /// excluded (see [`super::suspects`]).
     pub(super) suspects: Suspects,
-    /// A fitted ring's guide: how far the last adopted model's sums spread,
-    /// per input (the widest of its groups). Kept in memory only: after a
-    /// restart the first round runs at the safe scale again.
+    /// A fitted ring's guide: how far the last adopted model's sums spread
+    /// (the widest of its groups). Kept in memory only: after a restart the
+    /// first round runs at the safe scale again.
     pub(super) spread: Option<SumSpread>,
 }
 

@@ -14,7 +14,7 @@ use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::simulation::{DropoutPlan, Simulation, Stopwatch, plain_sum};
 use cohort_crypto::{ClientId, MetricSet, QuantizedInput, Variant};
 use cohort_server::round::{BuiltRound, RoundBuilder};
-use cohort_server::spec::{QuantizationConfig, RingSizing};
+use cohort_server::spec::QuantizationConfig;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
@@ -230,10 +230,7 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         clip: 1.0,
         modulus_bits: args.modulus_bits,
         bits: args.bits,
-        ring: match args.ring {
-            crate::training::RingArg::Exact => RingSizing::Exact,
-            crate::training::RingArg::Fitted => RingSizing::Fitted,
-        },
+        ring: args.ring.into(),
         rotate: args.rotate,
         sketch: None,
         max_weight: 1 << 12,
