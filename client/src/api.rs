@@ -30,6 +30,23 @@ pub mod routes {
     pub fn check_in_trained(base: u64) -> String {
         format!("{CHECK_IN}?trained_on={base}")
     }
+
+    /// The longest a coordinator holds a request that asks it to wait
+    /// (`wait_ms`), in milliseconds: inside the client library's 30 s for
+    /// an answer and the 60 s that balancers and proxies allow by default.
+    pub const MAX_WAIT_MS: u64 = 20_000;
+
+    /// `path` (a check-in, or the `GET` of a stage message) asking the
+    /// coordinator to hold the request for up to `wait_ms` until its answer
+    /// is no longer "wait" (a round starts, the stage closes): one request
+    /// where a client would otherwise poll. `0` asks for an answer at once.
+    pub fn held(path: &str, wait_ms: u64) -> String {
+        if wait_ms == 0 {
+            return path.to_string();
+        }
+        let separator = if path.contains('?') { '&' } else { '?' };
+        format!("{path}{separator}wait_ms={}", wait_ms.min(MAX_WAIT_MS))
+    }
     /// `GET`: the current global model (safetensors).
     pub const MODEL: &str = "/v1/model";
     /// `GET`: the server message of the client's current stage; `POST`:

@@ -425,9 +425,11 @@ pub mod http {
                 .http_status_as_error(false)
                 .timeout_connect(Some(Duration::from_secs(10)))
                 .timeout_global(Some(Duration::from_secs(120)))
-                // The coordinator answers at once (no long polls): a reply
-                // this late comes from one that stalled, and the request is
-                // better retried (through a balancer, on another replica).
+                // The coordinator holds a request at most
+                // `routes::MAX_WAIT_MS` (20 s, see `ParticipantConfig::wait_ms`)
+                // and otherwise answers at once: a reply later than this
+                // comes from one that stalled, and the request is better
+                // retried (through a balancer, on another replica).
                 .timeout_recv_response(Some(Duration::from_secs(30)))
                 .tls_config(tls)
                 .build()

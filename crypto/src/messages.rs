@@ -485,6 +485,13 @@ pub fn starts_masked_input(prefix: &[u8]) -> bool {
     prefix.len() >= 4 && prefix[..2] == crate::wire::MAGIC && prefix[3] == KIND_MASKED_INPUT
 }
 
+/// Whether `prefix`, the first bytes of a client message, begins an
+/// unmasking message: a client's last message of its round (its magic and
+/// kind; everything else is checked when it is read).
+pub fn starts_unmasking(prefix: &[u8]) -> bool {
+    prefix.len() >= 4 && prefix[..2] == crate::wire::MAGIC && prefix[3] == KIND_UNMASKING
+}
+
 /// What a masked input's first [`MASKED_INPUT_HEADER_LEN`] bytes say.
 pub(crate) struct MaskedInputHeader {
     pub context: RoundContext,
@@ -620,6 +627,22 @@ mod tests {
             vector: MaskedVector { bits, values: values.iter().map(|v| v & mask).collect() },
         }
         .encode()
+    }
+
+    #[test]
+    fn a_message_s_first_bytes_say_whether_it_is_a_masked_input_or_an_unmasking() {
+        let unmasking = ClientMessage::Unmasking {
+            context: RoundContext([9; 32]),
+            shares: UnmaskingShares { self_mask: Vec::new(), mask_key: Vec::new() },
+        }
+        .encode();
+        let masked = masked_input(8, &[1, 2, 3]);
+        assert!(starts_unmasking(&unmasking[..4]) && !starts_masked_input(&unmasking));
+        assert!(starts_masked_input(&masked[..4]) && !starts_unmasking(&masked));
+        assert!(!starts_unmasking(&unmasking[..3]), "too short to say");
+        let mut foreign = unmasking.clone();
+        foreign[0] ^= 1;
+        assert!(!starts_unmasking(&foreign), "another magic");
     }
 
     proptest! {

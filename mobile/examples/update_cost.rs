@@ -56,6 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         storage_dir: PathBuf::from(state),
         ca_certificate_pem: None,
         policy_json: Some(policy.clone()),
+        max_attempts: None,
     })?;
     let mut trainer = Fixed { delta: Vec::new(), handed_at: None };
     loop {

@@ -245,6 +245,7 @@ pub unsafe extern "C" fn cohort_client_open(
             storage_dir: PathBuf::from(storage_dir),
             ca_certificate_pem,
             policy_json,
+            max_attempts: None,
         })?;
         let handle = Box::into_raw(Box::new(CohortClient(client)));
         // SAFETY: `out` is non-null and writable by contract.

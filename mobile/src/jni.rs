@@ -158,6 +158,7 @@ pub extern "system" fn Java_org_cohort_CohortClient_nativeOpen<'local>(
             storage_dir: PathBuf::from(string(env, &storage_dir)?),
             ca_certificate_pem,
             policy_json: if policy_json.is_null() { None } else { Some(string(env, &policy_json)?) },
+            max_attempts: None,
         })?;
         Ok(Box::into_raw(Box::new(client)) as jlong)
     })

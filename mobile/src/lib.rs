@@ -55,6 +55,10 @@ pub struct Config {
     /// keep the defaults, which are for a coordinator the app does not
     /// trust); `None`: the default.
     pub policy_json: Option<String>,
+    /// Attempts per request before [`Error::Unreachable`] (each retry
+    /// waits twice as long as the last, from 200 ms up to 10 s); `None`:
+    /// the default, 8 (22.6 s of waits between the tries).
+    pub max_attempts: Option<u32>,
 }
 
 impl std::fmt::Debug for Config {
@@ -291,6 +295,7 @@ struct Status {
     participant_id: Option<String>,
     last_completed_round: u64,
     global_model: Option<Vec<f32>>,
+    privacy_spent: Option<f64>,
 }
 
 struct Session {
@@ -359,7 +364,13 @@ impl MobileClient {
                 .map_err(|e| Error::InvalidArgument(format!("the policy: {e}")))?,
             None => Policy::default(),
         };
-        let participant_config = ParticipantConfig { policy, ..ParticipantConfig::default() };
+        let defaults = ParticipantConfig::default();
+        let max_attempts = match config.max_attempts {
+            Some(0) => return Err(Error::InvalidArgument("max_attempts must be at least 1".into())),
+            Some(attempts) => attempts,
+            None => defaults.max_attempts,
+        };
+        let participant_config = ParticipantConfig { policy, max_attempts, ..defaults };
         std::fs::create_dir_all(&config.storage_dir).map_err(|e| storage_error(&config.storage_dir, &e))?;
         let state_file = config.storage_dir.join(STATE_FILE);
         let saved = runtime::load_state(&state_file).map_err(Error::from)?;
@@ -374,6 +385,7 @@ impl MobileClient {
             Some(saved) => {
                 status.participant_id = Some(saved.participant_id.clone());
                 status.last_completed_round = saved.last_completed_round;
+                status.privacy_spent = saved.privacy_spent;
                 Participant::resume(saved, Some(&config.enrollment_token), participant_config)
             }
             None => Participant::enroll(&config.task_id, &config.enrollment_token, participant_config),
@@ -435,12 +447,14 @@ impl MobileClient {
             let mut status = lock(&self.status);
             status.participant_id = Some(saved.participant_id.clone());
             status.last_completed_round = saved.last_completed_round;
+            status.privacy_spent = saved.privacy_spent;
         }
         Ok(RoundResult::from_outcome(result?))
     }
 
     /// Pauses: a running [`participate`](Self::participate) returns
-    /// [`Error::Paused`] within moments, later calls fail the same way, and
+    /// [`Error::Paused`] once the request in flight returns (at most 5 s),
+    /// later calls fail the same way, and
     /// the flag survives a restart of the app until [`resume`](Self::resume).
     pub fn pause(&self) -> Result<(), Error> {
         self.pause.pause().map_err(|e| storage_error(&self.storage_dir.join(PAUSED_FILE), &e))
@@ -452,8 +466,8 @@ impl MobileClient {
     }
 
     /// Stops for good: a running [`participate`](Self::participate)
-    /// returns [`Error::Paused`] within moments (the round under way is
-    /// left, a dropout), and the coordinator is told that this client
+    /// returns [`Error::Paused`] once the request in flight returns (at most
+    /// 5 s; the round under way is left, a dropout), and the coordinator is told that this client
     /// leaves, so that no round waits for it; checking in again (the next
     /// `participate`) makes it selectable again. Nothing is kept: unlike
     /// [`pause`](Self::pause), a restarted app is not paused. Returns
@@ -485,6 +499,17 @@ impl MobileClient {
     pub fn global_model(&self) -> Option<Vec<f32>> {
         lock(&self.status).global_model.clone()
     }
+
+    /// In a task with differential privacy, the ε this client's
+    /// contributions have spent by its own accounting against its policy's
+    /// privacy budget: at the budget's δ (the default policy's is 10⁻⁶)
+    /// and with no amplification by sampling, so never below what the
+    /// coordinator reports for the same δ. Kept across restarts. `None`
+    /// before the client's first contribution to such a task, and when its
+    /// policy has no budget.
+    pub fn privacy_spent(&self) -> Option<f64> {
+        lock(&self.status).privacy_spent
+    }
 }
 
 #[cfg(test)]
@@ -499,6 +524,7 @@ mod tests {
             storage_dir: dir.to_path_buf(),
             ca_certificate_pem: None,
             policy_json: None,
+            max_attempts: None,
         }
     }
 
@@ -517,6 +543,7 @@ mod tests {
             Config { enrollment_token: String::new(), ..config(&dir) },
             Config { storage_dir: PathBuf::new(), ..config(&dir) },
             Config { ca_certificate_pem: Some(b"not a certificate".to_vec()), ..config(&dir) },
+            Config { max_attempts: Some(0), ..config(&dir) },
         ] {
             assert!(matches!(MobileClient::open(broken), Err(Error::InvalidArgument(_))));
         }
@@ -529,6 +556,29 @@ mod tests {
         assert!(matches!(client.participate(None), Err(Error::InvalidArgument(_))));
         assert!(matches!(client.set_training_config(0, 10, 0.1), Err(Error::InvalidArgument(_))));
         assert!(matches!(client.set_training_config(1, 10, f32::NAN), Err(Error::InvalidArgument(_))));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_unreachable_coordinator_is_given_up_after_max_attempts() {
+        // Port 9 (discard) on loopback: nothing listens, every connection
+        // is refused at once, so the time taken is the retries' waits.
+        let dir = scratch("attempts");
+        let data = TrainingData::new(vec![0.5; 4], 2, &[0, 1]).unwrap();
+        let time = |max_attempts| {
+            let client = MobileClient::open(Config { max_attempts, ..config(&dir) }).unwrap();
+            client.set_training_data(data.clone());
+            let started = std::time::Instant::now();
+            let error = client.participate(None).unwrap_err();
+            assert!(
+                matches!(error, Error::Unreachable(ref e) if e.contains(&format!("after {} attempts", max_attempts.unwrap_or(8)))),
+                "{error}"
+            );
+            started.elapsed()
+        };
+        // One attempt says so; three wait 200 + 400 ms between them.
+        time(Some(1));
+        assert!(time(Some(3)) >= std::time::Duration::from_millis(600));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -152,7 +152,8 @@ impl NativeClient {
     /// Opens the client: creates `storage_dir` if needed and resumes the
     /// enrollment kept there. Nothing is sent yet.
     #[new]
-    #[pyo3(signature = (server_url, task_id, enrollment_token, storage_dir, ca_certificate_pem=None, policy_json=None))]
+    #[pyo3(signature = (server_url, task_id, enrollment_token, storage_dir, ca_certificate_pem=None, policy_json=None, max_attempts=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         server_url: String,
@@ -161,9 +162,17 @@ impl NativeClient {
         storage_dir: PathBuf,
         ca_certificate_pem: Option<Vec<u8>>,
         policy_json: Option<String>,
+        max_attempts: Option<u32>,
     ) -> PyResult<Self> {
-        let config =
-            Config { server_url, task_id, enrollment_token, storage_dir, ca_certificate_pem, policy_json };
+        let config = Config {
+            server_url,
+            task_id,
+            enrollment_token,
+            storage_dir,
+            ca_certificate_pem,
+            policy_json,
+            max_attempts,
+        };
         let inner = py.detach(|| MobileClient::open(config)).map_err(|e| raise(py, &e))?;
         Ok(Self { inner: Arc::new(inner), busy: AtomicBool::new(false) })
     }
@@ -252,8 +261,8 @@ impl NativeClient {
     }
 
     /// Pauses: a running `participate` leaves its round and returns
-    /// `PausedError` within moments (a training function that is running
-    /// finishes first), and so does every later one until `resume`, also
+    /// `PausedError` once the request in flight returns (at most 5 s; a
+    /// training function that is running finishes first), and so does every later one until `resume`, also
     /// after a restart (the pause is kept in the storage directory).
     fn pause(&self, py: Python<'_>) -> PyResult<()> {
         self.inner.pause().map_err(|e| raise(py, &e))
@@ -287,6 +296,15 @@ impl NativeClient {
     #[getter]
     fn last_completed_round(&self) -> u64 {
         self.inner.last_completed_round()
+    }
+
+    /// In a task with differential privacy, the ε this client's
+    /// contributions have spent by its own accounting against its policy's
+    /// budget (at the budget's δ, no amplification by sampling); `None`
+    /// before its first contribution to such a task, or without a budget.
+    #[getter]
+    fn privacy_spent(&self) -> Option<f64> {
+        self.inner.privacy_spent()
     }
 
     /// The global model of the last round this client trained in, flat.

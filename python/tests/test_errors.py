@@ -42,6 +42,21 @@ def test_bad_arguments_are_refused_by_the_core(tmp_path):
         cohort.Client("http://127.0.0.1:9", "task", "token", tmp_path / "state", ca_cert=b"not a certificate")
 
 
+def test_max_attempts_is_a_positive_whole_number(tmp_path):
+    for bad in (0, -1, 2**32, 2.5, "3", True):
+        with pytest.raises(cohort.InvalidArgumentError, match="max_attempts"):
+            cohort.Client("http://127.0.0.1:9", "task", "token", tmp_path / "state", max_attempts=bad)
+
+
+def test_a_coordinator_that_never_answers_is_unreachable_after_max_attempts(tmp_path):
+    # Port 9 on loopback: nothing listens, each attempt is refused at once.
+    client = cohort.Client("http://127.0.0.1:9", "task", "token", tmp_path / "state", max_attempts=2, progress=False)
+    client.train(lambda model, round: cohort.Update([], 0))
+    with pytest.raises(ConnectionError, match="after 2 attempts") as raised:
+        client.run_round()
+    assert isinstance(raised.value, cohort.UnreachableError)
+
+
 def test_a_state_directory_of_another_task_is_refused(tmp_path):
     state = tmp_path / "state"
     state.mkdir()

@@ -59,6 +59,24 @@ struct UploadLabel {
     kind: Upload,
 }
 
+/// Where a replica served a client's request (one with a credential, or
+/// an enrollment).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Served {
+    /// Here: this replica leads the task, runs the client's group, or
+    /// serves the model.
+    here,
+    /// Forwarded to the replica that leads the task or runs the group (a
+    /// hop that the balancer's affinity saves).
+    forwarded,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServedLabel {
+    served: Served,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskMetricLabel {
     project: String,
@@ -118,6 +136,7 @@ struct Instruments {
     stage_seconds: Histograms<StageLabel>,
     stage_dropouts: Family<StageLabel, Counter>,
     upload_seconds: Histograms<UploadLabel>,
+    client_requests: Family<ServedLabel, Counter>,
     /// The tasks' series.
     tasks: Registry,
     task_rounds_completed: Family<TaskLabel, Counter>,
@@ -145,6 +164,7 @@ impl Default for Instruments {
             stage_seconds: Family::new_with_constructor(stage_buckets),
             stage_dropouts: Family::default(),
             upload_seconds: Family::new_with_constructor(upload_buckets),
+            client_requests: Family::default(),
             tasks: Registry::default(),
             task_rounds_completed: Family::default(),
             task_rounds_aborted: Family::default(),
@@ -195,6 +215,13 @@ impl Default for Instruments {
              masked input, added into the running sum)",
             Unit::Seconds,
             instruments.upload_seconds.clone(),
+        );
+        r.register(
+            "cohort_client_requests",
+            "Client requests about a task (with a credential, or an enrollment) that reached this replica, by \
+             where they were served: here, or forwarded to the replica that leads the task or runs the \
+             client's group",
+            instruments.client_requests.clone(),
         );
         let r = &mut instruments.tasks;
         r.register(
@@ -336,6 +363,11 @@ impl Metrics {
         self.inner.upload_seconds.get_or_create(&UploadLabel { kind }).observe(took.as_secs_f64());
     }
 
+    /// A client's request reached this replica and was `served`.
+    pub fn client_request(&self, served: Served) {
+        self.inner.client_requests.get_or_create(&ServedLabel { served }).inc();
+    }
+
     /// The OpenMetrics text exposition ([`CONTENT_TYPE`]) of what `scope`
     /// reads.
     pub fn render(&self, scope: Scope<'_>) -> String {
@@ -387,7 +419,12 @@ mod tests {
         let means = BTreeMap::from([("train_loss".to_string(), ClientMean { mean: 0.5, clients: 9 })]);
         metrics.round_completed(("p1", "t1"), 10, 9, &[stage], &means);
         metrics.upload(Upload::masked_input, Duration::from_millis(3));
+        metrics.client_request(Served::here);
+        metrics.client_request(Served::here);
+        metrics.client_request(Served::forwarded);
         let text = metrics.render(Scope::All);
+        assert!(text.contains("cohort_client_requests_total{served=\"here\"} 2\n"), "{text}");
+        assert!(text.contains("cohort_client_requests_total{served=\"forwarded\"} 1\n"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(text.contains("# TYPE cohort_rounds_completed counter\ncohort_rounds_completed_total 1\n"));
         assert!(text.contains("cohort_bytes_in_total 107\n"));

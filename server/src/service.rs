@@ -194,6 +194,8 @@ pub fn app_state(
         creating: Default::default(),
         forwarder: crate::cluster::forward::Forwarder::new(&config.admin_token),
         streams: crate::api::events::Streams::new(config.max_admin_streams),
+        models: Default::default(),
+        holds: Default::default(),
     }
 }
 

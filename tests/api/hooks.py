@@ -43,3 +43,31 @@ def enrollment_refused_only_for_its_identity(ctx, response, case):
     if error not in ENROLLMENT_RULES:
         raise AssertionError(f"a schema-valid enrollment was refused with 400 {error!r}")
     return None
+
+
+# A check-in or a stage message's GET or POST with `wait_ms` is held while its
+# answer is "wait" (up to 20 s): the fuzzer's participant, alone in its
+# task, would wait out each one. The parameter is still generated and
+# sent (and malformed values refused); a number is held at most 100 ms.
+HELD_AT_MOST_MS = 100
+
+
+def _held_ms(value):
+    """The wait a generated `wait_ms` asks for, if it is a number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+@schemathesis.hook
+def before_call(ctx, case, **kwargs):
+    query = case.query
+    if not query:
+        return
+    held = _held_ms(query.get("wait_ms"))
+    if held is not None and held > HELD_AT_MOST_MS:
+        query["wait_ms"] = HELD_AT_MOST_MS

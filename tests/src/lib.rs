@@ -16,7 +16,7 @@ pub mod proxy;
 pub mod serve;
 
 pub use admin::AdminClient;
-pub use serve::{Serve, ServeOptions};
+pub use serve::{Serve, ServeOptions, test_certificates};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -318,11 +318,18 @@ pub fn native_clients_with(
     token: &str,
     updates: Vec<LocalUpdate>,
 ) -> Vec<std::thread::JoinHandle<()>> {
-    native_clients_polling(serve, task, token, updates, 50)
+    configured_clients(
+        serve,
+        task,
+        token,
+        updates,
+        ParticipantConfig { poll_interval_ms: 50, ..Default::default() },
+    )
 }
 
-/// [`native_clients_with`], each client asking for its next message every
-/// `poll_interval_ms` (slow clients make each stage last that long).
+/// [`native_clients_with`], each client polling for its next message every
+/// `poll_interval_ms` instead of asking the coordinator to hold its
+/// requests (slow clients make each stage last that long).
 pub fn native_clients_polling(
     serve: &Serve,
     task: &str,
@@ -330,14 +337,27 @@ pub fn native_clients_polling(
     updates: Vec<LocalUpdate>,
     poll_interval_ms: u64,
 ) -> Vec<std::thread::JoinHandle<()>> {
+    let config = ParticipantConfig { poll_interval_ms, wait_ms: 0, ..Default::default() };
+    configured_clients(serve, task, token, updates, config)
+}
+
+/// A native client thread per update, each with `config` and the task's
+/// policy, that must complete one round.
+fn configured_clients(
+    serve: &Serve,
+    task: &str,
+    token: &str,
+    updates: Vec<LocalUpdate>,
+    config: ParticipantConfig,
+) -> Vec<std::thread::JoinHandle<()>> {
     updates
         .into_iter()
         .enumerate()
         .map(|(k, update)| {
             let (url, task, token) = (serve.url.clone(), task.to_string(), token.to_string());
             let policy = serde_json::from_str(&serve.admin().policy_json(&task)).unwrap();
+            let config = ParticipantConfig { policy, ..config };
             std::thread::spawn(move || {
-                let config = ParticipantConfig { poll_interval_ms, policy, ..ParticipantConfig::default() };
                 let participant = Participant::enroll(&task, &token, config);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
                 let outcome = runner.run_round(&mut Fixed(update)).unwrap();

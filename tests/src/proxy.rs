@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 pub struct Exchange {
     pub bearer: Option<String>,
     pub method: axum::http::Method,
+    /// The path, without its query (a held request's `wait_ms`).
     pub path: String,
     pub body: Vec<u8>,
     pub status: u16,
@@ -77,6 +78,7 @@ async fn forward(
         tokio::task::spawn_blocking(move || HttpTransport::new(&upstream).send(&request)).await.unwrap();
     let Ok(mut response) = answer else { return (StatusCode::BAD_GATEWAY, Vec::new()) };
     let mut script = script.lock().unwrap();
+    let path = uri.path().to_string();
     let mut exchange =
         Exchange { bearer, method, path, body: body.to_vec(), status: response.status, reply: Vec::new() };
     (script.tamper)(&exchange, &mut response);

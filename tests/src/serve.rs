@@ -368,6 +368,27 @@ impl Serve {
     }
 }
 
+/// A fresh private CA (its certificate's PEM) and the files of a server
+/// certificate it signed for `localhost` and 127.0.0.1: what
+/// [`ServeOptions::start_in_process`] takes to serve over TLS, with the
+/// PEM its clients trust.
+pub fn test_certificates() -> (String, TlsFiles) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let leaf = params.signed_by(&key, &issuer).unwrap();
+    let files = TlsFiles {
+        certificate_chain: leaf.pem().into_bytes(),
+        private_key: zeroize::Zeroizing::new(key.serialize_pem().into_bytes()),
+    };
+    (ca.pem(), files)
+}
+
 /// Where the fresh SQLite file named after `name` goes.
 fn fresh_database(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("cohort-{name}-{}.db", std::process::id()))

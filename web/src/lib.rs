@@ -623,6 +623,15 @@ mod tests {
         action
     }
 
+    /// A check-in as the browser client sends it: asking to be held for
+    /// the library's default wait.
+    fn check_in() -> String {
+        cohort_client::api::routes::held(
+            cohort_client::api::routes::CHECK_IN,
+            cohort_client::participant::DEFAULT_WAIT_MS,
+        )
+    }
+
     /// A client enrolled as `p1` and selected for `round` as `client_id`.
     fn selected(round: u64, client_id: u32) -> Core {
         let mut core = Core::new("task", "token", None, None).unwrap();
@@ -676,7 +685,7 @@ mod tests {
         let checkin = send(&mut core, 0);
         assert_eq!(
             (checkin["path"].as_str(), checkin["bearer"].as_str()),
-            (Some("/v1/checkin"), Some("c-secret"))
+            (Some(check_in().as_str()), Some("c-secret"))
         );
         core.handle(
             0,
@@ -765,7 +774,7 @@ mod tests {
             (Some("round_ended"), Some(4)),
             "{ended}"
         );
-        assert_eq!(send(&mut core, 10_000)["path"], "/v1/checkin");
+        assert_eq!(send(&mut core, 10_000)["path"], check_in().as_str());
     }
 
     #[test]

@@ -53,6 +53,9 @@ import { join } from "node:path";
 
 import { launchChromium } from "./chromium.mjs";
 
+/** Stage messages' URLs, with or without a query (`?wait_ms=`). */
+const STAGE_MESSAGE = /\/v1\/round\/message(\?.*)?$/;
+
 const [step, json] = process.argv.slice(2);
 const config = JSON.parse(json);
 mkdirSync(config.artifacts, { recursive: true });
@@ -120,8 +123,9 @@ async function tabs() {
     const reachedHold = new Promise((resolve) => { held = resolve; });
     if (index === config.close) {
       // The worker's requests go through its page's context: let the first
-      // two stage messages (keys, shares) through, never the third.
-      await context.route("**/v1/round/message", async (route) => {
+      // two stage messages (keys, shares) through, never the third. (A
+      // post asks to be held for the next message: `?wait_ms=`.)
+      await context.route(STAGE_MESSAGE, async (route) => {
         if (route.request().method() !== "POST") return route.continue();
         posts += 1;
         if (posts < 3) return route.continue();
@@ -279,7 +283,7 @@ async function demoTab(label, holdThird) {
   page.reachedHold = new Promise((resolve) => { held = resolve; });
   if (holdThird) {
     let posts = 0;
-    await context.route("**/v1/round/message", async (route) => {
+    await context.route(STAGE_MESSAGE, async (route) => {
       if (route.request().method() !== "POST") return route.continue();
       posts += 1;
       if (posts < 3) return route.continue();

@@ -58,7 +58,7 @@ mod state;
 mod tests;
 
 pub use http::{Method, Request, Response};
-pub use outcome::{Action, ParticipantConfig, ParticipantError, RoundOutcome, RoundReport};
+pub use outcome::{Action, DEFAULT_WAIT_MS, ParticipantConfig, ParticipantError, RoundOutcome, RoundReport};
 pub use state::SavedState;
 
 use http::*;
@@ -68,6 +68,14 @@ use state::*;
 enum Protocol {
     Pending { update: Zeroizing<Vec<f32>>, examples: u32 },
     Running(Box<Client>),
+}
+
+impl Protocol {
+    /// Whether the client has a stage message to send after the one it
+    /// has just made (false after the round's last, its unmasking).
+    fn goes_on(&self) -> bool {
+        matches!(self, Protocol::Running(client) if !matches!(**client, Client::Finished))
+    }
 }
 
 /// What the model being downloaded and trained is for.
@@ -310,8 +318,14 @@ impl Participant {
                 .to_string();
                 post_json(routes::enroll(&self.task_id), body.into_bytes(), None)
             }
-            Phase::CheckIn => post_json(routes::CHECK_IN.into(), Vec::new(), bearer),
-            Phase::Ready { base, .. } => post_json(routes::check_in_trained(*base), Vec::new(), bearer),
+            Phase::CheckIn => {
+                post_json(routes::held(routes::CHECK_IN, self.config.wait_ms), Vec::new(), bearer)
+            }
+            Phase::Ready { base, .. } => post_json(
+                routes::held(&routes::check_in_trained(*base), self.config.wait_ms),
+                Vec::new(),
+                bearer,
+            ),
             Phase::Model { .. } => get(routes::MODEL, bearer),
             Phase::Training { slot, model, .. } => {
                 let round = match *slot {
@@ -332,11 +346,17 @@ impl Participant {
                     self.abandon(reason);
                     return self.next(now);
                 }
-                get(routes::ROUND_MESSAGE, bearer)
+                get(&routes::held(routes::ROUND_MESSAGE, self.config.wait_ms), bearer)
             }
-            Phase::Post { body, .. } => Request {
+            Phase::Post { body, protocol, .. } => Request {
                 method: Method::Post,
-                path: routes::ROUND_MESSAGE.into(),
+                // Asks for the next stage message in the same request,
+                // unless this message is the round's last.
+                path: if protocol.goes_on() {
+                    routes::held(routes::ROUND_MESSAGE, self.config.wait_ms)
+                } else {
+                    routes::ROUND_MESSAGE.into()
+                },
                 body: body.to_vec(),
                 content_type: Some(SECAGG_CONTENT_TYPE),
                 bearer,
@@ -453,9 +473,19 @@ impl Participant {
         if matches!(self.phase, Phase::Model { .. } | Phase::Fetch { .. } | Phase::Post { .. }) {
             self.report.bytes_down += response.body.len() as u64;
         }
-        let error = || serde_json::from_slice::<ErrorBody>(&response.body).unwrap_or_default();
+        let error = || http::refusal(&response.body);
         if status == 401 {
             return self.unauthorized(error().message);
+        }
+        if status == 400
+            && self.config.wait_ms > 0
+            && matches!(self.phase, Phase::CheckIn | Phase::Ready { .. })
+            && error().error == ErrorCode::InvalidRound
+        {
+            // A coordinator from before held requests refuses a check-in's
+            // `wait_ms`: ask it again without one, and poll from now on.
+            self.config.wait_ms = 0;
+            return Ok(());
         }
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Enroll => match status {
@@ -485,6 +515,14 @@ impl Participant {
                         privacy_spent: expired.as_ref().and_then(|e| e.privacy_spent),
                     });
                     self.phase = Phase::CheckIn;
+                }
+                // Not the coordinator's 404 (a web server's or a proxy's
+                // page): the server URL is wrong, not the task.
+                404 if error().error == ErrorCode::Unknown => {
+                    return Err(ParticipantError::UnexpectedReply(format!(
+                        "HTTP 404 from a server that is not a Cohort coordinator (check the server URL): {}",
+                        error().message
+                    )));
                 }
                 404 => return Err(ParticipantError::TaskNotFound(self.task_id.clone())),
                 409 => {} // The task is over: stay finished.
@@ -580,13 +618,27 @@ impl Participant {
                 _ => self.abandon(error().message),
             },
             Phase::Post { round, client_id, protocol, body } => match status {
-                202 => self.after_post(round, client_id, protocol),
+                // Accepted, with the next stage message (the post asked
+                // to be held for it): as a fetch would have brought it.
+                200 if protocol.goes_on() => {
+                    self.on_server_message(round, client_id, protocol, &response.body)?;
+                }
+                // Accepted; a body after the round's last message, which
+                // asks for nothing, is ignored.
+                200 | 202 => self.after_post(round, client_id, protocol),
                 // The message arrived already: a retried post whose first
                 // try arrived, or one a balancer sent again after its first
                 // answer was lost.
                 409 if error().error == ErrorCode::Duplicate => self.after_post(round, client_id, protocol),
                 410 => self.end_round(RoundOutcome::Dropped { report: self.report, reason: error().message }),
-                // The message belongs to a stage that closed meanwhile.
+                // The stage closed meanwhile: either this message missed
+                // it, or it is a retry of one that was accepted and whose
+                // answer (held until the stage closed) was lost. The fetch
+                // tells which: the next stage's message, or `410`. After
+                // the round's last message there is nothing to fetch.
+                409 if error().error == ErrorCode::OutOfPhase && protocol.goes_on() => {
+                    self.after_post(round, client_id, protocol);
+                }
                 409 if matches!(error().error, ErrorCode::OutOfPhase | ErrorCode::NotSelected) => {
                     self.end_round(RoundOutcome::Dropped { report: self.report, reason: error().message })
                 }

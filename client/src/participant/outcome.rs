@@ -102,6 +102,23 @@ pub struct ParticipantConfig {
     pub backoff_max_ms: u64,
     /// Delay between polls while a stage is collecting.
     pub poll_interval_ms: u64,
+    /// How long the coordinator may hold a check-in or the request for
+    /// the next stage message until its answer is no longer "wait"
+    /// (`wait_ms`, at most [`MAX_WAIT_MS`](crate::api::routes::MAX_WAIT_MS)):
+    /// one held request instead of a poll every `poll_interval_ms`, and
+    /// the answer as soon as the round starts or the stage closes. A stage
+    /// message's post asks for the same hold, and its answer carries the
+    /// next stage message: one request a stage instead of a post and a
+    /// fetch. A coordinator from before held requests answers a stage
+    /// message's `GET` and `POST` at once and refuses a check-in's
+    /// `wait_ms`; the participant then checks in again without it and
+    /// polls as before. `0` never asks for a hold. The transport must wait
+    /// this long for an answer and more (the HTTP transport waits 30 s).
+    /// A request in flight is not cut short: a pause, a leave or an
+    /// interrupt takes effect once it returns, so the default
+    /// ([`DEFAULT_WAIT_MS`], 5 s) keeps them prompt while a client that
+    /// waits sends one request where it would send 25 polls.
+    pub wait_ms: u64,
     /// Longest wait for the next stage message before the round is
     /// abandoned.
     pub stage_timeout_ms: u64,
@@ -118,6 +135,10 @@ pub struct ParticipantConfig {
     pub policy: Policy,
 }
 
+/// How long a participant asks the coordinator to hold its waits by
+/// default (see [`ParticipantConfig::wait_ms`]).
+pub const DEFAULT_WAIT_MS: u64 = 5_000;
+
 impl Default for ParticipantConfig {
     fn default() -> Self {
         Self {
@@ -125,6 +146,7 @@ impl Default for ParticipantConfig {
             backoff_base_ms: 200,
             backoff_max_ms: 10_000,
             poll_interval_ms: 200,
+            wait_ms: DEFAULT_WAIT_MS,
             stage_timeout_ms: 180_000,
             task_missing_ms: 60_000,
             policy: Policy::default(),

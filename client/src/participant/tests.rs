@@ -47,6 +47,8 @@ fn config() -> ParticipantConfig {
         backoff_base_ms: 100,
         backoff_max_ms: 250,
         poll_interval_ms: 10,
+        // Answers at once: these tests drive the waits themselves.
+        wait_ms: 0,
         stage_timeout_ms: 1_000,
         task_missing_ms: 5_000,
         policy,
@@ -182,6 +184,73 @@ fn an_enrollment_in_a_task_that_does_not_exist_fails_at_once() {
     send(&mut p, 0);
     let missing = serde_json::json!({ "error": "task_not_found", "message": "task not found" });
     assert_eq!(p.handle(0, json(404, missing)).unwrap_err(), ParticipantError::TaskNotFound("task".into()));
+    // A 404 page of a server that is not a coordinator: a wrong URL.
+    let mut p = Participant::enroll("task", "token", config());
+    send(&mut p, 0);
+    let page = Response { status: 404, body: b"<h1>Not Found</h1>".to_vec() };
+    let error = p.handle(0, page).unwrap_err();
+    assert!(
+        matches!(&error, ParticipantError::UnexpectedReply(m) if m.contains("check the server URL") && m.ends_with("<h1>Not Found</h1>")),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn a_refusal_that_is_not_the_coordinator_s_says_what_refused() {
+    // A proxy in front of the coordinator refuses with a page of its own.
+    let mut p = Participant::enroll("task", "token", config());
+    send(&mut p, 0);
+    let page =
+        "<html>\r\n<head><title>403 Forbidden</title></head>\n\t<body>blocked by the\x07 proxy</body></html>";
+    let error = p.handle(0, Response { status: 403, body: page.as_bytes().to_vec() }).unwrap_err();
+    let ParticipantError::Rejected { status, code, message } = error else { panic!("{error:?}") };
+    assert_eq!((status, code), (403, ErrorCode::Unknown));
+    assert_eq!(
+        message,
+        "<html> <head><title>403 Forbidden</title></head> <body>blocked by the proxy</body></html>"
+    );
+    // A long page is cut; bytes that are not UTF-8 are replaced.
+    let mut p = Participant::enroll("task", "token", config());
+    send(&mut p, 0);
+    let mut body = vec![0xff; 3];
+    body.extend("x".repeat(1000).bytes());
+    let error = p.handle(0, Response { status: 400, body }).unwrap_err();
+    let ParticipantError::Rejected { message, .. } = error else { panic!("{error:?}") };
+    assert_eq!(message.chars().count(), http::EXCERPT_CHARS);
+    assert!(message.starts_with("\u{fffd}\u{fffd}\u{fffd}x") && message.ends_with("x…"), "{message}");
+    // An error of another API's shape (no message) is quoted too.
+    let mut p = Participant::enroll("task", "token", config());
+    send(&mut p, 0);
+    let other = json(403, serde_json::json!({ "error": "access_denied", "error_description": "no" }));
+    let error = p.handle(0, other).unwrap_err();
+    let ParticipantError::Rejected { code, message, .. } = error else { panic!("{error:?}") };
+    assert_eq!(
+        (code, message.as_str()),
+        (ErrorCode::Unknown, r#"{"error":"access_denied","error_description":"no"}"#)
+    );
+    // The coordinator's own message is made printable as well: it is
+    // logged, and a hostile coordinator chooses it.
+    let mut p = training();
+    start_round(&mut p, 3);
+    send(&mut p, 0);
+    let reason = "dropped\n\x1b[31mfake log line\u{202e}txt.exe\u{200b}";
+    let gone = json(410, serde_json::json!({ "error": "dropped", "message": reason }));
+    p.handle(0, gone).unwrap();
+    match p.next(0) {
+        Action::RoundEnded(RoundOutcome::Dropped { reason, .. }) => {
+            assert_eq!(reason, "dropped [31mfake log linetxt.exe")
+        }
+        other => panic!("{other:?}"),
+    }
+    // A success of another kind is no refusal: the answer is not the API's.
+    let mut p = Participant::enroll("task", "token", config());
+    send(&mut p, 0);
+    let page = Response { status: 200, body: b"<!doctype html><p>Welcome</p>".to_vec() };
+    let error = p.handle(0, page).unwrap_err();
+    assert!(
+        matches!(&error, ParticipantError::UnexpectedReply(m) if m.starts_with("HTTP 200 ") && m.ends_with("<p>Welcome</p>")),
+        "{error:?}"
+    );
 }
 
 #[test]
@@ -866,4 +935,112 @@ fn a_post_the_coordinator_already_has_is_delivered() {
         }
     };
     assert_eq!((next.method, next.path.as_str()), (Method::Get, "/v1/round/message"));
+}
+
+/// With `wait_ms`, the participant asks the coordinator to hold its
+/// check-ins (async ones too) and its requests for the next stage message
+/// (fetches, and posts: see the test below), and nothing else; the wait
+/// asked for is capped at what a coordinator grants.
+#[test]
+fn a_participant_asks_to_be_held_where_it_would_poll() {
+    let mut config = config();
+    config.wait_ms = 15_000;
+    let mut p = Participant::enroll("task", "token", config).with_seed([1; 32]);
+    assert_eq!(send(&mut p, 0).path, "/v1/tasks/task/enroll");
+    p.handle(0, enrollment_reply()).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin?wait_ms=15000");
+    p.handle(0, json(200, serde_json::json!({ "status": "selected", "round": 3, "client_id": 2 }))).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/model");
+    let layout = ModelLayout { tensors: vec![TensorSpec { name: "w".into(), shape: vec![2] }] };
+    let model = checkpoint::encode(&layout, &[0.5, -0.5], &Default::default()).unwrap();
+    p.handle(0, Response { status: 200, body: model }).unwrap();
+    let Action::Train { .. } = p.next(0) else { panic!("no training") };
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/round/message?wait_ms=15000");
+    // A coordinator from before held requests refuses a check-in's wait:
+    // the participant asks again without it, and polls from then on.
+    let mut p = enrolled();
+    p.config.wait_ms = 15_000;
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin?wait_ms=15000");
+    let refused =
+        serde_json::json!({ "error": "invalid_round", "message": "the check-in takes one parameter" });
+    p.handle(0, json(400, refused)).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/checkin");
+    p.handle(0, json(200, serde_json::json!({ "status": "wait", "retry_after_ms": 10 }))).unwrap();
+    assert_eq!(send(&mut p, 20).path, "/v1/checkin");
+    assert_eq!(
+        crate::api::routes::held("/v1/checkin?trained_on=4", 60_000),
+        "/v1/checkin?trained_on=4&wait_ms=20000"
+    );
+    assert_eq!(crate::api::routes::held("/v1/checkin", 0), "/v1/checkin");
+}
+
+/// With `wait_ms`, a stage message's post asks to be held for the next
+/// stage message: a `200` carries it (no fetch follows), a `202` says
+/// there is none yet (the participant fetches it, held too).
+#[test]
+fn a_post_asks_for_the_next_stage_message_in_the_same_request() {
+    let mut p = training();
+    p.config.wait_ms = 15_000;
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(&mut p, 0).path, "/v1/round/message?wait_ms=15000");
+    p.handle(0, Response { status: 200, body: setup(3) }).unwrap();
+    let post = send(&mut p, 0);
+    assert_eq!((post.method, post.path.as_str()), (Method::Post, "/v1/round/message?wait_ms=15000"));
+    // Accepted, nothing yet: fetched next.
+    p.handle(0, Response { status: 202, body: Vec::new() }).unwrap();
+    let fetch = send(&mut p, 0);
+    assert_eq!((fetch.method, fetch.path.as_str()), (Method::Get, "/v1/round/message?wait_ms=15000"));
+    // The same post answered with a body: that body is the next stage
+    // message (here one that does not decode, which ends the round).
+    let mut p = training();
+    p.config.wait_ms = 15_000;
+    start_round_held(&mut p, 3);
+    assert_eq!(send(&mut p, 0).method, Method::Post);
+    p.handle(0, Response { status: 200, body: b"not a server message".to_vec() }).unwrap();
+    match p.next(0) {
+        Action::RoundEnded(RoundOutcome::Abandoned { reason, .. }) => {
+            assert!(reason.contains("undecodable server message"), "{reason}");
+        }
+        other => panic!("the post's answer was not taken as the next message: {other:?}"),
+    }
+}
+
+/// A post refused because its stage has closed may be the retry of one
+/// that was accepted and whose answer was lost (held until the stage
+/// closed): the participant fetches, and the fetch says whether it is
+/// still in the round.
+#[test]
+fn a_post_after_its_stage_closed_asks_whether_the_first_try_arrived() {
+    let out_of_phase =
+        || json(409, serde_json::json!({ "error": "out_of_phase", "message": "that stage has closed" }));
+    // The first try arrived: the fetch brings the next stage's message.
+    let mut p = training();
+    start_round(&mut p, 3);
+    assert_eq!(send(&mut p, 0).method, Method::Post);
+    p.handle(0, out_of_phase()).unwrap();
+    let fetch = send(&mut p, 0);
+    assert_eq!((fetch.method, fetch.path.as_str()), (Method::Get, "/v1/round/message"));
+    p.handle(0, Response { status: 200, body: b"not a server message".to_vec() }).unwrap();
+    match p.next(0) {
+        Action::RoundEnded(RoundOutcome::Abandoned { reason, .. }) => {
+            assert!(reason.contains("undecodable server message"), "{reason}");
+        }
+        other => panic!("the fetch's answer was not taken as the next message: {other:?}"),
+    }
+    // It did not: the coordinator dropped the client, and the fetch says so.
+    let mut p = training();
+    start_round(&mut p, 3);
+    send(&mut p, 0);
+    p.handle(0, out_of_phase()).unwrap();
+    assert_eq!(send(&mut p, 0).method, Method::Get);
+    p.handle(0, Response { status: 410, body: Vec::new() }).unwrap();
+    assert!(matches!(p.next(0), Action::RoundEnded(RoundOutcome::Dropped { .. })));
+}
+
+/// [`start_round`] for a participant whose fetches are held.
+fn start_round_held(p: &mut Participant, round: u64) {
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    assert_eq!(send(p, 0).path, format!("/v1/round/message?wait_ms={}", p.config.wait_ms));
+    p.handle(0, Response { status: 200, body: setup(round) }).unwrap();
 }

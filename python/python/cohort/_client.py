@@ -241,9 +241,12 @@ class Client:
     only. ``ca_cert`` is a PEM file (or its bytes) to trust instead of the
     web PKI. ``policy`` is the client policy: a dict of the fields of
     ``cohort_crypto::policy::Policy`` (those left out keep the defaults,
-    which are for a coordinator the client does not trust). ``progress``
-    prints a line per round on standard error (default: when it is a
-    terminal).
+    which are for a coordinator the client does not trust). ``max_attempts``
+    is how many times a request is sent before :class:`UnreachableError`
+    (default 8, with 22.6 s of waits between the tries: each twice the
+    last, from 0.2 s up to 10 s; each try itself may take up to 10 s to
+    connect and 30 s for an answer). ``progress`` prints a line per round on standard
+    error (default: when it is a terminal).
 
     Give it a training function with :meth:`train` (a decorator) and call
     :meth:`run`. Ctrl-C (``KeyboardInterrupt``) leaves the round under way,
@@ -259,10 +262,15 @@ class Client:
         *,
         ca_cert: Union[None, str, bytes, "os.PathLike[str]"] = None,
         policy: Optional[Mapping[str, Any]] = None,
+        max_attempts: Optional[int] = None,
         progress: Optional[bool] = None,
     ):
         import json
 
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts < 2**32
+        ):
+            raise InvalidArgumentError(f"max_attempts must be a whole number of at least 1, not {max_attempts!r}")
         pem = ca_cert
         if pem is not None and not isinstance(pem, bytes):
             with open(pem, "rb") as f:
@@ -274,6 +282,7 @@ class Client:
             os.fspath(state_dir),
             pem,
             None if policy is None else json.dumps(dict(policy)),
+            max_attempts,
         )
         self.server = server
         self.task = task
@@ -351,8 +360,9 @@ class Client:
                   file=sys.stderr, flush=True)
 
     def pause(self) -> None:
-        """Pauses: a running round is left within moments (a training
-        function that is running finishes first) and raises
+        """Pauses: a running round is left once the request in flight
+        returns (at most 5 s; a training function that is running
+        finishes first) and raises
         :class:`PausedError`; the client takes part in none until
         :meth:`resume`, also after a restart."""
         self._native.pause()
@@ -381,6 +391,18 @@ class Client:
     def last_completed_round(self) -> int:
         """The last round this client completed (0 before any)."""
         return int(self._native.last_completed_round)
+
+    @property
+    def privacy_spent(self) -> Optional[float]:
+        """In a task with differential privacy, the ε this client's
+        contributions have spent by its own accounting against the policy's
+        privacy budget (``policy={"budget": {"epsilon": E, "delta": D}}``;
+        the default policy's is ε 30 at δ = 10⁻⁶): at the budget's δ and
+        with no amplification by sampling, so it is never below what the
+        coordinator reports at the same δ. Kept in ``state_dir``. ``None``
+        before the first contribution to such a task, and when the policy
+        has no budget."""
+        return self._native.privacy_spent
 
     def global_model(self) -> Optional[np.ndarray]:
         """The flat global model of the last round this client trained in."""

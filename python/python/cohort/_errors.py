@@ -43,8 +43,9 @@ class PausedError(CohortError):
 
 
 class UnreachableError(CohortError, ConnectionError):
-    """The coordinator did not answer (or answered 5xx or 429) on every
-    retry."""
+    """The coordinator did not answer (or answered 5xx) on each of the
+    client's ``max_attempts`` tries (8 by default, with 22.6 s of waits
+    between them), or answered that it is unavailable for a minute."""
 
 
 class UnauthorizedError(CohortError, PermissionError):
@@ -58,14 +59,17 @@ class TaskNotFoundError(CohortError, LookupError):
 class RejectedError(CohortError):
     """The coordinator refused a request. ``status`` is the HTTP status and
     ``code`` the machine-readable error code of its reply (for example
-    ``excluded`` for a client the coordinator found cheating)."""
+    ``excluded`` for a client the coordinator found cheating). A refusal
+    that is not the coordinator's (a proxy's ``403`` page) has code
+    ``unknown`` and the start of its page in the message."""
 
     status: int = 0
     code: str = ""
 
 
 class ProtocolError(CohortError):
-    """The coordinator answered something that is not its API."""
+    """The coordinator answered something that is not its API (a web page
+    where the API should be: check the server URL)."""
 
 
 class InvalidUpdateError(CohortError, ValueError):

@@ -167,6 +167,12 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         "coordinator listening"
     );
     println!("cohort serve: listening on {}", service.url());
+    if cohort_server::store::Backend::of(&database_url) == Some(cohort_server::store::Backend::Postgres) {
+        // The balancer's `cookie` for this replica (docs/DEPLOYMENT.md).
+        let url = &service.coordinator.replica().url;
+        let name = cohort_server::cluster::affinity::name_of(url);
+        println!("cohort serve: replica {url}, balancer affinity name {name}");
+    }
     println!("cohort serve: dashboard at {}/admin", service.url());
     if demo {
         println!("cohort serve: public demo task at {}/demo (open it in three or more tabs)", service.url());

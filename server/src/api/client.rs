@@ -1,14 +1,14 @@
 //! The client API: enrollment, check-in, the global model, the stage
 //! messages and the plaintext metric reports of semi-honest tasks.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use cohort_crypto::messages::{MASKED_INPUT_HEADER_LEN, starts_masked_input};
+use cohort_crypto::messages::{MASKED_INPUT_HEADER_LEN, starts_masked_input, starts_unmasking};
 use cohort_crypto::signature::{SIGNATURE_LEN, enrollment_statement, verify};
 use serde::{Deserialize, Serialize};
 
@@ -19,11 +19,12 @@ use super::openapi::{Binary, Refused, RetryLater, TaskPath};
 use super::ratelimit::{Call, Rate};
 use super::state::AppState;
 use super::{SAFETENSORS_CONTENT_TYPE, SECAGG_CONTENT_TYPE};
+use crate::cluster::Whereabouts;
 use crate::coordinator::{Admission, CoordinatorError, now_ms};
 use crate::metrics::Upload;
 use crate::round::{CheckIn, InputStep, Poll};
 use crate::store::{ClientMetricsRecord, ParticipantRecord, StoreError};
-use cohort_client::api::{Enrolled, ErrorBody, ErrorCode};
+use cohort_client::api::{Enrolled, ErrorBody, ErrorCode, routes};
 
 /// An enrollment: the task's enrollment token and, for an active task (or
 /// any participant that wants to be recognised by its key), an identity
@@ -165,7 +166,9 @@ async fn project_enrollment_quota(state: &AppState, project: &str, now: i64) -> 
     post, path = "/v1/checkin", tag = "client", operation_id = "checkIn",
     security(("client" = [])),
     params(("trained_on" = Option<u64>, Query, minimum = 0, maximum = 9_223_372_036_854_775_807_u64,
-        description = "Async tasks: the model version a finished update was trained from")),
+        description = "Async tasks: the model version a finished update was trained from"),
+        ("wait_ms" = Option<u64>, Query, minimum = 0, maximum = 9_223_372_036_854_775_807_u64,
+        description = "Hold the request while the answer is `wait`, up to this many milliseconds (at most 20 000): the answer comes as soon as the client is selected or told to train")),
     responses(
         (status = 200, description = "What to do next", body = CheckIn),
         (status = 400, response = Refused), (status = 401, response = Refused),
@@ -180,9 +183,22 @@ pub(super) async fn check_in(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Json<CheckIn>> {
     limit(&state, Call::CheckIn, address, Some(&p.id))?;
-    let trained_on = trained_on(query.as_deref())?;
+    let Query { trained_on, wait } = Query::parse(query.as_deref(), true)?;
     state.store.touch_participant(&p.id, now_ms()).await?;
-    match state.coordinator.check_in(&p.task_id, &p.id, p.identity_key, trained_on).await {
+    let answer = held(&state, &p.task_id, &p.id, wait, || {
+        let (coordinator, task, id, identity) =
+            (state.coordinator.clone(), p.task_id.clone(), p.id.clone(), p.identity_key);
+        Box::pin(async move {
+            let answer = coordinator.check_in(&task, &id, identity, trained_on).await?;
+            let again = match answer {
+                CheckIn::Wait { retry_after_ms } => Some(Duration::from_millis(retry_after_ms)),
+                _ => None,
+            };
+            Ok((answer, again))
+        })
+    })
+    .await;
+    match answer {
         Ok(check_in) => Ok(Json(check_in)),
         // A stopped or completed task is no longer loaded: its clients are
         // told it is over, so that they exit cleanly.
@@ -211,6 +227,8 @@ pub(super) async fn leave(
     State(state): State<AppState>,
 ) -> ApiResult<StatusCode> {
     limit(&state, Call::CheckIn, address, Some(&p.id))?;
+    // A check-in of this client still held does not check it in again.
+    state.holds.cancel(&p.id);
     match state.coordinator.leave(&p.task_id, &p.id).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(CoordinatorError::UnknownTask) if state.store.task(&p.task_id).await?.status.is_final() => {
@@ -220,20 +238,118 @@ pub(super) async fn leave(
     }
 }
 
-/// The check-in's query: nothing, or `trained_on=VERSION` (an async
-/// task's finished update).
-fn trained_on(query: Option<&str>) -> ApiResult<Option<u64>> {
-    let Some(query) = query.filter(|q| !q.is_empty()) else { return Ok(None) };
-    query
-        .strip_prefix("trained_on=")
-        .and_then(decimal)
-        .map(Some)
-        .ok_or_else(|| {
+/// The query of a check-in (`trained_on=VERSION`, an async task's
+/// finished update, and `wait_ms`) or of a stage message's `GET` or
+/// `POST` (`wait_ms` only), each parameter at most once.
+pub(crate) struct Query {
+    trained_on: Option<u64>,
+    /// How long to hold the request, at most [`routes::MAX_WAIT_MS`].
+    pub(crate) wait: Duration,
+}
+
+impl Query {
+    pub(crate) fn parse(query: Option<&str>, check_in: bool) -> ApiResult<Self> {
+        let refused = || {
             ApiError::new(
                 ErrorCode::InvalidRound,
-                "the check-in takes one parameter, trained_on: the model version a finished update was trained from",
+                if check_in {
+                    "the check-in takes two parameters, each at most once: trained_on (the model version a \
+                     finished update was trained from) and wait_ms (how long to hold the request)"
+                } else {
+                    "a stage message's GET or POST takes one parameter: wait_ms (how long to hold the \
+                     request for the next stage message)"
+                },
             )
-        })
+        };
+        let (mut trained_on, mut wait_ms) = (None, None);
+        for pair in query.unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').ok_or_else(refused)?;
+            let slot = match name {
+                "trained_on" if check_in => &mut trained_on,
+                "wait_ms" => &mut wait_ms,
+                _ => return Err(refused()),
+            };
+            if slot.replace(decimal(value).ok_or_else(refused)?).is_some() {
+                return Err(refused());
+            }
+        }
+        let wait = Duration::from_millis(wait_ms.unwrap_or(0).min(routes::MAX_WAIT_MS));
+        Ok(Self { trained_on, wait })
+    }
+}
+
+/// An answer of the coordinator for [`held`], and how soon to ask again
+/// when it is a wait.
+type Asked<T> =
+    std::pin::Pin<Box<dyn Future<Output = Result<(T, Option<Duration>), CoordinatorError>> + Send>>;
+
+/// How often a held request asks again when nothing woke it: its answer
+/// may change without the task's stage mark changing (a late selection,
+/// an async group that fills), so a held request is never slower to hear
+/// it than a client that polls.
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// Asks `ask` for an answer, and while its answer is a wait (it says how
+/// soon to ask again) holds the request up to `wait`: it asks again when
+/// the task's stage mark changes here ([`Coordinator::stage_changes`]), when
+/// the answer said to, or at the end, and answers with the last answer.
+/// One request of a client that waits for its next stage replaces the
+/// polls it would make, and the coordinator wakes it within a moment of
+/// the change instead of at its next poll. The coordinator stopping ends
+/// every hold at once; a newer held request of the same participant, or
+/// its leave, ends this one before it asks again ([`Holds`]).
+///
+/// [`Coordinator::stage_changes`]: crate::coordinator::Coordinator::stage_changes
+/// [`Holds`]: super::state::Holds
+async fn held<T>(
+    state: &AppState,
+    task: &str,
+    participant: &str,
+    wait: Duration,
+    mut ask: impl FnMut() -> Asked<T>,
+) -> Result<T, CoordinatorError> {
+    if wait.is_zero() {
+        return ask().await.map(|(answer, _)| answer);
+    }
+    let until = tokio::time::Instant::now() + wait;
+    let mut stages = state.coordinator.stage_changes(task);
+    let hold = Hold { holds: &state.holds, participant, hold: state.holds.begin(participant) };
+    loop {
+        // Seen before asking: a change after this wakes the wait below.
+        stages.borrow_and_update();
+        let (answer, again) = ask().await?;
+        let Some(again) = again else { return Ok(answer) };
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return Ok(answer);
+        }
+        let next = now + again.clamp(Duration::from_millis(1), RECHECK);
+        tokio::select! {
+            changed = stages.changed() => {
+                if changed.is_err() {
+                    return Ok(answer);
+                }
+            }
+            () = tokio::time::sleep_until(next.min(until)) => {}
+        }
+        if !hold.holds.holds(participant, hold.hold) {
+            return Ok(answer);
+        }
+    }
+}
+
+/// A participant's held request, ended when it is dropped (answered, or
+/// its client went away).
+struct Hold<'a> {
+    holds: &'a super::state::Holds,
+    participant: &'a str,
+    hold: u64,
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.holds.end(self.participant, self.hold);
+    }
 }
 
 /// The current global model.
@@ -250,7 +366,15 @@ pub(super) async fn model(
     Authenticated(p): Authenticated,
     State(state): State<AppState>,
 ) -> ApiResult<Response> {
-    let (round, bytes) = state.coordinator.model(&p.task_id).await?;
+    // The leader has it in memory; any other replica serves the newest
+    // stored checkpoint, without a hop to the leader.
+    let (round, bytes) = match state.coordinator.whereabouts(&p.task_id) {
+        Whereabouts::Here => {
+            state.models.forget(&p.task_id);
+            state.coordinator.model(&p.task_id).await?
+        }
+        Whereabouts::At(_) | Whereabouts::Nowhere => state.models.newest(&state.store, &p.task_id).await?,
+    };
     Ok((
         [
             (header::CONTENT_TYPE, SAFETENSORS_CONTENT_TYPE.to_string()),
@@ -268,10 +392,12 @@ pub(super) async fn model(
 #[utoipa::path(
     get, path = "/v1/round/message", tag = "client", operation_id = "fetchMessage",
     security(("client" = [])),
+    params(("wait_ms" = Option<u64>, Query, minimum = 0, maximum = 9_223_372_036_854_775_807_u64,
+        description = "Hold the request while there is nothing yet, up to this many milliseconds (at most 20 000): the message comes as soon as the stage closes")),
     responses(
         (status = 200, description = "The stage message", content_type = "application/x-cohort-secagg", body = Binary),
-        (status = 204, description = "Nothing yet: ask again shortly"),
-        (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 204, description = "Nothing yet (after holding the request up to `wait_ms`): ask again shortly"),
+        (status = 400, response = Refused), (status = 401, response = Refused), (status = 404, response = Refused),
         (status = 409, description = "Not part of the round in progress", body = ErrorBody),
         (status = 410, description = "Dropped from the round (missed a stage, or the attempt failed)", body = ErrorBody),
         (status = 503, response = RetryLater)
@@ -280,14 +406,35 @@ pub(super) async fn model(
 pub(super) async fn fetch_message(
     Authenticated(p): Authenticated,
     State(state): State<AppState>,
+    RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
-    Ok(match state.coordinator.poll(&p.task_id, &p.id).await? {
+    let Query { wait, .. } = Query::parse(query.as_deref(), false)?;
+    let poll = next_message(&state, &p, wait).await?;
+    Ok(match poll {
         Poll::Message(bytes) => ([(header::CONTENT_TYPE, SECAGG_CONTENT_TYPE)], bytes).into_response(),
         Poll::Wait => StatusCode::NO_CONTENT.into_response(),
         Poll::Dropped => {
             ApiError::new(ErrorCode::Dropped, "this client is no longer part of the round").into_response()
         }
     })
+}
+
+/// The participant's message for its stage in progress, the request held
+/// up to `wait` while there is none yet.
+async fn next_message(
+    state: &AppState,
+    p: &ParticipantRecord,
+    wait: Duration,
+) -> Result<Poll, CoordinatorError> {
+    held(state, &p.task_id, &p.id, wait, || {
+        let (coordinator, task, id) = (state.coordinator.clone(), p.task_id.clone(), p.id.clone());
+        Box::pin(async move {
+            let poll = coordinator.poll(&task, &id).await?;
+            let again = matches!(poll, Poll::Wait).then_some(RECHECK);
+            Ok((poll, again))
+        })
+    })
+    .await
 }
 
 /// Stage messages declared at most this long are read whole and handed to
@@ -303,13 +450,24 @@ const PIECE: usize = 256 << 10;
 /// is the body read, and no further than that limit. A masked input longer
 /// than [`READ_WHOLE_UP_TO`] (or of undeclared length) is never held whole:
 /// it goes into the running sum a piece at a time as it arrives.
+///
+/// With `wait_ms`, an accepted message's answer is the client's next stage
+/// message, the request held for it until `wait_ms` after it arrived (the
+/// `GET` the client would send next, in the same request); a `202` when
+/// there is none by then, and always after an unmasking message (the
+/// client's last of the round, which has no next). A client dropped while
+/// held, or a round that ended, gets the `202` too and hears of it at its
+/// fetch.
 #[utoipa::path(
     post, path = "/v1/round/message", tag = "client", operation_id = "postMessage",
     security(("client" = [])),
+    params(("wait_ms" = Option<u64>, Query, minimum = 0, maximum = 9_223_372_036_854_775_807_u64,
+        description = "Once the message is accepted, hold the request until this many milliseconds after it arrived (at most 20 000) for the client's next stage message, and answer with it (never after an unmasking message, the round's last)")),
     request_body(content = Binary, content_type = "application/x-cohort-secagg",
         description = "The client's message for the stage in progress, at most the size the round's parameters allow"),
     responses(
-        (status = 202, description = "Accepted"),
+        (status = 200, description = "Accepted, and the client's next stage message (with `wait_ms`)", content_type = "application/x-cohort-secagg", body = Binary),
+        (status = 202, description = "Accepted (without `wait_ms`, after the round's last message, or no next message within the wait: fetch it)"),
         (status = 400, response = Refused), (status = 401, response = Refused), (status = 404, response = Refused),
         (status = 408, response = Refused),
         (status = 409, description = "Not selected, another round, out of phase, already sent, or not eligible", body = ErrorBody),
@@ -322,10 +480,54 @@ const PIECE: usize = 256 << 10;
 pub(super) async fn post_message(
     Authenticated(p): Authenticated,
     State(state): State<AppState>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult<StatusCode> {
+) -> ApiResult<Response> {
+    let Query { wait, .. } = Query::parse(query.as_deref(), false)?;
     let arrived = Instant::now();
+    if accept_message(&state, &p, &headers, body, arrived).await? == Accepted::LastOfRound {
+        // Nothing more of this round for the group's replica: the affinity
+        // cookie names where the client's next request (its metrics, its
+        // check-in) belongs, the task's leader.
+        let mut response = StatusCode::ACCEPTED.into_response();
+        response.extensions_mut().insert(crate::cluster::affinity::RoundDone);
+        return Ok(response);
+    }
+    // The whole request, upload included, within the wait: a replica that
+    // forwarded it gives up that long (and 2.5 s) after the body's end.
+    let wait = wait.saturating_sub(arrived.elapsed());
+    if wait.is_zero() {
+        return Ok(StatusCode::ACCEPTED.into_response());
+    }
+    // Accepted, whatever happens while it is held: a client dropped
+    // meanwhile, or a round that ended, is heard of at its fetch.
+    Ok(match next_message(&state, &p, wait).await {
+        Ok(Poll::Message(bytes)) => {
+            (StatusCode::OK, [(header::CONTENT_TYPE, SECAGG_CONTENT_TYPE)], bytes).into_response()
+        }
+        _ => StatusCode::ACCEPTED.into_response(),
+    })
+}
+
+/// What [`accept_message`] accepted.
+#[derive(Debug, PartialEq, Eq)]
+enum Accepted {
+    /// A message after which the client has more to send in the round.
+    Stage,
+    /// An unmasking message: the client's last of the round.
+    LastOfRound,
+}
+
+/// Reads and hands the coordinator the stage message of [`post_message`],
+/// which `arrived` then.
+async fn accept_message(
+    state: &AppState,
+    p: &ParticipantRecord,
+    headers: &HeaderMap,
+    body: Body,
+    arrived: Instant,
+) -> ApiResult<Accepted> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if content_type != SECAGG_CONTENT_TYPE {
         return Err(ApiError::new(
@@ -334,9 +536,14 @@ pub(super) async fn post_message(
         ));
     }
     let admission = state.coordinator.admit(&p.task_id, &p.id).await?;
-    let mut body = LimitedBody::new(&headers, body, admission.limit.min(state.config.max_message_bytes))?;
-    let mut first = Vec::new();
+    let mut body = LimitedBody::new(headers, body, admission.limit.min(state.config.max_message_bytes))?;
     let streamed = body.declared().is_none_or(|length| length > READ_WHOLE_UP_TO);
+    // A body read whole is read into room for its declared length (within
+    // the round's limit, checked above), not grown a frame at a time.
+    let mut first = Vec::with_capacity(match body.declared() {
+        Some(length) if !streamed => length,
+        _ => MASKED_INPUT_HEADER_LEN,
+    });
     let mut ended = false;
     while streamed && first.len() < MASKED_INPUT_HEADER_LEN && !ended {
         match body.next().await? {
@@ -345,17 +552,18 @@ pub(super) async fn post_message(
         }
     }
     if streamed && !ended && starts_masked_input(&first) {
-        stream_masked_input(&state, &admission, first, body).await?;
+        stream_masked_input(state, &admission, first, body).await?;
         state.metrics.upload(Upload::masked_input, arrived.elapsed());
-        return Ok(StatusCode::ACCEPTED);
+        return Ok(Accepted::Stage);
     }
     while let Some(bytes) = body.next().await? {
         first.extend_from_slice(&bytes);
     }
     let kind = if starts_masked_input(&first) { Upload::masked_input } else { Upload::stage_message };
+    let accepted = if starts_unmasking(&first) { Accepted::LastOfRound } else { Accepted::Stage };
     state.coordinator.receive(&admission, first).await?;
     state.metrics.upload(kind, arrived.elapsed());
-    Ok(StatusCode::ACCEPTED)
+    Ok(accepted)
 }
 
 /// Adds a masked input into the running sum as its body arrives, in
@@ -574,13 +782,23 @@ pub(super) async fn report_metrics(
 
 #[cfg(test)]
 mod tests {
-    use super::trained_on;
+    use std::time::Duration;
+
+    use super::Query;
+
+    fn check_in(query: &str) -> Option<(Option<u64>, Duration)> {
+        Query::parse(Some(query), true).ok().map(|q| (q.trained_on, q.wait))
+    }
 
     #[test]
-    fn the_check_in_query_is_a_version_or_nothing() {
-        assert_eq!(trained_on(None).unwrap(), None);
-        assert_eq!(trained_on(Some("")).unwrap(), None);
-        assert_eq!(trained_on(Some("trained_on=12")).unwrap(), Some(12));
+    fn the_check_in_query_is_a_version_and_a_wait_or_nothing() {
+        let ms = Duration::from_millis;
+        assert!(Query::parse(None, true).is_ok_and(|q| q.trained_on.is_none() && q.wait.is_zero()));
+        assert_eq!(check_in(""), Some((None, ms(0))));
+        assert_eq!(check_in("trained_on=12"), Some((Some(12), ms(0))));
+        assert_eq!(check_in("wait_ms=500&trained_on=0"), Some((Some(0), ms(500))));
+        // A longer wait is cut to what a coordinator grants.
+        assert_eq!(check_in("trained_on=3&wait_ms=999999"), Some((Some(3), ms(20_000))));
         for bad in [
             "trained_on=",
             "trained_on=-1",
@@ -588,8 +806,15 @@ mod tests {
             "round=3",
             "trained_on=1&x=2",
             "trained_on=99999999999999999999",
+            "trained_on=1&trained_on=1",
+            "wait_ms",
+            "wait_ms=1&wait_ms=1",
+            "wait_ms=0x10",
         ] {
-            assert!(trained_on(Some(bad)).is_err(), "{bad}");
+            assert_eq!(check_in(bad), None, "{bad}");
         }
+        // A stage message's GET takes the wait only.
+        assert!(Query::parse(Some("wait_ms=100"), false).is_ok_and(|q| q.wait == ms(100)));
+        assert!(Query::parse(Some("trained_on=1"), false).is_err());
     }
 }

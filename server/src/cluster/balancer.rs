@@ -1,17 +1,24 @@
 //! The HAProxy configuration for replicas of `cohort serve` behind one
-//! address: round robin, health checks on readiness (so that a replica
-//! that cannot reach the database leaves the rotation), retries of
-//! requests that never reached a replica, and a request id for every
-//! request that does not bring one. docs/DEPLOYMENT.md shows it; the
+//! address: round robin for a request without the affinity cookie, the
+//! replica the cookie names for one with it (see
+//! [`crate::cluster::affinity`]; a cookie that names a replica that is down
+//! is ignored), health checks on readiness (so that a replica that cannot
+//! reach the database leaves the rotation), retries of requests that never
+//! reached a replica, and a request id for every request that does not
+//! bring one. docs/DEPLOYMENT.md shows it; the
 //! replica tests and `cohort bench load --replicas` start HAProxy with it.
 
 use std::fmt::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+use super::affinity;
+
 /// The configuration of a balancer on `127.0.0.1:port` in front of
-/// replicas on the loopback `backends` ports.
+/// replicas on the loopback `backends` ports (each advertising
+/// `http://127.0.0.1:PORT`, the default for a replica bound there).
 pub fn haproxy_config(port: u16, backends: &[u16]) -> String {
+    let cookie = affinity::COOKIE;
     let mut config = format!(
         "global\n    maxconn 4096\n\n\
          defaults\n    mode http\n    timeout connect 2s\n    timeout client 120s\n    timeout server 120s\n    \
@@ -20,11 +27,13 @@ pub fn haproxy_config(port: u16, backends: &[u16]) -> String {
          unique-id-format %{{+X}}o%ci%cp%fi%fp%Ts%rt%pid\n    \
          http-request set-header X-Request-ID %[unique-id] unless {{ req.hdr(x-request-id) -m found }}\n    \
          default_backend replicas\n\n\
-         backend replicas\n    balance roundrobin\n    option httpchk GET /readyz\n    http-check expect status 200\n    \
+         backend replicas\n    balance roundrobin\n    cookie {cookie} insert indirect preserve nocache httponly\n    \
+         option httpchk GET /readyz\n    http-check expect status 200\n    \
          default-server inter 300ms fall 2 rise 2 on-marked-down shutdown-sessions\n"
     );
     for (i, backend) in backends.iter().enumerate() {
-        let _ = writeln!(config, "    server replica{i} 127.0.0.1:{backend} check");
+        let name = affinity::name_of(&format!("http://127.0.0.1:{backend}"));
+        let _ = writeln!(config, "    server replica{i} 127.0.0.1:{backend} check cookie {name}");
     }
     config
 }

@@ -43,7 +43,8 @@ use crate::api::ErrorCode;
 use crate::api::auth::token_hash;
 use crate::api::error::ApiError;
 use crate::api::state::AppState;
-use crate::cluster::Whereabouts;
+use crate::cluster::{Whereabouts, affinity};
+use crate::metrics::Served;
 use crate::store::{ParticipantRecord, StoreError};
 use cohort_client::api::routes;
 
@@ -62,6 +63,10 @@ pub const GROUP_HOP: &str = "x-cohort-group-hop";
 const FORWARD_ANSWER: Duration = Duration::from_millis(2_500);
 /// Longest a forwarded request may take in all (a large body).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a connection to another replica may sit unused in the pool:
+/// well under a replica's default header timeout (10 s,
+/// `ConnectionLimits::header_timeout`), after which the replica closes it.
+const POOL_IDLE: Duration = Duration::from_secs(4);
 /// What a client is told to wait while a task is between leaders.
 pub(crate) const BETWEEN_LEADERS: Duration = Duration::from_secs(1);
 
@@ -87,7 +92,14 @@ impl Forwarder {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(3)));
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        // A replica closes a keep-alive connection that has carried no
+        // new request head for its header timeout (10 s by default); a
+        // pooled connection reused just as that happens fails the request
+        // sent on it. Idle connections are dropped well before.
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .build(connector);
         let key = hex::encode(token_hash(&format!("cohort replica forwarding\0{admin_token}")));
         Self { client, key: std::sync::Arc::new(key) }
     }
@@ -129,16 +141,19 @@ impl Forwarder {
         if let Some(address) = client.and_then(|a| HeaderValue::from_str(&a.to_string()).ok()) {
             parts.headers.insert(CLIENT_ADDRESS, address);
         }
+        // A request that asks to be held (`wait_ms`) may take that long
+        // more before its answer.
+        let allowance = FORWARD_ANSWER + held_for(&parts.method, &parts.uri);
         let progress = std::sync::Arc::new(Progress::new());
         let body = Body::new(Sent { inner: body, progress: progress.clone() });
         // The leader must take the body as it comes and answer once it has
         // it: a leader that takes nothing (or does not answer) for
-        // FORWARD_ANSWER, while the client is not the one holding the body
-        // back, is given up on.
+        // FORWARD_ANSWER (and the hold the request asks for), while the
+        // client is not the one holding the body back, is given up on.
         let answered = async {
             loop {
                 tokio::time::sleep(FORWARD_ANSWER / 10).await;
-                if progress.stalled_for() > FORWARD_ANSWER {
+                if progress.stalled_for() > allowance {
                     break;
                 }
             }
@@ -149,6 +164,7 @@ impl Forwarder {
             response = request => match response {
                 Ok(Ok(response)) => response.map(Body::new),
                 Ok(Err(error)) => {
+                    let error = chain(&error);
                     tracing::warn!(%error, leader = base, "a request could not be forwarded to the task's replica");
                     unavailable("the replica leading this task did not answer; retry")
                 }
@@ -181,6 +197,19 @@ impl Forwarder {
         let body = http_body_util::BodyExt::collect(response.into_body()).await.ok()?.to_bytes();
         serde_json::from_slice(&body).ok()
     }
+}
+
+/// `error` and each of its sources, `: `-separated (hyper's own say only
+/// which step failed).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
 }
 
 /// How a forwarded request's body moves: when the leader last took a
@@ -248,6 +277,19 @@ impl http_body::Body for Sent {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// How long a request (`method` on `uri`) asks to be held: the `wait_ms`
+/// of a check-in or of a stage message's `GET` or `POST`, at most
+/// [`routes::MAX_WAIT_MS`]; zero for any other request, whatever its query.
+fn held_for(method: &axum::http::Method, uri: &Uri) -> Duration {
+    let check_in = match (method, uri.path()) {
+        (&axum::http::Method::POST, routes::CHECK_IN) => true,
+        (&axum::http::Method::GET | &axum::http::Method::POST, routes::ROUND_MESSAGE) => false,
+        _ => return Duration::ZERO,
+    };
+    // Read as the handler reads it: a query it refuses holds nothing.
+    crate::api::client::Query::parse(uri.query(), check_in).map_or(Duration::ZERO, |query| query.wait)
 }
 
 /// `path` (with its query) at the replica whose URL is `base`.
@@ -329,6 +371,14 @@ pub(crate) async fn route(State(state): State<AppState>, request: Request, next:
         Err(error) => return ApiError::from(error).into_response(),
     };
     let task = subject.task().to_string();
+    // Any replica serves a model download of a task led elsewhere from
+    // the store (and of a task between leaders, below).
+    if matches!(subject, Subject::Participant(_))
+        && request.uri().path() == routes::MODEL
+        && matches!(state.coordinator.whereabouts(&task), Whereabouts::At(_))
+    {
+        return serve_here(&state, request, subject, next).await;
+    }
     if let Subject::Participant(known) = &subject
         && request.uri().path() == routes::ROUND_MESSAGE
         && let Some(group) = state.coordinator.group_whereabouts(&known.participant.id)
@@ -343,42 +393,55 @@ pub(crate) async fn route(State(state): State<AppState>, request: Request, next:
                     .or_else(|| crate::api::extract::peer_of(request.extensions()));
                 let mut request = request;
                 request.headers_mut().insert(GROUP_HOP, HeaderValue::from_static("1"));
+                state.metrics.client_request(Served::forwarded);
                 return state.forwarder.forward(&url, client, request).await;
             }
-            Whereabouts::Here => return serve_here(request, subject, next).await,
+            Whereabouts::Here => return serve_here(&state, request, subject, next).await,
             // Forwarded to an owner that no longer runs the group: its
             // task's routes say what happened to it.
             Whereabouts::At(_) | Whereabouts::Nowhere => {}
         }
     }
     match state.coordinator.whereabouts(&task) {
-        Whereabouts::Here => serve_here(request, subject, next).await,
+        Whereabouts::Here => serve_here(&state, request, subject, next).await,
         Whereabouts::At(url) if !state.forwarder.vouched(request.headers()) => {
             // Not vouched for: the client is the connection's peer.
             let client = crate::api::extract::peer_of(request.extensions());
+            if request.uri().path().starts_with("/v1/") {
+                state.metrics.client_request(Served::forwarded);
+            }
             state.forwarder.forward(&url, client, request).await
         }
         // Forwarded once already: the leader moved meanwhile.
         Whereabouts::At(_) => unavailable("this task's leader is changing; retry"),
         Whereabouts::Nowhere => match state.store.task(&task).await {
-            Ok(record) if record.status.is_final() => match subject {
-                // A client's round requests about a task that is over:
-                // it is told so (it checks in next, and hears `finished`).
-                Subject::Participant(_)
-                    if ![routes::CHECK_IN, routes::LEAVE].contains(&request.uri().path()) =>
-                {
-                    ApiError::with_status(StatusCode::GONE, ErrorCode::TaskInactive, "the task is over")
-                        .into_response()
+            Ok(record) if record.status.is_final() => {
+                // Its model is served no more: the copy kept here goes.
+                state.models.forget(&task);
+                match subject {
+                    // A client's round requests about a task that is over:
+                    // it is told so (it checks in next, and hears `finished`).
+                    Subject::Participant(_)
+                        if ![routes::CHECK_IN, routes::LEAVE].contains(&request.uri().path()) =>
+                    {
+                        ApiError::with_status(StatusCode::GONE, ErrorCode::TaskInactive, "the task is over")
+                            .into_response()
+                    }
+                    subject => serve_here(&state, request, subject, next).await,
                 }
-                subject => serve_here(request, subject, next).await,
-            },
+            }
+            // The model of a task between leaders (or whose leader this
+            // replica has not heard of yet) is in the store.
+            Ok(_) if matches!(subject, Subject::Participant(_)) && request.uri().path() == routes::MODEL => {
+                serve_here(&state, request, subject, next).await
+            }
             // Led by nobody for longer than a lease takes to pass on: no
             // replica can load it, and any may serve what needs no leader.
             Ok(_)
                 if state.coordinator.unled_for(&task, UNLED_AFTER)
                     && served_without_leader(&subject, &request) =>
             {
-                serve_here(request, subject, next).await
+                serve_here(&state, request, subject, next).await
             }
             Ok(_) => unavailable("this task's rounds are moving to another replica; retry"),
             Err(StoreError::NotFound(_)) => next.run(request).await,
@@ -415,17 +478,57 @@ fn served_without_leader(subject: &Subject, request: &Request) -> bool {
 }
 
 /// Serves a request here, handing the participant the routing looked up
-/// to the handler.
-async fn serve_here(mut request: Request, subject: Subject, next: Next) -> Response {
-    if let Subject::Participant(known) = subject {
-        request.extensions_mut().insert(known);
+/// to the handler. A client's answer (an enrollment's too) names, in the
+/// affinity cookie, the replica its next request belongs at (see
+/// [`crate::cluster::affinity`]).
+async fn serve_here(state: &AppState, mut request: Request, subject: Subject, next: Next) -> Response {
+    let client = request.uri().path().starts_with("/v1/");
+    let task = subject.task().to_string();
+    let participant = match subject {
+        Subject::Participant(known) => {
+            let id = known.participant.id.clone();
+            request.extensions_mut().insert(known);
+            Some(id)
+        }
+        Subject::Task(_) => None,
+    };
+    if client {
+        state.metrics.client_request(Served::here);
     }
-    next.run(request).await
+    let mut response = next.run(request).await;
+    // A client done with its group for the round goes back to the leader.
+    let participant = participant.filter(|_| response.extensions().get::<affinity::RoundDone>().is_none());
+    if client && let Some(url) = state.coordinator.next_replica(&task, participant.as_deref()) {
+        response.headers_mut().append(header::SET_COOKIE, affinity::set_cookie(&url));
+    }
+    response
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forwarded_request_is_given_the_hold_it_asks_for_and_no_more() {
+        use axum::http::Method;
+        let held = |method: Method, uri: &str| held_for(&method, &uri.parse().unwrap());
+        assert_eq!(held(Method::GET, "http://r/v1/round/message"), Duration::ZERO);
+        assert_eq!(held(Method::GET, "http://r/v1/round/message?wait_ms=5000"), Duration::from_secs(5));
+        assert_eq!(
+            held(Method::POST, "http://r/v1/checkin?trained_on=3&wait_ms=900000"),
+            Duration::from_secs(20)
+        );
+        assert_eq!(held(Method::POST, "http://r/v1/checkin?wait_ms=x"), Duration::ZERO);
+        // A stage message's post is held for the next one once accepted.
+        assert_eq!(held(Method::POST, "http://r/v1/round/message?wait_ms=5000"), Duration::from_secs(5));
+        assert_eq!(held(Method::POST, "http://r/v1/round/message?trained_on=1"), Duration::ZERO);
+        // Only those are held: an enrollment or an admin request that
+        // names a wait is not given longer before the forwarding replica
+        // gives up on it.
+        assert_eq!(held(Method::POST, "http://r/v1/tasks/t/enroll?wait_ms=5000"), Duration::ZERO);
+        assert_eq!(held(Method::GET, "http://r/v1/checkin?wait_ms=5000"), Duration::ZERO);
+        assert_eq!(held(Method::GET, "http://r/admin/tasks?wait_ms=100"), Duration::ZERO);
+    }
 
     #[test]
     fn only_a_replica_of_the_deployment_may_vouch_for_a_client_address() {

@@ -29,10 +29,13 @@
 //!   settled (the sans-IO half of a group run here is
 //!   [`crate::round::owned`]);
 //! * [`forward`]: requests about a task another replica leads;
+//! * [`affinity`]: the cookie that lets a balancer send a client's
+//!   requests to the replica that serves them, without a hop;
 //! * [`balancer`]: the HAProxy configuration that puts replicas behind one
 //!   address (docs/DEPLOYMENT.md shows it; tests and `cohort bench load`
 //!   start HAProxy with it).
 
+pub mod affinity;
 pub mod balancer;
 pub mod forward;
 pub mod groups;

@@ -54,12 +54,19 @@ pub(crate) struct Actor {
     /// Counts the changes of what the admin API shows, per task (see
     /// [`Coordinator::changes`](super::Coordinator::changes)).
     pub(crate) changes: Arc<Changes>,
+    /// Counts the changes of each task's [stage mark](TaskEngine::stage_mark)
+    /// here (its engine's and those of the groups run here for it), which
+    /// wake the client requests held until their answer may differ.
+    pub(crate) stages: Arc<Changes>,
+    /// Each task's last stage mark here.
+    pub(crate) marks: HashMap<String, u64>,
 }
 
 impl Drop for Actor {
     /// However the actor stops, the event streams are told.
     fn drop(&mut self) {
         self.changes.close();
+        self.stages.close();
     }
 }
 
@@ -78,10 +85,19 @@ impl Actor {
                         if self.handle(request).instrument(span).await.is_break() {
                             return;
                         }
+                        // A query (a poll, an admission, a piece of a
+                        // masked input) closes no stage; a deadline that
+                        // does is the tick's, below.
                         match (changes, task) {
                             (false, _) => {}
-                            (true, Some(task)) => self.changes.task(&task),
-                            (true, None) => self.changes.all(),
+                            (true, Some(task)) => {
+                                self.changes.task(&task);
+                                self.restage(&task);
+                            }
+                            (true, None) => {
+                                self.changes.all();
+                                self.restage_all();
+                            }
                         }
                     }
                     None => return,
@@ -104,6 +120,7 @@ impl Actor {
                     for task in keys.filter(|task| before.get(*task) != after.get(*task)) {
                         self.changes.task(task);
                     }
+                    self.restage_all();
                 }
             }
         }
@@ -125,6 +142,53 @@ impl Actor {
             .min();
         let wait = Duration::from_millis(u64::try_from(earliest? + 1 - now_ms()).unwrap_or(0));
         Some(tokio::time::Instant::now() + wait.max(MIN_TICK))
+    }
+
+    /// The stage mark of `task` here: its engine's and those of the groups
+    /// run here for it; `None` when neither is here.
+    fn stage_mark(&self, task: &str) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        let engine = self.engines.get(task).map(TaskEngine::stage_mark);
+        let mut owned = self.owned.iter().filter(|(key, _)| key.task == task).peekable();
+        if engine.is_none() && owned.peek().is_none() {
+            return None;
+        }
+        let mut hasher = std::hash::DefaultHasher::new();
+        engine.hash(&mut hasher);
+        let mut groups: Vec<(&GroupKey, u64)> = owned
+            .map(|(key, group)| {
+                let mut hasher = std::hash::DefaultHasher::new();
+                group.mark(&mut hasher);
+                (key, hasher.finish())
+            })
+            .collect();
+        groups.sort_unstable_by_key(|(key, _)| (key.round, key.attempt, key.group));
+        groups.iter().for_each(|(_, mark)| mark.hash(&mut hasher));
+        Some(hasher.finish())
+    }
+
+    /// Wakes the client requests held on `task` when its stage mark
+    /// changed (or it left this replica).
+    fn restage(&mut self, task: &str) {
+        let mark = self.stage_mark(task);
+        if mark == self.marks.get(task).copied() {
+            return;
+        }
+        match mark {
+            Some(mark) => self.marks.insert(task.to_string(), mark),
+            None => self.marks.remove(task),
+        };
+        self.stages.task(task);
+    }
+
+    /// [`restage`](Self::restage) for every task here or marked before.
+    fn restage_all(&mut self) {
+        let mut tasks: HashSet<String> = self.marks.keys().cloned().collect();
+        tasks.extend(self.engines.keys().cloned());
+        tasks.extend(self.owned.keys().map(|key| key.task.clone()));
+        for task in tasks {
+            self.restage(&task);
+        }
     }
 
     /// What a tick can change of the tasks led here, as the admin API

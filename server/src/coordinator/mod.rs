@@ -275,6 +275,8 @@ pub struct Admission {
 pub struct Coordinator {
     tx: mpsc::Sender<Traced>,
     changes: Arc<Changes>,
+    /// See [`stage_changes`](Self::stage_changes).
+    stages: Arc<Changes>,
     routes: Arc<RwLock<Routes>>,
     replica: Arc<Replica>,
     /// The lease keeper and the group watcher (PostgreSQL only).
@@ -299,6 +301,7 @@ impl Coordinator {
     ) -> Result<Self, CoordinatorError> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let changes = Arc::new(Changes::default());
+        let stages = Arc::new(Changes::default());
         let routes = Arc::new(RwLock::new(Routes {
             started: Some(Instant::now()),
             shared: lease_store.backend() == crate::store::Backend::Postgres,
@@ -317,6 +320,8 @@ impl Coordinator {
             contributors_read: HashSet::new(),
             fences: HashMap::new(),
             changes: changes.clone(),
+            stages: stages.clone(),
+            marks: HashMap::new(),
         };
         let mut keeper = LeaseKeeper {
             store: lease_store,
@@ -357,7 +362,7 @@ impl Coordinator {
             }
             crate::store::Backend::Sqlite => None,
         };
-        Ok(Self { tx, changes, routes, replica, keeper })
+        Ok(Self { tx, changes, stages, routes, replica, keeper })
     }
 
     /// A receiver that is told when a task this replica leads may have
@@ -374,6 +379,15 @@ impl Coordinator {
     /// change to another task does not wake it.
     pub fn task_changes(&self, task: &str) -> watch::Receiver<u64> {
         self.changes.subscribe(task)
+    }
+
+    /// Told when what a client of `task` waits for here may have changed:
+    /// a round started or ended, a group's stage closed, a group was taken
+    /// up (see [`TaskEngine::stage_mark`](crate::round::TaskEngine::stage_mark)),
+    /// the task left this replica, or its rounds stopped. Fails once the
+    /// coordinator stops. One more message of a stage does not wake it.
+    pub fn stage_changes(&self, task: &str) -> watch::Receiver<u64> {
+        self.stages.subscribe(task)
     }
 
     /// This replica.
@@ -410,6 +424,26 @@ impl Coordinator {
             .get(participant)
             .filter(|url| **url != self.replica.url)
             .map(|url| Whereabouts::At(url.clone()))
+    }
+
+    /// Where the next request of a client of `task` belongs in a
+    /// deployment of several replicas (`None` on SQLite, where there is
+    /// one): the owner of `participant`'s group while a replica other than
+    /// the leader runs it (this one included), else the task's leader (this
+    /// replica, when it leads the task or does not know who does). The affinity cookie names it (see
+    /// [`crate::cluster::affinity`]).
+    pub fn next_replica(&self, task: &str, participant: Option<&str>) -> Option<String> {
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !routes.shared {
+            return None;
+        }
+        // In a group run here: here.
+        if participant.is_some_and(|p| routes.group_members_here.contains(p)) {
+            return Some(self.replica.url.clone());
+        }
+        let owner = participant.and_then(|p| routes.group_members_elsewhere.get(p));
+        let leader = routes.elsewhere.get(task).filter(|_| !routes.here.contains(task));
+        Some(owner.or(leader).unwrap_or(&self.replica.url).clone())
     }
 
     /// Whether no replica has led `task` for longer than `limit` (as far as

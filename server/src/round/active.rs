@@ -299,6 +299,17 @@ impl Group {
         matches!(self.state, GroupState::Done(_) | GroupState::Failed { .. })
     }
 
+    /// Feeds `hasher` what a member waiting on the group can wait for: its
+    /// stage, whether it settled, and whether its owner took it up.
+    pub(super) fn mark(&self, hasher: &mut impl std::hash::Hasher) {
+        use std::hash::Hash;
+        self.stage().hash(hasher);
+        self.is_settled().hash(hasher);
+        if let GroupState::Remote(remote) = &self.state {
+            remote.adopted.hash(hasher);
+        }
+    }
+
     /// The participant with client id `id` in this group.
     pub(super) fn name(&self, id: ClientId) -> Option<&String> {
         self.roster.get(id.get() as usize - 1)
@@ -745,6 +756,14 @@ pub(super) struct ActiveRound {
 }
 
 impl ActiveRound {
+    /// Feeds `hasher` the round's number and attempt and each group's
+    /// [`Group::mark`].
+    pub(super) fn mark(&self, hasher: &mut impl std::hash::Hasher) {
+        use std::hash::Hash;
+        (self.number, self.metrics.attempt).hash(hasher);
+        self.groups.iter().for_each(|group| group.mark(hasher));
+    }
+
     /// Opens round `number` (its `attempt`) for the `selected` clients in
     /// `groups` of consecutive ones, each with fresh session and transform
     /// seeds, training from the model with digest `model` (`None`: an async

@@ -357,6 +357,29 @@ impl TaskEngine {
         self.spec.checkpoint_retention
     }
 
+    /// A fingerprint of what a client waiting on this task can wait for:
+    /// the task's status, the rounds (or versions) completed, and the
+    /// number, attempt and each group's stage of every round or async
+    /// group in progress. It changes when a round starts or ends, a
+    /// group's stage closes, or a group handed to another replica is taken
+    /// up there; it does not change when one more message arrives, so that
+    /// clients held until it changes wake once per stage of each group,
+    /// not once a message (see the client API's `wait_ms`).
+    pub fn stage_mark(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        (self.status.as_str(), self.completed).hash(&mut hasher);
+        match &self.schedule {
+            Schedule::Sync(_) => {
+                if let Some(round) = self.round() {
+                    round.mark(&mut hasher);
+                }
+            }
+            Schedule::Async(state) => state.groups.values().for_each(|flight| flight.round.mark(&mut hasher)),
+        }
+        hasher.finish()
+    }
+
     /// Rounds completed so far.
     pub fn completed_rounds(&self) -> u64 {
         self.completed

@@ -200,6 +200,13 @@ pub struct OwnedGroup {
 }
 
 impl OwnedGroup {
+    /// Feeds `hasher` the group's round and its protocol state's stage
+    /// mark (`Group::mark`).
+    pub fn mark(&self, hasher: &mut impl std::hash::Hasher) {
+        std::hash::Hash::hash(&(self.key.round, self.key.attempt, self.key.group), hasher);
+        self.group.mark(hasher);
+    }
+
     /// Builds the group's protocol instance from its assignment and the
     /// task's plan.
     pub fn open(

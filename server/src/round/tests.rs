@@ -1452,3 +1452,35 @@ fn a_fitted_sum_that_wrapped_is_not_used_and_the_next_round_is_safe() {
         now += 10_000;
     }
 }
+
+/// The stage mark, which wakes the client requests held until their
+/// answer may change, moves when a round starts and when a stage closes,
+/// and not with each message: a thousand held clients wake once a stage.
+#[test]
+fn the_stage_mark_moves_with_a_stage_and_not_with_a_message() {
+    let mut engine = engine(small_spec());
+    let mut clients = participants(6);
+    let mut now = 0;
+    let idle = engine.stage_mark();
+    for c in &clients {
+        engine.check_in(&c.name, None, now);
+    }
+    assert_eq!(engine.stage_mark(), idle, "a check-in starts nothing");
+    assert!(matches!(engine.tick(now), TickOutcome::Started(1)));
+    let started = engine.stage_mark();
+    assert_ne!(started, idle, "a round started");
+    for client in clients.iter_mut() {
+        assert!(client.step(&mut engine));
+        assert_eq!(engine.stage_mark(), started, "one more message of the stage");
+    }
+    now += 10;
+    engine.tick(now);
+    assert_eq!(engine.current_round().map(|r| r.1), Some(Stage::ShareKeys));
+    assert_ne!(engine.stage_mark(), started, "the stage closed");
+    let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+    let unmasking = engine.stage_mark();
+    let completion = complete(&mut engine, 1, job, now);
+    engine.advance(Persist::Model(Box::new(completion)), true);
+    assert_ne!(engine.stage_mark(), unmasking, "the round completed");
+    assert_eq!(engine.current_round(), None);
+}

@@ -854,6 +854,16 @@ impl SqlStore {
         Ok(CheckpointRecord::from_row(&row)?)
     }
 
+    /// The round of the newest checkpoint of a task.
+    pub async fn latest_checkpoint_round(&self, task_id: &str) -> StoreResult<u64> {
+        let round: Option<i64> = sqlx::query_scalar("SELECT MAX(round) FROM checkpoints WHERE task_id = $1")
+            .bind(task_id)
+            .fetch_one(&self.pool)
+            .await?;
+        let round = round.ok_or(StoreError::NotFound("checkpoint"))?;
+        u64::try_from(round).map_err(|_| StoreError::NotFound("checkpoint"))
+    }
+
     /// The checkpoint of one round.
     pub async fn checkpoint(&self, task_id: &str, round: i64) -> StoreResult<CheckpointRecord> {
         let row = sqlx::query(concat!(

@@ -1410,3 +1410,188 @@ async fn the_event_streams_push_a_round_as_it_happens() {
     assert!(events.next(Duration::from_secs(2)).await.is_none() && events.ended);
     api.finish().await;
 }
+
+/// A client may ask the coordinator to hold its check-in, or its request
+/// for the next stage message, while the answer is "wait" (`wait_ms`): the
+/// held request answers once the round starts or the stage closes, and
+/// with "nothing yet" when its wait runs out first. Malformed waits are
+/// refused.
+#[tokio::test]
+async fn held_requests_answer_when_the_round_starts_and_when_the_stage_closes() {
+    let api = Api::new("held").await;
+    let mut small = spec(1);
+    small["clients_per_round"] = json!(3);
+    small["secure_aggregation"]["threshold"] = json!(2);
+    let (id, token) = api.create_task(small).await;
+    let mut clients = Vec::new();
+    for i in 0..3u32 {
+        let participant = ProtocolClient::new(u64::from(i), vec![0.1 * i as f32, -0.25, 0.5, 0.0], i + 1);
+        let credential = api.enroll_with(&id, participant.enrollment(&id, &token)).await;
+        clients.push(HttpClient { credential, participant, selected: Value::Null });
+    }
+    for query in ["?wait_ms=x", "?wait_ms=1&wait_ms=2", "?colour=red", "?wait_ms", "?wait_ms=01"] {
+        for (method, path) in
+            [("POST", "/v1/checkin"), ("GET", "/v1/round/message"), ("POST", "/v1/round/message")]
+        {
+            let (status, body) =
+                api.call(method, &format!("{path}{query}"), Some(&clients[0].credential), None).await;
+            assert_eq!(
+                (status, body["error"].as_str()),
+                (StatusCode::BAD_REQUEST, Some("invalid_round")),
+                "{path}{query}"
+            );
+        }
+    }
+    let (status, body) =
+        api.call("GET", "/v1/round/message?trained_on=1", Some(&clients[0].credential), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // Two of the three check in: too few for a round. A held check-in
+    // answers "wait" once its wait has run out, not before.
+    api.call("POST", "/v1/checkin", Some(&clients[1].credential), None).await;
+    let started = std::time::Instant::now();
+    let (_, body) = api.call("POST", "/v1/checkin?wait_ms=400", Some(&clients[0].credential), None).await;
+    assert_eq!(body["status"], "wait", "{body}");
+    assert!(started.elapsed() >= Duration::from_millis(400), "answered after {:?}", started.elapsed());
+    // Held for up to 20 s, it answers "selected" once the third client's
+    // check-in lets the round start.
+    let started = std::time::Instant::now();
+    let held = api.call("POST", "/v1/checkin?wait_ms=20000", Some(&clients[0].credential), None);
+    let third = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        api.call("POST", "/v1/checkin", Some(&clients[2].credential), None).await
+    };
+    let ((_, body), _) = tokio::join!(held, third);
+    assert_eq!(body["status"], "selected", "{body}");
+    assert!(started.elapsed() < Duration::from_secs(15), "held for {:?}", started.elapsed());
+    // Every client fetches and answers the first stage's message.
+    let mut ids = Vec::new();
+    for client in &clients {
+        let (_, body) = api.call("POST", "/v1/checkin", Some(&client.credential), None).await;
+        assert_eq!(body["status"], "selected", "{body}");
+        ids.push(body["client_id"].as_u64().unwrap() as u32);
+    }
+    let mut replies = Vec::new();
+    for (client, id) in clients.iter_mut().zip(&ids) {
+        let (status, bytes) = api.fetch_message(&client.credential).await;
+        assert_eq!(status, StatusCode::OK);
+        replies.push(client.participant.respond(*id, &bytes));
+    }
+    // The first answer is in, then the second, whose post asks to be held
+    // briefly for the next message: accepted, nothing yet (`202`). The
+    // stage is open, and a held fetch of the next message answers "nothing
+    // yet" when its wait runs out.
+    let (status, body) =
+        api.post_message(&clients[0].credential, replies[0].clone(), SECAGG_CONTENT_TYPE).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let held_post = |k: usize, wait: u64| {
+        let request = Request::post(format!("/v1/round/message?wait_ms={wait}"))
+            .header(header::AUTHORIZATION, format!("Bearer {}", clients[k].credential))
+            .header(header::CONTENT_TYPE, SECAGG_CONTENT_TYPE)
+            .body(Body::from(replies[k].clone()))
+            .unwrap();
+        api.send(request)
+    };
+    let started = std::time::Instant::now();
+    let (status, bytes, _) = held_post(1, 300).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{}", String::from_utf8_lossy(&bytes));
+    assert!(bytes.is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(300), "answered after {:?}", started.elapsed());
+    // Sent again, it is a duplicate (the first was accepted).
+    let (status, bytes, _) = held_post(1, 300).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{}", String::from_utf8_lossy(&bytes));
+    let fetch = |wait: u64| {
+        let request = Request::get(format!("/v1/round/message?wait_ms={wait}"))
+            .header(header::AUTHORIZATION, format!("Bearer {}", clients[0].credential))
+            .body(Body::empty())
+            .unwrap();
+        api.send(request)
+    };
+    let started = std::time::Instant::now();
+    let (status, _, _) = fetch(400).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert!(started.elapsed() >= Duration::from_millis(400), "answered after {:?}", started.elapsed());
+    // Held, it brings the next stage's message once the last answer closes
+    // the stage.
+    let started = std::time::Instant::now();
+    let last = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        api.post_message(&clients[2].credential, replies[2].clone(), SECAGG_CONTENT_TYPE).await
+    };
+    let ((status, bytes, _), (posted, _)) = tokio::join!(fetch(20_000), last);
+    assert_eq!((status, posted), (StatusCode::OK, StatusCode::ACCEPTED));
+    assert!(!bytes.is_empty());
+    assert!(started.elapsed() < Duration::from_secs(15), "held for {:?}", started.elapsed());
+    // Every client answers that message. The first post asks to be held:
+    // it is answered with its client's next message as soon as the other
+    // two close the stage, and that is the message a fetch of that client
+    // gets.
+    let mut replies = Vec::new();
+    for (client, id) in clients.iter_mut().zip(&ids) {
+        let (status, bytes) = api.fetch_message(&client.credential).await;
+        assert_eq!(status, StatusCode::OK);
+        replies.push(client.participant.respond(*id, &bytes));
+    }
+    let request = Request::post("/v1/round/message?wait_ms=20000")
+        .header(header::AUTHORIZATION, format!("Bearer {}", clients[0].credential))
+        .header(header::CONTENT_TYPE, SECAGG_CONTENT_TYPE)
+        .body(Body::from(replies[0].clone()))
+        .unwrap();
+    let others = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for k in 1..3 {
+            let (status, body) =
+                api.post_message(&clients[k].credential, replies[k].clone(), SECAGG_CONTENT_TYPE).await;
+            assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        }
+    };
+    let started = std::time::Instant::now();
+    let ((status, next, headers), ()) = tokio::join!(api.send(request), others);
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&next));
+    assert_eq!(headers[header::CONTENT_TYPE], SECAGG_CONTENT_TYPE);
+    assert!(started.elapsed() >= Duration::from_millis(300), "answered before the stage closed");
+    assert!(started.elapsed() < Duration::from_secs(15), "held for {:?}", started.elapsed());
+    let (status, fetched) = api.fetch_message(&clients[0].credential).await;
+    assert_eq!((status, &fetched), (StatusCode::OK, &next));
+    api.finish().await;
+}
+
+/// One held request per participant: a newer one ends the older, and so
+/// does the participant's leave, which a held check-in does not undo.
+#[tokio::test]
+async fn a_newer_held_request_or_a_leave_ends_the_one_held_before() {
+    let api = Api::new("held-once").await;
+    let mut small = spec(1);
+    small["clients_per_round"] = json!(3);
+    small["secure_aggregation"]["threshold"] = json!(2);
+    let (id, token) = api.create_task(small).await;
+    let credential = api.enroll(&id, &token).await;
+    let available = async || {
+        let (_, task) = api.call("GET", &format!("/admin/tasks/{id}"), Some(ADMIN), None).await;
+        task["available_clients"].as_u64().unwrap()
+    };
+    let started = std::time::Instant::now();
+    let first = api.call("POST", "/v1/checkin?wait_ms=20000", Some(&credential), None);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        api.call("POST", "/v1/checkin?wait_ms=300", Some(&credential), None).await
+    };
+    let ((_, first), (_, second)) = tokio::join!(first, second);
+    assert_eq!((&first["status"], &second["status"]), (&json!("wait"), &json!("wait")));
+    // The first ended at its next wake after the second began, long
+    // before its own 20 s.
+    assert!(started.elapsed() < Duration::from_secs(10), "held for {:?}", started.elapsed());
+    assert_eq!(available().await, 1);
+    let started = std::time::Instant::now();
+    let held = api.call("POST", "/v1/checkin?wait_ms=20000", Some(&credential), None);
+    let leave = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        api.call("POST", "/v1/leave", Some(&credential), None).await
+    };
+    let ((_, held), (left, _)) = tokio::join!(held, leave);
+    assert_eq!((&held["status"], left), (&json!("wait"), StatusCode::NO_CONTENT));
+    assert!(started.elapsed() < Duration::from_secs(10), "held for {:?}", started.elapsed());
+    // Gone, and not checked in again by the check-in that was held.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(available().await, 0);
+    api.finish().await;
+}

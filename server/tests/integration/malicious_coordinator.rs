@@ -182,9 +182,16 @@ fn an_active_round_sends_no_metrics_in_the_clear_even_when_asked() {
             script.log.iter().map(|e| e.path.as_str()).filter(|p| p.contains("metrics")).collect();
         assert_eq!(sent, Vec::<&str>::new(), "no client sent its metrics in the clear");
     }
-    let (status, rounds) = coordinator.admin().send("GET", &format!("/admin/tasks/{task}/rounds"), &[]);
-    assert_eq!(status, 200);
-    let rounds: Value = serde_json::from_slice(&rounds).unwrap();
+    // A client is done with the round once its last message is accepted;
+    // the coordinator records the round when it has unmasked the sum.
+    let path = format!("/admin/tasks/{task}/rounds");
+    let mut rounds = Value::Null;
+    cohort_tests::wait_for(Duration::from_secs(30), "the round's record", || {
+        let (status, body) = coordinator.admin().send("GET", &path, &[]);
+        assert_eq!(status, 200);
+        rounds = serde_json::from_slice(&body).unwrap();
+        rounds.as_array().is_some_and(|rounds| !rounds.is_empty())
+    });
     let mean = &rounds[0]["metrics"]["client_means"]["train_loss"];
     assert!((mean["mean"].as_f64().unwrap() - 0.5).abs() < 1e-5, "{rounds}");
     assert_eq!(mean["clients"], CLIENTS, "{rounds}");

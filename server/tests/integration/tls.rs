@@ -10,30 +10,11 @@ use cohort_client::participant::{Method, Participant, ParticipantConfig, Partici
 use cohort_client::runtime::http::HttpTransport;
 use cohort_client::runtime::{RunError, Runner, Transport};
 use cohort_server::api::CreatedTask;
-use cohort_server::service::TlsFiles;
 use cohort_tests::Serve;
 use cohort_tests::process::closed_by;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use serde_json::json;
 
 const ADMIN: &str = "admin-token-for-the-tls-tests";
-
-/// A CA and a server certificate for `localhost` and 127.0.0.1 it signed.
-fn certificates() -> (String, TlsFiles) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-    let leaf = params.signed_by(&key, &issuer).unwrap();
-    let files = TlsFiles {
-        certificate_chain: leaf.pem().into_bytes(),
-        private_key: zeroize::Zeroizing::new(key.serialize_pem().into_bytes()),
-    };
-    (ca.pem(), files)
-}
 
 /// The task's model has 4 weights.
 fn steady() -> support::Steady {
@@ -46,7 +27,7 @@ fn steady() -> support::Steady {
 
 #[test]
 fn clients_that_trust_the_ca_train_over_tls_and_others_cannot_connect() {
-    let (ca_pem, files) = certificates();
+    let (ca_pem, files) = cohort_tests::test_certificates();
     let coordinator =
         Serve::options(ADMIN).sqlite("tls").start_in_process(Some((files, ca_pem.clone())), |_| {});
     let url = coordinator.url.clone();
@@ -111,7 +92,7 @@ fn the_tls_listener_keeps_the_handshake_timeout_and_the_connection_cap() {
     use std::net::TcpStream;
     use std::time::{Duration, Instant};
 
-    let (ca_pem, files) = certificates();
+    let (ca_pem, files) = cohort_tests::test_certificates();
     let coordinator =
         Serve::options(ADMIN).sqlite("tls-limits").start_in_process(Some((files, ca_pem)), |config| {
             config.connections.header_timeout = Duration::from_millis(800);

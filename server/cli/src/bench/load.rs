@@ -50,9 +50,29 @@ pub struct LoadArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// How long the clients ask the coordinator to hold a check-in or a
+    /// stage-message fetch while the answer is "wait" (the client
+    /// library's default; at most 20 000); 0: they poll every 100 ms
+    /// instead.
+    #[arg(long, default_value_t = cohort_client::participant::DEFAULT_WAIT_MS)]
+    wait_ms: u64,
+    /// The task's input validation: `l2` (a new task's default: every
+    /// client proves its update within an L2 bound, about 0.35 s of one
+    /// core and 14 MB per client at 10⁵ coordinates, and the server
+    /// verifies the proofs) or `none`.
+    #[arg(long, value_enum, default_value_t = Validation::L2)]
+    validation: Validation,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// `--validation` of `cohort bench load`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Validation {
+    L2,
+    None,
 }
 
 #[derive(Debug, Serialize)]
@@ -69,10 +89,15 @@ struct LoadReport {
     group_size: u32,
     dim: usize,
     rounds: u32,
+    /// What the clients asked the coordinator to hold their waits for.
+    wait_ms: u64,
+    /// The task's input validation.
+    validation: Validation,
     /// Mean wall time of a round, selection to stored checkpoint.
     round_seconds: f64,
     rounds_per_second: f64,
-    /// Over every stage upload (request to accepted reply).
+    /// Over every stage upload (request to accepted reply; a post held
+    /// for the next stage message until that came).
     p50_ms: f64,
     p99_ms: f64,
     stages: BTreeMap<&'static str, StageLatency>,
@@ -87,6 +112,12 @@ struct LoadReport {
     replicas: Vec<ReplicaUsage>,
     /// HAProxy's CPU time, when the replicas are behind it.
     balancer_cpu_seconds: Option<f64>,
+    /// Client requests served, all replicas together (enrollment
+    /// included), per client and round.
+    client_requests_per_client_round: f64,
+    /// Of those, the share that reached a replica which forwarded them to
+    /// another (a hop).
+    forwarded_share: f64,
     /// The clients' nice value (they share the servers' cores), or `None`
     /// when it could not be lowered.
     clients_nice: Option<i32>,
@@ -97,6 +128,9 @@ struct LoadReport {
 #[derive(Debug, Serialize)]
 struct ReplicaUsage {
     url: String,
+    /// Client requests it served, and those it forwarded to another.
+    client_requests: u64,
+    forwarded_requests: u64,
     /// Whether it led the task (selected its rounds' clients, handed out
     /// their groups and added the groups' sums).
     leader: bool,
@@ -131,10 +165,14 @@ fn stage_of(body: &[u8]) -> &'static str {
 
 impl Transport for Timed {
     fn send(&mut self, request: &Request) -> Result<Response, cohort_client::runtime::TransportError> {
-        let timed = request.method == Method::Post && request.path == "/v1/round/message";
+        let path = request.path.split('?').next().unwrap_or_default();
+        let timed = request.method == Method::Post && path == cohort_client::api::routes::ROUND_MESSAGE;
         let start = Instant::now();
         let response = self.inner.send(request)?;
-        if timed && response.status == 202 {
+        // Accepted (`202`), or accepted and answered with the next stage
+        // message it asked to be held for (`200`): then the time includes
+        // the hold, until the stage closed.
+        if timed && matches!(response.status, 200 | 202) {
             let ms = start.elapsed().as_secs_f64() * 1e3;
             if let Ok(mut latencies) = self.latencies.lock() {
                 latencies.entry(stage_of(&request.body)).or_default().push(ms);
@@ -194,6 +232,15 @@ fn parse_cpu_seconds(stat: &str) -> Option<f64> {
     let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
     let ticks = |field: usize| fields.get(field - 3)?.parse::<u64>().ok();
     Some((ticks(14)? + ticks(15)?) as f64 / 100.0)
+}
+
+/// The value of the sample `series` (name and labels, as written) in a
+/// metrics exposition; 0 when it is absent.
+fn counter(exposition: &str, series: &str) -> u64 {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .map_or(0, |value| value as u64)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -295,7 +342,8 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         "clients_per_round": args.clients,
         "model": { "architecture": "synthetic", "layout": { "tensors": [ { "name": "w", "shape": [args.dim] } ] } },
         "deadlines": { "advertise_keys_ms": 300000, "share_keys_ms": 300000, "masked_input_ms": 300000, "unmasking_ms": 300000 },
-        "checkpoint_retention": 1
+        "checkpoint_retention": 1,
+        "validation": { "norm": args.validation },
     });
     // The clients' policy: the default, lowered only where this task is
     // below it (the majority threshold of a small complete graph).
@@ -346,6 +394,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     let started = Instant::now();
     let config = ParticipantConfig {
         poll_interval_ms: 100,
+        wait_ms: args.wait_ms,
         max_attempts: 20,
         stage_timeout_ms: args.timeout * 1000,
         policy,
@@ -391,7 +440,12 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         .iter()
         .map(|(url, process)| {
             let cpu_seconds = cpu_seconds(process.0.id()).unwrap_or(0.0);
+            let scrape = admin(&mut HttpTransport::new(url), &admin_token, Method::Get, "/metrics", None)
+                .map(|body| String::from_utf8_lossy(&body).into_owned())
+                .unwrap_or_default();
             ReplicaUsage {
+                client_requests: counter(&scrape, "cohort_client_requests_total{served=\"here\"}"),
+                forwarded_requests: counter(&scrape, "cohort_client_requests_total{served=\"forwarded\"}"),
                 leader: *url == leader || servers.len() == 1,
                 url: url.clone(),
                 cpu_seconds,
@@ -405,6 +459,8 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     drop(servers);
     let _ = std::fs::remove_dir_all(&work);
     let server_cpu_seconds: f64 = replicas.iter().map(|r| r.cpu_seconds).sum();
+    let served: u64 = replicas.iter().map(|r| r.client_requests).sum();
+    let forwarded: u64 = replicas.iter().map(|r| r.forwarded_requests).sum();
     let server_peak_rss_bytes = replicas.iter().map(|r| r.peak_rss_bytes).max().unwrap_or(0);
 
     let durations: Vec<f64> = rounds
@@ -435,6 +491,8 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         group_size,
         dim: args.dim,
         rounds: args.rounds,
+        wait_ms: args.wait_ms,
+        validation: args.validation,
         round_seconds,
         rounds_per_second: f64::from(args.rounds) / elapsed,
         p50_ms: percentile(&all, 50.0),
@@ -445,6 +503,8 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         server_cpu_ms_per_client_round: per_client_round(server_cpu_seconds),
         replicas,
         balancer_cpu_seconds,
+        client_requests_per_client_round: served as f64 / (args.clients as f64 * f64::from(args.rounds)),
+        forwarded_share: if served == 0 { 0.0 } else { forwarded as f64 / served as f64 },
         clients_nice: clients_niced.then_some(CLIENT_NICE),
         survivors: rounds.iter().map(|r| r["survivors"].as_u64().unwrap_or(0)).collect(),
     };
@@ -452,12 +512,15 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "cohort bench load: {} clients in groups of {}, {} coordinates, {} rounds, {} replica(s)",
+            "cohort bench load: {} clients in groups of {}, {} coordinates, {} rounds, {} replica(s), \
+             validation {}, holds of {} ms",
             report.clients,
             report.group_size,
             report.dim,
             report.rounds,
-            report.replicas.len()
+            report.replicas.len(),
+            if report.validation == Validation::L2 { "l2" } else { "none" },
+            report.wait_ms
         );
         println!(
             "  round time        {:.2} s (mean), {:.3} rounds/s overall",
@@ -487,6 +550,11 @@ pub fn load(args: &LoadArgs) -> Result<()> {
                 );
             }
         }
+        println!(
+            "  client requests   {:.1} per client and round, {:.1} % forwarded to another replica",
+            report.client_requests_per_client_round,
+            report.forwarded_share * 100.0
+        );
         if let Some(seconds) = report.balancer_cpu_seconds {
             println!("  HAProxy CPU       {seconds:.2} s");
         }
@@ -507,6 +575,12 @@ mod tests {
         assert_eq!(parse_cpu_seconds(stat), Some(12.9));
         assert_eq!(parse_cpu_seconds("4242 (cohort) S 1 2"), None);
         assert_eq!(parse_cpu_seconds("garbage"), None);
+        let exposition = "# TYPE cohort_client_requests counter\n\
+                          cohort_client_requests_total{served=\"here\"} 1200\n\
+                          cohort_client_requests_total{served=\"forwarded\"} 3\n# EOF\n";
+        assert_eq!(counter(exposition, "cohort_client_requests_total{served=\"here\"}"), 1200);
+        assert_eq!(counter(exposition, "cohort_client_requests_total{served=\"forwarded\"}"), 3);
+        assert_eq!(counter(exposition, "cohort_rounds_started_total"), 0);
         // This process has used some CPU time.
         assert!(cpu_seconds(std::process::id()).is_some_and(|s| s >= 0.0));
     }

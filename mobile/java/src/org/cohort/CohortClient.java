@@ -12,7 +12,8 @@ import java.util.concurrent.locks.ReentrantReadWriteLock;
  * <p>{@link #participate()} blocks until one round ends: call it on a
  * background thread (a WorkManager worker on Android). Every other method may
  * be called from any thread; {@link #pause()} stops a running
- * {@code participate} within moments. The enrollment and the paused flag live
+ * {@code participate} once the request in flight returns (at most 5 s). The
+ * enrollment and the paused flag live
  * in the storage directory, so a restarted app continues as the same
  * participant, still paused if it was.
  *
