@@ -12,12 +12,21 @@
 //!    within quantization.
 //!    Restarted on the same state directory, the client goes on as the same
 //!    participant and takes part in round 2 with everyone;
-//! 2. the README's "Train your own PyTorch model" example, as written,
-//!    trains in a federation with native clients;
+//! 2. the README's "Train your own PyTorch model", as written: its
+//!    `train.py` and the shell block that runs twelve of them against a
+//!    task for the script's model;
 //! 3. three Python clients take part in an async task;
 //! 4. Ctrl-C stops a Python client at once and its leave request reaches
 //!    the coordinator;
-//! 5. the package's pytest suite (python/tests) passes.
+//! 5. Python clients train over TLS with a private CA in a task with
+//!    differential privacy: they add the task's noise and count the ε they
+//!    spent as the coordinator does;
+//! 6. a client that cannot take part raises the exception that says why
+//!    (an unknown task, a wrong token, no coordinator, a page or a proxy's
+//!    refusal where the coordinator should be);
+//! 7. Flower-style `NumPyClient` objects take part unchanged
+//!    (`cohort.flower`);
+//! 8. the package's pytest suite (python/tests) passes.
 //!
 //! The hostile-coordinator suite runs Python clients too
 //! (`hostile_clients.rs`).
@@ -151,6 +160,20 @@ fn fixed_update(parameters: usize) -> LocalUpdate {
     }
 }
 
+/// Runs `python/tests/SCRIPT` with `args` (the package of this checkout,
+/// within [`cohort_tests::CLIENT_LIMIT`]); it must succeed, and the last
+/// line it prints is its JSON report.
+fn python_report(script: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Value {
+    let output = cohort_tests::output_within(
+        python_command()
+            .arg(workspace_root().join("python/tests").join(script))
+            .args(args.iter().map(|arg| arg.as_ref())),
+        cohort_tests::CLIENT_LIMIT,
+    );
+    let stdout = success(script, &output);
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap()
+}
+
 /// Waits for a process to end within `limit`; its exit status and stdout.
 fn finish(child: &mut Child, limit: Duration, what: &str) -> (std::process::ExitStatus, String) {
     let deadline = Instant::now() + limit;
@@ -252,56 +275,60 @@ fn python_clients_train_a_pytorch_model_beside_native_ones_and_survive_a_kill() 
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The ```python block after the README's `train.py` marker.
-fn readme_example() -> String {
+/// The block fenced by `fence` after the README's `marker`.
+fn readme_block(marker: &str, fence: &str) -> String {
     let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let after =
-        readme.split("<!-- train.py").nth(1).unwrap_or_else(|| panic!("the README marks no train.py"));
-    let block = after.split("```python\n").nth(1).unwrap();
+    let after = readme.split(marker).nth(1).unwrap_or_else(|| panic!("the README marks no {marker}"));
+    let block = after.split(fence).nth(1).unwrap();
     block.split("\n```").next().unwrap().to_string()
 }
 
+/// The README's "Train your own PyTorch model", as a newcomer runs it:
+/// its `train.py`, and its shell block (shards, a task for the script's
+/// model, twelve copies of the script) on a coordinator with `$URL` and
+/// `$COHORT_ADMIN_TOKEN`, `cohort` on the `PATH`. Every round completes
+/// with the clients the task asks for, and the model moves.
 #[test]
-fn the_readme_pytorch_example_trains_in_a_federation() {
+fn the_readme_pytorch_federation_trains_as_written() {
     let _one = cohort_tests::exclusive();
     let dir = scratch("python-readme");
-    let shards = partition(&dir);
-    std::fs::write(dir.join("train.py"), readme_example()).unwrap();
+    std::fs::write(dir.join("train.py"), readme_block("<!-- train.py", "```python\n")).unwrap();
+    let federation = readme_block("<!-- pytorch-federation.sh", "```sh\n");
     let serve = Serve::in_dir(&dir, ADMIN);
-    let CreatedTask { id: task, enrollment_token: token, .. } =
-        serve.admin().create_task(&task_spec(1, 4, 3));
-    let policy = serve.admin().policy_json(&task);
-    let mut examples: Vec<Child> = (0..2)
-        .map(|k| {
-            python_command()
-                .arg(dir.join("train.py"))
-                .arg(shards.join(k.to_string()))
-                .env("COHORT_SERVER", &serve.url)
-                .env("COHORT_TASK", &task)
-                .env("COHORT_ENROLLMENT_TOKEN", &token)
-                .env("COHORT_POLICY", &policy)
-                .current_dir(&dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let mut natives: Vec<Child> =
-        (2..4).map(|k| native(&serve, &task, &token, &policy, &shards, k)).collect();
-    for example in &mut examples {
-        let (status, _) = finish(example, Duration::from_secs(300), "the README example");
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(example.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-        assert!(status.success(), "{status:?}: {stderr}");
-        // Python's logging: the round it took part in.
-        assert!(stderr.contains("round 1 completed"), "{stderr}");
-    }
-    for native in &mut natives {
-        assert!(finish(native, Duration::from_secs(120), "a native client").0.success());
-    }
-    let rounds = serve.admin().rounds(&task);
-    assert_eq!(rounds[0].survivors, 4, "{rounds:?}");
+    let cohort_bin = artifacts().cohort.parent().unwrap().to_path_buf();
+    let venv = cohort_tests::torch_python().parent().unwrap().parent().unwrap().to_path_buf();
+    let path = format!("{}:{}", cohort_bin.display(), std::env::var("PATH").unwrap_or_default());
+    let log = dir.join("federation.log");
+    let mut run = Command::new("bash")
+        .args(["-e", "-c", &federation])
+        .env("URL", &serve.url)
+        .env("COHORT_ADMIN_TOKEN", ADMIN)
+        .env("PATH", path)
+        .env("COHORT_TORCH_VENV", venv)
+        // The package of this checkout, not the one setup.sh installed.
+        .env("PYTHONPATH", cohort_tests::python_package())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(&dir)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let (status, _) = finish(&mut run, Duration::from_secs(600), "the README's PyTorch federation");
+    let output = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status:?}: {output}");
+    assert!(!output.contains("Traceback"), "{output}");
+    let created: Value = serde_json::from_slice(&std::fs::read(dir.join("task.json")).unwrap()).unwrap();
+    let task = created["id"].as_str().unwrap();
+    let rounds = serve.admin().rounds(task);
+    assert_eq!(rounds.len(), 3, "{rounds:?}");
+    assert!(rounds.iter().all(|round| round.survivors >= 10), "{rounds:?}");
+    // Python's logging: each client says which rounds it took part in.
+    let logged = output.matches(" completed (").count();
+    let survived: usize = rounds.iter().map(|round| round.survivors as usize).sum();
+    assert_eq!(logged, survived, "{output}");
+    let initial = checkpoint(&serve, task, 0);
+    let last = checkpoint(&serve, task, 3);
+    assert_ne!(initial.weights, last.weights, "the model did not move");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -318,16 +345,11 @@ fn python_clients_take_part_in_an_async_task() {
     let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec);
     let policy = serve.admin().policy_json(&task);
     // Three clients that hand in the global model plus 0.01, at weight 3.
-    let output = cohort_tests::output_within(
-        python_command()
-            .arg(workspace_root().join("python/tests/hostile_clients.py"))
-            .args([&serve.url, &task, &token])
-            .arg(dir.join("clients"))
-            .args([&policy, "3", "1", "120000"]),
-        cohort_tests::CLIENT_LIMIT,
+    let clients = dir.join("clients");
+    let endings = python_report(
+        "hostile_clients.py",
+        &[&serve.url, &task, &token, &clients, &policy, &"3", &"1", &"120000"],
     );
-    let stdout = success("three Python clients", &output);
-    let endings: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
     for ending in endings.as_array().unwrap() {
         assert_eq!(ending["outcomes"], json!([{ "outcome": "completed", "rule": null }]), "{endings}");
     }
@@ -380,6 +402,150 @@ fn ctrl_c_stops_a_python_client_and_tells_the_coordinator() {
     wait_for(Duration::from_secs(60), "the leave request to reach the coordinator", || available() == 1);
     let _ = clients[1].kill();
     let _ = clients[1].wait();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Over TLS with a private CA (`ca_cert`), in a task with differential
+/// privacy: three Python clients pin the task's noise at enrollment, add
+/// their shares of it, and each counts the ε its contribution spent (at
+/// its budget's δ, here the task's) just as the coordinator does. The model moves by the clients' mean update
+/// (0.01 everywhere) plus noise no smaller than the plan's: the sum
+/// carries noise of standard deviation at least z·C on every coordinate,
+/// the mean of three a third of that.
+#[test]
+fn python_clients_train_over_tls_under_differential_privacy() {
+    let _one = cohort_tests::exclusive();
+    let dir = scratch("python-tls-dp");
+    let (ca, files) = cohort_tests::test_certificates();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let serve = Serve::options(ADMIN).sqlite("python-tls-dp").start_in_process(Some((files, ca)), |_| {});
+    assert!(serve.url.starts_with("https://"), "{}", serve.url);
+    const PARAMETERS: usize = 4096;
+    let (z, clip) = (1.0, 1.0);
+    let spec = json!({
+        "name": "python over TLS under DP", "rounds": 1, "clients_per_round": 3,
+        "model": { "architecture": "linear", "layout": { "tensors": [ { "name": "w", "shape": [PARAMETERS] } ] } },
+        "secure_aggregation": { "graph": "complete", "threshold": 2 },
+        "privacy": { "mechanism": "skellam", "noise_multiplier": z, "epsilon": 50.0, "delta": 1e-5, "clip_norm": clip }
+    });
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec);
+    // The clients' budget is at the task's δ, so that their ε and the
+    // coordinator's are the same number (the default budget's δ, 10⁻⁶, is
+    // stricter than this task's).
+    let mut policy: Value = serde_json::from_str(&serve.admin().policy_json(&task)).unwrap();
+    policy["budget"] = json!({ "epsilon": 30.0, "delta": 1e-5 });
+    let policy = policy.to_string();
+    let clients = dir.join("clients");
+    let endings = python_report(
+        "hostile_clients.py",
+        &[&serve.url, &task, &token, &clients, &policy, &"3", &"1", &"120000", &ca_file],
+    );
+    // A client is done once its unmasking shares are in; the round is
+    // stored (and its ε counted) a moment later.
+    wait_for(Duration::from_secs(60), "round 1 to be stored", || !serve.admin().rounds(&task).is_empty());
+    let view = serve.admin().task(&task);
+    let privacy = view.live.privacy.expect("a task under DP shows its privacy");
+    assert_eq!(privacy.noise_multiplier, z);
+    assert!(privacy.epsilon_spent > 0.0 && privacy.epsilon_spent < 50.0, "{privacy:?}");
+    for ending in endings.as_array().unwrap() {
+        assert_eq!(ending["outcomes"], json!([{ "outcome": "completed", "rule": null }]), "{endings}");
+        let spent = ending["privacy_spent"].as_f64().unwrap_or_else(|| panic!("no ε counted: {endings}"));
+        assert!((spent - privacy.epsilon_spent).abs() <= 1e-9 * spent, "{spent} vs {privacy:?}");
+    }
+    // Each client handed in the model plus 0.01: what is left is noise.
+    let initial = checkpoint(&serve, &task, 0);
+    let after = checkpoint(&serve, &task, 1);
+    let residual: Vec<f64> =
+        after.weights.iter().zip(&initial.weights).map(|(a, b)| f64::from(a - b) - 0.01).collect();
+    let n = residual.len() as f64;
+    let mean = residual.iter().sum::<f64>() / n;
+    let sd = (residual.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    let floor = z * clip / 3.0;
+    println!("noise on the mean: sd {sd:.4} (at least {floor:.4}), mean {mean:.5}");
+    assert!(sd >= 0.95 * floor && sd <= 3.0 * floor, "sd {sd}, floor {floor}");
+    // Unbiased: the mean of 4 096 residuals is within 5 standard errors of 0.
+    assert!(mean.abs() <= 5.0 * sd / n.sqrt(), "mean {mean}, sd {sd}");
+    assert_eq!(serve.admin().rounds(&task)[0].survivors, 3);
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A client that cannot take part raises the exception that says why,
+/// each also the built-in exception a Python programmer catches: against
+/// a real coordinator, a task that does not exist (`TaskNotFoundError`, a
+/// `LookupError`) and a wrong enrollment token (`UnauthorizedError`, a
+/// `PermissionError`); a port where nothing listens, after `max_attempts`
+/// (`UnreachableError`, a `ConnectionError`); a web page where the API
+/// should be (`ProtocolError`); a proxy that refuses with its own page
+/// (`RejectedError` with the status, and the page's text in the message).
+#[test]
+fn a_python_client_that_cannot_take_part_raises_the_exception_that_says_why() {
+    let _one = cohort_tests::exclusive();
+    let dir = scratch("python-errors");
+    let serve = Serve::in_dir(&dir, ADMIN);
+    let CreatedTask { id: task, enrollment_token: token, .. } =
+        serve.admin().create_task(&cohort_tests::spec(3, 2));
+    let states = dir.join("states");
+    let cases = python_report("coordinator_errors.py", &[&serve.url, &task, &token, &states]);
+    let raised = |case: &str| {
+        let case = &cases[case];
+        assert_eq!(case["builtin"], true, "{cases}");
+        (case["exception"].as_str().unwrap_or_default(), case["message"].as_str().unwrap_or_default())
+    };
+    let (exception, message) = raised("task_not_found");
+    assert_eq!(exception, "TaskNotFoundError", "{cases}");
+    assert!(message.contains(&"0".repeat(32)), "{message}");
+    let (exception, message) = raised("unauthorized");
+    assert_eq!(exception, "UnauthorizedError", "{cases}");
+    assert!(message.contains("invalid enrollment token"), "{message}");
+    let (exception, message) = raised("unreachable");
+    assert_eq!(exception, "UnreachableError", "{cases}");
+    assert!(message.contains("after 2 attempts"), "{message}");
+    assert_eq!(raised("protocol").0, "ProtocolError", "{cases}");
+    let (exception, message) = raised("rejected");
+    assert_eq!(exception, "RejectedError", "{cases}");
+    assert_eq!((&cases["rejected"]["status"], &cases["rejected"]["code"]), (&json!(403), &json!("unknown")));
+    assert!(message.contains("403 Forbidden") && message.contains("denied by policy"), "{message}");
+    drop(serve);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Flower users' code, unchanged: three objects shaped like Flower's
+/// `NumPyClient` (Flower is not installed) take part in a task through
+/// `cohort.flower.run_numpy_client`. `fit` gets the global model's arrays
+/// and a config with the round and what the caller gave; its update goes
+/// into the aggregate, its loss into the round's masked metric means, and
+/// a metric Cohort does not aggregate is dropped with a warning.
+#[test]
+fn flower_numpy_clients_take_part_unchanged() {
+    let _one = cohort_tests::exclusive();
+    let dir = scratch("python-flower");
+    let serve = Serve::in_dir(&dir, ADMIN);
+    let spec = cohort_tests::spec(3, 2);
+    let CreatedTask { id: task, enrollment_token: token, .. } = serve.admin().create_task(&spec);
+    let policy = serve.admin().policy_json(&task);
+    let shapes: Vec<&Value> =
+        spec["model"]["layout"]["tensors"].as_array().unwrap().iter().map(|t| &t["shape"]).collect();
+    let (clients, shapes) = (dir.join("clients"), json!(shapes).to_string());
+    let report =
+        python_report("flower_clients.py", &[&serve.url, &task, &token, &clients, &policy, &"3", &shapes]);
+    for client in report["clients"].as_array().unwrap() {
+        assert_eq!(client["outcomes"], json!(["completed"]), "{report}");
+        assert_eq!(client["configs"], json!([{ "lr": 0.1, "server_round": 1 }]), "{report}");
+    }
+    let warnings = report["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 3, "one warning per client: {report}");
+    assert!(
+        warnings.iter().all(|w| w.as_str().unwrap().contains("'learning_rate_used' is not sent")),
+        "{report}"
+    );
+    let update = || fixed_update(cohort_tests::model().len());
+    assert_aggregate(&serve, &task, &[update(), update(), update()]);
+    let rounds = serve.admin().rounds(&task);
+    let loss = &rounds[0].metrics.client_means["train_loss"];
+    assert_eq!(loss.clients, 3, "{rounds:?}");
+    assert!((loss.mean - 0.5).abs() < 1e-3, "{rounds:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -213,6 +213,8 @@ fn a_round_rerun_after_a_crash_leaves_out_those_asked_for_their_masked_input() {
 /// Hands in the same update every round, whatever the model.
 struct Steady {
     examples: u32,
+    /// How long a round's training takes.
+    takes: Duration,
 }
 
 impl cohort_client::runtime::Trainer for Steady {
@@ -222,6 +224,7 @@ impl cohort_client::runtime::Trainer for Steady {
         model: &cohort_client::checkpoint::Checkpoint,
     ) -> Result<cohort_client::runtime::LocalUpdate, cohort_client::runtime::UpdateError> {
         let delta = (0..model.weights.len()).map(|i| 0.01 * (i as f32 + 1.0)).collect();
+        std::thread::sleep(self.takes);
         Ok(cohort_client::runtime::LocalUpdate {
             delta,
             examples: self.examples,
@@ -293,7 +296,9 @@ fn training_survives_repeated_crashes_at_random_points() {
                 let url = format!("http://127.0.0.1:{port}");
                 let participant = Client::enroll(&task, &token, config).with_seed([k as u8 + 1; 32]);
                 let mut runner = Runner::new(participant, HttpTransport::new(&url), None);
-                let mut trainer = Steady { examples: 5 + k };
+                // A second of training a round, as a device takes: the
+                // rounds last long enough for the crashes to land in them.
+                let mut trainer = Steady { examples: 5 + k, takes: Duration::from_secs(1) };
                 while runner.run_round(&mut trainer).map_err(|e| format!("client {k}: {e}"))?.is_some() {}
                 Ok(())
             })
