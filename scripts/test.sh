@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/cohort-target}"
 fuzz_seconds="${FUZZ_SECONDS:-20}"
-log() { printf '\n==> %s\n' "$*"; }
+# Each stage says when it started (seconds into the run), so that a slow
+# CI log shows where its time went.
+log() { printf '\n==> [%ss] %s\n' "$SECONDS" "$*"; }
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 
