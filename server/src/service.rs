@@ -37,6 +37,10 @@ pub struct ServiceConfig {
     pub demo: bool,
     /// Connection limits and timeouts (see [`crate::api::listener`]).
     pub connections: ConnectionLimits,
+    /// The balancers whose connections begin with a PROXY protocol header
+    /// naming the client (see [`crate::api::listener::proxy`]); empty, no
+    /// header is read.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Rate limits of the client API (see [`crate::api::ratelimit`]).
     pub rate_limits: RateLimits,
     /// Most model parameters over all unfinished tasks.
@@ -65,6 +69,7 @@ impl ServiceConfig {
             web_assets: crate::api::pages::default_assets_dir(),
             demo: false,
             connections: ConnectionLimits::default(),
+            trusted_proxies: Vec::new(),
             rate_limits: RateLimits::default(),
             max_total_parameters: crate::api::DEFAULT_MAX_TOTAL_PARAMETERS,
             max_admin_streams: crate::api::events::DEFAULT_MAX_ADMIN_STREAMS,
@@ -276,6 +281,7 @@ impl Service {
             router,
             tls.map(std::sync::Arc::new),
             config.connections,
+            crate::api::listener::TrustedProxies::new(config.trusted_proxies.iter().copied()),
             signal,
         ));
         Ok(Self {

@@ -279,16 +279,20 @@ impl ServeOptions {
         if self.web_assets {
             command.arg("--web-assets").arg(crate::workspace_root().join("web/pkg"));
         }
-        if let Some(settings) = &self.config {
-            let path = std::env::temp_dir().join(format!(
-                "cohort-serve-{}-{}.json",
-                std::process::id(),
-                next_suffix()
-            ));
-            std::fs::write(&path, settings.to_string()).unwrap();
-            command.arg("--config").arg(&path);
-            scratch.push(path);
+        // Every process trusts the balancer's source address, as a
+        // deployment behind HAProxy does (docs/DEPLOYMENT.md), unless its
+        // settings say otherwise; no other test connects from there.
+        let mut settings = self.config.clone().unwrap_or_else(|| serde_json::json!({}));
+        if let Some(settings) = settings.as_object_mut() {
+            settings.entry("trusted_proxies").or_insert_with(|| {
+                serde_json::json!([format!("{}/32", cohort_server::cluster::balancer::BALANCER_SOURCE)])
+            });
         }
+        let path =
+            std::env::temp_dir().join(format!("cohort-serve-{}-{}.json", std::process::id(), next_suffix()));
+        std::fs::write(&path, settings.to_string()).unwrap();
+        command.arg("--config").arg(&path);
+        scratch.push(path);
         match &self.log {
             Some((file, filter)) => {
                 command.stderr(std::fs::File::create(file).unwrap()).env("RUST_LOG", filter);

@@ -44,6 +44,7 @@
 //!   it otherwise).
 
 mod peers;
+pub mod proxy;
 mod reserve;
 mod trim;
 
@@ -69,6 +70,7 @@ use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
 use peers::{PeerCounts, PeerGroup, PeerSlot};
+pub use proxy::TrustedProxies;
 use reserve::Reserve;
 
 /// Limits applied to every connection of a listener.
@@ -201,22 +203,31 @@ pub fn bind(address: SocketAddr, max_connections: usize) -> std::io::Result<TcpL
 
 /// Serves `router` on `listener` until `shutdown` fires (or its sender is
 /// dropped), then shuts down within [`ConnectionLimits::shutdown_grace`].
+/// Connections from `proxies` begin with a PROXY protocol header naming
+/// their client (see [`proxy`]).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     tls: Option<Arc<rustls::ServerConfig>>,
     limits: ConnectionLimits,
+    proxies: TrustedProxies,
     mut shutdown: oneshot::Receiver<()>,
 ) -> std::io::Result<()> {
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let permits = Arc::new(Semaphore::new(limits.max_connections));
-    let per_address = Arc::new(PeerCounts::default());
-    let reserve = Reserve::new();
     let trimmer = tokio::spawn(trim::after_bursts(permits.clone(), limits.max_connections));
     let (closing, close) = watch::channel(false);
+    let admission = Arc::new(Admission {
+        router,
+        acceptor: tls.map(tokio_rustls::TlsAcceptor::from),
+        limits,
+        permits,
+        per_address: Arc::new(PeerCounts::default()),
+        reserve: Reserve::new(),
+        close,
+    });
     let mut connections = JoinSet::new();
     loop {
-        let (stream, peer) = tokio::select! {
+        let (mut stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(connection) => connection,
                 Err(error) => {
@@ -230,46 +241,32 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         while connections.try_join_next().is_some() {}
-        let group = PeerGroup::of(peer.ip());
-        let admitted = per_address
-            .admit(group, limits.max_connections_per_address)
-            .and_then(|slot| Some((permits.clone().try_acquire_owned().ok()?, slot)));
-        let Some((permit, slot)) = admitted else {
-            // Over a cap: probes are answered, the rest refused (plain
-            // HTTP), as long as the reserve has room for this address.
-            if acceptor.is_none()
-                && let Some(reserved) = reserve.admit(group)
-            {
-                connections.spawn(reserve::serve(
-                    stream,
-                    peer,
-                    router.clone(),
-                    limits.header_timeout,
-                    reserved,
-                ));
+        if !proxies.trusts(peer.ip()) {
+            if let Some(connection) = admission.admit(stream, peer, None) {
+                connections.spawn(connection);
             }
             continue;
-        };
-        let connection = Connection {
-            peer,
-            router: router.clone(),
-            limits,
-            close: close.clone(),
-            _permit: permit,
-            _slot: slot,
-        };
-        let acceptor = acceptor.clone();
+        }
+        // From a trusted balancer: the connection takes its place under the
+        // global cap now, and under its client's address's cap once the
+        // header has named the client.
+        let Ok(permit) = admission.permits.clone().try_acquire_owned() else { continue };
+        let admission = admission.clone();
         connections.spawn(async move {
-            let _ = stream.set_nodelay(true);
-            match acceptor {
-                None => connection.serve(stream).await,
-                Some(acceptor) => {
-                    match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => connection.serve(stream).await,
-                        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
+            let header = tokio::time::timeout(limits.header_timeout, proxy::read_header(&mut stream)).await;
+            let client = match header {
+                Ok(Ok(client)) => client.unwrap_or(peer),
+                Ok(Err(error)) => {
+                    tracing::warn!(%peer, %error, "closed a connection from a trusted proxy");
+                    return;
                 }
+                Err(_) => {
+                    tracing::debug!(%peer, "no PROXY protocol header within the header timeout");
+                    return;
+                }
+            };
+            if let Some(connection) = admission.admit(stream, client, Some(permit)) {
+                connection.await;
             }
         });
     }
@@ -288,6 +285,73 @@ pub async fn serve(
         connections.shutdown().await;
     }
     Ok(())
+}
+
+/// A connection's serving, once admitted.
+type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// What admitting a connection under the caps needs.
+struct Admission {
+    router: Router,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    limits: ConnectionLimits,
+    permits: Arc<Semaphore>,
+    per_address: Arc<PeerCounts>,
+    reserve: Reserve,
+    close: watch::Receiver<bool>,
+}
+
+impl Admission {
+    /// Admits a connection from `peer` under the per-address cap and the
+    /// global one (`permit`, if it holds its place already) and returns
+    /// its serving; over a cap, its triage in the reserve (plain HTTP, if
+    /// the reserve has room for the address), or `None` (it is closed).
+    fn admit(
+        &self,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Option<Serving> {
+        let limits = self.limits;
+        let group = PeerGroup::of(peer.ip());
+        let admitted = self.per_address.admit(group, limits.max_connections_per_address).and_then(|slot| {
+            let permit = match permit {
+                Some(permit) => permit,
+                None => self.permits.clone().try_acquire_owned().ok()?,
+            };
+            Some((permit, slot))
+        });
+        let Some((permit, slot)) = admitted else {
+            // Over a cap: probes are answered, the rest refused (plain
+            // HTTP), as long as the reserve has room for this address.
+            let reserved = if self.acceptor.is_none() { self.reserve.admit(group) } else { None };
+            return reserved.map(|reserved| -> Serving {
+                Box::pin(reserve::serve(stream, peer, self.router.clone(), limits.header_timeout, reserved))
+            });
+        };
+        let connection = Connection {
+            peer,
+            router: self.router.clone(),
+            limits,
+            close: self.close.clone(),
+            _permit: permit,
+            _slot: slot,
+        };
+        let acceptor = self.acceptor.clone();
+        Some(Box::pin(async move {
+            let _ = stream.set_nodelay(true);
+            match acceptor {
+                None => connection.serve(stream).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => connection.serve(stream).await,
+                        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
+        }))
+    }
 }
 
 /// One accepted connection and what serving it needs.
@@ -624,15 +688,28 @@ mod tests {
     /// A listener on a free loopback port serving `/healthz`, `/readyz`
     /// and `/work` within `limits`; it stops when the sender is dropped.
     async fn listening(limits: ConnectionLimits) -> (SocketAddr, oneshot::Sender<()>) {
+        listening_behind(limits, TrustedProxies::default()).await
+    }
+
+    /// As [`listening`], with `proxies` trusted; `/peer` answers the
+    /// address the handlers see.
+    async fn listening_behind(
+        limits: ConnectionLimits,
+        proxies: TrustedProxies,
+    ) -> (SocketAddr, oneshot::Sender<()>) {
         use axum::routing::get;
         let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)), limits.max_connections).unwrap();
         let address = listener.local_addr().unwrap();
         let router = Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(|| async { "ready" }))
-            .route("/work", get(|| async { "done" }));
+            .route("/work", get(|| async { "done" }))
+            .route(
+                "/peer",
+                get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.ip().to_string() }),
+            );
         let (stop, signal) = oneshot::channel();
-        tokio::spawn(serve(listener, router, None, limits, signal));
+        tokio::spawn(serve(listener, router, None, limits, proxies, signal));
         (address, stop)
     }
 
@@ -646,17 +723,21 @@ mod tests {
     /// `GET path` from `source` on a fresh connection: the status and the
     /// whole response.
     async fn get_from(source: [u8; 4], address: SocketAddr, path: &str) -> (u16, String) {
+        let text = request_from(source, address, b"", path).await;
+        (text.split_whitespace().nth(1).unwrap().parse().unwrap(), text)
+    }
+
+    /// `prefix`, then `GET path`, from `source` on a fresh connection: the
+    /// whole response (empty if the connection was closed without one).
+    async fn request_from(source: [u8; 4], address: SocketAddr, prefix: &[u8], path: &str) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = connect_from(source, address).await;
         let head = format!("GET {path} HTTP/1.1\r\nHost: cohort\r\nConnection: close\r\n\r\n");
-        stream.write_all(head.as_bytes()).await.unwrap();
+        let _ = stream.write_all(&[prefix, head.as_bytes()].concat()).await;
         let mut response = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
-            .await
-            .unwrap()
-            .unwrap();
-        let text = String::from_utf8_lossy(&response).into_owned();
-        (text.split_whitespace().nth(1).unwrap().parse().unwrap(), text)
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response)).await;
+        assert!(read.is_ok(), "no answer within 5 s");
+        String::from_utf8_lossy(&response).into_owned()
     }
 
     fn small(max_connections: usize, max_connections_per_address: usize) -> ConnectionLimits {
@@ -717,6 +798,66 @@ mod tests {
         assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "still open after 5 s: {read:?}");
         let elapsed = started.elapsed();
         assert!(elapsed >= Duration::from_millis(300), "closed before the header timeout: {elapsed:?}");
+    }
+
+    /// A PROXY protocol header from a balancer for `client`.
+    fn proxied(client: [u8; 4], address: SocketAddr) -> Vec<u8> {
+        proxy::v2_header(SocketAddr::from((client, 40_000)), address, &[])
+    }
+
+    #[tokio::test]
+    async fn a_trusted_proxy_s_header_names_the_client_to_the_handlers_and_the_caps() {
+        use tokio::io::AsyncWriteExt;
+        let proxies = TrustedProxies::new(["127.0.0.2/32".parse().unwrap()]);
+        let (address, _stop) = listening_behind(small(16, 1), proxies).await;
+        let answer =
+            request_from([127, 0, 0, 2], address, &proxied([203, 0, 113, 1], address), "/peer").await;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("\r\n203.0.113.1"), "{answer}");
+        // Client 203.0.113.1 holds its one connection through the balancer:
+        // its next is over its cap, another client's is not, and neither
+        // counts against the balancer's own address.
+        let mut held = connect_from([127, 0, 0, 2], address).await;
+        held.write_all(&proxied([203, 0, 113, 1], address)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let over = request_from([127, 0, 0, 2], address, &proxied([203, 0, 113, 1], address), "/work").await;
+        assert!(over.starts_with("HTTP/1.1 503"), "{over}");
+        let other = request_from([127, 0, 0, 2], address, &proxied([203, 0, 113, 2], address), "/peer").await;
+        assert!(other.ends_with("\r\n203.0.113.2"), "{other}");
+        // A balancer's health check (LOCAL) stays at the balancer's address.
+        let mut local = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+        local.extend([0x20, 0x00, 0, 0]);
+        let check = request_from([127, 0, 0, 2], address, &local, "/peer").await;
+        assert!(check.ends_with("\r\n127.0.0.2"), "{check}");
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn a_trusted_proxy_must_send_the_header_and_nobody_else_can() {
+        let proxies = TrustedProxies::new(["127.0.0.2/32".parse().unwrap()]);
+        let (address, _stop) = listening_behind(ConnectionLimits::default(), proxies).await;
+        // From the balancer's address without a header: closed unanswered.
+        assert_eq!(request_from([127, 0, 0, 2], address, b"", "/peer").await, "");
+        // From any other address a header is not read: it is bytes that
+        // are not HTTP, and the address stays the connection's own.
+        let forged =
+            request_from([127, 0, 0, 3], address, &proxied([203, 0, 113, 9], address), "/peer").await;
+        assert!(forged.starts_with("HTTP/1.1 400"), "{forged}");
+        let plain = request_from([127, 0, 0, 3], address, b"", "/peer").await;
+        assert!(plain.ends_with("\r\n127.0.0.3"), "{plain}");
+    }
+
+    #[tokio::test]
+    async fn a_trusted_proxy_that_sends_no_header_is_closed_at_the_header_timeout() {
+        use tokio::io::AsyncReadExt;
+        let limits =
+            ConnectionLimits { header_timeout: Duration::from_millis(300), ..ConnectionLimits::default() };
+        let proxies = TrustedProxies::new(["127.0.0.2/32".parse().unwrap()]);
+        let (address, _stop) = listening_behind(limits, proxies).await;
+        let started = Instant::now();
+        let mut silent = connect_from([127, 0, 0, 2], address).await;
+        let read = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut [0u8; 8])).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "still open after 5 s: {read:?}");
+        assert!(started.elapsed() >= Duration::from_millis(300), "closed before the header timeout");
     }
 
     #[test]

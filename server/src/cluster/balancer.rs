@@ -4,8 +4,10 @@
 //! [`crate::cluster::affinity`]; a cookie that names a replica that is down
 //! is ignored), health checks on readiness (so that a replica that cannot
 //! reach the database leaves the rotation), retries of requests that never
-//! reached a replica, and a request id for every request that does not
-//! bring one. docs/DEPLOYMENT.md shows it; the
+//! reached a replica, a request id for every request that does not bring
+//! one, and the PROXY protocol (version 2), from its own source address
+//! [`BALANCER_SOURCE`], so that the replicas see each client's address
+//! (see [`crate::api::listener::proxy`]). docs/DEPLOYMENT.md shows it; the
 //! replica tests and `cohort bench load --replicas` start HAProxy with it.
 
 use std::fmt::Write;
@@ -13,6 +15,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use super::affinity;
+
+/// The address the balancer connects to the replicas from: the one address
+/// the replicas trust to send a PROXY protocol header (`trusted_proxies`).
+/// It is not the replicas' own, because they reach each other directly,
+/// without a header.
+pub const BALANCER_SOURCE: &str = "127.0.2.1";
 
 /// The configuration of a balancer on `127.0.0.1:port` in front of
 /// replicas on the loopback `backends` ports (each advertising
@@ -29,7 +37,8 @@ pub fn haproxy_config(port: u16, backends: &[u16]) -> String {
          default_backend replicas\n\n\
          backend replicas\n    balance roundrobin\n    cookie {cookie} insert indirect preserve nocache httponly\n    \
          option httpchk GET /readyz\n    http-check expect status 200\n    \
-         default-server inter 300ms fall 2 rise 2 on-marked-down shutdown-sessions\n"
+         default-server inter 300ms fall 2 rise 2 on-marked-down shutdown-sessions \
+         send-proxy-v2 check-send-proxy source {BALANCER_SOURCE}\n"
     );
     for (i, backend) in backends.iter().enumerate() {
         let name = affinity::name_of(&format!("http://127.0.0.1:{backend}"));

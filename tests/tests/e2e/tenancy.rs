@@ -454,6 +454,9 @@ fn two_projects_share_one_coordinator(port: u16, single_process: bool) {
             };
             assert_eq!(entry.role, role, "{entry:?}");
             assert_eq!(entry.outcome == "ok", (200..300).contains(&entry.status), "{entry:?}");
+            // The test's own address. Behind HAProxy, which connects from
+            // 127.0.2.1, that proves the replicas took each client's address
+            // from the balancer's PROXY protocol header.
             assert_eq!(entry.address.as_deref(), Some("127.0.0.1"), "{entry:?}");
             // Through replicas an action may first be asked to come back
             // (`503`, the task's lead settling), which is logged as such;
@@ -546,7 +549,8 @@ fn two_projects_share_a_coordinator_on_postgres() {
 
 /// Through three replicas behind HAProxy: requests about a task are
 /// forwarded to the replica that leads it, which checks the key again and
-/// logs the action with the caller's address the first replica vouched for.
+/// logs the action with the caller's address the first replica vouched for,
+/// which it read from the balancer's PROXY protocol header.
 #[test]
 fn two_projects_share_replicas_behind_haproxy() {
     let _heavy = cohort_tests::exclusive();

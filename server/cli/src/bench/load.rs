@@ -266,10 +266,16 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     let admin_token = new_token();
     let exe = std::env::current_exe().context("locating the cohort binary")?;
     let free_port = || -> Result<u16> { Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
-    // Every client, and the balancer, connects from 127.0.0.1: one address
-    // standing for many hosts, so no address is held back before the cap.
+    // Every client connects from 127.0.0.1: one address standing for many
+    // hosts, so no address is held back before the cap. The balancer names
+    // each client in a PROXY protocol header, from the address the replicas
+    // trust to send one.
     let settings = work.join("serve.json");
-    std::fs::write(&settings, json!({ "max_connections_per_address": usize::MAX }).to_string())?;
+    let balancer = format!("{}/32", cohort_server::cluster::balancer::BALANCER_SOURCE);
+    std::fs::write(
+        &settings,
+        json!({ "max_connections_per_address": usize::MAX, "trusted_proxies": [balancer] }).to_string(),
+    )?;
     let mut servers = Vec::with_capacity(args.replicas);
     for _ in 0..args.replicas {
         let port = free_port()?;
