@@ -47,12 +47,16 @@ PATH="/usr/bin:$PATH" RUSTC_BOOTSTRAP=1 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINK
 log "cohort-mobile for aarch64-linux-android (staticlib, Debian rustc-web, -Zbuild-std)"
 # No NDK here, so nothing is linked: the check is that the bindings compile
 # for Android and export every JNI and C entry point. clang builds ring's C
-# code freestanding (no Android sysroot).
+# code freestanding (no Android sysroot). Nothing runs, so nothing is
+# optimised and no debug information is written: cold, the build (std
+# included) took 2 min 35 s on two cores, against about 7 min with the dev
+# profile's optimised dependencies.
 android_lib="${CARGO_TARGET_DIR}-android/aarch64-linux-android/debug/libcohort_mobile.a"
 PATH="/usr/bin:$PATH" RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="${CARGO_TARGET_DIR}-android" \
     CC_aarch64_linux_android=clang AR_aarch64_linux_android=llvm-ar \
     CFLAGS_aarch64_linux_android="-ffreestanding -nostdlibinc -DRING_CORE_NOSTDLIBINC=1" \
-    cargo rustc --locked -Zbuild-std=std,panic_abort --target aarch64-linux-android \
+    cargo rustc --locked --config 'profile.dev.package."*".opt-level=0' --config profile.dev.debug=0 \
+    -Zbuild-std=std,panic_abort --target aarch64-linux-android \
     -p cohort-mobile --lib --crate-type staticlib
 exported=$(llvm-nm --defined-only "$android_lib" 2>/dev/null | grep -cE ' T (Java_org_cohort_CohortClient_native|cohort_)')
 declared=$(grep -cE '^pub (unsafe )?extern "(C|system)" fn' mobile/src/ffi.rs mobile/src/jni.rs | awk -F: '{s += $2} END {print s}')
