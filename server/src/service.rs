@@ -147,6 +147,9 @@ pub enum ServiceError {
     /// A limit is out of range.
     #[error(transparent)]
     Limits(#[from] crate::api::listener::LimitsError),
+    /// `trusted_proxies` trusts too much.
+    #[error(transparent)]
+    Proxies(#[from] crate::api::listener::proxy::ProxiesError),
     /// `max_admin_streams` is zero.
     #[error("max_admin_streams must be positive")]
     NoAdminStreams,
@@ -228,6 +231,7 @@ impl Service {
     /// called within a tokio runtime.
     pub async fn start(config: ServiceConfig) -> Result<Self, ServiceError> {
         config.connections.validate().map_err(ServiceError::Limits)?;
+        let proxies = crate::api::listener::TrustedProxies::checked(config.trusted_proxies.iter().copied())?;
         if config.max_admin_streams == 0 {
             return Err(ServiceError::NoAdminStreams);
         }
@@ -281,7 +285,7 @@ impl Service {
             router,
             tls.map(std::sync::Arc::new),
             config.connections,
-            crate::api::listener::TrustedProxies::new(config.trusted_proxies.iter().copied()),
+            proxies,
             signal,
         ));
         Ok(Self {

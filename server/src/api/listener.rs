@@ -23,6 +23,13 @@
 //!   per address, each for at most a few seconds, so one host cannot fill
 //!   it either. Over TLS a connection over a cap is closed at once
 //!   (answering needs a handshake, which is the expensive part of TLS).
+//! * **Trusted balancers.** A connection from a network in
+//!   `trusted_proxies` begins with a PROXY protocol header naming its
+//!   client ([`proxy`]): it takes its place under the global cap (or, with
+//!   the cap full, in the reserve, so that the balancer's health checks
+//!   are answered) when accepted, and under its client's per-address cap
+//!   once the header, read within the header timeout, has named the
+//!   client.
 //! * **Header timeout.** A client has [`ConnectionLimits::header_timeout`]
 //!   to complete the TLS handshake, then as long again to send its first
 //!   request head (a connection that sends nothing is closed then, not at
@@ -249,24 +256,43 @@ pub async fn serve(
         }
         // From a trusted balancer: the connection takes its place under the
         // global cap now, and under its client's address's cap once the
-        // header has named the client.
-        let Ok(permit) = admission.permits.clone().try_acquire_owned() else { continue };
+        // header has named the client. Over the global cap it takes a place
+        // in the reserve instead (plain HTTP), so that the balancer's health
+        // checks are answered while the cap is full.
+        let place = match admission.permits.clone().try_acquire_owned() {
+            Ok(permit) => Place::Served(permit),
+            Err(_) => match admission.reserve.hold() {
+                Some(held) if admission.acceptor.is_none() => Place::Reserve(held),
+                _ => continue,
+            },
+        };
         let admission = admission.clone();
         connections.spawn(async move {
-            let header = tokio::time::timeout(limits.header_timeout, proxy::read_header(&mut stream)).await;
-            let client = match header {
+            let within = match place {
+                Place::Served(_) => limits.header_timeout,
+                Place::Reserve(_) => reserve::HEAD_TIMEOUT.min(limits.header_timeout),
+            };
+            let client = match tokio::time::timeout(within, proxy::read_header(&mut stream)).await {
                 Ok(Ok(client)) => client.unwrap_or(peer),
-                Ok(Err(error)) => {
-                    tracing::warn!(%peer, %error, "closed a connection from a trusted proxy");
-                    return;
-                }
+                Ok(Err(error)) => return refused_header(peer, &error),
                 Err(_) => {
                     tracing::debug!(%peer, "no PROXY protocol header within the header timeout");
                     return;
                 }
             };
-            if let Some(connection) = admission.admit(stream, client, Some(permit)) {
-                connection.await;
+            match place {
+                Place::Served(permit) => {
+                    if let Some(connection) = admission.admit(stream, client, Some(permit)) {
+                        connection.await;
+                    }
+                }
+                Place::Reserve(held) => {
+                    let group = PeerGroup::of(client.ip());
+                    if let Some(reserved) = admission.reserve.admit_held(held, group) {
+                        let router = admission.router.clone();
+                        reserve::serve(stream, client, router, limits.header_timeout, reserved).await;
+                    }
+                }
             }
         });
     }
@@ -285,6 +311,32 @@ pub async fn serve(
         connections.shutdown().await;
     }
     Ok(())
+}
+
+/// Where a connection from a trusted balancer waits for its header.
+enum Place {
+    /// Under the global cap.
+    Served(tokio::sync::OwnedSemaphorePermit),
+    /// In the reserve: the global cap is full.
+    Reserve(tokio::sync::OwnedSemaphorePermit),
+}
+
+/// Logs a connection from a trusted balancer closed for its header: at
+/// `warn` at most once a minute (a balancer configured without the header
+/// would otherwise write a line a connection), at `debug` otherwise.
+fn refused_header(peer: SocketAddr, error: &proxy::HeaderError) {
+    static LAST_WARNED: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    let last = LAST_WARNED.load(Ordering::Relaxed);
+    if now >= last + 60
+        && LAST_WARNED.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    {
+        tracing::warn!(%peer, %error, "closed a connection from a trusted proxy (logged once a minute)");
+    } else {
+        tracing::debug!(%peer, %error, "closed a connection from a trusted proxy");
+    }
 }
 
 /// A connection's serving, once admitted.
@@ -828,6 +880,24 @@ mod tests {
         local.extend([0x20, 0x00, 0, 0]);
         let check = request_from([127, 0, 0, 2], address, &local, "/peer").await;
         assert!(check.ends_with("\r\n127.0.0.2"), "{check}");
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn a_balancer_s_health_checks_are_answered_while_the_cap_is_full() {
+        let proxies = TrustedProxies::new(["127.0.0.2/32".parse().unwrap()]);
+        let (address, _stop) = listening_behind(small(4, 4), proxies).await;
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(connect_from([127, 0, 0, 3], address).await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut local = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+        local.extend([0x20, 0x00, 0, 0]);
+        let check = request_from([127, 0, 0, 2], address, &local, "/readyz").await;
+        assert!(check.starts_with("HTTP/1.1 200"), "a health check over the cap: {check}");
+        let work = request_from([127, 0, 0, 2], address, &proxied([203, 0, 113, 1], address), "/work").await;
+        assert!(work.starts_with("HTTP/1.1 503") && work.contains("retry-after: 1"), "{work}");
         drop(held);
     }
 

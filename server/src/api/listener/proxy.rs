@@ -35,10 +35,52 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 #[derive(Debug, Clone, Default)]
 pub struct TrustedProxies(Arc<[IpNet]>);
 
+/// Why a `trusted_proxies` list was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProxiesError {
+    /// A network written with bits set past its prefix (`10.0.0.5/8`),
+    /// which would trust far more than the address it names.
+    #[error(
+        "trusted_proxies: {0} has bits set past its prefix; write {1} if that is meant, or the balancer's own address"
+    )]
+    HostBits(IpNet, IpNet),
+    /// A network that holds every address (`0.0.0.0/0`, `::/0`): anyone
+    /// could name any client.
+    #[error("trusted_proxies: {0} trusts every address; list the balancers' own addresses")]
+    Everything(IpNet),
+}
+
 impl TrustedProxies {
-    /// Trusts connections from `networks`.
+    /// Trusts connections from `networks`, as given.
     pub fn new(networks: impl IntoIterator<Item = IpNet>) -> Self {
         Self(networks.into_iter().collect())
+    }
+
+    /// Trusts connections from `networks`, refusing a network written with
+    /// bits past its prefix or one that holds every address, and taking an
+    /// IPv4-mapped IPv6 network (`::ffff:10.0.0.5/128`) as the IPv4 one
+    /// (the listener compares a peer by its IPv4 address).
+    pub fn checked(networks: impl IntoIterator<Item = IpNet>) -> Result<Self, ProxiesError> {
+        let mut checked = Vec::new();
+        for network in networks {
+            if network.prefix_len() == 0 {
+                return Err(ProxiesError::Everything(network));
+            }
+            if network != network.trunc() {
+                return Err(ProxiesError::HostBits(network, network.trunc()));
+            }
+            let mapped = match network {
+                IpNet::V6(v6) if v6.prefix_len() > 96 => v6
+                    .network()
+                    .to_ipv4_mapped()
+                    .and_then(|v4| ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).ok()),
+                _ => None,
+            };
+            let network = mapped.map_or(network, IpNet::V4);
+            checked.push(network);
+        }
+        Ok(Self(checked.into()))
     }
 
     /// Whether a connection from `address` must begin with a header (an
@@ -124,7 +166,11 @@ pub(super) fn v2_address(header: &[u8]) -> Result<Option<SocketAddr>, HeaderErro
     }
     Ok(match parsed.addresses {
         Addresses::IPv4(ip) => Some(SocketAddr::from((ip.source_address, ip.source_port))),
-        Addresses::IPv6(ip) => Some(SocketAddr::from((ip.source_address, ip.source_port))),
+        // A balancer names an IPv4 client in IPv6 form (::ffff:a.b.c.d)
+        // when its listener's family differs: the client is the IPv4 one.
+        Addresses::IPv6(ip) => {
+            Some(SocketAddr::new(IpAddr::V6(ip.source_address).to_canonical(), ip.source_port))
+        }
         Addresses::Unspecified | Addresses::Unix(_) => None,
     })
 }
@@ -161,7 +207,9 @@ pub(super) fn v1_address(line: &[u8]) -> Result<Option<SocketAddr>, HeaderError>
     }
     Ok(match parsed.addresses {
         Addresses::Tcp4(ip) => Some(SocketAddr::from((ip.source_address, ip.source_port))),
-        Addresses::Tcp6(ip) => Some(SocketAddr::from((ip.source_address, ip.source_port))),
+        Addresses::Tcp6(ip) => {
+            Some(SocketAddr::new(IpAddr::V6(ip.source_address).to_canonical(), ip.source_port))
+        }
         Addresses::Unknown => None,
     })
 }
@@ -284,6 +332,28 @@ mod tests {
                 "{line:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_mapped_ipv4_client_is_its_ipv4_address() {
+        let (result, _) = read(b"PROXY TCP6 ::ffff:198.51.100.9 ::ffff:10.0.0.5 51000 8080\r\n");
+        assert_eq!(result.unwrap(), Some(address("198.51.100.9:51000")));
+        let (result, _) = read(&v2_header(address("[::ffff:203.0.113.7]:1"), address("[::1]:2"), &[]));
+        assert_eq!(result.unwrap(), Some(address("203.0.113.7:1")));
+    }
+
+    #[test]
+    fn a_trusted_list_that_trusts_too_much_is_refused() {
+        let checked = |text: &str| TrustedProxies::checked([text.parse::<IpNet>().unwrap()]);
+        assert!(matches!(checked("10.0.0.5/8"), Err(ProxiesError::HostBits(..))));
+        assert!(checked("10.0.0.5/8").unwrap_err().to_string().contains("10.0.0.0/8"));
+        assert!(matches!(checked("0.0.0.0/0"), Err(ProxiesError::Everything(_))));
+        assert!(matches!(checked("::/0"), Err(ProxiesError::Everything(_))));
+        let mapped = checked("::ffff:10.0.0.5/128").unwrap();
+        assert!(
+            mapped.trusts("10.0.0.5".parse().unwrap()) && mapped.trusts("::ffff:10.0.0.5".parse().unwrap())
+        );
+        assert!(checked("2001:db8::/32").unwrap().trusts("2001:db8::1".parse().unwrap()));
     }
 
     #[test]

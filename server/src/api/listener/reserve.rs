@@ -69,6 +69,21 @@ impl Reserve {
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         Some(Reserved { _permit: permit, _slot: slot })
     }
+
+    /// A place for a connection whose address is not known yet (a trusted
+    /// balancer's, before its PROXY protocol header), if one is free: it
+    /// counts against the reserve's total now and against its client's
+    /// share once the header names the client ([`Reserve::admit_held`]).
+    pub(super) fn hold(&self) -> Option<OwnedSemaphorePermit> {
+        self.permits.clone().try_acquire_owned().ok()
+    }
+
+    /// The place `held` (from [`Reserve::hold`]) for a connection from
+    /// `group`, if the group has room.
+    pub(super) fn admit_held(&self, held: OwnedSemaphorePermit, group: PeerGroup) -> Option<Reserved> {
+        let slot = self.groups.admit(group, RESERVED_PER_GROUP)?;
+        Some(Reserved { _permit: held, _slot: slot })
+    }
 }
 
 /// Whether `request` is a health or readiness probe.
