@@ -1,6 +1,13 @@
 //! Rate limits on the client API, per network address and per credential,
 //! with GCRA limiters from the `governor` crate.
 //!
+//! An address is counted as its network: an IPv4 address alone, an IPv6
+//! address by its /64 (the block one host or one customer line is given,
+//! in which a host picks any address at will: counting single addresses
+//! would give it 2^64 budgets), an IPv4 address mapped into IPv6 as the
+//! IPv4 address it is. The connection caps count alike
+//! (`listener::peers`).
+//!
 //! Enrollment is limited per address and per enrollment token (it is the
 //! call that creates state, and a token may be public, as the demo's is;
 //! a token may carry its own rate, see [`Limiters::check_token`]);
@@ -83,6 +90,15 @@ impl Default for RateLimits {
     }
 }
 
+/// The key an address is limited under: an IPv4 address itself (also
+/// when mapped into IPv6), an IPv6 address with its last 64 bits cleared.
+pub fn network(address: IpAddr) -> IpAddr {
+    match address.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from_bits(v6.to_bits() & !u128::from(u64::MAX))),
+    }
+}
+
 /// A limited call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Call {
@@ -160,7 +176,9 @@ impl Limiters {
             Call::AdminRefusal => (&None, &inner.admin_refusal_key),
         };
         if let (Some(limiter), Some(address)) = (by_address, address) {
-            limiter.check_key(&address).map_err(|not_until| not_until.wait_time_from(inner.clock.now()))?;
+            limiter
+                .check_key(&network(address))
+                .map_err(|not_until| not_until.wait_time_from(inner.clock.now()))?;
         }
         if let (Some(limiter), Some(credential)) = (by_credential, credential) {
             limiter
@@ -250,6 +268,27 @@ mod tests {
         assert!(wait > Duration::from_millis(900) && wait <= Duration::from_secs(1), "{wait:?}");
         // Another address has its own budget.
         assert_eq!(limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 0, 2])), None), Ok(()));
+    }
+
+    #[test]
+    fn an_ipv6_64_shares_one_budget_and_a_mapped_ipv4_is_itself() {
+        let limiters = Limiters::new(&limits(Rate { per_minute: 1, burst: 2 }));
+        let v6 = |text: &str| Some(text.parse::<IpAddr>().unwrap());
+        assert_eq!(limiters.check(Call::Enroll, v6("2001:db8:1:2::1"), None), Ok(()));
+        assert_eq!(limiters.check(Call::Enroll, v6("2001:db8:1:2:ffff:0:0:7"), None), Ok(()));
+        // A third address of the same /64 is the same host's third call.
+        assert!(limiters.check(Call::Enroll, v6("2001:db8:1:2:8000::9"), None).is_err());
+        // The next /64 has its own budget.
+        assert_eq!(limiters.check(Call::Enroll, v6("2001:db8:1:3::1"), None), Ok(()));
+        // An IPv4 address mapped into IPv6 shares its budget with itself.
+        assert_eq!(limiters.check(Call::Enroll, v6("::ffff:10.0.0.9"), None), Ok(()));
+        assert_eq!(limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 0, 9])), None), Ok(()));
+        assert!(limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 0, 9])), None).is_err());
+        assert_eq!(limiters.check(Call::Enroll, Some(IpAddr::from([10, 0, 0, 10])), None), Ok(()));
+        assert_eq!(
+            network("2001:db8:1:2:aaaa:bbbb:cccc:dddd".parse().unwrap()),
+            v6("2001:db8:1:2::").unwrap()
+        );
     }
 
     #[test]
