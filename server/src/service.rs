@@ -41,6 +41,10 @@ pub struct ServiceConfig {
     /// naming the client (see [`crate::api::listener::proxy`]); empty, no
     /// header is read.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The HTTP reverse proxies whose requests name the client in
+    /// `X-Forwarded-For` (see [`crate::api::listener::forwarded`]); empty,
+    /// the header is never read.
+    pub trusted_http_proxies: Vec<ipnet::IpNet>,
     /// Rate limits of the client API (see [`crate::api::ratelimit`]).
     pub rate_limits: RateLimits,
     /// Most model parameters over all unfinished tasks.
@@ -70,6 +74,7 @@ impl ServiceConfig {
             demo: false,
             connections: ConnectionLimits::default(),
             trusted_proxies: Vec::new(),
+            trusted_http_proxies: Vec::new(),
             rate_limits: RateLimits::default(),
             max_total_parameters: crate::api::DEFAULT_MAX_TOTAL_PARAMETERS,
             max_admin_streams: crate::api::events::DEFAULT_MAX_ADMIN_STREAMS,
@@ -147,7 +152,7 @@ pub enum ServiceError {
     /// A limit is out of range.
     #[error(transparent)]
     Limits(#[from] crate::api::listener::LimitsError),
-    /// `trusted_proxies` trusts too much.
+    /// `trusted_proxies` or `trusted_http_proxies` trusts too much.
     #[error(transparent)]
     Proxies(#[from] crate::api::listener::proxy::ProxiesError),
     /// `max_admin_streams` is zero.
@@ -231,7 +236,13 @@ impl Service {
     /// called within a tokio runtime.
     pub async fn start(config: ServiceConfig) -> Result<Self, ServiceError> {
         config.connections.validate().map_err(ServiceError::Limits)?;
-        let proxies = crate::api::listener::TrustedProxies::checked(config.trusted_proxies.iter().copied())?;
+        let proxies = crate::api::listener::Proxies {
+            protocol: crate::api::listener::TrustedProxies::checked(config.trusted_proxies.iter().copied())?,
+            http: crate::api::listener::TrustedProxies::checked_as(
+                "trusted_http_proxies",
+                config.trusted_http_proxies.iter().copied(),
+            )?,
+        };
         if config.max_admin_streams == 0 {
             return Err(ServiceError::NoAdminStreams);
         }

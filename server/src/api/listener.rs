@@ -30,6 +30,11 @@
 //!   are answered) when accepted, and under its client's per-address cap
 //!   once the header, read within the header timeout, has named the
 //!   client.
+//! * **Trusted HTTP proxies.** On a connection from a network in
+//!   `trusted_http_proxies`, each request's client is the last
+//!   `X-Forwarded-For` entry ([`forwarded`]). Such a proxy multiplexes
+//!   many clients over its connections, so they count under the global cap
+//!   only, not under the proxy's address's cap.
 //! * **Header timeout.** A client has [`ConnectionLimits::header_timeout`]
 //!   to complete the TLS handshake, then as long again to send its first
 //!   request head (a connection that sends nothing is closed then, not at
@@ -50,6 +55,7 @@
 //!   asked to hand what they used back to the system (`trim`: glibc keeps
 //!   it otherwise).
 
+pub mod forwarded;
 mod peers;
 pub mod proxy;
 mod reserve;
@@ -208,18 +214,37 @@ pub fn bind(address: SocketAddr, max_connections: usize) -> std::io::Result<TcpL
     socket.listen(u32::try_from(max_connections).unwrap_or(u32::MAX).clamp(1024, 65_535))
 }
 
+/// The proxies whose word on a client's address is taken.
+#[derive(Debug, Clone, Default)]
+pub struct Proxies {
+    /// Their connections begin with a PROXY protocol header naming the
+    /// client (`trusted_proxies`, see [`proxy`]).
+    pub protocol: TrustedProxies,
+    /// Their requests name the client in `X-Forwarded-For`
+    /// (`trusted_http_proxies`, see [`forwarded`]).
+    pub http: TrustedProxies,
+}
+
+impl From<TrustedProxies> for Proxies {
+    fn from(protocol: TrustedProxies) -> Self {
+        Self { protocol, http: TrustedProxies::default() }
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` fires (or its sender is
 /// dropped), then shuts down within [`ConnectionLimits::shutdown_grace`].
-/// Connections from `proxies` begin with a PROXY protocol header naming
-/// their client (see [`proxy`]).
+/// Connections from `proxies.protocol` begin with a PROXY protocol header
+/// naming their client (see [`proxy`]); requests on connections from
+/// `proxies.http` name theirs in `X-Forwarded-For` (see [`forwarded`]).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     tls: Option<Arc<rustls::ServerConfig>>,
     limits: ConnectionLimits,
-    proxies: TrustedProxies,
+    proxies: Proxies,
     mut shutdown: oneshot::Receiver<()>,
 ) -> std::io::Result<()> {
+    let Proxies { protocol: proxies, http: http_proxies } = proxies;
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let trimmer = tokio::spawn(trim::after_bursts(permits.clone(), limits.max_connections));
     let (closing, close) = watch::channel(false);
@@ -230,6 +255,7 @@ pub async fn serve(
         permits,
         per_address: Arc::new(PeerCounts::default()),
         reserve: Reserve::new(),
+        http_proxies,
         close,
     });
     let mut connections = JoinSet::new();
@@ -249,7 +275,7 @@ pub async fn serve(
         };
         while connections.try_join_next().is_some() {}
         if !proxies.trusts(peer.ip()) {
-            if let Some(connection) = admission.admit(stream, peer, None) {
+            if let Some(connection) = admission.admit(stream, peer, None, true) {
                 connections.spawn(connection);
             }
             continue;
@@ -282,7 +308,9 @@ pub async fn serve(
             };
             match place {
                 Place::Served(permit) => {
-                    if let Some(connection) = admission.admit(stream, client, Some(permit)) {
+                    // Named by a PROXY protocol header: never a trusted HTTP
+                    // proxy, whatever address the header names.
+                    if let Some(connection) = admission.admit(stream, client, Some(permit), false) {
                         connection.await;
                     }
                 }
@@ -350,6 +378,7 @@ struct Admission {
     permits: Arc<Semaphore>,
     per_address: Arc<PeerCounts>,
     reserve: Reserve,
+    http_proxies: TrustedProxies,
     close: watch::Receiver<bool>,
 }
 
@@ -358,15 +387,22 @@ impl Admission {
     /// global one (`permit`, if it holds its place already) and returns
     /// its serving; over a cap, its triage in the reserve (plain HTTP, if
     /// the reserve has room for the address), or `None` (it is closed).
+    /// `peer` is the connection's own address where `direct`, else the
+    /// client a PROXY protocol header named: only a direct connection from
+    /// a trusted HTTP proxy has its `X-Forwarded-For` read.
     fn admit(
         &self,
         stream: tokio::net::TcpStream,
         peer: SocketAddr,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        direct: bool,
     ) -> Option<Serving> {
         let limits = self.limits;
         let group = PeerGroup::of(peer.ip());
-        let admitted = self.per_address.admit(group, limits.max_connections_per_address).and_then(|slot| {
+        // A trusted HTTP proxy carries many clients: the global cap only.
+        let forwarded = direct && self.http_proxies.trusts(peer.ip());
+        let cap = if forwarded { usize::MAX } else { limits.max_connections_per_address };
+        let admitted = self.per_address.admit(group, cap).and_then(|slot| {
             let permit = match permit {
                 Some(permit) => permit,
                 None => self.permits.clone().try_acquire_owned().ok()?,
@@ -383,6 +419,7 @@ impl Admission {
         };
         let connection = Connection {
             peer,
+            forwarded,
             router: self.router.clone(),
             limits,
             close: self.close.clone(),
@@ -409,6 +446,9 @@ impl Admission {
 /// One accepted connection and what serving it needs.
 struct Connection {
     peer: SocketAddr,
+    /// From a trusted HTTP proxy: each request's client is in its
+    /// `X-Forwarded-For`.
+    forwarded: bool,
     router: Router,
     limits: ConnectionLimits,
     close: watch::Receiver<bool>,
@@ -424,14 +464,27 @@ impl Connection {
         let limits = self.limits;
         let activity = Arc::new(Activity::new());
         let service = {
-            let (router, activity, peer) = (self.router.clone(), activity.clone(), self.peer);
+            let (router, activity, peer, forwarded) =
+                (self.router.clone(), activity.clone(), self.peer, self.forwarded);
             hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
                 let (router, guard) = (router.clone(), activity.begin());
                 async move {
                     let mut request = request.map(|body| {
                         Body::new(MinRateBody::new(body, limits.body_min_rate, limits.body_grace))
                     });
-                    request.extensions_mut().insert(ConnectInfo(peer));
+                    let client = if forwarded {
+                        match forwarded::client(request.headers()) {
+                            Ok(client) => client.map_or(peer, |ip| SocketAddr::new(ip, 0)),
+                            Err(error) => {
+                                let refusal = (axum::http::StatusCode::BAD_REQUEST, error.to_string());
+                                let response = axum::response::IntoResponse::into_response(refusal);
+                                return Ok(response.map(|body| Body::new(InFlight { body, _guard: guard })));
+                            }
+                        }
+                    } else {
+                        peer
+                    };
+                    request.extensions_mut().insert(ConnectInfo(client));
                     let response = router.oneshot(request).await.unwrap_or_else(|e: Infallible| match e {});
                     Ok::<_, Infallible>(response.map(|body| Body::new(InFlight { body, _guard: guard })))
                 }
@@ -747,8 +800,9 @@ mod tests {
     /// address the handlers see.
     async fn listening_behind(
         limits: ConnectionLimits,
-        proxies: TrustedProxies,
+        proxies: impl Into<Proxies>,
     ) -> (SocketAddr, oneshot::Sender<()>) {
+        let proxies = proxies.into();
         use axum::routing::get;
         let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)), limits.max_connections).unwrap();
         let address = listener.local_addr().unwrap();
@@ -914,6 +968,90 @@ mod tests {
         assert!(forged.starts_with("HTTP/1.1 400"), "{forged}");
         let plain = request_from([127, 0, 0, 3], address, b"", "/peer").await;
         assert!(plain.ends_with("\r\n127.0.0.3"), "{plain}");
+    }
+
+    /// `GET /peer` from `source` with `X-Forwarded-For: forwarded` (if
+    /// any), on `stream` (kept open): the status and the address the
+    /// handler saw.
+    async fn peer_via(stream: &mut tokio::net::TcpStream, forwarded: Option<&str>) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let header = forwarded.map_or(String::new(), |value| format!("X-Forwarded-For: {value}\r\n"));
+        let head = format!("GET /peer HTTP/1.1\r\nHost: cohort\r\n{header}\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        let mut buffer = [0u8; 1024];
+        // One response: its head, then the body its length announces.
+        loop {
+            let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await;
+            let n = read.expect("an answer within 5 s").unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&response));
+            response.extend_from_slice(&buffer[..n]);
+            let text = String::from_utf8_lossy(&response).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length: usize = head
+                    .lines()
+                    .find_map(|line| {
+                        line.to_ascii_lowercase().strip_prefix("content-length: ").map(str::to_owned)
+                    })
+                    .and_then(|n| n.trim().parse().ok())
+                    .unwrap_or(0);
+                if body.len() >= length {
+                    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+                    return (status, body.to_string());
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_trusted_http_proxy_names_each_request_s_client_and_nobody_else_can() {
+        let http = TrustedProxies::new(["127.0.0.2/32".parse().unwrap()]);
+        let proxies = Proxies { protocol: TrustedProxies::default(), http };
+        // One connection per address: the proxy is not held to it.
+        let (address, _stop) = listening_behind(small(16, 1), proxies).await;
+        let mut connections = Vec::new();
+        for _ in 0..3 {
+            connections.push(connect_from([127, 0, 0, 2], address).await);
+        }
+        let proxy = &mut connections[2];
+        // Each request names its own client: the last entry, the one the
+        // proxy appended; what the client wrote before it is ignored.
+        assert_eq!(peer_via(proxy, Some("10.9.9.9, 203.0.113.9")).await, (200, "203.0.113.9".into()));
+        assert_eq!(peer_via(proxy, Some("2001:db8::7")).await, (200, "2001:db8::7".into()));
+        // Without the header (the proxy's own health check): the proxy.
+        assert_eq!(peer_via(proxy, None).await, (200, "127.0.0.2".into()));
+        // A last entry that is not an address: refused, named.
+        let (status, body) = peer_via(proxy, Some("203.0.113.9, unknown")).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("X-Forwarded-For"), "{body}");
+        for held in &mut connections[..2] {
+            assert_eq!(peer_via(held, Some("198.51.100.1")).await, (200, "198.51.100.1".into()));
+        }
+        // From any other address the header is not read.
+        let mut stranger = connect_from([127, 0, 0, 3], address).await;
+        assert_eq!(peer_via(&mut stranger, Some("203.0.113.9")).await, (200, "127.0.0.3".into()));
+        // ... and that address is held to its one connection.
+        let (status, _) = get_from([127, 0, 0, 3], address, "/work").await;
+        assert_eq!(status, 503);
+    }
+
+    /// A PROXY protocol header that names an address of a trusted HTTP
+    /// proxy does not make its connection one: whether `X-Forwarded-For`
+    /// is read is decided on the connection's own address.
+    #[tokio::test]
+    async fn a_client_named_by_a_balancer_is_never_a_trusted_http_proxy() {
+        use tokio::io::AsyncWriteExt;
+        let proxies = Proxies {
+            protocol: TrustedProxies::new(["127.0.0.2/32".parse().unwrap()]),
+            http: TrustedProxies::new(["203.0.113.0/24".parse().unwrap()]),
+        };
+        let (address, _stop) = listening_behind(small(16, 1), proxies).await;
+        let mut stream = connect_from([127, 0, 0, 2], address).await;
+        stream.write_all(&proxied([203, 0, 113, 1], address)).await.unwrap();
+        assert_eq!(peer_via(&mut stream, Some("198.51.100.66")).await, (200, "203.0.113.1".into()));
+        // ... and it is held to its address's cap of one.
+        let over = request_from([127, 0, 0, 2], address, &proxied([203, 0, 113, 1], address), "/work").await;
+        assert!(over.starts_with("HTTP/1.1 503"), "{over}");
     }
 
     #[tokio::test]

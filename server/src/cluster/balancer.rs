@@ -50,7 +50,13 @@ pub fn haproxy_config(port: u16, backends: &[u16]) -> String {
 /// Writes [`haproxy_config`] to `config` and starts HAProxy on it in the
 /// foreground (`-db`), its output discarded; the caller stops it.
 pub fn spawn_haproxy(config: &Path, port: u16, backends: &[u16]) -> std::io::Result<Child> {
-    std::fs::write(config, haproxy_config(port, backends))?;
+    spawn_haproxy_with(config, &haproxy_config(port, backends))
+}
+
+/// Writes `text` to `config` and starts HAProxy on it as
+/// [`spawn_haproxy`] does.
+pub fn spawn_haproxy_with(config: &Path, text: &str) -> std::io::Result<Child> {
+    std::fs::write(config, text)?;
     Command::new(haproxy_binary())
         .args(["-db", "-f"])
         .arg(config)

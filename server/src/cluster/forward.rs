@@ -137,6 +137,10 @@ impl Forwarder {
         for hop in [header::HOST, header::CONNECTION, header::TRANSFER_ENCODING, header::UPGRADE] {
             parts.headers.remove(hop);
         }
+        // The client is named below, vouched for by the key; what a proxy
+        // before this replica wrote is not passed on, so that a replica
+        // that trusts another's address as an HTTP proxy reads nothing.
+        parts.headers.remove(crate::api::listener::forwarded::X_FORWARDED_FOR);
         parts.headers.insert(REPLICA_KEY, self.key_header());
         if let Some(address) = client.and_then(|a| HeaderValue::from_str(&a.to_string()).ok()) {
             parts.headers.insert(CLIENT_ADDRESS, address);

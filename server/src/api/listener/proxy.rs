@@ -42,13 +42,13 @@ pub enum ProxiesError {
     /// A network written with bits set past its prefix (`10.0.0.5/8`),
     /// which would trust far more than the address it names.
     #[error(
-        "trusted_proxies: {0} has bits set past its prefix; write {1} if that is meant, or the balancer's own address"
+        "{0}: {1} has bits set past its prefix; write {2} if that is meant, or the balancer's own address"
     )]
-    HostBits(IpNet, IpNet),
+    HostBits(&'static str, IpNet, IpNet),
     /// A network that holds every address (`0.0.0.0/0`, `::/0`): anyone
     /// could name any client.
-    #[error("trusted_proxies: {0} trusts every address; list the balancers' own addresses")]
-    Everything(IpNet),
+    #[error("{0}: {1} trusts every address; list the balancers' own addresses")]
+    Everything(&'static str, IpNet),
 }
 
 impl TrustedProxies {
@@ -62,13 +62,22 @@ impl TrustedProxies {
     /// IPv4-mapped IPv6 network (`::ffff:10.0.0.5/128`) as the IPv4 one
     /// (the listener compares a peer by its IPv4 address).
     pub fn checked(networks: impl IntoIterator<Item = IpNet>) -> Result<Self, ProxiesError> {
+        Self::checked_as("trusted_proxies", networks)
+    }
+
+    /// As [`checked`](Self::checked), the setting named `setting` in a
+    /// refusal.
+    pub fn checked_as(
+        setting: &'static str,
+        networks: impl IntoIterator<Item = IpNet>,
+    ) -> Result<Self, ProxiesError> {
         let mut checked = Vec::new();
         for network in networks {
             if network.prefix_len() == 0 {
-                return Err(ProxiesError::Everything(network));
+                return Err(ProxiesError::Everything(setting, network));
             }
             if network != network.trunc() {
-                return Err(ProxiesError::HostBits(network, network.trunc()));
+                return Err(ProxiesError::HostBits(setting, network, network.trunc()));
             }
             let mapped = match network {
                 IpNet::V6(v6) if v6.prefix_len() > 96 => v6
@@ -347,8 +356,8 @@ mod tests {
         let checked = |text: &str| TrustedProxies::checked([text.parse::<IpNet>().unwrap()]);
         assert!(matches!(checked("10.0.0.5/8"), Err(ProxiesError::HostBits(..))));
         assert!(checked("10.0.0.5/8").unwrap_err().to_string().contains("10.0.0.0/8"));
-        assert!(matches!(checked("0.0.0.0/0"), Err(ProxiesError::Everything(_))));
-        assert!(matches!(checked("::/0"), Err(ProxiesError::Everything(_))));
+        assert!(matches!(checked("0.0.0.0/0"), Err(ProxiesError::Everything(..))));
+        assert!(matches!(checked("::/0"), Err(ProxiesError::Everything(..))));
         let mapped = checked("::ffff:10.0.0.5/128").unwrap();
         assert!(
             mapped.trusts("10.0.0.5".parse().unwrap()) && mapped.trusts("::ffff:10.0.0.5".parse().unwrap())
