@@ -8,8 +8,10 @@
 //
 // Signed in with a project's key, the page shows that project only and
 // hides what the key's role may not do (elements marked `data-role`); the
-// server refuses it anyway. The admin token also sees the projects, their
-// quotas and use, their keys and the audit log.
+// server refuses it anyway. Every role sees its project's quotas and use;
+// an owner also sets the project's own limits within them, its keys and
+// reads its audit log. The admin token also sees the projects and sets
+// their quotas.
 
 import { lineChart } from "/web/chart.js";
 
@@ -133,12 +135,13 @@ async function loadProjects() {
       cell(row, p.name);
       cell(row, p.id);
       const limit = (used, most) => (most == null ? `${used}` : `${used} / ${most}`);
-      cell(row, limit(p.usage.unfinished_tasks, p.quotas.unfinished_tasks), "num");
-      cell(row, limit(p.usage.parameters, p.quotas.parameters), "num");
+      // What holds: the lower of the operator's quota and the owners' limit.
+      cell(row, limit(p.usage.unfinished_tasks, p.effective_quotas.unfinished_tasks), "num");
+      cell(row, limit(p.usage.parameters, p.effective_quotas.parameters), "num");
       cell(row, `${p.usage.keys}`, "num");
-      const quotas = Object.entries(p.quotas).filter(([, v]) => v != null).map(([k, v]) => `${k} ${v}`);
+      const quotas = Object.entries(p.effective_quotas).filter(([, v]) => v != null).map(([k, v]) => `${k} ${v}`);
       cell(row, quotas.join(", ") || "none");
-      row.addEventListener("click", () => { keysProject = p.id; loadProjects(); loadKeys(); loadAudit(); });
+      row.addEventListener("click", () => { keysProject = p.id; loadProjects(); loadQuotas(); loadKeys(); loadAudit(); });
       return row;
     }));
   } catch (error) {
@@ -158,12 +161,68 @@ $("project-form").addEventListener("submit", async (event) => {
     $("project-form").reset();
     keysProject = created.id;
     await loadProjects();
+    loadQuotas();
     loadKeys();
     loadAudit();
   } catch (error) {
     $("project-error").textContent = `new project: ${error.message}`;
   }
 });
+
+// The quotas a project has, in the order the dashboard shows them.
+const QUOTAS = [
+  ["unfinished_tasks", "Unfinished tasks"], ["parameters", "Parameters"],
+  ["enrollments_per_minute", "Enrollments a minute"], ["connections", "Event streams open"],
+];
+async function loadQuotas() {
+  const show = keysProject !== null;
+  $("quotas-section").classList.toggle("hidden", !show);
+  if (!show) return;
+  const project = keysProject;
+  try {
+    const view = await api("GET", `/admin/projects/${encodeURIComponent(project)}`);
+    if (project !== keysProject) return;
+    $("quotas-project").textContent = view.name;
+    const shown = (value) => (value == null ? "—" : `${value}`);
+    $("quotas").tBodies[0].replaceChildren(...QUOTAS.map(([name, label]) => {
+      const row = document.createElement("tr");
+      row.dataset.quota = name;
+      cell(row, label);
+      cell(row, shown(view.usage[name]), "num");
+      cell(row, shown(view.quotas[name]), "num");
+      cell(row, shown(view.owner_quotas[name]), "num");
+      cell(row, shown(view.effective_quotas[name]), "num");
+      return row;
+    }));
+    for (const form of document.querySelectorAll(".quota-form")) {
+      for (const [name] of QUOTAS) form.elements[name].value = view[form.dataset.quotas][name] ?? "";
+    }
+  } catch (error) {
+    if (error.status === 401) return refused();
+    $("quota-error").textContent = `quotas: ${error.message}`;
+  }
+}
+
+for (const form of document.querySelectorAll(".quota-form")) {
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    $("quota-error").textContent = "";
+    const quotas = {};
+    for (const [name] of QUOTAS) {
+      if (form.elements[name].value !== "") quotas[name] = Number(form.elements[name].value);
+    }
+    const path = form.dataset.quotas === "quotas" ? "quotas" : "owner-quotas";
+    try {
+      await api("PUT", `/admin/projects/${encodeURIComponent(keysProject)}/${path}`, quotas);
+    } catch (error) {
+      if (error.status === 401) return refused();
+      $("quota-error").textContent = `${path}: ${error.message}`;
+    }
+    loadQuotas();
+    loadProjects();
+    loadAudit();
+  });
+}
 
 async function loadKeys() {
   const show = allowed("owner") && keysProject !== null;
@@ -944,6 +1003,7 @@ async function start() {
   applyRole();
   renderSession();
   loadProjects();
+  loadQuotas();
   loadKeys();
   loadAudit();
   stopStreams();

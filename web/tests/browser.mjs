@@ -42,12 +42,14 @@
 //              application with the form, reads it once, dismisses it,
 //              revokes it, then clicks pause, resume, stop and reads the
 //              status the API reports after each; prints what it saw
-//   projects   {url, artifacts, name, keys: {who: key}}
+//   projects   {url, artifacts, name, keys: {who: key}, quotas: {who: {form, quota, value, project}}}
 //              signs in with each key (or the admin token) in its own context and
 //              prints, per signer, what the dashboard shows: the session line, the
 //              tasks listed, which controls that write are shown, the projects,
 //              the keys and the audit log's rows; an owner also creates a viewer
-//              key with the form and reads it once
+//              key with the form and reads it once; a signer named in `quotas`
+//              first sets that quota with that form (the admin token choosing
+//              the project) and waits until the quotas table shows it
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
@@ -444,6 +446,30 @@ async function projects() {
       projects: await shown("projects-section") ? await rows("projects") : null,
       keys: owner ? await rows("keys") : null,
       audit: owner ? await rows("audit") : null,
+    };
+    // The quotas: every role sees them; an owner sets the project's own
+    // limits, the admin token (after choosing the project) its quotas.
+    const quotaCell = (quota, column) => page.evaluate(([quota, column]) =>
+      document.querySelector(`#quotas tr[data-quota="${quota}"]`)?.cells[column].textContent ?? null, [quota, column]);
+    const setQuota = async (form, quota, value, column) => {
+      await page.fill(`#${form} input[name=${quota}]`, value);
+      await page.click(`#${form} button[type=submit]`);
+      await page.waitForFunction(([quota, column, value]) =>
+        document.querySelector(`#quotas tr[data-quota="${quota}"]`)?.cells[column].textContent === value,
+        [quota, column, value]);
+    };
+    if (config.quotas?.[who]) {
+      if (!(await shown("quotas-section"))) {
+        await page.click(`#projects tbody tr:has(td:text-is("${config.quotas[who].project}"))`);
+      }
+      await page.waitForSelector("#quotas tbody tr");
+      const { form, quota, value } = config.quotas[who];
+      await setQuota(form, quota, value, form === "owner-quotas-form" ? 3 : 2);
+    }
+    result.quotas = await shown("quotas-section") ? await rows("quotas") : null;
+    result.quota_forms = {
+      operator: await shown("operator-quotas-form"),
+      owner: await shown("owner-quotas-form"),
     };
     if (owner) {
       await page.fill("#key-name", "made in the dashboard");

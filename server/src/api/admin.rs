@@ -127,7 +127,7 @@ pub(super) async fn create_task(
                 ErrorCode::QuotaExceeded,
                 format!(
                     "quota unfinished_tasks: the project has {ours_unfinished} unfinished tasks of the {most} \
-                     its quota allows; stop one first"
+                     its limits allow; stop one first"
                 ),
             ));
         }
@@ -138,7 +138,7 @@ pub(super) async fn create_task(
                 ErrorCode::QuotaExceeded,
                 format!(
                     "quota parameters: the model has {requested} parameters and the project's unfinished \
-                     tasks already hold {ours} of the {most} its quota allows"
+                     tasks already hold {ours} of the {most} its limits allow"
                 ),
             ));
         }

@@ -152,7 +152,7 @@ async fn project_enrollment_quota(state: &AppState, project: &str, now: i64) -> 
         ErrorCode::RateLimited,
         format!(
             "quota enrollments_per_minute: the project's tasks enrolled {recent} clients in the last minute, \
-             of the {most} its quota allows; retry later"
+             of the {most} its limits allow; retry later"
         ),
     )
     .retry_after(std::time::Duration::from_millis(wait as u64)))
@@ -359,7 +359,9 @@ impl Drop for Hold<'_> {
     responses(
         (status = 200, description = "The model (safetensors)", content_type = "application/vnd.safetensors", body = Binary,
             headers(("x-cohort-round" = u64, description = "The rounds the model has seen (an async task: its version)"))),
-        (status = 401, response = Refused), (status = 404, response = Refused), (status = 503, response = RetryLater)
+        (status = 401, response = Refused), (status = 404, response = Refused),
+        (status = 410, description = "The task is over (`task_inactive`): check in to hear `finished`", body = ErrorBody),
+        (status = 503, response = RetryLater)
     )
 )]
 pub(super) async fn model(
@@ -399,7 +401,7 @@ pub(super) async fn model(
         (status = 204, description = "Nothing yet (after holding the request up to `wait_ms`): ask again shortly"),
         (status = 400, response = Refused), (status = 401, response = Refused), (status = 404, response = Refused),
         (status = 409, description = "Not part of the round in progress", body = ErrorBody),
-        (status = 410, description = "Dropped from the round (missed a stage, or the attempt failed)", body = ErrorBody),
+        (status = 410, description = "Dropped from the round (missed a stage, or the attempt failed), or the task is over (`task_inactive`)", body = ErrorBody),
         (status = 503, response = RetryLater)
     )
 )]
@@ -471,7 +473,7 @@ const PIECE: usize = 256 << 10;
         (status = 400, response = Refused), (status = 401, response = Refused), (status = 404, response = Refused),
         (status = 408, response = Refused),
         (status = 409, description = "Not selected, another round, out of phase, already sent, or not eligible", body = ErrorBody),
-        (status = 410, description = "Dropped from the round", body = ErrorBody),
+        (status = 410, description = "Dropped from the round, or the task is over (`task_inactive`)", body = ErrorBody),
         (status = 413, response = Refused), (status = 415, response = Refused),
         (status = 422, description = "A message that fails a cryptographic or protocol check", body = ErrorBody),
         (status = 503, response = RetryLater)
@@ -744,6 +746,7 @@ pub(super) struct MetricsReport {
         (status = 403, description = "The task takes metrics only in aggregate", body = ErrorBody),
         (status = 404, response = Refused), (status = 408, response = Refused),
         (status = 409, description = "Not part of that round, or already reported", body = ErrorBody),
+        (status = 410, description = "The task is over (`task_inactive`)", body = ErrorBody),
         (status = 413, response = Refused), (status = 429, response = RetryLater), (status = 503, response = RetryLater)
     )
 )]

@@ -117,15 +117,49 @@ pub struct Streams {
 /// Streams open per project.
 type OpenPerProject = Arc<Mutex<HashMap<String, u32>>>;
 
+/// A project's `connections` limits: the operator's quota and its owners'
+/// own.
+#[derive(Debug, Clone, Copy, Default)]
+struct StreamQuota {
+    operator: Option<u32>,
+    owners: Option<u32>,
+}
+
+impl StreamQuota {
+    fn is_set(self) -> bool {
+        self.operator.is_some() || self.owners.is_some()
+    }
+}
+
 /// A stream's place under the caps, given back when it closes.
 #[derive(Debug)]
 struct Admitted {
     _open: OwnedSemaphorePermit,
     project: Option<(OpenPerProject, String)>,
+    /// Its row in the shared store, where the replicas count a project's
+    /// streams against its quota (see [`Streams::admit`]).
+    registered: Option<(crate::store::SqlStore, String)>,
 }
+
+/// How long the deletion of a closed stream's row is retried while the
+/// store does not answer; after that the row goes with the replica's
+/// heartbeat (the next start of the process).
+const UNREGISTER_RETRY: Duration = Duration::from_secs(1);
 
 impl Drop for Admitted {
     fn drop(&mut self) {
+        if let Some((store, id)) = self.registered.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            // Retried until the store answers, so that a stream closed
+            // while it was away does not hold its project's quota.
+            runtime.spawn(async move {
+                while let Err(error) = store.close_admin_stream(&id).await {
+                    tracing::warn!(%error, "could not forget a closed admin event stream; retrying");
+                    tokio::time::sleep(UNREGISTER_RETRY).await;
+                }
+            });
+        }
         if let Some((counts, project)) = self.project.take() {
             let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(count) = counts.get_mut(&project) {
@@ -165,17 +199,74 @@ impl Streams {
     /// A place for one more stream of `caller`, or the refusal: over the
     /// process's cap, or over the `connections` quota of the caller's
     /// project.
+    ///
+    /// With replicas sharing a PostgreSQL store, a project's `connections`
+    /// quota counts its streams on every live replica: each holds a row in
+    /// the store while it is open ([`SqlStore::open_admin_stream`]). The
+    /// quarter of the cap a project without a quota takes is a limit of
+    /// this process, counted here.
+    ///
+    /// [`SqlStore::open_admin_stream`]: crate::store::SqlStore::open_admin_stream
     async fn admit(&self, state: &AppState, caller: &Caller) -> ApiResult<Admitted> {
         let project = match caller.project() {
-            Some(id) => Some((id.to_string(), Quotas::of(&state.store.project(id).await?)?.connections)),
+            Some(id) => {
+                let record = state.store.project(id).await?;
+                let quota = StreamQuota {
+                    operator: Quotas::operator(&record)?.connections,
+                    owners: Quotas::owners(&record)?.connections,
+                };
+                Some((id.to_string(), quota))
+            }
             None => None,
         };
-        self.admit_in(project)
+        let shared_quota = match &project {
+            Some((id, quota))
+                if quota.is_set() && state.store.backend() == crate::store::Backend::Postgres =>
+            {
+                Some((id.clone(), self.most(*quota)))
+            }
+            _ => None,
+        };
+        let mut admitted = self.admit_in(project)?;
+        if let Some((project, most)) = shared_quota {
+            let id = super::auth::new_id();
+            let now = crate::coordinator::now_ms();
+            let live_since = now - crate::cluster::LEASE_TTL_MS;
+            let replica = &state.coordinator.replica().id;
+            // Set before the row is written: were this request dropped
+            // while the transaction commits (its client gone), the row
+            // would still be deleted with it. Deleting a row that was never
+            // written costs one statement.
+            admitted.registered = Some((state.store.clone(), id.clone()));
+            let opened = state.store.open_admin_stream(&id, &project, replica, live_since, most, now).await?;
+            if let Err(open) = opened {
+                // Rolled back: no row to delete.
+                admitted.registered = None;
+                return Err(ApiError::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "quota connections: the project's keys hold {open} event streams open across the \
+                         replicas, of the {most} its limits allow; close one or retry later"
+                    ),
+                )
+                .retry_after(OVER_CAP_RETRY));
+            }
+        }
+        Ok(admitted)
+    }
+
+    /// The streams a project with `quota` may hold open at once: the
+    /// operator's quota, or a quarter of this process's cap where the
+    /// operator set none (so that one tenant cannot hold every stream), and
+    /// at most its owners' limit: an owner's limit only ever tightens.
+    fn most(&self, quota: StreamQuota) -> u32 {
+        let quarter = (self.max_open / 4).max(1) as u32;
+        quota.operator.unwrap_or(quarter).min(quota.owners.unwrap_or(u32::MAX))
     }
 
     /// A place for one more stream of `project` (with its `connections`
     /// quota), or of the admin token (`None`).
-    fn admit_in(&self, project: Option<(String, Option<u32>)>) -> ApiResult<Admitted> {
+    fn admit_in(&self, project: Option<(String, StreamQuota)>) -> ApiResult<Admitted> {
         let open = self.open.clone().try_acquire_owned().map_err(|_| {
             ApiError::new(
                 ErrorCode::RateLimited,
@@ -183,10 +274,10 @@ impl Streams {
             )
             .retry_after(OVER_CAP_RETRY)
         })?;
-        let Some((project, quota)) = project else { return Ok(Admitted { _open: open, project: None }) };
-        // A project without a quota of its own takes at most a quarter of
-        // the cap, so that one tenant cannot hold every stream.
-        let most = quota.unwrap_or_else(|| (self.max_open / 4).max(1) as u32);
+        let Some((project, quota)) = project else {
+            return Ok(Admitted { _open: open, project: None, registered: None });
+        };
+        let most = self.most(quota);
         let mut counts = self.per_project.lock().unwrap_or_else(PoisonError::into_inner);
         let count = counts.entry(project.clone()).or_default();
         if *count >= most {
@@ -194,13 +285,13 @@ impl Streams {
                 ErrorCode::RateLimited,
                 format!(
                     "quota connections: the project's keys hold {count} event streams open here, of the \
-                     {most} its quota allows; close one or retry later"
+                     {most} its limits allow; close one or retry later"
                 ),
             )
             .retry_after(OVER_CAP_RETRY));
         }
         *count += 1;
-        Ok(Admitted { _open: open, project: Some((self.per_project.clone(), project)) })
+        Ok(Admitted { _open: open, project: Some((self.per_project.clone(), project)), registered: None })
     }
 
     /// Producers running (tasks followed, and the list if it is).
@@ -888,15 +979,32 @@ mod tests {
         assert!(streams.admit_in(None).is_ok());
     }
 
+    fn quota(operator: Option<u32>, owners: Option<u32>) -> StreamQuota {
+        StreamQuota { operator, owners }
+    }
+
     #[test]
     fn a_project_without_a_quota_takes_a_quarter_of_the_cap() {
         let streams = Streams::new(8);
-        let unset = || Some(("acme".to_string(), None));
-        let held = [streams.admit_in(unset()).unwrap(), streams.admit_in(unset()).unwrap()];
-        assert!(streams.admit_in(unset()).unwrap_err().message().starts_with("quota connections"));
-        // The admin token is held to the cap only.
-        let admin: Vec<_> = (0..6).map(|_| streams.admit_in(None).unwrap()).collect();
-        drop((held, admin));
+        // Without the operator's quota, an owners' limit above the quarter
+        // does not loosen it; one below tightens it.
+        for owners in [None, Some(u32::MAX)] {
+            let unset = || Some(("acme".to_string(), quota(None, owners)));
+            let held = [streams.admit_in(unset()).unwrap(), streams.admit_in(unset()).unwrap()];
+            assert!(streams.admit_in(unset()).unwrap_err().message().starts_with("quota connections"));
+            // The admin token is held to the cap only.
+            let admin: Vec<_> = (0..6).map(|_| streams.admit_in(None).unwrap()).collect();
+            drop((held, admin));
+        }
+        let tight = || Some(("acme".to_string(), quota(None, Some(1))));
+        let held = streams.admit_in(tight()).unwrap();
+        assert!(streams.admit_in(tight()).is_err());
+        drop(held);
+        // The operator's quota may exceed the quarter; the owners' limit
+        // still holds under it.
+        assert_eq!(streams.most(quota(Some(6), None)), 6);
+        assert_eq!(streams.most(quota(Some(6), Some(3))), 3);
+        assert_eq!(streams.most(quota(Some(6), Some(9))), 6);
     }
 
     /// A key's stream past its lifetime sends the request to sign in again
@@ -926,13 +1034,13 @@ mod tests {
     #[test]
     fn a_projects_streams_are_held_to_its_connections_quota() {
         let streams = Streams::new(10);
-        let acme = || Some(("acme".to_string(), Some(2)));
+        let acme = || Some(("acme".to_string(), quota(Some(2), None)));
         let held = [streams.admit_in(acme()).unwrap(), streams.admit_in(acme()).unwrap()];
         let refused = streams.admit_in(acme()).unwrap_err();
         assert_eq!(refused.status(), axum::http::StatusCode::TOO_MANY_REQUESTS);
         assert!(refused.message().starts_with("quota connections"), "{refused}");
         // Another project, and the admin token, are not counted against it.
-        let other = streams.admit_in(Some(("other".to_string(), Some(1)))).unwrap();
+        let other = streams.admit_in(Some(("other".to_string(), quota(Some(1), None)))).unwrap();
         let admin = streams.admit_in(None).unwrap();
         drop(held);
         let again = streams.admit_in(acme()).unwrap();

@@ -108,6 +108,7 @@ pub fn app(state: AppState) -> Router {
         .routes(routes!(projects::create_project, projects::list_projects))
         .routes(routes!(projects::get_project))
         .routes(routes!(projects::set_quotas))
+        .routes(routes!(projects::set_owner_quotas))
         .routes(routes!(projects::create_key, projects::list_keys))
         .routes(routes!(projects::revoke_key))
         .routes(routes!(projects::list_audit))

@@ -4,10 +4,14 @@
 //! * The deployment's **admin token** (`COHORT_ADMIN_TOKEN`) creates
 //!   projects, sets their quotas and acts on every project. Tasks created
 //!   before projects existed are in the project `default`.
+//! * A project's **owners** may hold it to lower limits of their own
+//!   within those quotas (a team's budget inside what it pays for); the
+//!   lower of the two holds ([`Quotas::of`]).
 //! * A project's **keys** (256-bit, shown once, stored as SHA-256 hashes,
 //!   revocable, with an optional expiry) carry a [`Role`]: `viewer` reads,
 //!   `operator` also runs tasks and their enrollment tokens, `owner` also
-//!   manages the project's keys and reads its audit log.
+//!   manages the project's keys and its own limits and reads its audit
+//!   log.
 //! * A key sees only its own project: any other project's task, round,
 //!   checkpoint, token or event stream answers `404`, as one that does not
 //!   exist; within its project a role that may not act gets `403`.
@@ -307,9 +311,66 @@ pub struct Quotas {
 }
 
 impl Quotas {
-    /// The stored quotas of `project`.
+    /// The limits that hold for `project`: of each kind, the lower of the
+    /// operator's quota and its owners' own.
     pub fn of(project: &ProjectRecord) -> ApiResult<Self> {
+        Ok(Self::operator(project)?.lower(&Self::owners(project)?))
+    }
+
+    /// The quotas the operator (the admin token) set for `project`.
+    pub fn operator(project: &ProjectRecord) -> ApiResult<Self> {
         serde_json::from_str(&project.quotas).map_err(|_| StoreError::Corrupt("project quotas").into())
+    }
+
+    /// The limits `project`'s owners set for it.
+    pub fn owners(project: &ProjectRecord) -> ApiResult<Self> {
+        serde_json::from_str(&project.owner_quotas)
+            .map_err(|_| StoreError::Corrupt("project owner quotas").into())
+    }
+
+    /// Of each kind, the lower of the two limits (either, where only one is
+    /// set).
+    pub fn lower(&self, other: &Self) -> Self {
+        fn min<T: Ord + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        }
+        Self {
+            unfinished_tasks: min(self.unfinished_tasks, other.unfinished_tasks),
+            parameters: min(self.parameters, other.parameters),
+            enrollments_per_minute: min(self.enrollments_per_minute, other.enrollments_per_minute),
+            connections: min(self.connections, other.connections),
+        }
+    }
+
+    /// Each limit set here with its name and value, as a count.
+    fn named(&self) -> [(&'static str, Option<u64>); 4] {
+        [
+            ("unfinished_tasks", self.unfinished_tasks.map(u64::from)),
+            ("parameters", self.parameters),
+            ("enrollments_per_minute", self.enrollments_per_minute.map(u64::from)),
+            ("connections", self.connections.map(u64::from)),
+        ]
+    }
+
+    /// Refuses (`422 quota_exceeded`, the quota named) owners' limits above
+    /// the operator's `ceiling`: within it an owner may only tighten.
+    fn within(&self, ceiling: &Self) -> ApiResult<()> {
+        for ((name, own), (_, most)) in self.named().into_iter().zip(ceiling.named()) {
+            if let (Some(own), Some(most)) = (own, most)
+                && own > most
+            {
+                return Err(ApiError::new(
+                    ErrorCode::QuotaExceeded,
+                    format!(
+                        "quota {name}: the project's owners may set at most the operator's {most}, not {own}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn check(&self) -> ApiResult<()> {
@@ -345,8 +406,14 @@ pub struct ProjectView {
     pub name: String,
     /// Creation (Unix ms).
     pub created_at: i64,
-    /// Its limits.
+    /// Its quotas, as the operator (the admin token) set them.
     pub quotas: Quotas,
+    /// The limits its owners set within them.
+    pub owner_quotas: Quotas,
+    /// The limits that hold: of each kind, the lower of the two (for
+    /// `connections` where the operator set none, also at most a quarter
+    /// of each process's `max_admin_streams`).
+    pub effective_quotas: Quotas,
     /// What it uses of them.
     pub usage: Usage,
 }
@@ -366,7 +433,7 @@ pub(super) async fn project_views(
     let tasks = state.store.tasks().await?;
     let mut views = Vec::with_capacity(records.len());
     for record in records {
-        let quotas = Quotas::of(&record)?;
+        let (quotas, owner_quotas) = (Quotas::operator(&record)?, Quotas::owners(&record)?);
         let mut usage = Usage::default();
         for task in tasks.iter().filter(|task| task.project_id == record.id) {
             usage.tasks += 1;
@@ -381,7 +448,9 @@ pub(super) async fn project_views(
             id: record.id,
             name: record.name,
             created_at: record.created_at,
+            effective_quotas: quotas.lower(&owner_quotas),
             quotas,
+            owner_quotas,
             usage,
         });
     }
@@ -494,6 +563,7 @@ pub(super) async fn create_project(
             name,
             quotas: serde_json::to_string(&request.quotas)
                 .map_err(|_| StoreError::Corrupt("project quotas"))?,
+            owner_quotas: "{}".into(),
             created_at: now_ms(),
         };
         // The project's entry only if it is created: a refusal (a name
@@ -549,7 +619,9 @@ pub(super) async fn get_project(
 }
 
 /// Sets a project's quotas (the admin token only): what is running keeps
-/// running; what would exceed them is refused from now on.
+/// running; what would exceed them is refused from now on. Limits its
+/// owners set above the new quotas stay stored, and the lower (the
+/// operator's) holds.
 #[utoipa::path(
     put, path = "/admin/projects/{project}/quotas", tag = "projects", operation_id = "setQuotas",
     security(("admin" = [])), params(ProjectPath),
@@ -581,6 +653,48 @@ pub(super) async fn set_quotas(
         audit.succeeded();
         tracing::info!(project = %record.id, "project quotas set");
         Ok(Json(project_view(&state, ProjectRecord { quotas: json, ..record }).await?))
+    }
+    .await;
+    audit.finish(&state, result).await
+}
+
+/// Sets the limits a project's owners hold it to, within the operator's
+/// quotas (an `owner` key of the project, or the admin token): each at
+/// most the operator's quota of its kind (`422 quota_exceeded` names the
+/// first above it), a field left out sets none of the owners'. What is
+/// running keeps running; what would exceed them is refused from now on.
+#[utoipa::path(
+    put, path = "/admin/projects/{project}/owner-quotas", tag = "projects", operation_id = "setOwnerQuotas",
+    security(("admin" = [])), params(ProjectPath),
+    request_body(content = Quotas, example = json!({ "unfinished_tasks": 2, "parameters": 1000000 })),
+    responses(
+        (status = 200, description = "The project with its owners' new limits", body = ProjectView),
+        (status = 400, response = Refused), (status = 401, response = Refused), (status = 403, response = Refused),
+        (status = 404, response = Refused), (status = 408, response = Refused), (status = 413, response = Refused),
+        (status = 422, response = Refused), (status = 503, response = RetryLater)
+    )
+)]
+pub(super) async fn set_owner_quotas(
+    caller: Caller,
+    State(state): State<AppState>,
+    Path(params): Path<std::collections::HashMap<String, String>>,
+    RawBody(body): RawBody,
+) -> ApiResult<Json<ProjectView>> {
+    let id = project_param(&params);
+    let resource = format!("projects/{}/owner-quotas", logged(&id, is_project_id(&id)));
+    let mut audit = Audit::new(&caller, "project.owner_quotas", resource);
+    let result = async {
+        let record = caller.project_record(&state, &id).await?;
+        audit.in_project(&record.id);
+        caller.require(Role::Owner)?;
+        let quotas: Quotas = json_body(&body)?;
+        quotas.check()?;
+        quotas.within(&Quotas::operator(&record)?)?;
+        let json = serde_json::to_string(&quotas).map_err(|_| StoreError::Corrupt("project owner quotas"))?;
+        state.store.set_owner_quotas(&record.id, &json, &audit.success(StatusCode::OK)).await?;
+        audit.succeeded();
+        tracing::info!(project = %record.id, "project owner quotas set");
+        Ok(Json(project_view(&state, ProjectRecord { owner_quotas: json, ..record }).await?))
     }
     .await;
     audit.finish(&state, result).await

@@ -18,8 +18,10 @@ pub struct ProjectRecord {
     pub id: String,
     /// Its name, unique on the coordinator.
     pub name: String,
-    /// Its quotas, as JSON.
+    /// Its quotas (the operator's), as JSON.
     pub quotas: String,
+    /// The limits its owners set within them, as JSON.
+    pub owner_quotas: String,
     /// Creation time.
     pub created_at: i64,
 }
@@ -50,8 +52,9 @@ pub enum Role {
     /// A viewer that also creates, pauses, resumes, stops and deletes
     /// tasks, and creates and revokes their enrollment tokens.
     Operator,
-    /// An operator that also creates, lists and revokes the project's keys
-    /// and reads its audit log.
+    /// An operator that also creates, lists and revokes the project's keys,
+    /// sets the project's own limits within its quotas and reads its audit
+    /// log.
     Owner,
 }
 
@@ -200,14 +203,17 @@ impl SqlStore {
     /// Creates a project; refused if its id or name is taken.
     pub async fn create_project(&self, project: &ProjectRecord, audit: &AuditRecord) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("INSERT INTO projects (id, name, quotas, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(&project.id)
-            .bind(&project.name)
-            .bind(&project.quotas)
-            .bind(project.created_at)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| classify(e, "a project of this name exists", "project"))?;
+        sqlx::query(
+            "INSERT INTO projects (id, name, quotas, owner_quotas, created_at) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(&project.id)
+        .bind(&project.name)
+        .bind(&project.quotas)
+        .bind(&project.owner_quotas)
+        .bind(project.created_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| classify(e, "a project of this name exists", "project"))?;
         insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(())
@@ -215,17 +221,18 @@ impl SqlStore {
 
     /// One project.
     pub async fn project(&self, id: &str) -> StoreResult<ProjectRecord> {
-        let row = sqlx::query("SELECT id, name, quotas, created_at FROM projects WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or(StoreError::NotFound("project"))?;
+        let row =
+            sqlx::query("SELECT id, name, quotas, owner_quotas, created_at FROM projects WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or(StoreError::NotFound("project"))?;
         Ok(sqlx::FromRow::from_row(&row)?)
     }
 
     /// Every project, oldest first.
     pub async fn projects(&self) -> StoreResult<Vec<ProjectRecord>> {
-        sqlx::query("SELECT id, name, quotas, created_at FROM projects ORDER BY created_at, id")
+        sqlx::query("SELECT id, name, quotas, owner_quotas, created_at FROM projects ORDER BY created_at, id")
             .fetch_all(&self.pool)
             .await?
             .iter()
@@ -233,14 +240,26 @@ impl SqlStore {
             .collect()
     }
 
-    /// Replaces a project's quotas.
+    /// Replaces a project's quotas (the operator's).
     pub async fn set_quotas(&self, id: &str, quotas: &str, audit: &AuditRecord) -> StoreResult<()> {
+        self.set_project_column("UPDATE projects SET quotas = $1 WHERE id = $2", id, quotas, audit).await
+    }
+
+    /// Replaces the limits a project's owners set for it.
+    pub async fn set_owner_quotas(&self, id: &str, quotas: &str, audit: &AuditRecord) -> StoreResult<()> {
+        self.set_project_column("UPDATE projects SET owner_quotas = $1 WHERE id = $2", id, quotas, audit)
+            .await
+    }
+
+    async fn set_project_column(
+        &self,
+        update: &'static str,
+        id: &str,
+        quotas: &str,
+        audit: &AuditRecord,
+    ) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
-        let updated = sqlx::query("UPDATE projects SET quotas = $1 WHERE id = $2")
-            .bind(quotas)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        let updated = sqlx::query(update).bind(quotas).bind(id).execute(&mut *tx).await?;
         if updated.rows_affected() != 1 {
             return Err(StoreError::NotFound("project"));
         }
@@ -391,6 +410,67 @@ impl SqlStore {
         .fetch_one(&self.pool)
         .await?;
         Ok((row.try_get("enrolled")?, row.try_get("oldest")?))
+    }
+
+    /// Registers the admin event stream `stream` of `project` on `replica`
+    /// if the project's streams on the live replicas (those whose
+    /// heartbeat is at or after `live_since`) number fewer than `most`;
+    /// `Err(open)`, the number they hold, if not. The streams of replicas
+    /// that are no longer live are deleted on the way. Concurrent calls for
+    /// one project are serialized (on PostgreSQL by a lock on the
+    /// project's row that does not block the key checks of inserts that
+    /// refer to it; SQLite has one writer), so the quota holds exactly.
+    pub async fn open_admin_stream(
+        &self,
+        stream: &str,
+        project: &str,
+        replica: &str,
+        live_since: i64,
+        most: u32,
+        now: i64,
+    ) -> StoreResult<Result<(), i64>> {
+        let mut tx = self.pool.begin().await?;
+        if self.backend() == super::Backend::Postgres {
+            sqlx::query("SELECT id FROM projects WHERE id = $1 FOR NO KEY UPDATE")
+                .bind(project)
+                .execute(&mut *tx)
+                .await?;
+        }
+        // A write first: SQLite takes its write lock here, before the count.
+        sqlx::query(
+            "DELETE FROM admin_streams WHERE project_id = $1 \
+             AND replica_id NOT IN (SELECT id FROM replicas WHERE heartbeat_at >= $2)",
+        )
+        .bind(project)
+        .bind(live_since)
+        .execute(&mut *tx)
+        .await?;
+        let open: i64 = sqlx::query("SELECT COUNT(*) AS open FROM admin_streams WHERE project_id = $1")
+            .bind(project)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("open")?;
+        if open >= i64::from(most) {
+            tx.rollback().await?;
+            return Ok(Err(open));
+        }
+        sqlx::query(
+            "INSERT INTO admin_streams (id, project_id, replica_id, opened_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(stream)
+        .bind(project)
+        .bind(replica)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Ok(()))
+    }
+
+    /// Forgets the admin event stream `stream` (it closed).
+    pub async fn close_admin_stream(&self, stream: &str) -> StoreResult<()> {
+        sqlx::query("DELETE FROM admin_streams WHERE id = $1").bind(stream).execute(&self.pool).await?;
+        Ok(())
     }
 
     /// Deletes the entries written before `before` (Unix ms); how many.

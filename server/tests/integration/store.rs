@@ -628,7 +628,13 @@ async fn projects_keys_and_the_audit_log(store: &SqlStore) {
     let projects = store.projects().await.unwrap();
     assert_eq!(projects.len(), 1);
     assert_eq!((projects[0].id.as_str(), projects[0].name.as_str()), ("default", "default"));
-    let acme = ProjectRecord { id: "p1".into(), name: "acme".into(), quotas: "{}".into(), created_at: 5 };
+    let acme = ProjectRecord {
+        id: "p1".into(),
+        name: "acme".into(),
+        quotas: "{}".into(),
+        owner_quotas: "{}".into(),
+        created_at: 5,
+    };
     store.create_project(&acme, &entry(Some("p1"), "project.create", 5)).await.unwrap();
     assert_eq!(store.project("p1").await.unwrap(), acme);
     let same_name = ProjectRecord { id: "p2".into(), ..acme.clone() };
@@ -644,6 +650,20 @@ async fn projects_keys_and_the_audit_log(store: &SqlStore) {
     assert_eq!(store.project("p1").await.unwrap().quotas, r#"{"unfinished_tasks":2}"#);
     assert!(matches!(
         store.set_quotas("nope", "{}", &entry(None, "project.quotas", 8)).await,
+        Err(StoreError::NotFound(_))
+    ));
+    // The owners' limits are a column of their own: the operator's stay.
+    store
+        .set_owner_quotas("p1", r#"{"parameters":100}"#, &entry(Some("p1"), "project.owner_quotas", 8))
+        .await
+        .unwrap();
+    let stored = store.project("p1").await.unwrap();
+    assert_eq!(
+        (stored.quotas.as_str(), stored.owner_quotas.as_str()),
+        (r#"{"unfinished_tasks":2}"#, r#"{"parameters":100}"#)
+    );
+    assert!(matches!(
+        store.set_owner_quotas("nope", "{}", &entry(None, "project.owner_quotas", 8)).await,
         Err(StoreError::NotFound(_))
     ));
 
@@ -721,6 +741,7 @@ async fn projects_keys_and_the_audit_log(store: &SqlStore) {
         ("key.create", 13),
         ("task.stop", 11),
         ("task.create", 9),
+        ("project.owner_quotas", 8),
         ("project.quotas", 7),
         ("project.create", 5),
     ]
@@ -742,8 +763,8 @@ async fn projects_keys_and_the_audit_log(store: &SqlStore) {
     assert_eq!(actions(&first), named(&[("task.pause", 21), ("key.revoke", 19), ("key.revoke", 18)]));
     assert_eq!(actions(&second), named(&[("key.create", 14), ("key.create", 13), ("task.stop", 11)]));
     // Pruned by age.
-    assert_eq!(store.prune_audit(10).await.unwrap(), 3);
-    assert_eq!(store.audit_log(None, None, 100).await.unwrap().len(), expected.len() - 3);
+    assert_eq!(store.prune_audit(10).await.unwrap(), 4);
+    assert_eq!(store.audit_log(None, None, 100).await.unwrap().len(), expected.len() - 4);
 }
 
 /// A database migrated before projects existed, with a task in it: the
@@ -808,6 +829,46 @@ async fn a_postgres_database_from_before_projects_keeps_its_tasks() {
     fixture.finish().await;
 }
 
+/// The admin event streams a project's keys hold, counted over the live
+/// replicas: a dead replica's rows go, projects count apart, a closed
+/// stream frees its place, and concurrent openings never pass the quota.
+async fn admin_streams_count_across_live_replicas(store: &SqlStore) {
+    for (id, now) in [("a", 100), ("b", 100), ("c", 50)] {
+        store.heartbeat(&replica(id, now)).await.unwrap();
+    }
+    let open = |id: &'static str, project: &'static str, replica: &'static str, most: u32| {
+        let store = store.clone();
+        async move { store.open_admin_stream(id, project, replica, 90, most, 100).await.unwrap() }
+    };
+    // c was live when it opened s0; at 90 it is not, and s0 goes.
+    assert_eq!(store.open_admin_stream("s0", "default", "c", 0, 10, 50).await.unwrap(), Ok(()));
+    assert_eq!(open("s1", "default", "a", 2).await, Ok(()));
+    assert_eq!(open("s2", "default", "b", 2).await, Ok(()));
+    assert_eq!(open("s3", "default", "a", 2).await, Err(2), "a's and b's streams count together");
+    assert_eq!(open("s4", "other", "a", 1).await, Ok(()), "another project counts apart");
+    store.close_admin_stream("s1").await.unwrap();
+    assert_eq!(open("s3", "default", "a", 2).await, Ok(()), "a closed stream frees its place");
+    store.close_admin_stream("s2").await.unwrap();
+    store.close_admin_stream("s3").await.unwrap();
+    // Eight at once for three places: exactly three.
+    let racing: Vec<_> = (0..8)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store.open_admin_stream(&format!("r{i}"), "default", "a", 90, 3, 100).await.unwrap()
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for race in racing {
+        match race.await.unwrap() {
+            Ok(()) => admitted += 1,
+            Err(open) => assert_eq!(open, 3),
+        }
+    }
+    assert_eq!(admitted, 3);
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -842,6 +903,7 @@ on_both_backends!(
     a_deleted_task_leaves_nothing_behind,
     round_groups_between_leader_and_owners,
     projects_keys_and_the_audit_log,
+    admin_streams_count_across_live_replicas,
 );
 
 #[tokio::test]

@@ -274,8 +274,10 @@ fn the_dashboard_pauses_resumes_stops_and_deletes_a_task() {
 /// The dashboard signed in with a project's key shows that project only
 /// and hides what the key's role may not do: a viewer sees its task and no
 /// control that writes, an owner also its keys (and makes one with the
-/// form, shown once) and its audit log; the admin token sees the projects
-/// with their quotas and use. The server refuses the hidden actions anyway
+/// form, shown once) and its audit log; every role sees the project's
+/// quotas, an owner sets its own limits and the admin token the quotas,
+/// each with its form; the admin token sees the projects with their
+/// quotas and use. The server refuses the hidden actions anyway
 /// (`tenancy`).
 #[test]
 fn the_dashboard_signs_in_with_a_project_key_and_shows_its_project_only() {
@@ -306,7 +308,12 @@ fn the_dashboard_signs_in_with_a_project_key_and_shows_its_project_only() {
     let seen = browser(
         "projects",
         json!({ "url": serve.url, "name": "dashboard-projects",
-                "keys": { "viewer": viewer, "owner": owner, "admin": ADMIN_TOKEN } }),
+                "keys": { "viewer": viewer, "owner": owner, "admin": ADMIN_TOKEN },
+                "quotas": {
+                    "owner": { "form": "owner-quotas-form", "quota": "unfinished_tasks", "value": "2" },
+                    "admin": { "form": "operator-quotas-form", "quota": "parameters", "value": "100000",
+                               "project": "acme" },
+                } }),
     );
     let seen = &seen["seen"];
     let viewer = &seen["viewer"];
@@ -319,12 +326,15 @@ fn the_dashboard_signs_in_with_a_project_key_and_shows_its_project_only() {
     assert_eq!(owner["new_task"], true, "{owner}");
     let names: Vec<&str> = owner["keys"].as_array().unwrap().iter().map(|k| k[0].as_str().unwrap()).collect();
     assert_eq!(names, ["owner", "viewer", "operator"], "{owner}");
-    // The audit log: newest first, the operator's task and the owner's keys.
+    // The audit log: newest first, the admin token's quota (the signers
+    // take their turns in the order of their names: admin, owner, viewer),
+    // the operator's task and the owner's keys.
     let audit = owner["audit"].as_array().unwrap();
     let actions: Vec<(&str, &str)> =
         audit.iter().map(|row| (row[1].as_str().unwrap(), row[3].as_str().unwrap())).collect();
+    assert_eq!(actions[0], ("admin", "project.quotas"), "{owner}");
     assert_eq!(
-        actions[1..],
+        actions[2..],
         [
             (owner_id.as_str(), "key.create"),
             (owner_id.as_str(), "key.create"),
@@ -333,7 +343,7 @@ fn the_dashboard_signs_in_with_a_project_key_and_shows_its_project_only() {
         ],
         "{owner}"
     );
-    assert_eq!(actions[0].1, "task.create", "{owner}");
+    assert_eq!(actions[1].1, "task.create", "{owner}");
     let made = owner["created_key"].as_str().unwrap();
     assert!(made.starts_with("cohort_key_") && made.len() == 75, "{owner}");
     assert_eq!(owner["created_key_hidden"], true, "the key leaves the page when dismissed");
@@ -349,6 +359,39 @@ fn the_dashboard_signs_in_with_a_project_key_and_shows_its_project_only() {
     let acme = projects.iter().find(|row| row[0] == "acme").unwrap_or_else(|| panic!("{admin_seen}"));
     assert_eq!(acme[2], "1 / 3", "acme's unfinished tasks of its quota: {admin_seen}");
     assert!(projects.iter().any(|row| row[0] == "default"), "{admin_seen}");
+    // The quotas: each role sees them (quota, in use, operator's, owners',
+    // in effect); the admin token set a quota, then the owner its limit,
+    // each with its own form, and the form's other fields were kept.
+    let row = |seen: &Value, quota: &str| -> Value {
+        let rows = seen["quotas"].as_array().unwrap_or_else(|| panic!("no quotas shown: {seen}"));
+        rows.iter().find(|row| row[0] == quota).cloned().unwrap_or_else(|| panic!("{quota}: {seen}"))
+    };
+    let limits = |row: Value| json!(row.as_array().unwrap()[2..]);
+    assert_eq!(limits(row(admin_seen, "Parameters")), json!(["100000", "—", "100000"]), "{admin_seen}");
+    assert_eq!(limits(row(admin_seen, "Unfinished tasks")), json!(["3", "—", "3"]), "{admin_seen}");
+    assert_eq!(row(owner, "Unfinished tasks"), json!(["Unfinished tasks", "1", "3", "2", "2"]), "{owner}");
+    assert_eq!(owner["quota_forms"], json!({ "operator": false, "owner": true }), "{owner}");
+    assert_eq!(row(viewer, "Unfinished tasks"), json!(["Unfinished tasks", "1", "3", "2", "2"]), "{viewer}");
+    assert_eq!(limits(row(viewer, "Parameters")), json!(["100000", "—", "100000"]), "{viewer}");
+    assert_eq!(viewer["quota_forms"], json!({ "operator": false, "owner": false }), "{viewer}");
+    assert_eq!(admin_seen["quota_forms"], json!({ "operator": true, "owner": true }), "{admin_seen}");
+    let view: cohort_server::api::projects::ProjectView = admin.get(&format!("/admin/projects/{project}"));
+    assert_eq!((view.quotas.unfinished_tasks, view.quotas.parameters), (Some(3), Some(100_000)));
+    assert_eq!((view.owner_quotas.unfinished_tasks, view.owner_quotas.parameters), (Some(2), None));
+    let log: Value = admin.get(&format!("/admin/audit?project={project}"));
+    let logged: Vec<(&str, &str)> = log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), e["outcome"].as_str().unwrap()))
+        .collect();
+    for action in ["project.owner_quotas", "project.quotas"] {
+        assert_eq!(
+            logged.iter().filter(|entry| **entry == (action, "ok")).count(),
+            1,
+            "{action}: {logged:?}"
+        );
+    }
     drop(serve);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -202,7 +202,7 @@ fn body_for(method: &str, template: &str) -> Option<Value> {
         ("POST", "/admin/projects") => Some(json!({ "name": "probe" })),
         ("POST", t) if t.ends_with("/tokens") => Some(json!({ "name": "probe" })),
         ("POST", t) if t.ends_with("/keys") => Some(json!({ "name": "probe", "role": "owner" })),
-        ("PUT", t) if t.ends_with("/quotas") => Some(json!({})),
+        ("PUT", t) if t.ends_with("quotas") => Some(json!({})),
         _ => None,
     }
 }
@@ -220,6 +220,7 @@ fn action_of(method: &str, template: &str) -> Option<&'static str> {
         ("GET", "/admin/tasks/{id}/checkpoints/{round}") => "checkpoint.download",
         ("POST", "/admin/projects") => "project.create",
         ("PUT", "/admin/projects/{project}/quotas") => "project.quotas",
+        ("PUT", "/admin/projects/{project}/owner-quotas") => "project.owner_quotas",
         ("POST", "/admin/projects/{project}/keys") => "key.create",
         ("POST", "/admin/projects/{project}/keys/{key}/revoke") => "key.revoke",
         ("GET", _) => return None,
@@ -259,7 +260,10 @@ fn audit_log(project: &Project) -> Vec<cohort_server::store::AuditRecord> {
 }
 
 /// The coordinator (or balancer) at `port` kept two projects apart.
-fn two_projects_share_one_coordinator(port: u16, single_process: bool) {
+/// `replicas` are the processes' own ports (one, the same as `port`, for
+/// a single process).
+fn two_projects_share_one_coordinator(port: u16, replicas: &[u16]) {
+    let single_process = replicas == [port];
     let admin = AdminClient::new(port, ADMIN);
     let mut a =
         project(&admin, port, "acme", json!({ "parameters": 3 * DIMENSION, "enrollments_per_minute": 2 }));
@@ -395,24 +399,71 @@ fn two_projects_share_one_coordinator(port: u16, single_process: bool) {
     assert_eq!(status, 429, "{body}");
     assert!(body["message"].as_str().unwrap().contains("enrollments_per_minute"), "{body}");
     assert_eq!(enroll(&b.task, &b.enrollment_token).0, 201, "another project's quota is its own");
-    // B's keys hold one event stream open at a time, on each replica (so
-    // asked of one process; through the balancer the second may land on
-    // another replica, where it is the first).
-    let first = OpenStream::open(port, &b.viewer_secret(), "/admin/events");
-    let second = OpenStream::try_open(port, &b.viewer_secret(), "/admin/events");
-    if single_process {
+    // B's keys hold one event stream open at a time, over every replica:
+    // one held on the first replica refuses a second on the last (the
+    // same process when there is one); asked of the replicas directly, so
+    // that a closed stream's place comes back as soon as its replica sees
+    // the connection close (behind a balancer, that waits for the
+    // balancer to close its side).
+    let (mut here, mut there) = (replicas[0], replicas[replicas.len() - 1]);
+    let mut first = OpenStream::open(here, &b.viewer_secret(), "/admin/events");
+    for _ in 0..2 {
+        let second = OpenStream::try_open(there, &b.viewer_secret(), "/admin/events");
         assert!(second.text.starts_with("HTTP/1.1 429"), "{}", second.text);
         assert!(second.text.contains("quota connections"), "{}", second.text);
+        drop((first, second));
+        // Its place is given back when it closes.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        first = loop {
+            let again = OpenStream::try_open(there, &b.viewer_secret(), "/admin/events");
+            if again.text.starts_with("HTTP/1.1 200") {
+                break again;
+            }
+            assert!(std::time::Instant::now() < deadline, "the closed stream's place: {}", again.text);
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        // It is held on the other replica now: the next turn asks the first.
+        std::mem::swap(&mut here, &mut there);
     }
-    drop((first, second));
-    // Its place is given back when it closes.
-    std::thread::sleep(Duration::from_millis(300));
-    drop(OpenStream::open(port, &b.viewer_secret(), "/admin/events"));
+    drop(first);
 
     // The admin token sets quotas; an owner may not.
     let (status, _) = a.owner.call_r("PUT", &format!("/admin/projects/{}/quotas", a.id), Some(&json!({})));
     assert_eq!(status, 403);
     a.expect(&owner_id, "project.quotas", "forbidden");
+    // An owner holds its project to lower limits of its own, within the
+    // operator's quotas; an operator may not, and none may go above them.
+    let own = format!("/admin/projects/{}/owner-quotas", a.id);
+    let (status, body) = a.owner.call_r("PUT", &own, Some(&json!({ "parameters": 3 * DIMENSION + 1 })));
+    assert_eq!((status, body["error"].as_str()), (422, Some("quota_exceeded")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("quota parameters"), "{body}");
+    a.expect(&owner_id, "project.owner_quotas", "quota_exceeded");
+    let (status, _) = a.operator.call_r("PUT", &own, Some(&json!({ "unfinished_tasks": 1 })));
+    assert_eq!(status, 403);
+    a.expect(&operator_id, "project.owner_quotas", "forbidden");
+    let (status, body) =
+        a.owner.call_r("PUT", &own, Some(&json!({ "unfinished_tasks": 1, "connections": 5 })));
+    assert_eq!(status, 200, "{body}");
+    a.expect(&owner_id, "project.owner_quotas", "ok");
+    let view: ProjectView = serde_json::from_value(body).unwrap();
+    assert_eq!(view.quotas.unfinished_tasks, None, "the operator's quotas stay as they were");
+    assert_eq!((view.owner_quotas.unfinished_tasks, view.owner_quotas.connections), (Some(1), Some(5)));
+    let effective = &view.effective_quotas;
+    assert_eq!(
+        (
+            effective.unfinished_tasks,
+            effective.parameters,
+            effective.enrollments_per_minute,
+            effective.connections
+        ),
+        (Some(1), Some(3 * DIMENSION as u64), Some(2), Some(5))
+    );
+    // A holds two unfinished tasks: the third is refused by its owners'
+    // limit, named, before its parameters are counted.
+    let (status, body) = a.operator.call_r("POST", "/admin/tasks", Some(&spec("third", DIMENSION)));
+    assert_eq!((status, body["error"].as_str()), (422, Some("quota_exceeded")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("quota unfinished_tasks"), "{body}");
+    a.expect(&operator_id, "task.create", "quota_exceeded");
 
     // A revoked key is refused at once; so is an expired one.
     let revoked: KeyView = serde_json::from_value(
@@ -535,14 +586,14 @@ impl OpenStream {
 #[test]
 fn two_projects_share_a_coordinator_on_sqlite() {
     let serve = Serve::sqlite("tenancy", ADMIN, None);
-    two_projects_share_one_coordinator(serve.port, true);
+    two_projects_share_one_coordinator(serve.port, &[serve.port]);
 }
 
 #[test]
 fn two_projects_share_a_coordinator_on_postgres() {
     let (url, admin) = postgres_database("tenancy");
     let serve = Serve::start(0, &url, ADMIN, None);
-    two_projects_share_one_coordinator(serve.port, true);
+    two_projects_share_one_coordinator(serve.port, &[serve.port]);
     drop(serve);
     drop_postgres_database(&url, &admin);
 }
@@ -559,9 +610,93 @@ fn two_projects_share_replicas_behind_haproxy() {
     let replicas: Vec<Serve> = (0..3).map(|_| Serve::start(0, &url, ADMIN, None)).collect();
     let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
     let balancer = Balancer::start(&scratch, &ports);
-    two_projects_share_one_coordinator(balancer.port, false);
+    two_projects_share_one_coordinator(balancer.port, &ports);
     drop(balancer);
     drop(replicas);
     drop_postgres_database(&url, &admin);
+    std::fs::remove_dir_all(&scratch).unwrap();
+}
+
+/// `POST path` with the admin token, `extra` header lines and `body`, from
+/// the loopback address `source` to `port`: the status.
+fn post_from(source: [u8; 4], port: u16, path: &str, extra: &str, body: &Value) -> u16 {
+    use std::io::{Read, Write};
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.bind(&std::net::SocketAddr::from((source, 0)).into()).unwrap();
+    socket.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into()).unwrap();
+    let mut stream: std::net::TcpStream = socket.into();
+    let body = body.to_string();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN}\r\n{extra}\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.read_to_string(&mut response).unwrap();
+    response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{response}"))
+}
+
+/// Behind an HTTP reverse proxy that ends HTTP itself (HAProxy in `mode
+/// http` with `option forwardfor`, as nginx's `http` proxy with
+/// `$proxy_add_x_forwarded_for`), the coordinator trusts the proxy's own
+/// address for `X-Forwarded-For`: the audit log names each client, never
+/// an address a client wrote itself, nor the proxy's.
+#[test]
+fn behind_an_http_proxy_the_audit_log_names_each_client() {
+    let scratch = cohort_tests::scratch("tenancy-http-proxy");
+    let settings = json!({ "trusted_proxies": [], "trusted_http_proxies": ["127.0.2.2/32"] });
+    let serve = Serve::sqlite("tenancy-http-proxy", ADMIN, Some(&settings));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = format!(
+        "global\n    maxconn 256\n\n\
+         defaults\n    mode http\n    timeout connect 2s\n    timeout client 30s\n    timeout server 30s\n\n\
+         frontend cohort\n    bind 127.0.0.1:{port}\n    option forwardfor\n    default_backend coordinator\n\n\
+         backend coordinator\n    server only 127.0.0.1:{} source 127.0.2.2\n",
+        serve.port
+    );
+    let mut proxy =
+        cohort_server::cluster::balancer::spawn_haproxy_with(&scratch.join("haproxy.cfg"), &config).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let up = || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            && json_call(port, "GET", "/readyz", None, None).0 == 200
+    };
+    while !up() {
+        assert!(std::time::Instant::now() < deadline, "HAProxy did not come up on port {port}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Through the proxy from 127.0.0.3, which claims another address first:
+    // the proxy appends the one it saw, and that is the one taken.
+    let forged = "X-Forwarded-For: 203.0.113.66\r\n";
+    assert_eq!(post_from([127, 0, 0, 3], port, "/admin/projects", forged, &json!({ "name": "via" })), 201);
+    // Straight to the coordinator, a client's header is not read at all.
+    assert_eq!(
+        post_from([127, 0, 0, 4], serve.port, "/admin/projects", forged, &json!({ "name": "direct" })),
+        201
+    );
+    // A trusted proxy's request whose last entry is no address is refused.
+    let bad = "X-Forwarded-For: 127.0.0.5, unknown\r\n";
+    assert_eq!(post_from([127, 0, 2, 2], serve.port, "/admin/projects", bad, &json!({ "name": "bad" })), 400);
+    let page: AuditPage = AdminClient::new(serve.port, ADMIN).get_r("/admin/audit?limit=50");
+    let mut created: Vec<(String, Option<String>)> = page
+        .entries
+        .iter()
+        .filter(|e| e.action == "project.create")
+        .map(|e| (e.resource.clone(), e.address.clone()))
+        .collect();
+    created.sort();
+    let ids: Vec<ProjectView> = AdminClient::new(serve.port, ADMIN).get_r("/admin/projects");
+    let id_of =
+        |name: &str| ids.iter().find(|p| p.name == name).map(|p| format!("projects/{}", p.id)).unwrap();
+    let mut expected =
+        vec![(id_of("via"), Some("127.0.0.3".to_string())), (id_of("direct"), Some("127.0.0.4".to_string()))];
+    expected.sort();
+    assert_eq!(created, expected, "{:?}", page.entries);
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    drop(serve);
     std::fs::remove_dir_all(&scratch).unwrap();
 }
