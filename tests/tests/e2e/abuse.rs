@@ -688,11 +688,23 @@ fn open_stream(port: u16, path: &str) -> TcpStream {
 /// Reads `stream` until `needle` has come (within 30 s).
 fn read_until(stream: &mut TcpStream, needle: &str) {
     use std::io::Read;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // A deadline for the whole read, not each read: a stream's keep-alive
+    // comments (every 15 s) would otherwise keep a stream that never sends
+    // the needle waiting for ever.
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut seen = Vec::new();
     let mut buffer = [0u8; 16 << 10];
     while !String::from_utf8_lossy(&seen).contains(needle) {
-        let n = stream.read(&mut buffer).unwrap();
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "no {needle:?} within 30 s; the stream sent: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        stream.set_read_timeout(Some(left)).unwrap();
+        let n = stream.read(&mut buffer).unwrap_or_else(|e| {
+            panic!("{e}: no {needle:?}; the stream sent: {}", String::from_utf8_lossy(&seen))
+        });
         assert!(n > 0, "the stream ended before {needle:?}: {}", String::from_utf8_lossy(&seen));
         seen.extend_from_slice(&buffer[..n]);
     }
