@@ -294,6 +294,24 @@ impl Streams {
         Ok(Admitted { _open: open, project: Some((self.per_project.clone(), project)), registered: None })
     }
 
+    /// The event streams `project`'s keys hold open: on PostgreSQL over
+    /// every live replica (as its `connections` quota counts them when one
+    /// is set), else in this process.
+    pub async fn open_of(&self, state: &AppState, project: &str) -> ApiResult<u32> {
+        let here = || {
+            let counts = self.per_project.lock().unwrap_or_else(PoisonError::into_inner);
+            counts.get(project).copied().unwrap_or(0)
+        };
+        if state.store.backend() != crate::store::Backend::Postgres {
+            return Ok(here());
+        }
+        let live_since = crate::coordinator::now_ms() - crate::cluster::LEASE_TTL_MS;
+        let stored = state.store.admin_streams(project, live_since).await?;
+        // Streams of a project without a quota have no rows: those of this
+        // replica are counted here at least.
+        Ok(u32::try_from(stored).unwrap_or(u32::MAX).max(here()))
+    }
+
     /// Producers running (tasks followed, and the list if it is).
     pub fn producers(&self) -> usize {
         self.tasks.len() + self.list.len()

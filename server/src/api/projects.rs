@@ -395,6 +395,11 @@ pub struct Usage {
     pub tasks: u32,
     /// Keys not revoked.
     pub keys: u32,
+    /// Enrollments into its tasks in the last minute.
+    pub enrollments_per_minute: u32,
+    /// Admin event streams its keys hold open (on PostgreSQL, over every
+    /// live replica, exactly where a `connections` quota is set).
+    pub connections: u32,
 }
 
 /// A project as the admin API shows it.
@@ -444,6 +449,9 @@ pub(super) async fn project_views(
         }
         usage.keys =
             state.store.keys(&record.id).await?.iter().filter(|key| key.revoked_at.is_none()).count() as u32;
+        let (enrolled, _) = state.store.enrollments_since(&record.id, now_ms() - 60_000).await?;
+        usage.enrollments_per_minute = u32::try_from(enrolled).unwrap_or(u32::MAX);
+        usage.connections = state.streams.open_of(state, &record.id).await?;
         views.push(ProjectView {
             id: record.id,
             name: record.name,

@@ -467,6 +467,20 @@ impl SqlStore {
         Ok(Ok(()))
     }
 
+    /// The admin event streams of `project` registered by the replicas
+    /// whose heartbeat is at or after `live_since`.
+    pub async fn admin_streams(&self, project: &str, live_since: i64) -> StoreResult<i64> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS open FROM admin_streams s JOIN replicas r ON r.id = s.replica_id \
+             WHERE s.project_id = $1 AND r.heartbeat_at >= $2",
+        )
+        .bind(project)
+        .bind(live_since)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get("open")?)
+    }
+
     /// Forgets the admin event stream `stream` (it closed).
     pub async fn close_admin_stream(&self, stream: &str) -> StoreResult<()> {
         sqlx::query("DELETE FROM admin_streams WHERE id = $1").bind(stream).execute(&self.pool).await?;

@@ -399,6 +399,8 @@ fn two_projects_share_one_coordinator(port: u16, replicas: &[u16]) {
     assert_eq!(status, 429, "{body}");
     assert!(body["message"].as_str().unwrap().contains("enrollments_per_minute"), "{body}");
     assert_eq!(enroll(&b.task, &b.enrollment_token).0, 201, "another project's quota is its own");
+    let view: ProjectView = a.owner.get_r(&format!("/admin/projects/{}", a.id));
+    assert_eq!(view.usage.enrollments_per_minute, 2, "the refused enrollment is not counted");
     // B's keys hold one event stream open at a time, over every replica:
     // one held on the first replica refuses a second on the last (the
     // same process when there is one); asked of the replicas directly, so
@@ -407,6 +409,9 @@ fn two_projects_share_one_coordinator(port: u16, replicas: &[u16]) {
     // balancer to close its side).
     let (mut here, mut there) = (replicas[0], replicas[replicas.len() - 1]);
     let mut first = OpenStream::open(here, &b.viewer_secret(), "/admin/events");
+    // Its use, read through any replica, counts it.
+    let view: ProjectView = b.owner.get_r(&format!("/admin/projects/{}", b.id));
+    assert_eq!(view.usage.connections, 1);
     for _ in 0..2 {
         let second = OpenStream::try_open(there, &b.viewer_secret(), "/admin/events");
         assert!(second.text.starts_with("HTTP/1.1 429"), "{}", second.text);
