@@ -647,23 +647,63 @@ pub(super) async fn set_quotas(
     Path(params): Path<std::collections::HashMap<String, String>>,
     RawBody(body): RawBody,
 ) -> ApiResult<Json<ProjectView>> {
-    let id = project_param(&params);
-    let resource = format!("projects/{}/quotas", logged(&id, is_project_id(&id)));
-    let mut audit = Audit::new(&caller, "project.quotas", resource);
+    put_quotas(caller, &state, &project_param(&params), &body, Setter::Operator).await
+}
+
+/// Whose limits a request sets.
+#[derive(Clone, Copy)]
+enum Setter {
+    /// The operator's quotas (the admin token).
+    Operator,
+    /// The project's owners' own limits, within the operator's.
+    Owners,
+}
+
+/// Sets the quotas of the project `id` that `setter` holds, from `body`:
+/// the request checked, the change and its audit entry written together.
+async fn put_quotas(
+    caller: Caller,
+    state: &AppState,
+    id: &str,
+    body: &[u8],
+    setter: Setter,
+) -> ApiResult<Json<ProjectView>> {
+    let (path, action) = match setter {
+        Setter::Operator => ("quotas", "project.quotas"),
+        Setter::Owners => ("owner-quotas", "project.owner_quotas"),
+    };
+    let resource = format!("projects/{}/{path}", logged(id, is_project_id(id)));
+    let mut audit = Audit::new(&caller, action, resource);
     let result = async {
-        let record = caller.project_record(&state, &id).await?;
+        let record = caller.project_record(state, id).await?;
         audit.in_project(&record.id);
-        caller.require_admin()?;
-        let quotas: Quotas = json_body(&body)?;
+        match setter {
+            Setter::Operator => caller.require_admin()?,
+            Setter::Owners => caller.require(Role::Owner)?,
+        }
+        let quotas: Quotas = json_body(body)?;
         quotas.check()?;
+        if let Setter::Owners = setter {
+            quotas.within(&Quotas::operator(&record)?)?;
+        }
         let json = serde_json::to_string(&quotas).map_err(|_| StoreError::Corrupt("project quotas"))?;
-        state.store.set_quotas(&record.id, &json, &audit.success(StatusCode::OK)).await?;
+        let entry = audit.success(StatusCode::OK);
+        let record = match setter {
+            Setter::Operator => {
+                state.store.set_quotas(&record.id, &json, &entry).await?;
+                ProjectRecord { quotas: json, ..record }
+            }
+            Setter::Owners => {
+                state.store.set_owner_quotas(&record.id, &json, &entry).await?;
+                ProjectRecord { owner_quotas: json, ..record }
+            }
+        };
         audit.succeeded();
-        tracing::info!(project = %record.id, "project quotas set");
-        Ok(Json(project_view(&state, ProjectRecord { quotas: json, ..record }).await?))
+        tracing::info!(project = %record.id, action, "project quotas set");
+        Ok(Json(project_view(state, record).await?))
     }
     .await;
-    audit.finish(&state, result).await
+    audit.finish(state, result).await
 }
 
 /// Sets the limits a project's owners hold it to, within the operator's
@@ -688,24 +728,7 @@ pub(super) async fn set_owner_quotas(
     Path(params): Path<std::collections::HashMap<String, String>>,
     RawBody(body): RawBody,
 ) -> ApiResult<Json<ProjectView>> {
-    let id = project_param(&params);
-    let resource = format!("projects/{}/owner-quotas", logged(&id, is_project_id(&id)));
-    let mut audit = Audit::new(&caller, "project.owner_quotas", resource);
-    let result = async {
-        let record = caller.project_record(&state, &id).await?;
-        audit.in_project(&record.id);
-        caller.require(Role::Owner)?;
-        let quotas: Quotas = json_body(&body)?;
-        quotas.check()?;
-        quotas.within(&Quotas::operator(&record)?)?;
-        let json = serde_json::to_string(&quotas).map_err(|_| StoreError::Corrupt("project owner quotas"))?;
-        state.store.set_owner_quotas(&record.id, &json, &audit.success(StatusCode::OK)).await?;
-        audit.succeeded();
-        tracing::info!(project = %record.id, "project owner quotas set");
-        Ok(Json(project_view(&state, ProjectRecord { owner_quotas: json, ..record }).await?))
-    }
-    .await;
-    audit.finish(&state, result).await
+    put_quotas(caller, &state, &project_param(&params), &body, Setter::Owners).await
 }
 
 /// A request for a project key.
