@@ -141,9 +141,9 @@ struct Admitted {
     registered: Option<(crate::store::SqlStore, String)>,
 }
 
-/// How long the deletion of a closed stream's row is retried while the
-/// store does not answer; after that the row goes with the replica's
-/// heartbeat (the next start of the process).
+/// The wait between tries to delete a closed stream's row while the store
+/// does not answer. It is tried until it answers; the rows of a replica
+/// that stops no longer count once its heartbeat is old.
 const UNREGISTER_RETRY: Duration = Duration::from_secs(1);
 
 impl Drop for Admitted {
