@@ -29,7 +29,8 @@
 //!   the cap full, in the reserve, so that the balancer's health checks
 //!   are answered) when accepted, and under its client's per-address cap
 //!   once the header, read within the header timeout, has named the
-//!   client.
+//!   client. Over TLS, the header and the handshake share that one
+//!   timeout.
 //! * **Trusted HTTP proxies.** On a connection from a network in
 //!   `trusted_http_proxies`, each request's client is the last
 //!   `X-Forwarded-For` entry ([`forwarded`]). Such a proxy multiplexes
@@ -275,7 +276,7 @@ pub async fn serve(
         };
         while connections.try_join_next().is_some() {}
         if !proxies.trusts(peer.ip()) {
-            if let Some(connection) = admission.admit(stream, peer, None, true) {
+            if let Some(connection) = admission.admit(stream, peer, None, Arrival::Direct) {
                 connections.spawn(connection);
             }
             continue;
@@ -293,6 +294,7 @@ pub async fn serve(
             },
         };
         let admission = admission.clone();
+        let accepted = Instant::now();
         connections.spawn(async move {
             let within = match place {
                 Place::Served(_) => limits.header_timeout,
@@ -310,7 +312,8 @@ pub async fn serve(
                 Place::Served(permit) => {
                     // Named by a PROXY protocol header: never a trusted HTTP
                     // proxy, whatever address the header names.
-                    if let Some(connection) = admission.admit(stream, client, Some(permit), false) {
+                    let arrival = Arrival::Proxied(accepted);
+                    if let Some(connection) = admission.admit(stream, client, Some(permit), arrival) {
                         connection.await;
                     }
                 }
@@ -339,6 +342,17 @@ pub async fn serve(
         connections.shutdown().await;
     }
     Ok(())
+}
+
+/// How a connection reached [`Admission::admit`].
+#[derive(Debug, Clone, Copy)]
+enum Arrival {
+    /// Straight from its peer.
+    Direct,
+    /// Through a trusted balancer, accepted at this instant: its PROXY
+    /// protocol header and its TLS handshake share one header timeout from
+    /// then, as a direct connection's handshake has one of its own.
+    Proxied(Instant),
 }
 
 /// Where a connection from a trusted balancer waits for its header.
@@ -387,20 +401,21 @@ impl Admission {
     /// global one (`permit`, if it holds its place already) and returns
     /// its serving; over a cap, its triage in the reserve (plain HTTP, if
     /// the reserve has room for the address), or `None` (it is closed).
-    /// `peer` is the connection's own address where `direct`, else the
-    /// client a PROXY protocol header named: only a direct connection from
-    /// a trusted HTTP proxy has its `X-Forwarded-For` read.
+    /// `peer` is the connection's own address when it arrived directly,
+    /// else the client a PROXY protocol header named: only a direct
+    /// connection from a trusted HTTP proxy has its `X-Forwarded-For`
+    /// read.
     fn admit(
         &self,
         stream: tokio::net::TcpStream,
         peer: SocketAddr,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
-        direct: bool,
+        arrival: Arrival,
     ) -> Option<Serving> {
         let limits = self.limits;
         let group = PeerGroup::of(peer.ip());
         // A trusted HTTP proxy carries many clients: the global cap only.
-        let forwarded = direct && self.http_proxies.trusts(peer.ip());
+        let forwarded = matches!(arrival, Arrival::Direct) && self.http_proxies.trusts(peer.ip());
         let cap = if forwarded { usize::MAX } else { limits.max_connections_per_address };
         let admitted = self.per_address.admit(group, cap).and_then(|slot| {
             let permit = match permit {
@@ -429,10 +444,14 @@ impl Admission {
         let acceptor = self.acceptor.clone();
         Some(Box::pin(async move {
             let _ = stream.set_nodelay(true);
+            let handshake_by = match arrival {
+                Arrival::Direct => Instant::now() + limits.header_timeout,
+                Arrival::Proxied(accepted) => accepted + limits.header_timeout,
+            };
             match acceptor {
                 None => connection.serve(stream).await,
                 Some(acceptor) => {
-                    match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
+                    match tokio::time::timeout_at(handshake_by, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => connection.serve(stream).await,
                         Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),

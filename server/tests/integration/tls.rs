@@ -148,3 +148,49 @@ fn the_tls_listener_keeps_the_handshake_timeout_and_the_connection_cap() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Behind a trusted balancer, a connection's PROXY protocol header and its
+/// TLS handshake share one header timeout from the moment it was accepted,
+/// as a direct connection's handshake has one: a header sent late leaves
+/// the handshake only what remains of it, not a fresh timeout.
+#[test]
+fn a_balancer_s_header_and_handshake_share_one_header_timeout() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+
+    let (ca_pem, files) = cohort_tests::test_certificates();
+    let coordinator =
+        Serve::options(ADMIN).sqlite("tls-proxied").start_in_process(Some((files, ca_pem)), |config| {
+            config.connections.header_timeout = Duration::from_millis(2_000);
+            config.trusted_proxies = vec!["127.0.2.1/32".parse().unwrap()];
+        });
+    let address: std::net::SocketAddr = coordinator.url.trim_start_matches("https://").parse().unwrap();
+    // From the trusted address, a connection whose header comes 1.5 s after
+    // it was accepted, and then nothing: closed at 2 s (a fresh timeout for
+    // the handshake would keep it until 3.5 s).
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let stream = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(std::net::SocketAddr::from(([127, 0, 2, 1], 0))).unwrap();
+        socket.connect(address).await.unwrap().into_std().unwrap()
+    });
+    stream.set_nonblocking(false).unwrap();
+    let mut stream = stream;
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(1_500));
+    // PROXY v2, TCP over IPv4, from 203.0.113.1:40000 to the coordinator.
+    let mut header = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    header.extend([0x21, 0x11, 0, 12, 203, 0, 113, 1, 127, 0, 0, 1]);
+    header.extend(40_000u16.to_be_bytes());
+    header.extend(address.port().to_be_bytes());
+    stream.write_all(&header).unwrap();
+    assert!(
+        closed_by(&mut stream, started + Duration::from_secs(5)).is_some(),
+        "a connection whose handshake never came stayed open"
+    );
+    let closed = started.elapsed();
+    assert!(
+        closed >= Duration::from_millis(1_800) && closed < Duration::from_millis(3_000),
+        "closed {closed:?} after it was accepted, where the shared timeout ends at 2 s"
+    );
+}
