@@ -662,8 +662,17 @@ fn behind_an_http_proxy_the_audit_log_names_each_client() {
          backend coordinator\n    server only 127.0.0.1:{} source 127.0.2.2\n",
         serve.port
     );
-    let mut proxy =
-        cohort_server::cluster::balancer::spawn_haproxy_with(&scratch.join("haproxy.cfg"), &config).unwrap();
+    /// HAProxy, killed when the test ends, however it ends.
+    struct Proxy(std::process::Child);
+    impl Drop for Proxy {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let proxy = Proxy(
+        cohort_server::cluster::balancer::spawn_haproxy_with(&scratch.join("haproxy.cfg"), &config).unwrap(),
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let up = || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
@@ -700,8 +709,7 @@ fn behind_an_http_proxy_the_audit_log_names_each_client() {
         vec![(id_of("via"), Some("127.0.0.3".to_string())), (id_of("direct"), Some("127.0.0.4".to_string()))];
     expected.sort();
     assert_eq!(created, expected, "{:?}", page.entries);
-    let _ = proxy.kill();
-    let _ = proxy.wait();
+    drop(proxy);
     drop(serve);
     std::fs::remove_dir_all(&scratch).unwrap();
 }
