@@ -169,11 +169,23 @@ $("project-form").addEventListener("submit", async (event) => {
   }
 });
 
-// The quotas a project has, in the order the dashboard shows them.
+// The quotas a project has, in the order the dashboard shows them, each
+// with its label and the least value it takes.
 const QUOTAS = [
-  ["unfinished_tasks", "Unfinished tasks"], ["parameters", "Parameters"],
-  ["enrollments_per_minute", "Enrollments a minute"], ["connections", "Event streams open"],
+  ["unfinished_tasks", "Unfinished tasks", 0], ["parameters", "Parameters", 0],
+  ["enrollments_per_minute", "Enrollments a minute", 1], ["connections", "Event streams open", 0],
 ];
+
+// Each quota form gets a field per quota, before its button.
+for (const form of document.querySelectorAll(".quota-form")) {
+  for (const [name, label, least] of QUOTAS) {
+    const input = document.createElement("input");
+    Object.assign(input, { name, type: "number", min: `${least}`, placeholder: "no limit" });
+    const wrapper = document.createElement("label");
+    wrapper.append(`${label} `, input);
+    form.insertBefore(wrapper, form.querySelector("button"));
+  }
+}
 async function loadQuotas() {
   const show = keysProject !== null;
   $("quotas-section").classList.toggle("hidden", !show);
