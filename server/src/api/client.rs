@@ -140,14 +140,15 @@ pub(super) async fn enroll(
 /// project, so that the replicas leading them share the count (enrollments
 /// at the same instant may pass it by a few).
 async fn project_enrollment_quota(state: &AppState, project: &str, now: i64) -> ApiResult<()> {
-    const MINUTE_MS: i64 = 60_000;
     let quotas = super::projects::Quotas::of(&state.store.project(project).await?)?;
     let Some(most) = quotas.enrollments_per_minute else { return Ok(()) };
-    let (recent, oldest) = state.store.enrollments_since(project, now - MINUTE_MS).await?;
+    let (recent, oldest) =
+        state.store.enrollments_since(project, now - super::projects::ENROLLMENT_WINDOW_MS).await?;
     if recent < i64::from(most) {
         return Ok(());
     }
-    let wait = oldest.map_or(MINUTE_MS, |oldest| (oldest + MINUTE_MS - now).clamp(1, MINUTE_MS));
+    let window = super::projects::ENROLLMENT_WINDOW_MS;
+    let wait = oldest.map_or(window, |oldest| (oldest + window - now).clamp(1, window));
     Err(ApiError::new(
         ErrorCode::RateLimited,
         format!(

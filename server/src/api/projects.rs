@@ -45,6 +45,8 @@ use crate::store::{AUDIT_PAGE_MAX, ApiKeyRecord, AuditRecord, ProjectRecord, Rol
 pub const DEFAULT_PROJECT: &str = "default";
 /// What a project key starts with (the rest: 64 hex digits, 256 bits).
 pub const KEY_PREFIX: &str = "cohort_key_";
+/// The window the `enrollments_per_minute` quota counts over, in ms.
+pub(super) const ENROLLMENT_WINDOW_MS: i64 = 60_000;
 /// Longest a key may be made to last: ten years, in seconds.
 const MAX_KEY_LIFETIME_S: u64 = 10 * 366 * 24 * 3_600;
 
@@ -449,7 +451,8 @@ pub(super) async fn project_views(
         }
         usage.keys =
             state.store.keys(&record.id).await?.iter().filter(|key| key.revoked_at.is_none()).count() as u32;
-        let (enrolled, _) = state.store.enrollments_since(&record.id, now_ms() - 60_000).await?;
+        let (enrolled, _) =
+            state.store.enrollments_since(&record.id, now_ms() - ENROLLMENT_WINDOW_MS).await?;
         usage.enrollments_per_minute = u32::try_from(enrolled).unwrap_or(u32::MAX);
         usage.connections = state.streams.open_of(state, &record.id).await?;
         views.push(ProjectView {
