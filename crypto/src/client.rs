@@ -28,13 +28,14 @@ use crate::ids::ClientId;
 use crate::masking::{Mask, apply_masks};
 use crate::messages::{
     AdvertisedKeys, ClientMessage, ENVELOPE_LEN, ENVELOPE_PLAINTEXT_LEN, Envelope, MaskedVector,
-    ServerMessage, UnmaskingShares,
+    NoiseAttestation, ServerMessage, UnmaskingShares,
 };
 use crate::prg::MaskSign;
 use crate::quantize::QuantizedInput;
 use crate::secret::Secret32;
 use crate::shamir::{SHARE_LEN, Share, split};
 use crate::signature::{IdentityKey, SIGNATURE_LEN, Signed, verify_all};
+use crate::validation::noise::{EdgeNoise, NoiseVerifiers};
 use crate::validation::{self, RoundValidation};
 
 /// Facts about the round that every stage needs.
@@ -47,6 +48,8 @@ struct RoundView {
     identity: Option<Arc<IdentityKey>>,
     /// The norm this client proves its input within (validated rounds).
     validation: Option<RoundValidation>,
+    /// Who verifies whose noise (private, validated rounds).
+    noise: Option<NoiseVerifiers>,
 }
 
 impl RoundView {
@@ -112,6 +115,10 @@ pub struct AwaitingShares {
     blindings: Zeroizing<Vec<Scalar>>,
     /// Neighbours that advertised keys (U1 ∩ N(u)), ascending.
     peers: Vec<AdvertisedKeys>,
+    /// The seeds of this client's noise edges, one per verifier that
+    /// advertised keys, in the verifiers' rank order (private, validated
+    /// rounds).
+    noise_seeds: Vec<(ClientId, Secret32)>,
 }
 
 /// Shares this client holds for one neighbour.
@@ -237,7 +244,11 @@ impl Client {
         let signature = identity.as_ref().map(|key| {
             key.sign(&derive::advertise_statement(&context, me, &cipher_key, &mask_key, &seed_commitment))
         });
-        let round = RoundView { config, context, me, neighbours, identity, validation };
+        let noise = match validation.as_ref().and_then(RoundValidation::edge_variance) {
+            Some(_) => Some(NoiseVerifiers::new(&config)?),
+            None => None,
+        };
+        let round = RoundView { config, context, me, neighbours, identity, validation, noise };
         let message =
             ClientMessage::AdvertiseKeys { context, cipher_key, mask_key, seed_commitment, signature };
         let state = AwaitingPeerKeys { round, cipher, mask, self_mask_seed, input };
@@ -355,13 +366,33 @@ impl AwaitingPeerKeys {
         let mut plaintext = Zeroizing::new(Vec::with_capacity(ENVELOPE_PLAINTEXT_LEN));
         let cipher_keys: Vec<PeerKey> = peers.iter().map(|peer| PeerKey::new(&peer.cipher_key)).collect();
         let agreed = self.cipher.agree_many(&cipher_keys.iter().collect::<Vec<_>>());
+        // In a private, validated round the same agreement seeds the noise
+        // edges: this client's own (to its verifiers), and those of the
+        // neighbours it verifies, whose noise it commits to.
+        let my_verifiers = round.noise.as_ref().map(|noise| noise.of(round.me)).unwrap_or_default();
+        let mut noise_edges: Vec<(ClientId, Secret32)> = Vec::new();
+        let mut noise = Vec::new();
         for (((peer, seed_share), key_share), shared) in
             peers.iter().zip(&seed_shares).zip(&key_shares).zip(agreed)
         {
+            let shared = shared?;
+            if let (Some(verifiers), Some(validation)) = (&round.noise, &round.validation) {
+                if my_verifiers.contains(&peer.id) {
+                    noise_edges
+                        .push((peer.id, derive::noise_edge_seed(&shared, &context, round.me, peer.id)));
+                }
+                if verifiers.of(peer.id).contains(&round.me) {
+                    let seed = derive::noise_edge_seed(&shared, &context, peer.id, round.me);
+                    let variance = validation.edge_variance().unwrap_or_default();
+                    let edge = EdgeNoise::derive(&seed, validation.bound(), variance);
+                    let commitment = edge.commit(validation.bound())?.to_bytes();
+                    noise.push(NoiseAttestation { owner: peer.id, commitment });
+                }
+            }
             plaintext.clear();
             seed_share.encode_into(&mut plaintext);
             key_share.encode_into(&mut plaintext);
-            let (seal, open) = derive::envelope_keys(&shared?, &context, round.me, peer.id);
+            let (seal, open) = derive::envelope_keys(&shared, &context, round.me, peer.id);
             let aad = derive::envelope_aad(&context, round.me, peer.id);
             envelopes.push(Envelope { peer: peer.id, ciphertext: seal.seal(&aad, &plaintext) });
             open_keys.push(open);
@@ -377,8 +408,10 @@ impl AwaitingPeerKeys {
                 (Some(proven.proof.to_bytes()), proven.blindings)
             }
         };
-        // The cipher key is dropped (and zeroized) here: the open keys are all
-        // this client needs of it.
+        // The edges in the verifiers' rank order.
+        noise_edges.sort_by_key(|(j, _)| my_verifiers.iter().position(|v| v == j));
+        // The cipher key is dropped (and zeroized) here: the open keys (and
+        // the noise seeds) are all this client needs of it.
         let next = AwaitingShares {
             round: self.round,
             open_keys,
@@ -388,8 +421,9 @@ impl AwaitingPeerKeys {
             input: self.input,
             blindings,
             peers,
+            noise_seeds: noise_edges,
         };
-        Ok((Client::AwaitingShares(next), Ok(ClientMessage::ShareKeys { context, envelopes, proof })))
+        Ok((Client::AwaitingShares(next), Ok(ClientMessage::ShareKeys { context, envelopes, proof, noise })))
     }
 }
 
@@ -449,8 +483,33 @@ impl AwaitingShares {
         // every mask (and then reduced modulo 2^b): no copy of x_u is made,
         // and every tile of the vector is masked before it is sent.
         let mut values = self.input.into_values();
+        let mut blindings = self.blindings;
+        if let (Some(verifiers), Some(validation)) = (&round.noise, &round.validation) {
+            // The noise of the first two verifiers that completed stage 2
+            // (their envelopes came), as the coordinator will count them.
+            let completed = |j: ClientId| envelopes.binary_search_by_key(&j, |e| e.peer).is_ok();
+            let edges = verifiers.edges(round.me, completed).ok_or(ProtocolError::Validation(
+                validation::ValidationError::Input("fewer than two of this client's noise verifiers remain"),
+            ))?;
+            let variance = validation.edge_variance().unwrap_or_default();
+            let modulus = round.config.modulus_mask();
+            for j in edges {
+                let (_, seed) = self
+                    .noise_seeds
+                    .iter()
+                    .find(|(v, _)| *v == j)
+                    .ok_or(server_error("an envelope comes from a verifier that advertised no keys"))?;
+                let edge = EdgeNoise::derive(seed, validation.bound(), variance);
+                for (v, &e) in values.iter_mut().zip(edge.values()) {
+                    *v = v.wrapping_add(e as u32) & modulus;
+                }
+                for (b, e) in blindings.iter_mut().zip(edge.blindings()) {
+                    *b += e;
+                }
+            }
+        }
         if let Some(validation) = &round.validation {
-            validation.append_blindings(&mut values, &self.blindings);
+            validation.append_blindings(&mut values, &blindings);
         }
         let modulus = round.config.modulus_mask();
         apply_masks(&masks, &mut values, |tile| tile.iter_mut().for_each(|v| *v &= modulus));

@@ -5,7 +5,7 @@
 use crate::config::RoundContext;
 use crate::envelope::EnvelopeKey;
 use crate::ids::ClientId;
-use crate::kdf::{LABEL_PAIRWISE_MASK, LABEL_SELF_MASK, LABEL_SHARE_ENVELOPE, hkdf_sha256};
+use crate::kdf::{LABEL_NOISE_EDGE, LABEL_PAIRWISE_MASK, LABEL_SELF_MASK, LABEL_SHARE_ENVELOPE, hkdf_sha256};
 use crate::prg::{MaskPrg, MaskSign};
 use crate::secret::Secret32;
 use crate::signature::signed_message;
@@ -35,6 +35,26 @@ pub(crate) fn envelope_keys(
         EnvelopeKey::new(Secret32::from_bytes(&mut key))
     };
     (derive(me, peer), derive(peer, me))
+}
+
+/// The seed of the noise `owner` adds and `verifier` attests, from their
+/// one key agreement `shared` on the cipher keys (which, unlike the mask
+/// keys, is never rebuilt for the coordinator). Directional: the edges
+/// u → v and v → u have different seeds.
+pub(crate) fn noise_edge_seed(
+    shared: &Secret32,
+    context: &RoundContext,
+    owner: ClientId,
+    verifier: ClientId,
+) -> Secret32 {
+    let mut seed = [0u8; 32];
+    hkdf_sha256(
+        &context.0,
+        shared.expose(),
+        &[LABEL_NOISE_EDGE, &owner.get().to_be_bytes(), &verifier.get().to_be_bytes()],
+        &mut seed,
+    );
+    Secret32::from_bytes(&mut seed)
 }
 
 /// Associated data of an envelope: the round context and both identities.

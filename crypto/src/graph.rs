@@ -61,11 +61,7 @@ impl CommunicationGraph {
     pub fn new(clients: u32, spec: &GraphSpec, placement_seed: &[u8; 32]) -> Self {
         let layout = match spec {
             GraphSpec::Harary { degree } if *degree < clients - 1 => {
-                let mut occupant: Vec<u32> = (0..clients).collect();
-                let mut rng = ChaCha20Rng::from_seed(*placement_seed);
-                for i in (1..occupant.len()).rev() {
-                    occupant.swap(i, uniform_below(&mut rng, i as u64 + 1) as usize);
-                }
+                let occupant = ring_placement(clients, placement_seed);
                 let mut position = vec![0; clients as usize];
                 for (p, &client) in occupant.iter().enumerate() {
                     position[client as usize] = p as u32;
@@ -125,6 +121,18 @@ impl CommunicationGraph {
             }
         }
     }
+}
+
+/// A random placement of `clients` clients on a ring, drawn from `seed`
+/// (Fisher–Yates with ChaCha20): `occupant[p]` is the index of the client at
+/// position p.
+pub(crate) fn ring_placement(clients: u32, seed: &[u8; 32]) -> Vec<u32> {
+    let mut occupant: Vec<u32> = (0..clients).collect();
+    let mut rng = ChaCha20Rng::from_seed(*seed);
+    for i in (1..occupant.len()).rev() {
+        occupant.swap(i, uniform_below(&mut rng, i as u64 + 1) as usize);
+    }
+    occupant
 }
 
 /// Uniform integer in `[0, bound)` by rejection (no modulo bias).

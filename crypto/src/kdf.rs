@@ -12,6 +12,9 @@ pub(crate) const LABEL_PAIRWISE_MASK: &[u8] = b"cohort/secagg/v1/pairwise-mask";
 pub(crate) const LABEL_SELF_MASK: &[u8] = b"cohort/secagg/v1/self-mask";
 /// Label for the seed of the permutation that places clients on the ring.
 pub(crate) const LABEL_GRAPH_PLACEMENT: &[u8] = b"cohort/secagg/v2/graph-placement";
+/// Label for the seed of the noise one client adds and a neighbour verifies
+/// (private, validated rounds).
+pub(crate) const LABEL_NOISE_EDGE: &[u8] = b"cohort/validation/v1/noise-edge";
 /// Label for the AES-GCM key that seals shares from one client to another.
 pub(crate) const LABEL_SHARE_ENVELOPE: &[u8] = b"cohort/secagg/v1/share-envelope";
 

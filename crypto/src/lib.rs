@@ -119,7 +119,7 @@ pub use config::{RoundConfig, RoundContext, Variant};
 pub use error::{ConfigError, CryptoError, ProtocolError, Stage};
 pub use graph::GraphSpec;
 pub use ids::ClientId;
-pub use messages::{ClientMessage, ServerMessage};
+pub use messages::{ClientMessage, NoiseAttestation, ServerMessage};
 pub use metrics::{Metric, MetricSet, MetricSums, MetricValues};
 pub use quantize::{QuantizationSpec, QuantizedInput, Quantizer, SumSpread, Transform};
 pub use secret::Secret32;

@@ -59,6 +59,16 @@ pub struct Envelope {
     pub ciphertext: Vec<u8>,
 }
 
+/// A verifier's commitment to the noise one of its neighbours adds in a
+/// private, validated round ([`crate::validation::noise`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoiseAttestation {
+    /// The client whose noise edge this is.
+    pub owner: ClientId,
+    /// Its row commitments ([`crate::validation::Commitment::to_bytes`]).
+    pub commitment: Vec<u8>,
+}
+
 /// Messages from the server to one client.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -146,6 +156,9 @@ pub enum ClientMessage {
         /// In a validated round, the commitment to the client's input and
         /// its norm proof ([`crate::validation::NormProof::to_bytes`]).
         proof: Option<Vec<u8>>,
+        /// In a private, validated round, the commitments to the noise of
+        /// the neighbours this client verifies, ascending by owner.
+        noise: Vec<NoiseAttestation>,
     },
     /// The masked input y_u.
     MaskedInput {
@@ -200,7 +213,12 @@ impl ClientMessage {
                     .ok()
                     .flatten()
                     .map_or(0, |v| 4 + v.bound().proof_len());
-                HEADER + 4 + neighbours * (4 + ENVELOPE_LEN) + 1 + proof
+                let attestation = crate::validation::RoundValidation::new(config)
+                    .ok()
+                    .flatten()
+                    .filter(|v| v.edge_variance().is_some())
+                    .map_or(0, |v| neighbours * (8 + crate::validation::Commitment::encoded_len(v.bound())));
+                HEADER + 4 + neighbours * (4 + ENVELOPE_LEN) + 1 + proof + 4 + attestation
             }
             Stage::MaskedInputCollection => {
                 HEADER + 1 + 4 + packed_len(config.vector_len as usize, config.modulus_bits)
@@ -354,11 +372,12 @@ impl ClientMessage {
                 write_signature(&mut w, signature.as_ref());
                 w.finish()
             }
-            ClientMessage::ShareKeys { context, envelopes, proof } => {
+            ClientMessage::ShareKeys { context, envelopes, proof, noise } => {
                 let proof_len = proof.as_ref().map_or(0, |p| 4 + p.len());
+                let noise_len: usize = noise.iter().map(|a| 8 + a.commitment.len()).sum();
                 let mut w = Writer::with_header(
                     KIND_SHARE_KEYS,
-                    37 + envelopes.len() * (4 + ENVELOPE_LEN) + proof_len,
+                    41 + envelopes.len() * (4 + ENVELOPE_LEN) + proof_len + noise_len,
                 );
                 write_envelopes(&mut w, context, envelopes);
                 match proof {
@@ -368,6 +387,12 @@ impl ClientMessage {
                     Some(proof) => {
                         w.u8(1).count(proof.len()).bytes(proof);
                     }
+                }
+                w.count(noise.len());
+                for attestation in noise {
+                    w.u32(attestation.owner.get())
+                        .count(attestation.commitment.len())
+                        .bytes(&attestation.commitment);
                 }
                 w.finish()
             }
@@ -424,7 +449,15 @@ impl ClientMessage {
                     }
                     _ => return Err(DecodeError::Invalid("proof flag")),
                 };
-                ClientMessage::ShareKeys { context, envelopes, proof }
+                let count = r.count(MAX_CLIENTS as usize, 9, "noise attestations")?;
+                let mut owners = AscendingIds::default();
+                let mut noise = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let owner = owners.next(&mut r)?;
+                    let len = r.count(MAX_PROOF_LEN, 1, "noise commitment")?;
+                    noise.push(NoiseAttestation { owner, commitment: r.take(len)?.to_vec() });
+                }
+                ClientMessage::ShareKeys { context, envelopes, proof, noise }
             }
             KIND_MASKED_INPUT => {
                 let (bits, len, packed) = read_packed_vector(&mut r)?;

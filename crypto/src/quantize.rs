@@ -387,10 +387,20 @@ impl QuantizationSpec {
                     "the validated dimension must be between 1 and 2^24",
                 ));
             }
-            if self.privacy.is_some() {
-                return Err(ConfigError::BadQuantization(
-                    "input validation does not yet bound the noise of differential privacy",
-                ));
+            if let Some(privacy) = &self.privacy {
+                // The proof bounds the vector before its noise by the
+                // sensitivity, and the noise rides on verified edges
+                // (`validation::noise`), whose Skellam parts add up exactly.
+                if privacy.mechanism != crate::dp::Mechanism::Skellam {
+                    return Err(ConfigError::BadQuantization(
+                        "input validation under differential privacy needs the Skellam mechanism",
+                    ));
+                }
+                if check.l2_clip != privacy.clip_norm {
+                    return Err(ConfigError::BadQuantization(
+                        "under differential privacy the validation's L2 clip is the privacy clip",
+                    ));
+                }
             }
             if matches!(self.transform, Transform::Sketch { .. }) {
                 return Err(ConfigError::BadQuantization(
@@ -692,7 +702,10 @@ impl Quantizer {
     ) -> Result<QuantizedInput, QuantizeError> {
         if let (Some(privacy), Some(rotation)) = (&self.spec.privacy, self.rotation()) {
             // Every client counts once; weights and metrics stay home.
-            let values = privacy.encode(&rotation, self.block(), update, self.modulus_bits, rng)?;
+            // A validated round's noise is added by the secure-aggregation
+            // client, from its noise edges (`validation::noise`).
+            let noise = self.spec.validation.is_none();
+            let values = privacy.encode(&rotation, self.block(), update, self.modulus_bits, noise, rng)?;
             return Ok(QuantizedInput(values));
         }
         if weight > self.spec.max_weight {

@@ -18,6 +18,7 @@ use crate::derive;
 use crate::error::{ProtocolError, Stage};
 use crate::graph::CommunicationGraph;
 use crate::ids::ClientId;
+use crate::messages::NoiseAttestation;
 use crate::messages::{
     AdvertisedKeys, ClientMessage, ENVELOPE_LEN, Envelope, MaskedInputHeader, MaskedVector,
     PackedMaskedInput, ServerMessage, UnmaskingShares,
@@ -26,6 +27,7 @@ use crate::shamir::Share;
 use crate::signature::{SIGNATURE_LEN, verify};
 pub use crate::unmask::FaultyShare;
 use crate::unmask::{UnmaskJob, unmask};
+use crate::validation::noise::NoiseVerifiers;
 use crate::validation::{self, Commitment, NormProof, RoundValidation};
 use crate::wire::{DecodeError, add_packed, last_byte_padding_is_zero, packed_len, subtract_packed};
 
@@ -71,6 +73,8 @@ struct RoundInfo {
     context: RoundContext,
     graph: CommunicationGraph,
     validation: Option<RoundValidation>,
+    /// Who verifies whose noise (private, validated rounds), tabulated.
+    noise: Option<NoiseVerifiers>,
 }
 
 impl RoundInfo {
@@ -163,6 +167,8 @@ pub struct CollectingShares {
     envelopes: Vec<Vec<Envelope>>,
     /// `proofs[u]`: u's norm proof, decoded, verified when the stage closes.
     proofs: Vec<Option<NormProof>>,
+    /// `attested[u]`: the commitments to u's noise edges, by verifier.
+    attested: Vec<Vec<(ClientId, Commitment)>>,
 }
 
 /// What a validated round keeps of its proofs: the input-row commitments
@@ -171,6 +177,17 @@ pub struct CollectingShares {
 struct Validated {
     commitments: Vec<Option<Commitment>>,
     refused: Vec<ClientId>,
+    /// The noise edges' commitments (private rounds).
+    noise: Box<NoiseEdges>,
+}
+
+/// What a private, validated round keeps of its noise attestations.
+#[derive(Default)]
+struct NoiseEdges {
+    /// `attested[u]`: the commitments to u's noise edges, by verifier.
+    attested: Vec<Vec<(ClientId, Commitment)>>,
+    /// U2: who completed the second stage, whose attestations count.
+    shared: Vec<bool>,
 }
 
 /// Collecting masked inputs; U2 is known.
@@ -317,11 +334,16 @@ impl ServerRound {
         config.validate()?;
         let n = config.clients as usize;
         let validation = RoundValidation::new(&config)?;
+        let noise = match validation.as_ref().and_then(RoundValidation::edge_variance) {
+            Some(_) => Some(NoiseVerifiers::new(&config)?.tabulated()),
+            None => None,
+        };
         let info = Arc::new(RoundInfo {
             context: config.context(),
             graph: config.communication_graph(),
             config,
             validation,
+            noise,
         });
         Ok(ServerRound::CollectingKeys(CollectingKeys {
             info,
@@ -481,8 +503,8 @@ impl ServerRound {
         let stage = self.admit(from, message.stage(), message.context())?;
         match (self, message) {
             (ServerRound::CollectingKeys(s), message) => s.receive(from, message),
-            (ServerRound::CollectingShares(s), ClientMessage::ShareKeys { envelopes, proof, .. }) => {
-                s.receive(from, envelopes, proof)
+            (ServerRound::CollectingShares(s), ClientMessage::ShareKeys { envelopes, proof, noise, .. }) => {
+                s.receive(from, envelopes, proof, noise)
             }
             (ServerRound::CollectingMaskedInputs(s), ClientMessage::MaskedInput { vector, .. }) => {
                 s.receive(from, vector)
@@ -733,6 +755,7 @@ impl CollectingKeys {
             inbox: Inbox::new(eligible),
             envelopes: vec![Vec::new(); n],
             proofs: vec![None; n],
+            attested: vec![Vec::new(); n],
         }))
     }
 }
@@ -743,6 +766,7 @@ impl CollectingShares {
         from: ClientId,
         envelopes: Vec<Envelope>,
         proof: Option<Vec<u8>>,
+        noise: Vec<NoiseAttestation>,
     ) -> Result<(), ProtocolError> {
         let expected = self.info.neighbours_in(from, &self.advertised);
         if envelopes.len() != expected.len()
@@ -764,7 +788,36 @@ impl CollectingShares {
                     .map_err(|_| invalid(from, "the norm proof is malformed"))?,
             ),
         };
+        // Exactly one attestation for every advertising neighbour whose
+        // noise this client verifies.
+        let attestations = match (&self.info.noise, &self.info.validation) {
+            (Some(verifiers), Some(validation)) => {
+                let owners: Vec<ClientId> =
+                    expected.iter().copied().filter(|&u| verifiers.of(u).contains(&from)).collect();
+                if noise.len() != owners.len() || noise.iter().zip(&owners).any(|(a, u)| a.owner != *u) {
+                    return Err(invalid(
+                        from,
+                        "noise attestations must cover exactly the neighbours whose noise this client verifies",
+                    ));
+                }
+                noise
+                    .iter()
+                    .map(|a| {
+                        Commitment::decode(validation.bound(), &a.commitment)
+                            .map(|c| (a.owner, c))
+                            .map_err(|_| invalid(from, "a noise attestation is malformed"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            _ if !noise.is_empty() => {
+                return Err(invalid(from, "noise attestations in a round without them"));
+            }
+            _ => Vec::new(),
+        };
         self.proofs[from.index()] = proof;
+        for (owner, commitment) in attestations {
+            self.attested[owner.index()].push((from, commitment));
+        }
         for Envelope { peer, ciphertext } in envelopes {
             self.envelopes[peer.index()].push(Envelope { peer: from, ciphertext });
         }
@@ -793,6 +846,8 @@ impl CollectingShares {
         };
         info.require(Stage::ShareKeys, self.inbox.count)?;
         let shared = self.inbox.received;
+        let noise = Box::new(NoiseEdges { attested: self.attested, shared: shared.clone() });
+        let validated = Validated { noise, ..validated };
         // Envelopes from clients that never completed the stage cannot
         // exist: a message is applied whole or not at all.
         let eligible: Vec<bool> = (0..shared.len())
@@ -822,6 +877,14 @@ impl CollectingMaskedInputs {
         }
         if len != config.vector_len as usize {
             return Err(invalid(from, "masked input has the wrong length"));
+        }
+        if let Some(verifiers) = &self.info.noise
+            && verifiers.edges(from, |j| self.shared[j.index()]).is_none()
+        {
+            return Err(invalid(
+                from,
+                "fewer than two of the client's noise verifiers completed the second stage",
+            ));
         }
         Ok(())
     }
@@ -1001,7 +1064,14 @@ impl CollectingUnmaskingShares {
         let modulus = info.config.modulus_mask();
         sum.iter_mut().for_each(|v| *v &= modulus);
         if let Some(validation) = &info.validation {
-            check_commitments(&info.context, validation, &after.validated, &after.survivors, &sum)?;
+            check_commitments(
+                &info.context,
+                validation,
+                info.noise.as_ref(),
+                &after.validated,
+                &after.survivors,
+                &sum,
+            )?;
             sum.truncate(validation.dimension());
         }
         Ok(Aggregate {
@@ -1052,7 +1122,7 @@ fn verify_proofs(
             None => refused.push(*id),
         }
     }
-    Validated { commitments, refused }
+    Validated { commitments, refused, ..Validated::default() }
 }
 
 /// The sum check of a validated round: the unmasked sum (its committed
@@ -1061,6 +1131,7 @@ fn verify_proofs(
 fn check_commitments(
     context: &RoundContext,
     validation: &RoundValidation,
+    noise: Option<&NoiseVerifiers>,
     validated: &Validated,
     survivors: &[ClientId],
     sum: &[u32],
@@ -1068,9 +1139,20 @@ fn check_commitments(
     let (committed, tail) = sum.split_at(validation.dimension());
     let centred = validation.centred_sum(committed, survivors.len());
     let blinding_sums = validation.blinding_sums(tail);
-    let commitments: Option<Vec<&Commitment>> =
+    let mut commitments: Option<Vec<&Commitment>> =
         survivors.iter().map(|id| validated.commitments.get(id.index())?.as_ref()).collect();
     let mismatch = || ProtocolError::CommitmentMismatch { suspects: survivors.to_vec() };
+    // A private round's noise: each survivor's edges, as it took them, as
+    // their verifiers committed to them.
+    if let (Some(verifiers), Some(rows)) = (noise, commitments.as_mut()) {
+        for &u in survivors {
+            let edges = verifiers.edges(u, |j| validated.noise.shared[j.index()]).ok_or_else(mismatch)?;
+            for j in edges {
+                let attested = validated.noise.attested[u.index()].iter().find(|(v, _)| *v == j);
+                rows.push(&attested.ok_or_else(mismatch)?.1);
+            }
+        }
+    }
     let rows = commitments.ok_or_else(mismatch)?;
     // The weights need only be unpredictable before the sum is known: every
     // commitment was fixed (and hashed into the proofs' batch) before any

@@ -43,6 +43,9 @@ use zeroize::Zeroizing;
 use crate::compress::Rotation;
 use crate::error::{ConfigError, QuantizeError};
 
+#[cfg(test)]
+pub(crate) use noise::PortablePoisson;
+pub(crate) use noise::add_skellam_portable;
 pub use noise::{sample_discrete_gaussian, sample_skellam};
 
 /// The noise each client adds.
@@ -219,13 +222,17 @@ impl DpParams {
     }
 
     /// The update as a client sends it before masking: clipped, rotated,
-    /// scaled, rounded, noised and reduced into Z_{2^modulus_bits}.
+    /// scaled, rounded, noised (unless `noise` is false: a validated round
+    /// adds its noise from its edges) and reduced into Z_{2^modulus_bits}.
+    /// The rounded vector's squared norm is at most ⌊Δ₂²⌋, an integer
+    /// bound a proof can state.
     pub(crate) fn encode<R: CryptoRng + ?Sized>(
         &self,
         rotation: &Rotation,
         block: u32,
         update: &[f32],
         modulus_bits: u8,
+        noise: bool,
         rng: &mut R,
     ) -> Result<Zeroizing<Vec<u32>>, QuantizeError> {
         if let Some(bad) = update.iter().position(|v| !v.is_finite()) {
@@ -248,7 +255,7 @@ impl DpParams {
                 .map(|&v| f64::from(v) * self.scale * (1.0 - 1.0 / f64::from(1u32 << 20)))
                 .collect(),
         );
-        let bound = self.sensitivity(padded).l2;
+        let bound_sq = self.sensitivity(padded).l2.powi(2).floor();
         let mut rounded = Zeroizing::new(vec![0i64; padded]);
         let mut tries = 0;
         loop {
@@ -256,22 +263,24 @@ impl DpParams {
             if tries > MAX_ROUNDING_TRIES {
                 return Err(QuantizeError::Rounding);
             }
-            let mut squared = 0.0f64;
+            // In integers: the bound a proof states is exact.
+            let mut squared = 0u128;
             for (r, &v) in rounded.iter_mut().zip(scaled.iter()) {
                 let floor = v.floor();
                 let up = uniform(rng) < v - floor;
-                let value = if up { floor + 1.0 } else { floor };
-                squared += value * value;
-                *r = value as i64;
+                let value = if up { floor + 1.0 } else { floor } as i64;
+                squared += u128::from(value.unsigned_abs()).pow(2);
+                *r = value;
             }
-            if squared.sqrt() <= bound {
+            if squared <= bound_sq as u128 {
                 break;
             }
         }
         let variance = self.local_variance(padded);
-        match self.mechanism {
-            Mechanism::Skellam => noise::add_skellam(&mut rounded, variance, rng),
-            Mechanism::DiscreteGaussian => noise::add_discrete_gaussian(&mut rounded, variance, rng),
+        match (noise, self.mechanism) {
+            (false, _) => {}
+            (true, Mechanism::Skellam) => noise::add_skellam(&mut rounded, variance, rng),
+            (true, Mechanism::DiscreteGaussian) => noise::add_discrete_gaussian(&mut rounded, variance, rng),
         }
         let mask = if modulus_bits >= 32 { u32::MAX } else { (1u32 << modulus_bits) - 1 };
         Ok(Zeroizing::new(rounded.iter().map(|&v| (v as u32) & mask).collect()))

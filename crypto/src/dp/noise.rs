@@ -87,3 +87,87 @@ pub(crate) fn add_discrete_gaussian<R: CryptoRng + ?Sized>(values: &mut [i64], v
         *value += sample_discrete_gaussian(variance, rng);
     }
 }
+
+/// Adds independent Skellam noise of variance `variance` to every value,
+/// drawn so that the same generator state gives the same noise on every
+/// platform: only IEEE-754 arithmetic (exactly rounded everywhere) and the
+/// pure-Rust `libm` functions, never the platform's own `exp` or `ln`.
+///
+/// The noise of a private, validated round is drawn from a seed two clients
+/// share, and the one that verifies it must draw exactly what the other
+/// added (one may run in a browser, the other on a phone), which
+/// [`add_skellam`] (`rand_distr`'s Poisson, on the platform's `libm`) does
+/// not promise. Poisson variates come from PTRS (Hörmann, 1993: transformed
+/// rejection with squeeze) from mean 10 up, and by multiplying uniforms
+/// below.
+pub(crate) fn add_skellam_portable<R: CryptoRng + ?Sized>(values: &mut [i64], variance: f64, rng: &mut R) {
+    if !(variance.is_finite() && variance > 0.0) {
+        return;
+    }
+    let poisson = PortablePoisson::new((variance / 2.0).min(MAX_POISSON_MEAN));
+    for value in values {
+        let a = poisson.sample(rng);
+        let b = poisson.sample(rng);
+        *value += a - b;
+    }
+}
+
+/// A Poisson sampler whose draws depend on the generator alone.
+pub(crate) struct PortablePoisson {
+    mean: f64,
+    /// e^(−mean), for the multiplication method (mean < 10).
+    exp_minus_mean: f64,
+    /// PTRS's constants (mean ≥ 10).
+    ln_mean: f64,
+    b: f64,
+    a: f64,
+    ln_inv_alpha: f64,
+    vr: f64,
+}
+
+impl PortablePoisson {
+    pub(crate) fn new(mean: f64) -> Self {
+        let slam = mean.sqrt();
+        let b = 0.931 + 2.53 * slam;
+        Self {
+            mean,
+            exp_minus_mean: libm::exp(-mean),
+            ln_mean: libm::log(mean),
+            b,
+            a: -0.059 + 0.02483 * b,
+            ln_inv_alpha: libm::log(1.1239 + 1.1328 / (b - 3.4)),
+            vr: 0.9277 - 3.6224 / (b - 2.0),
+        }
+    }
+
+    pub(crate) fn sample<R: CryptoRng + ?Sized>(&self, rng: &mut R) -> i64 {
+        if self.mean < 10.0 {
+            let mut product = 1.0f64;
+            let mut count = 0i64;
+            loop {
+                product *= uniform(rng);
+                if product <= self.exp_minus_mean {
+                    return count;
+                }
+                count += 1;
+            }
+        }
+        loop {
+            let u = uniform(rng) - 0.5;
+            let v = uniform(rng);
+            let us = 0.5 - u.abs();
+            let k = ((2.0 * self.a / us + self.b) * u + self.mean + 0.43).floor();
+            if us >= 0.07 && v <= self.vr {
+                return k as i64;
+            }
+            if k < 0.0 || (us < 0.013 && v > us) {
+                continue;
+            }
+            let left = libm::log(v) + self.ln_inv_alpha - libm::log(self.a / (us * us) + self.b);
+            let right = -self.mean + k * self.ln_mean - libm::lgamma(k + 1.0);
+            if left <= right {
+                return k as i64;
+            }
+        }
+    }
+}

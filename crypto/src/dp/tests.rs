@@ -127,7 +127,7 @@ fn noisy_sum_decodes_to_the_mean_of_clipped_updates() {
             .collect();
         let mut sum = vec![0u32; padded];
         for update in &updates {
-            let encoded = p.encode(&rotation, block, update, 16, &mut rng).unwrap();
+            let encoded = p.encode(&rotation, block, update, 16, true, &mut rng).unwrap();
             assert_eq!(encoded.len(), padded);
             assert!(encoded.iter().all(|&v| v < 1 << 16));
             for (s, v) in sum.iter_mut().zip(encoded.iter()) {
@@ -175,13 +175,13 @@ fn rounded_vectors_stay_within_the_sensitivity() {
     // With z tiny the noise is a few units; check the rounded norm by
     // decoding the vector itself: its norm in steps stays ≤ Δ₂ + noise.
     for _ in 0..50 {
-        let encoded = p.encode(&rotation, block, &update, 32, &mut rng).unwrap();
+        let encoded = p.encode(&rotation, block, &update, 32, true, &mut rng).unwrap();
         let squared: f64 = encoded.iter().map(|&v| (v as i32 as f64).powi(2)).sum();
         let noise = (p.local_variance(padded) * padded as f64).sqrt();
         assert!(squared.sqrt() <= p.sensitivity(padded).l2 + 6.0 * noise + 1.0, "{}", squared.sqrt());
     }
     assert!(matches!(
-        p.encode(&rotation, block, &[f32::NAN], 32, &mut rng),
+        p.encode(&rotation, block, &[f32::NAN], 32, true, &mut rng),
         Err(QuantizeError::NonFinite(0))
     ));
 }
@@ -248,4 +248,53 @@ fn mechanisms_keep_their_names_and_read_the_kebab_spelling_too() {
         assert_eq!(Mechanism::parse(name), Some(mechanism), "{name}");
     }
     assert_eq!(Mechanism::parse("gaussian"), None);
+}
+
+/// The portable sampler draws each Poisson mean's mass function (a
+/// chi-square test over its central values, small and large means), adds
+/// Skellam noise of the asked variance, and pins its draws: the same seed
+/// gives these values on every platform (its verifiers recompute them).
+#[test]
+fn the_portable_sampler_draws_poisson_and_skellam_and_is_pinned() {
+    use super::PortablePoisson;
+    for (mean, seed) in [(0.7f64, 1u64), (4.5, 2), (10.0, 3), (37.5, 4), (2_000.0, 5)] {
+        let poisson = PortablePoisson::new(mean);
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let draws = 200_000usize;
+        let mut counts = std::collections::BTreeMap::<i64, u64>::new();
+        for _ in 0..draws {
+            *counts.entry(poisson.sample(&mut rng)).or_default() += 1;
+        }
+        // Bins with an expected count of at least 50; ln P(k) by lgamma.
+        let ln_p = |k: i64| -mean + k as f64 * mean.ln() - libm::lgamma(k as f64 + 1.0);
+        let (mut chi2, mut bins) = (0.0, 0usize);
+        let centre = mean.floor() as i64;
+        let spread = (6.0 * mean.sqrt()).ceil() as i64 + 6;
+        for k in (centre - spread).max(0)..=centre + spread {
+            let expected = ln_p(k).exp() * draws as f64;
+            if expected < 50.0 {
+                continue;
+            }
+            let seen = *counts.get(&k).unwrap_or(&0) as f64;
+            chi2 += (seen - expected).powi(2) / expected;
+            bins += 1;
+        }
+        // Far above the 99.99th percentile of χ² with `bins` degrees of
+        // freedom would be a broken sampler: mean k, spread √(2k).
+        let limit = bins as f64 + 6.0 * (2.0 * bins as f64).sqrt();
+        assert!(chi2 < limit, "mean {mean}: χ² = {chi2:.1} over {bins} bins (limit {limit:.1})");
+    }
+    let variance = 450.0;
+    let mut values = vec![0i64; 100_000];
+    noise::add_skellam_portable(&mut values, variance, &mut ChaCha20Rng::seed_from_u64(9));
+    let mean = values.iter().sum::<i64>() as f64 / values.len() as f64;
+    let seen = values.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / (values.len() - 1) as f64;
+    assert!((seen / variance - 1.0).abs() < 0.03, "variance {seen}");
+    assert!(mean.abs() < 0.3, "mean {mean}");
+    let mut pinned = vec![0i64; 8];
+    noise::add_skellam_portable(&mut pinned, 450.0, &mut ChaCha20Rng::from_seed([42; 32]));
+    let mut small = vec![0i64; 8];
+    noise::add_skellam_portable(&mut small, 3.0, &mut ChaCha20Rng::from_seed([42; 32]));
+    assert_eq!(pinned, [-41, -9, -23, 24, -14, 0, -2, 20]);
+    assert_eq!(small, [-2, 2, -1, 0, -2, -1, -3, 3]);
 }

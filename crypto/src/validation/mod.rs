@@ -111,6 +111,7 @@
 //! caches is outside the threat model, the coordinator is not.
 
 mod group;
+pub mod noise;
 mod proof;
 mod round;
 mod squares;

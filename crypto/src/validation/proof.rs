@@ -60,6 +60,61 @@ pub struct Proven {
     pub blindings: Zeroizing<Vec<Scalar>>,
 }
 
+impl Commitment {
+    /// The rows, compressed: 32 bytes each.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.0.iter().flat_map(|row| row.compress().to_bytes()).collect()
+    }
+
+    /// Decodes [`to_bytes`](Self::to_bytes)'s encoding of `bound`'s input
+    /// rows; refuses a wrong length or a string that is not a point.
+    pub fn decode(bound: &NormBound, bytes: &[u8]) -> Result<Self, ValidationError> {
+        if bytes.len() != 32 * bound.input_rows {
+            return Err(ValidationError::Malformed("a commitment has the wrong number of rows"));
+        }
+        bytes
+            .chunks_exact(32)
+            .map(|chunk| {
+                let mut row = [0u8; 32];
+                row.copy_from_slice(chunk);
+                decompress(&CompressedRistretto(row))
+            })
+            .collect::<Result<_, _>>()
+            .map(Commitment)
+    }
+
+    /// The encoded length of a commitment to `bound`'s input rows.
+    pub fn encoded_len(bound: &NormBound) -> usize {
+        32 * bound.input_rows
+    }
+}
+
+/// The row commitments C_i = Σ_j X_ij·G_j + ρ_i·H of `values` (of `bound`'s
+/// dimension) under `blindings` (one per input row), with no proof: what a
+/// verifier attests of a noise edge ([`super::noise`]).
+pub(super) fn commit(
+    bound: &NormBound,
+    values: &[i64],
+    blindings: &[Scalar],
+) -> Result<Commitment, ValidationError> {
+    if values.len() != bound.dimension || blindings.len() != bound.input_rows {
+        return Err(ValidationError::Input("the committed vector has the wrong dimension"));
+    }
+    let t = bound.columns;
+    let generators = &bound.generators;
+    let mut row = Zeroizing::new(vec![0i128; t]);
+    let rows = values
+        .chunks(t)
+        .zip(blindings)
+        .map(|(chunk, blinding)| {
+            row.iter_mut().for_each(|cell| *cell = 0);
+            row.iter_mut().zip(chunk).for_each(|(cell, &v)| *cell = i128::from(v));
+            small_msm(&row, &generators.columns) + generators.h * blinding
+        })
+        .collect();
+    Ok(Commitment(rows))
+}
+
 impl NormProof {
     /// The commitment to the input, decoded (a proof verified with
     /// [`verify_each`] hands it back without decoding it again).

@@ -27,6 +27,16 @@ pub struct RoundValidation {
     bound: NormBound,
     levels: u64,
     digit_bits: u32,
+    private: Option<Private>,
+}
+
+/// A private round's validation: values are read as signed integers of the
+/// ring, the bound is the sensitivity Δ₂, and the noise rides on edges
+/// ([`super::noise`]).
+#[derive(Debug, Clone, Copy)]
+struct Private {
+    modulus_bits: u8,
+    edge_variance: f64,
 }
 
 impl RoundValidation {
@@ -45,7 +55,48 @@ impl RoundValidation {
         let check = spec.validation.ok_or(ValidationError::Parameters("the round asks for no validation"))?;
         let quantizer = Quantizer::new(*spec, modulus_bits, clients)
             .map_err(|_| ValidationError::Parameters("the round's quantization is invalid"))?;
-        Self::for_quantizer(&quantizer, check)
+        match &spec.privacy {
+            None => Self::for_quantizer(&quantizer, check),
+            Some(privacy) => Self::private(privacy, check, modulus_bits, quantizer.levels()),
+        }
+    }
+
+    /// Under differential privacy: the proof is of the rounded vector
+    /// before its noise, ‖x‖₂² ≤ ⌊Δ₂²⌋ (the rounding is redrawn until it
+    /// holds, [`crate::dp`]), and each of the [`super::noise::NOISE_EDGES`]
+    /// edges carries an equal part of the client's noise.
+    fn private(
+        privacy: &crate::dp::DpParams,
+        check: NormCheck,
+        modulus_bits: u8,
+        levels: u64,
+    ) -> Result<Self, ValidationError> {
+        if privacy.mechanism != crate::dp::Mechanism::Skellam {
+            return Err(ValidationError::Parameters(
+                "a private, validated round adds Skellam noise: its edges' shares add up exactly",
+            ));
+        }
+        let dimension = check.dimension as usize;
+        let bound_sq = privacy.sensitivity(dimension).l2.powi(2).floor();
+        if !(1.0..(1u128 << 100) as f64).contains(&bound_sq) {
+            return Err(ValidationError::Parameters("the sensitivity does not fit the proof"));
+        }
+        let digit_bits = 63 - (levels + 1).leading_zeros();
+        if digit_bits == 0 {
+            return Err(ValidationError::Parameters("the ring has no room for the blindings"));
+        }
+        let edge_variance = privacy.local_variance(dimension) / super::noise::NOISE_EDGES as f64;
+        Ok(Self {
+            bound: NormBound::new(dimension, bound_sq as u128)?,
+            levels,
+            digit_bits,
+            private: Some(Private { modulus_bits, edge_variance }),
+        })
+    }
+
+    /// The variance of each noise edge's values, in a private round.
+    pub fn edge_variance(&self) -> Option<f64> {
+        self.private.map(|p| p.edge_variance)
     }
 
     fn for_quantizer(quantizer: &Quantizer, check: NormCheck) -> Result<Self, ValidationError> {
@@ -57,7 +108,12 @@ impl RoundValidation {
         if digit_bits == 0 {
             return Err(ValidationError::Parameters("the ring has no room for the blindings"));
         }
-        Ok(Self { bound: NormBound::new(check.dimension as usize, bound_sq)?, levels, digit_bits })
+        Ok(Self {
+            bound: NormBound::new(check.dimension as usize, bound_sq)?,
+            levels,
+            digit_bits,
+            private: None,
+        })
     }
 
     /// The statement every client of the round proves.
@@ -91,15 +147,25 @@ impl RoundValidation {
         context
     }
 
-    /// A client's values centred and doubled: 2v − L.
+    /// A client's values as the proof sees them: centred and doubled,
+    /// 2v − L; in a private round, the ring's values read as signed
+    /// integers ([`crate::quantize::lift`]).
     pub fn centred(&self, values: &[u32]) -> Vec<i64> {
+        if let Some(private) = self.private {
+            return values.iter().map(|&v| crate::quantize::lift(v, private.modulus_bits)).collect();
+        }
         let levels = self.levels as i64;
         values.iter().map(|&v| 2 * i64::from(v) - levels).collect()
     }
 
     /// The sum of `summands` clients' centred vectors from the sum of their
-    /// values (read as integers below 2^b): 2·sum − summands·L.
+    /// values (read as integers below 2^b): 2·sum − summands·L; in a
+    /// private round the sum read as signed integers (its noise is sized
+    /// not to wrap, and a sum that wraps fails the sum check).
     pub fn centred_sum(&self, sum: &[u32], summands: usize) -> Vec<i128> {
+        if let Some(private) = self.private {
+            return sum.iter().map(|&s| i128::from(crate::quantize::lift(s, private.modulus_bits))).collect();
+        }
         let offset = i128::from(self.levels) * summands as i128;
         sum.iter().map(|&s| 2 * i128::from(s) - offset).collect()
     }

@@ -9,6 +9,7 @@
 mod common;
 mod invariants;
 mod known_answers;
+mod private_validation;
 mod properties;
 mod retention;
 mod rounds;

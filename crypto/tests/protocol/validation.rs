@@ -45,12 +45,13 @@ fn to_share_keys(driver: &mut Driver) {
 }
 
 fn reencode_share_keys(bytes: &[u8], change: impl FnOnce(&mut Option<Vec<u8>>)) -> Vec<u8> {
-    let ClientMessage::ShareKeys { context, envelopes, mut proof } = ClientMessage::decode(bytes).unwrap()
+    let ClientMessage::ShareKeys { context, envelopes, mut proof, noise } =
+        ClientMessage::decode(bytes).unwrap()
     else {
         panic!("not a ShareKeys message");
     };
     change(&mut proof);
-    ClientMessage::ShareKeys { context, envelopes, proof }.encode()
+    ClientMessage::ShareKeys { context, envelopes, proof, noise }.encode()
 }
 
 #[test]

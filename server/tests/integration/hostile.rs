@@ -370,13 +370,13 @@ fn a_client_whose_norm_proof_fails_is_left_out_and_named() {
     let (client, keys) = Client::start(setup.clone(), me, Some(identity), input, &mut rng).unwrap();
     assert_eq!(attacker.post(keys.encode()).status, 202);
     let (_, shares) = client.handle(attacker.fetch(), &mut rng);
-    let ClientMessage::ShareKeys { context, envelopes, proof } = shares.unwrap() else {
+    let ClientMessage::ShareKeys { context, envelopes, proof, noise } = shares.unwrap() else {
         panic!("expected ShareKeys")
     };
     let mut proof = proof.expect("a validated round's ShareKeys carries the proof");
     let at = proof.len() - 69;
     proof[at] ^= 1;
-    let forged = ClientMessage::ShareKeys { context, envelopes, proof: Some(proof) };
+    let forged = ClientMessage::ShareKeys { context, envelopes, proof: Some(proof), noise };
     assert_eq!(
         attacker.post(forged.encode()).status,
         202,
