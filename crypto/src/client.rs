@@ -368,25 +368,32 @@ impl AwaitingPeerKeys {
         let agreed = self.cipher.agree_many(&cipher_keys.iter().collect::<Vec<_>>());
         // In a private, validated round the same agreement seeds the noise
         // edges: this client's own (to its verifiers), and those of the
-        // neighbours it verifies, whose noise it commits to.
+        // neighbours it verifies. It commits to both kinds: the coordinator
+        // compares the two ends' commitments, so neither end alone can
+        // shift an edge's noise.
         let my_verifiers = round.noise.as_ref().map(|noise| noise.of(round.me)).unwrap_or_default();
+        let my_owners = round.noise.as_ref().map(|noise| noise.verified_by(round.me)).unwrap_or_default();
         let mut noise_edges: Vec<(ClientId, Secret32)> = Vec::new();
         let mut noise = Vec::new();
         for (((peer, seed_share), key_share), shared) in
             peers.iter().zip(&seed_shares).zip(&key_shares).zip(agreed)
         {
             let shared = shared?;
-            if let (Some(verifiers), Some(validation)) = (&round.noise, &round.validation) {
-                if my_verifiers.contains(&peer.id) {
-                    noise_edges
-                        .push((peer.id, derive::noise_edge_seed(&shared, &context, round.me, peer.id)));
-                }
-                if verifiers.of(peer.id).contains(&round.me) {
-                    let seed = derive::noise_edge_seed(&shared, &context, peer.id, round.me);
-                    let variance = validation.edge_variance().unwrap_or_default();
+            if let (Some(variance), Some(validation)) =
+                (round.validation.as_ref().and_then(RoundValidation::edge_variance), &round.validation)
+            {
+                let mut commit = |owner: ClientId, verifier: ClientId| -> Result<Secret32, ProtocolError> {
+                    let seed = derive::noise_edge_seed(&shared, &context, owner, verifier);
                     let edge = EdgeNoise::derive(&seed, validation.bound(), variance);
                     let commitment = edge.commit(validation.bound())?.to_bytes();
-                    noise.push(NoiseAttestation { owner: peer.id, commitment });
+                    noise.push(NoiseAttestation { owner, verifier, commitment });
+                    Ok(seed)
+                };
+                if my_verifiers.contains(&peer.id) {
+                    noise_edges.push((peer.id, commit(round.me, peer.id)?));
+                }
+                if my_owners.contains(&peer.id) {
+                    commit(peer.id, round.me)?;
                 }
             }
             plaintext.clear();
@@ -408,8 +415,10 @@ impl AwaitingPeerKeys {
                 (Some(proven.proof.to_bytes()), proven.blindings)
             }
         };
-        // The edges in the verifiers' rank order.
+        // The edges in the verifiers' rank order; the commitments in the
+        // message's order.
         noise_edges.sort_by_key(|(j, _)| my_verifiers.iter().position(|v| v == j));
+        noise.sort_by_key(|a| (a.owner, a.verifier));
         // The cipher key is dropped (and zeroized) here: the open keys (and
         // the noise seeds) are all this client needs of it.
         let next = AwaitingShares {

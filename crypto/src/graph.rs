@@ -87,6 +87,16 @@ impl CommunicationGraph {
         }
     }
 
+    /// A Harary graph's placement, `(occupant, position)` (none for the
+    /// complete graph): the client index at each ring position, and each
+    /// client's position.
+    pub(crate) fn placement(&self) -> Option<(&[u32], &[u32], u32)> {
+        match &self.layout {
+            Layout::Complete => None,
+            Layout::Harary { half_degree, position, occupant } => Some((occupant, position, *half_degree)),
+        }
+    }
+
     /// Whether `a` and `b` are distinct neighbours.
     pub fn are_neighbours(&self, a: ClientId, b: ClientId) -> bool {
         if a == b || a.get() > self.clients || b.get() > self.clients {

@@ -59,12 +59,15 @@ pub struct Envelope {
     pub ciphertext: Vec<u8>,
 }
 
-/// A verifier's commitment to the noise one of its neighbours adds in a
-/// private, validated round ([`crate::validation::noise`]).
+/// A commitment to the noise of one edge of a private, validated round
+/// ([`crate::validation::noise`]): sent by both ends, the client that adds
+/// the noise (its owner) and the neighbour that verifies it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NoiseAttestation {
-    /// The client whose noise edge this is.
+    /// The client that adds the edge's noise.
     pub owner: ClientId,
+    /// The neighbour that verifies it.
+    pub verifier: ClientId,
     /// Its row commitments ([`crate::validation::Commitment::to_bytes`]).
     pub commitment: Vec<u8>,
 }
@@ -157,7 +160,9 @@ pub enum ClientMessage {
         /// its norm proof ([`crate::validation::NormProof::to_bytes`]).
         proof: Option<Vec<u8>>,
         /// In a private, validated round, the commitments to the noise of
-        /// the neighbours this client verifies, ascending by owner.
+        /// every edge this client is an end of (its own edges to the
+        /// verifiers that advertised keys, and those of the neighbours it
+        /// verifies), ascending by (owner, verifier).
         noise: Vec<NoiseAttestation>,
     },
     /// The masked input y_u.
@@ -217,7 +222,10 @@ impl ClientMessage {
                     .ok()
                     .flatten()
                     .filter(|v| v.edge_variance().is_some())
-                    .map_or(0, |v| neighbours * (8 + crate::validation::Commitment::encoded_len(v.bound())));
+                    .map_or(0, |v| {
+                        2 * crate::validation::noise::NOISE_VERIFIERS
+                            * (12 + crate::validation::Commitment::encoded_len(v.bound()))
+                    });
                 HEADER + 4 + neighbours * (4 + ENVELOPE_LEN) + 1 + proof + 4 + attestation
             }
             Stage::MaskedInputCollection => {
@@ -374,7 +382,7 @@ impl ClientMessage {
             }
             ClientMessage::ShareKeys { context, envelopes, proof, noise } => {
                 let proof_len = proof.as_ref().map_or(0, |p| 4 + p.len());
-                let noise_len: usize = noise.iter().map(|a| 8 + a.commitment.len()).sum();
+                let noise_len: usize = noise.iter().map(|a| 12 + a.commitment.len()).sum();
                 let mut w = Writer::with_header(
                     KIND_SHARE_KEYS,
                     41 + envelopes.len() * (4 + ENVELOPE_LEN) + proof_len + noise_len,
@@ -390,9 +398,8 @@ impl ClientMessage {
                 }
                 w.count(noise.len());
                 for attestation in noise {
-                    w.u32(attestation.owner.get())
-                        .count(attestation.commitment.len())
-                        .bytes(&attestation.commitment);
+                    w.u32(attestation.owner.get()).u32(attestation.verifier.get());
+                    w.count(attestation.commitment.len()).bytes(&attestation.commitment);
                 }
                 w.finish()
             }
@@ -449,13 +456,17 @@ impl ClientMessage {
                     }
                     _ => return Err(DecodeError::Invalid("proof flag")),
                 };
-                let count = r.count(MAX_CLIENTS as usize, 9, "noise attestations")?;
-                let mut owners = AscendingIds::default();
-                let mut noise = Vec::with_capacity(count);
+                let count =
+                    r.count(2 * crate::validation::noise::NOISE_VERIFIERS, 13, "noise attestations")?;
+                let mut noise: Vec<NoiseAttestation> = Vec::with_capacity(count);
                 for _ in 0..count {
-                    let owner = owners.next(&mut r)?;
+                    let owner = ClientId::new(r.u32()?).ok_or(DecodeError::Invalid("client id"))?;
+                    let verifier = ClientId::new(r.u32()?).ok_or(DecodeError::Invalid("client id"))?;
+                    if noise.last().is_some_and(|last| (last.owner, last.verifier) >= (owner, verifier)) {
+                        return Err(DecodeError::Invalid("noise attestations are not in ascending order"));
+                    }
                     let len = r.count(MAX_PROOF_LEN, 1, "noise commitment")?;
-                    noise.push(NoiseAttestation { owner, commitment: r.take(len)?.to_vec() });
+                    noise.push(NoiseAttestation { owner, verifier, commitment: r.take(len)?.to_vec() });
                 }
                 ClientMessage::ShareKeys { context, envelopes, proof, noise }
             }

@@ -50,9 +50,10 @@ pub struct Aggregate {
     /// neighbour), each a key stream as long as the vector: the server's
     /// part of the key stream a round expands.
     pub masks_removed: usize,
-    /// Clients whose norm proof was refused (validated rounds): the round
-    /// went on without them, as if they had dropped out after
-    /// AdvertiseKeys. Ascending.
+    /// Clients whose norm proof was refused (validated rounds), and both
+    /// ends of a noise edge whose ends committed to different noise
+    /// (private, validated rounds): the round went on without them, as if
+    /// they had dropped out after AdvertiseKeys. Ascending.
     pub refused: Vec<ClientId>,
 }
 
@@ -73,7 +74,7 @@ struct RoundInfo {
     context: RoundContext,
     graph: CommunicationGraph,
     validation: Option<RoundValidation>,
-    /// Who verifies whose noise (private, validated rounds), tabulated.
+    /// Who verifies whose noise (private, validated rounds).
     noise: Option<NoiseVerifiers>,
 }
 
@@ -169,6 +170,8 @@ pub struct CollectingShares {
     proofs: Vec<Option<NormProof>>,
     /// `attested[u]`: the commitments to u's noise edges, by verifier.
     attested: Vec<Vec<(ClientId, Commitment)>>,
+    /// `owned[u]`: u's own commitments to its noise edges, by verifier.
+    owned: Vec<Vec<(ClientId, Commitment)>>,
 }
 
 /// What a validated round keeps of its proofs: the input-row commitments
@@ -335,7 +338,7 @@ impl ServerRound {
         let n = config.clients as usize;
         let validation = RoundValidation::new(&config)?;
         let noise = match validation.as_ref().and_then(RoundValidation::edge_variance) {
-            Some(_) => Some(NoiseVerifiers::new(&config)?.tabulated()),
+            Some(_) => Some(NoiseVerifiers::new(&config)?),
             None => None,
         };
         let info = Arc::new(RoundInfo {
@@ -756,6 +759,7 @@ impl CollectingKeys {
             envelopes: vec![Vec::new(); n],
             proofs: vec![None; n],
             attested: vec![Vec::new(); n],
+            owned: vec![Vec::new(); n],
         }))
     }
 }
@@ -788,24 +792,34 @@ impl CollectingShares {
                     .map_err(|_| invalid(from, "the norm proof is malformed"))?,
             ),
         };
-        // Exactly one attestation for every advertising neighbour whose
-        // noise this client verifies.
+        // Exactly one commitment for every noise edge between this client
+        // and an advertising neighbour: its own edges, and those it
+        // verifies.
         let attestations = match (&self.info.noise, &self.info.validation) {
             (Some(verifiers), Some(validation)) => {
-                let owners: Vec<ClientId> =
-                    expected.iter().copied().filter(|&u| verifiers.of(u).contains(&from)).collect();
-                if noise.len() != owners.len() || noise.iter().zip(&owners).any(|(a, u)| a.owner != *u) {
+                let mut edges: Vec<(ClientId, ClientId)> = verifiers
+                    .verified_by(from)
+                    .into_iter()
+                    .map(|u| (u, from))
+                    .chain(verifiers.of(from).into_iter().map(|j| (from, j)))
+                    .filter(|&(u, j)| expected.binary_search(if u == from { &j } else { &u }).is_ok())
+                    .collect();
+                edges.sort_unstable();
+                edges.dedup();
+                if noise.len() != edges.len()
+                    || noise.iter().zip(&edges).any(|(a, edge)| (a.owner, a.verifier) != *edge)
+                {
                     return Err(invalid(
                         from,
-                        "noise attestations must cover exactly the neighbours whose noise this client verifies",
+                        "noise commitments must cover exactly the client's edges with neighbours that advertised keys",
                     ));
                 }
                 noise
                     .iter()
                     .map(|a| {
                         Commitment::decode(validation.bound(), &a.commitment)
-                            .map(|c| (a.owner, c))
-                            .map_err(|_| invalid(from, "a noise attestation is malformed"))
+                            .map(|c| (a.owner, a.verifier, c))
+                            .map_err(|_| invalid(from, "a noise commitment is malformed"))
                     })
                     .collect::<Result<Vec<_>, _>>()?
             }
@@ -815,8 +829,12 @@ impl CollectingShares {
             _ => Vec::new(),
         };
         self.proofs[from.index()] = proof;
-        for (owner, commitment) in attestations {
-            self.attested[owner.index()].push((from, commitment));
+        for (owner, verifier, commitment) in attestations {
+            if owner == from {
+                self.owned[from.index()].push((verifier, commitment));
+            } else {
+                self.attested[owner.index()].push((from, commitment));
+            }
         }
         for Envelope { peer, ciphertext } in envelopes {
             self.envelopes[peer.index()].push(Envelope { peer: from, ciphertext });
@@ -844,6 +862,25 @@ impl CollectingShares {
                 validated
             }
         };
+        // An edge whose two ends committed to different noise: one of them
+        // lies (a verifier that shifts its attestation could otherwise add
+        // the shift to its own input unseen). Both are taken out as a
+        // refused proof is, and named.
+        let mut validated = validated;
+        let disputes = disputed_edges(&self.owned, &self.attested, &self.inbox.received);
+        if !disputes.is_empty() {
+            let mut out: Vec<ClientId> = disputes.iter().flat_map(|&(u, j)| [u, j]).collect();
+            out.sort_unstable();
+            out.dedup();
+            for id in &out {
+                self.inbox.received[id.index()] = false;
+                self.inbox.count -= 1;
+            }
+            self.envelopes.iter_mut().for_each(|list| list.retain(|e| out.binary_search(&e.peer).is_err()));
+            validated.refused.extend(out);
+            validated.refused.sort_unstable();
+            validated.refused.dedup();
+        }
         info.require(Stage::ShareKeys, self.inbox.count)?;
         let shared = self.inbox.received;
         let noise = Box::new(NoiseEdges { attested: self.attested, shared: shared.clone() });
@@ -1082,6 +1119,33 @@ impl CollectingUnmaskingShares {
             refused: after.validated.refused,
         })
     }
+}
+
+/// The edges between two clients that both completed the second stage whose
+/// owner's commitment differs from its verifier's (a missing one counts as
+/// different), ascending.
+fn disputed_edges(
+    owned: &[Vec<(ClientId, Commitment)>],
+    attested: &[Vec<(ClientId, Commitment)>],
+    received: &[bool],
+) -> Vec<(ClientId, ClientId)> {
+    let mut disputes = Vec::new();
+    for (index, edges) in owned.iter().enumerate() {
+        if !received[index] {
+            continue;
+        }
+        let owner = ClientId::from_index(index);
+        for (verifier, own) in edges {
+            if !received[verifier.index()] {
+                continue;
+            }
+            let theirs = attested[index].iter().find(|(v, _)| v == verifier).map(|(_, c)| c);
+            if theirs != Some(own) {
+                disputes.push((owner, *verifier));
+            }
+        }
+    }
+    disputes
 }
 
 /// Batch-verifies the proofs received, with weights drawn from a hash of

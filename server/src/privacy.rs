@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use cohort_crypto::dp::accountant::{RoundMechanism, RoundPrivacy, noise_multiplier_for};
-use cohort_crypto::dp::{DEFAULT_K_STDDEVS, DpParams, Mechanism, block_for, padded_len, scale_for};
+use cohort_crypto::dp::{
+    DEFAULT_K_STDDEVS, DpParams, Mechanism, VALIDATED_K_STDDEVS, block_for, padded_len, scale_for,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::spec::SpecError;
@@ -169,21 +171,26 @@ impl PrivacySpec {
     /// noise is split into `threshold` shares: any sum the coordinator can
     /// unmask carries all of it). Memoized: the solve takes a while and
     /// every replica and group owner asks for the same plans.
+    ///
+    /// A `validated` task's sums must not wrap at all (its sum check needs
+    /// the integer sum): its scale leaves [`VALIDATED_K_STDDEVS`] standard
+    /// deviations on each side instead of [`DEFAULT_K_STDDEVS`].
     pub fn plan(
         &self,
         clients: u32,
         threshold: u32,
         dimension: usize,
         rounds: u32,
+        validated: bool,
     ) -> Result<PrivacyPlan, SpecError> {
-        type Key = (PrivacySpecKey, u32, u32, usize, u32);
+        type Key = (PrivacySpecKey, u32, u32, usize, u32, bool);
         static PLANS: OnceLock<Mutex<HashMap<Key, PrivacyPlan>>> = OnceLock::new();
-        let key = (PrivacySpecKey::of(self), clients, threshold, dimension, rounds);
+        let key = (PrivacySpecKey::of(self), clients, threshold, dimension, rounds, validated);
         let plans = PLANS.get_or_init(Default::default);
         if let Some(plan) = plans.lock().ok().and_then(|p| p.get(&key).copied()) {
             return Ok(plan);
         }
-        let plan = self.derive(clients, threshold, dimension, rounds)?;
+        let plan = self.derive(clients, threshold, dimension, rounds, validated)?;
         if let Ok(mut plans) = plans.lock() {
             if plans.len() > 1_000 {
                 plans.clear();
@@ -199,14 +206,16 @@ impl PrivacySpec {
         threshold: u32,
         dimension: usize,
         rounds: u32,
+        validated: bool,
     ) -> Result<PrivacyPlan, SpecError> {
         self.validate()?;
+        let k = if validated { VALIDATED_K_STDDEVS } else { DEFAULT_K_STDDEVS };
         let block = block_for(dimension);
         let padded = padded_len(dimension, block);
         let shares = threshold.max(1);
         let clip = f64::from(self.clip_norm);
         let q = self.sample_rate.unwrap_or(1.0);
-        let scale = |z: f64| scale_for(self.bits, clients, shares, clip, z, padded, DEFAULT_K_STDDEVS);
+        let scale = |z: f64| scale_for(self.bits, clients, shares, clip, z, padded, k);
         let params = |z: f64, scale: f64| DpParams {
             mechanism: self.mechanism,
             clip_norm: self.clip_norm,

@@ -78,6 +78,10 @@ pub struct TaskSpec {
     /// fails is left out of the round and named in its record. Left out, a
     /// new task of the active variant without `privacy` or a sketch gets
     /// `{"norm": "l2"}`; a stored spec without it ran without validation.
+    /// Under `privacy` (Skellam noise, groups of four or more) it is asked
+    /// for explicitly: each update is proven before its noise within the
+    /// privacy clip's sensitivity, and its noise is drawn on edges its
+    /// neighbours verify (`cohort_crypto::validation::noise`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<ValidationSpec>,
 }
@@ -93,7 +97,8 @@ pub struct ValidationSpec {
     /// The L2 clip. Left out, `quantization.clip` times the square root of
     /// the model's parameters: the largest norm an update clipped per
     /// coordinate can have, so that no honest update is changed and a
-    /// malicious one is held to it.
+    /// malicious one is held to it. Under `privacy`, `privacy.clip_norm`
+    /// (and only that).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(exclusive_minimum = 0.0, maximum = 1.0e9)]
     pub l2_clip: Option<f32>,
@@ -779,7 +784,10 @@ impl TaskPlan {
         {
             spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None });
         }
-        let default_clip = spec.default_l2_clip();
+        let default_clip = match &spec.privacy {
+            Some(privacy) => privacy.clip_norm,
+            None => spec.default_l2_clip(),
+        };
         if let Some(validation) = spec.validation.as_mut()
             && validation.norm == NormChoice::L2
         {
@@ -1057,10 +1065,11 @@ impl TaskSpec {
     /// engine builds each round from the same spec; the per-round seeds are
     /// not part of it).
     /// The L2 clip every client's update is held to, when the task
-    /// validates its inputs.
+    /// validates its inputs (under privacy, the privacy clip).
     pub fn validation_clip(&self) -> Option<f32> {
-        match self.validation {
-            Some(ValidationSpec { norm: NormChoice::L2, l2_clip, .. }) => {
+        match (self.validation, &self.privacy) {
+            (Some(ValidationSpec { norm: NormChoice::L2, .. }), Some(privacy)) => Some(privacy.clip_norm),
+            (Some(ValidationSpec { norm: NormChoice::L2, l2_clip, .. }), None) => {
                 Some(l2_clip.unwrap_or_else(|| self.default_l2_clip()))
             }
             _ => None,
@@ -1092,11 +1101,28 @@ impl TaskSpec {
         if l2_clip.is_some_and(|clip| !(clip.is_finite() && clip > 0.0 && clip <= 1.0e9)) {
             return Err(SpecError::field("validation.l2_clip", "l2_clip must be above 0 and at most 10^9"));
         }
-        if self.privacy.is_some() {
-            return Err(SpecError::field(
-                "validation",
-                "validation does not combine with privacy yet: the noise is not bound separately",
-            ));
+        if let Some(privacy) = &self.privacy {
+            // The proof bounds the rounded update before its noise by the
+            // privacy clip's sensitivity; the noise rides on edges its
+            // neighbours verify (`cohort_crypto::validation::noise`).
+            if privacy.mechanism != cohort_crypto::dp::Mechanism::Skellam {
+                return Err(SpecError::field(
+                    "privacy.mechanism",
+                    "validation under privacy needs the skellam mechanism: its noise is split over verified edges, and only Skellam's parts add up exactly",
+                ));
+            }
+            if l2_clip.is_some_and(|clip| clip != privacy.clip_norm) {
+                return Err(SpecError::field(
+                    "validation.l2_clip",
+                    "under privacy validation bounds updates by privacy.clip_norm: leave l2_clip out or set it to that clip",
+                ));
+            }
+            if self.groups().size < 4 {
+                return Err(SpecError::field(
+                    "validation",
+                    "validation under privacy needs groups of at least four clients: each client's noise is verified by three of its neighbours",
+                ));
+            }
         }
         if self.quantization.sketch.is_some() {
             return Err(SpecError::field(
@@ -1152,8 +1178,28 @@ impl TaskSpec {
     /// accountant), if it asks for privacy.
     fn plan_privacy(&self, derived: &DerivedRoundParameters) -> Result<Option<PrivacyPlan>, SpecError> {
         let Some(privacy) = &self.privacy else { return Ok(None) };
-        let plan =
-            privacy.plan(self.groups().size, derived.threshold, self.model.layout.len(), self.rounds)?;
+        let validated = self.validation_clip().is_some();
+        let plan = privacy.plan(
+            self.groups().size,
+            derived.threshold,
+            self.model.layout.len(),
+            self.rounds,
+            validated,
+        )?;
+        // A validated client may put all of Δ₂ into one direction, where an
+        // honest one's rounding spreads its share of it: Δ₂ must stay within
+        // twice the clip (in steps), or the bound lets a client weigh more
+        // than twice an honest one.
+        let scaled_clip = plan.params.scale * f64::from(plan.params.clip_norm);
+        if validated && plan.params.sensitivity(plan.padded).l2 > 2.0 * scaled_clip {
+            return Err(SpecError::field(
+                "privacy.bits",
+                format!(
+                    "a {}-bit ring rounds too coarsely for validation: the rounding's part of the sensitivity exceeds the clip; raise privacy.bits",
+                    privacy.bits
+                ),
+            ));
+        }
         Ok(Some(plan))
     }
 
@@ -1243,6 +1289,65 @@ pub(crate) mod tests {
             asynchronous: None,
             validation: None,
         }
+    }
+
+    /// Validation combines with privacy: Skellam noise, the privacy clip
+    /// as the bound, groups of four or more, and a ring fine enough that
+    /// the rounding does not outweigh the clip; anything else is refused,
+    /// named by its field.
+    #[test]
+    fn validation_under_privacy_is_planned_or_refused_by_its_field() {
+        use crate::privacy::PrivacySpec;
+        use cohort_crypto::dp::Mechanism;
+        let privacy = PrivacySpec {
+            mechanism: Mechanism::Skellam,
+            epsilon: None,
+            delta: 1e-5,
+            clip_norm: 0.5,
+            noise_multiplier: Some(1.0),
+            sample_rate: None,
+            bits: 20,
+        };
+        let validated = |privacy: PrivacySpec| {
+            let mut spec = small_spec();
+            // A new task runs the active variant: t above (degree + 1) / 2.
+            spec.secure_aggregation.threshold = Some(4);
+            spec.privacy = Some(privacy);
+            spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None });
+            spec
+        };
+        let plan = TaskPlan::for_new_task(validated(privacy)).unwrap();
+        assert_eq!(plan.spec().validation.unwrap().l2_clip, Some(0.5), "the privacy clip, written out");
+        assert_eq!(plan.spec().validation_clip(), Some(0.5));
+        // Nine standard deviations leave a smaller scale than four.
+        let unvalidated = {
+            let mut spec = validated(privacy);
+            spec.validation = None;
+            TaskPlan::new(spec).unwrap()
+        };
+        assert!(plan.privacy().unwrap().params.scale < unvalidated.privacy().unwrap().params.scale);
+        let field = |spec: TaskSpec| match TaskPlan::for_new_task(spec) {
+            Err(SpecError::Field { field, .. }) => field,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        assert_eq!(
+            field(validated(PrivacySpec { mechanism: Mechanism::DiscreteGaussian, ..privacy })),
+            "privacy.mechanism"
+        );
+        let mut other_clip = validated(privacy);
+        other_clip.validation.as_mut().unwrap().l2_clip = Some(0.7);
+        assert_eq!(field(other_clip), "validation.l2_clip");
+        let mut three = validated(privacy);
+        three.clients_per_round = 3;
+        three.secure_aggregation.threshold = Some(2);
+        assert_eq!(field(three), "validation");
+        // A ring so coarse that the rounding dominates Δ₂: refused for
+        // validation, planned without it.
+        let mut wide = validated(PrivacySpec { bits: 10, ..privacy });
+        wide.model.layout.tensors[0].shape = vec![8_192];
+        assert_eq!(field(wide.clone()), "privacy.bits");
+        wide.validation = None;
+        TaskPlan::for_new_task(wide).unwrap();
     }
 
     #[test]

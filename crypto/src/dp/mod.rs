@@ -126,6 +126,13 @@ const MAX_ROUNDING_TRIES: u32 = 1_000;
 /// sub-Gaussian sum wraps with probability below 2e^(−8) ≈ 7·10⁻⁴).
 pub const DEFAULT_K_STDDEVS: f64 = 4.0;
 
+/// The same for a validated round, whose sum check needs the integer sum:
+/// a wrapped coordinate would fail it and make suspects of honest clients.
+/// k = 9: a coordinate wraps with probability below 2e^(−40.5) ≈ 5·10⁻¹⁸,
+/// so a round of the largest vector (2^24 coordinates) wraps anywhere
+/// with probability below 10⁻¹⁰.
+pub const VALIDATED_K_STDDEVS: f64 = 9.0;
+
 /// The L2 and L1 sensitivity of one client's rounded contribution, in
 /// integer steps.
 #[derive(Debug, Clone, Copy, PartialEq)]

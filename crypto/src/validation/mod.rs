@@ -97,6 +97,12 @@
 //! uniform, so the inner-product argument on it reveals nothing about w. The
 //! coordinator learns B, the commitments, and, after unmasking, the sum.
 //!
+//! ## Under differential privacy
+//! A private round's client proves its rounded vector before the noise,
+//! within the sensitivity Δ₂ (values read as signed integers of the ring),
+//! and draws its noise on edges that three of its neighbours verify, so
+//! that the noise cannot carry a larger update: see [`noise`].
+//!
 //! ## What it does not do
 //! It does not say who cheated when [`check_sum`] fails: a client that
 //! masks another vector than it proved makes the sum check of its group

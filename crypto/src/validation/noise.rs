@@ -10,52 +10,69 @@
 //!
 //! ## Noise edges
 //! Each client u has [`NOISE_VERIFIERS`] verifiers among its neighbours
-//! ([`NoiseVerifiers::of`]: on the complete graph the next three clients on
-//! a ring placed by the round context; on a Harary graph the three
-//! neighbours w with the least SHA-256(context, u, w)). Nobody chooses
-//! them: they follow from the round context like the graph itself. For each
-//! verifier j, u and j derive the same edge seed from their one key
-//! agreement on the cipher keys ([`crate::derive`]: HKDF with the round
-//! context and both ids, directional), and from it ([`EdgeNoise::derive`]):
-//! the edge's noise, independent Skellam variates of variance σ²/E for
-//! every coordinate, drawn by a sampler that gives the same values on every
-//! platform (`crate::dp`), and the blindings of the noise's row commitments.
+//! ([`NoiseVerifiers::of`]): the clients at the next three positions of
+//! the round's placement ring (on a Harary graph the graph's own ring, the
+//! next two and the previous one at degree 4; on the complete graph a ring
+//! drawn from the round context), so every client verifies exactly three
+//! others. For each verifier j, u and j derive the same edge seed from
+//! their one key agreement on the cipher keys (`derive::noise_edge_seed`: HKDF
+//! with the round context and both ids, directional), and from it
+//! (`EdgeNoise::derive`): the edge's noise, independent Skellam variates
+//! of variance σ²/E for every coordinate, drawn by a sampler that gives
+//! the same values on every platform (`crate::dp`), and the blindings of
+//! the noise's row commitments.
 //!
-//! With its shares (stage 2), j sends the row commitments of the noise of
-//! every neighbour it verifies ([`EdgeNoise::commit`]): the attestation.
-//! When u masks (stage 3) it knows which of its verifiers completed stage 2
-//! (their envelopes reached it); it adds the noise of the first
-//! [`NOISE_EDGES`] = E of them, in their rank order, and adds those edges'
+//! With its shares (stage 2) every client sends the row commitments of the
+//! noise of each edge it is an end of ([`EdgeNoise::commit`]): its own
+//! edges to the verifiers that advertised keys, and the edges of the three
+//! clients it verifies. The coordinator refuses a message whose list is not
+//! exactly those edges, and when the stage closes compares the two ends'
+//! commitments to each edge: they are the same points when both ends are
+//! honest. Where they differ one end lies, and both are taken out of the
+//! round as a client with a refused proof is (named in the round's
+//! `refused`). When u masks (stage 3) it knows which of its verifiers
+//! completed stage 2 (their envelopes reached it); it adds the noise of the
+//! first [`NOISE_EDGES`] = E of them, in rank order, and adds those edges'
 //! blindings to its own input's, which ride in its masked vector as
 //! before. The coordinator takes the same E edges from the same list, and
 //! the sum check ([`super::check_sum`]) asks the unmasked sum to open the
-//! survivors' input commitments plus their edges' attestations. A client
+//! survivors' input commitments plus their edges' commitments. A client
 //! with fewer than E verifiers left cannot mask and leaves the round (it is
-//! a dropout); one verifier may drop out without costing its clients.
+//! a dropout, and the coordinator refuses a masked input from it); one
+//! verifier may drop out without costing its clients.
 //!
 //! ## What it guarantees
 //! * *Influence.* The proven part of a client's input has norm at most Δ₂,
 //!   the sensitivity an honest client's own clip gives; its noise is the
-//!   verifiers' draw, of the mechanism's distribution, fixed by key
-//!   agreements the client cannot steer (the keys are fresh each round and
-//!   the coordinator relays them only once all are in). A client that adds
-//!   anything else makes its group's sum check fail (claim 64) and is found
-//!   as every cheater is (claim 68). So a client's influence on a private
-//!   round is at most Δ₂, as an honest client's, unless one of its E
-//!   verifiers colludes with it: two colluding neighbours can agree on any
-//!   noise for an edge between them. With verifiers placed at random by the
-//!   round context, a client is paired with a colluder on a given edge with
-//!   probability about c/n for c colluders among n clients.
-//! * *A lying verifier* (an attestation that does not commit to the edge's
-//!   noise) fails its group's sum check like a cheating client, and is
-//!   found the same way: it is a member of that group.
+//!   edges', of the mechanism's distribution, fixed by key agreements the
+//!   client cannot steer (the keys are fresh each round and the coordinator
+//!   relays them only once all are in). Neither end of an edge can shift
+//!   its noise alone: the other end's commitment would differ. A client
+//!   that adds anything else makes its group's sum check fail (claim 64)
+//!   and is found as every cheater is (claim 68). So a client's influence
+//!   on a private round is at most Δ₂, as an honest client's, unless one of
+//!   its counted verifiers colludes with it: two colluding ends can agree
+//!   on any noise for their edge. A client also knows its edges' noise
+//!   before it commits, and may drop out when it dislikes it: that steers
+//!   its contribution by about one noise standard deviation in a chosen
+//!   direction, (z·Δ₂)/√t per coordinate, small beside the sum's noise.
+//! * *Disputes.* A client that lies about an edge takes itself and the
+//!   other end out of the round: it costs that neighbour one round's
+//!   contribution, never the sum. A dispute is not yet a failed test in
+//!   the cheater search of claim 68.
 //! * *Privacy.* A verifier learns the noise of the edges it verifies, σ²/E
 //!   of its client's variance each. A coordinator that colludes with c
-//!   clients learns their own noise and that of the edges they verify: in
-//!   the worst case 2c clients' worth of noise, where a round without
-//!   validation loses c. The guarantee holds at noise multiplier
-//!   z·√((t + 1 − 2c)/t) for such a coalition (`docs/THREAT_MODEL.md`).
-//!   The coordinator itself learns only commitments, which hide perfectly.
+//!   clients learns their own noise and that of up to three edges each
+//!   (the third counts when one of the first two drops out, which a
+//!   coordinator can arrange by withholding): in the worst case 2.5·c
+//!   clients' worth of noise, where a round without validation loses c.
+//!   The guarantee holds at noise multiplier z·√((t + 1 − 2.5c)/t) for
+//!   such a coalition (`docs/THREAT_MODEL.md`). The coordinator itself
+//!   sees commitments whose blindings come from the edge seed: they hide
+//!   the noise computationally (as the masks do), not perfectly. The
+//!   placement follows from the round context, which the coordinator
+//!   composes: like the graph's (claim 33), it can try many rounds to seat
+//!   its own clients as a target's verifiers, one whole round per try.
 //! * *Exactly the mechanism.* The sum of E Skellam variates of variance
 //!   σ²/E is Skellam of variance σ²: each client's noise, and so every sum,
 //!   has the distribution the accountant assumes. The discrete Gaussian's
@@ -69,8 +86,8 @@ use zeroize::Zeroizing;
 
 use super::group::random_scalar;
 use super::{Commitment, NormBound, ValidationError};
-use crate::config::{RoundConfig, RoundContext};
-use crate::graph::{CommunicationGraph, GraphSpec, ring_placement};
+use crate::config::RoundConfig;
+use crate::graph::ring_placement;
 use crate::ids::ClientId;
 use crate::kdf::hkdf_sha256;
 use crate::secret::Secret32;
@@ -82,92 +99,72 @@ pub const NOISE_VERIFIERS: usize = 3;
 pub const NOISE_EDGES: usize = 2;
 
 const LABEL_RING: &[u8] = b"cohort/validation/v1/noise-ring";
-const LABEL_RANK: &[u8] = b"cohort/validation/v1/noise-rank";
 const LABEL_VALUES: &[u8] = b"cohort/validation/v1/noise-values";
 const LABEL_BLINDINGS: &[u8] = b"cohort/validation/v1/noise-blindings";
 
 /// Who verifies whose noise in one round.
 #[derive(Debug, Clone)]
 pub struct NoiseVerifiers {
-    context: RoundContext,
-    graph: CommunicationGraph,
-    /// The complete graph's ring: `occupant[p]` is the index of the client
-    /// at position p, `position[i]` that of client index i.
-    ring: Option<(Vec<u32>, Vec<u32>)>,
-    /// Every client's verifiers, once [`tabulated`](Self::tabulated).
-    table: Option<Vec<Vec<ClientId>>>,
+    /// The ring the verifiers follow on: `occupant[p]` is the index of the
+    /// client at position p, `position[i]` that of client index i.
+    occupant: Vec<u32>,
+    position: Vec<u32>,
+    /// The ring offsets of a client's verifiers, in rank order.
+    offsets: [i64; NOISE_VERIFIERS],
 }
 
 impl NoiseVerifiers {
-    /// The verifiers of `config`'s round. Refuses a graph in which a
-    /// client has fewer than [`NOISE_VERIFIERS`] neighbours.
+    /// The verifiers of `config`'s round: on a Harary graph the clients at
+    /// the next three positions of its placement ring (the next two and
+    /// the previous one at degree 4), all neighbours; on the complete graph
+    /// the same on a ring drawn from the round context. Every client then
+    /// verifies exactly three others. Refuses a graph with fewer than
+    /// [`NOISE_VERIFIERS`] neighbours per client.
     pub fn new(config: &RoundConfig) -> Result<Self, ValidationError> {
         let graph = config.communication_graph();
-        if (graph.degree() as usize) < NOISE_VERIFIERS {
+        if (graph.degree() as usize) < NOISE_VERIFIERS || config.clients as usize <= NOISE_VERIFIERS {
             return Err(ValidationError::Parameters(
                 "a private, validated round needs at least three neighbours per client",
             ));
         }
-        let context = config.context();
-        let ring = match config.graph {
-            GraphSpec::Harary { degree } if degree < config.clients - 1 => None,
-            _ => {
+        let (occupant, position, offsets) = match graph.placement() {
+            Some((occupant, position, half_degree)) => {
+                let offsets = if half_degree >= 3 { [1, 2, 3] } else { [1, 2, -1] };
+                (occupant.to_vec(), position.to_vec(), offsets)
+            }
+            None => {
                 let mut seed = [0u8; 32];
-                hkdf_sha256(&context.0, &[], &[LABEL_RING], &mut seed);
+                hkdf_sha256(&config.context().0, &[], &[LABEL_RING], &mut seed);
                 let occupant = ring_placement(config.clients, &seed);
                 let mut position = vec![0u32; occupant.len()];
                 for (p, &client) in occupant.iter().enumerate() {
                     position[client as usize] = p as u32;
                 }
-                Some((occupant, position))
+                (occupant, position, [1, 2, 3])
             }
         };
-        Ok(Self { context, graph, ring, table: None })
-    }
-
-    /// The same, with every client's verifiers computed once (the
-    /// coordinator asks for all of them).
-    pub fn tabulated(mut self) -> Self {
-        let table = (0..self.graph.clients()).map(|i| self.of(ClientId::from_index(i as usize))).collect();
-        self.table = Some(table);
-        self
+        Ok(Self { occupant, position, offsets })
     }
 
     /// `owner`'s verifiers in rank order (the order in which its edges are
     /// taken).
     pub fn of(&self, owner: ClientId) -> Vec<ClientId> {
-        if let Some(table) = &self.table {
-            return table[owner.index()].clone();
-        }
-        match &self.ring {
-            Some((occupant, position)) => {
-                let n = occupant.len() as u32;
-                let p = position[owner.index()];
-                (1..=NOISE_VERIFIERS as u32)
-                    .map(|step| ClientId::from_index(occupant[((p + step) % n) as usize] as usize))
-                    .collect()
-            }
-            None => {
-                let mut ranked: Vec<([u8; 32], ClientId)> = self
-                    .graph
-                    .neighbours(owner)
-                    .into_iter()
-                    .map(|w| {
-                        let mut input = Vec::with_capacity(LABEL_RANK.len() + 40);
-                        input.extend_from_slice(LABEL_RANK);
-                        input.extend_from_slice(&self.context.0);
-                        input.extend_from_slice(&owner.get().to_be_bytes());
-                        input.extend_from_slice(&w.get().to_be_bytes());
-                        let digest = ring::digest::digest(&ring::digest::SHA256, &input);
-                        let mut key = [0u8; 32];
-                        key.copy_from_slice(digest.as_ref());
-                        (key, w)
-                    })
-                    .collect();
-                ranked.sort_unstable();
-                ranked.into_iter().take(NOISE_VERIFIERS).map(|(_, w)| w).collect()
-            }
-        }
+        let n = self.occupant.len() as i64;
+        let p = i64::from(self.position[owner.index()]);
+        self.offsets
+            .iter()
+            .map(|offset| ClientId::from_index(self.occupant[(p + offset).rem_euclid(n) as usize] as usize))
+            .collect()
+    }
+
+    /// The clients `verifier` verifies (the owners of its edges).
+    pub fn verified_by(&self, verifier: ClientId) -> Vec<ClientId> {
+        let n = self.occupant.len() as i64;
+        let p = i64::from(self.position[verifier.index()]);
+        self.offsets
+            .iter()
+            .map(|offset| ClientId::from_index(self.occupant[(p - offset).rem_euclid(n) as usize] as usize))
+            .collect()
     }
 
     /// The edges `owner` adds: the first [`NOISE_EDGES`] of its verifiers

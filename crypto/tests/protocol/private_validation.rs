@@ -1,9 +1,9 @@
 //! Private, validated rounds: each client proves its rounded vector within
 //! the sensitivity Δ₂ before its noise, and its noise comes from edges its
 //! verifiers committed to. An honest round's sum is the inputs plus that
-//! noise; a client that adds anything else, or a verifier that attests
-//! other noise, fails the sum check; a verifier that leaves an attestation
-//! out is refused.
+//! noise; a client that adds anything else fails the sum check; an edge
+//! whose two ends commit to different noise leaves both out; a client that
+//! leaves a commitment out is refused.
 
 use crate::common::driver::Driver;
 use crate::common::*;
@@ -124,56 +124,7 @@ fn noise_beyond_the_edges_fails_the_sum_check() {
 }
 
 #[test]
-fn a_verifier_that_attests_other_noise_fails_the_sum_check() {
-    let config = private_config(8, 4, GraphSpec::Complete);
-    let mut driver = Driver::start(&config, &[], 4);
-    driver.stage();
-    // The first verifier of client 2's noise attests another client's
-    // commitment in its place (a well-formed commitment to the wrong
-    // noise), on an edge that client 2 adds.
-    let verifiers = NoiseVerifiers::new(&config).unwrap();
-    let owner = id(2);
-    let liar = verifiers.of(owner)[0];
-    let ClientMessage::ShareKeys { context, envelopes, proof, mut noise } =
-        share_keys(driver.outbox[liar.index()].as_ref().unwrap())
-    else {
-        panic!("not a ShareKeys message");
-    };
-    let at = noise.iter().position(|a| a.owner == owner).expect("the verifier attests client 2's edge");
-    let other = noise.iter().position(|a| a.owner != owner).map_or_else(
-        || {
-            let ClientMessage::ShareKeys { noise, .. } =
-                share_keys(driver.outbox[owner.index()].as_ref().unwrap())
-            else {
-                unreachable!()
-            };
-            noise[0].commitment.clone()
-        },
-        |i| noise[i].commitment.clone(),
-    );
-    assert_ne!(noise[at].commitment, other);
-    noise[at].commitment = other;
-    driver.outbox[liar.index()] =
-        Some(ClientMessage::ShareKeys { context, envelopes, proof, noise }.encode());
-    driver.flush();
-    driver.advance().unwrap();
-    driver.deliver_all();
-    match (|| {
-        loop {
-            driver.flush();
-            if let Some(aggregate) = driver.advance()? {
-                return Ok(aggregate);
-            }
-            driver.deliver_all();
-        }
-    })() {
-        Err(ProtocolError::CommitmentMismatch { .. }) => {}
-        other => panic!("the round should fail its sum check, got {other:?}"),
-    }
-}
-
-#[test]
-fn a_verifier_that_leaves_out_or_mangles_an_attestation_is_refused() {
+fn a_client_that_leaves_out_or_mangles_a_noise_commitment_is_refused() {
     let config = private_config(8, 4, GraphSpec::Complete);
     let validation = RoundValidation::new(&config).unwrap().unwrap();
     let mut driver = Driver::start(&config, &[], 5);
@@ -186,6 +137,10 @@ fn a_verifier_that_leaves_out_or_mangles_an_attestation_is_refused() {
         change(&mut noise);
         ClientMessage::ShareKeys { context, envelopes, proof, noise }.encode()
     };
+    // Its own three edges and the three it verifies.
+    let ClientMessage::ShareKeys { noise, .. } = share_keys(&original) else { unreachable!() };
+    assert_eq!(noise.iter().filter(|a| a.owner == id(3)).count(), 3);
+    assert_eq!(noise.iter().filter(|a| a.verifier == id(3)).count(), 3);
     let dropped = rebuild(&|noise| {
         noise.pop();
     });
@@ -195,24 +150,106 @@ fn a_verifier_that_leaves_out_or_mangles_an_attestation_is_refused() {
     let not_a_point = rebuild(&|noise| {
         noise[0].commitment[..32].copy_from_slice(&[0xff; 32]);
     });
-    let renamed = rebuild(&|noise| {
-        let owner = noise[0].owner;
-        noise[0].owner = if owner.get() == 1 { ClientId::new(2).unwrap() } else { ClientId::new(1).unwrap() };
-        noise.sort_by_key(|a| a.owner);
-        noise.dedup_by_key(|a| a.owner);
+    // An edge the client is no end of, in place of one it is.
+    let elsewhere = rebuild(&|noise| {
+        let last = noise.len() - 1;
+        noise[last].owner = id(8);
+        noise[last].verifier = id(7);
+        noise.sort_by_key(|a| (a.owner, a.verifier));
     });
-    for bytes in [&dropped, &short, &not_a_point, &renamed] {
+    for bytes in [&dropped, &short, &not_a_point, &elsewhere] {
         match driver.send(3, bytes) {
             Err(ProtocolError::InvalidMessage { .. }) | Err(ProtocolError::Decode(_)) => {}
-            other => panic!("a bad attestation list is refused, got {other:?}"),
+            other => panic!("a bad list of noise commitments is refused, got {other:?}"),
         }
     }
-    // The honest message is still taken, and its attestations decode.
-    let ClientMessage::ShareKeys { noise, .. } = share_keys(&original) else { unreachable!() };
+    // Out of order: it does not decode.
+    let reversed = rebuild(&|noise| noise.reverse());
+    assert!(ClientMessage::decode(&reversed).is_err());
+    // The honest message is still taken, and its commitments decode.
     for attestation in &noise {
         Commitment::decode(validation.bound(), &attestation.commitment).unwrap();
     }
     driver.send(3, &original).unwrap();
+}
+
+/// Replaces the commitment to edge (owner, verifier) in the ShareKeys that
+/// `sender` (one of its ends) sends by `with`.
+fn swap_commitment(driver: &mut Driver, sender: ClientId, edge: (ClientId, ClientId), with: Vec<u8>) {
+    let ClientMessage::ShareKeys { context, envelopes, proof, mut noise } =
+        share_keys(driver.outbox[sender.index()].as_ref().unwrap())
+    else {
+        panic!("not a ShareKeys message");
+    };
+    let at = noise.iter().position(|a| (a.owner, a.verifier) == edge).unwrap();
+    assert_ne!(noise[at].commitment, with);
+    noise[at].commitment = with;
+    driver.outbox[sender.index()] =
+        Some(ClientMessage::ShareKeys { context, envelopes, proof, noise }.encode());
+}
+
+/// Another well-formed commitment from `sender`'s message than edge's.
+fn another_commitment(driver: &Driver, sender: ClientId, edge: (ClientId, ClientId)) -> Vec<u8> {
+    let ClientMessage::ShareKeys { noise, .. } = share_keys(driver.outbox[sender.index()].as_ref().unwrap())
+    else {
+        unreachable!()
+    };
+    noise.into_iter().find(|a| (a.owner, a.verifier) != edge).unwrap().commitment
+}
+
+/// Runs the remaining stages; a client that cannot go on (left with too
+/// few noise verifiers) drops out.
+fn rest(driver: &mut Driver) -> Result<cohort_crypto::Aggregate, ProtocolError> {
+    loop {
+        driver.flush();
+        if let Some(aggregate) = driver.advance()? {
+            return Ok(aggregate);
+        }
+        for i in 1..=driver.config.clients {
+            if driver.clients[i as usize - 1].is_none() {
+                continue;
+            }
+            let delivered = match driver.server().message_for(id(i)) {
+                Some(message) => driver.deliver(i, message).is_ok(),
+                None => false,
+            };
+            if !delivered {
+                driver.vanish(i);
+            }
+        }
+    }
+}
+
+/// The attack a lone verifier could mount if only it committed to an
+/// edge: attest the edge's noise shifted by δ and add δ to its own input,
+/// so that the sum check balances. Both ends commit to every edge; where
+/// they differ, the edge is disputed, both ends are left out of the round
+/// and named, and the others' sum is exact. The same when the owner lies.
+#[test]
+fn an_edge_whose_ends_commit_to_different_noise_leaves_both_out() {
+    let config = private_config(8, 3, GraphSpec::Complete);
+    let verifiers = NoiseVerifiers::new(&config).unwrap();
+    for liar_is_owner in [false, true] {
+        let mut driver = Driver::start(&config, &[], 4);
+        driver.stage();
+        let owner = id(2);
+        let verifier = verifiers.of(owner)[0];
+        let edge = (owner, verifier);
+        let liar = if liar_is_owner { owner } else { verifier };
+        let other = another_commitment(&driver, liar, edge);
+        swap_commitment(&mut driver, liar, edge, other);
+        let aggregate = rest(&mut driver).unwrap();
+        let mut out = vec![owner, verifier];
+        out.sort();
+        assert_eq!(aggregate.refused, out, "both ends are named");
+        assert!(aggregate.contributors.iter().all(|c| !out.contains(c)));
+        // A client whose verifiers were two of those left out cannot mask.
+        assert!(aggregate.contributors.len() >= 4, "{:?}", aggregate.contributors);
+        // The others' sum opened their commitments (the sum check passed),
+        // their noise included.
+        let noise = noise_in(&config, 4, &aggregate.contributors, &aggregate.sum);
+        assert!(noise.iter().any(|&e| e != 0));
+    }
 }
 
 #[test]
@@ -278,13 +315,10 @@ fn verifiers_are_three_neighbours_fixed_by_the_round() {
     for graph in [GraphSpec::Complete, GraphSpec::Harary { degree: 6 }] {
         let config = private_config(30, 10, graph.clone());
         let verifiers = NoiseVerifiers::new(&config).unwrap();
-        let tabulated = NoiseVerifiers::new(&config).unwrap().tabulated();
         let graph_of = config.communication_graph();
-        let mut verified_by = vec![0usize; 30];
         for i in 1..=30 {
             let u = id(i);
             let of = verifiers.of(u);
-            assert_eq!(of, tabulated.of(u));
             assert_eq!(of.len(), 3);
             assert!(
                 of.iter().all(|&j| graph_of.are_neighbours(u, j)),
@@ -294,7 +328,12 @@ fn verifiers_are_three_neighbours_fixed_by_the_round() {
             distinct.sort();
             distinct.dedup();
             assert_eq!(distinct.len(), 3);
-            of.iter().for_each(|j| verified_by[j.index()] += 1);
+            // Every client verifies exactly three others, and the two views
+            // agree.
+            let owners = verifiers.verified_by(u);
+            assert_eq!(owners.len(), 3);
+            assert!(owners.iter().all(|&w| verifiers.of(w).contains(&u)));
+            assert!(of.iter().all(|&j| verifiers.verified_by(j).contains(&u)));
             // The first two that completed, in rank order.
             assert_eq!(verifiers.edges(u, |_| true).unwrap(), of[..2].to_vec());
             assert_eq!(verifiers.edges(u, |j| j != of[0]).unwrap(), vec![of[1], of[2]]);
@@ -305,10 +344,14 @@ fn verifiers_are_three_neighbours_fixed_by_the_round() {
         next.round += 1;
         let moved = NoiseVerifiers::new(&next).unwrap();
         assert!((1..=30).any(|i| moved.of(id(i)) != verifiers.of(id(i))), "{graph:?}");
-        if graph == GraphSpec::Complete {
-            // On the ring every client verifies exactly three others.
-            assert!(verified_by.iter().all(|&k| k == 3));
-        }
+    }
+    // Degree 4: the next two and the previous one, all neighbours.
+    let config = private_config(30, 10, GraphSpec::Harary { degree: 4 });
+    let verifiers = NoiseVerifiers::new(&config).unwrap();
+    let graph_of = config.communication_graph();
+    for i in 1..=30 {
+        assert!(verifiers.of(id(i)).iter().all(|&j| graph_of.are_neighbours(id(i), j)));
+        assert_eq!(verifiers.verified_by(id(i)).len(), 3);
     }
     // Fewer than three neighbours: refused.
     let mut small = private_config(8, 3, GraphSpec::Complete);

@@ -197,8 +197,10 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
                     if args.plain {
                         bail!("--malicious, --validation, --group-size and --group-rule need secure aggregation");
                     }
-                    if adversity.validated && args.training.dp.spec(1.0).is_some() {
-                        bail!("input validation does not combine with differential privacy yet");
+                    if adversity.validated
+                        && args.training.dp.spec(1.0).is_some_and(|dp| dp.mechanism != cohort_crypto::dp::Mechanism::Skellam)
+                    {
+                        bail!("input validation under differential privacy needs --mechanism skellam");
                     }
                     config.insert("adversity".into(), adversity.json());
                 }

@@ -17,7 +17,7 @@ fn spec() -> PrivacySpec {
 #[test]
 fn the_solved_noise_spends_the_budget_over_the_rounds() {
     for mechanism in [Mechanism::Skellam, Mechanism::DiscreteGaussian] {
-        let plan = PrivacySpec { mechanism, ..spec() }.plan(1_000, 400, 7_850, 30).unwrap();
+        let plan = PrivacySpec { mechanism, ..spec() }.plan(1_000, 400, 7_850, 30, false).unwrap();
         assert!(plan.epsilon_after(30) <= 8.0 * (1.0 + 1e-9), "{}", plan.epsilon_after(30));
         assert!(plan.epsilon_after(30) > 7.99, "{}", plan.epsilon_after(30));
         assert!(plan.allows(29) && !plan.allows(30));
@@ -30,8 +30,8 @@ fn the_solved_noise_spends_the_budget_over_the_rounds() {
         plan.params.validate(16, 400).unwrap();
     }
     // Without amplification the same budget needs more noise.
-    let plain = PrivacySpec { sample_rate: None, ..spec() }.plan(1_000, 400, 7_850, 30).unwrap();
-    let sampled = spec().plan(1_000, 400, 7_850, 30).unwrap();
+    let plain = PrivacySpec { sample_rate: None, ..spec() }.plan(1_000, 400, 7_850, 30, false).unwrap();
+    let sampled = spec().plan(1_000, 400, 7_850, 30, false).unwrap();
     assert!(plain.params.noise_multiplier > 2.0 * sampled.params.noise_multiplier);
 }
 
@@ -40,16 +40,16 @@ fn the_solved_noise_spends_the_budget_over_the_rounds() {
 #[test]
 fn a_given_noise_multiplier_runs_until_the_budget() {
     let given = PrivacySpec { noise_multiplier: Some(2.0), epsilon: Some(3.0), sample_rate: None, ..spec() };
-    let plan = given.plan(100, 40, 1_000, 1_000).unwrap();
+    let plan = given.plan(100, 40, 1_000, 1_000, false).unwrap();
     assert_eq!(plan.params.noise_multiplier, 2.0);
     let last = (0..1_000).find(|&r| !plan.allows(r)).unwrap();
     assert!(plan.epsilon_after(last) <= 3.0 && plan.epsilon_after(last + 1) > 3.0, "stops after {last}");
     assert!(last >= 1);
     let tiny = PrivacySpec { epsilon: Some(0.01), ..given };
-    let Err(error) = tiny.plan(100, 40, 1_000, 10) else { panic!("a budget below one round") };
+    let Err(error) = tiny.plan(100, 40, 1_000, 10, false) else { panic!("a budget below one round") };
     assert!(error.to_string().contains("too small for a single round"), "{error}");
-    let Err(error) =
-        PrivacySpec { epsilon: Some(1e-6), noise_multiplier: None, ..spec() }.plan(100, 40, 1_000, 100)
+    let Err(error) = PrivacySpec { epsilon: Some(1e-6), noise_multiplier: None, ..spec() }
+        .plan(100, 40, 1_000, 100, false)
     else {
         panic!("an unreachable budget")
     };
@@ -87,6 +87,8 @@ fn fields_out_of_range_are_refused_with_their_name() {
 #[test]
 fn a_ring_too_small_for_the_mechanism_is_refused() {
     let narrow = PrivacySpec { bits: 8, epsilon: Some(0.5), sample_rate: None, ..spec() };
-    let Err(error) = narrow.plan(1_000, 10, 100_000, 100) else { panic!("8 bits for 1 000 noisy clients") };
+    let Err(error) = narrow.plan(1_000, 10, 100_000, 100, false) else {
+        panic!("8 bits for 1 000 noisy clients")
+    };
     assert!(error.to_string().contains("privacy.bits"), "{error}");
 }

@@ -997,6 +997,51 @@ fn a_private_task_accounts_each_round_and_stops_at_its_budget() {
     assert!(engine.privacy().unwrap().epsilon_spent <= budget);
 }
 
+/// A private task that validates its inputs: each client proves its
+/// rounded update before its noise and adds the noise of two verified
+/// edges; the rounds' sums pass their checks (the ring leaves nine
+/// standard deviations, so no honest sum wraps) and move the model.
+#[test]
+fn a_private_validated_task_checks_every_sum_and_moves_the_model() {
+    use crate::privacy::PrivacySpec;
+    use crate::spec::{NormChoice, ValidationSpec};
+    use cohort_crypto::dp::Mechanism;
+    let mut spec = small_spec();
+    spec.privacy = Some(PrivacySpec {
+        mechanism: Mechanism::Skellam,
+        epsilon: None,
+        delta: 1e-5,
+        clip_norm: 1.0,
+        noise_multiplier: Some(1.0),
+        sample_rate: None,
+        bits: 20,
+    });
+    spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None });
+    let plan = TaskPlan::new(spec.clone()).unwrap();
+    assert_eq!(plan.spec().validation_clip(), Some(1.0), "the privacy clip");
+    let mut engine = engine(spec);
+    let mut clients = participants(6);
+    let mut now = 0;
+    for round in 1..=2u64 {
+        let before = engine.weights().to_vec();
+        for c in &clients {
+            engine.check_in(&c.name, None, now);
+        }
+        assert!(
+            matches!(tick_until_not_idle(&mut engine, &mut clients, &mut now), TickOutcome::Started(r) if r == round)
+        );
+        let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+        let completion = complete(&mut engine, round, job, now);
+        let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+        assert_eq!(metrics["total_examples"], 6, "every client counted: {metrics}");
+        assert!(metrics["suspects"].as_array().is_none_or(|s| s.is_empty()), "{metrics}");
+        assert!(metrics["refused_inputs"].as_array().is_none_or(|s| s.is_empty()), "{metrics}");
+        engine.advance(Persist::Model(Box::new(completion)), true);
+        assert_ne!(engine.weights(), before.as_slice());
+        assert!(engine.weights().iter().all(|w| w.is_finite()));
+    }
+}
+
 /// Round 1 of `n` clients with threshold 2, started at time 0.
 fn started_with_threshold_two(n: usize) -> (TaskEngine, Vec<NamedClient>) {
     let mut spec = small_spec();
