@@ -55,6 +55,9 @@ pub struct Aggregate {
     /// (private, validated rounds): the round went on without them, as if
     /// they had dropped out after AdvertiseKeys. Ascending.
     pub refused: Vec<ClientId>,
+    /// The noise edges (owner, verifier) whose two ends committed to
+    /// different noise: one end of each lied (private, validated rounds).
+    pub disputed: Vec<(ClientId, ClientId)>,
 }
 
 impl core::fmt::Debug for Aggregate {
@@ -64,6 +67,7 @@ impl core::fmt::Debug for Aggregate {
             .field("contributors", &self.contributors.len())
             .field("faulty_shares", &self.faulty_shares.len())
             .field("refused", &self.refused)
+            .field("disputed", &self.disputed)
             .finish()
     }
 }
@@ -180,6 +184,8 @@ pub struct CollectingShares {
 struct Validated {
     commitments: Vec<Option<Commitment>>,
     refused: Vec<ClientId>,
+    /// Edges (owner, verifier) whose two ends committed to different noise.
+    disputed: Vec<(ClientId, ClientId)>,
     /// The noise edges' commitments (private rounds).
     noise: Box<NoiseEdges>,
 }
@@ -880,6 +886,7 @@ impl CollectingShares {
             validated.refused.extend(out);
             validated.refused.sort_unstable();
             validated.refused.dedup();
+            validated.disputed = disputes;
         }
         info.require(Stage::ShareKeys, self.inbox.count)?;
         let shared = self.inbox.received;
@@ -1117,6 +1124,7 @@ impl CollectingUnmaskingShares {
             faulty_shares,
             masks_removed,
             refused: after.validated.refused,
+            disputed: after.validated.disputed,
         })
     }
 }

@@ -53,6 +53,15 @@ impl ProtocolClient {
     /// # Panics
     /// On a message that does not decode, or that the protocol refuses.
     pub fn respond(&mut self, client_id: u32, bytes: &[u8]) -> Vec<u8> {
+        self.try_respond(client_id, bytes).unwrap()
+    }
+
+    /// [`respond`](Self::respond), with the protocol's refusal as an error
+    /// (the client then leaves the round, as a real one would).
+    ///
+    /// # Panics
+    /// On a message that does not decode, or a setup it cannot start from.
+    pub fn try_respond(&mut self, client_id: u32, bytes: &[u8]) -> Result<Vec<u8>, crate::ProtocolError> {
         let message = ServerMessage::decode(bytes).unwrap();
         if matches!(message, ServerMessage::Setup(_)) {
             self.state = None;
@@ -72,10 +81,10 @@ impl ProtocolClient {
             Some(state) => {
                 let (next, reply) = state.handle(message, &mut self.rng);
                 self.state = Some(next);
-                reply.unwrap()
+                reply?
             }
         };
-        reply.encode()
+        Ok(reply.encode())
     }
 }
 

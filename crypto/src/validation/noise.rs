@@ -58,8 +58,10 @@
 //!   direction, (z·Δ₂)/√t per coordinate, small beside the sum's noise.
 //! * *Disputes.* A client that lies about an edge takes itself and the
 //!   other end out of the round: it costs that neighbour one round's
-//!   contribution, never the sum. A dispute is not yet a failed test in
-//!   the cheater search of claim 68.
+//!   contribution, never the sum. The coordinator takes the dispute as a
+//!   failed test of the two (the cheater search of claim 68), so a client
+//!   that keeps lying is narrowed down beside cleared partners and
+//!   excluded.
 //! * *Privacy.* A verifier learns the noise of the edges it verifies, σ²/E
 //!   of its client's variance each. A coordinator that colludes with c
 //!   clients learns their own noise and that of up to three edges each

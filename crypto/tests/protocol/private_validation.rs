@@ -242,6 +242,7 @@ fn an_edge_whose_ends_commit_to_different_noise_leaves_both_out() {
         let mut out = vec![owner, verifier];
         out.sort();
         assert_eq!(aggregate.refused, out, "both ends are named");
+        assert_eq!(aggregate.disputed, vec![edge]);
         assert!(aggregate.contributors.iter().all(|c| !out.contains(c)));
         // A client whose verifiers were two of those left out cannot mask.
         assert!(aggregate.contributors.len() >= 4, "{:?}", aggregate.contributors);

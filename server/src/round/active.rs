@@ -660,6 +660,20 @@ impl Group {
         }
     }
 
+    /// The disputed noise edges of a validated group's unmasked `result`,
+    /// each a failed test of its two ends (one of them lied about the
+    /// edge's noise, claim 79) for the cheater search.
+    pub(super) fn disputes(&self, result: &Result<Aggregate, ProtocolError>) -> Vec<SumCheck> {
+        let Ok(aggregate) = result else { return Vec::new() };
+        aggregate
+            .disputed
+            .iter()
+            .filter_map(|&(owner, verifier)| {
+                Some(SumCheck::Failed(vec![self.name(owner)?.clone(), self.name(verifier)?.clone()]))
+            })
+            .collect()
+    }
+
     /// Hands the group to the replica at `owner`: it runs there from now
     /// on, and settles from the owner's report.
     pub(super) fn hand_off(&mut self, owner: &str) {

@@ -466,9 +466,10 @@ impl TaskEngine {
             .filter(|g| g.seeds.session == session)
             .ok_or(TaskError::NoSuchRound(number))?;
         let check = validated.then(|| group.sum_check(&result)).flatten();
+        let disputes = if validated { group.disputes(&result) } else { Vec::new() };
         let outcome = group.unmasked(result, dimension).ok_or(TaskError::NoSuchRound(number))?;
-        if let Some(check) = check {
-            self.sum_checked(&check, Some(number));
+        for check in check.iter().chain(&disputes) {
+            self.sum_checked(check, Some(number));
         }
         match outcome {
             Ok(()) => {

@@ -841,9 +841,10 @@ impl TaskEngine {
             .filter(|g| g.seeds.session == session)
             .ok_or(TaskError::NoSuchRound(round_number))?;
         let check = validated.then(|| target.sum_check(&result)).flatten();
+        let disputes = if validated { target.disputes(&result) } else { Vec::new() };
         let outcome = target.unmasked(result, dimension).ok_or(TaskError::NoSuchRound(round_number))?;
-        if let Some(check) = check {
-            self.sum_checked(&check, None);
+        for check in check.iter().chain(&disputes) {
+            self.sum_checked(check, None);
         }
         if outcome.is_err() {
             self.given_up(round_number, group, Stage::Unmasking);
@@ -993,6 +994,9 @@ impl TaskEngine {
         let roster: HashSet<String> = group.roster.iter().cloned().collect();
         if let Some(check) = report.sum_check(&roster).filter(|_| validated) {
             self.sum_checked(&check, None);
+        }
+        for check in report.disputes(&roster).iter().filter(|_| validated) {
+            self.sum_checked(check, None);
         }
         if let Some(stage) = failed {
             self.given_up(key.round, key.group as usize, stage);

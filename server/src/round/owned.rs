@@ -85,6 +85,10 @@ pub struct GroupReport {
     /// (`None`: not validated, or the group failed before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sum_check: Option<ReportedCheck>,
+    /// A private, validated group: its disputed noise edges, as (owner,
+    /// verifier) participants, each a failed test of its two ends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disputes: Vec<(String, String)>,
 }
 
 /// A validated group's sum check in an owner's report.
@@ -142,6 +146,7 @@ impl GroupReport {
             bytes_down: 0,
             failed_at: Some(Stage::AdvertiseKeys),
             sum_check: None,
+            disputes: Vec::new(),
         }
     }
 
@@ -153,6 +158,16 @@ impl GroupReport {
             ReportedCheck::Passed(members) => SumCheck::Passed(listed(members)),
             ReportedCheck::Failed(members) => SumCheck::Failed(listed(members)),
         })
+    }
+
+    /// The group's disputed edges, for the leader's suspects: those whose
+    /// two ends are in the group's `roster`.
+    pub(super) fn disputes(&self, roster: &std::collections::HashSet<String>) -> Vec<SumCheck> {
+        self.disputes
+            .iter()
+            .filter(|(owner, verifier)| roster.contains(owner) && roster.contains(verifier))
+            .map(|(owner, verifier)| SumCheck::Failed(vec![owner.clone(), verifier.clone()]))
+            .collect()
     }
 
     /// The group's sum again, from this report and its stored `mean` of
@@ -286,6 +301,18 @@ impl OwnedGroup {
                 SumCheck::Passed(members) => ReportedCheck::Passed(members),
                 SumCheck::Failed(members) => ReportedCheck::Failed(members),
             });
+        let disputes: Vec<(String, String)> = match &self.spec.validation {
+            Some(_) => self
+                .group
+                .disputes(&result)
+                .into_iter()
+                .filter_map(|check| match check {
+                    SumCheck::Failed(pair) if pair.len() == 2 => Some((pair[0].clone(), pair[1].clone())),
+                    _ => None,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         let (report, mean) = match result
             .map_err(TaskError::from)
             .and_then(|aggregate| self.group.decode(aggregate, dimension))
@@ -299,7 +326,7 @@ impl OwnedGroup {
                 (GroupReport::of(&self.group, Some(Stage::Unmasking)), None)
             }
         };
-        (GroupReport { sum_check, ..report }, mean)
+        (GroupReport { sum_check, disputes, ..report }, mean)
     }
 }
 

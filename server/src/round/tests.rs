@@ -16,16 +16,30 @@ use cohort_crypto::{ClientMessage, ProtocolError, Stage, Variant};
 struct NamedClient {
     name: String,
     protocol: ProtocolClient,
+    /// Lies about a noise edge: sends its second noise commitment in place
+    /// of its first (private, validated rounds).
+    lies: bool,
+    /// Leaves the round when the protocol refuses a message, as a real
+    /// client does (instead of failing the test).
+    leaves: bool,
 }
 
 impl NamedClient {
     fn new(i: usize, update: Vec<f32>, weight: u32) -> Self {
-        Self { name: format!("p{i}"), protocol: ProtocolClient::new(i as u64, update, weight) }
+        let protocol = ProtocolClient::new(i as u64, update, weight);
+        Self { name: format!("p{i}"), protocol, lies: false, leaves: false }
     }
 
     /// Polls once and answers; returns whether it sent something.
     fn step(&mut self, engine: &mut TaskEngine) -> bool {
-        let Some(reply) = self.answer(engine) else { return false };
+        let Some(mut reply) = self.answer(engine) else { return false };
+        if self.lies
+            && let Ok(ClientMessage::ShareKeys { context, envelopes, proof, mut noise }) =
+                ClientMessage::decode(&reply)
+        {
+            noise[0].commitment = noise[1].commitment.clone();
+            reply = ClientMessage::ShareKeys { context, envelopes, proof, noise }.encode();
+        }
         engine.receive(&self.name, &reply).unwrap();
         true
     }
@@ -37,6 +51,9 @@ impl NamedClient {
             return None;
         };
         let Ok(Poll::Message(bytes)) = engine.poll(&self.name) else { return None };
+        if self.leaves {
+            return self.protocol.try_respond(client_id, &bytes).ok();
+        }
         Some(self.protocol.respond(client_id, &bytes))
     }
 }
@@ -1040,6 +1057,51 @@ fn a_private_validated_task_checks_every_sum_and_moves_the_model() {
         assert_ne!(engine.weights(), before.as_slice());
         assert!(engine.weights().iter().all(|w| w.is_finite()));
     }
+}
+
+/// A client that lies about a noise edge (its commitment differs from the
+/// other end's) takes itself and that end out of the round: both are named
+/// in the round's `refused_inputs` and as suspects, a failed test of two
+/// for the cheater search, and the round completes with the others.
+#[test]
+fn a_disputed_noise_edge_names_both_ends_as_suspects() {
+    use crate::privacy::PrivacySpec;
+    use crate::spec::{NormChoice, ValidationSpec};
+    use cohort_crypto::dp::Mechanism;
+    let mut spec = small_spec();
+    spec.clients_per_round = 8;
+    spec.privacy = Some(PrivacySpec {
+        mechanism: Mechanism::Skellam,
+        epsilon: None,
+        delta: 1e-5,
+        clip_norm: 1.0,
+        noise_multiplier: Some(1.0),
+        sample_rate: None,
+        bits: 20,
+    });
+    spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None });
+    let mut engine = engine(spec);
+    let mut clients = participants(8);
+    clients[5].lies = true;
+    // A client whose verifiers were both ends cannot mask, and leaves.
+    clients.iter_mut().for_each(|c| c.leaves = true);
+    let mut now = 0;
+    for c in &clients {
+        engine.check_in(&c.name, None, now);
+    }
+    assert!(matches!(tick_until_not_idle(&mut engine, &mut clients, &mut now), TickOutcome::Started(1)));
+    let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
+    let completion = complete(&mut engine, 1, job, now);
+    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    let names = |key: &str| -> Vec<String> {
+        metrics[key].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+    };
+    let mut refused = names("refused_inputs");
+    refused.sort();
+    assert_eq!(refused.len(), 2, "{metrics}");
+    assert!(refused.contains(&"p5".to_string()), "{metrics}");
+    assert_eq!(names("suspects"), refused, "both ends are suspects");
+    assert!(completion.round.survivors <= 6 && completion.round.survivors >= 4, "{metrics}");
 }
 
 /// Round 1 of `n` clients with threshold 2, started at time 0.

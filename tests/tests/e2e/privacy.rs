@@ -143,10 +143,11 @@ fn a_simulation_under_differential_privacy_reports_its_spending() {
 }
 
 /// `cohort demo` under differential privacy, over HTTP: the clients pin the
-/// task's noise at enrollment and add their shares; with noise multiplier 1
-/// a budget of ε = 8 at δ = 10⁻⁵ covers two rounds (ε ≈ 7.08) and not a
-/// third (≈ 9.01), so the coordinator stops the task after round 2 with
-/// `budget_spent` although four were asked for.
+/// task's noise at enrollment and add their shares (validated: each update
+/// proven before its noise, the noise on verified edges); with noise
+/// multiplier 1 a budget of ε = 8 at δ = 10⁻⁵ covers two rounds (ε ≈ 7.08)
+/// and not a third (≈ 9.01), so the coordinator stops the task after round
+/// 2 with `budget_spent` although four were asked for.
 #[test]
 fn the_demo_stops_at_the_privacy_budget() {
     let dir = std::env::temp_dir().join(format!("cohort-dp-demo-{}", std::process::id()));
@@ -168,6 +169,11 @@ fn the_demo_stops_at_the_privacy_budget() {
     assert!((epsilons[0] - 4.7285).abs() < 0.01 && (epsilons[1] - 7.0774).abs() < 0.01, "{epsilons:?}");
     assert_eq!(results["config"]["privacy"]["noise_multiplier"], 1.0);
     assert_eq!(results["config"]["privacy"]["mechanism"], "skellam");
+    // The demo's task validates its inputs under privacy too (claim 79):
+    // every client proved its update before its noise and drew its noise
+    // on edges its neighbours committed to, over HTTP, and every sum
+    // opened its commitments (a failed check would have left no round).
+    assert_eq!(results["config"]["validation"], "l2");
     // Every client counts once and reports nothing but its noisy update.
     assert!(rounds.iter().all(|r| r["client_loss"].is_null()));
     std::fs::remove_dir_all(&dir).unwrap();
