@@ -385,7 +385,10 @@ impl AwaitingPeerKeys {
                 let mut commit = |owner: ClientId, verifier: ClientId| -> Result<Secret32, ProtocolError> {
                     let seed = derive::noise_edge_seed(&shared, &context, owner, verifier);
                     let edge = EdgeNoise::derive(&seed, validation.bound(), variance);
-                    let commitment = edge.commit(validation.bound())?.to_bytes();
+                    let mut commitment = edge.commit(validation.bound())?.to_bytes();
+                    if owner == round.me {
+                        commitment = validation::noise::commitment_digest(&commitment).to_vec();
+                    }
                     noise.push(NoiseAttestation { owner, verifier, commitment });
                     Ok(seed)
                 };

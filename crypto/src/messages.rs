@@ -68,7 +68,9 @@ pub struct NoiseAttestation {
     pub owner: ClientId,
     /// The neighbour that verifies it.
     pub verifier: ClientId,
-    /// Its row commitments ([`crate::validation::Commitment::to_bytes`]).
+    /// From the verifier, the row commitments
+    /// ([`crate::validation::Commitment::to_bytes`]); from the owner, their
+    /// digest ([`crate::validation::noise::commitment_digest`]).
     pub commitment: Vec<u8>,
 }
 
@@ -223,8 +225,9 @@ impl ClientMessage {
                     .flatten()
                     .filter(|v| v.edge_variance().is_some())
                     .map_or(0, |v| {
-                        2 * crate::validation::noise::NOISE_VERIFIERS
-                            * (12 + crate::validation::Commitment::encoded_len(v.bound()))
+                        // Three attested commitments and three digests.
+                        crate::validation::noise::NOISE_VERIFIERS
+                            * (12 + crate::validation::Commitment::encoded_len(v.bound()) + 12 + 32)
                     });
                 HEADER + 4 + neighbours * (4 + ENVELOPE_LEN) + 1 + proof + 4 + attestation
             }

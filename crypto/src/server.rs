@@ -174,8 +174,11 @@ pub struct CollectingShares {
     proofs: Vec<Option<NormProof>>,
     /// `attested[u]`: the commitments to u's noise edges, by verifier.
     attested: Vec<Vec<(ClientId, Commitment)>>,
-    /// `owned[u]`: u's own commitments to its noise edges, by verifier.
-    owned: Vec<Vec<(ClientId, Commitment)>>,
+    /// `owned[u]`: u's digests of its noise edges' commitments, by verifier.
+    owned: Vec<Vec<(ClientId, [u8; 32])>>,
+    /// `attested_digests[u]`: the digests of the verifiers' commitments to
+    /// u's noise edges, by verifier.
+    attested_digests: Vec<Vec<(ClientId, [u8; 32])>>,
 }
 
 /// What a validated round keeps of its proofs: the input-row commitments
@@ -766,6 +769,7 @@ impl CollectingKeys {
             proofs: vec![None; n],
             attested: vec![Vec::new(); n],
             owned: vec![Vec::new(); n],
+            attested_digests: vec![Vec::new(); n],
         }))
     }
 }
@@ -823,9 +827,17 @@ impl CollectingShares {
                 noise
                     .iter()
                     .map(|a| {
-                        Commitment::decode(validation.bound(), &a.commitment)
-                            .map(|c| (a.owner, a.verifier, c))
-                            .map_err(|_| invalid(from, "a noise commitment is malformed"))
+                        let malformed = || invalid(from, "a noise commitment is malformed");
+                        if a.owner == from {
+                            let digest: [u8; 32] =
+                                a.commitment.as_slice().try_into().map_err(|_| malformed())?;
+                            Ok::<_, ProtocolError>((a.owner, a.verifier, digest, None::<Commitment>))
+                        } else {
+                            let commitment = Commitment::decode(validation.bound(), &a.commitment)
+                                .map_err(|_| malformed())?;
+                            let digest = validation::noise::commitment_digest(&a.commitment);
+                            Ok((a.owner, a.verifier, digest, Some(commitment)))
+                        }
                     })
                     .collect::<Result<Vec<_>, _>>()?
             }
@@ -835,11 +847,13 @@ impl CollectingShares {
             _ => Vec::new(),
         };
         self.proofs[from.index()] = proof;
-        for (owner, verifier, commitment) in attestations {
-            if owner == from {
-                self.owned[from.index()].push((verifier, commitment));
-            } else {
-                self.attested[owner.index()].push((from, commitment));
+        for (owner, verifier, digest, commitment) in attestations {
+            match commitment {
+                None => self.owned[from.index()].push((verifier, digest)),
+                Some(commitment) => {
+                    self.attested[owner.index()].push((from, commitment));
+                    self.attested_digests[owner.index()].push((from, digest));
+                }
             }
         }
         for Envelope { peer, ciphertext } in envelopes {
@@ -873,7 +887,7 @@ impl CollectingShares {
         // the shift to its own input unseen). Both are taken out as a
         // refused proof is, and named.
         let mut validated = validated;
-        let disputes = disputed_edges(&self.owned, &self.attested, &self.inbox.received);
+        let disputes = disputed_edges(&self.owned, &self.attested_digests, &self.inbox.received);
         if !disputes.is_empty() {
             let mut out: Vec<ClientId> = disputes.iter().flat_map(|&(u, j)| [u, j]).collect();
             out.sort_unstable();
@@ -1130,11 +1144,11 @@ impl CollectingUnmaskingShares {
 }
 
 /// The edges between two clients that both completed the second stage whose
-/// owner's commitment differs from its verifier's (a missing one counts as
-/// different), ascending.
+/// owner's digest differs from that of its verifier's commitment (a missing
+/// one counts as different), ascending.
 fn disputed_edges(
-    owned: &[Vec<(ClientId, Commitment)>],
-    attested: &[Vec<(ClientId, Commitment)>],
+    owned: &[Vec<(ClientId, [u8; 32])>],
+    attested: &[Vec<(ClientId, [u8; 32])>],
     received: &[bool],
 ) -> Vec<(ClientId, ClientId)> {
     let mut disputes = Vec::new();

@@ -22,13 +22,14 @@
 //! the same values on every platform (`crate::dp`), and the blindings of
 //! the noise's row commitments.
 //!
-//! With its shares (stage 2) every client sends the row commitments of the
-//! noise of each edge it is an end of ([`EdgeNoise::commit`]): its own
-//! edges to the verifiers that advertised keys, and the edges of the three
-//! clients it verifies. The coordinator refuses a message whose list is not
-//! exactly those edges, and when the stage closes compares the two ends'
-//! commitments to each edge: they are the same points when both ends are
-//! honest. Where they differ one end lies, and both are taken out of the
+//! With its shares (stage 2) every client sends, for each edge it is an end
+//! of, its commitment to the edge's noise ([`EdgeNoise::commit`]): the row
+//! commitments for the edges of the three clients it verifies (the sum
+//! check adds them up), and a digest of them ([`commitment_digest`]) for
+//! its own edges to the verifiers that advertised keys. The coordinator
+//! refuses a message whose list is not exactly those edges, and when the
+//! stage closes compares the two ends' digests of each edge: they are the
+//! same when both ends are honest. Where they differ one end lies, and both are taken out of the
 //! round as a client with a refused proof is (named in the round's
 //! `refused`). When u masks (stage 3) it knows which of its verifiers
 //! completed stage 2 (their envelopes reached it); it adds the noise of the
@@ -103,6 +104,7 @@ pub const NOISE_EDGES: usize = 2;
 const LABEL_RING: &[u8] = b"cohort/validation/v1/noise-ring";
 const LABEL_VALUES: &[u8] = b"cohort/validation/v1/noise-values";
 const LABEL_BLINDINGS: &[u8] = b"cohort/validation/v1/noise-blindings";
+const LABEL_DIGEST: &[u8] = b"cohort/validation/v1/noise-commitment-digest";
 
 /// Who verifies whose noise in one round.
 #[derive(Debug, Clone)]
@@ -178,6 +180,20 @@ impl NoiseVerifiers {
     }
 }
 
+/// The digest an edge's owner sends of its commitment to the edge's noise
+/// (SHA-256 of a label and the commitment's bytes): the coordinator
+/// compares it with the digest of the verifier's commitment, which it needs
+/// whole for the sum check, so the owner's upload carries 32 bytes per edge
+/// where the commitment has 32 per row.
+pub fn commitment_digest(commitment: &[u8]) -> [u8; 32] {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    context.update(LABEL_DIGEST);
+    context.update(commitment);
+    let mut digest = [0u8; 32];
+    digest.copy_from_slice(context.finish().as_ref());
+    digest
+}
+
 /// One edge's noise and the blindings of its row commitments (secret to the
 /// client that adds it and the one that verifies it).
 pub struct EdgeNoise {
@@ -188,7 +204,7 @@ pub struct EdgeNoise {
 impl EdgeNoise {
     /// The noise of variance `variance` per coordinate for `bound`'s
     /// dimension, and its blindings, from the edge's seed.
-    pub(crate) fn derive(seed: &Secret32, bound: &NormBound, variance: f64) -> Self {
+    pub fn derive(seed: &Secret32, bound: &NormBound, variance: f64) -> Self {
         let stream = |label: &[u8]| {
             let mut key = [0u8; 32];
             hkdf_sha256(&[], seed.expose(), &[label], &mut key);

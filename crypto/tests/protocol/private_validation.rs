@@ -144,11 +144,20 @@ fn a_client_that_leaves_out_or_mangles_a_noise_commitment_is_refused() {
     let dropped = rebuild(&|noise| {
         noise.pop();
     });
+    // The commitments it attests (row commitments) and the digests of its
+    // own edges' commitments.
+    let attested = noise.iter().position(|a| a.verifier == id(3)).unwrap();
+    let own = noise.iter().position(|a| a.owner == id(3)).unwrap();
+    assert_eq!(noise[own].commitment.len(), 32);
+    assert_eq!(noise[attested].commitment.len(), Commitment::encoded_len(validation.bound()));
     let short = rebuild(&|noise| {
-        noise[0].commitment.pop();
+        noise[attested].commitment.pop();
+    });
+    let short_digest = rebuild(&|noise| {
+        noise[own].commitment.pop();
     });
     let not_a_point = rebuild(&|noise| {
-        noise[0].commitment[..32].copy_from_slice(&[0xff; 32]);
+        noise[attested].commitment[..32].copy_from_slice(&[0xff; 32]);
     });
     // An edge the client is no end of, in place of one it is.
     let elsewhere = rebuild(&|noise| {
@@ -157,7 +166,7 @@ fn a_client_that_leaves_out_or_mangles_a_noise_commitment_is_refused() {
         noise[last].verifier = id(7);
         noise.sort_by_key(|a| (a.owner, a.verifier));
     });
-    for bytes in [&dropped, &short, &not_a_point, &elsewhere] {
+    for bytes in [&dropped, &short, &short_digest, &not_a_point, &elsewhere] {
         match driver.send(3, bytes) {
             Err(ProtocolError::InvalidMessage { .. }) | Err(ProtocolError::Decode(_)) => {}
             other => panic!("a bad list of noise commitments is refused, got {other:?}"),
@@ -167,7 +176,7 @@ fn a_client_that_leaves_out_or_mangles_a_noise_commitment_is_refused() {
     let reversed = rebuild(&|noise| noise.reverse());
     assert!(ClientMessage::decode(&reversed).is_err());
     // The honest message is still taken, and its commitments decode.
-    for attestation in &noise {
+    for attestation in noise.iter().filter(|a| a.verifier == id(3)) {
         Commitment::decode(validation.bound(), &attestation.commitment).unwrap();
     }
     driver.send(3, &original).unwrap();
@@ -188,13 +197,16 @@ fn swap_commitment(driver: &mut Driver, sender: ClientId, edge: (ClientId, Clien
         Some(ClientMessage::ShareKeys { context, envelopes, proof, noise }.encode());
 }
 
-/// Another well-formed commitment from `sender`'s message than edge's.
+/// Another well-formed commitment (or digest) of the same kind from
+/// `sender`'s message than edge's.
 fn another_commitment(driver: &Driver, sender: ClientId, edge: (ClientId, ClientId)) -> Vec<u8> {
     let ClientMessage::ShareKeys { noise, .. } = share_keys(driver.outbox[sender.index()].as_ref().unwrap())
     else {
         unreachable!()
     };
-    noise.into_iter().find(|a| (a.owner, a.verifier) != edge).unwrap().commitment
+    let kind = |a: &cohort_crypto::NoiseAttestation| a.owner == sender;
+    let of_edge = noise.iter().find(|a| (a.owner, a.verifier) == edge).map(kind).unwrap();
+    noise.into_iter().find(|a| (a.owner, a.verifier) != edge && kind(a) == of_edge).unwrap().commitment
 }
 
 /// Runs the remaining stages; a client that cannot go on (left with too

@@ -16,8 +16,8 @@ use cohort_crypto::{ClientMessage, ProtocolError, Stage, Variant};
 struct NamedClient {
     name: String,
     protocol: ProtocolClient,
-    /// Lies about a noise edge: sends its second noise commitment in place
-    /// of its first (private, validated rounds).
+    /// Lies about a noise edge: changes the digest of its first own edge's
+    /// commitment (private, validated rounds).
     lies: bool,
     /// Leaves the round when the protocol refuses a message, as a real
     /// client does (instead of failing the test).
@@ -37,7 +37,12 @@ impl NamedClient {
             && let Ok(ClientMessage::ShareKeys { context, envelopes, proof, mut noise }) =
                 ClientMessage::decode(&reply)
         {
-            noise[0].commitment = noise[1].commitment.clone();
+            // The sender is the one end of every edge in its list.
+            let me = noise[0].owner;
+            let me =
+                if noise.iter().all(|a| a.owner == me || a.verifier == me) { me } else { noise[0].verifier };
+            let own = noise.iter().position(|a| a.owner == me).unwrap();
+            noise[own].commitment[0] ^= 1;
             reply = ClientMessage::ShareKeys { context, envelopes, proof, noise }.encode();
         }
         engine.receive(&self.name, &reply).unwrap();
