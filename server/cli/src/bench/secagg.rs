@@ -107,9 +107,9 @@ pub struct SecaggArgs {
     l2_clip: Option<f32>,
     /// Distributed differential privacy (Skellam) at this noise multiplier:
     /// each client clips its update to the L2 clip and adds its share of the
-    /// noise (with `--validate`, on edges its neighbours verify). The
+    /// noise (with `--validate`, on edges its neighbours verify; the
     /// aggregate is then correct when the sum less the inputs has the
-    /// noise's variance.
+    /// noise's variance).
     #[arg(long)]
     dp_noise_multiplier: Option<f64>,
     /// The ring's bits under `--dp-noise-multiplier`.
@@ -184,8 +184,9 @@ struct Report {
     /// three it verifies), on one core; inside the clients' times.
     #[serde(skip_serializing_if = "Option::is_none")]
     noise_edges_ms: Option<f64>,
-    /// With `--dp-noise-multiplier`: the variance per coordinate of the sum
-    /// less the survivors' inputs, over what the mechanism promises.
+    /// With `--dp-noise-multiplier` and `--validate`: the variance per
+    /// coordinate of the sum less the survivors' inputs (their noise, drawn
+    /// on the edges), over what the mechanism promises.
     #[serde(skip_serializing_if = "Option::is_none")]
     noise_variance_ratio: Option<f64>,
     bytes_up_per_client: f64,
@@ -358,9 +359,11 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
 
     let expected = pool.install(|| plain_sum(&config, &outcome.aggregate.contributors, &inputs));
-    // Under privacy the sum carries the survivors' noise: its variance per
-    // coordinate against (z·Δ₂)²/m per survivor.
-    let noise_variance_ratio = privacy.map(|(params, bits)| {
+    // A validated private round's sum carries the survivors' edge noise,
+    // drawn inside the protocol (without validation the noise is in the
+    // inputs themselves): its variance per coordinate against (z·Δ₂)²/m per
+    // survivor.
+    let noise_variance_ratio = privacy.filter(|_| args.validate.is_some()).map(|(params, bits)| {
         let modulus = config.modulus_mask();
         let noise: Vec<f64> = outcome
             .aggregate
@@ -424,8 +427,8 @@ pub fn secagg(args: &SecaggArgs) -> Result<()> {
         bytes_up_per_client: bytes_up,
         bytes_down_per_client: finished.iter().map(|c| c.bytes_down as f64).sum::<f64>() / count,
         expansion: bytes_up / (f64::from(args.dim) * 4.0),
-        // Under privacy: the noise has its variance (within 5 %; a round of
-        // 10⁴ coordinates or more estimates it within 1.5 %).
+        // A validated private round: the noise has its variance (within 5 %;
+        // a round of 10⁴ coordinates or more estimates it within 1.5 %).
         correct: match noise_variance_ratio {
             None => outcome.aggregate.sum == expected,
             Some(ratio) => (ratio - 1.0).abs() < 0.05,
