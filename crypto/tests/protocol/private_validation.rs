@@ -307,19 +307,7 @@ fn a_private_client_over_the_sensitivity_cannot_prove_its_input() {
     let big = bound_sq.isqrt() as u32 + 1;
     let mut values = vec![0u32; dimension];
     values[0] = big;
-    let setup = driver.server().setup_message();
-    let (state, _) = cohort_crypto::Client::start(
-        setup,
-        id(2),
-        None,
-        QuantizedInput::from_values(values),
-        &mut driver.rngs[1],
-    )
-    .unwrap();
-    driver.flush();
-    driver.advance().unwrap();
-    let peers = driver.server().message_for(id(2)).unwrap();
-    let (_, reply) = state.handle(peers, &mut driver.rngs[1]);
+    let reply = driver.share_keys_with(2, QuantizedInput::from_values(values));
     assert!(matches!(reply, Err(ProtocolError::Validation(_))), "{reply:?}");
 }
 

@@ -144,19 +144,7 @@ fn a_client_whose_input_exceeds_the_bound_cannot_prove_it() {
     // Every value at the top of the range: far above the L2 clip of 0.5.
     let dimension = config.quantization.validation.unwrap().dimension as usize;
     let limit = ((1u32 << config.modulus_bits) - 1) / config.clients;
-    let setup = driver.server().setup_message();
-    let (state, _) = Client::start(
-        setup,
-        id(2),
-        None,
-        QuantizedInput::from_values(vec![limit; dimension]),
-        &mut driver.rngs[1],
-    )
-    .unwrap();
-    driver.flush();
-    driver.advance().unwrap();
-    let peers = driver.server().message_for(id(2)).unwrap();
-    let (_, reply) = state.handle(peers, &mut driver.rngs[1]);
+    let reply = driver.share_keys_with(2, QuantizedInput::from_values(vec![limit; dimension]));
     assert!(matches!(reply, Err(ProtocolError::Validation(_))), "{reply:?}");
     // An input of the whole vector's length (tail included) is refused.
     let setup: ServerMessage = driver.server().setup_message();

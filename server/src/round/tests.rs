@@ -108,6 +108,24 @@ fn run_round(
     }
 }
 
+/// Round `round` from the check-ins to its completion, every client
+/// answering: the completion and its metrics.
+fn whole_round(
+    engine: &mut TaskEngine,
+    clients: &mut [NamedClient],
+    round: u64,
+    now: &mut i64,
+) -> (Completion, serde_json::Value) {
+    for c in clients.iter() {
+        engine.check_in(&c.name, None, *now);
+    }
+    assert!(matches!(tick_until_not_idle(engine, clients, now), TickOutcome::Started(r) if r == round));
+    let job = run_round(engine, clients, &[], now).unwrap();
+    let completion = complete(engine, round, job, *now);
+    let metrics = serde_json::from_str(&completion.round.metrics).unwrap();
+    (completion, metrics)
+}
+
 /// Unmasks the round's only group and takes the completion the engine
 /// hands out.
 fn complete(engine: &mut TaskEngine, round: u64, job: PendingUnmask, now: i64) -> Completion {
@@ -991,15 +1009,7 @@ fn a_private_task_accounts_each_round_and_stops_at_its_budget() {
     let mut now = 0;
     for round in 1..=2u64 {
         let before = engine.weights().to_vec();
-        for c in &clients {
-            engine.check_in(&c.name, None, now);
-        }
-        assert!(
-            matches!(tick_until_not_idle(&mut engine, &mut clients, &mut now), TickOutcome::Started(r) if r == round)
-        );
-        let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
-        let completion = complete(&mut engine, round, job, now);
-        let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+        let (completion, metrics) = whole_round(&mut engine, &mut clients, round, &mut now);
         let epsilon = metrics["epsilon"].as_f64().unwrap();
         assert!((epsilon - plan.epsilon_after(round)).abs() < 1e-12, "round {round}: {epsilon}");
         // Every client counts once; no metrics travel.
@@ -1046,15 +1056,7 @@ fn a_private_validated_task_checks_every_sum_and_moves_the_model() {
     let mut now = 0;
     for round in 1..=2u64 {
         let before = engine.weights().to_vec();
-        for c in &clients {
-            engine.check_in(&c.name, None, now);
-        }
-        assert!(
-            matches!(tick_until_not_idle(&mut engine, &mut clients, &mut now), TickOutcome::Started(r) if r == round)
-        );
-        let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
-        let completion = complete(&mut engine, round, job, now);
-        let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+        let (completion, metrics) = whole_round(&mut engine, &mut clients, round, &mut now);
         assert_eq!(metrics["total_examples"], 6, "every client counted: {metrics}");
         assert!(metrics["suspects"].as_array().is_none_or(|s| s.is_empty()), "{metrics}");
         assert!(metrics["refused_inputs"].as_array().is_none_or(|s| s.is_empty()), "{metrics}");
@@ -1091,13 +1093,7 @@ fn a_disputed_noise_edge_names_both_ends_as_suspects() {
     // A client whose verifiers were both ends cannot mask, and leaves.
     clients.iter_mut().for_each(|c| c.leaves = true);
     let mut now = 0;
-    for c in &clients {
-        engine.check_in(&c.name, None, now);
-    }
-    assert!(matches!(tick_until_not_idle(&mut engine, &mut clients, &mut now), TickOutcome::Started(1)));
-    let job = run_round(&mut engine, &mut clients, &[], &mut now).unwrap();
-    let completion = complete(&mut engine, 1, job, now);
-    let metrics: serde_json::Value = serde_json::from_str(&completion.round.metrics).unwrap();
+    let (completion, metrics) = whole_round(&mut engine, &mut clients, 1, &mut now);
     let names = |key: &str| -> Vec<String> {
         metrics[key].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
     };

@@ -32,11 +32,12 @@ fn sparse_round_with_dropouts_reports_a_correct_aggregate() {
     assert!(k < 59 && k % 2 == 0 && t >= 1 && t <= k, "k = {k}, t = {t}");
     // A survivor with no dropped neighbours before ShareKeys uploads exactly:
     // AdvertiseKeys 133 bytes (keys and the seed commitment), ShareKeys
-    // 41 + 156k (the last byte says it carries no norm proof), MaskedInput
-    // 41 + 4(dim + 1), Unmasking 44 + 72(k + 1): a share per neighbour and
-    // its own seed share (see crypto/src/messages.rs).
+    // 45 + 156k (a byte says it carries no norm proof, four count no noise
+    // commitments), MaskedInput 41 + 4(dim + 1), Unmasking 44 + 72(k + 1):
+    // a share per neighbour and its own seed share (see
+    // crypto/src/messages.rs).
     let up = report["bytes_up_per_client"].as_f64().unwrap();
-    assert_eq!(up, (259 + 72 + 4 * 2001 + 228 * k) as f64);
+    assert_eq!(up, (263 + 72 + 4 * 2001 + 228 * k) as f64);
     let expansion = report["expansion"].as_f64().unwrap();
     assert!((expansion - up / 8000.0).abs() < 1e-9);
     for key in
@@ -67,6 +68,16 @@ fn a_validated_round_reports_what_its_proofs_cost() {
     let (ok, plain, stderr) = bench(&["--clients", "12", "--dim", "3000", "--bits", "8"]);
     assert!(ok, "{stderr}");
     assert!(plain.get("prove_ms_mean").is_none() && plain.get("proof_bytes_per_client").is_none(), "{plain}");
+    // Under privacy (Skellam): the noise is drawn on verified edges, and the
+    // sum less the inputs has the mechanism's variance.
+    let (ok, private, stderr) =
+        bench(&["--clients", "12", "--dim", "2000", "--validate", "l2", "--dp-noise-multiplier", "1"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(private["correct"], true, "{private}");
+    let ratio = private["noise_variance_ratio"].as_f64().unwrap();
+    assert!((ratio - 1.0).abs() < 0.19, "{private}");
+    assert!(private["noise_edges_ms"].as_f64().unwrap() > 0.0, "{private}");
+    assert_eq!(private["modulus_bits"], 20, "{private}");
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::{
-    Advanced, Aggregate, Client, ClientId, ClientMessage, ProtocolError, RoundConfig, ServerMessage,
-    ServerRound,
+    Advanced, Aggregate, Client, ClientId, ClientMessage, ProtocolError, QuantizedInput, RoundConfig,
+    ServerMessage, ServerRound,
 };
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
@@ -49,6 +49,19 @@ impl Driver {
             outbox.push(Some(message.encode()));
         }
         Self { config: config.clone(), server: Some(server), clients, rngs, outbox, seed }
+    }
+
+    /// Client `i` starts the round afresh with `input` (its first message
+    /// dropped); the key stage closes, and its answer to the peers' keys
+    /// (its ShareKeys, or why it refuses) comes back.
+    pub fn share_keys_with(&mut self, i: u32, input: QuantizedInput) -> Result<ClientMessage, ProtocolError> {
+        let index = i as usize - 1;
+        let setup = self.server().setup_message();
+        let (state, _) = Client::start(setup, id(i), None, input, &mut self.rngs[index])?;
+        self.flush();
+        self.advance()?;
+        let peers = self.server().message_for(id(i)).ok_or(ProtocolError::Finished)?;
+        state.handle(peers, &mut self.rngs[index]).1
     }
 
     pub fn server(&mut self) -> &mut ServerRound {
