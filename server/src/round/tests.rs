@@ -1029,18 +1029,15 @@ fn a_private_task_accounts_each_round_and_stops_at_its_budget() {
     assert!(engine.privacy().unwrap().epsilon_spent <= budget);
 }
 
-/// A private task that validates its inputs: each client proves its
-/// rounded update before its noise and adds the noise of two verified
-/// edges; the rounds' sums pass their checks (the ring leaves nine
-/// standard deviations, so no honest sum wraps) and move the model.
-#[test]
-fn a_private_validated_task_checks_every_sum_and_moves_the_model() {
+/// The small task under privacy (Skellam, z = 1, a 20-bit ring) with
+/// validation, for rounds of `clients`.
+fn private_validated_spec(clients: u32) -> TaskSpec {
     use crate::privacy::PrivacySpec;
     use crate::spec::{NormChoice, ValidationSpec};
-    use cohort_crypto::dp::Mechanism;
     let mut spec = small_spec();
+    spec.clients_per_round = clients;
     spec.privacy = Some(PrivacySpec {
-        mechanism: Mechanism::Skellam,
+        mechanism: cohort_crypto::dp::Mechanism::Skellam,
         epsilon: None,
         delta: 1e-5,
         clip_norm: 1.0,
@@ -1049,6 +1046,16 @@ fn a_private_validated_task_checks_every_sum_and_moves_the_model() {
         bits: 20,
     });
     spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None });
+    spec
+}
+
+/// A private task that validates its inputs: each client proves its
+/// rounded update before its noise and adds the noise of two verified
+/// edges; the rounds' sums pass their checks (the ring leaves nine
+/// standard deviations, so no honest sum wraps) and move the model.
+#[test]
+fn a_private_validated_task_checks_every_sum_and_moves_the_model() {
+    let spec = private_validated_spec(6);
     let plan = TaskPlan::new(spec.clone()).unwrap();
     assert_eq!(plan.spec().validation_clip(), Some(1.0), "the privacy clip");
     let mut engine = engine(spec);
@@ -1072,22 +1079,7 @@ fn a_private_validated_task_checks_every_sum_and_moves_the_model() {
 /// for the cheater search, and the round completes with the others.
 #[test]
 fn a_disputed_noise_edge_names_both_ends_as_suspects() {
-    use crate::privacy::PrivacySpec;
-    use crate::spec::{NormChoice, ValidationSpec};
-    use cohort_crypto::dp::Mechanism;
-    let mut spec = small_spec();
-    spec.clients_per_round = 8;
-    spec.privacy = Some(PrivacySpec {
-        mechanism: Mechanism::Skellam,
-        epsilon: None,
-        delta: 1e-5,
-        clip_norm: 1.0,
-        noise_multiplier: Some(1.0),
-        sample_rate: None,
-        bits: 20,
-    });
-    spec.validation = Some(ValidationSpec { norm: NormChoice::L2, l2_clip: None, group_rule: None });
-    let mut engine = engine(spec);
+    let mut engine = engine(private_validated_spec(8));
     let mut clients = participants(8);
     clients[5].lies = true;
     // A client whose verifiers were both ends cannot mask, and leaves.
