@@ -116,8 +116,7 @@ pub struct AwaitingShares {
     /// Neighbours that advertised keys (U1 ∩ N(u)), ascending.
     peers: Vec<AdvertisedKeys>,
     /// The seeds of this client's noise edges, one per verifier that
-    /// advertised keys, in the verifiers' rank order (private, validated
-    /// rounds).
+    /// advertised keys, by verifier (private, validated rounds).
     noise_seeds: Vec<(ClientId, Secret32)>,
 }
 
@@ -373,15 +372,14 @@ impl AwaitingPeerKeys {
         // shift an edge's noise.
         let my_verifiers = round.noise.as_ref().map(|noise| noise.of(round.me)).unwrap_or_default();
         let my_owners = round.noise.as_ref().map(|noise| noise.verified_by(round.me)).unwrap_or_default();
+        let edge_variance = round.validation.as_ref().and_then(RoundValidation::edge_variance);
         let mut noise_edges: Vec<(ClientId, Secret32)> = Vec::new();
         let mut noise = Vec::new();
         for (((peer, seed_share), key_share), shared) in
             peers.iter().zip(&seed_shares).zip(&key_shares).zip(agreed)
         {
             let shared = shared?;
-            if let (Some(variance), Some(validation)) =
-                (round.validation.as_ref().and_then(RoundValidation::edge_variance), &round.validation)
-            {
+            if let (Some(variance), Some(validation)) = (edge_variance, &round.validation) {
                 let mut commit = |owner: ClientId, verifier: ClientId| -> Result<Secret32, ProtocolError> {
                     let seed = derive::noise_edge_seed(&shared, &context, owner, verifier);
                     let edge = EdgeNoise::derive(&seed, validation.bound(), variance);
@@ -418,9 +416,7 @@ impl AwaitingPeerKeys {
                 (Some(proven.proof.to_bytes()), proven.blindings)
             }
         };
-        // The edges in the verifiers' rank order; the commitments in the
-        // message's order.
-        noise_edges.sort_by_key(|(j, _)| my_verifiers.iter().position(|v| v == j));
+        // The commitments in the message's order.
         noise.sort_by_key(|a| (a.owner, a.verifier));
         // The cipher key is dropped (and zeroized) here: the open keys (and
         // the noise seeds) are all this client needs of it.

@@ -216,15 +216,10 @@ impl ClientMessage {
         match stage {
             Stage::AdvertiseKeys => HEADER + 32 + 32 + 32 + 1 + SIGNATURE_LEN,
             Stage::ShareKeys => {
-                let proof = crate::validation::RoundValidation::new(config)
-                    .ok()
-                    .flatten()
-                    .map_or(0, |v| 4 + v.bound().proof_len());
-                let attestation = crate::validation::RoundValidation::new(config)
-                    .ok()
-                    .flatten()
-                    .filter(|v| v.edge_variance().is_some())
-                    .map_or(0, |v| {
+                let validation = crate::validation::RoundValidation::new(config).ok().flatten();
+                let proof = validation.as_ref().map_or(0, |v| 4 + v.bound().proof_len());
+                let attestation =
+                    validation.as_ref().filter(|v| v.edge_variance().is_some()).map_or(0, |v| {
                         // Three attested commitments and three digests.
                         crate::validation::noise::NOISE_VERIFIERS
                             * (12 + crate::validation::Commitment::encoded_len(v.bound()) + 12 + 32)

@@ -172,13 +172,11 @@ pub struct CollectingShares {
     envelopes: Vec<Vec<Envelope>>,
     /// `proofs[u]`: u's norm proof, decoded, verified when the stage closes.
     proofs: Vec<Option<NormProof>>,
-    /// `attested[u]`: the commitments to u's noise edges, by verifier.
-    attested: Vec<Vec<(ClientId, Commitment)>>,
+    /// `attested[u]`: the verifiers' commitments to u's noise edges, with
+    /// their digests, by verifier.
+    attested: Vec<Vec<Attested>>,
     /// `owned[u]`: u's digests of its noise edges' commitments, by verifier.
     owned: Vec<Vec<(ClientId, [u8; 32])>>,
-    /// `attested_digests[u]`: the digests of the verifiers' commitments to
-    /// u's noise edges, by verifier.
-    attested_digests: Vec<Vec<(ClientId, [u8; 32])>>,
 }
 
 /// What a validated round keeps of its proofs: the input-row commitments
@@ -193,11 +191,20 @@ struct Validated {
     noise: Box<NoiseEdges>,
 }
 
+/// A verifier's commitment to one of its neighbour's noise edges, and the
+/// digest of its bytes (what the owner's digest is compared with).
+#[derive(Clone)]
+struct Attested {
+    verifier: ClientId,
+    commitment: Commitment,
+    digest: [u8; 32],
+}
+
 /// What a private, validated round keeps of its noise attestations.
 #[derive(Default)]
 struct NoiseEdges {
     /// `attested[u]`: the commitments to u's noise edges, by verifier.
-    attested: Vec<Vec<(ClientId, Commitment)>>,
+    attested: Vec<Vec<Attested>>,
     /// U2: who completed the second stage, whose attestations count.
     shared: Vec<bool>,
 }
@@ -769,7 +776,6 @@ impl CollectingKeys {
             proofs: vec![None; n],
             attested: vec![Vec::new(); n],
             owned: vec![Vec::new(); n],
-            attested_digests: vec![Vec::new(); n],
         }))
     }
 }
@@ -851,8 +857,7 @@ impl CollectingShares {
             match commitment {
                 None => self.owned[from.index()].push((verifier, digest)),
                 Some(commitment) => {
-                    self.attested[owner.index()].push((from, commitment));
-                    self.attested_digests[owner.index()].push((from, digest));
+                    self.attested[owner.index()].push(Attested { verifier: from, commitment, digest });
                 }
             }
         }
@@ -863,8 +868,20 @@ impl CollectingShares {
         Ok(())
     }
 
+    /// Takes `out` (ascending, each of them received) back out of the
+    /// stage as if they had never shared their keys: their envelopes are
+    /// withdrawn, so no neighbour masks with them and nothing of theirs
+    /// needs unmasking.
+    fn withdraw(&mut self, out: &[ClientId]) {
+        for id in out {
+            self.inbox.received[id.index()] = false;
+            self.inbox.count -= 1;
+        }
+        self.envelopes.iter_mut().for_each(|list| list.retain(|e| out.binary_search(&e.peer).is_err()));
+    }
+
     fn advance(mut self) -> Result<ServerRound, ProtocolError> {
-        let info = self.info;
+        let info = Arc::clone(&self.info);
         // Every proof is verified in one batch; a client whose proof fails
         // is taken out as if it had never shared its keys: its envelopes are
         // withdrawn, so no neighbour masks with it and nothing of it needs
@@ -873,12 +890,7 @@ impl CollectingShares {
             None => Validated::default(),
             Some(validation) => {
                 let validated = verify_proofs(&info.context, validation, &self.proofs);
-                let refused = |id: &ClientId| validated.refused.binary_search(id).is_ok();
-                for id in &validated.refused {
-                    self.inbox.received[id.index()] = false;
-                    self.inbox.count -= 1;
-                }
-                self.envelopes.iter_mut().for_each(|list| list.retain(|e| !refused(&e.peer)));
+                self.withdraw(&validated.refused);
                 validated
             }
         };
@@ -887,16 +899,12 @@ impl CollectingShares {
         // the shift to its own input unseen). Both are taken out as a
         // refused proof is, and named.
         let mut validated = validated;
-        let disputes = disputed_edges(&self.owned, &self.attested_digests, &self.inbox.received);
+        let disputes = disputed_edges(&self.owned, &self.attested, &self.inbox.received);
         if !disputes.is_empty() {
             let mut out: Vec<ClientId> = disputes.iter().flat_map(|&(u, j)| [u, j]).collect();
             out.sort_unstable();
             out.dedup();
-            for id in &out {
-                self.inbox.received[id.index()] = false;
-                self.inbox.count -= 1;
-            }
-            self.envelopes.iter_mut().for_each(|list| list.retain(|e| out.binary_search(&e.peer).is_err()));
+            self.withdraw(&out);
             validated.refused.extend(out);
             validated.refused.sort_unstable();
             validated.refused.dedup();
@@ -1148,7 +1156,7 @@ impl CollectingUnmaskingShares {
 /// one counts as different), ascending.
 fn disputed_edges(
     owned: &[Vec<(ClientId, [u8; 32])>],
-    attested: &[Vec<(ClientId, [u8; 32])>],
+    attested: &[Vec<Attested>],
     received: &[bool],
 ) -> Vec<(ClientId, ClientId)> {
     let mut disputes = Vec::new();
@@ -1161,7 +1169,7 @@ fn disputed_edges(
             if !received[verifier.index()] {
                 continue;
             }
-            let theirs = attested[index].iter().find(|(v, _)| v == verifier).map(|(_, c)| c);
+            let theirs = attested[index].iter().find(|a| a.verifier == *verifier).map(|a| &a.digest);
             if theirs != Some(own) {
                 disputes.push((owner, *verifier));
             }
@@ -1234,8 +1242,8 @@ fn check_commitments(
         for &u in survivors {
             let edges = verifiers.edges(u, |j| validated.noise.shared[j.index()]).ok_or_else(mismatch)?;
             for j in edges {
-                let attested = validated.noise.attested[u.index()].iter().find(|(v, _)| *v == j);
-                rows.push(&attested.ok_or_else(mismatch)?.1);
+                let attested = validated.noise.attested[u.index()].iter().find(|a| a.verifier == j);
+                rows.push(&attested.ok_or_else(mismatch)?.commitment);
             }
         }
     }

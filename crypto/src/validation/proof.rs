@@ -100,19 +100,22 @@ pub(super) fn commit(
     if values.len() != bound.dimension || blindings.len() != bound.input_rows {
         return Err(ValidationError::Input("the committed vector has the wrong dimension"));
     }
-    let t = bound.columns;
-    let generators = &bound.generators;
-    let mut row = Zeroizing::new(vec![0i128; t]);
+    let mut row = Zeroizing::new(vec![0i128; bound.columns]);
     let rows = values
-        .chunks(t)
+        .chunks(bound.columns)
         .zip(blindings)
         .map(|(chunk, blinding)| {
             row.iter_mut().for_each(|cell| *cell = 0);
             row.iter_mut().zip(chunk).for_each(|(cell, &v)| *cell = i128::from(v));
-            small_msm(&row, &generators.columns) + generators.h * blinding
+            commit_row(bound, &row, blinding)
         })
         .collect();
     Ok(Commitment(rows))
+}
+
+/// One row's commitment Σ_j X_ij·G_j + ρ_i·H (`row` has t cells).
+fn commit_row(bound: &NormBound, row: &[i128], blinding: &Scalar) -> RistrettoPoint {
+    small_msm(row, &bound.generators.columns) + bound.generators.h * blinding
 }
 
 impl NormProof {
@@ -391,7 +394,7 @@ fn attempt<R: CryptoRng + ?Sized>(
     let blindings: Zeroizing<Vec<Scalar>> =
         Zeroizing::new((0..bound.committed_rows()).map(|_| random_scalar(rng)).collect());
     let row_points: Vec<RistrettoPoint> = (0..bound.committed_rows())
-        .map(|i| small_msm(&matrix[i * t..(i + 1) * t], &generators.columns) + generators.h * blindings[i])
+        .map(|i| commit_row(bound, &matrix[i * t..(i + 1) * t], &blindings[i]))
         .collect();
     let rows: Vec<CompressedRistretto> = row_points.iter().map(RistrettoPoint::compress).collect();
     let mut fiat = start_transcript(bound, context);

@@ -64,18 +64,14 @@ impl RoundValidation {
     /// Under differential privacy: the proof is of the rounded vector
     /// before its noise, ‖x‖₂² ≤ ⌊Δ₂²⌋ (the rounding is redrawn until it
     /// holds, [`crate::dp`]), and each of the [`super::noise::NOISE_EDGES`]
-    /// edges carries an equal part of the client's noise.
+    /// edges carries an equal part of the client's noise. The quantizer
+    /// (`QuantizationSpec::validate`) has refused any mechanism but Skellam.
     fn private(
         privacy: &crate::dp::DpParams,
         check: NormCheck,
         modulus_bits: u8,
         levels: u64,
     ) -> Result<Self, ValidationError> {
-        if privacy.mechanism != crate::dp::Mechanism::Skellam {
-            return Err(ValidationError::Parameters(
-                "a private, validated round adds Skellam noise: its edges' shares add up exactly",
-            ));
-        }
         let dimension = check.dimension as usize;
         let bound_sq = privacy.sensitivity(dimension).l2.powi(2).floor();
         if !(1.0..(1u128 << 100) as f64).contains(&bound_sq) {
