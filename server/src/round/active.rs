@@ -661,16 +661,14 @@ impl Group {
     }
 
     /// The disputed noise edges of a validated group's unmasked `result`,
-    /// each a failed test of its two ends (one of them lied about the
-    /// edge's noise, claim 79) for the cheater search.
-    pub(super) fn disputes(&self, result: &Result<Aggregate, ProtocolError>) -> Vec<SumCheck> {
+    /// as (owner, verifier) participants: one end of each lied about the
+    /// edge's noise (claim 79).
+    pub(super) fn disputes(&self, result: &Result<Aggregate, ProtocolError>) -> Vec<(String, String)> {
         let Ok(aggregate) = result else { return Vec::new() };
         aggregate
             .disputed
             .iter()
-            .filter_map(|&(owner, verifier)| {
-                Some(SumCheck::Failed(vec![self.name(owner)?.clone(), self.name(verifier)?.clone()]))
-            })
+            .filter_map(|&(owner, verifier)| Some((self.name(owner)?.clone(), self.name(verifier)?.clone())))
             .collect()
     }
 

@@ -30,7 +30,7 @@ use cohort_crypto::{Aggregate, ClientId, ProtocolError, Stage, Variant};
 use serde::{Deserialize, Serialize};
 
 use super::active::{ActiveRound, Group, GroupState, GroupStep, Place, deadline_for};
-use super::engine::{Persist, Schedule, TaskEngine, TickOutcome};
+use super::engine::{Persist, Schedule, SumCheck, TaskEngine, TickOutcome};
 use super::records::{AttemptOutcome, CheckIn, TaskError};
 use crate::spec::{AsyncSpec, Groups};
 
@@ -466,7 +466,11 @@ impl TaskEngine {
             .filter(|g| g.seeds.session == session)
             .ok_or(TaskError::NoSuchRound(number))?;
         let check = validated.then(|| group.sum_check(&result)).flatten();
-        let disputes = if validated { group.disputes(&result) } else { Vec::new() };
+        let disputes: Vec<SumCheck> = if validated {
+            group.disputes(&result).iter().map(SumCheck::dispute).collect()
+        } else {
+            Vec::new()
+        };
         let outcome = group.unmasked(result, dimension).ok_or(TaskError::NoSuchRound(number))?;
         for check in check.iter().chain(&disputes) {
             self.sum_checked(check, Some(number));

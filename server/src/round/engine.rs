@@ -85,6 +85,14 @@ pub enum SumCheck {
     Failed(Vec<String>),
 }
 
+impl SumCheck {
+    /// A disputed noise edge (owner, verifier): a failed test of its two
+    /// ends, one of which lied about the edge's noise.
+    pub fn dispute((owner, verifier): &(String, String)) -> Self {
+        SumCheck::Failed(vec![owner.clone(), verifier.clone()])
+    }
+}
+
 /// What the engine cannot go on without until its driver stored it
 /// (persist, then apply: the in-memory state never runs ahead of the
 /// store). Handed back to [`TaskEngine::advance`].
@@ -841,7 +849,11 @@ impl TaskEngine {
             .filter(|g| g.seeds.session == session)
             .ok_or(TaskError::NoSuchRound(round_number))?;
         let check = validated.then(|| target.sum_check(&result)).flatten();
-        let disputes = if validated { target.disputes(&result) } else { Vec::new() };
+        let disputes: Vec<SumCheck> = if validated {
+            target.disputes(&result).iter().map(SumCheck::dispute).collect()
+        } else {
+            Vec::new()
+        };
         let outcome = target.unmasked(result, dimension).ok_or(TaskError::NoSuchRound(round_number))?;
         for check in check.iter().chain(&disputes) {
             self.sum_checked(check, None);

@@ -166,7 +166,7 @@ impl GroupReport {
         self.disputes
             .iter()
             .filter(|(owner, verifier)| roster.contains(owner) && roster.contains(verifier))
-            .map(|(owner, verifier)| SumCheck::Failed(vec![owner.clone(), verifier.clone()]))
+            .map(SumCheck::dispute)
             .collect()
     }
 
@@ -301,16 +301,8 @@ impl OwnedGroup {
                 SumCheck::Passed(members) => ReportedCheck::Passed(members),
                 SumCheck::Failed(members) => ReportedCheck::Failed(members),
             });
-        let disputes: Vec<(String, String)> = match &self.spec.validation {
-            Some(_) => self
-                .group
-                .disputes(&result)
-                .into_iter()
-                .filter_map(|check| match check {
-                    SumCheck::Failed(pair) if pair.len() == 2 => Some((pair[0].clone(), pair[1].clone())),
-                    _ => None,
-                })
-                .collect(),
+        let disputes = match &self.spec.validation {
+            Some(_) => self.group.disputes(&result),
             None => Vec::new(),
         };
         let (report, mean) = match result
