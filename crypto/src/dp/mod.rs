@@ -144,6 +144,14 @@ pub struct Sensitivity {
     pub l1: f64,
 }
 
+impl Sensitivity {
+    /// ⌊Δ₂²⌋: the integer bound on a rounded vector's squared norm, the
+    /// one the rounding holds and a validated round's proof states.
+    pub fn l2_squared_floor(&self) -> u128 {
+        self.l2.powi(2).floor() as u128
+    }
+}
+
 /// The sensitivity of a vector of L2 norm at most `scaled_norm` (s·C),
 /// of `dimension` coordinates, after conditional randomized rounding with
 /// β = e^(−1/2) (Kairouz, Liu and Steinke, 2021, Theorem 1 and
@@ -262,7 +270,7 @@ impl DpParams {
                 .map(|&v| f64::from(v) * self.scale * (1.0 - 1.0 / f64::from(1u32 << 20)))
                 .collect(),
         );
-        let bound_sq = self.sensitivity(padded).l2.powi(2).floor();
+        let bound_sq = self.sensitivity(padded).l2_squared_floor();
         let mut rounded = Zeroizing::new(vec![0i64; padded]);
         let mut tries = 0;
         loop {
@@ -279,7 +287,7 @@ impl DpParams {
                 squared += u128::from(value.unsigned_abs()).pow(2);
                 *r = value;
             }
-            if squared <= bound_sq as u128 {
+            if squared <= bound_sq {
                 break;
             }
         }

@@ -73,8 +73,8 @@ impl RoundValidation {
         levels: u64,
     ) -> Result<Self, ValidationError> {
         let dimension = check.dimension as usize;
-        let bound_sq = privacy.sensitivity(dimension).l2.powi(2).floor();
-        if !(1.0..(1u128 << 100) as f64).contains(&bound_sq) {
+        let bound_sq = privacy.sensitivity(dimension).l2_squared_floor();
+        if !(1..1u128 << 100).contains(&bound_sq) {
             return Err(ValidationError::Parameters("the sensitivity does not fit the proof"));
         }
         let digit_bits = 63 - (levels + 1).leading_zeros();
@@ -83,7 +83,7 @@ impl RoundValidation {
         }
         let edge_variance = privacy.local_variance(dimension) / super::noise::NOISE_EDGES as f64;
         Ok(Self {
-            bound: NormBound::new(dimension, bound_sq as u128)?,
+            bound: NormBound::new(dimension, bound_sq)?,
             levels,
             digit_bits,
             private: Some(Private { modulus_bits, edge_variance }),
