@@ -134,6 +134,13 @@ impl PeerKey {
     }
 }
 
+/// `shared`, unless it is all zeros: the check [`AgreementKey::agree`]
+/// makes, for an agreement a host computed (see
+/// [`PendingStep`](crate::client::PendingStep)).
+pub(crate) fn check_contributory(shared: Secret32) -> Result<Secret32, CryptoError> {
+    if bool::from(shared.expose().ct_eq(&[0u8; 32])) { Err(CryptoError) } else { Ok(shared) }
+}
+
 /// The shared secret, unless it is all zeros: a low-order peer key, which
 /// would make it predictable.
 fn contributory(mut shared: Zeroizing<[u8; 32]>) -> Result<Secret32, CryptoError> {

@@ -9,6 +9,7 @@ use crate::kdf::{LABEL_NOISE_EDGE, LABEL_PAIRWISE_MASK, LABEL_SELF_MASK, LABEL_S
 use crate::prg::{MaskPrg, MaskSign};
 use crate::secret::Secret32;
 use crate::signature::signed_message;
+use zeroize::Zeroizing;
 
 const LABEL_ADVERTISE: &[u8] = b"cohort/secagg/v1/advertise-keys";
 const LABEL_CONSISTENCY: &[u8] = b"cohort/secagg/v1/consistency";
@@ -68,7 +69,12 @@ pub(crate) fn envelope_aad(context: &RoundContext, sender: ClientId, receiver: C
 
 /// The generator of `owner`'s self mask PRG(b_owner).
 pub(crate) fn self_mask(seed: &Secret32, context: &RoundContext, owner: ClientId) -> MaskPrg {
-    MaskPrg::derive(seed, &context.0, &[LABEL_SELF_MASK, &owner.get().to_be_bytes()])
+    MaskPrg::from_key(&self_mask_key(seed, context, owner))
+}
+
+/// The AES key of [`self_mask`].
+pub(crate) fn self_mask_key(seed: &Secret32, context: &RoundContext, owner: ClientId) -> Zeroizing<[u8; 16]> {
+    MaskPrg::derive_key(seed, &context.0, &[LABEL_SELF_MASK, &owner.get().to_be_bytes()])
 }
 
 /// The generator of the pairwise mask PRG(s_uv) between `own_id` and
@@ -79,8 +85,18 @@ pub(crate) fn pairwise_mask(
     own_id: ClientId,
     peer: ClientId,
 ) -> MaskPrg {
+    MaskPrg::from_key(&pairwise_mask_key(shared, context, own_id, peer))
+}
+
+/// The AES key of [`pairwise_mask`].
+pub(crate) fn pairwise_mask_key(
+    shared: &Secret32,
+    context: &RoundContext,
+    own_id: ClientId,
+    peer: ClientId,
+) -> Zeroizing<[u8; 16]> {
     let (low, high) = if own_id < peer { (own_id, peer) } else { (peer, own_id) };
-    MaskPrg::derive(
+    MaskPrg::derive_key(
         shared,
         &context.0,
         &[LABEL_PAIRWISE_MASK, &low.get().to_be_bytes(), &high.get().to_be_bytes()],

@@ -50,9 +50,16 @@ pub struct MaskPrg {
 impl MaskPrg {
     /// Derives the generator for `seed` with HKDF-SHA256(salt, seed, info).
     pub fn derive(seed: &Secret32, salt: &[u8], info: &[&[u8]]) -> Self {
+        Self::from_key(&Self::derive_key(seed, salt, info))
+    }
+
+    /// The AES-128 key [`derive`](Self::derive) uses: what a host that
+    /// computes the key stream itself (the browser, through WebCrypto's
+    /// AES-CTR with a 128-bit big-endian counter from zero) is given.
+    pub fn derive_key(seed: &Secret32, salt: &[u8], info: &[&[u8]]) -> Zeroizing<[u8; 16]> {
         let mut key = Zeroizing::new([0u8; 16]);
         hkdf_sha256(salt, seed.expose(), info, key.as_mut());
-        Self::from_key(&key)
+        key
     }
 
     /// Uses `key` directly as the AES-128 key (for known-answer tests).

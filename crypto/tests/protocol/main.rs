@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod deferred;
 mod invariants;
 mod known_answers;
 mod private_validation;

@@ -19,16 +19,15 @@ use curve25519_dalek::scalar::Scalar;
 use rand_core::CryptoRng;
 use zeroize::Zeroizing;
 
-use crate::agreement::{AgreementKey, PeerKey};
+use crate::agreement::AgreementKey;
 use crate::config::{RoundConfig, RoundContext, Variant};
 use crate::derive;
 use crate::envelope::EnvelopeKey;
-use crate::error::{ProtocolError, Stage};
+use crate::error::{CryptoError, ProtocolError, Stage};
 use crate::ids::ClientId;
-use crate::masking::{Mask, apply_masks};
 use crate::messages::{
-    AdvertisedKeys, ClientMessage, ENVELOPE_LEN, ENVELOPE_PLAINTEXT_LEN, Envelope, MaskedVector,
-    NoiseAttestation, ServerMessage, UnmaskingShares,
+    AdvertisedKeys, ClientMessage, ENVELOPE_LEN, ENVELOPE_PLAINTEXT_LEN, Envelope, NoiseAttestation,
+    ServerMessage, UnmaskingShares,
 };
 use crate::prg::MaskSign;
 use crate::quantize::QuantizedInput;
@@ -37,6 +36,11 @@ use crate::shamir::{SHARE_LEN, Share, split};
 use crate::signature::{IdentityKey, SIGNATURE_LEN, Signed, verify_all};
 use crate::validation::noise::{EdgeNoise, NoiseVerifiers};
 use crate::validation::{self, RoundValidation};
+
+mod deferred;
+
+pub use deferred::{Deferred, MaskStream, PendingStep, Work};
+use deferred::{Masking, Pending};
 
 /// Facts about the round that every stage needs.
 struct RoundView {
@@ -277,47 +281,69 @@ impl Client {
 
     /// Handles one server message. A message for another stage or round is
     /// refused and the state kept; any other violation aborts the round.
+    ///
+    /// The step's X25519 agreements and mask key streams are computed here,
+    /// in place: [`handle_deferred`](Self::handle_deferred) with every part
+    /// of the work left to this core.
     pub fn handle<R: CryptoRng + ?Sized>(self, message: ServerMessage, rng: &mut R) -> ClientStep {
+        let mut deferred = self.handle_deferred(message, rng);
+        loop {
+            match deferred {
+                Deferred::Done(step) => return step,
+                Deferred::Pending(pending) => deferred = pending.complete(rng),
+            }
+        }
+    }
+
+    /// [`handle`](Self::handle), but a step that needs X25519 agreements or
+    /// mask key streams returns them as [`Work`] for the host to compute
+    /// (the browser client hands them to WebCrypto) and waits in a
+    /// [`PendingStep`]; anything the host leaves undone, the core computes
+    /// when the step completes.
+    pub fn handle_deferred<R: CryptoRng + ?Sized>(self, message: ServerMessage, rng: &mut R) -> Deferred {
         if matches!(self, Client::Finished | Client::Aborted) {
-            return (self, Err(ProtocolError::Finished));
+            return Deferred::Done((self, Err(ProtocolError::Finished)));
         }
         if message.stage() != self.stage() {
             let error = ProtocolError::OutOfPhase { expected: self.stage(), got: message.stage() };
-            return (self, Err(error));
+            return Deferred::Done((self, Err(error)));
         }
         // A message from another round is refused without touching the state.
         if let (Some(round), Some(context)) = (self.round(), message.context())
             && round.check_context(context).is_err()
         {
-            return (self, Err(ProtocolError::WrongRound));
+            return Deferred::Done((self, Err(ProtocolError::WrongRound)));
         }
         let outcome = match (self, message) {
             (Client::AwaitingPeerKeys(state), ServerMessage::PeerKeys { context, peers }) => {
-                state.handle(context, peers, rng)
+                state.receive(context, peers).map(PendingStep::deferred)
             }
             (Client::AwaitingShares(state), ServerMessage::Shares { context, envelopes }) => {
-                state.handle(context, envelopes)
+                state.receive(context, envelopes).map(PendingStep::deferred)
             }
             (Client::AwaitingSurvivors(state), ServerMessage::Survivors { context, survivors }) => {
-                state.handle(context, survivors)
+                state.handle(context, survivors).map(Deferred::Done)
             }
             (Client::AwaitingSignatures(state), ServerMessage::Signatures { context, signatures }) => {
-                state.handle(context, signatures)
+                state.handle(context, signatures).map(Deferred::Done)
             }
             // Stages were compared above; no other pairing is possible.
-            (state, _) => return (state, Err(ProtocolError::Finished)),
+            (state, _) => return Deferred::Done((state, Err(ProtocolError::Finished))),
         };
-        outcome.unwrap_or_else(|error| (Client::Aborted, Err(error)))
+        let _ = rng; // Drawn from only once the work is done.
+        outcome.unwrap_or_else(aborted)
     }
 }
 
+/// The step of a violation: the round is aborted.
+fn aborted(error: ProtocolError) -> Deferred {
+    Deferred::Done((Client::Aborted, Err(error)))
+}
+
 impl AwaitingPeerKeys {
-    fn handle<R: CryptoRng + ?Sized>(
-        self,
-        context: RoundContext,
-        peers: Vec<AdvertisedKeys>,
-        rng: &mut R,
-    ) -> Result<ClientStep, ProtocolError> {
+    /// Checks the neighbours' keys (and, in the active variant, their
+    /// signatures); the agreements with their cipher keys come next.
+    fn receive(self, context: RoundContext, peers: Vec<AdvertisedKeys>) -> Result<Pending, ProtocolError> {
         let round = &self.round;
         if !strictly_ascending(peers.iter().map(|peer| peer.id)) {
             return Err(server_error("peer keys are not in ascending order"));
@@ -349,6 +375,20 @@ impl AwaitingPeerKeys {
                 .collect::<Result<Vec<Signed<'_>>, ProtocolError>>()?;
             verify_all(&batch)?;
         }
+        let publics = peers.iter().map(|peer| peer.cipher_key).collect();
+        Ok(Pending::CipherAgreements { state: self, context, peers, publics })
+    }
+
+    /// The ShareKeys message, from the agreements with each peer's cipher
+    /// key, in the peers' order.
+    fn share_keys<R: CryptoRng + ?Sized>(
+        self,
+        context: RoundContext,
+        peers: Vec<AdvertisedKeys>,
+        agreed: Vec<Result<Secret32, CryptoError>>,
+        rng: &mut R,
+    ) -> Result<ClientStep, ProtocolError> {
+        let round = &self.round;
         let points: Vec<u32> = peers.iter().map(|peer| peer.id.get()).collect();
         let threshold = round.threshold() as usize;
         // b_u is shared with the neighbours and with this client itself (as
@@ -363,8 +403,6 @@ impl AwaitingPeerKeys {
         let mut envelopes = Vec::with_capacity(peers.len());
         let mut open_keys = Vec::with_capacity(peers.len());
         let mut plaintext = Zeroizing::new(Vec::with_capacity(ENVELOPE_PLAINTEXT_LEN));
-        let cipher_keys: Vec<PeerKey> = peers.iter().map(|peer| PeerKey::new(&peer.cipher_key)).collect();
-        let agreed = self.cipher.agree_many(&cipher_keys.iter().collect::<Vec<_>>());
         // In a private, validated round the same agreement seeds the noise
         // edges: this client's own (to its verifiers), and those of the
         // neighbours it verifies. It commits to both kinds: the coordinator
@@ -436,15 +474,20 @@ impl AwaitingPeerKeys {
 }
 
 impl AwaitingShares {
-    fn handle(self, context: RoundContext, envelopes: Vec<Envelope>) -> Result<ClientStep, ProtocolError> {
+    /// Opens the envelopes and keeps the shares; the agreements with the
+    /// mask keys of the neighbours whose envelopes came are next.
+    fn receive(mut self, context: RoundContext, envelopes: Vec<Envelope>) -> Result<Pending, ProtocolError> {
+        // Each open key is used once, here.
+        let mut open_keys: Vec<Option<EnvelopeKey>> =
+            core::mem::take(&mut self.open_keys).into_iter().map(Some).collect();
         let round = &self.round;
         if !strictly_ascending(envelopes.iter().map(|envelope| envelope.peer)) {
             return Err(server_error("envelopes are not in ascending order"));
         }
         round.require(Stage::MaskedInputCollection, envelopes.len())?;
-        let mut open_keys: Vec<Option<EnvelopeKey>> = self.open_keys.into_iter().map(Some).collect();
         let mut held = Vec::with_capacity(envelopes.len());
         let mut partners = Vec::with_capacity(envelopes.len());
+        let mut publics = Vec::with_capacity(envelopes.len());
         for envelope in &envelopes {
             let index = self
                 .peers
@@ -471,31 +514,41 @@ impl AwaitingShares {
                     })
             };
             held.push(HeldShares { owner: peer.id, self_mask: decode(first)?, mask_key: decode(second)? });
-            partners.push(peer);
+            partners.push(peer.id);
+            publics.push(peer.mask_key);
         }
+        Ok(Pending::MaskAgreements { state: self, context, held, partners, publics })
+    }
+
+    /// The input with its noise and blindings, and the keys of the masks
+    /// to add to it, from the agreements with each partner's mask key (the
+    /// neighbours whose envelopes came, ascending).
+    fn masking(
+        self,
+        context: RoundContext,
+        held: Vec<HeldShares>,
+        partners: Vec<ClientId>,
+        agreed: Vec<Result<Secret32, CryptoError>>,
+    ) -> Result<Masking, ProtocolError> {
+        let round = &self.round;
         // y_u = x_u + PRG(b_u) + Σ_{v ∈ U2, u < v} PRG(s_uv) − Σ_{v ∈ U2, u > v} PRG(s_uv)
-        let mask_keys: Vec<PeerKey> = partners.iter().map(|peer| PeerKey::new(&peer.mask_key)).collect();
-        let agreed = self.mask.agree_many(&mask_keys.iter().collect::<Vec<_>>());
         let mut masks = Vec::with_capacity(partners.len() + 1);
-        masks.push(Mask {
-            prg: derive::self_mask(&self.self_mask_seed, &context, round.me),
-            sign: MaskSign::Add,
-        });
+        masks.push(MaskStream::new(
+            derive::self_mask_key(&self.self_mask_seed, &context, round.me),
+            MaskSign::Add,
+        ));
         for (peer, shared) in partners.iter().zip(agreed) {
-            masks.push(Mask {
-                prg: derive::pairwise_mask(&shared?, &context, round.me, peer.id),
-                sign: derive::pairwise_sign(round.me, peer.id),
-            });
+            masks.push(MaskStream::new(
+                derive::pairwise_mask_key(&shared?, &context, round.me, *peer),
+                derive::pairwise_sign(round.me, *peer),
+            ));
         }
-        // The input is masked in place, a cache-sized tile at a time with
-        // every mask (and then reduced modulo 2^b): no copy of x_u is made,
-        // and every tile of the vector is masked before it is sent.
         let mut values = self.input.into_values();
         let mut blindings = self.blindings;
         if let (Some(verifiers), Some(validation)) = (&round.noise, &round.validation) {
             // The noise of the first two verifiers that completed stage 2
             // (their envelopes came), as the coordinator will count them.
-            let completed = |j: ClientId| envelopes.binary_search_by_key(&j, |e| e.peer).is_ok();
+            let completed = |j: ClientId| partners.binary_search(&j).is_ok();
             let edges = verifiers.edges(round.me, completed).ok_or(ProtocolError::Validation(
                 validation::ValidationError::Input("fewer than two of this client's noise verifiers remain"),
             ))?;
@@ -519,16 +572,11 @@ impl AwaitingShares {
         if let Some(validation) = &round.validation {
             validation.append_blindings(&mut values, &blindings);
         }
-        let modulus = round.config.modulus_mask();
-        apply_masks(&masks, &mut values, |tile| tile.iter_mut().for_each(|v| *v &= modulus));
-        drop(masks);
-        // y_u is what the server receives: it leaves the zeroizing wrapper
-        // (which is left empty) for the message.
-        let vector = MaskedVector { bits: round.config.modulus_bits, values: core::mem::take(&mut *values) };
         // The seed b_u and the mask key s_sk_u are dropped (and zeroized)
-        // here: from now on the client only holds peers' shares.
+        // here: from now on the client only holds peers' shares, and the
+        // keys of its masks until they are applied.
         let next = AwaitingSurvivors { round: self.round, held, own_seed_share: self.own_seed_share };
-        Ok((Client::AwaitingSurvivors(next), Ok(ClientMessage::MaskedInput { context, vector })))
+        Ok(Masking { next, context, values, masks })
     }
 }
 
