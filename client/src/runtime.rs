@@ -295,6 +295,9 @@ impl<T: Transport> Runner<T> {
                         Err(reason) => self.participant.vanish(&format!("local training failed: {reason}")),
                     }
                 }
+                // Not asked for here: this driver leaves every step's work
+                // to the participant.
+                Action::HostWork => self.participant.complete_host_work()?,
                 Action::RoundEnded(outcome) => {
                     self.save()?;
                     return Ok(Some(outcome));

@@ -36,11 +36,13 @@ use cohort_client::runtime::UpdateError;
 use cohort_client::train::TrainConfig;
 use serde_json::{Value, json};
 use std::sync::{Mutex, Once, PoisonError};
+use zeroize::{Zeroize, Zeroizing};
 
 use wasm_bindgen::prelude::*;
 
 pub mod bench;
 pub mod demo;
+pub mod host;
 use demo::digits_shard;
 
 /// Why a call of the browser client failed; JavaScript gets an `Error`
@@ -281,8 +283,53 @@ impl Core {
                     "rule": rule,
                 })
             }
+            Action::HostWork => match self.participant.host_work() {
+                Some(work) => host::describe(&work),
+                None => json!({ "kind": "wait", "ms": 0 }),
+            },
             Action::Finished => json!({ "kind": "finished" }),
         }
+    }
+
+    /// Whether each stage's agreements and key streams go to the page
+    /// (`host_work` actions; see [`host`]).
+    pub fn set_host_crypto(&mut self, on: bool) {
+        self.participant.set_host_crypto(on);
+    }
+
+    /// The secret key of a `host_work` action's agreements.
+    pub fn host_secret(&self) -> Option<Zeroizing<Vec<u8>>> {
+        host::secret(self.participant.host_work())
+    }
+
+    /// The peers' public keys of a `host_work` action's agreements.
+    pub fn host_peers(&self) -> Option<Vec<u8>> {
+        host::peers(self.participant.host_work())
+    }
+
+    /// The key of mask `index` of a `host_work` action's key streams.
+    pub fn host_key(&self, index: usize) -> Option<Zeroizing<Vec<u8>>> {
+        host::key(self.participant.host_work(), index)
+    }
+
+    /// The page's agreements (see [`host::agreements`]); the step goes on.
+    pub fn agreed(&mut self, shared: &mut [u8], supplied: &[u8]) -> Result<(), WebError> {
+        let shared = host::agreements(shared, supplied)
+            .ok_or(ParticipantError::OutOfOrder("agreements of the wrong length"))?;
+        Ok(self.participant.agreed(shared)?)
+    }
+
+    /// The page's key stream of mask `index`, as 32-bit words; `stream`
+    /// is wiped.
+    pub fn add_key_stream(&mut self, index: usize, stream: &mut [u32]) -> Result<(), WebError> {
+        let added = self.participant.add_key_stream(index, stream);
+        stream.zeroize();
+        Ok(added?)
+    }
+
+    /// Completes the step the page was asked to help with.
+    pub fn complete_host_work(&mut self) -> Result<(), WebError> {
+        Ok(self.participant.complete_host_work()?)
     }
 
     /// The body of the last `send` action.
@@ -584,6 +631,57 @@ impl WebClient {
     /// Whether the client is paused.
     pub fn is_paused(&self) -> bool {
         self.core.is_paused()
+    }
+
+    /// Whether each stage's X25519 agreements and mask key streams come
+    /// to the page as `host_work` actions (`web/static/webcrypto.js`
+    /// computes them with WebCrypto); off until set.
+    pub fn set_host_crypto(&mut self, on: bool) -> Result<(), JsError> {
+        live()?;
+        self.core.set_host_crypto(on);
+        Ok(())
+    }
+
+    /// After a `host_work` action for agreements: this client's secret
+    /// key (32 bytes; wipe it once imported).
+    pub fn host_secret(&self) -> Result<Option<js_sys::Uint8Array>, JsError> {
+        live()?;
+        Ok(host::to_js(self.core.host_secret()))
+    }
+
+    /// After a `host_work` action for agreements: the peers' public keys,
+    /// 32 bytes each.
+    pub fn host_peers(&self) -> Result<Option<Vec<u8>>, JsError> {
+        live()?;
+        Ok(self.core.host_peers())
+    }
+
+    /// After a `host_work` action for key streams: the AES-128 key of
+    /// mask `index` (wipe it once imported).
+    pub fn host_key(&self, index: usize) -> Result<Option<js_sys::Uint8Array>, JsError> {
+        live()?;
+        Ok(host::to_js(self.core.host_key(index)))
+    }
+
+    /// The agreements: 32 bytes per peer, and a byte per peer, non-zero
+    /// where the page computed it (the client computes the others).
+    pub fn agreed(&mut self, mut shared: Vec<u8>, supplied: &[u8]) -> Result<(), JsError> {
+        live()?;
+        self.core.agreed(&mut shared, supplied).map_err(js)
+    }
+
+    /// The key stream of mask `index`: AES-128-CTR of zeros, a 128-bit
+    /// big-endian counter from zero, as little-endian 32-bit words.
+    pub fn add_key_stream(&mut self, index: usize, mut stream: Vec<u32>) -> Result<(), JsError> {
+        live()?;
+        self.core.add_key_stream(index, &mut stream).map_err(js)
+    }
+
+    /// Completes the step of the last `host_work` action, computing what
+    /// the page left out.
+    pub fn complete_host_work(&mut self) -> Result<(), JsError> {
+        live()?;
+        self.core.complete_host_work().map_err(js)
     }
 
     /// The enrollment to keep across page loads (holds the credential).

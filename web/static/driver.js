@@ -2,6 +2,8 @@
 // Web Worker and the Node end-to-end test share this loop. The wasm side
 // decides every request; this file only moves bytes and keeps time.
 
+import { hostWork, webCryptoAvailable } from "./webcrypto.js";
+
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /**
@@ -11,12 +13,15 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  * @param {WebClient} client
  * @param {string} baseUrl  the coordinator, e.g. "https://coordinator.example" or "" (same origin)
  * @param {{onTrain: function(WebClient, object): void, onAction?: function(object): void,
- *          shouldStop?: function(): boolean}} hooks
+ *          shouldStop?: function(): boolean, webCrypto?: boolean}} hooks
  *   onTrain must call client.train() or client.submit(delta, examples);
  *   onAction sees every action (progress display); shouldStop, when it
- *   returns true, makes the client vanish from the round.
+ *   returns true, makes the client vanish from the round; webCrypto: false
+ *   keeps the round's agreements and key streams in wasm (by default they
+ *   go to WebCrypto where the page has it: webcrypto.js).
  */
 export async function runRound(client, baseUrl, hooks) {
+  client.set_host_crypto(hooks.webCrypto !== false && webCryptoAvailable());
   for (;;) {
     if (hooks.shouldStop && hooks.shouldStop()) {
       client.vanish("stopped by the page");
@@ -47,6 +52,9 @@ export async function runRound(client, baseUrl, hooks) {
         break;
       case "train":
         hooks.onTrain(client, action);
+        break;
+      case "host_work":
+        await hostWork(client, action);
         break;
       case "round_ended":
       case "finished":

@@ -39,6 +39,9 @@ check(!b.is_paused(), "resumed");
 
 const stages = new Set();
 const reports = [];
+// Client A hands its agreements and key streams to WebCrypto (driver.js's
+// default, Node's WebCrypto here); client B keeps them in wasm.
+const hostWork = { a: [], b: [] };
 const [endA, endB] = await Promise.all([
   runRound(a, url, {
     onTrain: (client, action) => {
@@ -46,10 +49,20 @@ const [endA, endB] = await Promise.all([
       for (let j = 0; j < delta.length; j++) delta[j] = 0.02 * ((j % 5) - 2);
       client.submit(delta, 7);
     },
-    onAction: (action) => action.stage && stages.add(action.stage),
+    onAction: (action) => {
+      if (action.stage) stages.add(action.stage);
+      if (action.kind === "host_work") hostWork.a.push(action.work);
+    },
   }),
-  runRound(b, url, { onTrain: (client) => reports.push(JSON.parse(client.train())) }),
+  runRound(b, url, {
+    onTrain: (client) => reports.push(JSON.parse(client.train())),
+    onAction: (action) => action.kind === "host_work" && hostWork.b.push(action.work),
+    webCrypto: false,
+  }),
 ]);
+// Two agreement steps (cipher keys, mask keys), then the key streams.
+check(hostWork.a.join(",") === "agreements,agreements,key_streams" && hostWork.b.length === 0,
+  JSON.stringify(hostWork));
 for (const end of [endA, endB]) {
   console.log(JSON.stringify(end));
   check(end.kind === "round_ended" && end.outcome === "completed" && end.round === 1, JSON.stringify(end));

@@ -37,6 +37,7 @@ use std::collections::VecDeque;
 
 use chacha20::ChaCha20Rng;
 use cohort_crypto::Client;
+use cohort_crypto::client::{PendingStep, Work};
 use cohort_crypto::signature::enrollment_statement;
 use rand_core::SeedableRng;
 use zeroize::Zeroizing;
@@ -116,6 +117,13 @@ enum Phase {
         protocol: Protocol,
         since: Option<u64>,
     },
+    /// A stage's agreements or key streams, left to the host
+    /// ([`Participant::set_host_crypto`]).
+    HostWork {
+        round: u64,
+        client_id: u32,
+        pending: Box<PendingStep>,
+    },
     /// `body` is the encoded message to post: unmasking shares, in the
     /// last stage, so it is wiped when dropped.
     Post {
@@ -181,6 +189,9 @@ pub struct Participant {
     events: VecDeque<Action>,
     /// A cheating participant's attack (feature `adversary`: tests and
     /// measurements).
+    /// Whether a stage's agreements and key streams go to the host
+    /// ([`Participant::set_host_crypto`]).
+    host_crypto: bool,
     #[cfg(feature = "adversary")]
     attack: Option<adversary::Attack>,
 }
@@ -243,9 +254,56 @@ impl Participant {
             trained_on: None,
             spending: None,
             events: VecDeque::new(),
+            host_crypto: false,
             #[cfg(feature = "adversary")]
             attack: None,
         }
+    }
+
+    /// Whether the participant leaves each stage's X25519 agreements and
+    /// mask key streams to its driver (off by default): [`next`](Self::next) then returns
+    /// [`Action::HostWork`] where the step needs them, and the driver
+    /// computes what [`host_work`](Self::host_work) names (the browser with
+    /// WebCrypto), hands it back ([`agreed`](Self::agreed),
+    /// [`add_key_stream`](Self::add_key_stream)) and calls
+    /// [`complete_host_work`](Self::complete_host_work), which computes
+    /// anything left out. The messages sent are those of the default,
+    /// which computes everything in place (see
+    /// [`cohort_crypto::client::PendingStep`]).
+    pub fn set_host_crypto(&mut self, on: bool) {
+        self.host_crypto = on;
+    }
+
+    /// The work the driver was asked for with [`Action::HostWork`], while
+    /// it is pending.
+    pub fn host_work(&self) -> Option<Work<'_>> {
+        match &self.phase {
+            Phase::HostWork { pending, .. } => Some(pending.work()),
+            _ => None,
+        }
+    }
+
+    /// Hands the driver's agreements back, one per peer of
+    /// [`Work::Agreements`] in order (`None` for one it has not
+    /// computed), and goes on with the step.
+    pub fn agreed(&mut self, shared: Vec<Option<cohort_crypto::Secret32>>) -> Result<(), ParticipantError> {
+        self.continue_host_work(|pending, rng| pending.agreed(shared, rng))
+    }
+
+    /// Adds the driver's key stream of mask `index` of
+    /// [`Work::KeyStreams`] (little-endian 32-bit words) to the input.
+    pub fn add_key_stream(&mut self, index: usize, stream: &[u32]) -> Result<(), ParticipantError> {
+        match &mut self.phase {
+            Phase::HostWork { pending, .. } => pending
+                .add_key_stream(index, stream)
+                .map_err(|_| ParticipantError::OutOfOrder("a key stream the step does not take")),
+            _ => Err(ParticipantError::OutOfOrder("a key stream without host work")),
+        }
+    }
+
+    /// Completes the pending step, computing what the driver left out.
+    pub fn complete_host_work(&mut self) -> Result<(), ParticipantError> {
+        self.continue_host_work(|pending, rng| pending.complete(rng))
     }
 
     /// A participant that cheats with `attack` in every round (feature
@@ -362,6 +420,7 @@ impl Participant {
                 bearer,
             },
             Phase::Report { body, .. } => post_json(routes::METRICS.into(), body.clone(), bearer),
+            Phase::HostWork { .. } => return Action::HostWork,
             Phase::Finished => return Action::Finished,
         };
         self.in_flight = true;
@@ -652,6 +711,10 @@ impl Participant {
                 self.phase = Phase::CheckIn;
             }
             Phase::Training { .. } => return Err(ParticipantError::OutOfOrder("no request while training")),
+            phase @ Phase::HostWork { .. } => {
+                self.phase = phase;
+                return Err(ParticipantError::OutOfOrder("no request while the host computes"));
+            }
             Phase::Finished => {}
         }
         Ok(())

@@ -26,6 +26,11 @@ pub enum Action {
         /// The global model.
         model: Box<Checkpoint>,
     },
+    /// The stage's agreements or key streams are the driver's to compute
+    /// (a participant with
+    /// [`set_host_crypto`](super::Participant::set_host_crypto) on): see
+    /// [`Participant::host_work`](super::Participant::host_work).
+    HostWork,
     /// A round this participant was selected for is over for it.
     RoundEnded(RoundOutcome),
     /// The task is over; nothing more to do.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use chacha20::ChaCha20Rng;
+use cohort_crypto::client::{Deferred, PendingStep};
 use cohort_crypto::signature::IdentityKey;
 use cohort_crypto::{Client, ClientId, ClientMessage, ProtocolError, Quantizer, ServerMessage};
 use rand_core::SeedableRng;
@@ -54,11 +55,53 @@ impl Participant {
             Protocol::Running(client) => {
                 let seeder = &mut self.seeder;
                 let rng = self.round_rng.get_or_insert_with(|| round_generator(seeder));
-                let (client, reply) = client.handle(message, rng);
-                let client = Box::new(client);
-                reply.map(|reply| (client, reply)).map_err(StepError::from)
+                let deferred = if self.host_crypto {
+                    client.handle_deferred(message, rng)
+                } else {
+                    Deferred::Done(client.handle(message, rng))
+                };
+                match deferred {
+                    Deferred::Done(step) => done(step),
+                    Deferred::Pending(pending) => {
+                        self.phase = Phase::HostWork { round, client_id, pending: Box::new(pending) };
+                        return Ok(());
+                    }
+                }
             }
         };
+        self.after_step(round, client_id, step);
+        Ok(())
+    }
+
+    /// Takes the pending step on with `work` (the driver's results, or its
+    /// completion).
+    pub(super) fn continue_host_work(
+        &mut self,
+        work: impl FnOnce(PendingStep, &mut ChaCha20Rng) -> Deferred,
+    ) -> Result<(), ParticipantError> {
+        let Phase::HostWork { round, client_id, pending } =
+            std::mem::replace(&mut self.phase, Phase::Finished)
+        else {
+            return Err(ParticipantError::OutOfOrder("no host work is pending"));
+        };
+        let seeder = &mut self.seeder;
+        let rng = self.round_rng.get_or_insert_with(|| round_generator(seeder));
+        match work(*pending, rng) {
+            Deferred::Done(step) => self.after_step(round, client_id, done(step)),
+            Deferred::Pending(pending) => {
+                self.phase = Phase::HostWork { round, client_id, pending: Box::new(pending) };
+            }
+        }
+        Ok(())
+    }
+
+    /// The reply of a step taken: posted next, or the round abandoned.
+    fn after_step(
+        &mut self,
+        round: u64,
+        client_id: u32,
+        step: Result<(Box<Client>, ClientMessage), StepError>,
+    ) {
         match step {
             #[allow(unused_mut)] // Changed only by a cheating participant.
             Ok((client, mut reply)) => {
@@ -77,7 +120,6 @@ impl Participant {
             }
             Err(e) => self.abandon(format!("protocol: {e}")),
         }
-        Ok(())
     }
 
     /// Checks a round's setup against the selection, the contributions
@@ -205,6 +247,13 @@ fn start(
     let me = ClientId::new(client_id).ok_or(StepError::ZeroClientId)?;
     let (client, reply) = Client::start(setup, me, identity, input, rng)?;
     Ok((Box::new(client), reply))
+}
+
+/// A step done: the next state and the reply, or why the round ends.
+fn done(
+    (client, reply): cohort_crypto::client::ClientStep,
+) -> Result<(Box<Client>, ClientMessage), StepError> {
+    reply.map(|reply| (Box::new(client), reply)).map_err(StepError::from)
 }
 
 /// A fresh generator for a round (see [`fresh_seed`]).

@@ -1044,3 +1044,109 @@ fn start_round_held(p: &mut Participant, round: u64) {
     assert_eq!(send(p, 0).path, format!("/v1/round/message?wait_ms={}", p.config.wait_ms));
     p.handle(0, Response { status: 200, body: setup(round) }).unwrap();
 }
+
+/// Runs round 3 of [`setup`] with this participant as client 2 beside two
+/// clients of the core; with `host`, the participant leaves its
+/// agreements and key streams to the driver (this test, computing them
+/// with the core's primitives as a page would with WebCrypto). Returns
+/// every message the participant posted and the host work it was asked
+/// for.
+fn round_with_host(host: bool) -> (Vec<Vec<u8>>, Vec<&'static str>) {
+    use cohort_crypto::agreement::x25519;
+    use cohort_crypto::prg::{MaskPrg, MaskSign};
+    use cohort_crypto::{Advanced, ClientId, QuantizedInput, ServerMessage, ServerRound};
+    let config = round_config(3);
+    let mut server = ServerRound::new(config.clone()).unwrap();
+    let mut p = training();
+    p.set_host_crypto(host);
+    p.submit(vec![0.1, 0.0], 5, MetricValues::new()).unwrap();
+    send(&mut p, 0);
+    p.handle(0, Response { status: 200, body: setup(3) }).unwrap();
+    let mut others: Vec<(ClientId, Client, ChaCha20Rng)> = [1u32, 3]
+        .into_iter()
+        .map(|i| {
+            let id = ClientId::new(i).unwrap();
+            let mut rng = ChaCha20Rng::from_seed([i as u8; 32]);
+            let input = QuantizedInput::from_values(vec![i; config.vector_len as usize]);
+            let (client, message) = Client::start(server.setup_message(), id, None, input, &mut rng).unwrap();
+            server.receive(id, message).unwrap();
+            (id, client, rng)
+        })
+        .collect();
+    let (mut posted, mut asked) = (Vec::new(), Vec::new());
+    let me = ClientId::new(2).unwrap();
+    loop {
+        // The participant's post; with host work first.
+        let request = loop {
+            match p.next(0) {
+                Action::Send(request) => break request,
+                Action::HostWork => {}
+                other => panic!("expected a post or host work, got {other:?}"),
+            }
+            match p.host_work().unwrap() {
+                Work::Agreements { secret, peers } => {
+                    asked.push("agreements");
+                    let shared = peers
+                        .iter()
+                        .map(|public| Some(cohort_crypto::Secret32::from_bytes(&mut x25519(&secret, public))))
+                        .collect();
+                    p.agreed(shared).unwrap();
+                }
+                Work::KeyStreams { masks, words } => {
+                    asked.push("key_streams");
+                    let streams: Vec<Vec<u32>> = masks
+                        .iter()
+                        .map(|mask| {
+                            let mut stream = vec![0u32; words];
+                            MaskPrg::from_key(mask.key()).apply(&mut stream, MaskSign::Add);
+                            stream
+                        })
+                        .collect();
+                    for (i, stream) in streams.iter().enumerate() {
+                        p.add_key_stream(i, stream).unwrap();
+                    }
+                    p.complete_host_work().unwrap();
+                }
+            }
+        };
+        server.receive_encoded(me, &request.body).unwrap();
+        posted.push(request.body);
+        server = match server.advance().unwrap() {
+            Advanced::Next(next) => next,
+            Advanced::Done(aggregate) => {
+                assert_eq!(aggregate.contributors.len(), 3);
+                return (posted, asked);
+            }
+        };
+        for (id, client, rng) in &mut others {
+            let taken = std::mem::replace(client, Client::Aborted);
+            let (next, reply) = taken.handle(server.message_for(*id).unwrap(), rng);
+            *client = next;
+            server.receive(*id, reply.unwrap()).unwrap();
+        }
+        let message: ServerMessage = server.message_for(me).unwrap();
+        p.handle(0, Response { status: 200, body: message.encode() }).unwrap();
+    }
+}
+
+#[test]
+fn a_participant_that_leaves_its_crypto_to_the_driver_posts_the_same_messages() {
+    let (in_place, none) = round_with_host(false);
+    let (hosted, asked) = round_with_host(true);
+    assert!(none.is_empty());
+    // The share stage's agreements, then the masking stage's and its key
+    // streams.
+    assert_eq!(asked, ["agreements", "agreements", "key_streams"]);
+    assert_eq!(in_place.len(), 4, "keys, shares, masked input, unmasking");
+    assert_eq!(in_place, hosted);
+}
+
+#[test]
+fn host_work_calls_out_of_turn_are_refused() {
+    let mut p = training();
+    p.set_host_crypto(true);
+    assert!(p.host_work().is_none());
+    assert!(matches!(p.complete_host_work(), Err(ParticipantError::OutOfOrder(_))));
+    assert!(matches!(p.agreed(Vec::new()), Err(ParticipantError::OutOfOrder(_))));
+    assert!(matches!(p.add_key_stream(0, &[1, 2]), Err(ParticipantError::OutOfOrder(_))));
+}

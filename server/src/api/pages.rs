@@ -96,6 +96,7 @@ const STATIC_FILES: &[(&str, &str, &str)] = &[
     ("chart.js", "text/javascript", include_str!("../../../web/static/chart.js")),
     ("demo.js", "text/javascript", include_str!("../../../web/static/demo.js")),
     ("driver.js", "text/javascript", include_str!("../../../web/static/driver.js")),
+    ("webcrypto.js", "text/javascript", include_str!("../../../web/static/webcrypto.js")),
     ("worker.js", "text/javascript", include_str!("../../../web/static/worker.js")),
     ("style.css", "text/css", include_str!("../../../web/static/style.css")),
 ];

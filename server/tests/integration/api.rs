@@ -436,6 +436,7 @@ async fn browser_pages_are_served_under_a_strict_content_security_policy() {
         ("/web/admin.js", "text/javascript"),
         ("/web/worker.js", "text/javascript"),
         ("/web/driver.js", "text/javascript"),
+        ("/web/webcrypto.js", "text/javascript"),
         ("/web/style.css", "text/css"),
         ("/web/pkg/cohort_web_bg.wasm", "application/wasm"),
     ] {
