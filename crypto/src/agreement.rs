@@ -116,6 +116,16 @@ pub fn is_low_order(u: &[u8; 32]) -> bool {
     LOW_ORDER.contains(&u)
 }
 
+/// Whether `u` is a canonical X25519 u-coordinate: bit 255 clear and
+/// below p = 2^255 − 19. RFC 7748 has X25519 ignore bit 255 and reduce a
+/// larger u, as this crate does; a host's implementation need not (see
+/// [`crate::client::PendingStep::agreed`]).
+pub fn is_canonical(u: &[u8; 32]) -> bool {
+    // p is 0x7fff…ffed, little-endian: u < p unless its top byte is 0x7f,
+    // its middle bytes all 0xff and its low byte at least 0xed.
+    u[31] < 0x7f || (u[31] == 0x7f && (u[1..31].iter().any(|&b| b != 0xff) || u[0] < 0xed))
+}
+
 /// A peer's X25519 public key prepared for [`AgreementKey::agree_many`]:
 /// mapped once to the Edwards form (a square root), so that a party that
 /// agrees with the same peer under several of its own keys (the server
@@ -176,6 +186,27 @@ mod tests {
     use super::*;
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
+
+    #[test]
+    fn canonical_u_coordinates_are_those_below_p_with_bit_255_clear() {
+        let p_minus = |k: u8| {
+            let mut u = [0xff; 32];
+            u[31] = 0x7f;
+            u[0] = 0xed - k;
+            u
+        };
+        assert!(is_canonical(&[0; 32]) && is_canonical(&[9; 32]) && is_canonical(&p_minus(1)));
+        assert!(!is_canonical(&p_minus(0)), "p itself");
+        let mut above = p_minus(0);
+        above[0] = 0xff;
+        assert!(!is_canonical(&above), "2^255 - 1");
+        let mut high_bit = [9u8; 32];
+        high_bit[31] |= 0x80;
+        assert!(!is_canonical(&high_bit), "bit 255 set");
+        let mut below = p_minus(0);
+        below[17] = 0xfe;
+        assert!(is_canonical(&below));
+    }
 
     #[test]
     fn both_sides_agree() {

@@ -96,6 +96,8 @@ pub struct BenchRound {
     /// Agreements and key streams the page supplied, and those asked for.
     supplied: [u64; 2],
     asked: [u64; 2],
+    /// Each client's count of steps that waited for the page.
+    steps: Vec<u64>,
 }
 
 #[wasm_bindgen]
@@ -126,6 +128,7 @@ impl BenchRound {
             sum_correct: None,
             supplied: [0; 2],
             asked: [0; 2],
+            steps: vec![0; n],
         })
     }
 
@@ -209,6 +212,7 @@ impl BenchRound {
                     Work::Agreements { peers, .. } => self.asked[0] += peers.len() as u64,
                     Work::KeyStreams { masks, .. } => self.asked[1] += masks.len() as u64,
                 }
+                self.steps[index] += 1;
                 self.pending[index] = Some(pending);
             }
         }
@@ -218,7 +222,14 @@ impl BenchRound {
     /// The `host_work` action client `index` waits on, if any.
     #[wasm_bindgen(js_name = hostAction)]
     pub fn host_action(&self, index: usize) -> Option<String> {
-        self.pending[index].as_ref().map(|pending| host::describe(&pending.work()).to_string())
+        self.pending[index]
+            .as_ref()
+            .map(|pending| host::describe(&pending.work(), self.steps[index]).to_string())
+    }
+
+    /// See `WebClient.host_step`.
+    pub fn host_step(&self, index: usize) -> Option<f64> {
+        self.pending[index].as_ref().map(|_| self.steps[index] as f64)
     }
 
     /// See `WebClient.host_secret` (a bench round's keys are not wiped

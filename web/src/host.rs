@@ -15,15 +15,16 @@ use cohort_client::protocol::client::Work;
 use serde_json::{Value, json};
 use zeroize::{Zeroize, Zeroizing};
 
-/// The JSON of a `host_work` action: what is asked for, never a key.
-pub fn describe(work: &Work<'_>) -> Value {
+/// The JSON of a `host_work` action for step number `step` (see
+/// `Participant::host_step`): what is asked for, never a key.
+pub fn describe(work: &Work<'_>, step: u64) -> Value {
     match work {
         Work::Agreements { peers, .. } => {
-            json!({ "kind": "host_work", "work": "agreements", "peers": peers.len() })
+            json!({ "kind": "host_work", "step": step, "work": "agreements", "peers": peers.len() })
         }
-        Work::KeyStreams { masks, words } => {
-            json!({ "kind": "host_work", "work": "key_streams", "masks": masks.len(), "words": words })
-        }
+        Work::KeyStreams { masks, words } => json!({
+            "kind": "host_work", "step": step, "work": "key_streams", "masks": masks.len(), "words": words,
+        }),
     }
 }
 
@@ -43,10 +44,13 @@ pub fn peers(work: Option<Work<'_>>) -> Option<Vec<u8>> {
     }
 }
 
-/// The AES-128 key of mask `index` of [`Work::KeyStreams`].
+/// The AES-128 key of mask `index` of [`Work::KeyStreams`], unless its
+/// stream was added.
 pub fn key(work: Option<Work<'_>>, index: usize) -> Option<Zeroizing<Vec<u8>>> {
     match work? {
-        Work::KeyStreams { masks, .. } => masks.get(index).map(|mask| Zeroizing::new(mask.key().to_vec())),
+        Work::KeyStreams { masks, .. } => {
+            masks.get(index).filter(|mask| !mask.added()).map(|mask| Zeroizing::new(mask.key().to_vec()))
+        }
         Work::Agreements { .. } => None,
     }
 }

@@ -283,9 +283,9 @@ impl Core {
                     "rule": rule,
                 })
             }
-            Action::HostWork => match self.participant.host_work() {
-                Some(work) => host::describe(&work),
-                None => json!({ "kind": "wait", "ms": 0 }),
+            Action::HostWork => match (self.participant.host_work(), self.participant.host_step()) {
+                (Some(work), Some(step)) => host::describe(&work, step),
+                _ => json!({ "kind": "wait", "ms": 0 }),
             },
             Action::Finished => json!({ "kind": "finished" }),
         }
@@ -295,6 +295,11 @@ impl Core {
     /// (`host_work` actions; see [`host`]).
     pub fn set_host_crypto(&mut self, on: bool) {
         self.participant.set_host_crypto(on);
+    }
+
+    /// The step number of the pending `host_work`, if any.
+    pub fn host_step(&self) -> Option<u64> {
+        self.participant.host_step()
     }
 
     /// The secret key of a `host_work` action's agreements.
@@ -642,6 +647,13 @@ impl WebClient {
         Ok(())
     }
 
+    /// The `step` of the `host_work` action still pending, if any: work
+    /// for another step (one a pause or a leave ended) is not handed back.
+    pub fn host_step(&self) -> Result<Option<f64>, JsError> {
+        live()?;
+        Ok(self.core.host_step().map(|step| step as f64))
+    }
+
     /// After a `host_work` action for agreements: this client's secret
     /// key (32 bytes; wipe it once imported).
     pub fn host_secret(&self) -> Result<Option<js_sys::Uint8Array>, JsError> {
@@ -665,14 +677,16 @@ impl WebClient {
 
     /// The agreements: 32 bytes per peer, and a byte per peer, non-zero
     /// where the page computed it (the client computes the others).
-    pub fn agreed(&mut self, mut shared: Vec<u8>, supplied: &[u8]) -> Result<(), JsError> {
+    pub fn agreed(&mut self, shared: Vec<u8>, supplied: &[u8]) -> Result<(), JsError> {
+        let mut shared = Zeroizing::new(shared);
         live()?;
         self.core.agreed(&mut shared, supplied).map_err(js)
     }
 
     /// The key stream of mask `index`: AES-128-CTR of zeros, a 128-bit
     /// big-endian counter from zero, as little-endian 32-bit words.
-    pub fn add_key_stream(&mut self, index: usize, mut stream: Vec<u32>) -> Result<(), JsError> {
+    pub fn add_key_stream(&mut self, index: usize, stream: Vec<u32>) -> Result<(), JsError> {
+        let mut stream = Zeroizing::new(stream);
         live()?;
         self.core.add_key_stream(index, &mut stream).map_err(js)
     }

@@ -32,25 +32,34 @@ export function webCryptoAvailable() {
 /**
  * Does the work of a `host_work` action for `client` (a WebClient, or
  * anything with its host methods) and hands it back; the step goes on.
+ * Work whose step is gone meanwhile (the page paused or left the round
+ * while WebCrypto ran) is dropped, never handed to a later step.
  *
  * @param {WebClient} client
- * @param {{work: string, peers?: number, masks?: number, words?: number}} action
+ * @param {{step: number, work: string, peers?: number, masks?: number, words?: number}} action
  */
 export async function hostWork(client, action) {
-  if (!webCryptoAvailable()) {
-    client.complete_host_work();
-  } else if (action.work === "agreements") {
-    await agreements(client, action.peers);
-  } else if (action.work === "key_streams") {
-    await keyStreams(client, action.masks, action.words);
-  } else {
-    client.complete_host_work();
+  const current = () => client.host_step() === action.step;
+  try {
+    if (webCryptoAvailable() && action.work === "agreements") {
+      await agreements(client, action.peers, current);
+    } else if (webCryptoAvailable() && action.work === "key_streams") {
+      await keyStreams(client, action.masks, action.words, current);
+    } else if (current()) {
+      client.complete_host_work();
+    }
+  } catch {
+    // Anything that escaped below (memory for the streams, say): the
+    // client does the rest of its step itself. A client that has stopped
+    // throws again here, and the driver reports it.
+    if (current()) client.complete_host_work();
   }
 }
 
-async function agreements(client, count) {
+async function agreements(client, count, current) {
   const secret = client.host_secret();
   const peers = client.host_peers();
+  if (!secret || !peers) return;
   const shared = new Uint8Array(32 * count);
   const supplied = new Uint8Array(count);
   const pkcs8 = new Uint8Array(48);
@@ -65,48 +74,51 @@ async function agreements(client, count) {
     pkcs8.fill(0);
     secret.fill(0);
   }
-  if (privateKey) {
-    await Promise.all(Array.from({ length: count }, async (_, i) => {
-      try {
-        const raw = peers.subarray(32 * i, 32 * i + 32);
-        const peer = await subtle.importKey("raw", raw, { name: "X25519" }, false, []);
-        const bits = new Uint8Array(await subtle.deriveBits({ name: "X25519", public: peer }, privateKey, 256));
-        shared.set(bits, 32 * i);
-        bits.fill(0);
-        supplied[i] = 1;
-      } catch {
-        // A key WebCrypto refuses (or an all-zero result): the client
-        // computes this one, and refuses it exactly as it would natively.
-      }
-    }));
-  }
   try {
-    client.agreed(shared, supplied);
+    if (privateKey) {
+      await Promise.all(Array.from({ length: count }, async (_, i) => {
+        try {
+          const raw = peers.subarray(32 * i, 32 * i + 32);
+          const peer = await subtle.importKey("raw", raw, { name: "X25519" }, false, []);
+          const bits = new Uint8Array(await subtle.deriveBits({ name: "X25519", public: peer }, privateKey, 256));
+          shared.set(bits, 32 * i);
+          bits.fill(0);
+          supplied[i] = 1;
+        } catch {
+          // A key WebCrypto refuses (or an all-zero result): the client
+          // computes this one, and refuses it exactly as it would natively.
+        }
+      }));
+    }
+    if (current()) client.agreed(shared, supplied);
   } finally {
     shared.fill(0);
   }
 }
 
-async function keyStreams(client, count, words) {
+async function keyStreams(client, count, words, current) {
   const zeros = new Uint8Array(words * 4);
   let next = 0;
   const worker = async () => {
-    while (next < count) {
+    while (next < count && current()) {
       const i = next++;
       const raw = client.host_key(i);
+      if (!raw) continue;
+      let stream = null;
       try {
         const key = await subtle.importKey("raw", raw, "AES-CTR", false, ["encrypt"]);
         raw.fill(0);
-        const stream = new Uint32Array(await subtle.encrypt(CTR, key, zeros));
-        client.add_key_stream(i, stream);
-        stream.fill(0);
+        stream = new Uint32Array(await subtle.encrypt(CTR, key, zeros));
+        if (current()) client.add_key_stream(i, stream);
       } catch {
-        // Left to the client.
+        // Left to the client (which also refuses a stream whose first or
+        // last block is not the mask's).
       } finally {
         raw.fill(0);
+        stream?.fill(0);
       }
     }
   };
   await Promise.all(Array.from({ length: Math.min(STREAMS_IN_FLIGHT, count) }, worker));
-  client.complete_host_work();
+  if (current()) client.complete_host_work();
 }

@@ -40,6 +40,7 @@ await init();
 let adding = 0;
 let taking = 0;
 const host = (r, i) => ({
+  host_step: () => r.host_step(i),
   host_secret: () => r.host_secret(i),
   host_peers: () => r.host_peers(i),
   host_key: (mask) => r.host_key(i, mask),
@@ -160,6 +161,14 @@ try {
   } else {
     const runs = await tab.evaluate((c) => window.run(c), config)
       .catch((error) => { throw new Error(`${error.message}; page: ${problems.join("; ")}`); });
+    // WebCrypto must have done all of the work: the client would do
+    // whatever it left, and the transcripts would match anyway.
+    for (const run of runs.webcrypto) {
+      const h = run.host;
+      if (h.agreements_supplied !== h.agreements_asked || h.key_streams_supplied !== h.key_streams_asked) {
+        throw new Error(`WebCrypto left work to the client: ${JSON.stringify(h)}`);
+      }
+    }
     const expected = runs.wasm[0].transcripts;
     for (const [path, list] of Object.entries(runs)) {
       for (const run of list) {

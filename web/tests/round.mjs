@@ -40,8 +40,20 @@ check(!b.is_paused(), "resumed");
 const stages = new Set();
 const reports = [];
 // Client A hands its agreements and key streams to WebCrypto (driver.js's
-// default, Node's WebCrypto here); client B keeps them in wasm.
+// default, Node's WebCrypto here); client B keeps them in wasm. What
+// WebCrypto supplied is counted: the client would compute what it left.
 const hostWork = { a: [], b: [] };
+const supplied = { agreements: 0, streams: 0 };
+const agreed = a.agreed.bind(a);
+a.agreed = (shared, given) => {
+  supplied.agreements += given.reduce((sum, x) => sum + x, 0);
+  return agreed(shared, given);
+};
+const addKeyStream = a.add_key_stream.bind(a);
+a.add_key_stream = (index, stream) => {
+  addKeyStream(index, stream);
+  supplied.streams += 1;
+};
 const [endA, endB] = await Promise.all([
   runRound(a, url, {
     onTrain: (client, action) => {
@@ -63,6 +75,9 @@ const [endA, endB] = await Promise.all([
 // Two agreement steps (cipher keys, mask keys), then the key streams.
 check(hostWork.a.join(",") === "agreements,agreements,key_streams" && hostWork.b.length === 0,
   JSON.stringify(hostWork));
+// Five clients in the complete graph: four peers, two agreements each, and
+// five masks (its own and one a peer).
+check(supplied.agreements === 8 && supplied.streams === 5, JSON.stringify(supplied));
 for (const end of [endA, endB]) {
   console.log(JSON.stringify(end));
   check(end.kind === "round_ended" && end.outcome === "completed" && end.round === 1, JSON.stringify(end));

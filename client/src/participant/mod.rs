@@ -187,11 +187,13 @@ pub struct Participant {
     /// is sent (a task with differential privacy).
     spending: Option<f64>,
     events: VecDeque<Action>,
-    /// A cheating participant's attack (feature `adversary`: tests and
-    /// measurements).
     /// Whether a stage's agreements and key streams go to the host
     /// ([`Participant::set_host_crypto`]).
     host_crypto: bool,
+    /// How many steps have waited for host work: names the one pending.
+    host_steps: u64,
+    /// A cheating participant's attack (feature `adversary`: tests and
+    /// measurements).
     #[cfg(feature = "adversary")]
     attack: Option<adversary::Attack>,
 }
@@ -255,6 +257,7 @@ impl Participant {
             spending: None,
             events: VecDeque::new(),
             host_crypto: false,
+            host_steps: 0,
             #[cfg(feature = "adversary")]
             attack: None,
         }
@@ -283,10 +286,21 @@ impl Participant {
         }
     }
 
+    /// Which step the pending host work is (a number that changes with
+    /// every step that waits for the driver), while there is one: a
+    /// driver whose work outlived its step (a pause, a leave) can tell.
+    pub fn host_step(&self) -> Option<u64> {
+        matches!(self.phase, Phase::HostWork { .. }).then_some(self.host_steps)
+    }
+
     /// Hands the driver's agreements back, one per peer of
     /// [`Work::Agreements`] in order (`None` for one it has not
-    /// computed), and goes on with the step.
+    /// computed), and goes on with the step. Refused, the step kept, when
+    /// it waits for key streams.
     pub fn agreed(&mut self, shared: Vec<Option<cohort_crypto::Secret32>>) -> Result<(), ParticipantError> {
+        if !matches!(self.host_work(), Some(Work::Agreements { .. })) {
+            return Err(ParticipantError::OutOfOrder("agreements without a step that waits for them"));
+        }
         self.continue_host_work(|pending, rng| pending.agreed(shared, rng))
     }
 

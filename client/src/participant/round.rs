@@ -63,6 +63,7 @@ impl Participant {
                 match deferred {
                     Deferred::Done(step) => done(step),
                     Deferred::Pending(pending) => {
+                        self.host_steps += 1;
                         self.phase = Phase::HostWork { round, client_id, pending: Box::new(pending) };
                         return Ok(());
                     }
@@ -89,6 +90,7 @@ impl Participant {
         match work(*pending, rng) {
             Deferred::Done(step) => self.after_step(round, client_id, done(step)),
             Deferred::Pending(pending) => {
+                self.host_steps += 1;
                 self.phase = Phase::HostWork { round, client_id, pending: Box::new(pending) };
             }
         }

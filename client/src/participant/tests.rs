@@ -1073,7 +1073,7 @@ fn round_with_host(host: bool) -> (Vec<Vec<u8>>, Vec<&'static str>) {
             (id, client, rng)
         })
         .collect();
-    let (mut posted, mut asked) = (Vec::new(), Vec::new());
+    let (mut posted, mut asked, mut steps) = (Vec::new(), Vec::new(), Vec::new());
     let me = ClientId::new(2).unwrap();
     loop {
         // The participant's post; with host work first.
@@ -1083,6 +1083,7 @@ fn round_with_host(host: bool) -> (Vec<Vec<u8>>, Vec<&'static str>) {
                 Action::HostWork => {}
                 other => panic!("expected a post or host work, got {other:?}"),
             }
+            steps.push(p.host_step().unwrap());
             match p.host_work().unwrap() {
                 Work::Agreements { secret, peers } => {
                     asked.push("agreements");
@@ -1102,6 +1103,8 @@ fn round_with_host(host: bool) -> (Vec<Vec<u8>>, Vec<&'static str>) {
                             stream
                         })
                         .collect();
+                    // Agreements for this step are refused, the step kept.
+                    assert!(p.agreed(Vec::new()).is_err() && p.host_step() == steps.last().copied());
                     for (i, stream) in streams.iter().enumerate() {
                         p.add_key_stream(i, stream).unwrap();
                     }
@@ -1115,6 +1118,8 @@ fn round_with_host(host: bool) -> (Vec<Vec<u8>>, Vec<&'static str>) {
             Advanced::Next(next) => next,
             Advanced::Done(aggregate) => {
                 assert_eq!(aggregate.contributors.len(), 3);
+                // Each step that waited for the driver had a number of its own.
+                assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
                 return (posted, asked);
             }
         };
@@ -1149,4 +1154,5 @@ fn host_work_calls_out_of_turn_are_refused() {
     assert!(matches!(p.complete_host_work(), Err(ParticipantError::OutOfOrder(_))));
     assert!(matches!(p.agreed(Vec::new()), Err(ParticipantError::OutOfOrder(_))));
     assert!(matches!(p.add_key_stream(0, &[1, 2]), Err(ParticipantError::OutOfOrder(_))));
+    assert_eq!(p.host_step(), None);
 }

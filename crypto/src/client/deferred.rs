@@ -18,33 +18,42 @@
 //! browser test that compares WebCrypto's route with this core's):
 //!
 //! * an agreement is X25519 (RFC 7748) of this client's secret key with a
-//!   peer's public key; an all-zero result, or one the host could not
-//!   compute, counts as not supplied, and the core computes it (and refuses
-//!   a low-order key exactly as in place);
+//!   peer's public key; an all-zero result, one the host could not
+//!   compute, and any for a key that is not in canonical form (bit 255
+//!   set, or u ≥ 2^255 − 19, which implementations need not reduce alike)
+//!   count as not supplied, and the core computes them (and refuses a
+//!   low-order key exactly as in place);
 //! * a key stream is AES-128-CTR of zeros under the mask's key, the
 //!   counter block a 128-bit big-endian integer from zero (WebCrypto's
 //!   `AES-CTR` with `length: 128` and a zero counter), read as
-//!   little-endian 32-bit words; the core adds it to the input word by word
-//!   modulo 2^32, or subtracts it, by the mask's sign.
+//!   little-endian 32-bit words; the core checks its first and last block
+//!   against its own AES (two blocks: a wrong key or counter layout is
+//!   refused, and the core computes that stream) and adds it to the input
+//!   word by word modulo 2^32, or subtracts it, by the mask's sign; then it
+//!   wipes the mask's key.
 //!
 //! The host is the client's own trust domain: it sees the round's secrets
 //! the work needs (the agreement secret keys, the mask keys) and nothing
-//! else, and a host that computes a wrong result only spoils its own input
-//! (the sum no longer unmasks, as with a client that sends noise). The keys
-//! the host is given are copies the core cannot wipe; THREAT_MODEL claim 80
-//! says what the browser does with them.
+//! else. A host that computes a wrong result anyway (a wrong agreement, a
+//! stream wrong only in its middle) breaks the round as a client with a
+//! wrong input would: a peer cannot open this client's envelope and
+//! aborts, or the sum is wrong (in a validated round the sum check finds
+//! this client, THREAT_MODEL claim 68). The keys the host is given are
+//! copies the core cannot wipe; THREAT_MODEL claim 80 says what the
+//! browser does with them.
 
 use rand_core::CryptoRng;
-use zeroize::Zeroizing;
+use subtle::ConstantTimeEq;
+use zeroize::{Zeroize, Zeroizing};
 
 use super::{AwaitingPeerKeys, AwaitingShares, AwaitingSurvivors, Client, ClientStep, HeldShares, aborted};
-use crate::agreement::{PeerKey, check_contributory};
+use crate::agreement::{PeerKey, check_contributory, is_canonical};
 use crate::config::RoundContext;
 use crate::error::{CryptoError, ProtocolError};
 use crate::ids::ClientId;
 use crate::masking::{Mask, apply_masks};
 use crate::messages::{AdvertisedKeys, ClientMessage, MaskedVector};
-use crate::prg::{MaskPrg, MaskSign};
+use crate::prg::{MaskPrg, MaskSign, WORDS_PER_BLOCK};
 use crate::secret::Secret32;
 
 /// What [`Client::handle_deferred`] returns.
@@ -124,9 +133,24 @@ impl MaskStream {
         Self { key, sign, added: false }
     }
 
-    /// The AES-128 key of the mask's key stream.
+    /// The AES-128 key of the mask's key stream (all zeros once added).
     pub fn key(&self) -> &[u8; 16] {
         &self.key
+    }
+
+    /// Whether `stream` begins and ends as this mask's key stream does:
+    /// its first and last AES block (or the part of one) against the
+    /// core's own.
+    fn ends_match(&self, stream: &[u32]) -> bool {
+        let prg = MaskPrg::from_key(&self.key);
+        let first = stream.len().min(WORDS_PER_BLOCK);
+        let last_block = stream.len().saturating_sub(1) / WORDS_PER_BLOCK;
+        let tail = &stream[last_block * WORDS_PER_BLOCK..];
+        let mut expected = Zeroizing::new([0u32; 2 * WORDS_PER_BLOCK]);
+        let (head, end) = expected.split_at_mut(WORDS_PER_BLOCK);
+        prg.apply_from(&mut head[..first], 0, MaskSign::Add);
+        prg.apply_from(&mut end[..tail.len()], last_block as u64, MaskSign::Add);
+        bool::from(head[..first].ct_eq(&stream[..first]) & end[..tail.len()].ct_eq(tail))
     }
 
     /// Whether the key stream is added to the input or subtracted.
@@ -186,10 +210,11 @@ impl PendingStep {
 
     /// Hands the host's agreements back, one per peer of
     /// [`Work::Agreements`] in order (`None` where the host has none), and
-    /// goes on: the core computes the missing ones, and any all-zero
-    /// result is refused as a low-order key is in place. A list of the
-    /// wrong length, or agreements for a step that waits for key streams,
-    /// abort the round.
+    /// goes on: the core computes the missing ones, those that are all
+    /// zeros and those for a key not in canonical form (see the module
+    /// documentation). A list of the wrong length, or agreements for a
+    /// step that waits for key streams, abort the round (a driver checks
+    /// [`work`](Self::work) first; the participant does).
     pub fn agreed<R: CryptoRng + ?Sized>(self, shared: Vec<Option<Secret32>>, rng: &mut R) -> Deferred {
         let (key, publics) = match &self.inner {
             Pending::CipherAgreements { state, publics, .. } => (&state.cipher, publics),
@@ -203,14 +228,22 @@ impl PendingStep {
         if shared.len() != publics.len() {
             return aborted(ProtocolError::Inconsistent("agreements for another number of peers"));
         }
-        // The core's own agreements, in one batch, for what is missing.
+        // What the host supplied and the core takes; the core's own
+        // agreements, in one batch, for the rest.
+        let shared: Vec<Option<Secret32>> = shared
+            .into_iter()
+            .zip(publics)
+            .map(|(supplied, public)| {
+                supplied.filter(|_| is_canonical(public)).and_then(|secret| check_contributory(secret).ok())
+            })
+            .collect();
         let missing: Vec<PeerKey> =
             publics.iter().zip(&shared).filter(|(_, s)| s.is_none()).map(|(p, _)| PeerKey::new(p)).collect();
         let mut computed = key.agree_many(&missing.iter().collect::<Vec<_>>()).into_iter();
         let agreed: Vec<Result<Secret32, CryptoError>> = shared
             .into_iter()
             .map(|supplied| match supplied {
-                Some(secret) => check_contributory(secret),
+                Some(secret) => Ok(secret),
                 None => computed.next().unwrap_or(Err(CryptoError)),
             })
             .collect();
@@ -227,9 +260,11 @@ impl PendingStep {
     }
 
     /// Adds the key stream of mask `index` of [`Work::KeyStreams`] to the
-    /// input (or subtracts it, by the mask's sign). Refused, with the step
-    /// kept as it was, for a step that waits for agreements, an index out
-    /// of range, a mask already added or a stream of the wrong length.
+    /// input (or subtracts it, by the mask's sign), and wipes the mask's
+    /// key. Refused, with the step kept as it was, for a step that waits
+    /// for agreements, an index out of range, a mask already added, a
+    /// stream of the wrong length or one whose first or last block is not
+    /// the mask's.
     pub fn add_key_stream(&mut self, index: usize, stream: &[u32]) -> Result<(), ProtocolError> {
         let Pending::KeyStreams(masking) = &mut self.inner else {
             return Err(ProtocolError::Inconsistent("a key stream for a step that waits for agreements"));
@@ -243,6 +278,9 @@ impl PendingStep {
         if stream.len() != masking.values.len() {
             return Err(ProtocolError::Inconsistent("a key stream of the wrong length"));
         }
+        if !mask.ends_match(stream) {
+            return Err(ProtocolError::Inconsistent("a key stream that is not the mask's"));
+        }
         match mask.sign {
             MaskSign::Add => masking.values.iter_mut().zip(stream).for_each(|(v, s)| *v = v.wrapping_add(*s)),
             MaskSign::Subtract => {
@@ -250,6 +288,7 @@ impl PendingStep {
             }
         }
         mask.added = true;
+        mask.key.zeroize();
         Ok(())
     }
 

@@ -163,19 +163,32 @@ fn pending_masking() -> (PendingStep, ChaCha20Rng) {
 }
 
 #[test]
-fn a_host_s_wrong_work_is_refused_and_a_low_order_agreement_aborts() {
+fn a_host_s_wrong_work_is_refused_and_an_all_zero_agreement_is_not_taken() {
     let (mut masking, mut rng) = pending_masking();
     let Work::KeyStreams { masks, words } = masking.work() else { panic!("key streams") };
     assert_eq!((masks.len(), words), (5, 100));
     // Client 1 adds its self mask and the masks of every higher id.
     assert!(masks.iter().all(|m| m.sign() == MaskSign::Add && !m.added()));
     let stream = host_stream(masks[0].key(), words);
+    let other = host_stream(masks[1].key(), words);
     let inconsistent =
         |result: Result<(), ProtocolError>| matches!(result, Err(ProtocolError::Inconsistent(_)));
     assert!(inconsistent(masking.add_key_stream(0, &stream[..99])), "a stream of the wrong length");
     assert!(inconsistent(masking.add_key_stream(5, &stream)), "a mask the step does not have");
+    // A stream whose first or last block is not the mask's: another key,
+    // or a counter that starts elsewhere.
+    let mut wrong = stream.clone();
+    wrong[1] ^= 1;
+    assert!(inconsistent(masking.add_key_stream(0, &wrong)), "a wrong first block");
+    let mut wrong = stream.clone();
+    wrong[99] ^= 1 << 31;
+    assert!(inconsistent(masking.add_key_stream(0, &wrong)), "a wrong last block");
+    assert!(inconsistent(masking.add_key_stream(0, &other)), "another mask's");
     masking.add_key_stream(0, &stream).unwrap();
     assert!(inconsistent(masking.add_key_stream(0, &stream)), "the same mask twice");
+    // Once added, the mask's key is wiped.
+    let Work::KeyStreams { masks, .. } = masking.work() else { panic!("key streams") };
+    assert!(masks[0].added() && masks[0].key() == &[0; 16] && masks[1].key() != &[0; 16]);
     // Agreements for a step that waits for key streams abort it.
     let Deferred::Done((Client::Aborted, Err(ProtocolError::Inconsistent(_)))) =
         masking.agreed(Vec::new(), &mut rng)
@@ -205,15 +218,19 @@ fn a_host_s_wrong_work_is_refused_and_a_low_order_agreement_aborts() {
     else {
         panic!("a list of the wrong length aborts")
     };
-    // An all-zero agreement (what a low-order peer key gives) is refused
-    // as it is in place.
-    let pending = fresh(&mut rng);
+    // An all-zero agreement (what a low-order peer key gives, or a broken
+    // host) is not taken: the core computes that one, and the step goes
+    // on as in place.
+    let in_place = fresh(&mut rng.clone()).complete(&mut rng.clone());
+    let pending = fresh(&mut rng.clone());
     let mut zero = [0u8; 32];
     let shared = vec![Some(Secret32::from_bytes(&mut zero)), None, None, None];
-    let Deferred::Done((Client::Aborted, Err(ProtocolError::Crypto(_)))) = pending.agreed(shared, &mut rng)
+    let (Deferred::Done((_, Ok(a))), Deferred::Done((_, Ok(b)))) =
+        (pending.agreed(shared, &mut rng.clone()), in_place)
     else {
-        panic!("an all-zero agreement aborts")
+        panic!("the share step completes")
     };
+    assert_eq!(a.encode(), b.encode());
     // Key streams for a step that waits for agreements are refused, the
     // step kept.
     let mut pending = fresh(&mut rng);
