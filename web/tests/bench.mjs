@@ -9,11 +9,13 @@
 // to WebCrypto (`webcrypto`, web/static/webcrypto.js, as the browser
 // client does). The two runs must send the same messages: every client's
 // transcript (FNV-1a of the messages it sent) is compared, and the script
-// fails if any differs or a sum is wrong. With "native": the path of a
-// release `cohort`, it runs `cohort bench secagg` at the same settings in
-// the same run and reports the ratios. Prints one JSON line.
+// fails if any differs, a sum is wrong or WebCrypto left any work to the
+// client. With "native": the path of a release `cohort`, each run is
+// followed by `cohort bench secagg` at the same settings, and the report
+// gives each run's ratio to the native run beside it and their median.
+// Prints one JSON line.
 //
-//   node web/tests/bench.mjs '{"clients": 75, "dim": 100000, "t": 50, "bits": 32, "runs": 3,
+//   node web/tests/bench.mjs '{"clients": 75, "dim": 100000, "t": 50, "bits": 32, "runs": 7,
 //                              "native": "/var/tmp/cohort-target/release/cohort"}'
 //
 // With "prove": m, it times one client's input-validation proof over m
@@ -159,8 +161,25 @@ try {
     const report = await tab.evaluate((m) => window.prove(m), config.prove);
     console.log(JSON.stringify({ browser: browserName, ...report }));
   } else {
-    const runs = await tab.evaluate((c) => window.run(c), config)
-      .catch((error) => { throw new Error(`${error.message}; page: ${problems.join("; ")}`); });
+    // Each run: the round in wasm, the round through WebCrypto, then (with
+    // "native") the native bench, so that the machine's drift touches the
+    // three alike.
+    const median = (list) => [...list].sort((a, b) => a - b)[Math.floor(list.length / 2)];
+    const runs = { wasm: [], webcrypto: [] };
+    const native = [];
+    for (let run = 0; run < config.runs; run++) {
+      const one = await tab.evaluate((c) => window.run({ ...c, runs: 1 }), config)
+        .catch((error) => { throw new Error(`${error.message}; page: ${problems.join("; ")}`); });
+      runs.wasm.push(one.wasm[0]);
+      runs.webcrypto.push(one.webcrypto[0]);
+      if (config.native) {
+        const out = execFileSync(config.native, ["bench", "secagg", "--clients", String(config.clients),
+          "--dim", String(config.dim), "--graph", "complete", "--dropout", "0", "--t", String(config.t),
+          "--modulus-bits", String(config.bits), "--variant", "semi-honest", "--threads", "1", "--json"],
+          { encoding: "utf8" });
+        native.push(JSON.parse(out.trim().split("\n").pop()).client_ms_mean);
+      }
+    }
     // WebCrypto must have done all of the work: the client would do
     // whatever it left, and the transcripts would match anyway.
     for (const run of runs.webcrypto) {
@@ -193,19 +212,11 @@ try {
       wasm: summary(runs.wasm), webcrypto: summary(runs.webcrypto),
     };
     if (config.native) {
-      const median = (list) => [...list].sort((a, b) => a - b)[Math.floor(list.length / 2)];
-      const native = [];
-      for (let run = 0; run < config.runs; run++) {
-        const out = execFileSync(config.native, ["bench", "secagg", "--clients", String(config.clients),
-          "--dim", String(config.dim), "--graph", "complete", "--dropout", "0", "--t", String(config.t),
-          "--modulus-bits", String(config.bits), "--variant", "semi-honest", "--threads", "1", "--json"], { encoding: "utf8" });
-        native.push(JSON.parse(out.trim().split("\n").pop()).client_ms_mean);
-      }
       report.native = { client_ms_mean: native };
-      report.ratio = {
-        wasm: median(report.wasm.client_ms_mean) / median(native),
-        webcrypto: median(report.webcrypto.client_ms_mean) / median(native),
-      };
+      // Each run's ratio to the native run beside it; their median.
+      const ratios = (path) => report[path].client_ms_mean.map((ms, i) => ms / native[i]);
+      report.ratio = { wasm: median(ratios("wasm")), webcrypto: median(ratios("webcrypto")) };
+      report.ratios = { wasm: ratios("wasm"), webcrypto: ratios("webcrypto") };
     }
     console.log(JSON.stringify(report));
   }
