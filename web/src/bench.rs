@@ -13,6 +13,7 @@
 
 use cohort_client::protocol::client::{Deferred, PendingStep, Work};
 use cohort_client::protocol::graph::GraphSpec;
+use cohort_client::protocol::simulation::plain_sum;
 use cohort_client::protocol::validation::{self, NormBound, ValidationError};
 use cohort_client::protocol::{
     Advanced, Client, ClientId, MetricSet, ProtocolError, QuantizationSpec, QuantizedInput, RoundConfig,
@@ -163,13 +164,8 @@ impl BenchRound {
         }
         match server.advance().map_err(protocol)? {
             Advanced::Done(aggregate) => {
-                let mask = self.config.modulus_mask();
-                let mut plain = vec![0u32; self.config.vector_len as usize];
-                for id in &aggregate.contributors {
-                    for (p, v) in plain.iter_mut().zip(bench_input(&self.config, *id).values()) {
-                        *p = p.wrapping_add(*v) & mask;
-                    }
-                }
+                let inputs = |id: ClientId| bench_input(&self.config, id);
+                let plain = plain_sum(&self.config, &aggregate.contributors, &inputs);
                 self.sum_correct = Some(aggregate.sum == plain);
                 Ok(false)
             }

@@ -31,7 +31,7 @@ pub fn describe(work: &Work<'_>, step: u64) -> Value {
 /// The secret key of [`Work::Agreements`] (32 bytes), or nothing.
 pub fn secret(work: Option<Work<'_>>) -> Option<Zeroizing<Vec<u8>>> {
     match work? {
-        Work::Agreements { secret, .. } => Some(Zeroizing::new(secret.to_vec())),
+        Work::Agreements { secret, .. } => Some(Zeroizing::new(secret.bytes().to_vec())),
         Work::KeyStreams { .. } => None,
     }
 }

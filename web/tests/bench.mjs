@@ -110,14 +110,8 @@ const round = async ({ clients, dim, t, bits, seed }, hostCrypto) => {
   r.free();
   return report;
 };
-window.run = async (config) => {
-  const runs = { wasm: [], webcrypto: [] };
-  for (let run = 0; run < config.runs; run++) {
-    runs.wasm.push(await round(config, false));
-    runs.webcrypto.push(await round(config, true));
-  }
-  return runs;
-};
+// One run: the round in wasm, then through WebCrypto.
+window.run = async (config) => ({ wasm: await round(config, false), webcrypto: await round(config, true) });
 window.prove = (m) => JSON.parse(benchProve(m));
 window.ready = true;
 </script>`;
@@ -168,10 +162,10 @@ try {
     const runs = { wasm: [], webcrypto: [] };
     const native = [];
     for (let run = 0; run < config.runs; run++) {
-      const one = await tab.evaluate((c) => window.run({ ...c, runs: 1 }), config)
+      const one = await tab.evaluate((c) => window.run(c), config)
         .catch((error) => { throw new Error(`${error.message}; page: ${problems.join("; ")}`); });
-      runs.wasm.push(one.wasm[0]);
-      runs.webcrypto.push(one.webcrypto[0]);
+      runs.wasm.push(one.wasm);
+      runs.webcrypto.push(one.webcrypto);
       if (config.native) {
         const out = execFileSync(config.native, ["bench", "secagg", "--clients", String(config.clients),
           "--dim", String(config.dim), "--graph", "complete", "--dropout", "0", "--t", String(config.t),

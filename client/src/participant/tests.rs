@@ -1086,6 +1086,7 @@ fn round_with_host(host: bool) -> (Vec<Vec<u8>>, Vec<&'static str>) {
             steps.push(p.host_step().unwrap());
             match p.host_work().unwrap() {
                 Work::Agreements { secret, peers } => {
+                    let secret = secret.bytes();
                     asked.push("agreements");
                     let shared = peers
                         .iter()

@@ -47,7 +47,7 @@ use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, Zeroizing};
 
 use super::{AwaitingPeerKeys, AwaitingShares, AwaitingSurvivors, Client, ClientStep, HeldShares, aborted};
-use crate::agreement::{PeerKey, check_contributory, is_canonical};
+use crate::agreement::{AgreementKey, PeerKey, check_contributory, is_canonical};
 use crate::config::RoundContext;
 use crate::error::{CryptoError, ProtocolError};
 use crate::ids::ClientId;
@@ -164,15 +164,25 @@ impl MaskStream {
     }
 }
 
+/// The secret key of a step's agreements, for a host that computes them.
+pub struct HostSecret<'a>(&'a AgreementKey);
+
+impl HostSecret<'_> {
+    /// The key's bytes (RFC 7748's scalar, unclamped as drawn; X25519
+    /// clamps it), zeroized on drop: the one way they leave the core.
+    pub fn bytes(&self) -> Zeroizing<[u8; 32]> {
+        Zeroizing::new(*self.0.export_secret().expose())
+    }
+}
+
 /// The work a [`PendingStep`] waits for.
 pub enum Work<'a> {
     /// X25519 of `secret` with each of `peers`, in order, for
     /// [`PendingStep::agreed`].
     Agreements {
-        /// This client's secret key for the stage (RFC 7748's scalar bytes,
-        /// unclamped as drawn; X25519 clamps them), zeroized on drop: the
-        /// one way its bytes leave the core.
-        secret: Zeroizing<[u8; 32]>,
+        /// This client's secret key for the stage; its bytes are copied
+        /// out only when the host asks ([`HostSecret::bytes`]).
+        secret: HostSecret<'a>,
         /// The peers' public keys.
         peers: &'a [[u8; 32]],
     },
@@ -194,14 +204,12 @@ impl PendingStep {
     /// The work the step waits for.
     pub fn work(&self) -> Work<'_> {
         match &self.inner {
-            Pending::CipherAgreements { state, publics, .. } => Work::Agreements {
-                secret: Zeroizing::new(*state.cipher.export_secret().expose()),
-                peers: publics,
-            },
-            Pending::MaskAgreements { state, publics, .. } => Work::Agreements {
-                secret: Zeroizing::new(*state.mask.export_secret().expose()),
-                peers: publics,
-            },
+            Pending::CipherAgreements { state, publics, .. } => {
+                Work::Agreements { secret: HostSecret(&state.cipher), peers: publics }
+            }
+            Pending::MaskAgreements { state, publics, .. } => {
+                Work::Agreements { secret: HostSecret(&state.mask), peers: publics }
+            }
             Pending::KeyStreams(masking) => {
                 Work::KeyStreams { masks: &masking.masks, words: masking.values.len() }
             }

@@ -39,7 +39,7 @@ use crate::validation::{self, RoundValidation};
 
 mod deferred;
 
-pub use deferred::{Deferred, MaskStream, PendingStep, Work};
+pub use deferred::{Deferred, HostSecret, MaskStream, PendingStep, Work};
 use deferred::{Masking, Pending};
 
 /// Facts about the round that every stage needs.

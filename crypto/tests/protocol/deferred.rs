@@ -43,6 +43,7 @@ fn host_agreement(secret: &[u8; 32], public: &[u8; 32]) -> Secret32 {
 fn work(mut pending: PendingStep, host: Host, rng: &mut ChaCha20Rng) -> Deferred {
     let streams = match pending.work() {
         Work::Agreements { secret, peers } => {
+            let secret = secret.bytes();
             let shared = peers
                 .iter()
                 .enumerate()
