@@ -77,6 +77,21 @@ struct ServedLabel {
     served: Served,
 }
 
+/// Where a client credential was looked up.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+enum LookupSource {
+    /// This replica's memory ([`crate::store::CredentialCache`]).
+    memory,
+    /// The database.
+    database,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: LookupSource,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskMetricLabel {
     project: String,
@@ -137,6 +152,7 @@ struct Instruments {
     stage_dropouts: Family<StageLabel, Counter>,
     upload_seconds: Histograms<UploadLabel>,
     client_requests: Family<ServedLabel, Counter>,
+    credential_lookups: Family<SourceLabel, Counter>,
     /// The tasks' series.
     tasks: Registry,
     task_rounds_completed: Family<TaskLabel, Counter>,
@@ -165,6 +181,7 @@ impl Default for Instruments {
             stage_dropouts: Family::default(),
             upload_seconds: Family::new_with_constructor(upload_buckets),
             client_requests: Family::default(),
+            credential_lookups: Family::default(),
             tasks: Registry::default(),
             task_rounds_completed: Family::default(),
             task_rounds_aborted: Family::default(),
@@ -222,6 +239,12 @@ impl Default for Instruments {
              where they were served: here, or forwarded to the replica that leads the task or runs the \
              client's group",
             instruments.client_requests.clone(),
+        );
+        r.register(
+            "cohort_credential_lookups",
+            "Client credentials looked up, by where the answer came from: this replica's memory, or the \
+             database",
+            instruments.credential_lookups.clone(),
         );
         let r = &mut instruments.tasks;
         r.register(
@@ -361,6 +384,12 @@ impl Metrics {
     /// An upload of `kind` was accepted `took` after it arrived.
     pub fn upload(&self, kind: Upload, took: Duration) {
         self.inner.upload_seconds.get_or_create(&UploadLabel { kind }).observe(took.as_secs_f64());
+    }
+
+    /// Counts `cache`'s lookups in `cohort_credential_lookups`.
+    pub fn count_credential_lookups(&self, cache: &crate::store::CredentialCache) {
+        let counter = |source| self.inner.credential_lookups.get_or_create(&SourceLabel { source }).clone();
+        cache.count_into(counter(LookupSource::memory), counter(LookupSource::database));
     }
 
     /// A client's request reached this replica and was `served`.

@@ -227,6 +227,8 @@ pub struct Service {
     shutdown: oneshot::Sender<()>,
     server: JoinHandle<std::io::Result<()>>,
     pruner: JoinHandle<()>,
+    /// On PostgreSQL: the listener that keeps the credential cache open.
+    credentials: Option<JoinHandle<()>>,
     /// Held while the service runs: the SQLite database's lock.
     _sqlite_lock: Option<std::fs::File>,
 }
@@ -248,7 +250,11 @@ impl Service {
         }
         let sqlite_lock = lock_sqlite(&config.database_url)?;
         let store = SqlStore::connect(&config.database_url).await?;
+        // The replica remembers its clients' credentials while it can hear
+        // every change to them (store::credentials).
+        let credentials = store.keep_credentials(&config.database_url)?.map(tokio::spawn);
         let metrics = Metrics::default();
+        metrics.count_credential_lookups(store.credentials());
         let listener = crate::api::listener::bind(config.bind, config.connections.max_connections)
             .map_err(|source| ServiceError::Bind { address: config.bind, source })?;
         let address =
@@ -308,6 +314,7 @@ impl Service {
             shutdown,
             server,
             pruner,
+            credentials,
             _sqlite_lock: sqlite_lock,
         })
     }
@@ -323,6 +330,9 @@ impl Service {
         self.coordinator.shutdown().await;
         let _ = self.shutdown.send(());
         self.pruner.abort();
+        if let Some(credentials) = &self.credentials {
+            credentials.abort();
+        }
         self.server.await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
     }
 

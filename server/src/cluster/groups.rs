@@ -110,13 +110,21 @@ impl GroupWatcher {
         let live: HashSet<&GroupKey> = routed.iter().map(|r| &r.key).collect();
         self.rosters.retain(|key, _| live.contains(key));
         let mut elsewhere = HashMap::new();
-        for record in routed.iter().filter(|r| r.owner_id != self.replica.id) {
-            let roster = self.rosters.entry(record.key.clone()).or_insert_with(|| {
-                serde_json::from_str::<GroupAssignment>(&record.assignment)
-                    .map(|a| a.roster)
-                    .unwrap_or_default()
-            });
-            elsewhere.extend(roster.iter().map(|p| (p.clone(), record.owner_url.clone())));
+        for route in routed.iter().filter(|r| r.owner_id != self.replica.id) {
+            if !self.rosters.contains_key(&route.key) {
+                // Read once per group: a group's roster never changes.
+                let roster = match self.store.group_assignment(&route.key).await {
+                    Ok(json) => {
+                        serde_json::from_str::<GroupAssignment>(&json).map(|a| a.roster).unwrap_or_default()
+                    }
+                    // Gone since: no longer routed either.
+                    Err(StoreError::NotFound(_)) => continue,
+                    Err(error) => return Err(error),
+                };
+                self.rosters.insert(route.key.clone(), roster);
+            }
+            let roster = self.rosters.get(&route.key).map(Vec::as_slice).unwrap_or_default();
+            elsewhere.extend(roster.iter().map(|p| (p.clone(), route.owner_url.clone())));
         }
         self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).group_members_elsewhere =
             elsewhere;

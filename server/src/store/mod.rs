@@ -12,9 +12,11 @@
 //! state, and prunes old checkpoints in one transaction: after a crash a
 //! round is either fully recorded or not at all.
 
+pub mod credentials;
 mod sql;
 mod tenancy;
 
+pub use credentials::CredentialCache;
 pub use sql::{Backend, SqlStore};
 pub use tenancy::{AUDIT_PAGE_MAX, ApiKeyRecord, AuditRecord, ProjectRecord, Role};
 
@@ -191,6 +193,20 @@ pub struct GroupRecord {
     pub expires_at: i64,
     /// The owner's report once settled, as JSON.
     pub report: Option<String>,
+}
+
+/// Where a group assigned or running is served: what a replica needs, with
+/// the group's roster (read once per group:
+/// [`SqlStore::group_assignment`]), to route its clients' requests.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct GroupRoute {
+    /// The group.
+    #[sqlx(flatten)]
+    pub key: GroupKey,
+    /// The replica running the group.
+    pub owner_id: String,
+    /// Where the group's clients' stage messages go.
+    pub owner_url: String,
 }
 
 /// A `cohort serve` process sharing the database.

@@ -6,20 +6,24 @@
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, FromRow, Row};
+use std::sync::Arc;
 
 use crate::round::FailedAttempt;
 
+use super::credentials::CredentialCache;
 use super::tenancy::{AuditRecord, maybe_audit};
 use super::{
     ATTEMPTS_KEPT, CheckpointRecord, ClientMetricsRecord, EnrollmentTokenRecord, Fence, GroupKey,
-    GroupRecord, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, StoreError, StoreResult,
-    TaskRecord, TaskStatus,
+    GroupRecord, GroupRoute, GroupRowState, ParticipantRecord, ReplicaRecord, RoundRecord, StoreError,
+    StoreResult, TaskRecord, TaskStatus,
 };
 
 /// Longest wait for a pooled PostgreSQL connection.
 const POSTGRES_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 /// Longest wait for SQLite's one connection.
 const SQLITE_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// A pooled connection idle this long is tested before it is handed out.
+const TEST_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Which database a URL selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +73,8 @@ fn with_default_user(url: &str, env: impl Fn(&str) -> Option<String>) -> StoreRe
 pub struct SqlStore {
     pub(super) pool: AnyPool,
     backend: Backend,
+    /// Shared by the store's clones (see [`CredentialCache`]).
+    credentials: Arc<CredentialCache>,
 }
 
 /// Maps unique-key violations to [`StoreError::Conflict`] and foreign-key
@@ -242,9 +248,22 @@ impl SqlStore {
             Backend::Sqlite => SQLITE_ACQUIRE_TIMEOUT,
             Backend::Postgres => POSTGRES_ACQUIRE_TIMEOUT,
         };
+        // A connection is tested (a round trip) only when it sat idle for
+        // a while, not before every query: under load every query used to
+        // cost two round trips. One that broke since its last use fails
+        // its query, which the caller sees as a store error (a `503`).
         let pool = AnyPoolOptions::new()
             .max_connections(connections)
             .acquire_timeout(acquire_timeout)
+            .test_before_acquire(false)
+            .before_acquire(|connection, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= TEST_IF_IDLE_FOR {
+                        sqlx::Connection::ping(connection).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect(&url)
             .await?;
         match (backend, dedicated) {
@@ -252,7 +271,49 @@ impl SqlStore {
             (Backend::Sqlite, None) => sqlx::migrate!("migrations/sqlite").run(&pool).await?,
             (Backend::Postgres, None) => sqlx::migrate!("migrations/postgres").run(&pool).await?,
         }
-        Ok(Self { pool, backend })
+        Ok(Self { pool, backend, credentials: Arc::default() })
+    }
+
+    /// The replica's memory of client credentials, closed (remembering
+    /// nothing) until the service opens it: see [`CredentialCache`].
+    pub fn credentials(&self) -> &Arc<CredentialCache> {
+        &self.credentials
+    }
+
+    /// On PostgreSQL, the task that keeps [`credentials`](Self::credentials)
+    /// open while this replica hears the others' credential changes (run
+    /// it for as long as the store is used); on SQLite, where this process
+    /// is the database's only user, the cache is opened and there is no
+    /// such task.
+    pub fn keep_credentials(&self, url: &str) -> StoreResult<Option<impl Future<Output = ()> + use<>>> {
+        match self.backend {
+            Backend::Sqlite => {
+                self.credentials.open();
+                Ok(None)
+            }
+            Backend::Postgres => {
+                let url = with_default_user(url, |name| std::env::var(name).ok())?;
+                Ok(Some(super::credentials::listen(url, Arc::downgrade(&self.credentials))))
+            }
+        }
+    }
+
+    /// Within `tx`, tells the other replicas (on PostgreSQL, once `tx`
+    /// commits) that `task`'s credentials changed; the caller forgets them
+    /// here after the commit.
+    async fn announce_credentials(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        task: &str,
+    ) -> StoreResult<()> {
+        if self.backend == Backend::Postgres {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(super::credentials::CHANNEL)
+                .bind(task)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Runs a trivial query: whether the database answers.
@@ -439,7 +500,9 @@ impl SqlStore {
             return Err(StoreError::NotFound("task"));
         }
         maybe_audit(&mut tx, audit).await?;
+        self.announce_credentials(&mut tx, id).await?;
         tx.commit().await?;
+        self.credentials.forget_task(id);
         Ok(())
     }
 
@@ -469,6 +532,10 @@ impl SqlStore {
         &self,
         credential_hash: &[u8; 32],
     ) -> StoreResult<ParticipantRecord> {
+        if let Some(participant) = self.credentials.participant(credential_hash) {
+            return Ok(participant);
+        }
+        let generation = self.credentials.generation();
         let row = sqlx::query(concat!(
             "SELECT ",
             participant_columns!(),
@@ -478,7 +545,9 @@ impl SqlStore {
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::NotFound("participant"))?;
-        participant_from(&row)
+        let participant = participant_from(&row)?;
+        self.credentials.remember(generation, &participant);
+        Ok(participant)
     }
 
     /// Adds an enrollment token; refused if the task has one of that name.
@@ -581,18 +650,30 @@ impl SqlStore {
         .await?
         .ok_or(StoreError::NotFound("enrollment token"))?;
         maybe_audit(&mut tx, audit).await?;
+        self.announce_credentials(&mut tx, task_id).await?;
         tx.commit().await?;
+        self.credentials.forget_task(task_id);
         token_from(&row)
     }
 
-    /// Records a check-in.
+    /// Records a check-in: written unless this replica wrote one of the
+    /// participant's within [`TOUCH_EVERY`](super::credentials::TOUCH_EVERY)
+    /// (while its credential cache is open), so `last_seen_at` is exact to
+    /// that much.
     pub async fn touch_participant(&self, id: &str, now: i64) -> StoreResult<()> {
+        if !self.credentials.needs_touch(id) {
+            return Ok(());
+        }
         let updated = sqlx::query("UPDATE participants SET last_seen_at = $1 WHERE id = $2")
             .bind(now)
             .bind(id)
             .execute(&self.pool)
             .await?;
-        if updated.rows_affected() == 1 { Ok(()) } else { Err(StoreError::NotFound("participant")) }
+        if updated.rows_affected() != 1 {
+            return Err(StoreError::NotFound("participant"));
+        }
+        self.credentials.touched(id);
+        Ok(())
     }
 
     /// Participants of a task.
@@ -1166,7 +1247,9 @@ impl SqlStore {
     }
 
     /// The groups of the rounds `leader` leads, after marking lost those
-    /// whose owner's lease lapsed before `now`.
+    /// whose owner's lease lapsed before `now`. Read several times a second,
+    /// and the leader made their assignments: each record's `assignment`
+    /// is left empty.
     pub async fn led_groups(&self, leader: &str, now: i64) -> StoreResult<Vec<GroupRecord>> {
         // One statement each: an owner's settle and the leader's marking
         // lost cannot both win (the row lock orders them).
@@ -1178,11 +1261,11 @@ impl SqlStore {
         .bind(now)
         .execute(&self.pool)
         .await?;
-        sqlx::query(concat!(
-            "SELECT ",
-            group_columns!(),
-            " FROM round_groups WHERE leader_id = $1 ORDER BY task_id, round, attempt, group_index"
-        ))
+        sqlx::query(
+            "SELECT task_id, round, attempt, group_index, leader_id, owner_id, owner_url, '' AS assignment, \
+             state, stage, expires_at, report FROM round_groups WHERE leader_id = $1 \
+             ORDER BY task_id, round, attempt, group_index",
+        )
         .bind(leader)
         .fetch_all(&self.pool)
         .await?
@@ -1203,20 +1286,33 @@ impl SqlStore {
     }
 
     /// The groups assigned or running whose lease holds at `now`, for
-    /// routing their clients' requests to their owners.
-    pub async fn group_routes(&self, now: i64) -> StoreResult<Vec<GroupRecord>> {
-        sqlx::query(concat!(
-            "SELECT ",
-            group_columns!(),
-            " FROM round_groups WHERE state IN ('assigned', 'running') AND expires_at >= $1 \
-             ORDER BY task_id, round, attempt, group_index"
-        ))
+    /// routing their clients' requests to their owners: every replica
+    /// reads them several times a second, so without their assignments
+    /// (a roster each), which [`group_assignment`](Self::group_assignment)
+    /// reads once per group.
+    pub async fn group_routes(&self, now: i64) -> StoreResult<Vec<GroupRoute>> {
+        sqlx::query(
+            "SELECT task_id, round, attempt, group_index, owner_id, owner_url FROM round_groups \
+             WHERE state IN ('assigned', 'running') AND expires_at >= $1 \
+             ORDER BY task_id, round, attempt, group_index",
+        )
         .bind(now)
         .fetch_all(&self.pool)
         .await?
         .iter()
-        .map(|row| Ok(GroupRecord::from_row(row)?))
+        .map(|row| Ok(GroupRoute::from_row(row)?))
         .collect()
+    }
+
+    /// A group's assignment (JSON), whatever its state.
+    pub async fn group_assignment(&self, key: &GroupKey) -> StoreResult<String> {
+        let select = sqlx::query(
+            "SELECT assignment FROM round_groups \
+             WHERE task_id = $1 AND round = $2 AND attempt = $3 AND group_index = $4",
+        );
+        let row =
+            bind_group(select, key).fetch_optional(&self.pool).await?.ok_or(StoreError::NotFound("group"))?;
+        Ok(row.try_get("assignment")?)
     }
 
     /// Deletes every group row of a task. Fenced by `fence` when it is

@@ -523,7 +523,9 @@ async fn round_groups_between_leader_and_owners(store: &SqlStore) {
     let key = |g: u32| GroupKey { attempt: 2, ..key(g) };
     let routes = store.group_routes(100).await.unwrap();
     assert_eq!(routes.iter().map(|r| r.key.clone()).collect::<Vec<_>>(), [key(0), key(1), key(2)]);
-    assert_eq!(routes[1], handed[1]);
+    assert_eq!((routes[1].owner_id.as_str(), routes[1].owner_url.as_str()), ("b", "http://b:8080"));
+    assert_eq!(store.group_assignment(&key(1)).await.unwrap(), handed[1].assignment);
+    assert!(matches!(store.group_assignment(&key(7)).await, Err(StoreError::NotFound(_))));
     // Each owner claims its own, once, while it holds.
     let claimed = store.claim_groups("a", 100, 300).await.unwrap();
     assert_eq!(
@@ -867,6 +869,213 @@ async fn admin_streams_count_across_live_replicas(store: &SqlStore) {
         }
     }
     assert_eq!(admitted, 3);
+}
+
+/// Opens `store`'s credential cache as the service does: at once on
+/// SQLite; on PostgreSQL with a listener (returned, to abort), once it
+/// listens.
+async fn remembering(store: &SqlStore, url: &str) -> Option<tokio::task::JoinHandle<()>> {
+    let listener = store.keep_credentials(url).unwrap().map(tokio::spawn);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !store.credentials().is_open() {
+        assert!(std::time::Instant::now() < deadline, "the credential cache did not open");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    listener
+}
+
+/// A store's lookups answered from memory and from the database.
+fn counted(
+    store: &SqlStore,
+) -> (prometheus_client::metrics::counter::Counter, prometheus_client::metrics::counter::Counter) {
+    let (memory, database) = Default::default();
+    store.credentials().count_into(Clone::clone(&memory), Clone::clone(&database));
+    (memory, database)
+}
+
+/// With its cache open, a store answers a credential's second lookup from
+/// memory, writes a check-in once per `TOUCH_EVERY`, and forgets a task's
+/// credentials the moment it revokes one of its tokens or deletes it.
+async fn a_remembered_credential_follows_the_store_s_own_changes(store: &SqlStore, url: &str) {
+    let listener = remembering(store, url).await;
+    let (memory, database) = counted(store);
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
+    let app = EnrollmentTokenRecord {
+        id: "app".into(),
+        task_id: "t".into(),
+        name: "android".into(),
+        token_hash: [42; 32],
+        rate: None,
+        created_at: 10,
+        revoked_at: None,
+    };
+    store.add_enrollment_token(&app, None).await.unwrap();
+    store
+        .add_participant(&ParticipantRecord { token_id: Some("app".into()), ..participant("p1", "t", 1) })
+        .await
+        .unwrap();
+    store.add_participant(&participant("p2", "t", 2)).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(store.participant_by_credential(&[1; 32]).await.unwrap().expires_at, 10_000);
+    }
+    assert_eq!((memory.get(), database.get()), (2, 1));
+    // An unknown credential is never remembered.
+    for _ in 0..2 {
+        assert!(matches!(store.participant_by_credential(&[9; 32]).await, Err(StoreError::NotFound(_))));
+    }
+    assert_eq!((memory.get(), database.get()), (2, 3));
+    // The first check-in is written, the next within TOUCH_EVERY is not.
+    store.touch_participant("p2", 500).await.unwrap();
+    store.touch_participant("p2", 600).await.unwrap();
+    let seen: Vec<i64> = store
+        .participants("t")
+        .await
+        .unwrap()
+        .iter()
+        .filter(|p| p.id == "p2")
+        .map(|p| p.last_seen_at)
+        .collect();
+    assert_eq!(seen, [500]);
+    assert!(matches!(store.touch_participant("ghost", 1).await, Err(StoreError::NotFound(_))));
+    store.revoke_enrollment_token("t", "app", 700, None).await.unwrap();
+    assert_eq!(store.participant_by_credential(&[1; 32]).await.unwrap().expires_at, 700);
+    assert_eq!(store.participant_by_credential(&[2; 32]).await.unwrap().task_id, "t");
+    store.delete_task("t", None).await.unwrap();
+    assert!(matches!(store.participant_by_credential(&[2; 32]).await, Err(StoreError::NotFound(_))));
+    // Its check-ins are written (and refused) again.
+    assert!(matches!(store.touch_participant("p2", 800).await, Err(StoreError::NotFound(_))));
+    if let Some(listener) = listener {
+        listener.abort();
+    }
+}
+
+/// Waits up to 5 s for `check` to hold of `store`'s lookup of `credential`.
+async fn soon(
+    store: &SqlStore,
+    credential: u8,
+    check: impl Fn(&Result<ParticipantRecord, StoreError>) -> bool,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let found = store.participant_by_credential(&[credential; 32]).await;
+        if check(&found) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "replica B still answers {found:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Two replicas on one PostgreSQL database: what one revokes or deletes,
+/// the other stops answering from memory as soon as the notification
+/// arrives (well within its cache's one-minute bound), and a replica whose
+/// listening connection was cut forgets everything it remembered before.
+#[tokio::test]
+async fn postgres_replicas_forget_what_another_revoked_or_deleted() {
+    let fixture = Fixture::postgres().await;
+    let Cleanup::Database { admin_url, name } = &fixture.cleanup else { unreachable!() };
+    let url = format!("{}/{name}", admin_url.rsplit_once('/').unwrap().0);
+    let a = &fixture.store;
+    let b = SqlStore::connect(&url).await.unwrap();
+    let listeners = [remembering(a, &url).await, remembering(&b, &url).await];
+    let (memory, _) = counted(&b);
+    a.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
+    for (id, token) in [("app", [42; 32]), ("web", [43; 32])] {
+        let record = EnrollmentTokenRecord {
+            id: id.into(),
+            task_id: "t".into(),
+            name: id.into(),
+            token_hash: token,
+            rate: None,
+            created_at: 10,
+            revoked_at: None,
+        };
+        a.add_enrollment_token(&record, None).await.unwrap();
+    }
+    for (p, credential, token) in [("p1", 1, "app"), ("p2", 2, "t"), ("p3", 3, "web")] {
+        a.add_participant(&ParticipantRecord {
+            token_id: Some(token.into()),
+            ..participant(p, "t", credential)
+        })
+        .await
+        .unwrap();
+    }
+    for credential in [1, 2, 3, 1, 2, 3] {
+        assert_eq!(b.participant_by_credential(&[credential; 32]).await.unwrap().expires_at, 10_000);
+    }
+    assert_eq!(memory.get(), 3, "B answers each second lookup from memory");
+    // A revokes: B's next lookups see it.
+    a.revoke_enrollment_token("t", "app", 700, None).await.unwrap();
+    soon(&b, 1, |found| found.as_ref().is_ok_and(|p| p.expires_at == 700)).await;
+    assert_eq!(b.participant_by_credential(&[2; 32]).await.unwrap().expires_at, 10_000);
+    // B's listening connection is cut; A revokes while B may not hear it.
+    // Whatever B heard, it does not answer from before the cut.
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    let cut = sqlx::query_scalar::<_, bool>(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(cut.len(), 2, "each replica listens on a connection of its own");
+    a.revoke_enrollment_token("t", "web", 800, None).await.unwrap();
+    soon(&b, 3, |found| found.as_ref().is_ok_and(|p| p.expires_at == 800)).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !(a.credentials().is_open() && b.credentials().is_open()) {
+        assert!(std::time::Instant::now() < deadline, "the listeners did not listen again");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Listening again, B remembers again, and hears A's deletion.
+    for _ in 0..2 {
+        b.participant_by_credential(&[2; 32]).await.unwrap();
+    }
+    a.delete_task("t", None).await.unwrap();
+    soon(&b, 2, |found| matches!(found, Err(StoreError::NotFound(_)))).await;
+    admin.close().await.unwrap();
+    for listener in listeners.into_iter().flatten() {
+        listener.abort();
+        let _ = listener.await;
+    }
+    b.close().await;
+    // The listeners' connections end with their tasks; the database is
+    // dropped once the server has seen them go.
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap()
+        > 0
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    admin.close().await.unwrap();
+    fixture.finish().await;
+}
+
+#[tokio::test]
+async fn sqlite_remembered_credentials_follow_the_store_s_own_changes() {
+    let fixture = Fixture::sqlite().await;
+    let Cleanup::File(path) = &fixture.cleanup else { unreachable!() };
+    a_remembered_credential_follows_the_store_s_own_changes(
+        &fixture.store,
+        &format!("sqlite://{}", path.display()),
+    )
+    .await;
+    fixture.finish().await;
+}
+
+#[tokio::test]
+async fn postgres_remembered_credentials_follow_the_store_s_own_changes() {
+    let fixture = Fixture::postgres().await;
+    let Cleanup::Database { admin_url, name } = &fixture.cleanup else { unreachable!() };
+    let url = format!("{}/{name}", admin_url.rsplit_once('/').unwrap().0);
+    a_remembered_credential_follows_the_store_s_own_changes(&fixture.store, &url).await;
+    fixture.finish().await;
 }
 
 macro_rules! on_both_backends {

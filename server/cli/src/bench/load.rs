@@ -112,6 +112,13 @@ struct LoadReport {
     replicas: Vec<ReplicaUsage>,
     /// HAProxy's CPU time, when the replicas are behind it.
     balancer_cpu_seconds: Option<f64>,
+    /// PostgreSQL's CPU time over the run (every `postgres` process of
+    /// this machine, those that exited included), when the servers use it.
+    database_cpu_seconds: Option<f64>,
+    /// The rounds after the first (enrollment, the servers' start and the
+    /// first round's check-ins left out): what a round costs once clients
+    /// are enrolled. `None` for a single round.
+    steady: Option<Steady>,
     /// Client requests served, all replicas together (enrollment
     /// included), per client and round.
     client_requests_per_client_round: f64,
@@ -122,6 +129,40 @@ struct LoadReport {
     /// when it could not be lowered.
     clients_nice: Option<i32>,
     survivors: Vec<u64>,
+}
+
+/// CPU used from the moment every client finished its first round to the
+/// end, per client and round, in milliseconds.
+#[derive(Debug, Serialize)]
+struct Steady {
+    rounds: u32,
+    /// The servers, all replicas together.
+    server_cpu_ms_per_client_round: f64,
+    /// Each replica's, in the order of `replicas`.
+    replica_cpu_ms_per_client_round: Vec<f64>,
+    balancer_cpu_ms_per_client_round: Option<f64>,
+    database_cpu_ms_per_client_round: Option<f64>,
+    /// Servers, balancer and database together: everything the service
+    /// runs on.
+    all_cpu_ms_per_client_round: f64,
+}
+
+/// The CPU seconds the service's processes had used at one moment.
+#[derive(Debug, Clone)]
+struct CpuSample {
+    replicas: Vec<f64>,
+    balancer: Option<f64>,
+    database: Option<f64>,
+}
+
+impl CpuSample {
+    fn take(replicas: &[u32], balancer: Option<u32>, database: bool) -> Self {
+        Self {
+            replicas: replicas.iter().map(|&pid| cpu_seconds(pid).unwrap_or(0.0)).collect(),
+            balancer: balancer.and_then(cpu_seconds),
+            database: database.then(postgres_cpu_seconds).flatten(),
+        }
+    }
 }
 
 /// What one `cohort serve` process used.
@@ -228,10 +269,50 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 fn parse_cpu_seconds(stat: &str) -> Option<f64> {
+    parse_stat(stat).map(|stat| stat.cpu_seconds)
+}
+
+/// The fields of `/proc/PID/stat` this bench reads.
+#[derive(Debug, PartialEq)]
+struct Stat<'a> {
+    command: &'a str,
+    parent: u32,
+    /// User and system time (fields 14 and 15), in seconds.
+    cpu_seconds: f64,
+    /// The same of its children that exited and were waited for (16, 17).
+    children_cpu_seconds: f64,
+}
+
+fn parse_stat(stat: &str) -> Option<Stat<'_>> {
     // The command name (field 2) is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
-    let ticks = |field: usize| fields.get(field - 3)?.parse::<u64>().ok();
-    Some((ticks(14)? + ticks(15)?) as f64 / 100.0)
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let fields: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    let field = |field: usize| fields.get(field - 3)?.parse::<u64>().ok();
+    Some(Stat {
+        command: stat.get(open + 1..close)?,
+        parent: u32::try_from(field(4)?).ok()?,
+        cpu_seconds: (field(14)? + field(15)?) as f64 / 100.0,
+        children_cpu_seconds: (field(16)? + field(17)?) as f64 / 100.0,
+    })
+}
+
+/// CPU time of PostgreSQL on this machine, in seconds: every `postgres`
+/// process's own, and the postmaster's exited children's (backends that
+/// ended: a replica's pooled connections come and go).
+fn postgres_cpu_seconds() -> Option<f64> {
+    let mut total = None;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let Some(stat) = parse_stat(&text) else { continue };
+        if stat.command != "postgres" {
+            continue;
+        }
+        let parent = std::fs::read_to_string(format!("/proc/{}/stat", stat.parent)).unwrap_or_default();
+        let postmaster = parse_stat(&parent).is_none_or(|parent| parent.command != "postgres");
+        let children = if postmaster { stat.children_cpu_seconds } else { 0.0 };
+        *total.get_or_insert(0.0) += stat.cpu_seconds + children;
+    }
+    total
 }
 
 /// The value of the sample `series` (name and labels, as written) in a
@@ -386,6 +467,28 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     // them, and `renice -p` sets the main thread's), so that a thousand
     // busy clients cannot starve a server of the CPU it needs to keep its
     // leases and its deadlines.
+    // The service's CPU is sampled again once every client has finished
+    // its first round, by a thread started before the clients are niced,
+    // so that it is not itself starved of the moment.
+    let first_rounds = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let replica_pids: Vec<u32> = servers.iter().map(|(_, process)| process.0.id()).collect();
+    let balancer_pid = balancer.as_ref().map(|(_, process)| process.0.id());
+    let monitor = {
+        let (first_rounds, clients, replica_pids) =
+            (first_rounds.clone(), args.clients, replica_pids.clone());
+        std::thread::spawn(move || -> Option<CpuSample> {
+            loop {
+                match first_rounds.load(std::sync::atomic::Ordering::SeqCst) {
+                    // Every client is past its first round.
+                    n if n == clients => return Some(CpuSample::take(&replica_pids, balancer_pid, postgres)),
+                    // Some client failed or the run is over: no sample.
+                    n if n > clients => return None,
+                    _ => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        })
+    };
+    let started_cpu = CpuSample::take(&replica_pids, balancer_pid, postgres);
     let clients_niced = Command::new("renice")
         .args(["-n", &CLIENT_NICE.to_string(), "-p", &std::process::id().to_string()])
         .stdout(Stdio::null())
@@ -410,14 +513,19 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     let clients: Vec<_> = (0..args.clients)
         .map(|k| {
             let (url, task, token, latencies) = (url.clone(), task.clone(), token.clone(), latencies.clone());
-            let done = done.clone();
+            let (done, first_rounds) = (done.clone(), first_rounds.clone());
             let delta =
                 (0..args.dim).map(|i| (((i * 31 + k * 17) % 1000) as f32 / 1000.0 - 0.5) * 0.2).collect();
             std::thread::Builder::new().stack_size(1 << 20).spawn(move || -> Result<(), String> {
                 let transport = Timed { inner: HttpTransport::new(&url), latencies };
                 let mut runner = Runner::new(Participant::enroll(&task, &token, config), transport, None);
                 let mut trainer = Synthetic { delta };
-                while runner.run_round(&mut trainer).map_err(|e| e.to_string())?.is_some() {}
+                let mut first = true;
+                while runner.run_round(&mut trainer).map_err(|e| e.to_string())?.is_some() {
+                    if std::mem::take(&mut first) {
+                        first_rounds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
                 done.inc(1);
                 Ok(())
             })
@@ -432,6 +540,10 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let ended_cpu = CpuSample::take(&replica_pids, balancer_pid, postgres);
+    // Past the count: a monitor still waiting gives up.
+    first_rounds.fetch_add(args.clients + 1, std::sync::atomic::Ordering::SeqCst);
+    let after_first = monitor.join().map_err(|_| anyhow!("the CPU monitor panicked"))?;
     done.finish_and_clear();
     if let Some(first) = failures.first() {
         bail!("{} clients failed; the first: {first}", failures.len());
@@ -461,6 +573,24 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         })
         .collect();
     let balancer_cpu_seconds = balancer.as_ref().and_then(|(_, process)| cpu_seconds(process.0.id()));
+    let database_cpu_seconds = ended_cpu.database.zip(started_cpu.database).map(|(end, start)| end - start);
+    let steady = after_first.filter(|_| args.rounds > 1).map(|mark| {
+        let per = |seconds: f64| seconds * 1e3 / (args.clients as f64 * f64::from(args.rounds - 1));
+        let used = |end: Option<f64>, start: Option<f64>| end.zip(start).map(|(end, start)| per(end - start));
+        let replica: Vec<f64> =
+            ended_cpu.replicas.iter().zip(&mark.replicas).map(|(end, start)| per(end - start)).collect();
+        let server: f64 = replica.iter().sum();
+        let balancer = used(ended_cpu.balancer, mark.balancer);
+        let database = used(ended_cpu.database, mark.database);
+        Steady {
+            rounds: args.rounds - 1,
+            server_cpu_ms_per_client_round: server,
+            replica_cpu_ms_per_client_round: replica,
+            balancer_cpu_ms_per_client_round: balancer,
+            database_cpu_ms_per_client_round: database,
+            all_cpu_ms_per_client_round: server + balancer.unwrap_or(0.0) + database.unwrap_or(0.0),
+        }
+    });
     drop(balancer);
     drop(servers);
     let _ = std::fs::remove_dir_all(&work);
@@ -509,6 +639,8 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         server_cpu_ms_per_client_round: per_client_round(server_cpu_seconds),
         replicas,
         balancer_cpu_seconds,
+        database_cpu_seconds,
+        steady,
         client_requests_per_client_round: served as f64 / (args.clients as f64 * f64::from(args.rounds)),
         forwarded_share: if served == 0 { 0.0 } else { forwarded as f64 / served as f64 },
         clients_nice: clients_niced.then_some(CLIENT_NICE),
@@ -564,6 +696,27 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         if let Some(seconds) = report.balancer_cpu_seconds {
             println!("  HAProxy CPU       {seconds:.2} s");
         }
+        if let Some(seconds) = report.database_cpu_seconds {
+            println!("  PostgreSQL CPU    {seconds:.2} s (every postgres process here)");
+        }
+        if let Some(steady) = &report.steady {
+            let ms = |value: Option<f64>| value.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
+            println!(
+                "  after round 1     {} round(s), ms of CPU per client and round: servers {:.2} ({}), \
+                 HAProxy {}, PostgreSQL {}; all {:.2}",
+                steady.rounds,
+                steady.server_cpu_ms_per_client_round,
+                steady
+                    .replica_cpu_ms_per_client_round
+                    .iter()
+                    .map(|v| format!("{v:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                ms(steady.balancer_cpu_ms_per_client_round),
+                ms(steady.database_cpu_ms_per_client_round),
+                steady.all_cpu_ms_per_client_round
+            );
+        }
         println!("  survivors         {:?}", report.survivors);
     }
     Ok(())
@@ -580,6 +733,11 @@ mod tests {
         let stat = "4242 (cohort (x) y) S 1 4242 4242 0 -1 4194304 9 0 0 0 1234 56 0 0 20 0 9 0 77 0 0";
         assert_eq!(parse_cpu_seconds(stat), Some(12.9));
         assert_eq!(parse_cpu_seconds("4242 (cohort) S 1 2"), None);
+        let postmaster = "77 (postgres) S 1 77 77 0 -1 4194560 9 0 0 0 300 100 2500 500 20 0 1 0 5 0 0";
+        assert_eq!(
+            parse_stat(postmaster),
+            Some(Stat { command: "postgres", parent: 1, cpu_seconds: 4.0, children_cpu_seconds: 30.0 })
+        );
         assert_eq!(parse_cpu_seconds("garbage"), None);
         let exposition = "# TYPE cohort_client_requests counter\n\
                           cohort_client_requests_total{served=\"here\"} 1200\n\
