@@ -191,7 +191,7 @@ pub fn app_state(
     config: &ServiceConfig,
     demo_task: Option<crate::api::state::DemoTask>,
 ) -> AppState {
-    AppState {
+    AppState::new(crate::api::state::Shared {
         store,
         coordinator,
         metrics,
@@ -209,7 +209,7 @@ pub fn app_state(
         streams: crate::api::events::Streams::new(config.max_admin_streams),
         models: Default::default(),
         holds: Default::default(),
-    }
+    })
 }
 
 /// A running coordinator.

@@ -30,9 +30,30 @@ pub struct ApiConfig {
 /// 0.4 GB of weights, checkpoint and optimizer state in memory per 25 M.
 pub const DEFAULT_MAX_TOTAL_PARAMETERS: usize = 50_000_000;
 
-/// What every handler can reach.
+/// What every handler can reach: one shared [`Shared`], so that the
+/// clones axum makes for every request and layer cost one reference count
+/// each.
 #[derive(Clone, Debug)]
-pub struct AppState {
+pub struct AppState(std::sync::Arc<Shared>);
+
+impl AppState {
+    /// Shares `shared` between the handlers.
+    pub fn new(shared: Shared) -> Self {
+        Self(std::sync::Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+#[derive(Debug)]
+pub struct Shared {
     /// Storage.
     pub store: SqlStore,
     /// The round actor.

@@ -53,6 +53,9 @@ pub(crate) struct GroupWatcher {
     pub(crate) seen: HashMap<GroupKey, (GroupRowState, String)>,
     /// The rosters of the groups routed, parsed once.
     pub(crate) rosters: HashMap<GroupKey, Vec<String>>,
+    /// The groups run elsewhere, and where, as last written to the routes:
+    /// they are rebuilt only when this changes.
+    pub(crate) routed: Vec<(GroupKey, String)>,
 }
 
 impl GroupWatcher {
@@ -109,8 +112,15 @@ impl GroupWatcher {
         let routed = self.store.group_routes(now).await?;
         let live: HashSet<&GroupKey> = routed.iter().map(|r| &r.key).collect();
         self.rosters.retain(|key, _| live.contains(key));
+        let routed: Vec<_> = routed.into_iter().filter(|r| r.owner_id != self.replica.id).collect();
+        if routed.len() == self.routed.len()
+            && routed.iter().zip(&self.routed).all(|(now, then)| now.key == then.0 && now.owner_url == then.1)
+        {
+            return Ok(events);
+        }
         let mut elsewhere = HashMap::new();
-        for route in routed.iter().filter(|r| r.owner_id != self.replica.id) {
+        let mut written = Vec::with_capacity(routed.len());
+        for route in &routed {
             if !self.rosters.contains_key(&route.key) {
                 // Read once per group: a group's roster never changes.
                 let roster = match self.store.group_assignment(&route.key).await {
@@ -125,9 +135,11 @@ impl GroupWatcher {
             }
             let roster = self.rosters.get(&route.key).map(Vec::as_slice).unwrap_or_default();
             elsewhere.extend(roster.iter().map(|p| (p.clone(), route.owner_url.clone())));
+            written.push((route.key.clone(), route.owner_url.clone()));
         }
         self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner).group_members_elsewhere =
             elsewhere;
+        self.routed = written;
         Ok(events)
     }
 }

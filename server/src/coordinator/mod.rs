@@ -355,6 +355,7 @@ impl Coordinator {
                     routes: routes.clone(),
                     seen: HashMap::new(),
                     rosters: HashMap::new(),
+                    routed: Vec::new(),
                 };
                 let watcher = tokio::spawn(watcher.run(tx.clone())).abort_handle();
                 let keeper = tokio::spawn(keeper.run(tx.clone())).abort_handle();

@@ -46,8 +46,12 @@ impl Api {
     /// The API on the database `name` as it is (see [`Api::path`]).
     async fn reopen(name: &str) -> Self {
         let path = Self::path(name);
-        let store = SqlStore::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+        let url = format!("sqlite://{}", path.display());
+        let store = SqlStore::connect(&url).await.unwrap();
+        // As a service does: on SQLite the credential cache opens at once.
+        assert!(store.keep_credentials(&url).unwrap().is_none() && store.credentials().is_open());
         let metrics = Metrics::default();
+        metrics.count_credential_lookups(store.credentials());
         let replica = Replica { id: format!("api-{name}"), url: "http://127.0.0.1:9".into(), started_at: 0 };
         let coordinator =
             Coordinator::start(store.clone(), store.clone(), metrics.clone(), replica).await.unwrap();
@@ -1197,7 +1201,19 @@ async fn enrollment_tokens_per_application_are_rate_limited_and_revocable() {
     enrolled.sort();
     assert_eq!(enrolled, [("android".into(), 2), ("default".into(), 1), ("web".into(), 1)]);
 
-    // Revoking the android token: its enrollments and credentials end.
+    // Revoking the android token: its enrollments and credentials end, a
+    // credential this replica remembers (it checked in) included.
+    for _ in 0..2 {
+        let (status, _) = api.call("POST", "/v1/checkin", Some(&android_credential), None).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (_, bytes, _) = api.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let exposition = String::from_utf8(bytes.to_vec()).unwrap();
+    let remembered = exposition
+        .lines()
+        .find_map(|line| line.strip_prefix("cohort_credential_lookups_total{source=\"memory\"} "))
+        .and_then(|value| value.trim().parse::<f64>().ok());
+    assert!(remembered.is_some_and(|n| n >= 1.0), "{exposition}");
     let android_id = android["id"].as_str().unwrap();
     let (status, revoked) =
         api.call("POST", &format!("{tokens}/{android_id}/revoke"), Some(ADMIN), None).await;
