@@ -332,6 +332,8 @@ impl Service {
         self.pruner.abort();
         if let Some(credentials) = &self.credentials {
             credentials.abort();
+            // Nobody listens any more: nothing may be remembered.
+            self.store.credentials().close();
         }
         self.server.await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
     }

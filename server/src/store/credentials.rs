@@ -198,58 +198,115 @@ impl Inner {
 /// How long a listener that failed waits before it listens again.
 const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 
+/// How often a listener checks that it still hears: it sends itself a
+/// notification, and stops (closing the cache) if that does not come back
+/// within [`PROBE_WITHIN`].
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// See [`PROBE_EVERY`].
+const PROBE_WITHIN: Duration = Duration::from_secs(3);
+
+/// The prefix of a listener's own notifications (a task id is 32 hex
+/// digits, so none starts with it).
+const PROBE: &str = "probe:";
+
 /// Keeps `cache` open while a PostgreSQL connection to `url` listens on
-/// [`CHANNEL`], forgetting each task named by a notification; closes it
-/// whenever the connection fails, and listens again. Ends once the cache
-/// is dropped (checked at least every [`RELISTEN_AFTER`] while waiting).
+/// [`CHANNEL`] and hears it, forgetting each task named by a
+/// notification. The cache opens only once the listener heard a
+/// notification it sent itself (a `LISTEN` that succeeds without being
+/// heard, as through a pooler in transaction mode, leaves it closed), and
+/// closes whenever the connection fails or a later such probe is not heard
+/// within [`PROBE_WITHIN`]; then it listens again after
+/// [`RELISTEN_AFTER`]. Ends once the cache is found dropped (or when the
+/// task running it is aborted, as the service does when it stops).
 pub async fn listen(url: String, cache: Weak<CredentialCache>) {
     loop {
-        let Some(strong) = cache.upgrade() else { return };
-        match sqlx::postgres::PgListener::connect(&url).await {
-            Ok(mut listener) => match listener.listen(CHANNEL).await {
-                Ok(()) => {
-                    // Anything remembered before this point may have
-                    // missed a notification: `open` starts afresh.
-                    strong.open();
-                    drop(strong);
-                    let error = follow(&mut listener, &cache).await;
-                    if let Some(cache) = cache.upgrade() {
-                        cache.close();
-                    }
-                    match error {
-                        Some(error) => {
-                            tracing::warn!(%error, "credential notifications lost; listening again")
-                        }
-                        None => return,
-                    }
+        if cache.upgrade().is_none() {
+            return;
+        }
+        let error = match connect(&url).await {
+            Ok(mut listener) => {
+                // A lost connection is reported at once, not after a
+                // reconnection inside `try_recv` that would hide it.
+                listener.eager_reconnect(false);
+                match listener.listen(CHANNEL).await {
+                    Ok(()) => follow(&mut listener, &cache).await,
+                    Err(error) => Some(error),
                 }
-                Err(error) => {
-                    strong.close();
-                    tracing::warn!(%error, "could not listen for credential changes");
-                }
-            },
-            Err(error) => {
-                strong.close();
-                tracing::warn!(%error, "could not connect to listen for credential changes");
             }
+            Err(error) => Some(error),
+        };
+        if let Some(cache) = cache.upgrade() {
+            cache.close();
+        }
+        match error {
+            Some(error) => tracing::warn!(%error, "credential notifications lost; listening again"),
+            None => return,
         }
         tokio::time::sleep(RELISTEN_AFTER).await;
     }
 }
 
-/// Applies notifications until the connection fails (its error) or the
-/// cache is dropped (`None`).
+/// The PostgreSQL application name of a listener's connection (as
+/// `pg_stat_activity` shows it).
+pub const APPLICATION_NAME: &str = "cohort-credentials";
+
+/// A listener on `url`, named [`APPLICATION_NAME`].
+async fn connect(url: &str) -> Result<sqlx::postgres::PgListener, sqlx::Error> {
+    let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(options.application_name(APPLICATION_NAME));
+    sqlx::postgres::PgListener::connect_with(&pool).await
+}
+
+/// Applies notifications until the connection fails or stops hearing its
+/// own probes (the error), or the cache is found dropped (`None`); opens
+/// the cache once the first probe is heard.
 async fn follow(
     listener: &mut sqlx::postgres::PgListener,
     cache: &Weak<CredentialCache>,
 ) -> Option<sqlx::Error> {
+    let mut opened = false;
+    // The probe awaited (its payload, when it was sent), and when the last
+    // one was heard.
+    let mut awaited: Option<(String, Instant)> = None;
+    let mut heard: Option<Instant> = None;
     loop {
-        let received = tokio::time::timeout(RELISTEN_AFTER, listener.try_recv()).await;
+        if awaited.as_ref().is_some_and(|(_, sent)| sent.elapsed() >= PROBE_WITHIN) {
+            return Some(sqlx::Error::Protocol("the listener did not hear its own notification".into()));
+        }
+        if awaited.is_none() && heard.is_none_or(|heard| heard.elapsed() >= PROBE_EVERY) {
+            let payload = format!("{PROBE}{}", crate::api::auth::new_id());
+            let sent = sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(&payload)
+                .execute(&mut *listener)
+                .await;
+            if let Err(error) = sent {
+                return Some(error);
+            }
+            awaited = Some((payload, Instant::now()));
+        }
+        // Waits at most a second, so that a probe's deadline is kept;
+        // sqlx's buffered reads keep a message read in part.
+        let received = tokio::time::timeout(Duration::from_secs(1), listener.try_recv()).await;
         let cache = cache.upgrade()?;
         match received {
-            // Nothing within the wait: look again whether the cache lives.
             Err(_) => {}
-            Ok(Ok(Some(notification))) => cache.forget_task(notification.payload()),
+            Ok(Ok(Some(notification))) => {
+                let payload = notification.payload();
+                if awaited.as_ref().is_some_and(|(awaited, _)| awaited == payload) {
+                    awaited = None;
+                    heard = Some(Instant::now());
+                    if !std::mem::replace(&mut opened, true) {
+                        // Anything remembered before this point may have
+                        // missed a notification: `open` starts afresh.
+                        cache.open();
+                    }
+                } else if !payload.starts_with(PROBE) {
+                    cache.forget_task(payload);
+                }
+            }
             // The connection was lost: notifications may have been missed.
             Ok(Ok(None)) => return Some(sqlx::Error::PoolClosed),
             Ok(Err(error)) => return Some(error),

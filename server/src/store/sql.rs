@@ -68,6 +68,16 @@ fn with_default_user(url: &str, env: impl Fn(&str) -> Option<String>) -> StoreRe
     Ok(format!("{scheme}://{user}@{rest}"))
 }
 
+/// Forgets a task's credentials when dropped: after a change to them
+/// commits, or when the change's future is dropped during its commit.
+struct Forget<'a>(&'a CredentialCache, &'a str);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.forget_task(self.1);
+    }
+}
+
 /// The coordinator's storage (see [the module](super)).
 #[derive(Debug, Clone)]
 pub struct SqlStore {
@@ -501,8 +511,9 @@ impl SqlStore {
         }
         maybe_audit(&mut tx, audit).await?;
         self.announce_credentials(&mut tx, id).await?;
+        // Forgotten here even if this future is dropped while it commits.
+        let _forget = Forget(&self.credentials, id);
         tx.commit().await?;
-        self.credentials.forget_task(id);
         Ok(())
     }
 
@@ -651,8 +662,9 @@ impl SqlStore {
         .ok_or(StoreError::NotFound("enrollment token"))?;
         maybe_audit(&mut tx, audit).await?;
         self.announce_credentials(&mut tx, task_id).await?;
+        // Forgotten here even if this future is dropped while it commits.
+        let _forget = Forget(&self.credentials, task_id);
         tx.commit().await?;
-        self.credentials.forget_task(task_id);
         token_from(&row)
     }
 

@@ -1013,7 +1013,7 @@ async fn postgres_replicas_forget_what_another_revoked_or_deleted() {
     let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
     let cut = sqlx::query_scalar::<_, bool>(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+         WHERE datname = current_database() AND application_name = 'cohort-credentials'",
     )
     .fetch_all(&mut admin)
     .await
@@ -1043,7 +1043,8 @@ async fn postgres_replicas_forget_what_another_revoked_or_deleted() {
     let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while sqlx::query_scalar::<_, i64>(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND application_name = 'cohort-credentials'",
     )
     .fetch_one(&mut admin)
     .await
