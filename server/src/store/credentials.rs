@@ -12,8 +12,10 @@
 //! - **Closed until told otherwise.** A cache remembers nothing until the
 //!   service opens it: [`CredentialCache::open`] on SQLite, where one
 //!   process holds the database (its lock file), and on PostgreSQL only
-//!   while the replica listens for the other replicas' changes
-//!   ([`listen`]). A listener that fails closes the cache (and forgets
+//!   while the replica listens for the other replicas' changes and hears
+//!   them ([`listen`]: it opens the cache once it has heard a notification
+//!   it sent itself, and sends one every few seconds). A listener that
+//!   fails, or stops hearing itself, closes the cache (and forgets
 //!   everything) until it listens again.
 //! - **Told of every change.** Revoking a token and deleting a task forget
 //!   the task's credentials here once their transaction commits, and on
