@@ -42,7 +42,7 @@ use super::ParticipantRecord;
 
 /// The PostgreSQL notification channel of credential changes; the payload
 /// is the task's id.
-pub(crate) const CHANNEL: &str = "cohort_credentials";
+pub const CHANNEL: &str = "cohort_credentials";
 
 /// How long a remembered participant is used before it is read again.
 pub const TTL: Duration = Duration::from_secs(60);
@@ -198,14 +198,14 @@ impl Inner {
 }
 
 /// How long a listener that failed waits before it listens again.
-const RELISTEN_AFTER: Duration = Duration::from_secs(1);
+pub const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 
 /// How often a listener checks that it still hears: it sends itself a
 /// notification, and stops (closing the cache) if that does not come back
 /// within [`PROBE_WITHIN`].
-const PROBE_EVERY: Duration = Duration::from_secs(5);
+pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// See [`PROBE_EVERY`].
-const PROBE_WITHIN: Duration = Duration::from_secs(3);
+pub const PROBE_WITHIN: Duration = Duration::from_secs(3);
 
 /// The prefix of a listener's own notifications (a task id is 32 hex
 /// digits, so none starts with it).
