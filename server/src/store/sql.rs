@@ -308,21 +308,24 @@ impl SqlStore {
         }
     }
 
-    /// Within `tx`, tells the other replicas (on PostgreSQL, once `tx`
-    /// commits) that `task`'s credentials changed; the caller forgets them
-    /// here after the commit.
-    async fn announce_credentials(
+    /// Commits `tx`, a change to `task`'s credentials: on PostgreSQL it
+    /// first tells the other replicas (delivered once `tx` commits), and
+    /// this replica forgets them after the commit, or if this future is
+    /// dropped while it commits.
+    async fn commit_credential_change(
         &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        mut tx: sqlx::Transaction<'_, sqlx::Any>,
         task: &str,
     ) -> StoreResult<()> {
         if self.backend == Backend::Postgres {
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(super::credentials::CHANNEL)
                 .bind(task)
-                .execute(&mut **tx)
+                .execute(&mut *tx)
                 .await?;
         }
+        let _forget = Forget(&self.credentials, task);
+        tx.commit().await?;
         Ok(())
     }
 
@@ -510,10 +513,7 @@ impl SqlStore {
             return Err(StoreError::NotFound("task"));
         }
         maybe_audit(&mut tx, audit).await?;
-        self.announce_credentials(&mut tx, id).await?;
-        // Forgotten here even if this future is dropped while it commits.
-        let _forget = Forget(&self.credentials, id);
-        tx.commit().await?;
+        self.commit_credential_change(tx, id).await?;
         Ok(())
     }
 
@@ -661,10 +661,7 @@ impl SqlStore {
         .await?
         .ok_or(StoreError::NotFound("enrollment token"))?;
         maybe_audit(&mut tx, audit).await?;
-        self.announce_credentials(&mut tx, task_id).await?;
-        // Forgotten here even if this future is dropped while it commits.
-        let _forget = Forget(&self.credentials, task_id);
-        tx.commit().await?;
+        self.commit_credential_change(tx, task_id).await?;
         token_from(&row)
     }
 

@@ -556,8 +556,8 @@ pub fn load(args: &LoadArgs) -> Result<()> {
     let per_client_round = |seconds: f64| seconds * 1e3 / (args.clients as f64 * f64::from(args.rounds));
     let replicas: Vec<ReplicaUsage> = servers
         .iter()
-        .map(|(url, process)| {
-            let cpu_seconds = cpu_seconds(process.0.id()).unwrap_or(0.0);
+        .zip(&ended_cpu.replicas)
+        .map(|((url, process), &cpu_seconds)| {
             let scrape = admin(&mut HttpTransport::new(url), &admin_token, Method::Get, "/metrics", None)
                 .map(|body| String::from_utf8_lossy(&body).into_owned())
                 .unwrap_or_default();
@@ -572,7 +572,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
             }
         })
         .collect();
-    let balancer_cpu_seconds = balancer.as_ref().and_then(|(_, process)| cpu_seconds(process.0.id()));
+    let balancer_cpu_seconds = ended_cpu.balancer;
     let database_cpu_seconds = ended_cpu.database.zip(started_cpu.database).map(|(end, start)| end - start);
     let steady = after_first.filter(|_| args.rounds > 1).map(|mark| {
         let per = |seconds: f64| seconds * 1e3 / (args.clients as f64 * f64::from(args.rounds - 1));
