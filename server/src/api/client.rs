@@ -100,7 +100,9 @@ pub(super) async fn enroll(
         Err(error) => return Err(error.into()),
     };
     if token.revoked_at.is_some() {
-        return Err(ApiError::new(ErrorCode::TokenRevoked, "this enrollment token was revoked"));
+        // Checked again where the participant is stored (a revocation
+        // meanwhile): one refusal, whichever sees it.
+        return Err(StoreError::Revoked.into());
     }
     let rate = token.rate.map(|(per_minute, burst)| Rate { per_minute, burst });
     state.config.limiters.check_token(&token.id, rate).map_err(ApiError::rate_limited)?;

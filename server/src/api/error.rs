@@ -116,6 +116,9 @@ impl From<StoreError> for ApiError {
         match error {
             StoreError::NotFound(what) => ApiError::new(ErrorCode::NotFound, format!("{what} not found")),
             StoreError::Conflict(why) => ApiError::new(ErrorCode::Conflict, why),
+            StoreError::Revoked => {
+                ApiError::new(ErrorCode::TokenRevoked, "this enrollment token was revoked")
+            }
             other if other.is_unavailable() => {
                 // One line per request would flood the log during an outage;
                 // /readyz reports it at warn level.

@@ -342,6 +342,10 @@ pub enum StoreError {
     /// Migrations failed.
     #[error("migration error: {0}")]
     Migration(#[from] sqlx::migrate::MigrateError),
+    /// An enrollment with a token that was revoked before it could be
+    /// stored. Nothing was written.
+    #[error("the enrollment token was revoked")]
+    Revoked,
     /// A write for a task by a replica whose lease on it is gone: another
     /// replica took the task over (see [`Fence`]). Nothing was written.
     #[error("the task's lease was taken over by another replica")]

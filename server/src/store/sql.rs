@@ -517,8 +517,30 @@ impl SqlStore {
         Ok(())
     }
 
-    /// Enrolls a participant.
+    /// Enrolls a participant, unless the enrollment token it names was
+    /// revoked ([`StoreError::Revoked`]). The token's row is read under a
+    /// share lock (PostgreSQL; SQLite runs one transaction at a time), so
+    /// a revocation either comes first and is seen here, or waits for this
+    /// enrollment and then ends its credential with the others': none
+    /// slips between the two.
     pub async fn add_participant(&self, p: &ParticipantRecord) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(token) = &p.token_id {
+            let statement = match self.backend {
+                Backend::Postgres => {
+                    "SELECT revoked_at FROM enrollment_tokens WHERE id = $1 AND task_id = $2 FOR SHARE"
+                }
+                Backend::Sqlite => "SELECT revoked_at FROM enrollment_tokens WHERE id = $1 AND task_id = $2",
+            };
+            let row = sqlx::query(statement).bind(token).bind(&p.task_id).fetch_optional(&mut *tx).await?;
+            let revoked_at: Option<i64> = match &row {
+                Some(row) => row.try_get("revoked_at")?,
+                None => None,
+            };
+            if revoked_at.is_some() {
+                return Err(StoreError::Revoked);
+            }
+        }
         sqlx::query(concat!(
             "INSERT INTO participants (",
             participant_columns!(),
@@ -532,9 +554,10 @@ impl SqlStore {
         .bind(p.expires_at)
         .bind(p.identity_key.map(|key| key.to_vec()))
         .bind(p.token_id.clone())
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await
         .map_err(|e| classify(e, "participant or credential exists", "task"))?;
+        tx.commit().await?;
         Ok(())
     }
 

@@ -224,6 +224,11 @@ async fn enrollment_tokens_per_application(store: &SqlStore) {
     assert_eq!(store.revoke_enrollment_token("t", "app", 900, None).await.unwrap().revoked_at, Some(500));
     assert_eq!(store.participant_by_credential(&[1; 32]).await.unwrap().expires_at, 500);
     assert_eq!(store.participant_by_credential(&[2; 32]).await.unwrap().expires_at, 10_000);
+    // An enrollment checked before the revocation and stored after it is
+    // refused, and leaves no credential.
+    let late = ParticipantRecord { token_id: Some("app".into()), ..participant("p9", "t", 9) };
+    assert!(matches!(store.add_participant(&late).await, Err(StoreError::Revoked)));
+    assert!(matches!(store.participant_by_credential(&[9; 32]).await, Err(StoreError::NotFound(_))));
     assert!(matches!(store.revoke_enrollment_token("u", "app", 1, None).await, Err(StoreError::NotFound(_))));
     assert!(matches!(
         store.revoke_enrollment_token("t", "ghost", 1, None).await,
@@ -1055,6 +1060,50 @@ async fn postgres_replicas_forget_what_another_revoked_or_deleted() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     admin.close().await.unwrap();
+    fixture.finish().await;
+}
+
+/// An enrollment stored while a revocation of its token is in progress
+/// waits for it, and is refused: no credential of a revoked token
+/// survives the revocation.
+#[tokio::test]
+async fn postgres_an_enrollment_racing_a_revocation_waits_and_is_refused() {
+    let fixture = Fixture::postgres().await;
+    let Cleanup::Database { admin_url, name } = &fixture.cleanup else { unreachable!() };
+    let url = format!("{}/{name}", admin_url.rsplit_once('/').unwrap().0);
+    let store = fixture.store.clone();
+    store.create_task(&task("t", 1), &checkpoint("t", 0), None).await.unwrap();
+    let app = EnrollmentTokenRecord {
+        id: "app".into(),
+        task_id: "t".into(),
+        name: "android".into(),
+        token_hash: [42; 32],
+        rate: None,
+        created_at: 10,
+        revoked_at: None,
+    };
+    store.add_enrollment_token(&app, None).await.unwrap();
+    // A revocation's first statement, not yet committed.
+    let mut revoking = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql("BEGIN; UPDATE enrollment_tokens SET revoked_at = 700 WHERE id = 'app'")
+        .execute(&mut revoking)
+        .await
+        .unwrap();
+    let enrolling = tokio::spawn(async move {
+        let p = ParticipantRecord { token_id: Some("app".into()), ..participant("p1", "t", 1) };
+        store.add_participant(&p).await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!enrolling.is_finished(), "the enrollment waits for the revocation");
+    sqlx::raw_sql(
+        "UPDATE participants SET expires_at = 700 WHERE token_id = 'app' AND expires_at > 700; COMMIT",
+    )
+    .execute(&mut revoking)
+    .await
+    .unwrap();
+    assert!(matches!(enrolling.await.unwrap(), Err(StoreError::Revoked)));
+    assert!(matches!(fixture.store.participant_by_credential(&[1; 32]).await, Err(StoreError::NotFound(_))));
+    revoking.close().await.unwrap();
     fixture.finish().await;
 }
 
